@@ -1,0 +1,171 @@
+// Parsing of the settings table. getenv appears in this file only.
+#include "configs/settings.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "configs/error.h"
+
+namespace hmoe {
+
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t a = s.find_first_not_of(" \t\r\n");
+  if (a == std::string::npos) return "";
+  size_t b = s.find_last_not_of(" \t\r\n");
+  return s.substr(a, b - a + 1);
+}
+
+void assign(const std::string&, std::string& dst, const std::string& v) { dst = v; }
+void assign(const std::string& what, int64_t& dst, const std::string& v) { dst = parse_int(what, v); }
+void assign(const std::string& what, double& dst, const std::string& v) { dst = parse_float(what, v); }
+void assign(const std::string& what, bool& dst, const std::string& v) { dst = parse_bool(what, v); }
+void assign(const std::string& what, uint64_t& dst, const std::string& v) { dst = parse_bytes(what, v); }
+
+bool is_bool_kind(const char* kind) { return std::string(kind) == "Bool"; }
+
+}  // namespace
+
+int64_t parse_int(const std::string& what, const std::string& v0) {
+  std::string v = trim(v0);
+  if (v.empty()) fail(ErrorKind::invalid_argument, what + ": expected an integer, got an empty value");
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (errno == ERANGE || *end != '\0')
+    fail(ErrorKind::invalid_argument, what + ": expected an integer, got '" + v0 + "'");
+  return x;
+}
+
+double parse_float(const std::string& what, const std::string& v0) {
+  std::string v = trim(v0);
+  errno = 0;
+  char* end = nullptr;
+  double x = v.empty() ? 0 : std::strtod(v.c_str(), &end);
+  if (v.empty() || errno == ERANGE || *end != '\0' || !std::isfinite(x))
+    fail(ErrorKind::invalid_argument, what + ": expected a number, got '" + v0 + "'");
+  return x;
+}
+
+bool parse_bool(const std::string& what, const std::string& v0) {
+  std::string v = trim(v0);
+  for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  fail(ErrorKind::invalid_argument, what + ": expected 0/1/true/false, got '" + v0 + "'");
+}
+
+uint64_t parse_bytes(const std::string& what, const std::string& v0) {
+  std::string v = trim(v0);
+  size_t i = 0;
+  while (i < v.size() && (std::isdigit(static_cast<unsigned char>(v[i])) || v[i] == '.')) ++i;
+  std::string num = v.substr(0, i), unit = trim(v.substr(i));
+  if (num.empty()) fail(ErrorKind::invalid_argument, what + ": expected a size such as 4096, 512MiB or 2GiB, got '" + v0 + "'");
+  double x = parse_float(what, num);
+  for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mul = 1;
+  if (unit.empty() || unit == "b") mul = 1;
+  else if (unit == "k" || unit == "kib") mul = 1024.0;
+  else if (unit == "m" || unit == "mib") mul = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tib") mul = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "kb") mul = 1e3;
+  else if (unit == "mb") mul = 1e6;
+  else if (unit == "gb") mul = 1e9;
+  else if (unit == "tb") mul = 1e12;
+  else fail(ErrorKind::invalid_argument, what + ": unknown size unit '" + unit + "' in '" + v0 + "'");
+  double r = x * mul;
+  if (r > 1.8e19) fail(ErrorKind::invalid_argument, what + ": size too large: '" + v0 + "'");
+  return static_cast<uint64_t>(r);
+}
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+const std::vector<SettingInfo>& setting_table() {
+  static const std::vector<SettingInfo> t = {
+#define HMOE_SETTING(field, kind, def, flag, env, help) {#field, #kind, def, flag, env, help},
+#include "configs/settings.inc"
+#undef HMOE_SETTING
+  };
+  return t;
+}
+
+Settings Settings::defaults() {
+  Settings s;
+#define HMOE_SETTING(field, kind, def, flag, env, help) assign(std::string("default of ") + flag, s.field, def);
+#include "configs/settings.inc"
+#undef HMOE_SETTING
+  return s;
+}
+
+Settings Settings::load(std::vector<std::string>& args) {
+  Settings s = defaults();
+#define HMOE_SETTING(field, kind, def, flag, env, help)                       \
+  if (const char* e = std::getenv(env); e != nullptr && *e != '\0')           \
+    assign(std::string("environment variable ") + env, s.field, e);
+#include "configs/settings.inc"
+#undef HMOE_SETTING
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    bool used = false;
+#define HMOE_SETTING(field, kind, def, flag, env, help)                                   \
+    if (!used) {                                                                           \
+      const std::string f = flag;                                                          \
+      if (a == f) {                                                                        \
+        if (is_bool_kind(#kind) && (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)) { \
+          assign(f, s.field, "1");                                                         \
+        } else {                                                                           \
+          if (i + 1 >= args.size()) fail(ErrorKind::invalid_argument, f + ": missing value"); \
+          assign(f, s.field, args[++i]);                                                   \
+        }                                                                                  \
+        used = true;                                                                       \
+      } else if (a.rfind(f + "=", 0) == 0) {                                               \
+        assign(f, s.field, a.substr(f.size() + 1));                                        \
+        used = true;                                                                       \
+      }                                                                                    \
+    }
+#include "configs/settings.inc"
+#undef HMOE_SETTING
+    if (!used) rest.push_back(a);
+  }
+  args = std::move(rest);
+  return s;
+}
+
+std::string Settings::describe() const {
+  std::ostringstream o;
+#define HMOE_SETTING(field, kind, def, flag, env, help) o << #field << " = " << field << "\n";
+#include "configs/settings.inc"
+#undef HMOE_SETTING
+  return o.str();
+}
+
+std::string settings_markdown() {
+  std::ostringstream o;
+  o << "| flag | environment variable | type | default | meaning |\n";
+  o << "| --- | --- | --- | --- | --- |\n";
+  for (const auto& s : setting_table())
+    o << "| `" << s.flag << "` | `" << s.env << "` | " << s.kind << " | `" << s.def << "` | " << s.help << " |\n";
+  return o.str();
+}
+
+std::string settings_help() {
+  std::ostringstream o;
+  for (const auto& s : setting_table()) {
+    std::string left = std::string("  ") + s.flag + " (" + s.env + ")";
+    o << left;
+    if (left.size() < 52) o << std::string(52 - left.size(), ' ');
+    else o << "\n" << std::string(52, ' ');
+    o << s.help << " [default: " << (*s.def ? s.def : "\"\"") << "]\n";
+  }
+  return o.str();
+}
+
+}  // namespace hmoe

@@ -1,0 +1,58 @@
+// Settings: the typed, immutable view of configs/settings.inc.
+//
+// Contract: Settings::load() reads the environment (the only getenv in hmoe)
+// and then the command-line flags it recognises, removing them from `args`.
+// Bad values throw hmoe::Error naming the flag or variable and the value.
+// After load() a Settings is read-only and safe to share between threads.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hmoe {
+
+struct Settings {
+#define HMOE_SETTING_Str std::string
+#define HMOE_SETTING_Int int64_t
+#define HMOE_SETTING_Float double
+#define HMOE_SETTING_Bool bool
+#define HMOE_SETTING_Bytes uint64_t
+#define HMOE_SETTING(field, kind, def, flag, env, help) HMOE_SETTING_##kind field{};
+#include "configs/settings.inc"
+#undef HMOE_SETTING
+
+  // Defaults only (no environment, no flags).
+  static Settings defaults();
+  // Defaults, then environment, then flags found in args (consumed).
+  static Settings load(std::vector<std::string>& args);
+
+  // Where each value came from, for `hmoe settings`.
+  std::string describe() const;
+};
+
+struct SettingInfo {
+  const char* field;
+  const char* kind;
+  const char* def;
+  const char* flag;
+  const char* env;
+  const char* help;
+};
+const std::vector<SettingInfo>& setting_table();
+
+// Markdown table of every setting (configs/SETTINGS.md is this output).
+std::string settings_markdown();
+// Plain-text list for --help.
+std::string settings_help();
+
+// Value parsers shared with commands; `what` names the flag or variable.
+int64_t parse_int(const std::string& what, const std::string& v);
+double parse_float(const std::string& what, const std::string& v);
+bool parse_bool(const std::string& what, const std::string& v);
+uint64_t parse_bytes(const std::string& what, const std::string& v);
+
+// Environment lookup for names outside the table (aliases such as
+// LVLLM_GPU_RESIDENT_MOE_LAYERS); returns empty when unset.
+std::string env_or_empty(const char* name);
+
+}  // namespace hmoe

@@ -1,0 +1,61 @@
+// KvCache: paged key/value storage for every layer. Memory is a pool of
+// fixed-size blocks (block_size tokens each); a sequence owns a block table.
+// Attention reads K/V through the table, so sequences grow without copies.
+//
+// Contract: not thread-safe for allocation (the step thread owns it);
+// k()/v() pointers may be read and written concurrently for distinct
+// (seq, pos). reserve() throws Error(out_of_memory) when the pool is empty,
+// leaving the sequence unchanged.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace hmoe {
+
+struct KvLayout {
+  int64_t layers = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;  // K and V share it (MLA layouts come with their own)
+};
+
+class KvCache {
+ public:
+  KvCache(const KvLayout& layout, int64_t num_blocks, int64_t block_size = 16);
+
+  // Returns a new sequence id (reuses freed ones).
+  int add_sequence();
+  void free_sequence(int seq);
+  // Makes room for positions [0, len) of `seq`.
+  void reserve(int seq, int64_t len);
+  int64_t capacity(int seq) const;
+  // Truncates a sequence to `len` tokens, freeing whole blocks past it.
+  void truncate(int seq, int64_t len);
+
+  // Pointer to kv_heads*head_dim floats for (layer, seq, pos); pos < capacity.
+  float* k(int64_t layer, int seq, int64_t pos) { return slot(keys_, layer, seq, pos); }
+  float* v(int64_t layer, int seq, int64_t pos) { return slot(values_, layer, seq, pos); }
+
+  int64_t block_size() const { return block_size_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  const KvLayout& layout() const { return layout_; }
+  static int64_t bytes_per_block(const KvLayout& l, int64_t block_size) {
+    return 2 * l.layers * block_size * l.kv_heads * l.head_dim * static_cast<int64_t>(sizeof(float));
+  }
+
+ private:
+  float* slot(std::vector<float>& buf, int64_t layer, int seq, int64_t pos) {
+    const int64_t block = tables_[static_cast<size_t>(seq)][static_cast<size_t>(pos / block_size_)];
+    return buf.data() + ((layer * num_blocks_ + block) * block_size_ + pos % block_size_) * token_floats_;
+  }
+
+  KvLayout layout_;
+  int64_t num_blocks_, block_size_, token_floats_;
+  std::vector<float> keys_, values_;  // [layer][block][token][kv_heads*head_dim]
+  std::vector<int64_t> free_;
+  std::vector<std::vector<int64_t>> tables_;
+  std::vector<bool> live_;
+};
+
+}  // namespace hmoe

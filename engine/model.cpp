@@ -1,0 +1,110 @@
+// Model loading and the step loop. The per-layer blocks live in
+// engine/blocks_*.cpp; this file binds tensors and runs them in order.
+#include "engine/model.h"
+
+#include <cmath>
+#include <set>
+
+#include "configs/error.h"
+#include "engine/blocks.h"
+#include "engine/progress.h"
+
+namespace hmoe {
+
+Model::~Model() = default;
+
+KvLayout Model::kv_layout() const {
+  return KvLayout{config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim};
+}
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& settings) {
+  std::unique_ptr<Model> m(new Model());
+  m->dir_ = dir;
+  m->config_ = ModelConfig::from_dir(dir);
+  const ModelConfig& c = m->config_;
+  if (c.arch != Arch::qwen3_moe)
+    fail(ErrorKind::unsupported, dir + "/config.json: model_type '" + c.model_type + "' is recognised but its graph is not implemented yet");
+  m->store_ = std::make_unique<io::TensorStore>(dir);
+  WeightBinder bind(*m->store_);
+
+  m->embed_ = bind.mat("model.embed_tokens.weight", c.vocab_size, c.hidden_size);
+  m->final_norm_ = bind.vec("model.norm.weight", c.hidden_size);
+  if (c.tie_word_embeddings && !m->store_->find("lm_head.weight")) m->lm_head_ = m->embed_;
+  else m->lm_head_ = bind.mat("lm_head.weight", c.vocab_size, c.hidden_size);
+
+  int threads = static_cast<int>(settings.threads);
+  if (threads < 0) fail(ErrorKind::invalid_argument, "--threads / HMOE_THREADS must be >= 0, got " + std::to_string(threads));
+  m->pool_ = std::make_unique<numa::ThreadPool>(threads, !settings.power_saving);
+  m->ws_ = std::make_unique<Workspace>();
+
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Layer layer;
+    layer.input_norm = bind.vec(p + "input_layernorm.weight", c.hidden_size);
+    layer.post_attention_norm = bind.vec(p + "post_attention_layernorm.weight", c.hidden_size);
+    layer.attn = make_gqa_attention(bind, c, l, p + "self_attn.", *m->pool_);
+    if (c.is_moe_layer(l)) layer.ffn = make_moe_block(bind, c, p + "mlp.", *m->pool_);
+    else layer.ffn = make_dense_mlp(bind, c.hidden_size, c.intermediate_size, p + "mlp.", *m->pool_);
+    m->layers_.push_back(std::move(layer));
+  }
+  bind.check_all_used(dir);
+
+  // Read every weight once so that the first request does not pay for page
+  // faults, with a progress display.
+  Progress progress("loading " + dir, m->store_->total_bytes(), settings.progress);
+  volatile uint8_t sink = 0;
+  for (const auto& [name, t] : m->store_->all()) {
+    uint8_t acc = 0;
+    for (size_t off = 0; off < t->nbytes; off += 4096) acc ^= t->data[off];
+    sink = sink ^ acc;
+    progress.add(t->nbytes);
+  }
+  progress.finish();
+  return m;
+}
+
+void Model::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(b.tokens.size()), H = c.hidden_size;
+  if (b.slots.size() != b.tokens.size()) fail(ErrorKind::internal, "batch tokens and slots differ in length");
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = b.tokens[static_cast<size_t>(i)];
+    if (t < 0 || t >= c.vocab_size)
+      fail(ErrorKind::invalid_argument, "token id " + std::to_string(t) + " is outside the vocabulary (0.." + std::to_string(c.vocab_size - 1) + ")");
+    const auto& s = b.slots[static_cast<size_t>(i)];
+    if (s.pos < 0 || s.pos >= kv.capacity(s.seq))
+      fail(ErrorKind::internal, "position " + std::to_string(s.pos) + " has no KV slot reserved");
+  }
+  for (auto r : b.logit_rows)
+    if (r < 0 || r >= n) fail(ErrorKind::internal, "logit row outside the batch");
+  if (n == 0) {
+    logits.clear();
+    return;
+  }
+  Workspace& ws = *ws_;
+  ws.resize(n, c);
+  float* x = ws.hidden.data();
+  float* h = ws.normed.data();
+  float* o = ws.block_out.data();
+  for (int64_t i = 0; i < n; ++i) cpu::to_f32(embed_.dtype, embed_.row(b.tokens[static_cast<size_t>(i)]), x + i * H, H);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Layer& layer = layers_[l];
+    ops::rms_norm(x, n, H, layer.input_norm, c.rms_norm_eps, h);
+    layer.attn->forward(h, n, b.slots.data(), kv, o, ws);
+    for (int64_t i = 0; i < n * H; ++i) x[i] += o[i];
+    ops::rms_norm(x, n, H, layer.post_attention_norm, c.rms_norm_eps, h);
+    layer.ffn->forward(h, n, o, ws);
+    for (int64_t i = 0; i < n * H; ++i) x[i] += o[i];
+  }
+  const int64_t m = static_cast<int64_t>(b.logit_rows.size());
+  std::vector<float> last(static_cast<size_t>(m * H));
+  for (int64_t i = 0; i < m; ++i) {
+    const float* src = x + b.logit_rows[static_cast<size_t>(i)] * H;
+    std::copy(src, src + H, last.begin() + i * H);
+  }
+  ops::rms_norm(last.data(), m, H, final_norm_, c.rms_norm_eps, last.data());
+  logits.resize(static_cast<size_t>(m * c.vocab_size));
+  cpu::gemm(last.data(), m, lm_head_, logits.data(), pool_.get());
+}
+
+}  // namespace hmoe
