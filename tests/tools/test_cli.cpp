@@ -1,0 +1,126 @@
+// The hmoe command line: settings from flags and environment, and bad
+// arguments as clear errors with a non-zero exit code (the binary is run).
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "configs/error.h"
+#include "configs/settings.h"
+#include "tests/test_util.h"
+
+using namespace hmoe;
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out;
+};
+
+Run run(const std::string& args) {
+  const std::string cmd = std::string(HMOE_BINARY_DIR) + "/bin/hmoe " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("settings: defaults, environment, flags, and bad values") {
+  std::vector<std::string> args = {"--port", "9001", "MODEL", "--threads=3", "--power-saving"};
+  ::setenv("HMOE_MAX_NUM_SEQS", "12", 1);
+  ::setenv("HMOE_PORT", "7000", 1);
+  Settings s = Settings::load(args);
+  CHECK(s.port == 9001);  // flag wins over environment
+  CHECK(s.max_num_seqs == 12);
+  CHECK(s.threads == 3);
+  CHECK(s.power_saving);
+  CHECK(args == std::vector<std::string>{"MODEL"});
+  ::setenv("HMOE_MAX_NUM_SEQS", "twelve", 1);
+  try {
+    std::vector<std::string> none;
+    Settings::load(none);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(contains(e.what(), "HMOE_MAX_NUM_SEQS"));
+    CHECK(contains(e.what(), "twelve"));
+  }
+  ::unsetenv("HMOE_MAX_NUM_SEQS");
+  ::unsetenv("HMOE_PORT");
+  std::vector<std::string> bad = {"--max-body-bytes", "12XB"};
+  CHECK_THROWS_AS(Settings::load(bad), Error);
+  CHECK(parse_bytes("x", "2GiB") == 2ull << 30);
+  CHECK(parse_bytes("x", "1.5k") == 1536);
+  CHECK_THROWS_AS(parse_int("x", "12abc"), Error);
+  CHECK_THROWS_AS(parse_int("x", "99999999999999999999999"), Error);
+  CHECK_THROWS_AS(parse_float("x", "nan"), Error);
+  CHECK_THROWS_AS(parse_bool("x", "maybe"), Error);
+  // Every row has a flag and an HMOE_ variable.
+  for (const auto& r : setting_table()) {
+    CHECK(std::string(r.flag).rfind("--", 0) == 0);
+    CHECK(std::string(r.env).rfind("HMOE_", 0) == 0);
+  }
+  CHECK(contains(settings_markdown(), "HMOE_THREADS"));
+}
+
+TEST_CASE("hmoe --help lists the commands and settings") {
+  Run r = run("--help");
+  CHECK(r.code == 0);
+  CHECK(contains(r.out, "generate"));
+  CHECK(contains(r.out, "HMOE_THREADS"));
+  CHECK(run("no-such-command").code != 0);
+}
+
+TEST_CASE("hmoe generate: bad arguments are errors naming the problem") {
+  const std::string model = test::fixture_model("tiny-qwen3moe");
+  struct Case {
+    std::string args, needle;
+  } cases[] = {
+      {"generate " + model + " --ids 1,x,3", "--ids"},
+      {"generate " + model + " --ids 1,,3", "empty element"},
+      {"generate " + model + " --ids 999999999 --progress none", "outside the vocabulary"},
+      {"generate " + model + " --ids -5 --progress none", "outside the vocabulary"},
+      {"generate " + model + " --ids 1 --max-tokens -2", "--max-tokens"},
+      {"generate " + model + " --ids 1 --max-tokens 100000 --progress none", "exceeds the context"},
+      {"generate " + model + " --ids 1 --bogus 3", "unknown option '--bogus'"},
+      {"generate /nonexistent/model --ids 1", "config.json"},
+      {"generate " + model, "--ids is required"},
+      {"generate " + model + " --ids 1 --threads many", "--threads"},
+  };
+  for (const auto& c : cases) {
+    Run r = run(c.args);
+    CHECK_MESSAGE(r.code == 1, c.args << " -> " << r.out);
+    CHECK_MESSAGE(contains(r.out, c.needle), c.args << " -> " << r.out);
+  }
+  const std::string env_cmd = "env HMOE_THREADS=lots " + std::string(HMOE_BINARY_DIR) + "/bin/hmoe generate " + model + " --ids 1 2>&1";
+  FILE* p = popen(env_cmd.c_str(), "r");
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  CHECK(WEXITSTATUS(pclose(p)) == 1);
+  CHECK(contains(out, "HMOE_THREADS"));
+}
+
+TEST_CASE("hmoe generate --json on the fixture prints the documented object") {
+  const std::string model = test::fixture_model("tiny-qwen3moe");
+  Run r = run("generate " + model + " --ids 151644,872,198 --max-tokens 3 --top-logits 5 --json --progress none");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{'), r.out.find('\n', r.out.find('{')) - r.out.find('{')));
+  CHECK(j["prompt"].size() == 3);
+  CHECK(j["prompt"][0]["top_ids"].size() == 5);
+  CHECK(j["prompt"][0].contains("logsumexp"));
+  CHECK(j["ids"].size() == 3);
+  CHECK(j["steps"].size() == 3);
+  CHECK(j["steps"][0]["top_logits"].size() == 5);
+}
