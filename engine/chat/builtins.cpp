@@ -166,6 +166,25 @@ Value select_like(Interpreter& in, const Value& seq, CallArgs& args, bool attr_m
 
 // ---- filters ----------------------------------------------------------------
 
+bool known_filter(std::string_view name) {
+  static const char* names[] = {
+      "tojson", "length", "count", "trim", "upper", "lower", "capitalize", "title", "default", "d",
+      "join", "first", "last", "items", "list", "string", "safe", "forceescape", "escape", "e", "int",
+      "float", "abs", "round", "replace", "reverse", "selectattr", "rejectattr", "select", "reject",
+      "map", "sort", "unique", "min", "max", "dictsort", "sum", "attr", "indent", "center",
+      "wordcount", "format"};
+  return std::any_of(std::begin(names), std::end(names), [&](const char* n) { return name == n; });
+}
+
+bool known_test(std::string_view name) {
+  static const char* names[] = {
+      "defined", "undefined", "none", "boolean", "true", "false", "integer", "float", "number",
+      "string", "mapping", "iterable", "sequence", "callable", "escaped", "lower", "upper", "odd",
+      "even", "divisibleby", "eq", "equalto", "==", "ne", "!=", "sameas", "in", "lt", "lessthan",
+      "<", "le", "<=", "gt", "greaterthan", ">", "ge", ">="};
+  return std::any_of(std::begin(names), std::end(names), [&](const char* n) { return name == n; });
+}
+
 Value Interpreter::filter(const std::string& name, const Value& v, CallArgs& args) {
   ArgReader a(args, name);
   auto need_str = [&]() -> std::string {
@@ -431,7 +450,8 @@ bool Interpreter::test(const std::string& name, const Value& v, CallArgs& args) 
   if (name == "iterable")
     return v.type == Type::string || v.type == Type::list || v.type == Type::dict || v.is_undefined();
   if (name == "sequence") return v.type == Type::string || v.type == Type::list || v.type == Type::dict;
-  if (name == "callable") return v.type == Type::object && v.u.obj->kind == Object::Kind::callable;
+  if (name == "callable")  // jinja2's Undefined defines __call__ (which fails)
+    return v.is_undefined() || (v.type == Type::object && v.u.obj->kind == Object::Kind::callable);
   if (name == "escaped") return false;
   if (name == "lower") return v.is_string() && py_lower(v.s) == v.s;
   if (name == "upper") return v.is_string() && py_upper(v.s) == v.s;

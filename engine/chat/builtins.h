@@ -24,6 +24,11 @@ class ArgReader {
   std::string fn_;
 };
 
+// Names the filter and test tables implement (the parser rejects others, as
+// jinja2 does at compile time).
+bool known_filter(std::string_view name);
+bool known_test(std::string_view name);
+
 // attribute paths as filters take them ("a.b", "0"): dict item or attribute.
 Value lookup_path(Interpreter& in, const Value& v, const std::string& path);
 

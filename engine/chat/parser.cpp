@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "configs/error.h"
+#include "engine/chat/builtins.h"
 #include "engine/chat/lexer.h"
 
 namespace hmoe::chat {
@@ -595,6 +596,10 @@ class Parser {
     return e;
   }
 
+  void check_filter(const std::string& name) {
+    if (!known_filter(name)) fail("no filter named '" + name + "'");
+  }
+
   ExprPtr parse_filter_chain(ExprPtr operand) {
     ExprPtr e = std::move(operand);
     do {
@@ -602,6 +607,7 @@ class Parser {
       auto f = make(ExprKind::filter, line);
       f->name = expect_name();
       while (accept_op(".")) f->name += "." + expect_name();
+      check_filter(f->name);
       f->args.push_back(std::move(e));
       if (is_op("(")) parse_args(*f);
       e = std::move(f);
@@ -615,6 +621,7 @@ class Parser {
         int line = peek().line;
         auto f = make(ExprKind::filter, line);
         f->name = expect_name();
+        check_filter(f->name);
         f->args.push_back(std::move(e));
         if (is_op("(")) parse_args(*f);
         e = std::move(f);
@@ -624,6 +631,7 @@ class Parser {
         t->negated = accept_name("not");
         t->name = expect_name();
         while (accept_op(".")) t->name += "." + expect_name();
+        if (!known_test(t->name)) fail("no test named '" + t->name + "'");
         t->args.push_back(std::move(e));
         if (is_op("(")) {
           parse_args(*t);
