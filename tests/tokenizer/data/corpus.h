@@ -1,6 +1,7 @@
 // The tokenizer test corpus: scripts, code, emoji, whitespace runs, special
 // tokens inside text and invalid UTF-8. Shared by the tests and nothing else.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,41 @@ inline std::vector<std::string> corpus() {
   for (int i = 0; i < 20; ++i) mixed += "Mix " + std::to_string(i * 7919) + " café naïve 東京 🚀 <|im_end|>\n  ";
   c.push_back(mixed);
   return c;
+}
+
+// Seeded random strings over a palette of troublesome code points (all
+// assigned by Unicode 14, so PCRE2 and node agree on their properties).
+inline std::vector<std::string> fuzz_corpus(size_t count = 300) {
+  static const uint32_t palette[] = {
+      ' ', ' ', ' ', '\n', '\r', '\t', 'a', 'Z', 'k', 's', 'S', '\'', '"', '0', '7', '.', ',', '-', '!', '<', '|', '>', '_', '#',
+      0xA0, 0xE9, 0xDF, 0x17F, 0x300, 0x301, 0x308, 0x323, 0x345, 0x1E9B, 0x212B, 0x2126, 0xFB01, 0x385, 0x390,
+      0x915, 0x93C, 0x958, 0x9CB, 0x9BE, 0x9D7, 0xB47, 0xB3E, 0xE01, 0xE33, 0x1100, 0x1161, 0x11A8, 0xAC00, 0xD55C,
+      0x4E00, 0x9FA5, 0x9FA6, 0x3042, 0x30A2, 0x30FC, 0x3000, 0x3001, 0xFF01, 0xFF10, 0x2028, 0x2029, 0x200B, 0x200D,
+      0xFEFF, 0x85, 0x1680, 0x2003, 0x205F, 0x202F, 0x660, 0x6F1, 0x966, 0xFF11, 0x2160, 0xBD, 0xB2, 0x1D7D9,
+      0x1F600, 0x1F44D, 0x1F3FD, 0x1F1EB, 0x1F1F7, 0xFE0F, 0x20E3, 0x2764, 0x1F9D1, 0x1F680, 0x10348, 0x1D400, 0xE000,
+      0x5D0, 0x627, 0x64B, 0x410, 0x3B1, 0x1F0, 0x2160, 0x24B6, 0xA9, 0x2122, 0x20AC, 0x2192};
+  std::vector<std::string> out;
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  for (size_t i = 0; i < count; ++i) {
+    std::string s;
+    size_t len = 1 + next() % 40;
+    for (size_t k = 0; k < len; ++k) {
+      uint32_t cp = palette[next() % (sizeof(palette) / sizeof(palette[0]))];
+      if (cp < 0x80) s += static_cast<char>(cp);
+      else if (cp < 0x800) s += {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+      else if (cp < 0x10000) s += {static_cast<char>(0xE0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), static_cast<char>(0x80 | (cp & 0x3F))};
+      else s += {static_cast<char>(0xF0 | (cp >> 18)), static_cast<char>(0x80 | ((cp >> 12) & 0x3F)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), static_cast<char>(0x80 | (cp & 0x3F))};
+    }
+    if (next() % 8 == 0) s += "<|im_end|>";
+    out.push_back(s);
+  }
+  return out;
 }
 
 }  // namespace hmoe::tok::test
