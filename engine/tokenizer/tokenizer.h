@@ -9,6 +9,17 @@
 // pre-tokenizers (PCRE2, JavaScript \s semantics), and every piece is BPE'd
 // over its UTF-8 bytes with merge ranks.
 //
+// Regex semantics follow JavaScript (the reference): \s is JavaScript's
+// whitespace set (includes U+FEFF, excludes U+0085), and the contraction group
+// (?i:'s|...) matches only ASCII letters. Hugging Face's Rust regex differs
+// from this only on those exotic characters. Unicode tables: PCRE2 and NFC
+// data are Unicode 14 (Debian 12); characters newer than that may differ.
+//
+// Added tokens from GGUF: llama.cpp token type "control" is special,
+// "user-defined" is not; the converter marks some tokens control that
+// tokenizer.json calls non-special (e.g. <|fim_prefix|>), which only changes
+// is_special()/skip_special, not the ids.
+//
 // Invalid UTF-8 input: encode() first replaces every maximal invalid subpart
 // with U+FFFD (the WHATWG/TextDecoder rule, also Python's errors="replace"),
 // then tokenizes the result. Such text does not round-trip; valid UTF-8 does:
