@@ -5,6 +5,8 @@
 
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "configs/error.h"
 #include "engine/chat/interpreter.h"
@@ -29,6 +31,22 @@ std::string token_text(const nlohmann::json& cfg, const char* key) {
   if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
     return (*it)["content"].get<std::string>();
   fail(ErrorKind::bad_model, std::string("tokenizer_config.json: '") + key + "' is neither a string nor {content: ...}");
+}
+
+// nlohmann's copy and conversion recurse, so a hostile request nested
+// 100000 deep must be refused before it is copied; this walk is iterative.
+template <class Json>
+void check_depth(const Json& root, int limit) {
+  std::vector<std::pair<const Json*, int>> stack{{&root, 0}};
+  while (!stack.empty()) {
+    auto [j, d] = stack.back();
+    stack.pop_back();
+    if (d > limit)
+      fail(ErrorKind::invalid_argument,
+           "chat request nested deeper than " + std::to_string(limit) + " levels");
+    if (j->is_array() || j->is_object())
+      for (auto it = j->begin(); it != j->end(); ++it) stack.emplace_back(&*it, d + 1);
+  }
 }
 
 }  // namespace
@@ -75,6 +93,7 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& request) const {
 }
 
 std::string ChatTemplate::render(const nlohmann::json& request) const {
+  check_depth(request, limits_.max_value_depth);
   return render_impl(nlohmann::ordered_json(request), true);
 }
 
@@ -85,6 +104,7 @@ std::string ChatTemplate::render_verbatim(const nlohmann::ordered_json& request)
 std::string ChatTemplate::render_impl(const nlohmann::ordered_json& request, bool normalize) const {
   using ojson = nlohmann::ordered_json;
   if (!request.is_object()) fail(ErrorKind::invalid_argument, "chat request must be a JSON object");
+  check_depth(request, limits_.max_value_depth);
   auto msgs = request.find("messages");
   if (msgs == request.end() || !msgs->is_array())
     fail(ErrorKind::invalid_argument, "chat request: 'messages' must be an array");

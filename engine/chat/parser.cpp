@@ -12,7 +12,9 @@
 namespace hmoe::chat {
 namespace {
 
-constexpr int kMaxNesting = 256;  // expression and block nesting
+constexpr int kMaxNesting = 256;      // expression and block nesting
+constexpr int kMaxTagNodes = 4096;    // syntax nodes in one {{ }} or {% %}: bounds tree depth
+                                      // (long filter/operator chains nest to the left)
 
 class Parser {
  public:
@@ -104,6 +106,7 @@ class Parser {
         body.push_back(std::move(n));
       } else if (t.kind == Tok::var_begin) {
         next();
+        tag_nodes_ = 0;
         auto n = node(NodeKind::output);
         construct_ = "{{ ... }}";
         n->expr = parse_tuple(true);
@@ -120,6 +123,7 @@ class Parser {
               return body;
             }
         next();
+        tag_nodes_ = 0;
         body.push_back(parse_statement());
       } else {
         fail("unexpected token");
@@ -310,6 +314,7 @@ class Parser {
   // ---- expressions ---------------------------------------------------------
 
   ExprPtr make(ExprKind k, int line) {
+    if (++tag_nodes_ > kMaxTagNodes) fail("expression too large");
     auto e = std::make_unique<Expr>();
     e->kind = k;
     e->line = line;
@@ -655,6 +660,7 @@ class Parser {
   size_t p_ = 0;
   int depth_ = 0;
   int loop_depth_ = 0;
+  int tag_nodes_ = 0;
   std::string construct_;
 };
 

@@ -237,9 +237,9 @@ std::string repr_string(std::string_view s) {
   return out;
 }
 
-static void repr_into(std::string& out, const Value& v, bool top);
-
-static void repr_into(std::string& out, const Value& v, bool top) {
+// depth guards cycles (a namespace may hold itself) and deep nesting.
+static void repr_into(std::string& out, const Value& v, bool top, int depth = 0) {
+  if (depth > 1000) raise_error("RecursionError", "value nested too deeply (or cyclic) to print");
   switch (v.type) {
     case Type::string:
       if (top) out += v.s;
@@ -250,7 +250,7 @@ static void repr_into(std::string& out, const Value& v, bool top) {
       out += l->is_tuple ? '(' : '[';
       for (size_t k = 0; k < l->items.size(); ++k) {
         if (k) out += ", ";
-        repr_into(out, l->items[k], false);
+        repr_into(out, l->items[k], false, depth + 1);
       }
       if (l->is_tuple && l->items.size() == 1) out += ',';
       out += l->is_tuple ? ')' : ']';
@@ -262,9 +262,9 @@ static void repr_into(std::string& out, const Value& v, bool top) {
       for (auto& kv : v.u.dict->items) {
         if (!first) out += ", ";
         first = false;
-        repr_into(out, kv.first, false);
+        repr_into(out, kv.first, false, depth + 1);
         out += ": ";
-        repr_into(out, kv.second, false);
+        repr_into(out, kv.second, false, depth + 1);
       }
       out += '}';
       return;
@@ -282,7 +282,7 @@ static void repr_into(std::string& out, const Value& v, bool top) {
           if (!first) out += ", ";
           first = false;
           out += repr_string(kv.first) + ": ";
-          repr_into(out, kv.second, false);
+          repr_into(out, kv.second, false, depth + 1);
         }
         out += "}>";
       } else if (v.u.obj->kind == Object::Kind::callable) {
