@@ -1,0 +1,129 @@
+// Memory-bound kernels of the step: embedding, (residual add +) RMSNorm,
+// per-head norm + rotary, KV-cache store, SwiGLU, add. One block per row.
+#include "configs/error.h"
+#include "gpu/common.cuh"
+#include "gpu/kernels.h"
+
+namespace hmoe::gpu {
+using namespace detail;
+
+namespace {
+
+__global__ void embedding_kernel(const uint16_t* table, const int32_t* ids, int64_t hidden, float* out) {
+  const int64_t t = blockIdx.x;
+  const uint16_t* row = table + static_cast<int64_t>(ids[t]) * hidden;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) out[t * hidden + i] = bf2f(row[i]);
+}
+
+__global__ void add_rms_norm_kernel(float* x, const float* delta, const int32_t* rows, int64_t d, const uint16_t* w, float eps,
+                                    uint16_t* y, float* y_f32) {
+  const int64_t i = blockIdx.x, r = rows ? rows[i] : i;
+  float* xr = x + r * d;
+  float ss = 0;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    float v = xr[j];
+    if (delta) {
+      v += delta[r * d + j];
+      xr[j] = v;
+    }
+    ss += v * v;
+  }
+  ss = block_sum(ss);
+  const float inv = rsqrtf(ss / static_cast<float>(d) + eps);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float v = bf2f(w[j]) * (xr[j] * inv);
+    y[i * d + j] = f2bf(v);
+    if (y_f32) y_f32[i * d + j] = v;
+  }
+}
+
+// One block per (token, head), hd threads.
+__global__ void qk_norm_rope_kernel(float* x, int64_t ld, int64_t hd, const uint16_t* w, float eps, const int32_t* pos,
+                                    const float* inv_freq) {
+  __shared__ float v[256];
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const int i = threadIdx.x;
+  float* xh = x + t * ld + h * hd;
+  const float a = xh[i];
+  const float ss = block_sum(a * a);
+  const float inv = rsqrtf(ss / static_cast<float>(hd) + eps);
+  v[i] = bf2f(w[i]) * (a * inv);
+  __syncthreads();
+  const int half = static_cast<int>(hd / 2);
+  if (i < half) {
+    const float f = static_cast<float>(pos[t]) * inv_freq[i];
+    const float c = static_cast<float>(cos(static_cast<double>(f))), s = static_cast<float>(sin(static_cast<double>(f)));
+    const float p = v[i], q = v[i + half];
+    xh[i] = p * c - q * s;
+    xh[i + half] = q * c + p * s;
+  }
+}
+
+__global__ void kv_store_kernel(const float* k, const float* v, int64_t ld, int64_t width, const int32_t* slots, uint16_t* kc,
+                                uint16_t* vc) {
+  const int64_t t = blockIdx.x, slot = slots[t];
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    kc[slot * width + i] = f2bf(k[t * ld + i]);
+    vc[slot * width + i] = f2bf(v[t * ld + i]);
+  }
+}
+
+__global__ void silu_mul_kernel(const float* gu, int64_t n, int64_t inter, uint16_t* h) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n * inter) return;
+  const int64_t t = idx / inter, i = idx % inter;
+  const float g = gu[t * 2 * inter + i], u = gu[t * 2 * inter + inter + i];
+  h[idx] = f2bf(g / (1.0f + expf(-g)) * u);
+}
+
+__global__ void add_kernel(const float* x, const float* d, int64_t count, float* y) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx < count) y[idx] = x[idx] + d[idx];
+}
+
+unsigned blocks_for(int64_t count, int threads) { return static_cast<unsigned>((count + threads - 1) / threads); }
+
+}  // namespace
+
+void embedding(const bf16_t* table, const int32_t* ids, int64_t n, int64_t hidden, float* out, Stream& s) {
+  if (n <= 0) return;
+  embedding_kernel<<<static_cast<unsigned>(n), 256, 0, cs(s)>>>(table, ids, hidden, out);
+  HMOE_CUDA_LAUNCHED();
+}
+
+void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, int64_t d, const bf16_t* w, float eps, bf16_t* y,
+                  float* y_f32, Stream& s) {
+  if (n <= 0) return;
+  add_rms_norm_kernel<<<static_cast<unsigned>(n), 256, 0, cs(s)>>>(x, delta, rows, d, w, eps, y, y_f32);
+  HMOE_CUDA_LAUNCHED();
+}
+
+void qk_norm_rope(float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd, const bf16_t* w, float eps, const int32_t* pos,
+                  const float* inv_freq, Stream& s) {
+  if (hd % 32 != 0 || hd > 256) fail(ErrorKind::unsupported, "gpu::qk_norm_rope: head_dim " + std::to_string(hd) + " (need a multiple of 32, <= 256)");
+  if (n <= 0) return;
+  qk_norm_rope_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), static_cast<unsigned>(hd), 0, cs(s)>>>(
+      x, ld, hd, w, eps, pos, inv_freq);
+  HMOE_CUDA_LAUNCHED();
+}
+
+void kv_store(const float* k, const float* v, int64_t ld, int64_t n, int64_t width, const int32_t* slots, bf16_t* kc, bf16_t* vc,
+              Stream& s) {
+  if (n <= 0) return;
+  kv_store_kernel<<<static_cast<unsigned>(n), 256, 0, cs(s)>>>(k, v, ld, width, slots, kc, vc);
+  HMOE_CUDA_LAUNCHED();
+}
+
+void silu_mul(const float* gu, int64_t n, int64_t inter, bf16_t* h, Stream& s) {
+  if (n <= 0) return;
+  silu_mul_kernel<<<blocks_for(n * inter, 256), 256, 0, cs(s)>>>(gu, n, inter, h);
+  HMOE_CUDA_LAUNCHED();
+}
+
+void add(const float* x, const float* d, int64_t count, float* y, Stream& s) {
+  if (count <= 0) return;
+  add_kernel<<<blocks_for(count, 256), 256, 0, cs(s)>>>(x, d, count, y);
+  HMOE_CUDA_LAUNCHED();
+}
+
+}  // namespace hmoe::gpu

@@ -1,0 +1,86 @@
+// CUDA kernels of the transformer step, as plain launchers on device
+// pointers. bf16 values travel as their raw 16-bit patterns (bf16_t); all
+// arithmetic is fp32. The residual stream is fp32; inputs of matrix products
+// are bf16. Each launcher is asynchronous on `s` and throws Error(device)
+// with file:line when the launch fails; in a build without CUDA each throws
+// Error(unsupported, "... not built with CUDA").
+//
+// Layouts: a matrix W is row-major [rows, cols] (nn.Linear); y = x W^T.
+// Shapes are checked where a wrong one would read out of bounds; pointers
+// are trusted. The CPU references are engine/ops/cpu_ops.h.
+#pragma once
+#include <cstdint>
+
+#include "gpu/memory.h"
+
+namespace hmoe::gpu {
+
+using bf16_t = uint16_t;  // raw bfloat16 bits
+
+// out[t] = table[ids[t]] as fp32; table: [vocab, hidden].
+void embedding(const bf16_t* table, const int32_t* ids, int64_t n, int64_t hidden, float* out, Stream& s);
+
+// For i < n: r = rows ? rows[i] : i. If delta: x[r] += delta[r] (stored).
+// Then y[i] = bf16(x[r] / sqrt(mean(x[r]^2) + eps) * w), and y_f32[i] the
+// same before rounding when y_f32 is not null. d: row width.
+void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, int64_t d, const bf16_t* w, float eps, bf16_t* y,
+                  float* y_f32, Stream& s);
+
+// Per-head RMSNorm (weight w[hd]) then rotate-half rotary embedding at
+// position pos[t], in place. x: rows of stride ld floats; row t holds heads*hd
+// values from its start. inv_freq: [hd/2]. hd even, <= 256.
+void qk_norm_rope(float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd, const bf16_t* w, float eps, const int32_t* pos,
+                  const float* inv_freq, Stream& s);
+
+// kc[slots[t]] = bf16(k[t]), vc[slots[t]] = bf16(v[t]); rows of `width`
+// values, source stride ld floats; cache rows of `width` values.
+void kv_store(const float* k, const float* v, int64_t ld, int64_t n, int64_t width, const int32_t* slots, bf16_t* kc, bf16_t* vc,
+              Stream& s);
+
+// Causal GQA attention over a paged cache. Token t (query row t of stride
+// ldq, heads*hd values) attends to cache slots slot_lists[offsets[t] + j],
+// j < lens[t]; kc/vc rows hold kv_heads*hd values. out: [n, heads*hd] bf16.
+// hd: 64 or 128 (any multiple of 32 up to 128).
+void attention(const float* q, int64_t ldq, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const bf16_t* kc,
+               const bf16_t* vc, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, float scale, bf16_t* out,
+               Stream& s);
+
+// h[t, i] = bf16(silu(gu[t, i]) * gu[t, inter + i]); gu: [n, 2*inter].
+void silu_mul(const float* gu, int64_t n, int64_t inter, bf16_t* h, Stream& s);
+
+// Softmax over each row of logits [n, experts], then the k largest (ties:
+// lower index), renormalised when `normalize`. ids/weights: [n, k].
+void router_topk(const float* logits, int64_t n, int64_t experts, int64_t k, bool normalize, int32_t* ids, float* weights,
+                 Stream& s);
+
+// Groups the n*k (token, slot) pairs by expert: offsets[e]..offsets[e+1]
+// index pair_list, which holds pair indices p = t*k + j. experts <= 4096.
+void moe_route(const int32_t* ids, int64_t pairs, int64_t experts, int32_t* offsets, int32_t* pair_list, Stream& s);
+
+// Grouped expert SwiGLU. w_gate_up: [experts][2*inter][hidden] (gate rows,
+// then up rows); w_down: [experts][hidden][inter]. Each expert's weights are
+// read once per 8 of its tokens. act: [n*k, inter] bf16 scratch;
+// partial: [n*k, hidden] fp32 scratch; out[t] = sum_j weights[t*k+j] *
+// expert_{ids[t*k+j]}(x[t]) (overwritten). hidden and inter: multiples of 8.
+void moe_experts(const bf16_t* x, int64_t n, int64_t hidden, int64_t inter, int64_t experts, int64_t k, const int32_t* ids,
+                 const float* weights, const int32_t* offsets, const int32_t* pair_list, const bf16_t* w_gate_up,
+                 const bf16_t* w_down, bf16_t* act, float* partial, float* out, Stream& s);
+
+// y = x + d, element-wise over `count` floats (y may alias x).
+void add(const float* x, const float* d, int64_t count, float* y, Stream& s);
+
+// cuBLAS handle bound to one stream. y[n, rows] (fp32, row stride ldy) =
+// x[n, cols] (bf16, row stride cols) W[rows, cols]^T (bf16), fp32 accumulation.
+class Blas {
+ public:
+  explicit Blas(Stream& s);
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  void gemm(const bf16_t* x, int64_t n, const bf16_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy);
+
+ private:
+  void* handle_ = nullptr;
+};
+
+}  // namespace hmoe::gpu

@@ -1,0 +1,34 @@
+// CPU-only build: every kernel launcher says "not built with CUDA".
+#include "configs/error.h"
+#include "gpu/kernels.h"
+
+namespace hmoe::gpu {
+namespace {
+[[noreturn]] void no_cuda(const char* what) { fail(ErrorKind::unsupported, std::string("gpu::") + what + ": not built with CUDA"); }
+}  // namespace
+
+void embedding(const bf16_t*, const int32_t*, int64_t, int64_t, float*, Stream&) { no_cuda("embedding"); }
+void add_rms_norm(float*, const float*, const int32_t*, int64_t, int64_t, const bf16_t*, float, bf16_t*, float*, Stream&) {
+  no_cuda("add_rms_norm");
+}
+void qk_norm_rope(float*, int64_t, int64_t, int64_t, int64_t, const bf16_t*, float, const int32_t*, const float*, Stream&) {
+  no_cuda("qk_norm_rope");
+}
+void kv_store(const float*, const float*, int64_t, int64_t, int64_t, const int32_t*, bf16_t*, bf16_t*, Stream&) { no_cuda("kv_store"); }
+void attention(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const bf16_t*, const bf16_t*, const int32_t*, const int32_t*,
+               const int32_t*, float, bf16_t*, Stream&) {
+  no_cuda("attention");
+}
+void silu_mul(const float*, int64_t, int64_t, bf16_t*, Stream&) { no_cuda("silu_mul"); }
+void router_topk(const float*, int64_t, int64_t, int64_t, bool, int32_t*, float*, Stream&) { no_cuda("router_topk"); }
+void moe_route(const int32_t*, int64_t, int64_t, int32_t*, int32_t*, Stream&) { no_cuda("moe_route"); }
+void moe_experts(const bf16_t*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*, const float*, const int32_t*, const int32_t*,
+                 const bf16_t*, const bf16_t*, bf16_t*, float*, float*, Stream&) {
+  no_cuda("moe_experts");
+}
+void add(const float*, const float*, int64_t, float*, Stream&) { no_cuda("add"); }
+Blas::Blas(Stream&) { no_cuda("Blas"); }
+Blas::~Blas() = default;
+void Blas::gemm(const bf16_t*, int64_t, const bf16_t*, int64_t, int64_t, float*, int64_t) { no_cuda("Blas::gemm"); }
+
+}  // namespace hmoe::gpu

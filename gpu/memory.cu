@@ -1,0 +1,87 @@
+#include "gpu/check.h"
+#include "gpu/memory.h"
+
+namespace hmoe::gpu {
+
+static cudaStream_t cs(Stream& s) { return static_cast<cudaStream_t>(s.handle()); }
+
+Stream::Stream() {
+  cudaStream_t s = nullptr;
+  HMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  handle_ = s;
+}
+Stream::~Stream() {
+  if (handle_) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
+}
+void Stream::synchronize() { HMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_))); }
+
+DeviceBuffer::DeviceBuffer(size_t bytes) { reserve(bytes); }
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+void DeviceBuffer::reserve(size_t bytes) {
+  if (bytes <= bytes_) return;
+  if (ptr_) HMOE_CUDA_CHECK(cudaFree(ptr_));
+  ptr_ = nullptr;
+  bytes_ = 0;
+  cudaError_t e = cudaMalloc(&ptr_, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    fail(ErrorKind::out_of_memory, "GPU allocation of " + std::to_string(bytes >> 20) + " MiB failed (" + std::to_string(free_b >> 20) +
+                                       " MiB free of " + std::to_string(total_b >> 20) + " MiB)");
+  }
+  if (e != cudaSuccess) detail::cuda_fail(e, "cudaMalloc", __FILE__, __LINE__);
+  bytes_ = bytes;
+}
+
+PinnedBuffer::PinnedBuffer(size_t bytes) { reserve(bytes); }
+PinnedBuffer::~PinnedBuffer() {
+  if (ptr_) cudaFreeHost(ptr_);
+}
+void PinnedBuffer::reserve(size_t bytes) {
+  if (bytes <= bytes_) return;
+  if (ptr_) HMOE_CUDA_CHECK(cudaFreeHost(ptr_));
+  ptr_ = nullptr;
+  bytes_ = 0;
+  HMOE_CUDA_CHECK(cudaHostAlloc(&ptr_, bytes, cudaHostAllocPortable));
+  bytes_ = bytes;
+}
+
+Event::Event() {
+  cudaEvent_t e = nullptr;
+  HMOE_CUDA_CHECK(cudaEventCreate(&e));
+  handle_ = e;
+}
+Event::~Event() {
+  if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+}
+void Event::record(Stream& s) { HMOE_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), cs(s))); }
+void Event::synchronize() { HMOE_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_))); }
+float Event::elapsed_ms(const Event& start) const {
+  float ms = 0;
+  HMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.handle_), static_cast<cudaEvent_t>(handle_)));
+  return ms;
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes, Stream& s) {
+  if (bytes) HMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cs(s)));
+}
+void copy_to_host(void* dst, const void* src, size_t bytes, Stream& s) {
+  if (bytes) HMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cs(s)));
+}
+void copy_on_device(void* dst, const void* src, size_t bytes, Stream& s) {
+  if (bytes) HMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cs(s)));
+}
+void memset_device(void* dst, int value, size_t bytes, Stream& s) {
+  if (bytes) HMOE_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, cs(s)));
+}
+void device_synchronize() { HMOE_CUDA_CHECK(cudaDeviceSynchronize()); }
+std::pair<size_t, size_t> memory_info() {
+  size_t f = 0, t = 0;
+  HMOE_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+  return {f, t};
+}
+
+}  // namespace hmoe::gpu

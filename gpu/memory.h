@@ -1,0 +1,104 @@
+// Device memory, pinned host memory, streams and events, as RAII handles.
+// In a build without CUDA (memory_nocuda.cpp) every constructor throws
+// Error(unsupported, "not built with CUDA"), so code above gpu/ compiles
+// and links the same way on every machine.
+//
+// Contract: every failing CUDA call throws Error(device) naming the call and
+// file:line. Handles are movable, not copyable; none is thread-safe. Copies
+// and memsets are asynchronous on the given stream: the host memory they use
+// must stay alive (and, for overlap, be pinned) until the stream is synced.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+namespace hmoe::gpu {
+
+class Stream {
+ public:
+  Stream();  // a new non-blocking stream on the current device
+  ~Stream();
+  Stream(Stream&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)) {}
+  Stream& operator=(Stream&& o) noexcept {
+    std::swap(handle_, o.handle_);
+    return *this;
+  }
+  void synchronize();
+  void* handle() const { return handle_; }  // cudaStream_t
+
+ private:
+  void* handle_ = nullptr;
+};
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);  // cudaMalloc; bytes == 0 gives an empty buffer
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  template <class T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  // Grows (never shrinks) to at least `bytes`, dropping the contents.
+  void reserve(size_t bytes);
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);  // cudaHostAlloc (portable)
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  template <class T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+  void reserve(size_t bytes);
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(Event&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)) {}
+  Event& operator=(Event&& o) noexcept {
+    std::swap(handle_, o.handle_);
+    return *this;
+  }
+  void record(Stream& s);
+  void synchronize();
+  // Milliseconds between `start` and this event (both recorded and complete).
+  float elapsed_ms(const Event& start) const;
+
+ private:
+  void* handle_ = nullptr;
+};
+
+void copy_to_device(void* dst, const void* src, size_t bytes, Stream& s);
+void copy_to_host(void* dst, const void* src, size_t bytes, Stream& s);
+void copy_on_device(void* dst, const void* src, size_t bytes, Stream& s);
+void memset_device(void* dst, int value, size_t bytes, Stream& s);
+// Blocks until all work on the current device is done; throws on a sticky error.
+void device_synchronize();
+// Free and total bytes of the current device.
+std::pair<size_t, size_t> memory_info();
+
+}  // namespace hmoe::gpu
