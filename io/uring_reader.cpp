@@ -1,0 +1,297 @@
+// io_uring and pread implementations of BlockReader. The io_uring reader
+// pushes submission entries from the submitting thread (under a mutex) and
+// reaps completions on its own thread, which also refills the ring from the
+// pending queue, so the step thread never blocks on I/O it does not need yet.
+#include "io/uring_reader.h"
+
+#include <liburing.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "configs/error.h"
+
+namespace hmoe::io {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Pending {
+  std::shared_ptr<ReadGroup> group;
+  ReadRequest req;
+};
+
+// Completion bookkeeping shared by both readers.
+class GroupTracker {
+ public:
+  void done_one(ReadGroup& g, const std::string& err) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!err.empty() && g.error.empty()) g.error = err;
+    if (--g.remaining == 0) {
+      g.completed = Clock::now();
+      cv_.notify_all();
+    }
+  }
+  int64_t wait(ReadGroup& g, const std::string& path) {
+    const auto t0 = Clock::now();
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return g.remaining == 0; });
+    const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    if (!g.error.empty()) fail(ErrorKind::io, path + ": " + g.error);
+    return ns;
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+std::string read_error(const ReadRequest& r, int err) {
+  return "read of " + std::to_string(r.len) + " bytes at offset " + std::to_string(r.offset) + " failed: " + std::strerror(err);
+}
+
+class UringReader final : public BlockReader {
+ public:
+  UringReader(int fd, std::string path, unsigned qd) : fd_(fd), path_(std::move(path)), qd_(qd) {}
+  bool init(std::string* why) {
+    const int e = io_uring_queue_init(qd_ + 1, &ring_, 0);
+    if (e < 0) {
+      if (why) *why = std::string("io_uring_queue_init: ") + std::strerror(-e);
+      return false;
+    }
+    ops_.resize(qd_);
+    for (unsigned i = 0; i < qd_; ++i) free_ops_.push_back(i);
+    reaper_ = std::thread([this] { reap(); });
+    return true;
+  }
+  ~UringReader() override {
+    if (!reaper_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lk(sq_mu_);
+      stop_ = true;
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+      while (!sqe) {  // the ring is full: let the reaper drain it
+        io_uring_submit(&ring_);
+        sqe = io_uring_get_sqe(&ring_);
+      }
+      io_uring_prep_nop(sqe);
+      io_uring_sqe_set_data64(sqe, kStopTag);
+      io_uring_submit(&ring_);
+    }
+    reaper_.join();
+    io_uring_queue_exit(&ring_);
+  }
+
+  std::shared_ptr<ReadGroup> submit(std::vector<ReadRequest> reqs) override {
+    auto g = std::make_shared<ReadGroup>();
+    g->reqs = std::move(reqs);
+    g->submitted = Clock::now();
+    g->remaining = static_cast<int64_t>(g->reqs.size());
+    if (g->reqs.empty()) {
+      g->completed = g->submitted;
+      return g;
+    }
+    std::lock_guard<std::mutex> lk(sq_mu_);
+    for (const auto& r : g->reqs) pending_.push_back({g, r});
+    fill_locked();
+    return g;
+  }
+
+  int64_t wait(ReadGroup& g) override { return tracker_.wait(g, path_); }
+  const char* name() const override { return "io_uring"; }
+
+ private:
+  static constexpr uint64_t kStopTag = ~uint64_t{0};
+
+  // Moves pending reads into the ring while slots are free. Holds sq_mu_.
+  void fill_locked() {
+    bool any = false;
+    while (!pending_.empty() && !free_ops_.empty()) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+      if (!sqe) break;
+      const unsigned slot = free_ops_.back();
+      free_ops_.pop_back();
+      ops_[slot] = std::move(pending_.front());
+      pending_.pop_front();
+      const ReadRequest& r = ops_[slot].req;
+      io_uring_prep_read(sqe, fd_, r.dst, r.len, r.offset);
+      io_uring_sqe_set_data64(sqe, slot);
+      any = true;
+    }
+    if (any) io_uring_submit(&ring_);
+  }
+
+  void reap() {
+    for (;;) {
+      io_uring_cqe* cqe = nullptr;
+      const int e = io_uring_wait_cqe(&ring_, &cqe);
+      if (e == -EINTR) continue;
+      if (e < 0) {
+        fail_all(std::string("io_uring_wait_cqe: ") + std::strerror(-e));
+        return;
+      }
+      const uint64_t tag = io_uring_cqe_get_data64(cqe);
+      const int res = cqe->res;
+      io_uring_cqe_seen(&ring_, cqe);
+      std::unique_lock<std::mutex> lk(sq_mu_);
+      if (tag == kStopTag) {  // drain what the kernel still holds, drop the rest
+        std::deque<Pending> dropped;
+        dropped.swap(pending_);
+        stop_seen_ = true;
+        lk.unlock();
+        for (auto& p : dropped) tracker_.done_one(*p.group, "reader closed before the read was issued");
+        lk.lock();
+        if (free_ops_.size() == qd_) return;
+        continue;
+      }
+      Pending op = std::move(ops_[tag]);
+      ops_[tag] = {};
+      free_ops_.push_back(static_cast<unsigned>(tag));
+      std::string err;
+      if (res < 0) {
+        err = read_error(op.req, -res);
+      } else if (res == 0) {
+        err = "read at offset " + std::to_string(op.req.offset) + " hit the end of the file (truncated?)";
+      } else if (static_cast<uint32_t>(res) < op.req.len) {  // short read: queue the rest first
+        if (stop_seen_) {
+          err = "reader closed during a short read";
+        } else {
+          ReadRequest rest{op.req.offset + static_cast<uint64_t>(res), op.req.len - static_cast<uint32_t>(res),
+                           static_cast<uint8_t*>(op.req.dst) + res};
+          pending_.push_front({op.group, rest});
+          fill_locked();
+          continue;
+        }
+      }
+      if (!stop_seen_) fill_locked();
+      const bool last = stop_seen_ && free_ops_.size() == qd_;
+      lk.unlock();
+      tracker_.done_one(*op.group, err);
+      if (last) return;
+    }
+  }
+
+  void fail_all(const std::string& err) {
+    std::vector<Pending> all;
+    {
+      std::lock_guard<std::mutex> lk(sq_mu_);
+      for (auto& p : pending_) all.push_back(std::move(p));
+      pending_.clear();
+      for (auto& o : ops_)
+        if (o.group) all.push_back(std::move(o));
+    }
+    for (auto& p : all) tracker_.done_one(*p.group, err);
+  }
+
+  int fd_;
+  std::string path_;
+  unsigned qd_;
+  io_uring ring_{};
+  std::mutex sq_mu_;
+  std::deque<Pending> pending_;
+  std::vector<Pending> ops_;
+  std::vector<unsigned> free_ops_;
+  bool stop_ = false, stop_seen_ = false;
+  GroupTracker tracker_;
+  std::thread reaper_;
+};
+
+// Full pread of one request (retrying short reads and EINTR); returns "" or the error.
+std::string pread_one(int fd, const ReadRequest& r) {
+  uint64_t done = 0;
+  while (done < r.len) {
+    const ssize_t got = ::pread(fd, static_cast<uint8_t*>(r.dst) + done, r.len - done, static_cast<off_t>(r.offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return read_error(r, errno);
+    }
+    if (got == 0) return "read at offset " + std::to_string(r.offset + done) + " hit the end of the file (truncated?)";
+    done += static_cast<uint64_t>(got);
+  }
+  return {};
+}
+
+class PreadReader final : public BlockReader {
+ public:
+  PreadReader(int fd, std::string path, int threads) : fd_(fd), path_(std::move(path)) {
+    for (int i = 0; i < std::max(1, threads); ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~PreadReader() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  std::shared_ptr<ReadGroup> submit(std::vector<ReadRequest> reqs) override {
+    auto g = std::make_shared<ReadGroup>();
+    g->reqs = std::move(reqs);
+    g->submitted = Clock::now();
+    g->remaining = static_cast<int64_t>(g->reqs.size());
+    if (g->reqs.empty()) {
+      g->completed = g->submitted;
+      return g;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (const auto& r : g->reqs) queue_.push_back({g, r});
+    }
+    cv_.notify_all();
+    return g;
+  }
+  int64_t wait(ReadGroup& g) override { return tracker_.wait(g, path_); }
+  const char* name() const override { return "pread"; }
+
+ private:
+  void work() {
+    for (;;) {
+      Pending p;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        p = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      tracker_.done_one(*p.group, pread_one(fd_, p.req));
+    }
+  }
+  int fd_;
+  std::string path_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> queue_;
+  bool stop_ = false;
+  GroupTracker tracker_;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace
+
+std::unique_ptr<BlockReader> make_uring_reader(int fd, const std::string& path, unsigned queue_depth, std::string* why) {
+  if (queue_depth == 0 || queue_depth > 4096) {
+    if (why) *why = "queue depth " + std::to_string(queue_depth) + " is outside 1..4096";
+    return nullptr;
+  }
+  auto r = std::make_unique<UringReader>(fd, path, queue_depth);
+  if (!r->init(why)) return nullptr;
+  return r;
+}
+
+std::unique_ptr<BlockReader> make_pread_reader(int fd, const std::string& path, int threads) {
+  return std::make_unique<PreadReader>(fd, path, threads);
+}
+
+void pread_all(int fd, const std::string& path, const std::vector<ReadRequest>& reqs) {
+  for (const auto& r : reqs) {
+    std::string err = pread_one(fd, r);
+    if (!err.empty()) fail(ErrorKind::io, path + ": " + err);
+  }
+}
+
+}  // namespace hmoe::io

@@ -1,0 +1,58 @@
+// Asynchronous block reads from one file: io_uring (liburing) when the kernel
+// allows it, else a few pread worker threads. The PLE table (io/ple_table.h)
+// uses it to read the rows of the next step while earlier layers compute.
+//
+// Contract: submit() queues a group of reads and returns at once; a driver
+// thread (io_uring) or the workers (pread) carry them out, at most
+// queue_depth in flight. wait() blocks until every read of the group has
+// landed and throws Error(io) naming the file when one failed or came back
+// short. Destinations must stay valid until wait() returns. submit() and
+// wait() may be called from any thread; one group is waited for once.
+// With O_DIRECT files, offsets, lengths and destinations must be aligned to
+// kDirectAlign.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hmoe::io {
+
+inline constexpr uint64_t kDirectAlign = 4096;
+
+struct ReadRequest {
+  uint64_t offset = 0;
+  uint32_t len = 0;
+  void* dst = nullptr;
+};
+
+// One submitted group of reads. Times are steady_clock.
+struct ReadGroup {
+  std::vector<ReadRequest> reqs;
+  std::chrono::steady_clock::time_point submitted, completed;
+  // Filled by the reader.
+  int64_t remaining = 0;
+  std::string error;
+};
+
+class BlockReader {
+ public:
+  virtual ~BlockReader() = default;
+  virtual std::shared_ptr<ReadGroup> submit(std::vector<ReadRequest> reqs) = 0;
+  // Returns nanoseconds spent blocked.
+  virtual int64_t wait(ReadGroup& g) = 0;
+  virtual const char* name() const = 0;
+};
+
+// fd stays owned by the caller and must outlive the reader. Returns nullptr
+// and sets *why when io_uring cannot be set up (ENOSYS, EPERM under seccomp,
+// ENOMEM for locked memory).
+std::unique_ptr<BlockReader> make_uring_reader(int fd, const std::string& path, unsigned queue_depth, std::string* why);
+std::unique_ptr<BlockReader> make_pread_reader(int fd, const std::string& path, int threads);
+
+// Reads one whole group synchronously with pread (used by tests and the
+// benchmark's raw baseline); throws Error(io).
+void pread_all(int fd, const std::string& path, const std::vector<ReadRequest>& reqs);
+
+}  // namespace hmoe::io
