@@ -107,8 +107,18 @@ Settings Settings::defaults() {
 Settings Settings::load(std::vector<std::string>& args) {
   Settings s = defaults();
 #define HMOE_SETTING(field, kind, def, flag, env, help)                       \
-  if (const char* e = std::getenv(env); e != nullptr && *e != '\0')           \
-    assign(std::string("environment variable ") + env, s.field, e);
+  if (const char* e = std::getenv(env); e != nullptr && *e != '\0') {         \
+    assign(std::string("environment variable ") + env, s.field, e);           \
+    s.origins.emplace_back(#field, std::string("environment variable ") + env); \
+  } else {                                                                     \
+    for (const auto& a : setting_aliases())                                    \
+      if (std::string(a.target) == env)                                         \
+        if (const char* e2 = std::getenv(a.alias); e2 != nullptr && *e2 != '\0') { \
+          assign(std::string("environment variable ") + a.alias, s.field, e2); \
+          s.origins.emplace_back(#field, std::string("environment variable ") + a.alias); \
+          s.notices.push_back(std::string("notice: reading ") + a.alias + " as " + env + " (an alias for users of Lvllm)"); \
+        }                                                                      \
+  }
 #include "configs/settings.inc"
 #undef HMOE_SETTING
   std::vector<std::string> rest;
@@ -126,9 +136,11 @@ Settings Settings::load(std::vector<std::string>& args) {
           assign(f, s.field, args[++i]);                                                   \
         }                                                                                  \
         used = true;                                                                       \
+        s.origins.emplace_back(#field, f);                                                 \
       } else if (a.rfind(f + "=", 0) == 0) {                                               \
         assign(f, s.field, a.substr(f.size() + 1));                                        \
         used = true;                                                                       \
+        s.origins.emplace_back(#field, f);                                                 \
       }                                                                                    \
     }
 #include "configs/settings.inc"
@@ -137,6 +149,18 @@ Settings Settings::load(std::vector<std::string>& args) {
   }
   args = std::move(rest);
   return s;
+}
+
+const std::vector<SettingAlias>& setting_aliases() {
+  static const std::vector<SettingAlias> a = {{"LVLLM_GPU_RESIDENT_MOE_LAYERS", "HMOE_GPU_RESIDENT_MOE_LAYERS"}};
+  return a;
+}
+
+std::string Settings::origin(const std::string& field) const {
+  std::string o = "default";
+  for (const auto& [f, where] : origins)
+    if (f == field) o = where;  // the last assignment wins, as in load()
+  return o;
 }
 
 std::string Settings::describe() const {

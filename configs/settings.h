@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hmoe {
@@ -28,7 +29,22 @@ struct Settings {
 
   // Where each value came from, for `hmoe settings`.
   std::string describe() const;
+
+  // Where `field` was set: "environment variable X", "--flag" or "default".
+  // Errors about a value should name it.
+  std::string origin(const std::string& field) const;
+  // Messages for the user from load() (an alias was read, ...); the caller prints them.
+  std::vector<std::string> notices;
+  std::vector<std::pair<std::string, std::string>> origins;  // field -> origin, set by load()
 };
+
+// Other programs' environment variable names accepted for a setting, read
+// when the HMOE_ variable is unset, with a notice (settings.cpp holds the list).
+struct SettingAlias {
+  const char* alias;  // e.g. LVLLM_GPU_RESIDENT_MOE_LAYERS
+  const char* target;  // the HMOE_ variable it stands for
+};
+const std::vector<SettingAlias>& setting_aliases();
 
 struct SettingInfo {
   const char* field;
