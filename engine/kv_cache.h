@@ -17,6 +17,7 @@ struct KvLayout {
   int64_t layers = 0;
   int64_t kv_heads = 0;
   int64_t head_dim = 0;  // K and V share it (MLA layouts come with their own)
+  int64_t seq_state_bytes = 0;  // per-sequence state kept beside the KV (Engram windows), zeroed by add_sequence
 };
 
 class KvCache {
@@ -36,6 +37,14 @@ class KvCache {
   float* k(int64_t layer, int seq, int64_t pos) { return slot(keys_, layer, seq, pos); }
   float* v(int64_t layer, int seq, int64_t pos) { return slot(values_, layer, seq, pos); }
 
+  // The layout's seq_state_bytes of per-sequence state (nullptr when 0).
+  uint8_t* seq_state(int seq) { return layout_.seq_state_bytes ? seq_state_.at(static_cast<size_t>(seq)).data() : nullptr; }
+
+  // Flat index of (seq, pos) in [0, num_blocks * block_size): GPU caches
+  // mirror this layout and share the block tables.
+  int64_t slot_index(int seq, int64_t pos) const {
+    return tables_[static_cast<size_t>(seq)][static_cast<size_t>(pos / block_size_)] * block_size_ + pos % block_size_;
+  }
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
@@ -56,6 +65,7 @@ class KvCache {
   std::vector<int64_t> free_;
   std::vector<std::vector<int64_t>> tables_;
   std::vector<bool> live_;
+  std::vector<std::vector<uint8_t>> seq_state_;
 };
 
 }  // namespace hmoe
