@@ -226,7 +226,7 @@ std::string repr_string(std::string_view s) {
     } else if (c == '\t') {
       out += "\\t";
     } else if (c < 0x20 || c == 0x7F || (c >= 0x80 && c <= 0xA0) || c == 0xAD) {
-      char b[8];
+      char b[16];
       std::snprintf(b, sizeof b, "\\x%02x", unsigned(c));
       out += b;
     } else {
@@ -377,7 +377,7 @@ int compare(const Value& a, const Value& b) {
 static void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
   out.push_back('"');
   auto esc = [&](char32_t c) {
-    char b[8];
+    char b[16];
     std::snprintf(b, sizeof b, "\\u%04x", unsigned(c));
     out += b;
   };
