@@ -10,7 +10,8 @@ namespace hmoe {
 
 // ---- WeightBinder -------------------------------------------------------------
 cpu::Mat WeightBinder::mat(const std::string& name, int64_t rows, int64_t cols) {
-  const io::TensorView& t = store_.get(name, {rows, cols});
+  if (source_) return source_->mat(name, rows, cols);
+  const io::TensorView& t = store_->get(name, {rows, cols});
   if (t.dtype != DType::bf16 && t.dtype != DType::f16 && t.dtype != DType::f32)
     fail(ErrorKind::bad_model, *t.file + ": tensor '" + name + "' has dtype " + dtype_name(t.dtype) + "; supported: BF16, F16, F32");
   used_.insert(name);
@@ -18,15 +19,26 @@ cpu::Mat WeightBinder::mat(const std::string& name, int64_t rows, int64_t cols) 
 }
 
 cpu::Mat WeightBinder::vec(const std::string& name, int64_t n) {
-  const io::TensorView& t = store_.get(name, {n});
+  if (source_) return source_->vec(name, n);
+  const io::TensorView& t = store_->get(name, {n});
   if (t.dtype != DType::bf16 && t.dtype != DType::f16 && t.dtype != DType::f32)
     fail(ErrorKind::bad_model, *t.file + ": tensor '" + name + "' has dtype " + dtype_name(t.dtype) + "; supported: BF16, F16, F32");
   used_.insert(name);
   return cpu::Mat{t.dtype, t.data, 1, n};
 }
 
+const io::TensorView& WeightBinder::tensor(const std::string& name, const std::vector<int64_t>& shape, DType dtype) {
+  if (!store_) fail(ErrorKind::unsupported, "tensor '" + name + "': this checkpoint format has no such tensor table (GGUF)");
+  const io::TensorView& t = store_->get(name, shape);
+  if (t.dtype != dtype)
+    fail(ErrorKind::bad_model, *t.file + ": tensor '" + name + "' has dtype " + dtype_name(t.dtype) + ", expected " + dtype_name(dtype));
+  used_.insert(name);
+  return t;
+}
+
 void WeightBinder::check_all_used(const std::string& dir) const {
-  for (const auto& [name, t] : store_.all())
+  if (source_) return source_->check_all_used(dir);
+  for (const auto& [name, t] : store_->all())
     if (!used_.count(name)) fail(ErrorKind::bad_model, *t->file + ": unexpected tensor '" + name + "' (not part of this architecture in " + dir + ")");
 }
 
@@ -93,7 +105,8 @@ class GqaAttention : public AttentionBlock {
 
 class MoeBlock : public FfnBlock {
  public:
-  MoeBlock(WeightBinder& bind, const ModelConfig& c, const std::string& p, numa::ThreadPool& pool) : c_(c), pool_(pool) {
+  MoeBlock(WeightBinder& bind, const ModelConfig& c, const std::string& p, numa::NodePools& pools, const numa::EngineOptions& opt)
+      : c_(c), pool_(pools.pool(0)) {
     const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
     router_ = bind.mat(p + "gate.weight", c.num_experts, H);
     for (int64_t e = 0; e < c.num_experts; ++e) {
@@ -101,6 +114,7 @@ class MoeBlock : public FfnBlock {
       experts_.push_back({bind.mat(ep + "gate_proj.weight", I, H), bind.mat(ep + "up_proj.weight", I, H),
                           bind.mat(ep + "down_proj.weight", H, I)});
     }
+    engine_ = std::make_unique<numa::ExpertEngine>(experts_, pools, opt);
   }
   bool is_moe() const override { return true; }
 
@@ -110,7 +124,7 @@ class MoeBlock : public FfnBlock {
     for (int64_t t = 0; t < n; ++t)
       ops::softmax_topk(ws.router.data() + t * E, E, K, c_.norm_topk_prob, ws.topk_ids.data() + t * K, ws.topk_w.data() + t * K);
     std::fill(out, out + n * c_.hidden_size, 0.0f);
-    numa::moe_forward(x, n, c_.hidden_size, ws.topk_ids.data(), ws.topk_w.data(), K, experts_, out, &pool_);
+    engine_->forward(x, n, ws.topk_ids.data(), ws.topk_w.data(), K, out);
   }
 
  private:
@@ -118,6 +132,7 @@ class MoeBlock : public FfnBlock {
   numa::ThreadPool& pool_;
   cpu::Mat router_;
   std::vector<numa::ExpertWeights> experts_;
+  std::unique_ptr<numa::ExpertEngine> engine_;
 };
 
 class DenseMlp : public FfnBlock {
@@ -139,8 +154,9 @@ std::unique_ptr<AttentionBlock> make_gqa_attention(WeightBinder& bind, const Mod
                                                    numa::ThreadPool& pool) {
   return std::make_unique<GqaAttention>(bind, c, layer, prefix, pool);
 }
-std::unique_ptr<FfnBlock> make_moe_block(WeightBinder& bind, const ModelConfig& c, const std::string& prefix, numa::ThreadPool& pool) {
-  return std::make_unique<MoeBlock>(bind, c, prefix, pool);
+std::unique_ptr<FfnBlock> make_moe_block(WeightBinder& bind, const ModelConfig& c, const std::string& prefix, numa::NodePools& pools,
+                                         const numa::EngineOptions& opt) {
+  return std::make_unique<MoeBlock>(bind, c, prefix, pools, opt);
 }
 std::unique_ptr<FfnBlock> make_dense_mlp(WeightBinder& bind, int64_t hidden, int64_t intermediate, const std::string& prefix,
                                          numa::ThreadPool& pool) {

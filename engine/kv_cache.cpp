@@ -5,11 +5,12 @@
 namespace hmoe {
 
 KvCache::KvCache(const KvLayout& layout, int64_t num_blocks, int64_t block_size)
-    : layout_(layout), num_blocks_(num_blocks), block_size_(block_size), token_floats_(layout.kv_heads * layout.head_dim) {
+    : layout_(layout), num_blocks_(num_blocks), block_size_(block_size), k_floats_(layout.k_floats()), v_floats_(layout.v_floats()) {
   if (block_size <= 0 || num_blocks <= 0) fail(ErrorKind::invalid_argument, "KV cache needs a positive block size and block count");
-  const size_t n = static_cast<size_t>(layout.layers * num_blocks * block_size * token_floats_);
-  keys_.assign(n, 0.0f);
-  values_.assign(n, 0.0f);
+  if (k_floats_ < 0 || v_floats_ < 0) fail(ErrorKind::invalid_argument, "KV cache token widths must not be negative");
+  const size_t tokens = static_cast<size_t>(layout.layers * num_blocks * block_size);
+  keys_.assign(tokens * static_cast<size_t>(k_floats_), 0.0f);
+  values_.assign(tokens * static_cast<size_t>(v_floats_), 0.0f);
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
 }
 
@@ -17,10 +18,12 @@ int KvCache::add_sequence() {
   for (size_t i = 0; i < live_.size(); ++i)
     if (!live_[i]) {
       live_[i] = true;
+      if (layout_.seq_state_bytes) seq_state_[i].assign(static_cast<size_t>(layout_.seq_state_bytes), 0);
       return static_cast<int>(i);
     }
   live_.push_back(true);
   tables_.emplace_back();
+  seq_state_.emplace_back(static_cast<size_t>(layout_.seq_state_bytes), 0);
   return static_cast<int>(live_.size() - 1);
 }
 

@@ -7,34 +7,51 @@
 
 #include "configs/error.h"
 #include "engine/blocks.h"
+#include "engine/blocks_deepseek_moe.h"
+#include "engine/blocks_mla.h"
+#include "engine/engram.h"
+#include "engine/gguf_model.h"
+#include "engine/quant_config.h"
 #include "engine/progress.h"
 
 namespace hmoe {
 
 Model::~Model() = default;
 
+int64_t Model::weight_bytes() const {
+  return static_cast<int64_t>(store_ ? store_->total_bytes() : source_->total_bytes());
+}
+
 KvLayout Model::kv_layout() const {
-  return KvLayout{config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim};
+  if (config_.arch == Arch::deepseek_v3) return mla_kv_layout(config_);
+  KvLayout l{config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim};
+  if (engram_) l.seq_state_bytes = engram_->seq_state_bytes();
+  return l;
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& settings) {
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
-  m->config_ = ModelConfig::from_dir(dir);
+  // MODEL is a Hugging Face directory or a .gguf file (engine/gguf_model.h).
+  if (is_gguf_path(dir)) m->source_ = open_gguf_source(dir, m->config_);
+  else m->config_ = ModelConfig::from_dir(dir);
   const ModelConfig& c = m->config_;
-  if (c.arch != Arch::qwen3_moe)
+  if (c.arch != Arch::qwen3_moe && c.arch != Arch::qwen3_moe_engram && c.arch != Arch::deepseek_v3)
     fail(ErrorKind::unsupported, dir + "/config.json: model_type '" + c.model_type + "' is recognised but its graph is not implemented yet");
-  m->store_ = std::make_unique<io::TensorStore>(dir);
-  WeightBinder bind(*m->store_);
+  if (!m->source_) {
+    m->store_ = std::make_unique<io::TensorStore>(dir);
+    m->source_ = open_hf_quant_source(dir, *m->store_);  // null unless config.json has a quantization_config
+  }
+  WeightBinder bind(m->store_.get(), m->source_.get());
 
   m->embed_ = bind.mat("model.embed_tokens.weight", c.vocab_size, c.hidden_size);
   m->final_norm_ = bind.vec("model.norm.weight", c.hidden_size);
-  if (c.tie_word_embeddings && !m->store_->find("lm_head.weight")) m->lm_head_ = m->embed_;
+  if (c.tie_word_embeddings && !bind.has("lm_head.weight")) m->lm_head_ = m->embed_;
   else m->lm_head_ = bind.mat("lm_head.weight", c.vocab_size, c.hidden_size);
 
-  int threads = static_cast<int>(settings.threads);
-  if (threads < 0) fail(ErrorKind::invalid_argument, "--threads / HMOE_THREADS must be >= 0, got " + std::to_string(threads));
-  m->pool_ = std::make_unique<numa::ThreadPool>(threads, !settings.power_saving);
+  m->pools_ = std::make_unique<numa::NodePools>(numa::PoolOptions::from_settings(settings));
+  m->pool_ = &m->pools_->pool(0);
+  numa::EngineOptions experts_opt = numa::EngineOptions::from_settings(settings);
   m->ws_ = std::make_unique<Workspace>();
 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -42,18 +59,45 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
     Layer layer;
     layer.input_norm = bind.vec(p + "input_layernorm.weight", c.hidden_size);
     layer.post_attention_norm = bind.vec(p + "post_attention_layernorm.weight", c.hidden_size);
+    if (c.arch == Arch::deepseek_v3) {
+      layer.attn = make_mla_attention(bind_mla_weights(bind, c, p + "self_attn."), c, l, *m->pool_, parse_mla_mode(settings.mla_attention));
+      experts_opt.name = "layer " + std::to_string(l) + " routed experts";
+      if (c.is_moe_layer(l)) layer.ffn = make_deepseek_moe(bind, c, p + "mlp.", *m->pools_, experts_opt);
+      else layer.ffn = make_dense_mlp(bind, c.hidden_size, c.intermediate_size, p + "mlp.", *m->pool_);
+      if (c.is_moe_layer(l)) experts_opt.print_memory = false;
+      m->layers_.push_back(std::move(layer));
+      continue;
+    }
     layer.attn = make_gqa_attention(bind, c, l, p + "self_attn.", *m->pool_);
-    if (c.is_moe_layer(l)) layer.ffn = make_moe_block(bind, c, p + "mlp.", *m->pool_);
+    if (c.is_moe_layer(l)) {
+      experts_opt.name = "layer " + std::to_string(l) + " routed experts";
+      layer.ffn = make_moe_block(bind, c, p + "mlp.", *m->pools_, experts_opt);
+      experts_opt.print_memory = false;  // the first MoE layer speaks for all
+    }
     else layer.ffn = make_dense_mlp(bind, c.hidden_size, c.intermediate_size, p + "mlp.", *m->pool_);
     m->layers_.push_back(std::move(layer));
   }
+  if (c.arch == Arch::qwen3_moe_engram) m->engram_ = EngramModules::load(bind, c, dir, settings, *m->pool_);
   bind.check_all_used(dir);
+  if (!m->store_) {  // GGUF: the source reads its own map
+    m->source_->touch("loading " + dir, settings.progress);
+    return m;
+  }
+  // PLE tables are served from their own file (or copied to RAM): not touched here.
+  std::set<std::string> untouched;
+  uint64_t touch_bytes = m->store_->total_bytes();
+  if (m->engram_)
+    for (const auto& name : m->engram_->table_tensor_names()) {
+      untouched.insert(name);
+      touch_bytes -= m->store_->get(name).nbytes;
+    }
 
   // Read every weight once so that the first request does not pay for page
   // faults, with a progress display.
-  Progress progress("loading " + dir, m->store_->total_bytes(), settings.progress);
+  Progress progress("loading " + dir, touch_bytes, settings.progress);
   volatile uint8_t sink = 0;
   for (const auto& [name, t] : m->store_->all()) {
+    if (untouched.count(name)) continue;
     uint8_t acc = 0;
     for (size_t off = 0; off < t->nbytes; off += 4096) acc ^= t->data[off];
     sink = sink ^ acc;
@@ -86,9 +130,12 @@ void Model::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
   float* x = ws.hidden.data();
   float* h = ws.normed.data();
   float* o = ws.block_out.data();
-  for (int64_t i = 0; i < n; ++i) cpu::to_f32(embed_.dtype, embed_.row(b.tokens[static_cast<size_t>(i)]), x + i * H, H);
+  for (int64_t i = 0; i < n; ++i) cpu::row_to_f32(embed_, b.tokens[static_cast<size_t>(i)], x + i * H);
+  if (engram_) engram_->begin_step(b, kv);  // starts the PLE row reads for every module
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& layer = layers_[l];
+    if (engram_)
+      if (int em = engram_->module_before(static_cast<int64_t>(l)); em >= 0) engram_->apply(em, x, b, kv);
     ops::rms_norm(x, n, H, layer.input_norm, c.rms_norm_eps, h);
     layer.attn->forward(h, n, b.slots.data(), kv, o, ws);
     for (int64_t i = 0; i < n * H; ++i) x[i] += o[i];
@@ -104,7 +151,7 @@ void Model::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
   }
   ops::rms_norm(last.data(), m, H, final_norm_, c.rms_norm_eps, last.data());
   logits.resize(static_cast<size_t>(m * c.vocab_size));
-  cpu::gemm(last.data(), m, lm_head_, logits.data(), pool_.get());
+  cpu::gemm(last.data(), m, lm_head_, logits.data(), pool_);
 }
 
 }  // namespace hmoe

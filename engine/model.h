@@ -21,9 +21,11 @@
 #include "engine/model_config.h"
 #include "engine/ops/cpu_ops.h"
 #include "io/safetensors.h"
-#include "numa/thread_pool.h"
+#include "numa/node_pools.h"
 
 namespace hmoe {
+
+class WeightSource;  // engine/blocks.h
 
 struct Batch {
   std::vector<int32_t> tokens;
@@ -39,6 +41,7 @@ struct Batch {
 
 // Scratch buffers reused across steps (sized for the largest batch seen).
 struct Workspace;
+class EngramModules;  // engine/engram.h
 
 class AttentionBlock {
  public:
@@ -63,7 +66,7 @@ struct Layer {
 
 class Model {
  public:
-  // Opens and validates MODEL (a Hugging Face directory).
+  // Opens and validates MODEL (a Hugging Face directory, quantized or not, or a .gguf file).
   static std::unique_ptr<Model> load(const std::string& dir, const Settings& settings);
   ~Model();
 
@@ -71,20 +74,25 @@ class Model {
   const std::string& dir() const { return dir_; }
   KvLayout kv_layout() const;
   numa::ThreadPool& pool() { return *pool_; }
-  int64_t weight_bytes() const { return static_cast<int64_t>(store_->total_bytes()); }
+  int64_t weight_bytes() const;
 
   // Runs one step. logits receives [batch.logit_rows.size(), vocab_size].
   void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits);
+  // The n-gram memory modules of qwen3_moe_engram models (nullptr otherwise).
+  EngramModules* engram() { return engram_.get(); }
 
  private:
   Model() = default;
   std::string dir_;
   ModelConfig config_;
-  std::unique_ptr<io::TensorStore> store_;
-  std::unique_ptr<numa::ThreadPool> pool_;
+  std::unique_ptr<io::TensorStore> store_;  // null for a GGUF file
+  std::unique_ptr<WeightSource> source_;    // GGUF or quantized HF checkpoint; null for plain safetensors
+  std::unique_ptr<numa::NodePools> pools_;  // one worker pool per NUMA node
+  numa::ThreadPool* pool_ = nullptr;         // node 0's: attention, dense layers, lm_head
   std::unique_ptr<Workspace> ws_;
   cpu::Mat embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
+  std::unique_ptr<EngramModules> engram_;
 };
 
 }  // namespace hmoe

@@ -16,6 +16,50 @@ namespace hmoe {
 
 enum class Arch { qwen3_moe, qwen3_moe_engram, deepseek_v3 };
 
+// The `engram` block of a qwen3_moe_engram config.json: n-gram memory (PLE)
+// modules inserted before the layers in layer_ids (see engine/engram.h).
+struct EngramConfig {
+  std::vector<int64_t> layer_ids;  // empty: no modules
+  int64_t max_ngram_size = 3;
+  int64_t n_embed_per_ngram = 0;
+  int64_t n_head_per_ngram = 0;
+  int64_t kernel_size = 4;
+  int64_t pad_id = 0;
+  std::vector<int64_t> engram_vocab_size;
+  double norm_eps = 1.1920928955078125e-07;
+  double conv_norm_eps = 1e-5;
+};
+
+// The DeepSeek-V3 / Kimi-K2 fields of a deepseek_v3 config.json (defaults:
+// transformers' DeepseekV3Config). Multi-head latent attention, group-limited
+// sigmoid routing with shared experts, and yarn rope scaling.
+struct MlaConfig {
+  int64_t q_lora_rank = 1536;  // 0: a plain q_proj (DeepSeek-V2-Lite style)
+  int64_t kv_lora_rank = 512;
+  int64_t qk_nope_head_dim = 128;
+  int64_t qk_rope_head_dim = 64;
+  int64_t v_head_dim = 128;
+  bool rope_interleave = true;  // rope on (even, odd) pairs, as the published weights expect
+  int64_t n_shared_experts = 1;
+  int64_t n_group = 8;
+  int64_t topk_group = 4;
+  double routed_scaling_factor = 2.5;
+  int64_t first_k_dense_replace = 3;
+  int64_t moe_layer_freq = 1;
+  // rope_scaling: type "yarn" or none (empty).
+  std::string rope_scaling_type;
+  double yarn_factor = 1.0;
+  int64_t yarn_original_max_position_embeddings = 4096;
+  double yarn_beta_fast = 32.0, yarn_beta_slow = 1.0;
+  double yarn_mscale = 0.0, yarn_mscale_all_dim = 0.0;  // 0: absent
+  double yarn_attention_factor = 0.0;                   // 0: absent (derived from mscale)
+  bool yarn_truncate = true;
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  // Floats the KV cache keeps per token and layer: the latent and the rope key.
+  int64_t kv_token_floats() const { return kv_lora_rank + qk_rope_head_dim; }
+};
+
 struct ModelConfig {
   Arch arch = Arch::qwen3_moe;
   std::string model_type;
@@ -41,6 +85,8 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;  // config.json, then generation_config.json
   int64_t bos_token_id = -1;
   std::string torch_dtype = "bfloat16";
+  EngramConfig engram;  // qwen3_moe_engram only
+  MlaConfig mla;        // deepseek_v3 only (num_experts holds n_routed_experts)
 
   // True when layer `l` has a routed-experts block (else a dense MLP).
   bool is_moe_layer(int64_t l) const;

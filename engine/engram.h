@@ -1,0 +1,81 @@
+// Engram n-gram memory (the PLE table), as in DeepSeek's public Engram demo
+// with one residual stream: before each layer named in the config's
+// `engram.layer_ids`, the hidden state x gains
+//   e = table rows hashed from the last max_ngram_size compressed token ids,
+//   g = sigmoid(sign(s) sqrt(max(|s|, 1e-6))), s = <RMSNorm(key_proj e), RMSNorm(x)> / sqrt(hidden),
+//   v = g * value_proj(e),   y = v + SiLU(causal depthwise conv(RMSNorm(v))),
+//   x <- x + y.
+// The tables live in an io::PleTable (file + io_uring/mmap/pread, or RAM);
+// begin_step() hashes a step's tokens and starts reading every module's
+// rows at once, so the reads overlap the layers before each module, and
+// apply() waits only for what is still in flight.
+//
+// Per-sequence state (the last max_ngram_size-1 compressed ids and the
+// conv's window of past normalised values) lives in the KV cache's
+// seq_state, so it follows the sequence like its keys and values. Within a
+// batch a sequence's tokens come in increasing position order, each
+// position following the previous step's last one; a position whose history
+// is gone (rewound sequence) is Error(internal), never silently wrong.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "configs/settings.h"
+#include "engine/model.h"
+#include "io/ple_table.h"
+
+namespace hmoe {
+
+class WeightBinder;
+
+class EngramModules {
+ public:
+  // Binds every engram tensor, then opens the PLE table with the backend and
+  // file given by the settings (default file: <model_dir>/ple-table.hmoe).
+  static std::unique_ptr<EngramModules> load(WeightBinder& bind, const ModelConfig& c,
+                                             const std::string& model_dir, const Settings& s, numa::ThreadPool& pool);
+  ~EngramModules();
+
+  // Bytes of per-sequence state the KV cache must hold (KvLayout::seq_state_bytes).
+  int64_t seq_state_bytes() const;
+  // Module index inserted before `layer`, or -1.
+  int module_before(int64_t layer) const;
+  int64_t modules() const { return static_cast<int64_t>(mods_.size()); }
+  // Names of the checkpoint tensors that the table file serves.
+  std::vector<std::string> table_tensor_names() const;
+
+  // Hashes the batch's n-grams, starts every module's row reads and records
+  // the compressed ids in the sequences' state.
+  void begin_step(const Batch& b, KvCache& kv);
+  // x[n, hidden] += module m's output (after waiting for its rows).
+  void apply(int m, float* x, const Batch& b, KvCache& kv);
+
+  io::PleTable& table() { return *table_; }
+  // Per-step I/O wait of the last step, ns (summed over modules).
+  int64_t last_step_wait_ns() const { return last_wait_ns_; }
+
+  struct Module;
+
+ private:
+  EngramModules() = default;
+  int64_t find_in_batch(int seq, int64_t pos) const;
+  // The state slot of (seq, pos) in kv: [tag int64][cid int64][module vn floats...].
+  uint8_t* slot(KvCache& kv, int seq, int64_t pos) const;
+
+  EngramConfig cfg_;
+  int64_t hidden_ = 0, heads_ = 0, head_dim_ = 0, d_mem_ = 0, window_ = 0, slot_bytes_ = 0;
+  std::vector<int64_t> lookup_;  // token id -> compressed id
+  int64_t pad_cid_ = 0;
+  std::vector<std::unique_ptr<Module>> mods_;
+  std::unique_ptr<io::PleTable> table_;
+  numa::ThreadPool* pool_ = nullptr;
+  // Per step.
+  std::vector<int64_t> ctx_;  // [n, max_ngram_size] compressed ids at pos, pos-1, ...
+  std::vector<std::pair<uint64_t, int64_t>> batch_index_;  // sorted (seq<<40 | pos, batch row)
+  std::vector<float> e_, key_, q_, v_, vn_, conv_;
+  int64_t last_wait_ns_ = 0;
+};
+
+}  // namespace hmoe
