@@ -1,0 +1,358 @@
+// The GPU step (see blocks_gpu.h). Host code only: kernels are gpu/*.cu.
+// Per layer: norm, fused QKV product, q/k norm + rotary, KV store,
+// attention, o_proj, norm, then the FFN - dense MLP, resident experts
+// (grouped kernels) or a round trip to the CPU expert engine.
+#include "engine/blocks_gpu.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "configs/error.h"
+#include "engine/ops/cpu_ops.h"
+#include "engine/placement.h"
+#include "gpu/device.h"
+#include "gpu/kernels.h"
+#include "numa/expert_engine.h"
+
+namespace hmoe {
+
+namespace {
+
+using gpu::bf16_t;
+
+// Appends `m` (any dtype) to `dst` as bf16.
+void append_bf16(std::vector<bf16_t>& dst, const cpu::Mat& m) {
+  const size_t n = static_cast<size_t>(m.rows * m.cols), at = dst.size();
+  dst.resize(at + n);
+  if (m.dtype == DType::bf16) {
+    std::memcpy(dst.data() + at, m.data, n * 2);
+    return;
+  }
+  std::vector<float> row(static_cast<size_t>(m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    cpu::to_f32(m.dtype, m.row(r), row.data(), m.cols);
+    for (int64_t c = 0; c < m.cols; ++c) dst[at + static_cast<size_t>(r * m.cols + c)] = f32_to_bf16(row[static_cast<size_t>(c)]);
+  }
+}
+
+// Uploads host data as one device buffer.
+gpu::DeviceBuffer upload(const void* src, size_t bytes, gpu::Stream& s) {
+  gpu::DeviceBuffer d(bytes);
+  gpu::copy_to_device(d.data(), src, bytes, s);
+  s.synchronize();
+  return d;
+}
+gpu::DeviceBuffer upload_bf16(const std::vector<const cpu::Mat*>& parts, gpu::Stream& s) {
+  std::vector<bf16_t> host;
+  for (const cpu::Mat* m : parts) append_bf16(host, *m);
+  return upload(host.data(), host.size() * 2, s);
+}
+
+}  // namespace
+
+struct GpuStack::Impl {
+  struct LayerW {
+    gpu::DeviceBuffer in_norm, post_norm, qkv, o, q_norm, k_norm;
+    gpu::DeviceBuffer router, gate_up, down;  // gate_up/down: dense MLP or resident experts
+    bool moe = false, resident = false;
+    std::vector<numa::ExpertWeights> cpu_experts;  // non-resident MoE layers
+  };
+
+  const ModelConfig& c;
+  numa::ThreadPool& pool;
+  gpu::Stream stream;
+  gpu::Blas blas{stream};
+  gpu::DeviceBuffer embed, lm_head, final_norm, inv_freq;
+  std::vector<LayerW> layers;
+  uint64_t weight_bytes = 0;
+  // KV cache on the GPU: [layer][slot][kv_heads*head_dim], keys and values.
+  gpu::DeviceBuffer kc, vc;
+  int64_t kv_slots = 0;
+  // Activations.
+  gpu::DeviceBuffer x, d, hb, hf, qkv, attn, gu, act_b, router_l, topk_ids, topk_w, route_off, pair_list, moe_act, moe_partial, logits_d,
+      meta;
+  gpu::PinnedBuffer meta_h, hf_h, ids_h, w_h, out_h, logits_h;
+  std::vector<float> cpu_out;
+  std::vector<gpu::Event> events;  // 4 per layer: D2H start/end, H2D start/end
+  GpuStepTimes times;
+
+  Impl(const ModelConfig& cfg, numa::ThreadPool& p) : c(cfg), pool(p) {}
+};
+
+GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, const WeightLookup& get, numa::ThreadPool& pool)
+    : impl_(std::make_unique<Impl>(c, pool)) {
+  Impl& m = *impl_;
+  gpu::Stream& s = m.stream;
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t E = c.num_experts, I = c.moe_intermediate_size;
+  if (c.attention_bias) fail(ErrorKind::unsupported, "GPU path: attention_bias=true is not supported");
+  if (hd % 32 != 0 || hd > 128) fail(ErrorKind::unsupported, "GPU path: head_dim " + std::to_string(hd) + " (supported: 32, 64, 96, 128)");
+  if (H % 8 != 0 || I % 8 != 0) fail(ErrorKind::unsupported, "GPU path: hidden and expert sizes must be multiples of 8");
+  if (static_cast<int64_t>(resident.size()) != c.num_hidden_layers) fail(ErrorKind::internal, "placement has the wrong number of layers");
+
+  auto up1 = [&](const std::string& name, std::vector<int64_t> shape) {
+    cpu::Mat t = get(name, shape);
+    if (shape.size() == 1) t = cpu::Mat{t.dtype, t.data, 1, shape[0]};
+    auto b = upload_bf16({&t}, s);
+    m.weight_bytes += b.bytes();
+    return b;
+  };
+  m.embed = up1("model.embed_tokens.weight", {c.vocab_size, H});
+  m.final_norm = up1("model.norm.weight", {H});
+  if (c.tie_word_embeddings) {
+    cpu::Mat t = get("model.embed_tokens.weight", {c.vocab_size, H});
+    m.lm_head = upload_bf16({&t}, s);
+  } else {
+    m.lm_head = up1("lm_head.weight", {c.vocab_size, H});
+  }
+  ops::Rope rope(hd, c.rope_theta);
+  m.inv_freq = upload(rope.inv_freq.data(), rope.inv_freq.size() * sizeof(float), s);
+
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Impl::LayerW w;
+    w.in_norm = up1(p + "input_layernorm.weight", {H});
+    w.post_norm = up1(p + "post_attention_layernorm.weight", {H});
+    const std::string a = p + "self_attn.";
+    cpu::Mat q = get(a + "q_proj.weight", {nh * hd, H}), k = get(a + "k_proj.weight", {kvh * hd, H}), v = get(a + "v_proj.weight", {kvh * hd, H});
+    w.qkv = upload_bf16({&q, &k, &v}, s);
+    w.o = up1(a + "o_proj.weight", {H, nh * hd});
+    w.q_norm = up1(a + "q_norm.weight", {hd});
+    w.k_norm = up1(a + "k_norm.weight", {hd});
+    m.weight_bytes += w.qkv.bytes();
+    const std::string f = p + "mlp.";
+    w.moe = c.is_moe_layer(l);
+    if (!w.moe) {
+      const int64_t Id = c.intermediate_size;
+      cpu::Mat g = get(f + "gate_proj.weight", {Id, H}), u = get(f + "up_proj.weight", {Id, H}), dn = get(f + "down_proj.weight", {H, Id});
+      w.gate_up = upload_bf16({&g, &u}, s);
+      w.down = upload_bf16({&dn}, s);
+      m.weight_bytes += w.gate_up.bytes() + w.down.bytes();
+    } else {
+      w.router = up1(f + "gate.weight", {E, H});
+      w.resident = resident[static_cast<size_t>(l)];
+      std::vector<numa::ExpertWeights> ex;
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string ep = f + "experts." + std::to_string(e) + ".";
+        ex.push_back({get(ep + "gate_proj.weight", {I, H}), get(ep + "up_proj.weight", {I, H}), get(ep + "down_proj.weight", {H, I})});
+      }
+      if (w.resident) {
+        // [E][2I][H] gate then up rows per expert, [E][H][I] down; uploaded an expert at a time.
+        w.gate_up = gpu::DeviceBuffer(static_cast<size_t>(E * 2 * I * H) * 2);
+        w.down = gpu::DeviceBuffer(static_cast<size_t>(E * H * I) * 2);
+        std::vector<bf16_t> gu, dn;
+        for (int64_t e = 0; e < E; ++e) {
+          gu.clear();
+          dn.clear();
+          append_bf16(gu, ex[static_cast<size_t>(e)].gate);
+          append_bf16(gu, ex[static_cast<size_t>(e)].up);
+          append_bf16(dn, ex[static_cast<size_t>(e)].down);
+          gpu::copy_to_device(w.gate_up.as<bf16_t>() + e * 2 * I * H, gu.data(), gu.size() * 2, s);
+          gpu::copy_to_device(w.down.as<bf16_t>() + e * H * I, dn.data(), dn.size() * 2, s);
+          s.synchronize();
+        }
+        m.weight_bytes += w.gate_up.bytes() + w.down.bytes();
+      } else {
+        w.cpu_experts = std::move(ex);
+      }
+    }
+    m.layers.push_back(std::move(w));
+  }
+  for (int64_t i = 0; i < 4 * c.num_hidden_layers; ++i) m.events.emplace_back();
+}
+
+GpuStack::~GpuStack() = default;
+const GpuStepTimes& GpuStack::times() const { return impl_->times; }
+void GpuStack::reset_times() { impl_->times = GpuStepTimes{}; }
+uint64_t GpuStack::weight_bytes() const { return impl_->weight_bytes; }
+
+void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.c;
+  gpu::Stream& s = m.stream;
+  const auto t_start = std::chrono::steady_clock::now();
+  const int64_t n = static_cast<int64_t>(b.tokens.size()), mrows = static_cast<int64_t>(b.logit_rows.size());
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim, V = c.vocab_size;
+  const int64_t E = std::max<int64_t>(c.num_experts, 1), K = c.num_experts_per_tok, I = c.moe_intermediate_size;
+  const int64_t Id = c.intermediate_size, ld = (nh + 2 * kvh) * hd, kvw = kvh * hd;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  // KV cache on the GPU, as many slots as the host cache has.
+  const int64_t slots = kv.num_blocks() * kv.block_size();
+  if (slots > m.kv_slots) {
+    const size_t bytes = static_cast<size_t>(c.num_hidden_layers * slots * kvw) * 2;
+    m.kc = gpu::DeviceBuffer();
+    m.vc = gpu::DeviceBuffer();
+    m.kc = gpu::DeviceBuffer(bytes);
+    m.vc = gpu::DeviceBuffer(bytes);
+    m.kv_slots = slots;
+  }
+
+  // Step metadata in one upload: tokens, pos, own slot, attention offsets, lens, logit rows, slot lists.
+  std::vector<int32_t> meta(static_cast<size_t>(5 * n + mrows));
+  std::map<int, std::pair<int32_t, int64_t>> seq_list;  // seq -> (offset, length)
+  int64_t list_len = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& sl = b.slots[static_cast<size_t>(i)];
+    auto& e = seq_list[sl.seq];
+    e.second = std::max(e.second, sl.pos + 1);
+  }
+  for (auto& [seq, e] : seq_list) {
+    e.first = static_cast<int32_t>(list_len);
+    list_len += e.second;
+  }
+  meta.resize(static_cast<size_t>(5 * n + mrows + list_len));
+  int32_t* mt = meta.data();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& sl = b.slots[static_cast<size_t>(i)];
+    mt[i] = b.tokens[static_cast<size_t>(i)];
+    mt[n + i] = static_cast<int32_t>(sl.pos);
+    mt[2 * n + i] = static_cast<int32_t>(kv.slot_index(sl.seq, sl.pos));
+    mt[3 * n + i] = seq_list[sl.seq].first;
+    mt[4 * n + i] = static_cast<int32_t>(sl.pos + 1);
+  }
+  for (int64_t r = 0; r < mrows; ++r) mt[5 * n + r] = static_cast<int32_t>(b.logit_rows[static_cast<size_t>(r)]);
+  for (const auto& [seq, e] : seq_list)
+    for (int64_t p = 0; p < e.second; ++p) mt[5 * n + mrows + e.first + p] = static_cast<int32_t>(kv.slot_index(seq, p));
+  const size_t meta_bytes = meta.size() * sizeof(int32_t);
+  m.meta_h.reserve(meta_bytes);
+  m.meta.reserve(meta_bytes);
+  s.synchronize();  // the previous step no longer reads meta_h
+  std::memcpy(m.meta_h.as<int32_t>(), meta.data(), meta_bytes);
+  gpu::copy_to_device(m.meta.data(), m.meta_h.as<int32_t>(), meta_bytes, s);
+  const int32_t* d_tok = m.meta.as<int32_t>();
+  const int32_t *d_pos = d_tok + n, *d_slot = d_tok + 2 * n, *d_off = d_tok + 3 * n, *d_len = d_tok + 4 * n, *d_rows = d_tok + 5 * n,
+                *d_lists = d_tok + 5 * n + mrows;
+
+  // Scratch, grown to this step's size.
+  auto fit = [](gpu::DeviceBuffer& buf, int64_t bytes) { buf.reserve(static_cast<size_t>(std::max<int64_t>(bytes, 16))); };
+  fit(m.x, n * H * 4);
+  fit(m.d, n * H * 4);
+  fit(m.hb, n * H * 2);
+  fit(m.hf, n * H * 4);
+  fit(m.qkv, n * ld * 4);
+  fit(m.attn, n * nh * hd * 2);
+  fit(m.gu, n * 2 * Id * 4);
+  fit(m.act_b, n * Id * 2);
+  fit(m.router_l, n * E * 4);
+  fit(m.topk_ids, n * K * 4);
+  fit(m.topk_w, n * K * 4);
+  fit(m.route_off, (E + 1) * 4);
+  fit(m.pair_list, n * K * 4);
+  fit(m.moe_act, n * K * I * 2);
+  fit(m.moe_partial, n * K * H * 4);
+  fit(m.logits_d, mrows * V * 4);
+
+  float* x = m.x.as<float>();
+  float* d = m.d.as<float>();
+  bf16_t* hb = m.hb.as<bf16_t>();
+  float* qkv = m.qkv.as<float>();
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  double cpu_s = 0;
+  std::vector<int64_t> hybrid_layers;
+
+  gpu::embedding(m.embed.as<bf16_t>(), d_tok, n, H, x, s);
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    Impl::LayerW& w = m.layers[l];
+    const int64_t layer_off = static_cast<int64_t>(l) * slots * kvw;
+    gpu::add_rms_norm(x, l > 0 ? d : nullptr, nullptr, n, H, w.in_norm.as<bf16_t>(), eps, hb, nullptr, s);
+    m.blas.gemm(hb, n, w.qkv.as<bf16_t>(), ld, H, qkv, ld);
+    gpu::qk_norm_rope(qkv, n, ld, nh, hd, w.q_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
+    gpu::qk_norm_rope(qkv + nh * hd, n, ld, kvh, hd, w.k_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
+    gpu::kv_store(qkv + nh * hd, qkv + (nh + kvh) * hd, ld, n, kvw, d_slot, m.kc.as<bf16_t>() + layer_off, m.vc.as<bf16_t>() + layer_off, s);
+    gpu::attention(qkv, ld, n, nh, kvh, hd, m.kc.as<bf16_t>() + layer_off, m.vc.as<bf16_t>() + layer_off, d_lists, d_off, d_len, scale,
+                   m.attn.as<bf16_t>(), s);
+    m.blas.gemm(m.attn.as<bf16_t>(), n, w.o.as<bf16_t>(), H, nh * hd, d, H);
+    const bool hybrid = w.moe && !w.resident;
+    gpu::add_rms_norm(x, d, nullptr, n, H, w.post_norm.as<bf16_t>(), eps, hb, hybrid ? m.hf.as<float>() : nullptr, s);
+    if (!w.moe) {
+      m.blas.gemm(hb, n, w.gate_up.as<bf16_t>(), 2 * Id, H, m.gu.as<float>(), 2 * Id);
+      gpu::silu_mul(m.gu.as<float>(), n, Id, m.act_b.as<bf16_t>(), s);
+      m.blas.gemm(m.act_b.as<bf16_t>(), n, w.down.as<bf16_t>(), H, Id, d, H);
+      continue;
+    }
+    m.blas.gemm(hb, n, w.router.as<bf16_t>(), E, H, m.router_l.as<float>(), E);
+    gpu::router_topk(m.router_l.as<float>(), n, E, K, c.norm_topk_prob, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), s);
+    if (w.resident) {
+      gpu::moe_route(m.topk_ids.as<int32_t>(), n * K, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
+      gpu::moe_experts(hb, n, H, I, E, K, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(),
+                       w.gate_up.as<bf16_t>(), w.down.as<bf16_t>(), m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), d, s);
+      continue;
+    }
+    // Hybrid layer: normed hidden (fp32) and routing down, expert sums back.
+    m.hf_h.reserve(static_cast<size_t>(n * H * 4));
+    m.out_h.reserve(static_cast<size_t>(n * H * 4));
+    m.ids_h.reserve(static_cast<size_t>(n * K * 4));
+    m.w_h.reserve(static_cast<size_t>(n * K * 4));
+    gpu::Event* ev = &m.events[4 * l];
+    ev[0].record(s);
+    gpu::copy_to_host(m.hf_h.as<float>(), m.hf.as<float>(), static_cast<size_t>(n * H * 4), s);
+    gpu::copy_to_host(m.ids_h.as<int32_t>(), m.topk_ids.as<int32_t>(), static_cast<size_t>(n * K * 4), s);
+    gpu::copy_to_host(m.w_h.as<float>(), m.topk_w.as<float>(), static_cast<size_t>(n * K * 4), s);
+    ev[1].record(s);
+    ev[1].synchronize();
+    const auto c0 = std::chrono::steady_clock::now();
+    float* out = m.out_h.as<float>();
+    std::memset(out, 0, static_cast<size_t>(n * H * 4));
+    numa::moe_forward(m.hf_h.as<float>(), n, H, m.ids_h.as<int32_t>(), m.w_h.as<float>(), K, w.cpu_experts, out, &m.pool);
+    cpu_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+    ev[2].record(s);
+    gpu::copy_to_device(d, out, static_cast<size_t>(n * H * 4), s);
+    ev[3].record(s);
+    hybrid_layers.push_back(static_cast<int64_t>(l));
+  }
+  gpu::add(x, d, n * H, x, s);
+  gpu::add_rms_norm(x, nullptr, d_rows, mrows, H, m.final_norm.as<bf16_t>(), eps, hb, nullptr, s);
+  m.blas.gemm(hb, mrows, m.lm_head.as<bf16_t>(), V, H, m.logits_d.as<float>(), V);
+  m.logits_h.reserve(static_cast<size_t>(std::max<int64_t>(mrows * V * 4, 16)));
+  gpu::copy_to_host(m.logits_h.as<float>(), m.logits_d.as<float>(), static_cast<size_t>(mrows * V * 4), s);
+  s.synchronize();
+  logits.assign(m.logits_h.as<float>(), m.logits_h.as<float>() + mrows * V);
+
+  double transfer_s = 0;
+  for (int64_t l : hybrid_layers) {
+    gpu::Event* ev = &m.events[4 * static_cast<size_t>(l)];
+    transfer_s += (ev[1].elapsed_ms(ev[0]) + ev[3].elapsed_ms(ev[2])) * 1e-3;
+  }
+  m.times.total_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  m.times.cpu_experts_s += cpu_s;
+  m.times.transfer_s += transfer_s;
+  m.times.steps += 1;
+}
+
+std::unique_ptr<GpuStack> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::ThreadPool& pool) {
+  const bool quiet = s.progress == "none";
+  for (const auto& n : s.notices)
+    if (n.find("GPU_RESIDENT") != std::string::npos) std::fprintf(stderr, "%s\n", n.c_str());
+  std::string why;
+  const bool want_gpu = resolve_device(s, why);
+  const bool forced = s.device == "cuda" || s.device == "gpu";
+  if (want_gpu && (c.arch != Arch::qwen3_moe || store == nullptr)) {
+    const std::string reason = c.arch != Arch::qwen3_moe ? "model_type '" + c.model_type + "' has no GPU graph yet"
+                                                         : "the GPU path reads plain safetensors checkpoints only";
+    if (forced) fail(ErrorKind::unsupported, s.origin("device") + "=" + s.device + ": " + reason);
+    if (!quiet) std::fprintf(stderr, "hmoe: %s; running on the CPU\n", reason.c_str());
+    return nullptr;
+  }
+  if (!want_gpu) {
+    if (!quiet) std::fprintf(stderr, "hmoe: %s\n", why.c_str());
+    return nullptr;
+  }
+  const gpu::DeviceInfo info = gpu::device_info(0);
+  GpuTarget target{info.name, info.total_bytes, 0, false};
+  const Plan plan = make_plan(c, s, target);  // throws out_of_memory before any allocation
+  if (!quiet)
+    std::fprintf(stderr, "hmoe: %s; %lld of %lld MoE layers resident (%s of experts on the GPU, %s on the CPU)\n", why.c_str(),
+                 static_cast<long long>(plan.resident_moe_layers()), static_cast<long long>(plan.moe_layers()),
+                 format_bytes(plan.gpu_expert_bytes).c_str(), format_bytes(plan.cpu_expert_bytes).c_str());
+  WeightLookup get = [store](const std::string& name, const std::vector<int64_t>& shape) {
+    const io::TensorView& t = store->get(name, shape);
+    return cpu::Mat{t.dtype, t.data, shape.empty() ? 1 : shape[0], shape.size() > 1 ? shape[1] : 1};
+  };
+  return std::make_unique<GpuStack>(c, plan.resident(), get, pool);
+}
+
+}  // namespace hmoe

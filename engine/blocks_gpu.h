@@ -1,0 +1,69 @@
+// GpuStack: the whole decoder step on the GPU for one placement. Embedding,
+// attention (paged KV cache in bf16 on the GPU), routers, dense MLPs,
+// resident MoE layers' experts and lm_head run on the GPU; the experts of
+// non-resident MoE layers stay in host memory and run on the CPU
+// (numa::moe_forward), reached through pinned buffers: normed hidden states
+// and routing go down, expert sums come back, the step goes on.
+//
+// Contract: the constructor uploads every GPU weight (as bf16) and keeps
+// views of the CPU experts (they must outlive the stack). forward() has the
+// meaning of Model::forward; one call at a time. The KvCache only lends its
+// block tables: keys and values live on the GPU, allocated on first use for
+// the cache's number of blocks. In a build without CUDA the constructor
+// throws Error(unsupported).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
+#include "io/safetensors.h"
+#include "numa/kernels.h"
+#include "numa/thread_pool.h"
+
+namespace hmoe {
+
+// Host view of a checkpoint tensor with the given shape (throws when absent).
+using WeightLookup = std::function<cpu::Mat(const std::string& name, const std::vector<int64_t>& shape)>;
+
+// Where decode time goes, summed over steps since the last reset.
+struct GpuStepTimes {
+  double total_s = 0;        // wall time of forward()
+  double cpu_experts_s = 0;  // CPU expert work (wall)
+  double transfer_s = 0;     // host<->device copies of the hybrid layers (GPU events)
+  int64_t steps = 0;
+  double gpu_s() const { return total_s - cpu_experts_s - transfer_s; }  // GPU work and launch overhead
+};
+
+class GpuStack {
+ public:
+  // resident[l]: layer l's routed experts on the GPU (ignored for dense layers).
+  GpuStack(const ModelConfig& c, const std::vector<bool>& resident, const WeightLookup& get, numa::ThreadPool& pool);
+  ~GpuStack();
+  GpuStack(const GpuStack&) = delete;
+  GpuStack& operator=(const GpuStack&) = delete;
+
+  void forward(const Batch& b, KvCache& kv, std::vector<float>& logits);
+
+  const GpuStepTimes& times() const;
+  void reset_times();
+  uint64_t weight_bytes() const;  // bytes of weights on the GPU
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Model::load's entry point: resolves --device and the placement from the
+// settings, checks that the plan fits the GPU before allocating anything,
+// prints one line each saying so on stderr (unless progress is "none"), and
+// builds the stack; returns nullptr for the CPU path. `store` null (GGUF,
+// quantized checkpoints) or an architecture without a GPU graph runs on the
+// CPU under --device auto and is an error under --device cuda.
+std::unique_ptr<GpuStack> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::ThreadPool& pool);
+
+}  // namespace hmoe
