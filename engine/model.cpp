@@ -7,6 +7,7 @@
 
 #include "configs/error.h"
 #include "engine/blocks.h"
+#include "engine/blocks_gpu.h"
 #include "engine/blocks_deepseek_moe.h"
 #include "engine/blocks_mla.h"
 #include "engine/engram.h"
@@ -79,6 +80,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   }
   if (c.arch == Arch::qwen3_moe_engram) m->engram_ = EngramModules::load(bind, c, dir, settings, *m->pool_);
   bind.check_all_used(dir);
+  m->gpu_ = make_gpu_stack(c, m->source_ ? nullptr : m->store_.get(), settings, *m->pool_);  // nullptr: CPU path
   if (!m->store_) {  // GGUF: the source reads its own map
     m->source_->touch("loading " + dir, settings.progress);
     return m;
@@ -123,6 +125,10 @@ void Model::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
     if (r < 0 || r >= n) fail(ErrorKind::internal, "logit row outside the batch");
   if (n == 0) {
     logits.clear();
+    return;
+  }
+  if (gpu_) {
+    gpu_->forward(b, kv, logits);
     return;
   }
   Workspace& ws = *ws_;
