@@ -1,0 +1,243 @@
+// Every GPU kernel against the CPU reference (engine/ops, numa) on random
+// data, with bf16 tolerances: inputs the GPU takes as bf16 are rounded to
+// bf16 for the reference too, so the tolerance covers only bf16 outputs and
+// fp32 summation order. Skips with a message where no GPU is present.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "configs/error.h"
+#include "engine/kv_cache.h"
+#include "engine/ops/cpu_ops.h"
+#include "numa/expert_engine.h"
+#include "numa/kernels.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/test_util.h"
+
+using namespace hmoe;
+using test::bf16_of;
+using test::bf16_round;
+
+TEST_CASE("gpu kernels: a CPU-only build or a machine without a GPU says so") {
+  if (gpu::device_count() > 0) return;
+  MESSAGE("SKIP: no CUDA device (" << gpu::describe() << ")");
+  CHECK_THROWS_AS(gpu::Stream(), Error);
+  try {
+    gpu::DeviceBuffer b(64);
+    FAIL("allocation without a GPU did not throw");
+  } catch (const Error& e) {
+    CHECK((e.kind() == ErrorKind::unsupported || e.kind() == ErrorKind::device || e.kind() == ErrorKind::out_of_memory));
+  }
+}
+
+TEST_CASE("gpu gemm (cuBLAS bf16 -> fp32) matches cpu::gemm_reference") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  gpu::Blas blas(s);
+  for (auto [n, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{1, 37, 64}, {5, 256, 512}, {33, 100, 2048}}) {
+    auto x = bf16_round(test::random_floats(static_cast<size_t>(n * cols), 11 + n));
+    auto w = bf16_of(test::random_floats(static_cast<size_t>(rows * cols), 12 + rows, 0.05f));
+    std::vector<float> ref(static_cast<size_t>(n * rows));
+    cpu::gemm_reference(x.data(), n, cpu::Mat{DType::bf16, w.data(), rows, cols}, ref.data());
+    auto dx = test::to_device(bf16_of(x), s), dw = test::to_device(w, s);
+    gpu::DeviceBuffer dy(static_cast<size_t>(n * rows) * 4);
+    blas.gemm(dx.as<uint16_t>(), n, dw.as<uint16_t>(), rows, cols, dy.as<float>(), rows);
+    auto y = test::to_host<float>(dy, ref.size(), s);
+    CHECK_MESSAGE(test::tol_ratio(y, ref, 1e-3, 1e-3) <= 1, "n=" << n << " rows=" << rows << " cols=" << cols);
+  }
+}
+
+TEST_CASE("gpu embedding and add_rms_norm match the CPU") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  const int64_t V = 300, H = 320, n = 7;
+  auto table = bf16_of(test::random_floats(static_cast<size_t>(V * H), 21));
+  std::vector<int32_t> ids = {0, 299, 5, 5, 17, 123, 42};
+  auto dt = test::to_device(table, s), di = test::to_device(ids, s);
+  gpu::DeviceBuffer dx(static_cast<size_t>(n * H) * 4);
+  gpu::embedding(dt.as<uint16_t>(), di.as<int32_t>(), n, H, dx.as<float>(), s);
+  auto x = test::to_host<float>(dx, static_cast<size_t>(n * H), s);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < H; ++i) REQUIRE(x[static_cast<size_t>(t * H + i)] == bf16_to_f32(table[static_cast<size_t>(ids[t] * H + i)]));
+
+  auto delta = test::random_floats(static_cast<size_t>(n * H), 22);
+  auto w = bf16_of(test::random_floats(static_cast<size_t>(H), 23, 0.5f));
+  auto dd = test::to_device(delta, s), dw = test::to_device(w, s);
+  gpu::DeviceBuffer dy(static_cast<size_t>(n * H) * 2), dyf(static_cast<size_t>(n * H) * 4);
+  gpu::add_rms_norm(dx.as<float>(), dd.as<float>(), nullptr, n, H, dw.as<uint16_t>(), 1e-6f, dy.as<uint16_t>(), dyf.as<float>(), s);
+  std::vector<float> xr(x);
+  for (size_t i = 0; i < xr.size(); ++i) xr[i] += delta[i];
+  std::vector<float> ref(xr.size());
+  ops::rms_norm(xr.data(), n, H, cpu::Mat{DType::bf16, w.data(), 1, H}, 1e-6, ref.data());
+  CHECK(test::tol_ratio(test::to_host<float>(dx, xr.size(), s), xr, 1e-6, 1e-6) <= 1);
+  CHECK(test::tol_ratio(test::to_host<float>(dyf, ref.size(), s), ref, 1e-5, 1e-4) <= 1);
+  CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dy, ref.size(), s)), ref, 1e-3, 8e-3) <= 1);
+
+  // Gathered rows, no residual.
+  std::vector<int32_t> rows = {6, 0, 3};
+  auto dr = test::to_device(rows, s);
+  gpu::add_rms_norm(dx.as<float>(), nullptr, dr.as<int32_t>(), 3, H, dw.as<uint16_t>(), 1e-6f, dy.as<uint16_t>(), dyf.as<float>(), s);
+  auto g = test::to_host<float>(dyf, static_cast<size_t>(3 * H), s);
+  for (int r = 0; r < 3; ++r)
+    for (int64_t i = 0; i < H; i += 7)
+      CHECK(std::fabs(g[static_cast<size_t>(r * H + i)] - ref[static_cast<size_t>(rows[static_cast<size_t>(r)] * H + i)]) <=
+            1e-5 + 1e-4 * std::fabs(ref[static_cast<size_t>(rows[static_cast<size_t>(r)] * H + i)]));
+}
+
+TEST_CASE("gpu qk_norm_rope matches rms_norm + Rope for head dims 64 and 128") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  for (int64_t hd : {64, 128}) {
+    const int64_t n = 5, heads = 3, ld = heads * hd + 16;
+    auto x = test::random_floats(static_cast<size_t>(n * ld), 31 + hd);
+    auto w = bf16_of(test::random_floats(static_cast<size_t>(hd), 32, 0.5f));
+    std::vector<int32_t> pos = {0, 1, 17, 1000, 4095};
+    ops::Rope rope(hd, 1e6);
+    std::vector<float> ref(x);
+    for (int64_t t = 0; t < n; ++t) {
+      float* r = ref.data() + t * ld;
+      ops::rms_norm(r, heads, hd, cpu::Mat{DType::bf16, w.data(), 1, hd}, 1e-6, r);
+      rope.apply(r, heads, pos[static_cast<size_t>(t)]);
+    }
+    auto dx = test::to_device(x, s), dw = test::to_device(w, s), dp = test::to_device(pos, s), df = test::to_device(rope.inv_freq, s);
+    gpu::qk_norm_rope(dx.as<float>(), n, ld, heads, hd, dw.as<uint16_t>(), 1e-6f, dp.as<int32_t>(), df.as<float>(), s);
+    auto y = test::to_host<float>(dx, x.size(), s);
+    CHECK_MESSAGE(test::tol_ratio(y, ref, 1e-4, 1e-4) <= 1, "hd=" << hd);
+    for (int64_t t = 0; t < n; ++t)  // the padding after the heads is untouched
+      for (int64_t i = heads * hd; i < ld; ++i) CHECK(y[static_cast<size_t>(t * ld + i)] == x[static_cast<size_t>(t * ld + i)]);
+  }
+}
+
+TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill and decode, GQA, hd 64/128)") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  for (int64_t hd : {64, 128}) {
+    const int64_t heads = 8, kvh = 2, layers = 1, block = 16;
+    KvCache kv(KvLayout{layers, kvh, hd}, 40, block);
+    // Two sequences: one prefill chunk of 150 tokens after 100 cached, one decode token at position 300.
+    const int sa = kv.add_sequence(), sb = kv.add_sequence();
+    kv.reserve(sa, 250);
+    kv.reserve(sb, 301);
+    const int64_t kvw = kvh * hd, slots = kv.num_blocks() * block;
+    std::vector<float> kc(static_cast<size_t>(slots * kvw)), vc(kc.size());
+    auto fill = [&](int seq, int64_t len, uint64_t seed) {
+      auto kr = bf16_round(test::random_floats(static_cast<size_t>(len * kvw), seed));
+      auto vr = bf16_round(test::random_floats(static_cast<size_t>(len * kvw), seed + 1));
+      for (int64_t p = 0; p < len; ++p) {
+        std::copy(kr.begin() + p * kvw, kr.begin() + (p + 1) * kvw, kv.k(0, seq, p));
+        std::copy(vr.begin() + p * kvw, vr.begin() + (p + 1) * kvw, kv.v(0, seq, p));
+        const int64_t sl = kv.slot_index(seq, p);
+        std::copy(kr.begin() + p * kvw, kr.begin() + (p + 1) * kvw, kc.begin() + sl * kvw);
+        std::copy(vr.begin() + p * kvw, vr.begin() + (p + 1) * kvw, vc.begin() + sl * kvw);
+      }
+    };
+    fill(sa, 250, 41 + hd);
+    fill(sb, 301, 43 + hd);
+    std::vector<ops::TokenSlot> ts;
+    for (int64_t p = 100; p < 250; ++p) ts.push_back({sa, p});
+    ts.push_back({sb, 300});
+    const int64_t n = static_cast<int64_t>(ts.size());
+    auto q = test::random_floats(static_cast<size_t>(n * heads * hd), 45);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+    std::vector<float> ref(q.size());
+    ops::attention(q.data(), n, heads, kvh, hd, ts.data(), kv, 0, scale, ref.data(), nullptr);
+    // Slot lists per sequence, offsets and lengths per token.
+    std::vector<int32_t> lists, offsets, lens;
+    for (int64_t p = 0; p < 250; ++p) lists.push_back(static_cast<int32_t>(kv.slot_index(sa, p)));
+    for (int64_t p = 0; p < 301; ++p) lists.push_back(static_cast<int32_t>(kv.slot_index(sb, p)));
+    for (const auto& t : ts) {
+      offsets.push_back(t.seq == sa ? 0 : 250);
+      lens.push_back(static_cast<int32_t>(t.pos + 1));
+    }
+    auto dq = test::to_device(q, s), dk = test::to_device(bf16_of(kc), s), dv = test::to_device(bf16_of(vc), s);
+    auto dl = test::to_device(lists, s), doff = test::to_device(offsets, s), dlen = test::to_device(lens, s);
+    gpu::DeviceBuffer dout(q.size() * 2);
+    gpu::attention(dq.as<float>(), heads * hd, n, heads, kvh, hd, dk.as<uint16_t>(), dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
+                   dlen.as<int32_t>(), scale, dout.as<uint16_t>(), s);
+    auto out = test::f32_of(test::to_host<uint16_t>(dout, q.size(), s));
+    CHECK_MESSAGE(test::tol_ratio(out, ref, 2e-3, 1e-2) <= 1, "hd=" << hd);
+  }
+  gpu::Stream s2;
+  CHECK_THROWS_AS(gpu::attention(nullptr, 0, 1, 4, 3, 64, nullptr, nullptr, nullptr, nullptr, nullptr, 1.0f, nullptr, s2), Error);
+  CHECK_THROWS_AS(gpu::attention(nullptr, 0, 1, 4, 2, 80, nullptr, nullptr, nullptr, nullptr, nullptr, 1.0f, nullptr, s2), Error);
+}
+
+TEST_CASE("gpu silu_mul and add match the CPU") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  const int64_t n = 3, I = 200;
+  auto gu = test::random_floats(static_cast<size_t>(n * 2 * I), 51, 2.0f);
+  std::vector<float> ref(static_cast<size_t>(n * I));
+  for (int64_t t = 0; t < n; ++t) ops::silu_mul(gu.data() + t * 2 * I, gu.data() + t * 2 * I + I, I, ref.data() + t * I);
+  auto dgu = test::to_device(gu, s);
+  gpu::DeviceBuffer dh(ref.size() * 2);
+  gpu::silu_mul(dgu.as<float>(), n, I, dh.as<uint16_t>(), s);
+  CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dh, ref.size(), s)), ref, 1e-3, 8e-3) <= 1);
+  auto a = test::random_floats(1000, 52), b = test::random_floats(1000, 53);
+  auto da = test::to_device(a, s), db = test::to_device(b, s);
+  gpu::add(da.as<float>(), db.as<float>(), 1000, da.as<float>(), s);
+  auto c = test::to_host<float>(da, 1000, s);
+  for (size_t i = 0; i < 1000; ++i) CHECK(c[i] == a[i] + b[i]);
+}
+
+TEST_CASE("gpu router_topk matches ops::softmax_topk (ties: lower index)") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  for (auto [E, K, norm] : {std::tuple<int64_t, int64_t, bool>{16, 4, true}, {128, 8, true}, {60, 4, false}, {256, 8, true}}) {
+    const int64_t n = 9;
+    auto lg = test::random_floats(static_cast<size_t>(n * E), 61 + E, 2.0f);
+    lg[3] = lg[5];  // a tie in row 0
+    std::vector<int32_t> rid(static_cast<size_t>(n * K));
+    std::vector<float> rw(rid.size());
+    for (int64_t t = 0; t < n; ++t) ops::softmax_topk(lg.data() + t * E, E, K, norm, rid.data() + t * K, rw.data() + t * K);
+    auto dl = test::to_device(lg, s);
+    gpu::DeviceBuffer di(rid.size() * 4), dw(rid.size() * 4);
+    gpu::router_topk(dl.as<float>(), n, E, K, norm, di.as<int32_t>(), dw.as<float>(), s);
+    auto ids = test::to_host<int32_t>(di, rid.size(), s);
+    auto w = test::to_host<float>(dw, rid.size(), s);
+    CHECK_MESSAGE(ids == rid, "E=" << E << " K=" << K);
+    CHECK(test::tol_ratio(w, rw, 1e-6, 1e-4) <= 1);
+  }
+  gpu::Stream s2;
+  CHECK_THROWS_AS(gpu::router_topk(nullptr, 1, 8, 9, true, nullptr, nullptr, s2), Error);
+}
+
+TEST_CASE("gpu grouped experts match numa::moe_forward (decode and prefill batches)") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  numa::ThreadPool pool(2);
+  for (auto [n, H, I, E, K] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{1, 64, 32, 16, 4}, {8, 256, 96, 32, 8}, {40, 128, 64, 16, 4}}) {
+    auto wgu = bf16_of(test::random_floats(static_cast<size_t>(E * 2 * I * H), 71 + n, 0.05f));
+    auto wdn = bf16_of(test::random_floats(static_cast<size_t>(E * H * I), 72 + n, 0.05f));
+    std::vector<numa::ExpertWeights> ex;
+    for (int64_t e = 0; e < E; ++e)
+      ex.push_back({cpu::Mat{DType::bf16, wgu.data() + e * 2 * I * H, I, H}, cpu::Mat{DType::bf16, wgu.data() + e * 2 * I * H + I * H, I, H},
+                    cpu::Mat{DType::bf16, wdn.data() + e * H * I, H, I}});
+    auto x = bf16_round(test::random_floats(static_cast<size_t>(n * H), 73 + n));
+    // Distinct experts per token, many tokens sharing experts.
+    std::vector<int32_t> ids(static_cast<size_t>(n * K));
+    std::vector<float> w(ids.size());
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        ids[static_cast<size_t>(t * K + j)] = static_cast<int32_t>((t * 3 + j * 5) % E);
+        w[static_cast<size_t>(t * K + j)] = 0.1f + 0.05f * static_cast<float>(j);
+      }
+    std::vector<float> ref(static_cast<size_t>(n * H), 0.0f);
+    numa::moe_forward(x.data(), n, H, ids.data(), w.data(), K, ex, ref.data(), &pool);
+    auto dx = test::to_device(bf16_of(x), s), dgu = test::to_device(wgu, s), ddn = test::to_device(wdn, s);
+    auto di = test::to_device(ids, s), dw = test::to_device(w, s);
+    gpu::DeviceBuffer off(static_cast<size_t>(E + 1) * 4), pl(ids.size() * 4), act(ids.size() * static_cast<size_t>(I) * 2),
+        part(ids.size() * static_cast<size_t>(H) * 4), out(ref.size() * 4);
+    gpu::moe_route(di.as<int32_t>(), n * K, E, off.as<int32_t>(), pl.as<int32_t>(), s);
+    auto offs = test::to_host<int32_t>(off, static_cast<size_t>(E + 1), s);
+    CHECK(offs.back() == n * K);
+    gpu::moe_experts(dx.as<uint16_t>(), n, H, I, E, K, di.as<int32_t>(), dw.as<float>(), off.as<int32_t>(), pl.as<int32_t>(), dgu.as<uint16_t>(),
+                     ddn.as<uint16_t>(), act.as<uint16_t>(), part.as<float>(), out.as<float>(), s);
+    auto y = test::to_host<float>(out, ref.size(), s);
+    // The GPU rounds the SwiGLU activation to bf16 before the down product.
+    double scale = 0;
+    for (float v : ref) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+    CHECK_MESSAGE(test::tol_ratio(y, ref, 1e-2 * scale, 1e-2) <= 1, "n=" << n << " H=" << H << " I=" << I << " E=" << E);
+  }
+}
