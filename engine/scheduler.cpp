@@ -1,0 +1,283 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "configs/error.h"
+#include "engine/model.h"
+
+namespace hmoe {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::none: return "none";
+    case FinishReason::eos: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::cancelled: return "cancelled";
+    case FinishReason::shutdown: return "shutdown";
+    case FinishReason::error: return "error";
+  }
+  return "?";
+}
+
+// ---- SeqChannel -----------------------------------------------------------
+void SeqChannel::signal(std::unique_lock<std::mutex>& lk) {
+  const bool call = !notified_;
+  notified_ = true;
+  lk.unlock();
+  cv_.notify_all();
+  if (call && notify_) notify_();
+}
+
+void SeqChannel::push(TokenEvent&& ev) {
+  std::unique_lock lk(mu_);
+  events_.push_back(std::move(ev));
+  signal(lk);
+}
+
+void SeqChannel::finish(FinishReason reason, std::string error) {
+  std::unique_lock lk(mu_);
+  if (finish_ != FinishReason::none) return;
+  finish_ = reason;
+  error_ = std::move(error);
+  signal(lk);
+}
+
+SeqChannel::Drained SeqChannel::drain() {
+  std::lock_guard lk(mu_);
+  Drained d;
+  d.tokens.swap(events_);
+  d.finish = finish_;
+  d.error = error_;
+  notified_ = false;
+  return d;
+}
+
+SeqChannel::Drained SeqChannel::wait_all() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return finish_ != FinishReason::none; });
+  Drained d;
+  d.tokens.swap(events_);
+  d.finish = finish_;
+  d.error = error_;
+  return d;
+}
+
+// ---- Scheduler ------------------------------------------------------------
+struct Scheduler::Seq {
+  explicit Seq(std::unique_ptr<SeqRequest> r) : req(std::move(r)), sampler(req->sampling), tokens(req->prompt) {}
+  std::unique_ptr<SeqRequest> req;
+  Sampler sampler;
+  std::vector<int32_t> tokens;  // prompt + generated
+  int64_t generated = 0;
+  int64_t computed = 0;  // tokens whose K/V are in the cache
+  int kv_seq = -1;
+  bool done = false;
+  std::span<const int32_t> prompt() const { return {tokens.data(), req->prompt.size()}; }
+  std::span<const int32_t> output() const { return {tokens.data() + req->prompt.size(), static_cast<size_t>(generated)}; }
+};
+
+Scheduler::Scheduler(Model& model, const SchedulerConfig& cfg)
+    : model_(model), cfg_(cfg), kv_(model.kv_layout(), cfg.kv_blocks, cfg.block_size) {
+  if (cfg.max_num_seqs <= 0) fail(ErrorKind::invalid_argument, "--max-num-seqs must be >= 1");
+  if (cfg.max_num_batched_tokens <= 0) fail(ErrorKind::invalid_argument, "--max-num-batched-tokens must be >= 1");
+  if (cfg.max_queue < 0) fail(ErrorKind::invalid_argument, "--max-queue must be >= 0");
+  thread_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() { shutdown(); }
+
+Scheduler::Submit Scheduler::submit(std::unique_ptr<SeqRequest> req) {
+  if (!req->channel) fail(ErrorKind::internal, "SeqRequest without a channel");
+  std::lock_guard lk(mu_);
+  if (stop_) return Submit::shutting_down;
+  // Requests beyond the free running slots count against the queue.
+  const int64_t free_slots = std::max<int64_t>(0, cfg_.max_num_seqs - running_count_.load());
+  if (queued_.load() + 1 > cfg_.max_queue + free_slots) return Submit::queue_full;
+  incoming_.push_back(std::make_unique<Seq>(std::move(req)));
+  ++queued_;
+  cv_.notify_one();
+  return Submit::ok;
+}
+
+void Scheduler::shutdown() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.running = running_count_.load();
+  s.queued = queued_.load();
+  s.kv_blocks_used = kv_used_.load();
+  s.kv_blocks_total = cfg_.kv_blocks;
+  s.steps = steps_.load();
+  s.batched_tokens = batched_tokens_.load();
+  s.preemptions = preemptions_.load();
+  return s;
+}
+
+void Scheduler::finish(Seq& s, FinishReason r, const std::string& err) {
+  if (s.kv_seq >= 0) kv_.free_sequence(s.kv_seq);
+  s.kv_seq = -1;
+  s.done = true;
+  s.req->channel->finish(r, err);
+}
+
+void Scheduler::preempt(size_t index) {
+  std::unique_ptr<Seq> s = std::move(running_[index]);
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+  kv_.free_sequence(s->kv_seq);
+  s->kv_seq = -1;
+  s->computed = 0;
+  waiting_.push_front(std::move(s));
+  ++queued_;
+  ++preemptions_;
+}
+
+void Scheduler::run() {
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !running_.empty() || !waiting_.empty(); });
+      while (!incoming_.empty()) {
+        waiting_.push_back(std::move(incoming_.front()));
+        incoming_.pop_front();
+      }
+      if (stop_) break;
+    }
+    step();
+    running_count_ = static_cast<int64_t>(running_.size());
+    kv_used_ = kv_.num_blocks() - kv_.free_blocks();
+  }
+  for (auto& s : running_) finish(*s, FinishReason::shutdown, "the server is shutting down");
+  for (auto& s : waiting_) finish(*s, FinishReason::shutdown, "the server is shutting down");
+  running_.clear();
+  waiting_.clear();
+  queued_ = 0;
+  running_count_ = 0;
+}
+
+bool Scheduler::step() {
+  const int64_t bs = kv_.block_size();
+  // (1) cancellations
+  for (auto& s : running_)
+    if (s->req->channel->cancelled()) finish(*s, FinishReason::cancelled);
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+  for (auto& s : waiting_)
+    if (s->req->channel->cancelled()) {
+      finish(*s, FinishReason::cancelled);
+      --queued_;
+    }
+  std::erase_if(waiting_, [](const auto& s) { return s->done; });
+
+  // (2) admission
+  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs) {
+    Seq& s = *waiting_.front();
+    const int64_t need = (static_cast<int64_t>(s.tokens.size()) + 1 + bs - 1) / bs;
+    if (need > kv_.num_blocks()) {
+      finish(s, FinishReason::error,
+             "the sequence needs " + std::to_string(need) + " KV blocks but the cache has " + std::to_string(kv_.num_blocks()));
+      waiting_.pop_front();
+      --queued_;
+      continue;
+    }
+    if (need > kv_.free_blocks()) break;
+    s.kv_seq = kv_.add_sequence();
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    --queued_;
+  }
+  if (running_.empty()) return false;
+
+  // (3) plan: decodes first, then prefill chunks, oldest first.
+  struct Item {
+    Seq* s;
+    int64_t chunk;
+  };
+  std::vector<Item> plan;
+  int64_t budget = cfg_.max_num_batched_tokens;
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<Seq*> order;
+    for (auto& r : running_) order.push_back(r.get());
+    for (Seq* s : order) {
+      if (budget <= 0) break;
+      if (s->kv_seq < 0) continue;  // preempted in this step
+      const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->computed;
+      if ((pass == 0) != (remaining == 1) || remaining <= 0) continue;
+      int64_t chunk = std::min(remaining, budget);
+      for (;;) {
+        const int64_t room = kv_.capacity(s->kv_seq) - s->computed + kv_.free_blocks() * bs;
+        if (room >= chunk || (pass == 1 && room > 0)) {
+          chunk = std::min(chunk, room);
+          break;
+        }
+        // Out of blocks: preempt the youngest sequence that is not planned yet.
+        size_t victim = running_.size();
+        for (size_t j = running_.size(); j-- > 0;) {
+          const Seq* v = running_[j].get();
+          if (std::none_of(plan.begin(), plan.end(), [&](const Item& it) { return it.s == v; })) {
+            victim = j;
+            break;
+          }
+        }
+        if (victim == running_.size()) {
+          chunk = 0;
+          break;
+        }
+        const bool self = running_[victim].get() == s;
+        preempt(victim);
+        if (self) {
+          chunk = 0;
+          break;
+        }
+      }
+      if (chunk <= 0) continue;
+      kv_.reserve(s->kv_seq, s->computed + chunk);
+      plan.push_back({s, chunk});
+      budget -= chunk;
+    }
+  }
+  if (plan.empty()) return false;
+
+  Batch batch;
+  std::vector<Seq*> logit_seqs;
+  for (const Item& it : plan) {
+    Seq& s = *it.s;
+    const bool last = s.computed + it.chunk == static_cast<int64_t>(s.tokens.size());
+    for (int64_t p = s.computed; p < s.computed + it.chunk; ++p)
+      batch.add(s.tokens[static_cast<size_t>(p)], s.kv_seq, p, last && p + 1 == s.computed + it.chunk);
+    if (last) logit_seqs.push_back(&s);
+  }
+  std::vector<float> logits;
+  try {
+    model_.forward(batch, kv_, logits);
+  } catch (const std::exception& e) {
+    for (const Item& it : plan) finish(*it.s, FinishReason::error, e.what());
+    std::erase_if(running_, [](const auto& s) { return s->done; });
+    return true;
+  }
+  ++steps_;
+  batched_tokens_ += static_cast<int64_t>(batch.tokens.size());
+  for (const Item& it : plan) it.s->computed += it.chunk;
+
+  // (5) sample
+  const int64_t V = model_.config().vocab_size;
+  for (size_t r = 0; r < logit_seqs.size(); ++r) {
+    Seq& s = *logit_seqs[r];
+    SampleResult res = s.sampler.sample(logits.data() + static_cast<int64_t>(r) * V, V, s.prompt(), s.output());
+    s.tokens.push_back(res.token);
+    ++s.generated;
+    s.req->channel->push(TokenEvent{res.token, res.logprob, std::move(res.top)});
+    const auto& stops = s.req->stop_ids;
+    if (std::find(stops.begin(), stops.end(), res.token) != stops.end()) finish(s, FinishReason::eos);
+    else if (s.generated >= s.req->max_tokens) finish(s, FinishReason::length);
+  }
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+  return true;
+}
+
+}  // namespace hmoe

@@ -1,0 +1,149 @@
+// Scheduler: continuous batching over Model::forward.
+//
+// One engine thread owns the Model's step loop, the KvCache and every
+// running sequence. Each step it (1) drops cancelled requests and frees their
+// KV blocks, (2) admits queued requests while fewer than max_num_seqs run and
+// their prompt fits in free blocks, (3) builds one flat batch: one decode
+// token for every sequence that is generating, then prefill chunks of the
+// others (oldest first) until max_num_batched_tokens, (4) runs forward, and
+// (5) samples the next token of every sequence whose chunk reached its end
+// and sends it to that request's channel. When KV blocks run out, the
+// youngest sequence is preempted: its blocks are freed and it goes back to
+// the head of the queue to be recomputed (its tokens so far are kept, so the
+// output does not change).
+//
+// Threads: submit(), shutdown() and stats() are safe from any thread.
+// SeqChannel is the only object the engine thread and a consumer share.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/sampler.h"
+
+namespace hmoe {
+
+class Model;
+
+enum class FinishReason { none, eos, length, cancelled, shutdown, error };
+
+struct TokenEvent {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;
+};
+
+// Events of one request, from the engine thread to its consumer. The engine
+// pushes tokens and one final finish(); `notify` (set before submit) is called
+// from the engine thread when events become available after a drain; it must
+// not block (it posts to the consumer's executor).
+class SeqChannel {
+ public:
+  using Notify = std::function<void()>;
+  explicit SeqChannel(Notify notify = {}) : notify_(std::move(notify)) {}
+
+  // Any thread: asks the engine to stop this request at its next step.
+  void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+
+  struct Drained {
+    std::vector<TokenEvent> tokens;
+    FinishReason finish = FinishReason::none;  // none: more to come
+    std::string error;
+  };
+  // Consumer: takes everything pushed so far.
+  Drained drain();
+  // Consumer: blocks until finished (for callers without an event loop).
+  Drained wait_all();
+
+  // Engine thread.
+  void push(TokenEvent&& ev);
+  void finish(FinishReason reason, std::string error = {});
+
+ private:
+  void signal(std::unique_lock<std::mutex>& lk);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<TokenEvent> events_;
+  FinishReason finish_ = FinishReason::none;
+  std::string error_;
+  bool notified_ = false;
+  std::atomic<bool> cancelled_{false};
+  Notify notify_;
+};
+
+struct SeqRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;  // EOS ids and stop_token_ids (the token is sent, then the sequence ends)
+  std::shared_ptr<SeqChannel> channel;
+};
+
+struct SchedulerConfig {
+  int64_t max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_queue = 256;
+  int64_t kv_blocks = 1024;
+  int64_t block_size = 16;
+};
+
+struct SchedulerStats {
+  int64_t running = 0, queued = 0;
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;
+  int64_t steps = 0, batched_tokens = 0, preemptions = 0;
+};
+
+class Scheduler {
+ public:
+  // The Model must outlive the Scheduler. Starts the engine thread.
+  Scheduler(Model& model, const SchedulerConfig& cfg);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  enum class Submit { ok, queue_full, shutting_down };
+  // Thread-safe. Rejects when max_queue requests are already waiting.
+  Submit submit(std::unique_ptr<SeqRequest> req);
+  // Finishes every request with FinishReason::shutdown and joins the engine
+  // thread; later submits are refused. Idempotent.
+  void shutdown();
+  SchedulerStats stats() const;
+  const SchedulerConfig& config() const { return cfg_; }
+
+ private:
+  struct Seq;
+  void run();
+  bool step();
+  void finish(Seq& s, FinishReason r, const std::string& err = {});
+  void preempt(size_t index);
+
+  Model& model_;
+  SchedulerConfig cfg_;
+  KvCache kv_;
+  std::thread thread_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Seq>> incoming_;
+  bool stop_ = false;
+
+  // Engine thread only.
+  std::deque<std::unique_ptr<Seq>> waiting_;
+  std::vector<std::unique_ptr<Seq>> running_;
+
+  std::atomic<int64_t> queued_{0}, running_count_{0}, kv_used_{0}, steps_{0}, batched_tokens_{0}, preemptions_{0};
+};
+
+const char* finish_reason_name(FinishReason r);
+
+}  // namespace hmoe

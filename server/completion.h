@@ -1,0 +1,70 @@
+// CompletionBuilder: turns the token events of one request into OpenAI
+// responses - SSE chunks while streaming, or one JSON body at the end.
+//
+// Per token: incremental detokenization (never a partial UTF-8 character),
+// stop strings (held back across token boundaries, never emitted), then the
+// output parser (<think> -> reasoning_content, <tool_call> -> tool_calls).
+// When a stop string matches, stop_hit() becomes true: the caller cancels
+// the sequence; tokens that arrive after it are ignored.
+//
+// Not thread-safe: one builder per request, used on its connection's thread.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/output_parser.h"
+#include "engine/scheduler.h"
+#include "engine/stop_strings.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "server/request.h"
+
+namespace hmoe::server {
+
+class CompletionBuilder {
+ public:
+  CompletionBuilder(const GenSpec& spec, const ModelInfo& m, std::string id, int64_t created, uint64_t tool_id_seed = 0);
+
+  // Streaming: SSE text ("data: ...\n\n" events) for these tokens; may be empty.
+  std::string on_tokens(const std::vector<TokenEvent>& tokens);
+  // Streaming: the final events (finish chunk, usage chunk, [DONE]).
+  std::string on_finish(FinishReason reason, const std::string& error);
+  // Non-streaming: feed everything, then body().
+  void add_tokens(const std::vector<TokenEvent>& tokens);
+  nlohmann::ordered_json body(FinishReason reason);
+
+  bool stop_hit() const { return stop_.stopped(); }
+  int64_t completion_tokens() const { return completion_tokens_; }
+  int64_t prompt_tokens() const { return static_cast<int64_t>(spec_.prompt.size()); }
+  std::string finish_reason(FinishReason r) const;
+
+ private:
+  ParsedDelta feed(const std::vector<TokenEvent>& tokens, std::vector<const TokenEvent*>& used);
+  ParsedDelta flush();
+  nlohmann::ordered_json chunk_base() const;
+  nlohmann::ordered_json usage() const;
+  nlohmann::ordered_json chat_logprobs(const std::vector<const TokenEvent*>& evs) const;
+  nlohmann::ordered_json completion_logprobs(const std::vector<const TokenEvent*>& evs, size_t text_offset) const;
+  std::string sse(const nlohmann::ordered_json& j) const;
+  std::string stream_delta(ParsedDelta&& d, const std::vector<const TokenEvent*>& evs, const char* finish);
+
+  GenSpec spec_;
+  const ModelInfo& m_;
+  std::string id_;
+  int64_t created_;
+  tok::IncrementalDecoder decoder_;
+  StopMatcher stop_;
+  OutputParser parser_;
+  int64_t completion_tokens_ = 0;
+  bool sent_role_ = false;
+  int tool_index_ = 0;
+  size_t text_len_ = 0;  // completions: bytes of text sent so far (logprobs text_offset)
+  // Non-streaming accumulation.
+  ParsedDelta all_;
+  std::vector<TokenEvent> all_events_;
+};
+
+}  // namespace hmoe::server

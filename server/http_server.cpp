@@ -1,0 +1,520 @@
+#include "server/http_server.h"
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <ctime>
+#include <list>
+#include <optional>
+
+#include "configs/error.h"
+#include "server/api_error.h"
+#include "server/completion.h"
+
+namespace hmoe::server {
+
+namespace net = boost::asio;
+namespace http = boost::beast::http;
+using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+std::string fmt_hex(size_t n) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%zx", n);
+  return b;
+}
+bool const_time_equal(const std::string& a, const std::string& b) {
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = static_cast<unsigned char>(a.size() != b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+std::string random_id(const char* prefix, uint64_t n) {
+  static std::atomic<uint64_t> salt{static_cast<uint64_t>(Clock::now().time_since_epoch().count())};
+  uint64_t x = (salt.load() + n) * 0x9e3779b97f4a7c15ull;
+  x ^= x >> 31;
+  char b[40];
+  std::snprintf(b, sizeof b, "%s%016llx", prefix, static_cast<unsigned long long>(x));
+  return b;
+}
+}  // namespace
+
+class Session;
+
+struct HttpServer::Impl {
+  Impl(const HttpOptions& o, Scheduler& s, const ModelInfo& m) : opt(o), sched(s), model(m), acceptor(ioc), signals(ioc), grace(ioc) {}
+  HttpOptions opt;
+  Scheduler& sched;
+  const ModelInfo& model;
+  Metrics metrics;
+  net::io_context ioc{1};
+  tcp::acceptor acceptor;
+  net::signal_set signals;
+  net::steady_timer grace;
+  std::list<std::weak_ptr<Session>> sessions;
+  int64_t open = 0;
+  uint64_t request_seq = 0;
+  bool shutting_down = false;
+  uint16_t port = 0;
+  Clock::time_point shutdown_at;
+
+  void do_accept();
+  void begin_shutdown();
+  void check_done();
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket sock, HttpServer::Impl& srv) : sock_(std::move(sock)), srv_(srv), timer_(srv.ioc) {}
+  ~Session() { --srv_.open; }
+
+  void start(bool over_limit) {
+    ++srv_.open;
+    if (over_limit) {
+      keep_alive_ = false;
+      send_error(ApiError(503, "too many open connections; retry later", "", "too_many_connections"), "1");
+      return;
+    }
+    read_request(true);
+  }
+
+  // Shutdown: close connections that are between requests.
+  void on_shutdown() {
+    if (state_ == State::idle || state_ == State::header) close();
+  }
+
+ private:
+  enum class State { idle, header, body, generating, closing };
+
+  void arm(double seconds) {
+    const uint64_t gen = ++arm_gen_;
+    timer_.expires_after(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+    timer_.async_wait([self = shared_from_this(), gen](boost::system::error_code ec) {
+      if (ec || gen != self->arm_gen_) return;
+      self->timed_out_ = true;
+      boost::system::error_code ig;
+      if (self->state_ == State::closing) self->sock_.close(ig);
+      else self->sock_.cancel(ig);
+    });
+  }
+  void disarm() {
+    ++arm_gen_;
+    timer_.cancel();
+  }
+  void close() {
+    state_ = State::closing;
+    disarm();
+    boost::system::error_code ig;
+    sock_.shutdown(tcp::socket::shutdown_both, ig);
+    sock_.close(ig);
+  }
+
+  // Waits for the next request: first byte within the idle timeout, then the
+  // whole header within the header timeout.
+  void read_request(bool first) {
+    if (srv_.shutting_down && !first) return close();
+    state_ = State::idle;
+    timed_out_ = false;
+    if (buf_.size() == 0) {
+      arm(first ? srv_.opt.header_timeout_s : srv_.opt.idle_timeout_s);
+      sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](boost::system::error_code ec) {
+        if (ec) return self->close();
+        self->read_header();
+      });
+    } else {
+      read_header();
+    }
+  }
+
+  void read_header() {
+    if (srv_.shutting_down) return close();
+    state_ = State::header;
+    parser_.emplace();
+    parser_->header_limit(static_cast<uint32_t>(std::min<uint64_t>(srv_.opt.max_header_bytes, UINT32_MAX)));
+    parser_->body_limit(srv_.opt.max_body_bytes);
+    arm(srv_.opt.header_timeout_s);
+    http::async_read_header(sock_, buf_, *parser_, [self = shared_from_this()](boost::system::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(boost::system::error_code ec) {
+    if (ec) {
+      keep_alive_ = false;
+      if (timed_out_) return send_error(ApiError(408, "request header not received in time", "", "header_timeout"));
+      if (ec == http::error::header_limit)
+        return send_error(ApiError(431, "request header larger than " + std::to_string(srv_.opt.max_header_bytes) + " bytes", "", "header_too_large"));
+      if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset || ec == net::error::operation_aborted)
+        return close();
+      return send_error(ApiError(400, std::string("malformed HTTP request: ") + ec.message(), "", "bad_request"));
+    }
+    int64_t fields = 0;
+    for (auto it = parser_->get().begin(); it != parser_->get().end(); ++it) ++fields;
+    if (fields > srv_.opt.max_header_fields) {
+      keep_alive_ = false;
+      return send_error(ApiError(431, "too many header fields (" + std::to_string(fields) + " > " + std::to_string(srv_.opt.max_header_fields) + ")",
+                                 "", "header_too_large"));
+    }
+    const auto len = parser_->content_length();
+    if (len && *len > srv_.opt.max_body_bytes) {
+      keep_alive_ = false;
+      return send_error(ApiError(413, "request body of " + std::to_string(*len) + " bytes exceeds the limit of " +
+                                          std::to_string(srv_.opt.max_body_bytes) + " bytes (--max-body-bytes)",
+                                 "", "body_too_large"));
+    }
+    state_ = State::body;
+    arm(srv_.opt.body_timeout_s);
+    http::async_read(sock_, buf_, *parser_, [self = shared_from_this()](boost::system::error_code ec, size_t) { self->on_body(ec); });
+  }
+
+  void on_body(boost::system::error_code ec) {
+    disarm();
+    if (ec) {
+      keep_alive_ = false;
+      if (timed_out_) return send_error(ApiError(408, "request body not received in time", "", "body_timeout"));
+      if (ec == http::error::body_limit)
+        return send_error(ApiError(413, "request body exceeds the limit of " + std::to_string(srv_.opt.max_body_bytes) + " bytes (--max-body-bytes)", "",
+                                   "body_too_large"));
+      if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset) return close();
+      return send_error(ApiError(400, std::string("malformed HTTP request: ") + ec.message(), "", "bad_request"));
+    }
+    req_ = parser_->release();
+    parser_.reset();
+    keep_alive_ = req_.keep_alive() && !srv_.shutting_down;
+    arrival_ = Clock::now();
+    try {
+      route();
+    } catch (const ApiError& e) {
+      send_error(e);
+    } catch (const Error& e) {
+      send_error(ApiError(e.kind() == ErrorKind::invalid_argument ? 400 : 500, e.what()));
+    } catch (const std::exception& e) {
+      send_error(ApiError(500, std::string("internal error: ") + e.what()));
+    }
+  }
+
+  void route() {
+    std::string_view target = req_.target();
+    if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+    endpoint_ = std::string(target);
+    const bool get = req_.method() == http::verb::get, post = req_.method() == http::verb::post;
+    auto need = [&](bool ok, const char* allow) {
+      if (!ok) throw ApiError(405, "method " + std::string(req_.method_string()) + " is not allowed on " + endpoint_ + " (allowed: " + allow + ")", "",
+                              "method_not_allowed");
+    };
+    if (target == "/health") {
+      need(get, "GET");
+      if (srv_.shutting_down) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+      return send(200, "application/json", "{\"status\":\"ok\"}");
+    }
+    if (target == "/metrics") {
+      need(get, "GET");
+      return send(200, "text/plain; version=0.0.4", srv_.metrics.render(srv_.sched.stats(), srv_.open));
+    }
+    if (!target.starts_with("/v1/")) throw ApiError(404, "no route " + endpoint_, "", "not_found");
+    check_auth();
+    if (target == "/v1/models") {
+      need(get, "GET");
+      nlohmann::ordered_json m{{"id", srv_.model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "hmoe"}, {"max_model_len", srv_.model.context}};
+      return send(200, "application/json", nlohmann::ordered_json{{"object", "list"}, {"data", nlohmann::ordered_json::array({m})}}.dump());
+    }
+    const bool chat = target == "/v1/chat/completions";
+    if (!chat && target != "/v1/completions") throw ApiError(404, "no route " + endpoint_, "", "not_found");
+    need(post, "POST");
+    const uint64_t seq = ++srv_.request_seq;
+    spec_ = chat ? parse_chat_request(req_.body(), srv_.model, seq) : parse_completion_request(req_.body(), srv_.model, seq);
+    start_generation(chat, seq);
+  }
+
+  void check_auth() {
+    if (srv_.opt.api_key.empty()) return;
+    auto it = req_.find(http::field::authorization);
+    const std::string got = it == req_.end() ? std::string() : std::string(it->value());
+    if (it == req_.end()) throw ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", "", "invalid_api_key");
+    if (!const_time_equal(got, "Bearer " + srv_.opt.api_key)) throw ApiError(401, "invalid API key", "", "invalid_api_key");
+  }
+
+  void start_generation(bool chat, uint64_t seq) {
+    const uint64_t gen = ++gen_id_;
+    std::weak_ptr<Session> weak = weak_from_this();
+    net::io_context& ioc = srv_.ioc;
+    chan_ = std::make_shared<SeqChannel>([weak, gen, &ioc] {
+      net::post(ioc, [weak, gen] {
+        if (auto s = weak.lock(); s && s->gen_id_ == gen) s->on_events();
+      });
+    });
+    auto req = std::make_unique<SeqRequest>();
+    req->prompt = spec_.prompt;
+    req->max_tokens = spec_.max_tokens;
+    req->sampling = spec_.sampling;
+    req->stop_ids = spec_.stop_ids;
+    req->channel = chan_;
+    builder_ = std::make_unique<CompletionBuilder>(spec_, srv_.model, random_id(chat ? "chatcmpl-" : "cmpl-", seq),
+                                                   static_cast<int64_t>(std::time(nullptr)));
+    switch (srv_.sched.submit(std::move(req))) {
+      case Scheduler::Submit::ok: break;
+      case Scheduler::Submit::queue_full:
+        chan_.reset();
+        throw ApiError(503, "the server is busy: the request queue is full; retry later", "", "queue_full");
+      case Scheduler::Submit::shutting_down:
+        chan_.reset();
+        throw ApiError(503, "the server is shutting down", "", "shutting_down");
+    }
+    state_ = State::generating;
+    first_token_ = true;
+    if (spec_.stream) {
+      write("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: " +
+            std::string(keep_alive_ ? "keep-alive" : "close") + "\r\n\r\n");
+    }
+    watch_disconnect(gen);
+  }
+
+  // While generating, a readable socket with nothing to read means the
+  // client went away: cancel its sequence.
+  void watch_disconnect(uint64_t gen) {
+    sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this(), gen](boost::system::error_code ec) {
+      if (gen != self->gen_id_ || self->state_ != State::generating) return;
+      boost::system::error_code ec2;
+      const size_t avail = ec ? 0 : self->sock_.available(ec2);
+      if (!ec && !ec2 && avail > 0) return;  // pipelined request: read after this response
+      if (ec == net::error::operation_aborted && !self->timed_out_) return;
+      self->client_gone();
+    });
+  }
+
+  void client_gone() {
+    if (chan_) chan_->cancel();
+    srv_.metrics.request_done(endpoint_, 499);
+    end_generation();
+    close();
+  }
+
+  void end_generation() {
+    ++gen_id_;
+    chan_.reset();
+    builder_.reset();
+  }
+
+  void on_events() {
+    if (!chan_ || state_ != State::generating) return;
+    SeqChannel::Drained d = chan_->drain();
+    const auto now = Clock::now();
+    if (!d.tokens.empty()) {
+      if (first_token_) {
+        srv_.metrics.ttft.observe(std::chrono::duration<double>(now - arrival_).count());
+        first_token_ = false;
+      } else {
+        const double dt = std::chrono::duration<double>(now - last_token_).count() / static_cast<double>(d.tokens.size());
+        for (size_t i = 0; i < d.tokens.size(); ++i) srv_.metrics.tpot.observe(dt);
+      }
+      last_token_ = now;
+    }
+    FinishReason fin = d.finish;
+    if (spec_.stream) {
+      std::string out = builder_->on_tokens(d.tokens);
+      if (builder_->stop_hit() && fin == FinishReason::none) {
+        chan_->cancel();
+        fin = FinishReason::eos;
+      }
+      if (fin != FinishReason::none) out += builder_->on_finish(fin, d.error);
+      if (!out.empty()) write(fmt_hex(out.size()) + "\r\n" + out + "\r\n");
+      if (fin != FinishReason::none) {
+        write("0\r\n\r\n");
+        finish_metrics(200);
+        end_generation();
+        state_ = State::closing;  // until the writes drain
+        after_writes_ = true;
+      }
+      return;
+    }
+    builder_->add_tokens(d.tokens);
+    if (builder_->stop_hit() && fin == FinishReason::none) {
+      chan_->cancel();
+      fin = FinishReason::eos;
+    }
+    if (fin == FinishReason::none) return;
+    if (fin == FinishReason::error) {
+      end_generation();
+      return send_error(ApiError(500, "generation failed: " + d.error, "", "generation_error"));
+    }
+    if (fin == FinishReason::shutdown || fin == FinishReason::cancelled) {
+      end_generation();
+      keep_alive_ = false;
+      return send_error(ApiError(503, "the server is shutting down", "", "shutting_down"));
+    }
+    std::string body = builder_->body(fin).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    finish_metrics(200);
+    end_generation();
+    send(200, "application/json", body, {}, false);
+  }
+
+  void finish_metrics(int status) {
+    srv_.metrics.request_done(endpoint_, status);
+    srv_.metrics.add_tokens(builder_->prompt_tokens(), builder_->completion_tokens());
+    srv_.metrics.e2e.observe(std::chrono::duration<double>(Clock::now() - arrival_).count());
+  }
+
+  void send_error(const ApiError& e, const std::string& retry_after = {}) {
+    std::string extra;
+    if (e.status == 503 || e.status == 429) extra = "Retry-After: " + (retry_after.empty() ? std::string("1") : retry_after) + "\r\n";
+    if (e.status == 401) extra += "WWW-Authenticate: Bearer\r\n";
+    send(e.status, "application/json", error_body(e), extra);
+  }
+
+  void send(int status, const std::string& type, const std::string& body, const std::string& extra = {}, bool count = true) {
+    if (count) srv_.metrics.request_done(endpoint_.empty() ? "-" : endpoint_, status);
+    if (status >= 400 && status != 404 && status != 401 && status != 405 && status != 400 && status != 503) keep_alive_ = false;
+    std::string head = "HTTP/1.1 " + std::to_string(status) + " " + std::string(http::obsolete_reason(static_cast<http::status>(status))) + "\r\n";
+    head += "Content-Type: " + type + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" + extra;
+    head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    if (state_ == State::generating) ++gen_id_;  // no more events for this response
+    state_ = State::closing;
+    arm(srv_.opt.idle_timeout_s);  // a client that does not read its reply is dropped
+    write(head + body);
+    after_writes_ = true;
+  }
+
+  void write(std::string data) {
+    queue_.push_back(std::move(data));
+    if (!writing_) do_write();
+  }
+
+  void do_write() {
+    if (queue_.empty()) {
+      writing_ = false;
+      if (after_writes_) {
+        after_writes_ = false;
+        if (keep_alive_ && !srv_.shutting_down) {
+          boost::system::error_code ig;
+          sock_.cancel(ig);  // the disconnect watch
+          endpoint_.clear();
+          return net::post(srv_.ioc, [self = shared_from_this()] { self->read_request(false); });
+        }
+        return close();
+      }
+      return;
+    }
+    writing_ = true;
+    net::async_write(sock_, net::buffer(queue_.front()), [self = shared_from_this()](boost::system::error_code ec, size_t) {
+      if (ec) {
+        self->queue_.clear();
+        self->writing_ = false;
+        if (self->state_ == State::generating) return self->client_gone();
+        return self->close();
+      }
+      self->queue_.pop_front();
+      self->do_write();
+    });
+  }
+
+  tcp::socket sock_;
+  HttpServer::Impl& srv_;
+  net::steady_timer timer_;
+  boost::beast::flat_buffer buf_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::request<http::string_body> req_;
+  State state_ = State::idle;
+  uint64_t arm_gen_ = 0, gen_id_ = 0;
+  bool timed_out_ = false, keep_alive_ = true, writing_ = false, after_writes_ = false, first_token_ = true;
+  std::deque<std::string> queue_;
+  std::string endpoint_;
+  GenSpec spec_;
+  std::shared_ptr<SeqChannel> chan_;
+  std::unique_ptr<CompletionBuilder> builder_;
+  Clock::time_point arrival_, last_token_;
+};
+
+void HttpServer::Impl::do_accept() {
+  acceptor.async_accept([this](boost::system::error_code ec, tcp::socket sock) {
+    if (ec) {
+      if (shutting_down || ec == net::error::operation_aborted) return;
+      // EMFILE and friends: try again shortly rather than spinning.
+      grace.expires_after(std::chrono::milliseconds(50));
+      grace.async_wait([this](boost::system::error_code) { if (!shutting_down) do_accept(); });
+      return;
+    }
+    boost::system::error_code ig;
+    sock.set_option(tcp::no_delay(true), ig);
+    auto s = std::make_shared<Session>(std::move(sock), *this);
+    const bool over = open >= opt.max_connections;
+    std::erase_if(sessions, [](const std::weak_ptr<Session>& w) { return w.expired(); });
+    sessions.push_back(s);
+    s->start(over);
+    do_accept();
+  });
+}
+
+void HttpServer::Impl::begin_shutdown() {
+  if (shutting_down) return;
+  shutting_down = true;
+  shutdown_at = Clock::now();
+  std::fprintf(stderr, "hmoe serve: shutting down (finishing %lld open connections)\n", static_cast<long long>(open));
+  boost::system::error_code ig;
+  acceptor.close(ig);
+  signals.cancel(ig);
+  sched.shutdown();  // every sequence finishes now; their sessions send the final events
+  for (auto& w : sessions)
+    if (auto s = w.lock()) s->on_shutdown();
+  check_done();
+}
+
+void HttpServer::Impl::check_done() {
+  if (open <= 0 || Clock::now() - shutdown_at > std::chrono::seconds(10)) {
+    ioc.stop();
+    return;
+  }
+  grace.expires_after(std::chrono::milliseconds(20));
+  grace.async_wait([this](boost::system::error_code) {
+    for (auto& w : sessions)
+      if (auto s = w.lock()) s->on_shutdown();
+    check_done();
+  });
+}
+
+HttpServer::HttpServer(const HttpOptions& opt, Scheduler& scheduler, const ModelInfo& model)
+    : impl_(std::make_unique<Impl>(opt, scheduler, model)) {
+  if (opt.port < 0 || opt.port > 65535) fail(ErrorKind::invalid_argument, "--port must be in 0..65535, got " + std::to_string(opt.port));
+  boost::system::error_code ec;
+  auto addr = net::ip::make_address(opt.host, ec);
+  if (ec) fail(ErrorKind::invalid_argument, "--host '" + opt.host + "' is not an IP address");
+  tcp::endpoint ep(addr, static_cast<uint16_t>(opt.port));
+  auto& a = impl_->acceptor;
+  a.open(ep.protocol(), ec);
+  if (!ec) a.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) a.bind(ep, ec);
+  if (!ec) a.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) fail(ErrorKind::io, "cannot listen on " + opt.host + ":" + std::to_string(opt.port) + ": " + ec.message());
+  impl_->port = a.local_endpoint().port();
+}
+
+HttpServer::~HttpServer() = default;
+
+uint16_t HttpServer::port() const { return impl_->port; }
+Metrics& HttpServer::metrics() { return impl_->metrics; }
+
+void HttpServer::run(bool handle_signals) {
+  Impl& i = *impl_;
+  if (handle_signals) {
+    i.signals.add(SIGINT);
+    i.signals.add(SIGTERM);
+    i.signals.async_wait([&i](boost::system::error_code ec, int) {
+      if (!ec) i.begin_shutdown();
+    });
+  }
+  i.do_accept();
+  i.ioc.run();
+}
+
+void HttpServer::stop() {
+  net::post(impl_->ioc, [this] { impl_->begin_shutdown(); });
+}
+
+}  // namespace hmoe::server

@@ -1,0 +1,61 @@
+// Parsing and validation of OpenAI chat/completions request bodies into a
+// GenSpec the scheduler can run. Every problem throws ApiError naming the
+// field (param) with status 400 (404 for an unknown model). Unknown fields
+// are ignored, as vLLM and OpenAI do, so clients that send vendor fields
+// keep working; known-but-unsupported options (n > 1, response_format other
+// than text, tool_choice "required") are refused rather than silently ignored.
+//
+// Thread safety: the functions are pure given a const ModelInfo; the
+// tokenizer and chat template are thread-safe.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/sampler.h"
+
+namespace hmoe::tok {
+class Tokenizer;
+}
+namespace hmoe::chat {
+class ChatTemplate;
+}
+
+namespace hmoe::server {
+
+struct ModelInfo {
+  std::string name;             // served model name
+  int64_t context = 0;          // max tokens (prompt + output)
+  int64_t vocab = 0;
+  std::vector<int32_t> eos_ids;
+  const tok::Tokenizer* tokenizer = nullptr;
+  const chat::ChatTemplate* chat_template = nullptr;  // null: chat requests get 400
+  uint64_t default_seed = 0;    // mixed with a per-request counter when no seed is given
+};
+
+struct GenSpec {
+  bool chat = true;
+  bool stream = false;
+  bool include_usage = false;
+  std::vector<int32_t> prompt;
+  std::string prompt_text;       // rendered chat prompt (chat) or the prompt string
+  int64_t max_tokens = 0;
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_ids;  // eos (unless ignore_eos) + stop_token_ids
+  bool parse_tools = false;
+  bool parse_reasoning = false;
+  bool start_in_reasoning = false;
+  bool skip_special = true;
+  bool echo = false;              // completions: prepend the prompt text
+};
+
+// body: the raw request bytes. request_seq: a per-server counter that makes
+// unseeded requests differ.
+GenSpec parse_chat_request(std::string_view body, const ModelInfo& m, uint64_t request_seq);
+GenSpec parse_completion_request(std::string_view body, const ModelInfo& m, uint64_t request_seq);
+
+}  // namespace hmoe::server

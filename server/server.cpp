@@ -1,0 +1,86 @@
+#include "server/server.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "configs/error.h"
+
+namespace hmoe::server {
+
+ServerStack::~ServerStack() {
+  http.reset();
+  if (scheduler) scheduler->shutdown();
+}
+
+SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
+  SchedulerConfig c;
+  c.max_num_seqs = s.max_num_seqs;
+  c.max_num_batched_tokens = s.max_num_batched_tokens;
+  c.max_queue = s.max_queue;
+  c.block_size = 16;
+  const int64_t ctx = s.max_model_len > 0 ? s.max_model_len : m.config().max_position_embeddings;
+  const int64_t block_bytes = KvCache::bytes_per_block(m.kv_layout(), c.block_size);
+  const int64_t ctx_blocks = (ctx + c.block_size - 1) / c.block_size + 1;
+  int64_t blocks;
+  if (s.kv_cache_memory_bytes > 0) {
+    blocks = static_cast<int64_t>(s.kv_cache_memory_bytes) / block_bytes;
+    if (blocks < 1) fail(ErrorKind::invalid_argument, "--kv-cache-memory-bytes is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");
+  } else {
+    blocks = std::min<int64_t>(std::max<int64_t>(s.max_num_seqs, 1) * ctx_blocks, (int64_t{512} << 20) / block_bytes);
+    blocks = std::max(blocks, ctx_blocks);
+  }
+  c.kv_blocks = blocks;
+  return c;
+}
+
+HttpOptions http_options(const Settings& s) {
+  HttpOptions o;
+  o.host = s.host;
+  o.port = static_cast<int>(s.port);
+  o.api_key = s.api_key;
+  o.max_body_bytes = s.max_body_bytes;
+  o.max_header_bytes = s.max_header_bytes;
+  o.max_header_fields = s.max_header_fields;
+  o.header_timeout_s = s.header_timeout;
+  o.body_timeout_s = s.body_timeout;
+  o.idle_timeout_s = s.idle_timeout;
+  o.max_connections = s.max_connections;
+  if (o.header_timeout_s <= 0 || o.body_timeout_s <= 0 || o.idle_timeout_s <= 0)
+    fail(ErrorKind::invalid_argument, "--header-timeout, --body-timeout and --idle-timeout must be > 0");
+  if (o.max_connections < 1) fail(ErrorKind::invalid_argument, "--max-connections must be >= 1");
+  if (s.port < 0 || s.port > 65535) fail(ErrorKind::invalid_argument, "--port must be in 0..65535, got " + std::to_string(s.port));
+  return o;
+}
+
+std::unique_ptr<ServerStack> make_server(const Settings& s, const std::string& model_dir) {
+  auto st = std::make_unique<ServerStack>();
+  HttpOptions ho = http_options(s);
+  st->model = Model::load(model_dir, s);
+  const ModelConfig& c = st->model->config();
+  st->tokenizer = tok::Tokenizer::from_dir(model_dir);
+  try {
+    st->chat_template = chat::ChatTemplate::from_dir(model_dir);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::bad_model) throw;
+    std::fprintf(stderr, "hmoe serve: no usable chat template (%s); /v1/chat/completions will answer 400\n", e.what());
+  }
+  ModelInfo& mi = st->info;
+  std::string name = s.served_model_name;
+  if (name.empty()) {
+    name = std::filesystem::path(model_dir).lexically_normal().filename().string();
+    if (name.empty()) name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
+  }
+  mi.name = name;
+  mi.context = s.max_model_len > 0 ? s.max_model_len : c.max_position_embeddings;
+  mi.vocab = c.vocab_size;
+  for (auto e : c.eos_token_ids) mi.eos_ids.push_back(static_cast<int32_t>(e));
+  if (auto e = st->tokenizer->eos_id(); e && std::find(mi.eos_ids.begin(), mi.eos_ids.end(), *e) == mi.eos_ids.end()) mi.eos_ids.push_back(*e);
+  mi.tokenizer = st->tokenizer.get();
+  mi.chat_template = st->chat_template.get();
+  mi.default_seed = static_cast<uint64_t>(s.seed);
+  st->scheduler = std::make_unique<Scheduler>(*st->model, scheduler_config(s, *st->model));
+  st->http = std::make_unique<HttpServer>(ho, *st->scheduler, st->info);
+  return st;
+}
+
+}  // namespace hmoe::server
