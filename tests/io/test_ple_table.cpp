@@ -1,0 +1,344 @@
+// PLE table file and backends: random tables read back through every
+// backend byte for byte; the header's staleness/truncation checks and the
+// rewrite; bad inputs (directory, foreign file, read-only directory, file
+// size limit); the block readers on their own.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "configs/error.h"
+#include "io/mmap_file.h"
+#include "io/ple_table.h"
+#include "io/uring_reader.h"
+#include "tests/test_util.h"
+
+using namespace hmoe;
+using namespace hmoe::io;
+
+namespace {
+
+// Random tables with rows that straddle pages (148 and 34 bytes) and one
+// bigger than a page (5000 bytes).
+struct RandomTables {
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<PleSource> sources;
+  explicit RandomTables(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    const struct {
+      int64_t rows, cols;
+      DType dt;
+    } shapes[] = {{3001, 37, DType::f32}, {777, 17, DType::bf16}, {40, 1250, DType::f32}};
+    for (const auto& s : shapes) {
+      std::vector<uint8_t> d(static_cast<size_t>(s.rows * s.cols) * dtype_size(s.dt));
+      for (auto& b : d) b = static_cast<uint8_t>(rng() | 1);
+      data.push_back(std::move(d));
+    }
+    for (size_t i = 0; i < data.size(); ++i) {
+      PleSource p;
+      p.name = "model.layers." + std::to_string(i) + ".engram.table.weight";
+      p.dtype = shapes[i].dt;
+      p.rows = shapes[i].rows;
+      p.cols = shapes[i].cols;
+      p.data = data[i].data();
+      sources.push_back(p);
+    }
+  }
+};
+
+PleOptions options(const std::string& path, PleBackend b) {
+  PleOptions o;
+  o.path = path;
+  o.backend = b;
+  o.progress = "none";
+  o.queue_depth = 8;
+  o.pread_threads = 3;
+  return o;
+}
+
+void check_reads(PleTable& t, const RandomTables& rt, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (int step = 0; step < 5; ++step) {
+    std::vector<std::vector<int64_t>> want(rt.sources.size());
+    for (size_t k = 0; k < rt.sources.size(); ++k) {
+      const size_t n = 1 + rng() % 300;
+      for (size_t i = 0; i < n; ++i) want[k].push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(rt.sources[k].rows)));
+      want[k].push_back(want[k][0]);  // a duplicate
+      want[k].push_back(rt.sources[k].rows - 1);
+      t.prefetch(static_cast<int>(k), want[k].data(), want[k].size());
+    }
+    for (size_t k = 0; k < rt.sources.size(); ++k) {
+      t.wait(static_cast<int>(k));
+      const size_t rb = rt.sources[k].row_bytes();
+      for (size_t i = 0; i < want[k].size(); ++i) {
+        const uint8_t* got = t.row(static_cast<int>(k), i);
+        const uint8_t* ref = rt.data[k].data() + static_cast<size_t>(want[k][i]) * rb;
+        REQUIRE_MESSAGE(std::memcmp(got, ref, rb) == 0, "table " << k << " row " << want[k][i] << " step " << step);
+      }
+    }
+  }
+}
+
+// Makes `dir` refuse new files even for root (the immutable flag); false when the filesystem or capabilities do not allow it.
+bool make_immutable(const std::string& dir, bool on) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return false;
+  int flags = 0;
+  bool ok = ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0;
+  if (ok) {
+    flags = on ? (flags | FS_IMMUTABLE_FL) : (flags & ~FS_IMMUTABLE_FL);
+    ok = ::ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0;
+  }
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE("PLE table: every backend returns the source rows") {
+  RandomTables rt(11);
+  test::TempDir tmp("ple-backends");
+  const std::string path = tmp.str() + "/t.hmoe";
+  for (PleBackend b : {PleBackend::io_uring, PleBackend::pread, PleBackend::mmap, PleBackend::ram}) {
+    CAPTURE(ple_backend_name(b));
+    auto t = PleTable::open(rt.sources, options(path, b));
+    if (b == PleBackend::io_uring) {
+      INFO(t->notice());
+      CHECK(t->backend() == PleBackend::io_uring);  // io_uring works on this kernel; a fallback would show in the notice
+    }
+    check_reads(*t, rt, 99);
+    const PleStats& st = t->stats();
+    CHECK(st.steps == 15);
+    CHECK(st.rows_unique < st.rows_requested);
+    if (b != PleBackend::ram) {
+      CHECK(st.bytes_read % 4096 == 0);
+      CHECK(st.bytes_read > 0);
+    }
+  }
+  // Non-O_DIRECT reads and a queue depth of one work too.
+  PleOptions o = options(path, PleBackend::io_uring);
+  o.direct = false;
+  o.queue_depth = 1;
+  o.max_read_bytes = 4096;
+  auto t = PleTable::open(rt.sources, o);
+  CHECK_FALSE(t->file_written());
+  check_reads(*t, rt, 7);
+}
+
+TEST_CASE("PLE table file: header checks, stale and truncated files are rewritten") {
+  RandomTables rt(5);
+  test::TempDir tmp("ple-header");
+  const std::string path = tmp.str() + "/t.hmoe";
+  std::string why;
+  CHECK(check_ple_file(path, rt.sources, &why) == PleFileState::missing);
+  {
+    auto t = PleTable::open(rt.sources, options(path, PleBackend::pread));
+    CHECK(t->file_written());
+    CHECK(t->notice().empty());
+  }
+  CHECK(check_ple_file(path, rt.sources, &why) == PleFileState::ok);
+  const uint64_t size = std::filesystem::file_size(path);
+  CHECK(size % 4096 == 0);
+  const std::string original = test::read_file(path);
+  CHECK(original.compare(0, 8, "HMOE-PLE") == 0);
+  {  // second open maps it directly
+    auto t = PleTable::open(rt.sources, options(path, PleBackend::mmap));
+    CHECK_FALSE(t->file_written());
+  }
+
+  SUBCASE("changed source bytes") {
+    rt.data[1][12345] ^= 0x40;
+    CHECK(check_ple_file(path, rt.sources, &why) == PleFileState::stale);
+    CHECK(why.find("checksum") != std::string::npos);
+    auto t = PleTable::open(rt.sources, options(path, PleBackend::io_uring));
+    CHECK(t->file_written());
+    CHECK(t->notice().find("stale") != std::string::npos);
+    check_reads(*t, rt, 3);
+  }
+  SUBCASE("changed shape") {
+    rt.sources[0].rows -= 1;
+    CHECK(check_ple_file(path, rt.sources, &why) == PleFileState::stale);
+  }
+  SUBCASE("other format version") {
+    std::string s = original;
+    s[8] = 9;
+    test::write_file(path, s);
+    CHECK(check_ple_file(path, rt.sources, &why) == PleFileState::stale);
+    CHECK(why.find("version") != std::string::npos);
+  }
+  SUBCASE("corrupted header") {
+    std::string s = original;
+    s[48 + 3] ^= 1;  // first table's row count
+    test::write_file(path, s);
+    CHECK(check_ple_file(path, rt.sources, &why) == PleFileState::stale);
+    CHECK(why.find("header checksum") != std::string::npos);
+  }
+  SUBCASE("truncated inside the data") {
+    std::filesystem::resize_file(path, size - 4096);
+    CHECK(check_ple_file(path, rt.sources, &why) == PleFileState::truncated);
+    auto t = PleTable::open(rt.sources, options(path, PleBackend::io_uring));
+    CHECK(t->file_written());
+    CHECK(t->notice().find("truncated") != std::string::npos);
+    CHECK(std::filesystem::file_size(path) == size);
+    check_reads(*t, rt, 4);
+  }
+  SUBCASE("truncated inside the header, and empty") {
+    std::filesystem::resize_file(path, 100);
+    CHECK(check_ple_file(path, rt.sources, &why) == PleFileState::truncated);
+    std::filesystem::resize_file(path, 0);
+    CHECK(check_ple_file(path, rt.sources, &why) == PleFileState::truncated);
+    auto t = PleTable::open(rt.sources, options(path, PleBackend::mmap));
+    CHECK(t->file_written());
+    check_reads(*t, rt, 5);
+  }
+  SUBCASE("longer than its header says") {
+    std::filesystem::resize_file(path, size + 4096);
+    CHECK(check_ple_file(path, rt.sources, &why) == PleFileState::stale);
+  }
+}
+
+TEST_CASE("PLE table file: bad paths and filesystems") {
+  RandomTables rt(6);
+  test::TempDir tmp("ple-bad");
+
+  SUBCASE("path is a directory") {
+    std::string why;
+    CHECK(check_ple_file(tmp.str(), rt.sources, &why) == PleFileState::not_a_file);
+    try {
+      PleTable::open(rt.sources, options(tmp.str(), PleBackend::io_uring));
+      FAIL("directory accepted");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::invalid_argument);
+      CHECK(std::string(e.what()).find("is a directory") != std::string::npos);
+    }
+  }
+  SUBCASE("foreign file is refused and left alone") {
+    const std::string path = tmp.str() + "/foreign";
+    std::string junk(8192, '\0');
+    for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>(i * 7 + 1);
+    test::write_file(path, junk);
+    try {
+      PleTable::open(rt.sources, options(path, PleBackend::mmap));
+      FAIL("foreign file accepted");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::invalid_argument);
+      CHECK(std::string(e.what()).find("not an hmoe table file") != std::string::npos);
+    }
+    CHECK(test::read_file(path) == junk);
+    // A short file that is not a prefix of the magic is foreign too.
+    test::write_file(path, "abc");
+    std::string why;
+    CHECK(check_ple_file(path, rt.sources, &why) == PleFileState::foreign);
+  }
+  SUBCASE("read-only directory") {
+    const std::string dir = tmp.str() + "/ro";
+    std::filesystem::create_directories(dir);
+    bool immutable = make_immutable(dir, true);
+    if (!immutable) std::filesystem::permissions(dir, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    const bool blocks = ::access(dir.c_str(), W_OK) != 0 || immutable;
+    if (!blocks) {
+      MESSAGE("cannot make a read-only directory here (root without CAP_LINUX_IMMUTABLE): skipped");
+    } else {
+      try {
+        PleTable::open(rt.sources, options(dir + "/t.hmoe", PleBackend::io_uring));
+        FAIL("wrote into a read-only directory");
+      } catch (const Error& e) {
+        CHECK(e.kind() == ErrorKind::io);
+        const std::string msg = e.what();
+        CHECK(msg.find(dir + "/t.hmoe") != std::string::npos);
+        CHECK(msg.find("HMOE_PLE_BACKEND=ram") != std::string::npos);
+      }
+      // ram needs no file.
+      auto t = PleTable::open(rt.sources, options(dir + "/t.hmoe", PleBackend::ram));
+      check_reads(*t, rt, 8);
+    }
+    if (immutable) make_immutable(dir, false);
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_all);
+    CHECK(std::filesystem::is_empty(dir));
+  }
+  SUBCASE("file size limit (stands in for a full filesystem)") {
+    const std::string path = tmp.str() + "/big.hmoe";
+    struct rlimit old {};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit small = old;
+    small.rlim_cur = 64 * 1024;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    std::string msg;
+    try {
+      PleTable::open(rt.sources, options(path, PleBackend::pread));
+    } catch (const Error& e) {
+      msg = e.what();
+      CHECK(e.kind() == ErrorKind::io);
+    }
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK_MESSAGE(!msg.empty(), "a write past the file size limit was not reported");
+    CHECK(msg.find("bytes free") != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(path));
+    for (const auto& ent : std::filesystem::directory_iterator(tmp.path)) FAIL("left behind: " << ent.path());
+  }
+  SUBCASE("rows outside the table") {
+    auto t = PleTable::open(rt.sources, options(tmp.str() + "/t.hmoe", PleBackend::ram));
+    const int64_t bad = rt.sources[0].rows;
+    CHECK_THROWS_AS(t->prefetch(0, &bad, 1), Error);
+    CHECK_THROWS_AS(t->wait(1), Error);  // wait without prefetch
+  }
+}
+
+TEST_CASE("block readers: io_uring and pread agree with the file, errors are reported") {
+  test::TempDir tmp("ple-reader");
+  const std::string path = tmp.str() + "/data.bin";
+  std::mt19937_64 rng(3);
+  std::string bytes(1 << 20, '\0');
+  for (auto& c : bytes) c = static_cast<char>(rng());
+  test::write_file(path, bytes);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  REQUIRE(fd >= 0);
+  std::string why;
+  auto uring = make_uring_reader(fd, path, 4, &why);
+  REQUIRE_MESSAGE(uring != nullptr, why);
+  auto pr = make_pread_reader(fd, path, 2);
+  for (BlockReader* r : {uring.get(), pr.get()}) {
+    CAPTURE(r->name());
+    void* mem = nullptr;
+    REQUIRE(::posix_memalign(&mem, 4096, 64 * 8192) == 0);
+    std::unique_ptr<uint8_t, decltype(&std::free)> buf(static_cast<uint8_t*>(mem), &std::free);
+    std::vector<ReadRequest> reqs;
+    for (int i = 0; i < 64; ++i) {
+      const uint64_t page = rng() % 255;
+      reqs.push_back({page * 4096, static_cast<uint32_t>(4096 * (1 + i % 2)), buf.get() + i * 8192});
+    }
+    auto g = r->submit(reqs);
+    r->wait(*g);
+    for (const auto& q : reqs) REQUIRE(std::memcmp(q.dst, bytes.data() + q.offset, q.len) == 0);
+    // Past the end of the file.
+    auto bad = r->submit({{uint64_t{1} << 21, 4096, buf.get()}});
+    try {
+      r->wait(*bad);
+      FAIL("read past the end accepted");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::io);
+      CHECK(std::string(e.what()).find(path) != std::string::npos);
+    }
+    // Misaligned O_DIRECT read: the kernel's EINVAL comes back as an error.
+    auto mis = r->submit({{100, 4096, buf.get()}});
+    CHECK_THROWS_AS(r->wait(*mis), Error);
+    // An empty group is complete at once.
+    auto empty = r->submit({});
+    CHECK(r->wait(*empty) >= 0);
+  }
+  uring.reset();
+  pr.reset();
+  ::close(fd);
+  CHECK(make_uring_reader(0, path, 0, &why) == nullptr);
+  CHECK(why.find("queue depth") != std::string::npos);
+}
