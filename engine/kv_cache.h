@@ -17,12 +17,12 @@ struct KvLayout {
   int64_t layers = 0;
   int64_t kv_heads = 0;
   int64_t head_dim = 0;  // K and V share it (MLA layouts come with their own)
-  int64_t seq_state_bytes = 0;  // per-sequence state kept beside the KV (Engram windows), zeroed by add_sequence
   // Floats per token and layer in the K and V planes; -1: kv_heads*head_dim.
   // Multi-head latent attention keeps the compressed latent and the rope key
   // in K (kv_lora_rank + qk_rope_head_dim) and has no V plane (0).
   int64_t k_token_floats = -1;
   int64_t v_token_floats = -1;
+  int64_t seq_state_bytes = 0;  // per-sequence state kept beside the KV (Engram windows), zeroed by add_sequence
   int64_t k_floats() const { return k_token_floats >= 0 ? k_token_floats : kv_heads * head_dim; }
   int64_t v_floats() const { return v_token_floats >= 0 ? v_token_floats : kv_heads * head_dim; }
 };

@@ -1,0 +1,260 @@
+// Engram (PLE n-gram memory) modules against Hugging Face transformers'
+// fp32 reference (engram_reference.json, made by shared/tools/engram_reference.py)
+// with every table backend; decode state across chunks and sequences; bad
+// table paths at model load.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "configs/error.h"
+#include "engine/engram.h"
+#include "engine/logits.h"
+#include "engine/model.h"
+#include "io/mmap_file.h"
+#include "tests/test_util.h"
+
+using namespace hmoe;
+
+namespace {
+
+constexpr double kTol = 2e-3;
+
+std::string engram_fixture() {
+  const std::string dir = test::fixture_model("tiny-qwen3moe-engram");
+  const bool ok = io::file_exists(dir + "/model-00001-of-00003.safetensors") && io::file_exists(dir + "/model-engram.safetensors") &&
+                  io::file_exists(dir + "/config.json") && io::file_exists(dir + "/model.safetensors.index.json");
+  if (!ok)
+    FAIL("fixture missing in " << dir << ": make the tiny-qwen3moe shards (python3 ../shared/tools/make_tiny_qwen3moe.py OUT "
+                                  "../shared/fixtures/tiny-qwen3moe), then copy OUT/*.safetensors, OUT/tokenizer*.json, "
+                                  "OUT/generation_config.json and ../shared/fixtures/tiny-qwen3moe-engram/* into "
+                               << dir << " (the engram config, index and shard replace the base ones)");
+  return dir;
+}
+
+Settings settings_for(const std::string& backend, const std::string& table) {
+  std::vector<std::string> none;
+  Settings s = Settings::load(none);
+  s.progress = "none";
+  s.ple_backend = backend;
+  s.ple_table = table;
+  return s;
+}
+
+void compare_top10(const float* row, int64_t vocab, const nlohmann::json& ref_ids, const nlohmann::json& ref_logits, const std::string& where,
+                   double& max_diff) {
+  std::vector<int32_t> ids;
+  std::vector<float> vals;
+  top_k(row, vocab, 10, ids, vals);
+  for (size_t r = 0; r < 10; ++r) {
+    const double ref = ref_logits[r].get<double>();
+    const int32_t rid = ref_ids[r].get<int32_t>();
+    const double mine = row[rid];
+    max_diff = std::max(max_diff, std::fabs(mine - ref));
+    CHECK_MESSAGE(std::fabs(mine - ref) <= kTol, where << " rank " << r << " id " << rid << ": " << mine << " vs " << ref);
+    CHECK_MESSAGE(std::fabs(vals[r] - ref) <= kTol, where << " rank " << r << " value " << vals[r] << " vs " << ref);
+    const double gap_prev = r > 0 ? ref_logits[r - 1].get<double>() - ref : 1e9;
+    const double gap_next = r < 9 ? ref - ref_logits[r + 1].get<double>() : 1e9;
+    if (gap_prev > 2 * kTol && gap_next > 2 * kTol) CHECK_MESSAGE(ids[r] == rid, where << " rank " << r);
+  }
+}
+
+// Prefill of `ids` (in chunks of `chunk` tokens; 0 = all at once), returning every position's logits.
+std::vector<float> prefill(Model& m, KvCache& kv, int seq, const std::vector<int32_t>& ids, size_t chunk) {
+  const int64_t V = m.config().vocab_size;
+  std::vector<float> all;
+  if (chunk == 0) chunk = ids.size();
+  for (size_t s = 0; s < ids.size(); s += chunk) {
+    Batch b;
+    for (size_t i = s; i < std::min(ids.size(), s + chunk); ++i) b.add(ids[i], seq, static_cast<int64_t>(i), true);
+    std::vector<float> l;
+    m.forward(b, kv, l);
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  REQUIRE(all.size() == ids.size() * static_cast<size_t>(V));
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("tiny-qwen3moe-engram matches the Hugging Face fp32 reference with every PLE backend") {
+  const std::string dir = engram_fixture();
+  const auto ref = nlohmann::json::parse(test::read_file(test::fixture_ref("tiny-qwen3moe-engram/engram_reference.json")));
+  REQUIRE(ref["chats"].size() >= 1);
+  test::TempDir tmp("engram-fixture");
+  const std::string table = tmp.str() + "/table.hmoe";
+  for (const std::string backend : {"io_uring", "mmap", "pread", "ram"}) {
+    CAPTURE(backend);
+    auto model = Model::load(dir, settings_for(backend, table));
+    REQUIRE(model->engram() != nullptr);
+    INFO("backend in use: " << io::ple_backend_name(model->engram()->table().backend()) << " " << model->engram()->table().notice());
+    if (backend != "ram") CHECK(io::file_exists(table));
+    const int64_t V = model->config().vocab_size;
+    double max_diff = 0;
+    for (size_t c = 0; c < ref["chats"].size(); ++c) {
+      const auto& chat = ref["chats"][c];
+      const auto ids = chat["ids"].get<std::vector<int32_t>>();
+      const int64_t total = static_cast<int64_t>(ids.size()) + 32;
+      KvCache kv(model->kv_layout(), total / 16 + 2, 16);
+      const int seq = kv.add_sequence();
+      kv.reserve(seq, total);
+      const std::vector<float> logits = prefill(*model, kv, seq, ids, 0);
+      for (size_t p = 0; p < ids.size(); ++p) {
+        const float* row = logits.data() + p * V;
+        const std::string where = backend + " chat " + std::to_string(c) + " prompt position " + std::to_string(p);
+        compare_top10(row, V, chat["top10_ids"][p], chat["top10_logits"][p], where, max_diff);
+        CHECK(std::fabs(logsumexp(row, V) - chat["logsumexp"][p].get<double>()) <= kTol);
+      }
+      std::vector<float> last(logits.end() - V, logits.end());
+      const auto greedy = chat["greedy_ids"].get<std::vector<int32_t>>();
+      REQUIRE(greedy.size() == 32);
+      int64_t pos = static_cast<int64_t>(ids.size());
+      for (size_t step = 0; step < greedy.size(); ++step) {
+        const std::string where = backend + " chat " + std::to_string(c) + " greedy step " + std::to_string(step);
+        compare_top10(last.data(), V, chat["greedy_top10_ids"][step], chat["greedy_top10_logits"][step], where, max_diff);
+        const int32_t next = argmax(last.data(), V);
+        REQUIRE_MESSAGE(next == greedy[step], where);
+        Batch b;
+        b.add(next, seq, pos++, true);
+        model->forward(b, kv, last);
+      }
+    }
+    const io::PleStats& st = model->engram()->table().stats();
+    MESSAGE(backend << ": max |logit - reference| " << max_diff << "; rows requested " << st.rows_requested << ", distinct " << st.rows_unique
+                    << ", reads " << st.reads << ", bytes " << st.bytes_read << ", I/O wait " << st.wait_ns / 1e6 << " ms, hidden "
+                    << st.hidden_fraction());
+    CHECK(st.rows_requested > 0);
+    CHECK(st.rows_unique <= st.rows_requested);
+  }
+}
+
+TEST_CASE("Engram state: chunked prefill and interleaved sequences equal one-shot prefill") {
+  const std::string dir = engram_fixture();
+  test::TempDir tmp("engram-chunks");
+  auto model = Model::load(dir, settings_for("io_uring", tmp.str() + "/t.hmoe"));
+  const int64_t V = model->config().vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {
+      {151644, 872, 198, 9707, 525, 498, 30, 151645, 198, 151644, 77091, 198, 9707, 0, 10479, 30},
+      {9707, 0, 10479, 9707, 0, 10479, 9707, 0, 10479, 11, 12, 13},
+      {30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43}};
+  std::vector<std::vector<float>> whole;
+  for (const auto& p : prompts) {
+    KvCache kv(model->kv_layout(), 4, 16);
+    const int seq = kv.add_sequence();
+    kv.reserve(seq, static_cast<int64_t>(p.size()));
+    whole.push_back(prefill(*model, kv, seq, p, 0));
+  }
+  for (size_t chunk : {1, 2, 5}) {
+    CAPTURE(chunk);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      KvCache kv(model->kv_layout(), 4, 16);
+      const int seq = kv.add_sequence();
+      kv.reserve(seq, static_cast<int64_t>(prompts[i].size()));
+      const auto l = prefill(*model, kv, seq, prompts[i], chunk);
+      double worst = 0;
+      for (size_t k = 0; k < l.size(); ++k) worst = std::max(worst, static_cast<double>(std::fabs(l[k] - whole[i][k])));
+      CHECK_MESSAGE(worst <= 1e-4, "prompt " << i << " chunk " << chunk << " differs by " << worst);
+    }
+  }
+  // All three sequences in one flat batch, three tokens of each per step.
+  KvCache kv(model->kv_layout(), 12, 16);
+  std::vector<int> seqs;
+  for (const auto& p : prompts) {
+    seqs.push_back(kv.add_sequence());
+    kv.reserve(seqs.back(), static_cast<int64_t>(p.size()));
+  }
+  std::vector<std::vector<float>> got(prompts.size());
+  for (size_t s = 0; s < 16; s += 3) {
+    Batch b;
+    std::vector<size_t> owner;
+    for (size_t q = 0; q < prompts.size(); ++q)
+      for (size_t i = s; i < std::min(prompts[q].size(), s + 3); ++i) {
+        b.add(prompts[q][i], seqs[q], static_cast<int64_t>(i), true);
+        owner.push_back(q);
+      }
+    if (b.tokens.empty()) break;
+    std::vector<float> l;
+    model->forward(b, kv, l);
+    for (size_t r = 0; r < owner.size(); ++r) got[owner[r]].insert(got[owner[r]].end(), l.begin() + static_cast<int64_t>(r) * V, l.begin() + static_cast<int64_t>(r + 1) * V);
+  }
+  for (size_t q = 0; q < prompts.size(); ++q) {
+    REQUIRE(got[q].size() == whole[q].size());
+    double worst = 0;
+    for (size_t k = 0; k < got[q].size(); ++k) worst = std::max(worst, static_cast<double>(std::fabs(got[q][k] - whole[q][k])));
+    CHECK_MESSAGE(worst <= 1e-4, "interleaved prompt " << q << " differs by " << worst);
+  }
+  // Rows shared by sequences in one batch are read once: prompt 1 repeats one trigram.
+  const io::PleStats& st = model->engram()->table().stats();
+  CHECK(st.rows_unique < st.rows_requested);
+}
+
+TEST_CASE("Engram state: a sequence that skips positions is an error, not a silent answer") {
+  const std::string dir = engram_fixture();
+  test::TempDir tmp("engram-skip");
+  auto model = Model::load(dir, settings_for("ram", tmp.str() + "/unused.hmoe"));
+  KvCache kv(model->kv_layout(), 4, 16);
+  const int seq = kv.add_sequence();
+  kv.reserve(seq, 40);
+  prefill(*model, kv, seq, {1, 2, 3, 4}, 0);
+  Batch b;
+  b.add(5, seq, 30, true);  // positions 4..29 never happened
+  std::vector<float> l;
+  try {
+    model->forward(b, kv, l);
+    FAIL("forward accepted a position without history");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::internal);
+    CHECK(std::string(e.what()).find("position") != std::string::npos);
+  }
+  // A KV cache made without the Engram state is refused before any compute.
+  KvLayout plain = model->kv_layout();
+  plain.seq_state_bytes = 0;
+  KvCache bare(plain, 4, 16);
+  const int s2 = bare.add_sequence();
+  bare.reserve(s2, 4);
+  Batch b2;
+  b2.add(1, s2, 0, true);
+  CHECK_THROWS_AS(model->forward(b2, bare, l), Error);
+}
+
+TEST_CASE("Engram model load: bad table paths give clear errors and the ram backend still loads") {
+  const std::string dir = engram_fixture();
+  test::TempDir tmp("engram-bad");
+  // A directory where the table file should be.
+  const std::string as_dir = tmp.str() + "/a-directory";
+  std::filesystem::create_directories(as_dir);
+  try {
+    Model::load(dir, settings_for("io_uring", as_dir));
+    FAIL("a directory was accepted as the table file");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::invalid_argument);
+    CHECK(std::string(e.what()).find("directory") != std::string::npos);
+    CHECK(std::string(e.what()).find("HMOE_PLE_BACKEND=ram") != std::string::npos);
+  }
+  CHECK(std::filesystem::is_directory(as_dir));
+  // A foreign file is left alone.
+  const std::string foreign = tmp.str() + "/foreign.bin";
+  test::write_file(foreign, std::string(10000, 'x'));
+  CHECK_THROWS_AS(Model::load(dir, settings_for("mmap", foreign)), Error);
+  CHECK(test::read_file(foreign) == std::string(10000, 'x'));
+  // A table file in a directory that does not exist.
+  try {
+    Model::load(dir, settings_for("pread", tmp.str() + "/no/such/dir/t.hmoe"));
+    FAIL("a table path in a missing directory was accepted");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::io);
+    CHECK(std::string(e.what()).find("HMOE_PLE_BACKEND=ram") != std::string::npos);
+  }
+  // ram never touches the path.
+  auto m = Model::load(dir, settings_for("ram", as_dir));
+  CHECK(m->engram()->table().backend() == io::PleBackend::ram);
+  // Unknown backend names the setting.
+  try {
+    Model::load(dir, settings_for("floppy", ""));
+    FAIL("unknown backend accepted");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::invalid_argument);
+    CHECK(std::string(e.what()).find("HMOE_PLE_BACKEND") != std::string::npos);
+  }
+}
