@@ -1,0 +1,265 @@
+// Scalar reference of the block formats (written from the ggml block
+// definitions: one function per type, block at a time), the checks, and the
+// run-time dispatch to the SIMD kernels in quant_gguf_simd.cpp.
+#include "numa/quant_gguf.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "configs/error.h"
+
+namespace hmoe::cpu {
+
+namespace {
+
+inline float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// Q4_K/Q5_K: 8 sub-blocks with 6-bit scale and min packed into 12 bytes.
+inline void scale_min_k4(int j, const uint8_t* s, int& sc, int& m) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    m = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+void deq_q4_0(const uint8_t* b, float* y) {
+  const float d = half(b);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>((b[2 + j] & 0xF) - 8) * d;
+    y[j + 16] = static_cast<float>((b[2 + j] >> 4) - 8) * d;
+  }
+}
+void deq_q4_1(const uint8_t* b, float* y) {
+  const float d = half(b), m = half(b + 2);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>(b[4 + j] & 0xF) * d + m;
+    y[j + 16] = static_cast<float>(b[4 + j] >> 4) * d + m;
+  }
+}
+void deq_q5_0(const uint8_t* b, float* y) {
+  const float d = half(b);
+  uint32_t qh;
+  std::memcpy(&qh, b + 2, 4);
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (b[6 + j] & 0xF) | static_cast<int>(((qh >> j) & 1u) << 4);
+    const int hi = (b[6 + j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+    y[j] = static_cast<float>(lo - 16) * d;
+    y[j + 16] = static_cast<float>(hi - 16) * d;
+  }
+}
+void deq_q5_1(const uint8_t* b, float* y) {
+  const float d = half(b), m = half(b + 2);
+  uint32_t qh;
+  std::memcpy(&qh, b + 4, 4);
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (b[8 + j] & 0xF) | static_cast<int>(((qh >> j) & 1u) << 4);
+    const int hi = (b[8 + j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+    y[j] = static_cast<float>(lo) * d + m;
+    y[j + 16] = static_cast<float>(hi) * d + m;
+  }
+}
+void deq_q8_0(const uint8_t* b, float* y) {
+  const float d = half(b);
+  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(static_cast<int8_t>(b[2 + j])) * d;
+}
+// block_q4_K: d, dmin (f16), scales[12], qs[128]
+void deq_q4_k(const uint8_t* b, float* y) {
+  const float d = half(b), dmin = half(b + 2);
+  const uint8_t* s = b + 4;
+  const uint8_t* q = b + 16;
+  for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
+    int sc, m;
+    scale_min_k4(is, s, sc, m);
+    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+    scale_min_k4(is + 1, s, sc, m);
+    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0xF) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+  }
+}
+// block_q5_K: d, dmin (f16), scales[12], qh[32], qs[128]
+void deq_q5_k(const uint8_t* b, float* y) {
+  const float d = half(b), dmin = half(b + 2);
+  const uint8_t* s = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* ql = b + 48;
+  uint8_t u1 = 1, u2 = 2;
+  for (int j = 0, is = 0; j < 256; j += 64, is += 2, ql += 32, u1 = static_cast<uint8_t>(u1 << 2), u2 = static_cast<uint8_t>(u2 << 2)) {
+    int sc, m;
+    scale_min_k4(is, s, sc, m);
+    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+    scale_min_k4(is + 1, s, sc, m);
+    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
+  }
+}
+// block_q6_K: ql[128], qh[64], scales[16] (int8), d (f16)
+void deq_q6_k(const uint8_t* b, float* y) {
+  const float d = half(b + 208);
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+  for (int n = 0; n < 256; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l] = d * static_cast<float>(sc[is + 0] * q1);
+      y[l + 32] = d * static_cast<float>(sc[is + 2] * q2);
+      y[l + 64] = d * static_cast<float>(sc[is + 4] * q3);
+      y[l + 96] = d * static_cast<float>(sc[is + 6] * q4);
+    }
+  }
+}
+
+constexpr ExtTypeInfo kQ4_0{"Q4_0", 32, 18}, kQ4_1{"Q4_1", 32, 20}, kQ5_0{"Q5_0", 32, 22}, kQ5_1{"Q5_1", 32, 24},
+    kQ8_0{"Q8_0", 32, 34}, kQ4_K{"Q4_K", 256, 144}, kQ5_K{"Q5_K", 256, 176}, kQ6_K{"Q6_K", 256, 210},
+    kFp8{"FP8_E4M3", 1, 1}, kInt8g{"INT8_GROUP", 1, 1};
+
+bool is_ggml(uint32_t t) { return t < 1000; }
+
+void scalar_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  for (int64_t r = r0; r < r1; ++r) {
+    ext_row_to_f32(w, r, row.data());
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xt = x + t * ldx;
+      float s = 0;
+      for (int64_t k = 0; k < w.cols; ++k) s += xt[k] * row[static_cast<size_t>(k)];
+      y[t * ldy + r] = s;
+    }
+  }
+}
+
+}  // namespace
+
+float fp8_e4m3_to_f32(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float mag = e == 0 ? static_cast<float>(m) * 0x1p-9f : std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
+  return (b & 0x80) ? -mag : mag;
+}
+
+const ExtTypeInfo* ext_type_info(uint32_t type) {
+  switch (static_cast<ExtType>(type)) {
+    case ExtType::q4_0: return &kQ4_0;
+    case ExtType::q4_1: return &kQ4_1;
+    case ExtType::q5_0: return &kQ5_0;
+    case ExtType::q5_1: return &kQ5_1;
+    case ExtType::q8_0: return &kQ8_0;
+    case ExtType::q4_k: return &kQ4_K;
+    case ExtType::q5_k: return &kQ5_K;
+    case ExtType::q6_k: return &kQ6_K;
+    case ExtType::fp8_e4m3: return &kFp8;
+    case ExtType::int8_group: return &kInt8g;
+  }
+  return nullptr;
+}
+
+bool ggml_type_supported(uint32_t t) { return is_ggml(t) && ext_type_info(t) != nullptr; }
+
+void dequant_block(ExtType type, const uint8_t* b, float* out) {
+  switch (type) {
+    case ExtType::q4_0: return deq_q4_0(b, out);
+    case ExtType::q4_1: return deq_q4_1(b, out);
+    case ExtType::q5_0: return deq_q5_0(b, out);
+    case ExtType::q5_1: return deq_q5_1(b, out);
+    case ExtType::q8_0: return deq_q8_0(b, out);
+    case ExtType::q4_k: return deq_q4_k(b, out);
+    case ExtType::q5_k: return deq_q5_k(b, out);
+    case ExtType::q6_k: return deq_q6_k(b, out);
+    default: fail(ErrorKind::internal, "dequant_block: not a ggml block type");
+  }
+}
+
+Mat ext_view(ExtType type, const void* data, int64_t rows, int64_t cols, const std::string& what) {
+  const ExtTypeInfo* ti = ext_type_info(static_cast<uint32_t>(type));
+  if (!ti || !is_ggml(static_cast<uint32_t>(type))) fail(ErrorKind::internal, what + ": ext_view needs a ggml block type");
+  if (cols % ti->block_elems != 0)
+    fail(ErrorKind::bad_model, what + ": " + std::to_string(cols) + " columns are not a multiple of the " + ti->name + " block (" +
+                                   std::to_string(ti->block_elems) + ")");
+  Mat m;
+  m.dtype = DType::u8;
+  m.data = data;
+  m.rows = rows;
+  m.cols = cols;
+  m.quant = Quant::ext;
+  m.ext = static_cast<uint32_t>(type);
+  return m;
+}
+
+size_t ext_row_bytes(uint32_t type, int64_t cols) {
+  const ExtTypeInfo* ti = ext_type_info(type);
+  if (!ti) return 0;
+  return static_cast<size_t>(cols / ti->block_elems) * static_cast<size_t>(ti->block_bytes);
+}
+
+void ext_check(const Mat& w, const std::string& what) {
+  const ExtTypeInfo* ti = ext_type_info(w.ext);
+  if (!ti) fail(ErrorKind::unsupported, what + ": unknown block type id " + std::to_string(w.ext));
+  if (w.cols % 32 != 0 || w.cols % ti->block_elems != 0)
+    fail(ErrorKind::invalid_argument, what + ": " + std::to_string(w.cols) + " columns are not a multiple of the " + ti->name +
+                                          " block (" + std::to_string(std::max(32, ti->block_elems)) + ")");
+  if (is_ggml(w.ext)) {
+    if (w.scales || w.zeros) fail(ErrorKind::invalid_argument, what + ": " + ti->name + " carries its scales inline");
+    return;
+  }
+  if (!w.scales) fail(ErrorKind::invalid_argument, what + ": " + ti->name + " needs scales");
+  if (w.group <= 0 || w.group % 32 != 0)
+    fail(ErrorKind::invalid_argument, what + ": " + ti->name + " group " + std::to_string(w.group) + " is not a positive multiple of 32");
+  if (w.ext == static_cast<uint32_t>(ExtType::fp8_e4m3) && w.zeros) fail(ErrorKind::invalid_argument, what + ": FP8 has no zero points");
+}
+
+std::string ext_type_name(const Mat& w) {
+  const ExtTypeInfo* ti = ext_type_info(w.ext);
+  if (!ti) return "ext?" + std::to_string(w.ext);
+  if (is_ggml(w.ext)) return ti->name;
+  return std::string(ti->name) + "-g" + std::to_string(w.group) + (w.zeros ? "-asym" : "");
+}
+
+void ext_row_to_f32(const Mat& w, int64_t r, float* dst) {
+  const uint8_t* p = w.row(r);
+  if (is_ggml(w.ext)) {
+    const ExtTypeInfo* ti = ext_type_info(w.ext);
+    const int64_t nb = w.cols / ti->block_elems;
+    for (int64_t b = 0; b < nb; ++b) dequant_block(static_cast<ExtType>(w.ext), p + b * ti->block_bytes, dst + b * ti->block_elems);
+    return;
+  }
+  for (int64_t k = 0; k < w.cols; ++k) dst[k] = ext_weight_at(w, r, k);
+}
+
+float ext_weight_at(const Mat& w, int64_t r, int64_t k) {
+  const uint8_t* p = w.row(r);
+  if (is_ggml(w.ext)) {
+    const ExtTypeInfo* ti = ext_type_info(w.ext);
+    float blk[256];
+    dequant_block(static_cast<ExtType>(w.ext), p + (k / ti->block_elems) * ti->block_bytes, blk);
+    return blk[k % ti->block_elems];
+  }
+  const int64_t g = r * w.groups() + k / w.group;
+  if (w.ext == static_cast<uint32_t>(ExtType::fp8_e4m3)) return fp8_e4m3_to_f32(p[k]) * w.scales[g];
+  const float z = w.zeros ? w.zeros[g] : 128.0f;
+  return (static_cast<float>(p[k]) - z) * w.scales[g];
+}
+
+void ext_gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  if (r1 <= r0 || n <= 0) return;
+  switch (best_isa()) {
+    case Isa::avx512: detail::ext_rows_avx512(x, ldx, n, w, r0, r1, y, ldy); break;
+    case Isa::avx2: detail::ext_rows_avx2(x, ldx, n, w, r0, r1, y, ldy); break;
+    default: scalar_rows(x, ldx, n, w, r0, r1, y, ldy); break;
+  }
+}
+
+}  // namespace hmoe::cpu
