@@ -1,13 +1,266 @@
 #include "numa/expert_engine.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+
+#include "configs/error.h"
+#include "configs/settings.h"
 
 namespace hmoe::numa {
 
 namespace {
+
 inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+// Rows per work item: 16 keeps the 4-row micro-kernels full and gives every
+// thread many items even at one token.
+constexpr int64_t kRowBlock = 16;
+
+// Boundaries of `parts` near-equal pieces of [0, total), on multiples of
+// `align` where the total allows it.
+std::vector<int64_t> split(int64_t total, int parts, int64_t align) {
+  std::vector<int64_t> b(static_cast<size_t>(parts) + 1, 0);
+  if (total < align * parts) align = 1;
+  const int64_t units = (total + align - 1) / align;
+  for (int j = 0; j <= parts; ++j) b[static_cast<size_t>(j)] = std::min(total, units * j / parts * align);
+  b[static_cast<size_t>(parts)] = total;
+  return b;
+}
+
+size_t align64(size_t v) { return (v + 63) & ~size_t{63}; }
+
+// Bytes of a Mat's storage laid out as data | scales | zeros, each 64-aligned.
+size_t placed_bytes(const cpu::Mat& m) {
+  size_t b = align64(static_cast<size_t>(m.rows) * m.row_bytes());
+  if (m.scales) b += align64(static_cast<size_t>(m.rows * m.groups()) * sizeof(float));
+  if (m.zeros) b += align64(static_cast<size_t>(m.rows * m.groups()) * sizeof(float));
+  return b;
+}
+
+// Copies m into dst (placed_bytes(m) long) and returns the view of the copy.
+cpu::Mat place(const cpu::Mat& m, uint8_t* dst) {
+  cpu::Mat out = m;
+  const size_t data_bytes = static_cast<size_t>(m.rows) * m.row_bytes();
+  if (data_bytes) std::memcpy(dst, m.data, data_bytes);
+  out.data = dst;
+  dst += align64(data_bytes);
+  const size_t gbytes = static_cast<size_t>(m.rows * m.groups()) * sizeof(float);
+  if (m.scales) {
+    if (gbytes) std::memcpy(dst, m.scales, gbytes);
+    out.scales = reinterpret_cast<const float*>(dst);
+    dst += align64(gbytes);
+  }
+  if (m.zeros) {
+    if (gbytes) std::memcpy(dst, m.zeros, gbytes);
+    out.zeros = reinterpret_cast<const float*>(dst);
+  }
+  return out;
+}
+
 }  // namespace
 
+EngineOptions EngineOptions::from_settings(const Settings& s) {
+  EngineOptions o;
+  o.bf16_dot = s.cpu_bf16_dot;
+  o.print_memory = s.progress != "none";
+  return o;
+}
+
+struct ExpertEngine::Scratch {
+  std::vector<int64_t> count, offset;        // per expert
+  std::vector<int32_t> active;               // experts with tokens, ascending
+  std::vector<int64_t> pair_token;           // packed (expert-major) pairs -> token
+  std::vector<float> pair_weight;
+  std::vector<float> xs, act;                // [pairs, hidden], [pairs, inter]
+  std::vector<uint16_t> xs_bf16;
+  std::vector<std::vector<int64_t>> items1;  // per node: (active index << 32) | row block
+};
+
+ExpertEngine::ExpertEngine(const std::vector<ExpertWeights>& experts, NodePools& pools, const EngineOptions& opt)
+    : pools_(pools), opt_(opt), scratch_(std::make_unique<Scratch>()) {
+  experts_ = static_cast<int64_t>(experts.size());
+  if (experts_ == 0) fail(ErrorKind::invalid_argument, opt.name + ": no experts");
+  inter_ = experts[0].gate.rows;
+  hidden_ = experts[0].gate.cols;
+  for (int64_t e = 0; e < experts_; ++e) {
+    const auto& w = experts[static_cast<size_t>(e)];
+    const std::string what = opt.name + " expert " + std::to_string(e);
+    cpu::check_mat(w.gate, what + " gate");
+    cpu::check_mat(w.up, what + " up");
+    cpu::check_mat(w.down, what + " down");
+    if (w.gate.rows != inter_ || w.gate.cols != hidden_ || w.up.rows != inter_ || w.up.cols != hidden_ || w.down.rows != hidden_ ||
+        w.down.cols != inter_)
+      fail(ErrorKind::invalid_argument, what + ": shapes differ from expert 0 (gate/up [" + std::to_string(inter_) + ", " +
+                                            std::to_string(hidden_) + "], down [" + std::to_string(hidden_) + ", " + std::to_string(inter_) + "])");
+    expert_bytes_.push_back(w.gate.bytes() + w.up.bytes() + w.down.bytes());
+  }
+  const int nn = pools.nodes();
+  inter_split_ = split(inter_, nn, kRowBlock);
+  hidden_split_ = split(hidden_, nn, kRowBlock);
+  copied_ = opt.copy_to_nodes == 1 || (opt.copy_to_nodes < 0 && nn > 1);
+  slices_.assign(static_cast<size_t>(nn), std::vector<Slice>(static_cast<size_t>(experts_)));
+  node_bytes_.assign(static_cast<size_t>(nn), 0);
+  std::vector<std::vector<size_t>> offsets(static_cast<size_t>(nn));
+  for (int j = 0; j < nn; ++j) {
+    const int64_t i0 = inter_split_[static_cast<size_t>(j)], i1 = inter_split_[static_cast<size_t>(j) + 1];
+    const int64_t h0 = hidden_split_[static_cast<size_t>(j)], h1 = hidden_split_[static_cast<size_t>(j) + 1];
+    size_t off = 0;
+    for (int64_t e = 0; e < experts_; ++e) {
+      const auto& w = experts[static_cast<size_t>(e)];
+      Slice& s = slices_[static_cast<size_t>(j)][static_cast<size_t>(e)];
+      s.gate = w.gate.slice_rows(i0, i1);
+      s.up = w.up.slice_rows(i0, i1);
+      s.down = w.down.slice_rows(h0, h1);
+      offsets[static_cast<size_t>(j)].push_back(off);
+      off += placed_bytes(s.gate) + placed_bytes(s.up) + placed_bytes(s.down);
+      node_bytes_[static_cast<size_t>(j)] += s.gate.bytes() + s.up.bytes() + s.down.bytes();
+    }
+    if (copied_) buffers_.emplace_back(off, pools.topology().nodes[static_cast<size_t>(j)].os_index, pools.membind());
+  }
+  if (copied_) {
+    // Each node's workers copy (and so first-touch) their node's slices.
+    pools.run(std::vector<int64_t>(static_cast<size_t>(nn), experts_), [&](int j, int64_t b, int64_t e_end, int) {
+      for (int64_t e = b; e < e_end; ++e) {
+        Slice& s = slices_[static_cast<size_t>(j)][static_cast<size_t>(e)];
+        uint8_t* dst = buffers_[static_cast<size_t>(j)].data() + offsets[static_cast<size_t>(j)][static_cast<size_t>(e)];
+        const cpu::Mat g = s.gate, u = s.up, d = s.down;
+        s.gate = place(g, dst);
+        dst += placed_bytes(g);
+        s.up = place(u, dst);
+        dst += placed_bytes(u);
+        s.down = place(d, dst);
+      }
+    });
+  }
+  if (opt.print_memory) std::fprintf(stderr, "hmoe: %s\n", memory_report().c_str());
+}
+
+ExpertEngine::~ExpertEngine() = default;
+
+uint64_t ExpertEngine::expert_bytes(int64_t e) const { return expert_bytes_[static_cast<size_t>(e)]; }
+
+std::string ExpertEngine::memory_report() const {
+  std::ostringstream s;
+  s << opt_.name << ": " << experts_ << " experts [" << hidden_ << " x " << inter_ << "], " << (copied_ ? "placed" : "viewed in place") << " on "
+    << node_bytes_.size() << " node(s):";
+  for (size_t j = 0; j < node_bytes_.size(); ++j) s << " node" << j << " " << std::fixed << std::setprecision(1) << node_bytes_[j] / 1048576.0 << " MiB";
+  return s.str();
+}
+
+void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const float* weights, int64_t k, float* out) {
+  if (n <= 0 || k <= 0) return;
+  Scratch& sc = *scratch_;
+  const int64_t H = hidden_, I = inter_, P = n * k;
+  // Group (token, slot) pairs by expert, expert-major, token order within.
+  sc.count.assign(static_cast<size_t>(experts_), 0);
+  for (int64_t p = 0; p < P; ++p) {
+    if (ids[p] < 0 || ids[p] >= experts_)
+      fail(ErrorKind::invalid_argument, opt_.name + ": expert id " + std::to_string(ids[p]) + " outside 0.." + std::to_string(experts_ - 1));
+    ++sc.count[static_cast<size_t>(ids[p])];
+  }
+  sc.offset.assign(static_cast<size_t>(experts_) + 1, 0);
+  sc.active.clear();
+  for (int64_t e = 0; e < experts_; ++e) {
+    sc.offset[static_cast<size_t>(e) + 1] = sc.offset[static_cast<size_t>(e)] + sc.count[static_cast<size_t>(e)];
+    if (sc.count[static_cast<size_t>(e)]) sc.active.push_back(static_cast<int32_t>(e));
+  }
+  sc.pair_token.resize(static_cast<size_t>(P));
+  sc.pair_weight.resize(static_cast<size_t>(P));
+  {
+    std::vector<int64_t> fill(sc.offset.begin(), sc.offset.end() - 1);
+    for (int64_t p = 0; p < P; ++p) {
+      const int64_t slot = fill[static_cast<size_t>(ids[p])]++;
+      sc.pair_token[static_cast<size_t>(slot)] = p / k;
+      sc.pair_weight[static_cast<size_t>(slot)] = weights[p];
+    }
+  }
+  const bool bf16dot = opt_.bf16_dot && cpu::has_bf16_dot();
+  if (sc.xs.size() < static_cast<size_t>(P * H)) sc.xs.resize(static_cast<size_t>(P * H));
+  if (sc.act.size() < static_cast<size_t>(P * I)) sc.act.resize(static_cast<size_t>(P * I));
+  if (bf16dot && sc.xs_bf16.size() < static_cast<size_t>(P * H)) sc.xs_bf16.resize(static_cast<size_t>(P * H));
+  auto gather = [&](int64_t b, int64_t e, int) {
+    for (int64_t p = b; p < e; ++p) {
+      const float* src = x + sc.pair_token[static_cast<size_t>(p)] * H;
+      std::memcpy(sc.xs.data() + p * H, src, static_cast<size_t>(H) * sizeof(float));
+      if (bf16dot)
+        for (int64_t h = 0; h < H; ++h) sc.xs_bf16[static_cast<size_t>(p * H + h)] = f32_to_bf16(src[h]);
+    }
+  };
+  if (P * H >= (1 << 18)) pools_.pool(0).parallel_for(P, gather, 16);
+  else gather(0, P, 0);
+
+  const int nn = pools_.nodes();
+  // Phase 1: act[pair, i] = silu(gate . x) * (up . x) for each node's i slice.
+  sc.items1.resize(static_cast<size_t>(nn));
+  std::vector<int64_t> n1(static_cast<size_t>(nn));
+  for (int j = 0; j < nn; ++j) {
+    auto& items = sc.items1[static_cast<size_t>(j)];
+    items.clear();
+    const int64_t rows = inter_split_[static_cast<size_t>(j) + 1] - inter_split_[static_cast<size_t>(j)];
+    const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+    for (size_t a = 0; a < sc.active.size(); ++a)
+      for (int64_t b = 0; b < blocks; ++b) items.push_back(static_cast<int64_t>(a) << 32 | b);
+    n1[static_cast<size_t>(j)] = static_cast<int64_t>(items.size());
+  }
+  pools_.run(n1, [&](int j, int64_t b, int64_t e, int) {
+    thread_local std::vector<float> g, u;
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t item = sc.items1[static_cast<size_t>(j)][static_cast<size_t>(it)];
+      const int32_t ex = sc.active[static_cast<size_t>(item >> 32)];
+      const int64_t blk = item & 0xffffffff;
+      const Slice& s = slices_[static_cast<size_t>(j)][static_cast<size_t>(ex)];
+      const int64_t r0 = blk * kRowBlock, r1 = std::min(s.gate.rows, r0 + kRowBlock), nr = r1 - r0;
+      const int64_t m = sc.count[static_cast<size_t>(ex)], off = sc.offset[static_cast<size_t>(ex)];
+      if (g.size() < static_cast<size_t>(m * nr)) {
+        g.resize(static_cast<size_t>(m * nr));
+        u.resize(static_cast<size_t>(m * nr));
+      }
+      const cpu::Mat gs = s.gate.slice_rows(r0, r1), us = s.up.slice_rows(r0, r1);
+      if (bf16dot && gs.dtype == DType::bf16 && gs.quant == cpu::Quant::none) {
+        cpu::gemm_rows_bf16dot(sc.xs_bf16.data() + off * H, H, m, gs, 0, nr, g.data(), nr);
+        cpu::gemm_rows_bf16dot(sc.xs_bf16.data() + off * H, H, m, us, 0, nr, u.data(), nr);
+      } else {
+        cpu::gemm_rows(sc.xs.data() + off * H, H, m, gs, 0, nr, g.data(), nr);
+        cpu::gemm_rows(sc.xs.data() + off * H, H, m, us, 0, nr, u.data(), nr);
+      }
+      const int64_t col0 = inter_split_[static_cast<size_t>(j)] + r0;
+      for (int64_t t = 0; t < m; ++t) {
+        float* dst = sc.act.data() + (off + t) * I + col0;
+        for (int64_t i = 0; i < nr; ++i) dst[i] = silu(g[static_cast<size_t>(t * nr + i)]) * u[static_cast<size_t>(t * nr + i)];
+      }
+    }
+  });
+
+  // Phase 2: out[token, h] += w * (down . act) for each node's h slice; one
+  // item owns a block of hidden rows across all active experts.
+  std::vector<int64_t> n2(static_cast<size_t>(nn));
+  for (int j = 0; j < nn; ++j)
+    n2[static_cast<size_t>(j)] = (hidden_split_[static_cast<size_t>(j) + 1] - hidden_split_[static_cast<size_t>(j)] + kRowBlock - 1) / kRowBlock;
+  pools_.run(n2, [&](int j, int64_t b, int64_t e, int) {
+    thread_local std::vector<float> y;
+    for (int64_t blk = b; blk < e; ++blk) {
+      for (int32_t ex : sc.active) {
+        const Slice& s = slices_[static_cast<size_t>(j)][static_cast<size_t>(ex)];
+        const int64_t r0 = blk * kRowBlock, r1 = std::min(s.down.rows, r0 + kRowBlock), nr = r1 - r0;
+        const int64_t m = sc.count[static_cast<size_t>(ex)], off = sc.offset[static_cast<size_t>(ex)];
+        if (y.size() < static_cast<size_t>(m * nr)) y.resize(static_cast<size_t>(m * nr));
+        cpu::gemm_rows(sc.act.data() + off * I, I, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
+        const int64_t h0 = hidden_split_[static_cast<size_t>(j)] + r0;
+        for (int64_t t = 0; t < m; ++t) {
+          const float wt = sc.pair_weight[static_cast<size_t>(off + t)];
+          float* o = out + sc.pair_token[static_cast<size_t>(off + t)] * H + h0;
+          for (int64_t i = 0; i < nr; ++i) o[i] += wt * y[static_cast<size_t>(t * nr + i)];
+        }
+      }
+    }
+  });
+}
+
+// ---- single-pool helpers ---------------------------------------------------------
 void mlp_forward(const float* x, int64_t n, const ExpertWeights& w, float* out, ThreadPool* pool) {
   const int64_t inter = w.gate.rows;
   std::vector<float> g(static_cast<size_t>(n * inter)), u(static_cast<size_t>(n * inter));
@@ -20,16 +273,18 @@ void mlp_forward(const float* x, int64_t n, const ExpertWeights& w, float* out, 
 void moe_forward(const float* x, int64_t n, int64_t hidden, const int32_t* ids, const float* weights, int64_t k,
                  const std::vector<ExpertWeights>& experts, float* out, ThreadPool* pool) {
   const int64_t E = static_cast<int64_t>(experts.size());
-  // Group (token, slot) pairs by expert.
   std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(E));
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t j = 0; j < k; ++j) by_expert[static_cast<size_t>(ids[t * k + j])].push_back(t * k + j);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t id = ids[t * k + j];
+      if (id < 0 || id >= E) fail(ErrorKind::invalid_argument, "moe_forward: expert id " + std::to_string(id) + " outside 0.." + std::to_string(E - 1));
+      by_expert[static_cast<size_t>(id)].push_back(t * k + j);
+    }
   std::vector<int64_t> active;
   for (int64_t e = 0; e < E; ++e)
     if (!by_expert[static_cast<size_t>(e)].empty()) active.push_back(e);
   // Each active expert computes its tokens into a private buffer; the sum
-  // into `out` happens afterwards in a fixed order, so results do not depend
-  // on thread timing.
+  // into `out` happens afterwards in a fixed order.
   std::vector<std::vector<float>> results(active.size());
   auto body = [&](int64_t b, int64_t e_end, int) {
     for (int64_t a = b; a < e_end; ++a) {

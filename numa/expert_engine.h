@@ -1,15 +1,39 @@
-// Routed experts on the CPU. Tokens routed to the same expert are computed
-// together: one pass over that expert's weights per call, whatever the batch.
+// Routed experts on the CPU, placed across NUMA nodes.
 //
-// Contract: moe_forward adds sum_k weight[t,k] * expert_{ids[t,k]}(x[t]) to
-// out[t] for every token t. Expert weights are read-only and may be shared
-// between concurrent callers; each call uses the given pool exclusively.
+// Placement: each expert's gate/up rows (the intermediate dimension) and its
+// down rows (the hidden dimension) are split across the nodes, so every node
+// streams its share of every expert and no weight is mirrored. On more than
+// one node each slice is copied into memory bound to its node and first
+// touched by that node's workers; on one node the engine keeps views of the
+// caller's weights (no copy).
+//
+// Step: tokens routed to the same expert are computed together (one pass
+// over that expert's weights per step, whatever the batch). Phase 1: every
+// node computes its intermediate slice of silu(gate x) * up x for all
+// active experts (SwiGLU fused per row block). Phase 2: every node computes
+// its hidden slice of down(act) for all active experts and adds the
+// routing-weighted sum into out, experts in ascending order, so results do
+// not depend on thread timing or on the number of nodes.
+//
+// Exactness: activations stay fp32 by default. bf16_dot (HMOE_CPU_BF16_DOT)
+// routes bf16 weights through vdpbf16ps, which rounds activations to bf16:
+// faster for prefill, not for runs compared against fp32 references.
+//
+// Thread safety: the weights are read-only; forward() is one caller at a time
+// (it uses the pools and per-engine scratch).
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "numa/kernels.h"
+#include "numa/node_pools.h"
 #include "numa/thread_pool.h"
+
+namespace hmoe {
+struct Settings;
+}
 
 namespace hmoe::numa {
 
@@ -18,6 +42,60 @@ struct ExpertWeights {
   cpu::Mat down;      // [hidden, intermediate]
 };
 
+struct EngineOptions {
+  bool bf16_dot = false;      // see the file comment
+  int copy_to_nodes = -1;     // -1: copy when more than one node; 0: views; 1: always copy
+  bool print_memory = true;   // memory per node on stderr at load
+  std::string name = "experts";
+
+  static EngineOptions from_settings(const Settings& s);
+};
+
+class ExpertEngine {
+ public:
+  // Checks every expert's shapes and types (Error naming the expert), then
+  // places the weights. experts must outlive the engine when it keeps views.
+  ExpertEngine(const std::vector<ExpertWeights>& experts, NodePools& pools, const EngineOptions& opt = {});
+  ~ExpertEngine();
+
+  // out[t] += sum_j weights[t*k+j] * expert_{ids[t*k+j]}(x[t]) for t < n.
+  // Throws Error(invalid_argument) for an id outside [0, experts()).
+  void forward(const float* x, int64_t n, const int32_t* ids, const float* weights, int64_t k, float* out);
+
+  int64_t experts() const { return experts_; }
+  int64_t hidden() const { return hidden_; }
+  int64_t intermediate() const { return inter_; }
+  bool copied() const { return copied_; }
+  // Weight bytes held per node (copied slices, or the viewed share).
+  const std::vector<uint64_t>& bytes_per_node() const { return node_bytes_; }
+  // Bytes one pass over expert e streams (all nodes together).
+  uint64_t expert_bytes(int64_t e) const;
+  std::string memory_report() const;
+  // Where node `node` starts its intermediate and hidden slices.
+  int64_t inter_begin(int node) const { return inter_split_[static_cast<size_t>(node)]; }
+  int64_t hidden_begin(int node) const { return hidden_split_[static_cast<size_t>(node)]; }
+
+ private:
+  struct Slice {
+    cpu::Mat gate, up;  // rows [inter_split_[j], inter_split_[j+1])
+    cpu::Mat down;      // rows [hidden_split_[j], hidden_split_[j+1])
+  };
+  struct Scratch;
+
+  NodePools& pools_;
+  EngineOptions opt_;
+  int64_t experts_ = 0, hidden_ = 0, inter_ = 0;
+  bool copied_ = false;
+  std::vector<int64_t> inter_split_, hidden_split_;  // nodes + 1 boundaries
+  std::vector<std::vector<Slice>> slices_;           // [node][expert]
+  std::vector<NodeBuffer> buffers_;                  // one per node when copied
+  std::vector<uint64_t> node_bytes_;
+  std::vector<uint64_t> expert_bytes_;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+// Single-pool path without placement (tests, dense layers):
+// moe_forward adds sum_k weight[t,k] * expert_{ids[t,k]}(x[t]) to out[t].
 void moe_forward(const float* x, int64_t n, int64_t hidden, const int32_t* ids, const float* weights, int64_t k,
                  const std::vector<ExpertWeights>& experts, float* out, ThreadPool* pool);
 

@@ -1,15 +1,14 @@
-// Dot-product GEMM for y = x W^T. One pass over each weight row serves all n
-// tokens (the row block stays in L1/L2 while the tokens stream), so decode
-// (n = 1) is bound by weight bandwidth and prefill reuses each row n times.
+// Dispatch, scalar paths, weight-view checks and quantization. The SIMD
+// micro-kernels live in kernels_avx512.cpp and kernels_avx2.cpp.
 #include "numa/kernels.h"
 
-#include <immintrin.h>
-
-// gcc 12 warns inside its own _mm512_reduce_add_ps; nothing of ours.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
 #include <algorithm>
+#include <cmath>
 #include <vector>
+
+#include "configs/error.h"
+#include "numa/detail/kernels_impl.h"
+#include "numa/quant_gguf.h"
 
 namespace hmoe::cpu {
 
@@ -23,7 +22,15 @@ Isa detect() {
 }
 Isa g_isa = detect();
 
-inline float load1(DType t, const uint8_t* p, int64_t k) {
+bool detect_bf16() {
+  // CPUID.(EAX=7,ECX=1):EAX bit 5 = AVX512_BF16 (gcc 12's __builtin_cpu_supports does not know it).
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+  return detect() == Isa::avx512 && (a & (1u << 5)) != 0;
+}
+const bool g_has_bf16 = detect_bf16();
+
+inline float plain_at(DType t, const uint8_t* p, int64_t k) {
   switch (t) {
     case DType::bf16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[k]);
     case DType::f16: return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[k]);
@@ -34,7 +41,7 @@ inline float load1(DType t, const uint8_t* p, int64_t k) {
 void rows_scalar(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   std::vector<float> row(static_cast<size_t>(w.cols));
   for (int64_t r = r0; r < r1; ++r) {
-    to_f32(w.dtype, w.row(r), row.data(), w.cols);
+    row_to_f32(w, r, row.data());
     for (int64_t t = 0; t < n; ++t) {
       const float* xt = x + t * ldx;
       float s = 0;
@@ -44,118 +51,76 @@ void rows_scalar(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r
   }
 }
 
-// ---- AVX-512 -------------------------------------------------------------
-__attribute__((target("avx512f,avx512bw"))) inline __m512 load16_512(DType t, const uint8_t* p) {
-  if (t == DType::bf16) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  if (t == DType::f16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
-}
-
-__attribute__((target("avx512f,avx512bw"))) void rows_avx512(const float* x, int64_t ldx, int64_t n, const Mat& w,
-                                                               int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  const int64_t K = w.cols, K16 = K / 16 * 16;
-  const size_t es = dtype_size(w.dtype);
-  // 4 rows at a time against up to 4 tokens: 16 accumulators.
-  constexpr int R = 4, T = 4;
-  int64_t r = r0;
-  for (; r + R <= r1; r += R) {
-    const uint8_t* wr[R];
-    for (int i = 0; i < R; ++i) wr[i] = w.row(r + i);
-    for (int64_t t0 = 0; t0 < n; t0 += T) {
-      const int nt = static_cast<int>(std::min<int64_t>(T, n - t0));
-      __m512 acc[R][T];
-      for (int i = 0; i < R; ++i)
-        for (int j = 0; j < T; ++j) acc[i][j] = _mm512_setzero_ps();
-      for (int64_t k = 0; k < K16; k += 16) {
-        __m512 wv[R];
-        for (int i = 0; i < R; ++i) wv[i] = load16_512(w.dtype, wr[i] + k * es);
-        for (int j = 0; j < nt; ++j) {
-          __m512 xv = _mm512_loadu_ps(x + (t0 + j) * ldx + k);
-          for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
-        }
-      }
-      for (int i = 0; i < R; ++i)
-        for (int j = 0; j < nt; ++j) {
-          float s = _mm512_reduce_add_ps(acc[i][j]);
-          for (int64_t k = K16; k < K; ++k) s += load1(w.dtype, wr[i], k) * x[(t0 + j) * ldx + k];
-          y[(t0 + j) * ldy + r + i] = s;
-        }
-    }
-  }
-  for (; r < r1; ++r) {
-    const uint8_t* wr = w.row(r);
-    for (int64_t t = 0; t < n; ++t) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t k = 0; k < K16; k += 16) acc = _mm512_fmadd_ps(load16_512(w.dtype, wr + k * es), _mm512_loadu_ps(x + t * ldx + k), acc);
-      float s = _mm512_reduce_add_ps(acc);
-      for (int64_t k = K16; k < K; ++k) s += load1(w.dtype, wr, k) * x[t * ldx + k];
-      y[t * ldy + r] = s;
-    }
-  }
-}
-
-// ---- AVX2 ----------------------------------------------------------------
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8_256(DType t, const uint8_t* p) {
-  if (t == DType::bf16) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  if (t == DType::f16) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-}
-
-__attribute__((target("avx2,fma,f16c"))) inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
-__attribute__((target("avx2,fma,f16c"))) void rows_avx2(const float* x, int64_t ldx, int64_t n, const Mat& w,
-                                                          int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  const int64_t K = w.cols, K8 = K / 8 * 8;
-  const size_t es = dtype_size(w.dtype);
-  constexpr int R = 2, T = 4;
-  int64_t r = r0;
-  for (; r + R <= r1; r += R) {
-    const uint8_t* wr[R] = {w.row(r), w.row(r + 1)};
-    for (int64_t t0 = 0; t0 < n; t0 += T) {
-      const int nt = static_cast<int>(std::min<int64_t>(T, n - t0));
-      __m256 acc[R][T];
-      for (int i = 0; i < R; ++i)
-        for (int j = 0; j < T; ++j) acc[i][j] = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K8; k += 8) {
-        __m256 w0 = load8_256(w.dtype, wr[0] + k * es), w1 = load8_256(w.dtype, wr[1] + k * es);
-        for (int j = 0; j < nt; ++j) {
-          __m256 xv = _mm256_loadu_ps(x + (t0 + j) * ldx + k);
-          acc[0][j] = _mm256_fmadd_ps(w0, xv, acc[0][j]);
-          acc[1][j] = _mm256_fmadd_ps(w1, xv, acc[1][j]);
-        }
-      }
-      for (int i = 0; i < R; ++i)
-        for (int j = 0; j < nt; ++j) {
-          float s = hsum256(acc[i][j]);
-          for (int64_t k = K8; k < K; ++k) s += load1(w.dtype, wr[i], k) * x[(t0 + j) * ldx + k];
-          y[(t0 + j) * ldy + r + i] = s;
-        }
-    }
-  }
-  for (; r < r1; ++r) {
-    const uint8_t* wr = w.row(r);
-    for (int64_t t = 0; t < n; ++t) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K8; k += 8) acc = _mm256_fmadd_ps(load8_256(w.dtype, wr + k * es), _mm256_loadu_ps(x + t * ldx + k), acc);
-      float s = hsum256(acc);
-      for (int64_t k = K8; k < K; ++k) s += load1(w.dtype, wr, k) * x[t * ldx + k];
-      y[t * ldy + r] = s;
-    }
-  }
-}
-
 }  // namespace
+
+namespace detail {
+
+Fmt fmt_of(const Mat& w) {
+  if (w.quant == Quant::int8_channel) return Fmt::q8;
+  if (w.quant == Quant::int4_group) return Fmt::q4;
+  if (w.dtype == DType::bf16) return Fmt::bf16;
+  if (w.dtype == DType::f16) return Fmt::f16;
+  return Fmt::f32;
+}
+
+float weight_at(const Mat& w, int64_t r, int64_t k) {
+  const uint8_t* p = w.row(r);
+  switch (w.quant) {
+    case Quant::int8_channel: return static_cast<float>(reinterpret_cast<const int8_t*>(p)[k]) * w.scales[r];
+    case Quant::int4_group: {
+      const uint8_t byte = p[(k >> 5) * 16 + (k & 15)];
+      const float q = static_cast<float>((k & 16) ? (byte >> 4) : (byte & 15));
+      const int64_t g = r * w.groups() + k / w.group;
+      const float z = w.zeros ? w.zeros[g] : 8.0f;
+      return (q - z) * w.scales[g];
+    }
+    case Quant::ext: return ext_weight_at(w, r, k);
+    default: return plain_at(w.dtype, p, k);
+  }
+}
+
+}  // namespace detail
+
+const char* quant_name(Quant q) { return q == Quant::int8_channel ? "int8_channel" : q == Quant::int4_group ? "int4_group" : q == Quant::ext ? "ext" : "none"; }
+
+Mat Mat::slice_rows(int64_t r0, int64_t r1) const {
+  Mat m = *this;
+  m.data = row(r0);
+  m.rows = r1 - r0;
+  if (scales) m.scales = scales + r0 * groups();
+  if (zeros) m.zeros = zeros + r0 * groups();
+  return m;
+}
+
+void check_mat(const Mat& w, const std::string& what) {
+  if (w.rows < 0 || w.cols <= 0 || (!w.data && w.rows > 0)) fail(ErrorKind::invalid_argument, what + ": empty or negative shape");
+  switch (w.quant) {
+    case Quant::none:
+      if (w.dtype != DType::f32 && w.dtype != DType::bf16 && w.dtype != DType::f16)
+        fail(ErrorKind::unsupported, what + ": dtype " + dtype_name(w.dtype) + " (supported: F32, BF16, F16, int8 per-channel, int4 group-wise)");
+      break;
+    case Quant::int8_channel:
+      if (w.dtype != DType::i8 || !w.scales) fail(ErrorKind::invalid_argument, what + ": int8 per-channel needs dtype I8 and per-row scales");
+      break;
+    case Quant::ext:
+      ext_check(w, what);
+      break;
+    case Quant::int4_group:
+      if (w.group != 32 && w.group != 64 && w.group != 128)
+        fail(ErrorKind::unsupported, what + ": int4 group size " + std::to_string(w.group) + " (supported: 32, 64, 128)");
+      if (w.cols % w.group != 0)
+        fail(ErrorKind::invalid_argument, what + ": " + std::to_string(w.cols) + " columns are not a multiple of the group " + std::to_string(w.group));
+      if (w.dtype != DType::u8 || !w.scales) fail(ErrorKind::invalid_argument, what + ": int4 needs packed U8 data and group scales");
+      break;
+  }
+}
+
+std::string mat_type_name(const Mat& w) {
+  if (w.quant == Quant::int8_channel) return "int8";
+  if (w.quant == Quant::ext) return ext_type_name(w);
+  if (w.quant == Quant::int4_group) return "int4-g" + std::to_string(w.group) + (w.zeros ? "-asym" : "-sym");
+  return w.dtype == DType::bf16 ? "bf16" : w.dtype == DType::f16 ? "f16" : "f32";
+}
 
 Isa best_isa() { return g_isa; }
 const char* isa_name(Isa isa) { return isa == Isa::avx512 ? "avx512" : isa == Isa::avx2 ? "avx2" : "scalar"; }
@@ -164,18 +129,38 @@ Isa set_isa_for_testing(Isa isa) {
   g_isa = std::min(isa, detect());
   return old;
 }
+bool has_bf16_dot() { return g_has_bf16; }
 
 void to_f32(DType t, const void* src, float* dst, int64_t n) {
   const auto* p = static_cast<const uint8_t*>(src);
-  for (int64_t k = 0; k < n; ++k) dst[k] = load1(t, p, k);
+  for (int64_t k = 0; k < n; ++k) dst[k] = plain_at(t, p, k);
+}
+
+void row_to_f32(const Mat& w, int64_t r, float* dst) {
+  if (w.quant == Quant::none) return to_f32(w.dtype, w.row(r), dst, w.cols);
+  if (w.quant == Quant::ext) return ext_row_to_f32(w, r, dst);
+  for (int64_t k = 0; k < w.cols; ++k) dst[k] = detail::weight_at(w, r, k);
 }
 
 void gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  if (r1 <= r0 || n <= 0) return;
+  if (w.quant == Quant::ext) return ext_gemm_rows(x, ldx, n, w, r0, r1, y, ldy);
   switch (g_isa) {
-    case Isa::avx512: rows_avx512(x, ldx, n, w, r0, r1, y, ldy); break;
-    case Isa::avx2: rows_avx2(x, ldx, n, w, r0, r1, y, ldy); break;
+    case Isa::avx512: detail::rows_avx512(x, ldx, n, w, r0, r1, y, ldy); break;
+    case Isa::avx2: detail::rows_avx2(x, ldx, n, w, r0, r1, y, ldy); break;
     default: rows_scalar(x, ldx, n, w, r0, r1, y, ldy); break;
   }
+}
+
+void gemm_rows_bf16dot(const uint16_t* xb, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  if (r1 <= r0 || n <= 0) return;
+  if (g_has_bf16 && g_isa == Isa::avx512 && w.quant == Quant::none && w.dtype == DType::bf16) {
+    detail::rows_bf16dot_avx512(xb, ldx, n, w, r0, r1, y, ldy);
+    return;
+  }
+  std::vector<float> xf(static_cast<size_t>(n * w.cols));
+  for (int64_t t = 0; t < n; ++t) to_f32(DType::bf16, xb + t * ldx, xf.data() + t * w.cols, w.cols);
+  gemm_rows(xf.data(), w.cols, n, w, r0, r1, y, ldy);
 }
 
 void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool) {
@@ -193,9 +178,67 @@ void gemm_reference(const float* x, int64_t n, const Mat& w, float* y) {
   for (int64_t t = 0; t < n; ++t)
     for (int64_t r = 0; r < w.rows; ++r) {
       double s = 0;
-      for (int64_t k = 0; k < w.cols; ++k) s += static_cast<double>(x[t * w.cols + k]) * load1(w.dtype, w.row(r), k);
+      for (int64_t k = 0; k < w.cols; ++k) s += static_cast<double>(x[t * w.cols + k]) * detail::weight_at(w, r, k);
       y[t * w.rows + r] = static_cast<float>(s);
     }
+}
+
+// ---- quantization -----------------------------------------------------------
+QuantMat quantize_int8(const float* w, int64_t rows, int64_t cols) {
+  QuantMat q;
+  q.data.resize(static_cast<size_t>(rows * cols));
+  q.scales.resize(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0;
+    for (int64_t k = 0; k < cols; ++k) amax = std::max(amax, std::fabs(w[r * cols + k]));
+    const float s = amax > 0 ? amax / 127.0f : 1.0f;
+    q.scales[static_cast<size_t>(r)] = s;
+    for (int64_t k = 0; k < cols; ++k) {
+      const float v = std::nearbyint(w[r * cols + k] / s);
+      q.data[static_cast<size_t>(r * cols + k)] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f)));
+    }
+  }
+  q.view = Mat{DType::i8, q.data.data(), rows, cols, Quant::int8_channel, q.scales.data(), nullptr, 0};
+  return q;
+}
+
+QuantMat quantize_int4(const float* w, int64_t rows, int64_t cols, int group, bool asymmetric) {
+  QuantMat q;
+  Mat probe{DType::u8, nullptr, rows, cols, Quant::int4_group, nullptr, nullptr, group};
+  if (group != 32 && group != 64 && group != 128) check_mat(probe, "quantize_int4");
+  if (cols % group != 0) check_mat(probe, "quantize_int4");
+  const int64_t G = cols / group;
+  q.data.assign(static_cast<size_t>(rows * cols / 2), 0);
+  q.scales.resize(static_cast<size_t>(rows * G));
+  if (asymmetric) q.zeros.resize(static_cast<size_t>(rows * G));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* src = w + r * cols + g * group;
+      float lo = src[0], hi = src[0], amax = 0;
+      for (int i = 0; i < group; ++i) {
+        lo = std::min(lo, src[i]);
+        hi = std::max(hi, src[i]);
+        amax = std::max(amax, std::fabs(src[i]));
+      }
+      float s, z;
+      if (asymmetric) {
+        s = hi > lo ? (hi - lo) / 15.0f : 1.0f;
+        z = std::clamp(std::nearbyint(-lo / s), 0.0f, 15.0f);
+        q.zeros[static_cast<size_t>(r * G + g)] = z;
+      } else {
+        s = amax > 0 ? amax / 7.0f : 1.0f;
+        z = 8.0f;
+      }
+      q.scales[static_cast<size_t>(r * G + g)] = s;
+      for (int i = 0; i < group; ++i) {
+        const int64_t k = g * group + i;
+        const int v = static_cast<int>(std::clamp(std::nearbyint(src[i] / s + z), 0.0f, 15.0f));
+        uint8_t& byte = q.data[static_cast<size_t>(r * cols / 2 + (k >> 5) * 16 + (k & 15))];
+        byte = static_cast<uint8_t>((k & 16) ? (byte | (v << 4)) : (byte | v));
+      }
+    }
+  q.view = Mat{DType::u8, q.data.data(), rows, cols, Quant::int4_group, q.scales.data(), asymmetric ? q.zeros.data() : nullptr, group};
+  return q;
 }
 
 }  // namespace hmoe::cpu

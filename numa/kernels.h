@@ -1,40 +1,114 @@
-// CPU matrix kernels: activations in fp32, weights in bf16/f16/f32, fp32
-// accumulation. Each has a scalar reference (for tests) and AVX-512 / AVX2
-// paths chosen at run time by cpuid.
+// CPU matrix kernels: activations in fp32, weights in f32/bf16/f16, int8
+// per-channel or int4 group-wise, fp32 accumulation. Each weight type has a
+// scalar path (tests), AVX2 and AVX-512 paths chosen at run time by cpuid,
+// and bf16 weights also an AVX512_BF16 (vdpbf16ps) path that rounds the
+// activations to bf16 (opt-in: HMOE_CPU_BF16_DOT; not for exactness runs).
 //
 // Layout: a weight matrix W is row-major [rows, cols] (the Hugging Face
 // nn.Linear layout [out_features, in_features]); y = x W^T.
+//
+// Quantized weight view (filled by the quantized-format loaders from
+// GPTQ / AWQ / compressed-tensors / GGUF; they repack into this layout):
+//  - int8_channel: dtype i8, data [rows, cols] int8, scales [rows] f32;
+//    w[r,k] = q[r,k] * scales[r] (symmetric).
+//  - int4_group: dtype u8, group g in {32, 64, 128}, cols % g == 0.
+//    data [rows, cols/2] bytes; each run of 32 elements is 16 bytes where
+//    byte i holds element i in its low nibble and element i+16 in its high
+//    nibble (the ggml Q4 block order: unpacks with one shift and mask).
+//    scales [rows, cols/g] f32; zeros [rows, cols/g] f32 zero points in
+//    nibble units (asymmetric), or null for symmetric (zero point 8):
+//    w[r,k] = (q[r,k] - zero[r,k/g]) * scale[r,k/g].
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "io/dtype.h"
 #include "numa/thread_pool.h"
 
 namespace hmoe::cpu {
 
+// Bytes of one row of an ext format (numa/quant_gguf.cpp).
+size_t ext_row_bytes(uint32_t type, int64_t cols);
+
+// ext: a block format of numa/quant_gguf.h (GGUF blocks, FP8, int8 groups);
+// Mat::ext names it and the kernels there compute on it.
+enum class Quant : uint8_t { none, int8_channel, int4_group, ext };
+const char* quant_name(Quant q);
+
 struct Mat {
   DType dtype = DType::f32;
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
-  size_t row_bytes() const { return static_cast<size_t>(cols) * dtype_size(dtype); }
+  Quant quant = Quant::none;
+  const float* scales = nullptr;  // see the file comment
+  const float* zeros = nullptr;   // int4 asymmetric only
+  int32_t group = 0;              // int4 only (and ext formats with group scales)
+  uint32_t ext = 0;               // Quant::ext only: cpu::ExtType
+
+  int64_t groups() const {
+    if (quant == Quant::ext) return group > 0 ? (cols + group - 1) / group : 0;
+    return quant == Quant::int4_group ? cols / group : quant == Quant::int8_channel ? 1 : 0;
+  }
+  size_t row_bytes() const {
+    if (quant == Quant::ext) return ext_row_bytes(ext, cols);
+    return quant == Quant::int4_group ? static_cast<size_t>(cols / 2) : static_cast<size_t>(cols) * dtype_size(dtype);
+  }
   const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_bytes(); }
+  // Bytes a pass over the matrix streams: data, scales and zeros.
+  size_t bytes() const {
+    size_t b = static_cast<size_t>(rows) * row_bytes();
+    if (scales) b += static_cast<size_t>(rows * groups()) * sizeof(float);
+    if (zeros) b += static_cast<size_t>(rows * groups()) * sizeof(float);
+    return b;
+  }
+  // Rows [r0, r1) as a view (scales and zeros follow).
+  Mat slice_rows(int64_t r0, int64_t r1) const;
 };
+
+// Throws Error(unsupported / invalid_argument) naming `what` when the view is
+// not one the kernels accept (dtype, group, shape, missing scales).
+void check_mat(const Mat& w, const std::string& what);
+std::string mat_type_name(const Mat& w);  // "bf16", "int8", "int4-g128-asym", ...
 
 enum class Isa { scalar, avx2, avx512 };
 Isa best_isa();
 const char* isa_name(Isa isa);
 // Forces an ISA (tests compare paths); returns the previous one. Not thread-safe.
 Isa set_isa_for_testing(Isa isa);
+// Whether the CPU has AVX512_BF16 (vdpbf16ps).
+bool has_bf16_dot();
 
 // y[t, r] (row stride ldy) = sum_k x[t, k] (row stride ldx) * W[r, k], for
 // t < n and r0 <= r < r1. Single-threaded; the building block of the others.
 void gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// The same for bf16 weights with activations already rounded to bf16 (xb),
+// through vdpbf16ps; falls back to gemm_rows on the bf16-rounded activations
+// where the CPU lacks it. w must be bf16.
+void gemm_rows_bf16dot(const uint16_t* xb, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 // Same over all rows, split across the pool's threads by row blocks.
 void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool);
 // Plain scalar reference (double accumulation) for tests.
 void gemm_reference(const float* x, int64_t n, const Mat& w, float* y);
 
-// Converts one weight row (or any run of elements) to fp32.
+// Converts a run of plain (unquantized) elements to fp32.
 void to_f32(DType t, const void* src, float* dst, int64_t n);
+// Row r of any weight view, dequantized to fp32 (cols values).
+void row_to_f32(const Mat& w, int64_t r, float* dst);
+
+// Owned quantized matrix (tests, benchmarks, format converters).
+struct QuantMat {
+  std::vector<uint8_t> data;
+  std::vector<float> scales, zeros;
+  Mat view;  // points into the vectors above: do not copy a QuantMat, move it
+  QuantMat() = default;
+  QuantMat(QuantMat&&) = default;
+  QuantMat& operator=(QuantMat&&) = default;
+  QuantMat(const QuantMat&) = delete;
+  QuantMat& operator=(const QuantMat&) = delete;
+};
+// Round-to-nearest quantization of fp32 rows [rows, cols].
+QuantMat quantize_int8(const float* w, int64_t rows, int64_t cols);
+QuantMat quantize_int4(const float* w, int64_t rows, int64_t cols, int group, bool asymmetric);
 
 }  // namespace hmoe::cpu

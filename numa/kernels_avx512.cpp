@@ -1,0 +1,165 @@
+// AVX-512 micro-kernels: an R-row by T-token block of dot products, one pass
+// over the R weight rows serving all T tokens (so decode is bound by weight
+// bandwidth and prefill reuses each loaded weight vector T times). Weights
+// are widened to fp32 in registers: bf16 by a shift, f16 by vcvtph2ps, int8
+// by vpmovsxbd + vcvtdq2ps (row scale applied once at the end), int4 by a
+// shift/mask + vpmovzxbd + one FMA with the group's scale and -zero*scale.
+// gcc 12 warns inside its own intrinsics headers (_mm512_reduce_add_ps,
+// _mm512_undefined_*); nothing of ours.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "numa/detail/kernels_impl.h"
+
+#define HMOE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define HMOE_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+namespace hmoe::cpu::detail {
+
+namespace {
+
+template <Fmt F>
+HMOE_AVX512 inline __m512 wload(const uint8_t* p, int64_t k) {
+  if constexpr (F == Fmt::bf16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + k * 2));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (F == Fmt::f16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + k * 2)));
+  } else if constexpr (F == Fmt::f32) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + k);
+  } else if constexpr (F == Fmt::q8) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + k))));
+  } else {
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (k >> 5) * 16));
+    if (k & 16) v = _mm_srli_epi16(v, 4);
+    v = _mm_and_si128(v, _mm_set1_epi8(0x0F));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+  }
+}
+
+// y[t0+j, r+i] for i < R, j < T.
+template <Fmt F, int R, int T>
+HMOE_AVX512 void block(const float* x, int64_t ldx, const Mat& w, int64_t r, int64_t t0, float* y, int64_t ldy) {
+  const int64_t K = w.cols, K16 = K / 16 * 16;
+  const int64_t step = F == Fmt::q4 ? w.group : (K16 > 0 ? K16 : 16);
+  const uint8_t* wr[R];
+  for (int i = 0; i < R; ++i) wr[i] = w.row(r + i);
+  __m512 acc[R][T];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) acc[i][j] = _mm512_setzero_ps();
+  const float* xt[T];
+  for (int j = 0; j < T; ++j) xt[j] = x + (t0 + j) * ldx;
+  for (int64_t g0 = 0; g0 < K16; g0 += step) {
+    __m512 sv[R], bv[R];
+    if constexpr (F == Fmt::q4) {
+      const int64_t G = w.groups(), g = g0 / w.group;
+      for (int i = 0; i < R; ++i) {
+        const float s = w.scales[(r + i) * G + g], z = w.zeros ? w.zeros[(r + i) * G + g] : 8.0f;
+        sv[i] = _mm512_set1_ps(s);
+        bv[i] = _mm512_set1_ps(-z * s);
+      }
+    }
+    const int64_t gend = std::min(K16, g0 + step);
+    for (int64_t k = g0; k < gend; k += 16) {
+      __m512 wv[R];
+      for (int i = 0; i < R; ++i) {
+        wv[i] = wload<F>(wr[i], k);
+        if constexpr (F == Fmt::q4) wv[i] = _mm512_fmadd_ps(wv[i], sv[i], bv[i]);
+      }
+      for (int j = 0; j < T; ++j) {
+        const __m512 xv = _mm512_loadu_ps(xt[j] + k);
+        for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) {
+      float s = _mm512_reduce_add_ps(acc[i][j]);
+      if constexpr (F == Fmt::q8) {
+        for (int64_t k = K16; k < K; ++k) s += static_cast<float>(reinterpret_cast<const int8_t*>(wr[i])[k]) * xt[j][k];
+        s *= w.scales[r + i];
+      } else {
+        for (int64_t k = K16; k < K; ++k) s += weight_at(w, r + i, k) * xt[j][k];
+      }
+      y[(t0 + j) * ldy + r + i] = s;
+    }
+}
+
+template <Fmt F, int R>
+HMOE_AVX512 void rows_tokens(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r, float* y, int64_t ldy) {
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) block<F, R, 4>(x, ldx, w, r, t, y, ldy);
+  switch (n - t) {
+    case 3: block<F, R, 3>(x, ldx, w, r, t, y, ldy); break;
+    case 2: block<F, R, 2>(x, ldx, w, r, t, y, ldy); break;
+    case 1: block<F, R, 1>(x, ldx, w, r, t, y, ldy); break;
+    default: break;
+  }
+}
+
+template <Fmt F>
+HMOE_AVX512 void rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) rows_tokens<F, 4>(x, ldx, n, w, r, y, ldy);
+  for (; r < r1; ++r) rows_tokens<F, 1>(x, ldx, n, w, r, y, ldy);
+}
+
+// vdpbf16ps: 32 bf16 products per instruction, pairs summed into fp32 lanes.
+template <int R, int T>
+HMOE_AVX512_BF16 void block_bf16dot(const uint16_t* x, int64_t ldx, const Mat& w, int64_t r, int64_t t0, float* y, int64_t ldy) {
+  const int64_t K = w.cols, K32 = K / 32 * 32;
+  const uint16_t* wr[R];
+  for (int i = 0; i < R; ++i) wr[i] = reinterpret_cast<const uint16_t*>(w.row(r + i));
+  __m512 acc[R][T];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K32; k += 32) {
+    __m512bh wv[R];
+    for (int i = 0; i < R; ++i) wv[i] = (__m512bh)_mm512_loadu_si512(wr[i] + k);
+    for (int j = 0; j < T; ++j) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (t0 + j) * ldx + k);
+      for (int i = 0; i < R; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[i], xv);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) {
+      float s = _mm512_reduce_add_ps(acc[i][j]);
+      for (int64_t k = K32; k < K; ++k) s += bf16_to_f32(wr[i][k]) * bf16_to_f32(x[(t0 + j) * ldx + k]);
+      y[(t0 + j) * ldy + r + i] = s;
+    }
+}
+
+template <int R>
+HMOE_AVX512_BF16 void rows_tokens_bf16dot(const uint16_t* x, int64_t ldx, int64_t n, const Mat& w, int64_t r, float* y, int64_t ldy) {
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) block_bf16dot<R, 4>(x, ldx, w, r, t, y, ldy);
+  switch (n - t) {
+    case 3: block_bf16dot<R, 3>(x, ldx, w, r, t, y, ldy); break;
+    case 2: block_bf16dot<R, 2>(x, ldx, w, r, t, y, ldy); break;
+    case 1: block_bf16dot<R, 1>(x, ldx, w, r, t, y, ldy); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+void rows_avx512(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  switch (fmt_of(w)) {
+    case Fmt::bf16: rows<Fmt::bf16>(x, ldx, n, w, r0, r1, y, ldy); break;
+    case Fmt::f16: rows<Fmt::f16>(x, ldx, n, w, r0, r1, y, ldy); break;
+    case Fmt::f32: rows<Fmt::f32>(x, ldx, n, w, r0, r1, y, ldy); break;
+    case Fmt::q8: rows<Fmt::q8>(x, ldx, n, w, r0, r1, y, ldy); break;
+    case Fmt::q4: rows<Fmt::q4>(x, ldx, n, w, r0, r1, y, ldy); break;
+  }
+}
+
+void rows_bf16dot_avx512(const uint16_t* xb, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) rows_tokens_bf16dot<4>(xb, ldx, n, w, r, y, ldy);
+  for (; r < r1; ++r) rows_tokens_bf16dot<1>(xb, ldx, n, w, r, y, ldy);
+}
+
+}  // namespace hmoe::cpu::detail
