@@ -7,6 +7,22 @@ namespace hmoe::server {
 using ojson = nlohmann::ordered_json;
 
 namespace {
+// Ids the model can produce but the tokenizer has no token for (padding rows
+// of the embedding) decode to nothing, as in Hugging Face tokenizers.
+std::string token_text(const tok::Tokenizer& t, int32_t id) {
+  try {
+    return t.decode({id});
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+std::string token_bytes(const tok::Tokenizer& t, int32_t id) {
+  try {
+    return t.id_to_piece(id);
+  } catch (const std::exception&) {
+    return {};
+  }
+}
 ojson bytes_of(const std::string& s) {
   ojson a = ojson::array();
   for (unsigned char c : s) a.push_back(static_cast<int>(c));
@@ -35,7 +51,13 @@ ParsedDelta CompletionBuilder::feed(const std::vector<TokenEvent>& tokens, std::
     if (stop_.stopped()) break;
     ++completion_tokens_;
     used.push_back(&ev);
-    std::string text = stop_.push(decoder_.push(ev.token));
+    std::string piece;
+    try {
+      piece = decoder_.push(ev.token);
+    } catch (const std::exception&) {
+      // no text for this id
+    }
+    std::string text = stop_.push(piece);
     if (!spec_.chat) d.content += text;
     else if (!text.empty()) d.append(parser_.push(text));
   }
@@ -70,11 +92,10 @@ ojson CompletionBuilder::usage() const {
 ojson CompletionBuilder::chat_logprobs(const std::vector<const TokenEvent*>& evs) const {
   ojson content = ojson::array();
   for (const TokenEvent* ev : evs) {
-    std::string piece = m_.tokenizer->id_to_piece(ev->token);
-    ojson e{{"token", m_.tokenizer->decode({ev->token})}, {"logprob", ev->logprob}, {"bytes", bytes_of(piece)}};
+    ojson e{{"token", token_text(*m_.tokenizer, ev->token)}, {"logprob", ev->logprob}, {"bytes", bytes_of(token_bytes(*m_.tokenizer, ev->token))}};
     ojson top = ojson::array();
     for (const auto& t : ev->top)
-      top.push_back(ojson{{"token", m_.tokenizer->decode({t.id})}, {"logprob", t.logprob}, {"bytes", bytes_of(m_.tokenizer->id_to_piece(t.id))}});
+      top.push_back(ojson{{"token", token_text(*m_.tokenizer, t.id)}, {"logprob", t.logprob}, {"bytes", bytes_of(token_bytes(*m_.tokenizer, t.id))}});
     e["top_logprobs"] = std::move(top);
     content.push_back(std::move(e));
   }
@@ -85,13 +106,13 @@ ojson CompletionBuilder::completion_logprobs(const std::vector<const TokenEvent*
   ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
   size_t off = text_offset;
   for (const TokenEvent* ev : evs) {
-    std::string t = m_.tokenizer->decode({ev->token});
+    std::string t = token_text(*m_.tokenizer, ev->token);
     tokens.push_back(t);
     lps.push_back(ev->logprob);
     offs.push_back(off);
     off += t.size();
     ojson top = ojson::object();
-    for (const auto& x : ev->top) top[m_.tokenizer->decode({x.id})] = x.logprob;
+    for (const auto& x : ev->top) top[token_text(*m_.tokenizer, x.id)] = x.logprob;
     tops.push_back(spec_.sampling.top_logprobs > 0 ? top : ojson(nullptr));
   }
   return ojson{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};

@@ -150,6 +150,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec) {
       keep_alive_ = false;
       if (timed_out_) return send_error(ApiError(408, "request header not received in time", "", "header_timeout"));
+      if (ec == http::error::body_limit)
+        return send_error(ApiError(413, "request body exceeds the limit of " + std::to_string(srv_.opt.max_body_bytes) + " bytes (--max-body-bytes)", "",
+                                   "body_too_large"));
       if (ec == http::error::header_limit)
         return send_error(ApiError(431, "request header larger than " + std::to_string(srv_.opt.max_header_bytes) + " bytes", "", "header_too_large"));
       if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset || ec == net::error::operation_aborted)
@@ -248,7 +251,13 @@ class Session : public std::enable_shared_from_this<Session> {
     net::io_context& ioc = srv_.ioc;
     chan_ = std::make_shared<SeqChannel>([weak, gen, &ioc] {
       net::post(ioc, [weak, gen] {
-        if (auto s = weak.lock(); s && s->gen_id_ == gen) s->on_events();
+        if (auto s = weak.lock(); s && s->gen_id_ == gen) {
+          try {
+            s->on_events();
+          } catch (const std::exception& e) {
+            s->generation_failed(e.what());
+          }
+        }
       });
     });
     auto req = std::make_unique<SeqRequest>();
@@ -354,6 +363,20 @@ class Session : public std::enable_shared_from_this<Session> {
     finish_metrics(200);
     end_generation();
     send(200, "application/json", body, {}, false);
+  }
+
+  // An exception while turning tokens into a reply: end this request only.
+  void generation_failed(const std::string& what) {
+    if (chan_) chan_->cancel();
+    const bool streaming = spec_.stream;
+    end_generation();
+    keep_alive_ = false;
+    if (!streaming) return send_error(ApiError(500, "internal error: " + what, "", "internal_error"));
+    std::string ev = "data: " + error_body(500, "internal error: " + what, "", "internal_error") + "\n\ndata: [DONE]\n\n";
+    srv_.metrics.request_done(endpoint_, 500);
+    state_ = State::closing;
+    write(fmt_hex(ev.size()) + "\r\n" + ev + "\r\n0\r\n\r\n");
+    after_writes_ = true;
   }
 
   void finish_metrics(int status) {
@@ -510,7 +533,14 @@ void HttpServer::run(bool handle_signals) {
     });
   }
   i.do_accept();
-  i.ioc.run();
+  for (;;) {
+    try {
+      i.ioc.run();
+      break;
+    } catch (const std::exception& e) {  // a bug in a handler: log it, keep serving
+      std::fprintf(stderr, "hmoe serve: internal error in a connection handler: %s\n", e.what());
+    }
+  }
 }
 
 void HttpServer::stop() {

@@ -1,0 +1,369 @@
+// The HTTP server end to end (in-process, raw sockets): the fixture's greedy
+// texts, streaming, 32 concurrent streams against single-stream runs, stop
+// strings, seeds, logprobs, and the bad-input suite with /health checked
+// throughout.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <regex>
+#include <thread>
+
+#include "tests/server/server_fixture.h"
+
+using namespace hmoe;
+using namespace hmoe::test;
+using nlohmann::json;
+
+namespace {
+HttpReply post(uint16_t port, const std::string& path, const json& body, const std::string& headers = "") {
+  return http(port, "POST", path, body.dump(), headers);
+}
+json body_json(const HttpReply& r) { return json::parse(r.body); }
+
+// Checks an OpenAI-shaped error body and returns it.
+json expect_error(const HttpReply& r, int status) {
+  CAPTURE(r.body);
+  CHECK(r.status == status);
+  json j = json::parse(r.body, nullptr, false);
+  REQUIRE(j.is_object());
+  REQUIRE(j.contains("error"));
+  const json& e = j["error"];
+  CHECK(e["message"].is_string());
+  CHECK(!e["message"].get<std::string>().empty());
+  CHECK(e["type"].is_string());
+  CHECK(e.contains("param"));
+  CHECK(e.contains("code"));
+  return e;
+}
+
+double metric(uint16_t port, const std::string& name) {
+  HttpReply r = http(port, "GET", "/metrics");
+  std::smatch m;
+  std::regex re("\n" + name + " ([0-9.e+-]+)\n");
+  std::string body = "\n" + r.body;
+  if (!std::regex_search(body, m, re)) return -1;
+  return std::stod(m[1]);
+}
+}  // namespace
+
+TEST_CASE("http: chat completions at temperature 0 return the fixture's greedy_text") {
+  auto& srv = default_server();
+  const auto& chats = hf_reference()["chats"];
+  for (size_t i = 0; i < chats.size(); ++i) {
+    CAPTURE(i);
+    HttpReply r = post(srv.port, "/v1/chat/completions", chat_body(i));
+    REQUIRE(r.status == 200);
+    json j = body_json(r);
+    CHECK(j["object"] == "chat.completion");
+    CHECK(j["choices"][0]["message"]["role"] == "assistant");
+    CHECK(j["choices"][0]["message"]["content"] == chats[i]["greedy_text"]);
+    CHECK(j["choices"][0]["finish_reason"] == "length");
+    CHECK(j["usage"]["prompt_tokens"] == chats[i]["ids"].size());
+    CHECK(j["usage"]["completion_tokens"] == 32);
+    CHECK(j["usage"]["total_tokens"] == chats[i]["ids"].size() + 32);
+
+    // Streaming gives the same text, then a usage chunk and [DONE].
+    json sb = chat_body(i);
+    sb["stream"] = true;
+    sb["stream_options"] = {{"include_usage", true}};
+    HttpReply s = post(srv.port, "/v1/chat/completions", sb);
+    REQUIRE(s.status == 200);
+    CHECK(s.headers["content-type"] == "text/event-stream");
+    StreamResult st = collect_stream(s);
+    CHECK(st.done);
+    CHECK(st.content == chats[i]["greedy_text"]);
+    CHECK(st.finish_reason == "length");
+    CHECK(st.usage["prompt_tokens"] == chats[i]["ids"].size());
+    CHECK(st.usage["completion_tokens"] == 32);
+  }
+  // The completions endpoint on the same token ids.
+  json cb = {{"prompt", chats[1]["ids"]}, {"temperature", 0}, {"max_tokens", 32}};
+  HttpReply c = post(srv.port, "/v1/completions", cb);
+  REQUIRE(c.status == 200);
+  CHECK(body_json(c)["choices"][0]["text"] == chats[1]["greedy_text"]);
+  CHECK(body_json(c)["usage"]["prompt_tokens"] == chats[1]["ids"].size());
+}
+
+TEST_CASE("http: 32 concurrent streams equal their single-stream outputs") {
+  auto& srv = default_server();
+  const size_t N = 32;
+  std::vector<json> bodies;
+  std::mt19937_64 rng(5);
+  for (size_t i = 0; i < N; ++i) {
+    json b;
+    if (i % 2 == 0) {
+      b = chat_body(i / 2 % 4, 8 + static_cast<int>(i % 7) * 4);
+    } else {
+      std::vector<int> ids(2 + rng() % 30);
+      for (auto& t : ids) t = static_cast<int>(rng() % 150000);
+      b = {{"prompt", ids}, {"temperature", 0}, {"max_tokens", 8 + static_cast<int>(i % 5) * 6}};
+    }
+    b["stream"] = true;
+    b["stream_options"] = {{"include_usage", true}};
+    bodies.push_back(b);
+  }
+  auto path = [&](size_t i) { return i % 2 == 0 ? "/v1/chat/completions" : "/v1/completions"; };
+  std::vector<StreamResult> single(N), together(N);
+  for (size_t i = 0; i < N; ++i) single[i] = collect_stream(post(srv.port, path(i), bodies[i]));
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < N; ++i) ts.emplace_back([&, i] { together[i] = collect_stream(post(srv.port, path(i), bodies[i])); });
+  for (auto& t : ts) t.join();
+  for (size_t i = 0; i < N; ++i) {
+    CAPTURE(i);
+    CHECK(together[i].done);
+    CHECK(!together[i].content.empty());
+    CHECK(together[i].content == single[i].content);
+    CHECK(together[i].finish_reason == single[i].finish_reason);
+    CHECK(together[i].usage == single[i].usage);
+    if (single[i].finish_reason == "length") CHECK(together[i].usage["completion_tokens"] == bodies[i]["max_tokens"]);
+  }
+  CHECK(healthy(srv.port));
+}
+
+TEST_CASE("http: stop strings across token boundaries, seeds, logprobs") {
+  auto& srv = default_server();
+  const std::string text = hf_reference()["chats"][0]["greedy_text"];
+  // " puppet" and "closure rewrite" each span several tokens of the output.
+  for (const std::string stop : {"pet", "closure rew", "pilotspok"}) {
+    CAPTURE(stop);
+    const size_t at = text.find(stop);
+    REQUIRE(at != std::string::npos);
+    json b = chat_body(0);
+    b["stop"] = json::array({"never-appears", stop});
+    HttpReply r = post(srv.port, "/v1/chat/completions", b);
+    REQUIRE(r.status == 200);
+    CHECK(body_json(r)["choices"][0]["message"]["content"] == text.substr(0, at));
+    CHECK(body_json(r)["choices"][0]["finish_reason"] == "stop");
+    b["stream"] = true;
+    StreamResult s = collect_stream(post(srv.port, "/v1/chat/completions", b));
+    CHECK(s.content == text.substr(0, at));
+    CHECK(s.finish_reason == "stop");
+  }
+  json b = chat_body(2, 16);
+  b["temperature"] = 1.0;
+  b["seed"] = 42;
+  auto content = [&](const json& x) { return body_json(post(srv.port, "/v1/chat/completions", x))["choices"][0]["message"]["content"]; };
+  const json a1 = content(b), a2 = content(b);
+  CHECK(a1 == a2);
+  b["seed"] = 43;
+  CHECK(content(b) != a1);
+  b["top_k"] = 1;  // top_k 1 is greedy whatever the seed
+  CHECK(content(b) == text.substr(0, 0) + content(chat_body(2, 16)).get<std::string>());
+
+  json lb = chat_body(0, 4);
+  lb["logprobs"] = true;
+  lb["top_logprobs"] = 3;
+  json lj = body_json(post(srv.port, "/v1/chat/completions", lb));
+  const json& lc = lj["choices"][0]["logprobs"]["content"];
+  REQUIRE(lc.size() == 4);
+  for (const auto& e : lc) {
+    REQUIRE(e["top_logprobs"].size() == 3);
+    CHECK(e["token"] == e["top_logprobs"][0]["token"]);  // greedy picks the top entry
+    CHECK(e["logprob"].get<double>() <= 0.0);
+    CHECK(e["top_logprobs"][0]["logprob"].get<double>() >= e["top_logprobs"][1]["logprob"].get<double>());
+  }
+}
+
+TEST_CASE("http: routes, models, metrics") {
+  auto& srv = default_server();
+  HttpReply m = http(srv.port, "GET", "/v1/models");
+  REQUIRE(m.status == 200);
+  CHECK(body_json(m)["data"][0]["id"] == "tiny-qwen3moe");
+  expect_error(http(srv.port, "GET", "/nope"), 404);
+  expect_error(http(srv.port, "GET", "/v1/chat/completions"), 405);
+  expect_error(http(srv.port, "DELETE", "/v1/models"), 405);
+  HttpReply me = http(srv.port, "GET", "/metrics");
+  CHECK(me.status == 200);
+  for (const char* name : {"hmoe_requests_total", "hmoe_prompt_tokens_total", "hmoe_generation_tokens_total", "hmoe_time_to_first_token_seconds_bucket",
+                           "hmoe_time_per_output_token_seconds_bucket", "hmoe_num_requests_running", "hmoe_num_requests_waiting", "hmoe_kv_blocks_used"})
+    CHECK(me.body.find(name) != std::string::npos);
+}
+
+TEST_CASE("http: bad inputs get the right status and an OpenAI error; /health keeps answering") {
+  auto& srv = default_server();
+  const json ok_msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
+  struct Bad {
+    std::string name, body;
+    int status;
+    std::string param;
+  };
+  auto with = [&](const char* key, json v) {
+    json b = {{"messages", ok_msgs}, {"max_tokens", 2}};
+    b[key] = v;
+    return b.dump();
+  };
+  const std::vector<Bad> cases = {
+      {"malformed JSON", "{\"messages\": [", 400, ""},
+      {"not an object", "[1,2,3]", 400, ""},
+      {"empty body", "", 400, ""},
+      {"invalid UTF-8", std::string("{\"messages\":[{\"role\":\"user\",\"content\":\"a\xff\xfe\"}]}"), 400, ""},
+      {"lone surrogate escape", R"({"messages":[{"role":"user","content":"\ud800"}]})", 400, ""},
+      {"missing messages", R"({"max_tokens": 2})", 400, "messages"},
+      {"empty messages", R"({"messages": []})", 400, "messages"},
+      {"messages not an array", R"({"messages": "hi"})", 400, "messages"},
+      {"message not an object", R"({"messages": [1]})", 400, "messages[0]"},
+      {"bad role", R"({"messages": [{"role": "wizard", "content": "x"}]})", 400, "messages[0].role"},
+      {"content wrong type", R"({"messages": [{"role": "user", "content": 5}]})", 400, "messages[0].content"},
+      {"image part", R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})", 400, "messages[0].content"},
+      {"temperature string", with("temperature", "hot"), 400, "temperature"},
+      {"temperature negative", with("temperature", -1), 400, "temperature"},
+      {"temperature huge", with("temperature", 1e308), 400, "temperature"},
+      {"top_p zero", with("top_p", 0), 400, "top_p"},
+      {"top_k wrong type", with("top_k", "5"), 400, "top_k"},
+      {"min_p above 1", with("min_p", 1.5), 400, "min_p"},
+      {"presence_penalty", with("presence_penalty", 3), 400, "presence_penalty"},
+      {"max_tokens negative", with("max_tokens", -5), 400, "max_tokens"},
+      {"max_tokens zero", with("max_tokens", 0), 400, "max_tokens"},
+      {"max_tokens fractional", with("max_tokens", 2.5), 400, "max_tokens"},
+      {"max_tokens above context", with("max_tokens", 100000), 400, "max_tokens"},
+      {"max_tokens huge", with("max_tokens", 1e30), 400, "max_tokens"},
+      {"max_completion_tokens huge", with("max_completion_tokens", 18446744073709551615ull), 400, "max_completion_tokens"},
+      {"n=2", with("n", 2), 400, "n"},
+      {"stream not bool", with("stream", "yes"), 400, "stream"},
+      {"stop wrong type", with("stop", 5), 400, "stop"},
+      {"stop empty string", with("stop", ""), 400, "stop"},
+      {"logprobs wrong type", with("logprobs", 1), 400, "logprobs"},
+      {"top_logprobs too many", R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":50})", 400, "top_logprobs"},
+      {"logit_bias bad key", with("logit_bias", {{"abc", 1}}), 400, "logit_bias"},
+      {"tools wrong", with("tools", json::array({{{"type", "function"}}})), 400, "tools[0].function.name"},
+      {"tool_choice required", with("tool_choice", "required"), 400, "tool_choice"},
+      {"response_format json", with("response_format", {{"type", "json_object"}}), 400, "response_format"},
+      {"unknown model", with("model", "gpt-4"), 404, "model"},
+      {"model wrong type", with("model", 7), 400, "model"},
+  };
+  for (const Bad& c : cases) {
+    CAPTURE(c.name);
+    HttpReply r = http(srv.port, "POST", "/v1/chat/completions", c.body);
+    json e = expect_error(r, c.status);
+    if (!c.param.empty()) CHECK(e["param"] == c.param);
+    CHECK(healthy(srv.port));
+  }
+  // Unknown fields are ignored (as in vLLM and OpenAI).
+  HttpReply u = http(srv.port, "POST", "/v1/chat/completions", with("some_vendor_field", {{"x", 1}}));
+  CHECK(u.status == 200);
+  // Prompt longer than the context.
+  std::string longp;
+  for (int i = 0; i < 5000; ++i) longp += " hello";
+  json e = expect_error(post(srv.port, "/v1/completions", {{"prompt", longp}, {"max_tokens", 1}}), 400);
+  CHECK(e["code"] == "context_length_exceeded");
+  expect_error(post(srv.port, "/v1/completions", {{"prompt", json::array({1, -3})}}), 400);
+  expect_error(post(srv.port, "/v1/completions", {{"prompt", json::array({"a", "b"})}}), 400);
+  // Oversize body (the test server allows 64 KiB): declared length and chunked.
+  std::string big(100 << 10, 'x');
+  expect_error(http(srv.port, "POST", "/v1/chat/completions", "{\"messages\":\"" + big + "\"}"), 413);
+  {
+    int fd = connect_raw(srv.port);
+    std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for (int i = 0; i < 20; ++i) req += "1000\r\n" + std::string(0x1000, 'y') + "\r\n";
+    send_all(fd, req);
+    HttpReply r = parse_reply(recv_all(fd, 10000));
+    ::close(fd);
+    expect_error(r, 413);
+  }
+  // Too many header fields, too large a header.
+  std::string many;
+  for (int i = 0; i < 150; ++i) many += "X-F" + std::to_string(i) + ": 1\r\n";
+  expect_error(http(srv.port, "GET", "/health", "", many), 431);
+  expect_error(http(srv.port, "GET", "/health", "", "X-Big: " + std::string(20000, 'a') + "\r\n"), 431);
+  // Garbage instead of HTTP.
+  {
+    int fd = connect_raw(srv.port);
+    send_all(fd, "\x01\x02 garbage\r\n\r\n");
+    HttpReply r = parse_reply(recv_all(fd, 5000));
+    ::close(fd);
+    CHECK(r.status == 400);
+  }
+  CHECK(healthy(srv.port));
+}
+
+TEST_CASE("http: slow-header client gets 408 while others are served") {
+  auto& srv = default_server();
+  int fd = connect_raw(srv.port);
+  REQUIRE(fd >= 0);
+  send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n");  // never finishes its header
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(healthy(srv.port));
+  HttpReply r = parse_reply(recv_all(fd, 10000));
+  ::close(fd);
+  CHECK(r.status == 408);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8));  // header_timeout is 1 s
+  // A client that connects and sends nothing is dropped too.
+  int idle = connect_raw(srv.port);
+  std::string got = recv_all(idle, 10000);
+  ::close(idle);
+  CHECK(healthy(srv.port));
+}
+
+TEST_CASE("http: disconnect mid-stream cancels the sequence and frees its KV blocks") {
+  auto& srv = default_server();
+  json b = chat_body(0, 3000);
+  b["stream"] = true;
+  int fd = connect_raw(srv.port);
+  send_all(fd, make_request("POST", "/v1/chat/completions", b.dump()));
+  std::string got;
+  char buf[4096];
+  while (got.find("\"content\":\" motifs\"") == std::string::npos) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    REQUIRE(n > 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  CHECK(metric(srv.port, "hmoe_num_requests_running") == 1);
+  ::close(fd);
+  double running = 1, kv = 1;
+  for (int i = 0; i < 500 && (running != 0 || kv != 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    running = metric(srv.port, "hmoe_num_requests_running");
+    kv = metric(srv.port, "hmoe_kv_blocks_used");
+  }
+  CHECK(running == 0);
+  CHECK(kv == 0);
+  CHECK(http(srv.port, "GET", "/metrics").body.find("status=\"499\"") != std::string::npos);
+  CHECK(healthy(srv.port));
+}
+
+TEST_CASE("http: a burst of 1000 requests gets 200 or 503 + Retry-After, never a dropped connection") {
+  auto& srv = default_server();
+  const int threads = 250, per = 4;
+  std::atomic<int> ok{0}, busy{0}, other{0};
+  std::atomic<bool> health_ok{true};
+  std::vector<std::thread> ts;
+  const std::string body = json{{"prompt", "hello"}, {"max_tokens", 2}, {"temperature", 0}}.dump();
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&] {
+      for (int i = 0; i < per; ++i) {
+        HttpReply r = http(srv.port, "POST", "/v1/completions", body);
+        if (r.status == 200 && json::parse(r.body)["usage"]["completion_tokens"] == 2) ++ok;
+        else if (r.status == 503 && r.headers.count("retry-after") && json::parse(r.body)["error"]["code"] == "queue_full") ++busy;
+        else ++other;
+      }
+    });
+  std::thread watcher([&] {
+    for (int i = 0; i < 20; ++i) {
+      if (!healthy(srv.port)) health_ok = false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  for (auto& t : ts) t.join();
+  watcher.join();
+  MESSAGE("burst: " << ok.load() << " x 200, " << busy.load() << " x 503");
+  CHECK(ok + busy == threads * per);
+  CHECK(other == 0);
+  CHECK(ok > 0);
+  CHECK(health_ok);
+  CHECK(healthy(srv.port));
+}
+
+TEST_CASE("http: API key") {
+  Settings s = test_settings();
+  s.api_key = "sk-test-123";
+  RunningServer srv(s);
+  const std::string body = json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"max_tokens", 1}}.dump();
+  json e = expect_error(http(srv.port, "POST", "/v1/chat/completions", body), 401);
+  CHECK(e["code"] == "invalid_api_key");
+  expect_error(http(srv.port, "POST", "/v1/chat/completions", body, "Authorization: Bearer sk-test-124\r\n"), 401);
+  expect_error(http(srv.port, "GET", "/v1/models", "", "Authorization: Bearer sk-test-1234\r\n"), 401);
+  expect_error(http(srv.port, "GET", "/v1/models", "", "Authorization: sk-test-123\r\n"), 401);
+  CHECK(http(srv.port, "POST", "/v1/chat/completions", body, "Authorization: Bearer sk-test-123\r\n").status == 200);
+  CHECK(http(srv.port, "GET", "/health").status == 200);  // /health needs no key
+}
