@@ -1,0 +1,338 @@
+// GPU benchmark, two parts.
+// 1. Kernels against the H200 roofline (measured device copy bandwidth and
+//    the 990 TFLOP/s dense bf16 datasheet figure): grouped experts at decode
+//    shapes (GB/s of expert weights), paged attention decode (GB/s of K/V),
+//    cuBLAS prefill products (TFLOP/s).
+// 2. A Qwen3-30B-A3B-shaped model (48 layers, 128 experts of 768, top-8,
+//    hidden 2048, 32/4 heads of 128; random bf16 weights made in place) run
+//    through GpuStack with 0/25/50/100% of MoE layers resident: decode tok/s
+//    at batch 1 and 8, the time split (GPU, CPU experts, transfers) and the
+//    bound: cold expert bytes per step / measured host DRAM bandwidth + the
+//    step's GPU time.
+// Usage: bench_gpu [--quick] [--skip-model] [--steps N]. Never pass/fail on time.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "configs/error.h"
+#include "engine/blocks_gpu.h"
+#include "gpu/device.h"
+#include "gpu/kernels.h"
+#include "numa/thread_pool.h"
+
+using namespace hmoe;
+using gpu::bf16_t;
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Fills with small random bf16 values (|x| < scale), in parallel.
+void fill_random(bf16_t* p, size_t n, uint64_t seed, float scale, numa::ThreadPool& pool) {
+  pool.parallel_for(static_cast<int64_t>((n + 65535) / 65536), [&](int64_t b, int64_t e, int) {
+    for (int64_t blk = b; blk < e; ++blk) {
+      uint64_t s = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(blk) * 0xbf58476d1ce4e5b9ull + 1;
+      const size_t i0 = static_cast<size_t>(blk) * 65536, i1 = std::min(n, i0 + 65536);
+      for (size_t i = i0; i < i1; ++i) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        const float u = static_cast<float>(static_cast<int32_t>(s >> 32)) * (1.0f / 2147483648.0f);
+        p[i] = f32_to_bf16(u * scale);
+      }
+    }
+  });
+}
+
+double host_read_bandwidth(numa::ThreadPool& pool) {
+  const size_t words = (4ull << 30) / 8;
+  std::vector<uint64_t> buf(words, 1);
+  pool.parallel_for(static_cast<int64_t>(words / 4096), [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) std::fill(buf.begin() + i * 4096, buf.begin() + (i + 1) * 4096, static_cast<uint64_t>(i));
+  });
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<uint64_t> sums(static_cast<size_t>(pool.size()) * 8, 0);
+    const double t0 = now();
+    pool.parallel_for(static_cast<int64_t>(words / 4096), [&](int64_t b, int64_t e, int w) {
+      uint64_t s = 0;
+      for (int64_t i = b * 4096; i < e * 4096; ++i) s += buf[static_cast<size_t>(i)];
+      sums[static_cast<size_t>(w) * 8] += s;
+    }, 16);
+    best = std::max(best, static_cast<double>(words * 8) / (now() - t0));
+  }
+  return best;
+}
+
+// Times `fn` (launches on s) over reps after one warm-up; seconds per call.
+template <class F>
+double time_gpu(gpu::Stream& s, int reps, F&& fn) {
+  fn();
+  s.synchronize();
+  gpu::Event a, b;
+  a.record(s);
+  for (int i = 0; i < reps; ++i) fn();
+  b.record(s);
+  b.synchronize();
+  return b.elapsed_ms(a) * 1e-3 / reps;
+}
+
+void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw) {
+  gpu::Stream s;
+  {
+    const size_t bytes = 2ull << 30;
+    gpu::DeviceBuffer a(bytes), b(bytes);
+    gpu::memset_device(a.data(), 1, bytes, s);
+    const double t = time_gpu(s, 10, [&] { gpu::copy_on_device(b.data(), a.data(), bytes, s); });
+    copy_bw = 2.0 * static_cast<double>(bytes) / t;
+    std::printf("device copy: %.0f GB/s (read+write; the roofline below; H200 datasheet 4800)\n", copy_bw / 1e9);
+  }
+  // Grouped experts at Qwen3-30B-A3B shapes.
+  const int64_t H = 2048, I = 768, E = 128, K = 8;
+  gpu::DeviceBuffer wgu(static_cast<size_t>(E * 2 * I * H) * 2), wdn(static_cast<size_t>(E * H * I) * 2);
+  {
+    std::vector<bf16_t> h(static_cast<size_t>(E * 2 * I * H));
+    fill_random(h.data(), h.size(), 5, 0.05f, pool);
+    gpu::copy_to_device(wgu.data(), h.data(), h.size() * 2, s);
+    gpu::copy_to_device(wdn.data(), h.data(), static_cast<size_t>(E * H * I) * 2, s);
+    s.synchronize();
+  }
+  std::printf("\nmoe_experts (H=%lld I=%lld E=%lld k=%lld): bytes = active experts' weights\n", (long long)H, (long long)I, (long long)E, (long long)K);
+  std::printf("%6s %8s %10s %10s %8s\n", "tokens", "experts", "us", "GB/s", "of copy");
+  for (int64_t n : {1, 8, 64, 512}) {
+    std::vector<bf16_t> x(static_cast<size_t>(n * H));
+    fill_random(x.data(), x.size(), 7 + static_cast<uint64_t>(n), 1.0f, pool);
+    std::vector<int32_t> ids(static_cast<size_t>(n * K));
+    std::vector<float> w(ids.size(), 0.125f);
+    uint64_t r = 12345;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        int32_t e;
+        bool dup;
+        do {
+          r = r * 6364136223846793005ull + 1442695040888963407ull;
+          e = static_cast<int32_t>((r >> 33) % E);
+          dup = false;
+          for (int64_t q = 0; q < j; ++q) dup |= ids[static_cast<size_t>(t * K + q)] == e;
+        } while (dup);
+        ids[static_cast<size_t>(t * K + j)] = e;
+      }
+    std::vector<bool> used(E);
+    for (auto e : ids) used[static_cast<size_t>(e)] = true;
+    const int64_t active = std::count(used.begin(), used.end(), true);
+    gpu::DeviceBuffer dx(x.size() * 2), di(ids.size() * 4), dw(w.size() * 4), off((E + 1) * 4), pl(ids.size() * 4), act(ids.size() * I * 2),
+        part(ids.size() * H * 4), out(static_cast<size_t>(n * H) * 4);
+    gpu::copy_to_device(dx.data(), x.data(), x.size() * 2, s);
+    gpu::copy_to_device(di.data(), ids.data(), ids.size() * 4, s);
+    gpu::copy_to_device(dw.data(), w.data(), w.size() * 4, s);
+    const double t = time_gpu(s, 20, [&] {
+      gpu::moe_route(di.as<int32_t>(), n * K, E, off.as<int32_t>(), pl.as<int32_t>(), s);
+      gpu::moe_experts(dx.as<bf16_t>(), n, H, I, E, K, di.as<int32_t>(), dw.as<float>(), off.as<int32_t>(), pl.as<int32_t>(), wgu.as<bf16_t>(),
+                       wdn.as<bf16_t>(), act.as<bf16_t>(), part.as<float>(), out.as<float>(), s);
+    });
+    const double bytes = static_cast<double>(active) * 3 * I * H * 2;
+    std::printf("%6lld %8lld %10.1f %10.0f %7.0f%%\n", (long long)n, (long long)active, t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy_bw);
+  }
+  // Attention decode: one token per sequence, 32 heads over 4 KV heads of 128.
+  std::printf("\nattention decode (32 q heads, 4 kv heads, hd 128): bytes = K+V read\n");
+  std::printf("%6s %8s %10s %10s %8s\n", "seqs", "ctx", "us", "GB/s", "of copy");
+  for (auto [seqs, ctx] : {std::pair<int64_t, int64_t>{1, 4096}, {8, 4096}, {32, 8192}}) {
+    const int64_t kvw = 4 * 128, hd = 128, heads = 32;
+    const int64_t slots = seqs * ctx;
+    gpu::DeviceBuffer kc(static_cast<size_t>(slots * kvw) * 2), vc(static_cast<size_t>(slots * kvw) * 2);
+    gpu::memset_device(kc.data(), 0x3c, kc.bytes(), s);
+    gpu::memset_device(vc.data(), 0x3c, vc.bytes(), s);
+    std::vector<int32_t> lists(static_cast<size_t>(slots)), offs(static_cast<size_t>(seqs)), lens(static_cast<size_t>(seqs), static_cast<int32_t>(ctx));
+    for (int64_t i = 0; i < slots; ++i) lists[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % slots);  // scattered blocks
+    for (int64_t q = 0; q < seqs; ++q) offs[static_cast<size_t>(q)] = static_cast<int32_t>(q * ctx);
+    gpu::DeviceBuffer dl(lists.size() * 4), doff(offs.size() * 4), dlen(lens.size() * 4), dq(static_cast<size_t>(seqs * heads * hd) * 4),
+        dout(static_cast<size_t>(seqs * heads * hd) * 2);
+    gpu::copy_to_device(dl.data(), lists.data(), lists.size() * 4, s);
+    gpu::copy_to_device(doff.data(), offs.data(), offs.size() * 4, s);
+    gpu::copy_to_device(dlen.data(), lens.data(), lens.size() * 4, s);
+    gpu::memset_device(dq.data(), 0, dq.bytes(), s);
+    const double t = time_gpu(s, 20, [&] {
+      gpu::attention(dq.as<float>(), heads * hd, seqs, heads, 4, hd, kc.as<bf16_t>(), vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
+                     dlen.as<int32_t>(), 0.088f, dout.as<bf16_t>(), s);
+    });
+    const double bytes = 2.0 * static_cast<double>(slots * kvw) * 2;
+    std::printf("%6lld %8lld %10.1f %10.0f %7.0f%%\n", (long long)seqs, (long long)ctx, t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy_bw);
+  }
+  // cuBLAS products at prefill sizes.
+  std::printf("\ncuBLAS bf16 gemm (y = x W^T, fp32 out): roofline 990 TFLOP/s dense bf16 (datasheet)\n");
+  gpu::Blas blas(s);
+  for (auto [n, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{1, 5120, 2048}, {2048, 5120, 2048}, {2048, 151936, 2048}, {8192, 4096, 4096}}) {
+    gpu::DeviceBuffer x(static_cast<size_t>(n * cols) * 2), w(static_cast<size_t>(rows * cols) * 2), y(static_cast<size_t>(n * rows) * 4);
+    gpu::memset_device(x.data(), 0x3c, x.bytes(), s);
+    gpu::memset_device(w.data(), 0x3c, w.bytes(), s);
+    const double t = time_gpu(s, 10, [&] { blas.gemm(x.as<bf16_t>(), n, w.as<bf16_t>(), rows, cols, y.as<float>(), rows); });
+    const double flops = 2.0 * n * rows * cols, bytes = 2.0 * rows * cols + 2.0 * n * cols + 4.0 * n * rows;
+    std::printf("  n=%5lld %6lldx%-5lld %9.1f us %7.1f TFLOP/s (%4.1f%%) %6.0f GB/s\n", (long long)n, (long long)rows, (long long)cols, t * 1e6,
+                flops / t / 1e12, 100 * flops / t / 990e12, bytes / t / 1e9);
+  }
+}
+
+// ---- the synthetic Qwen3-30B-A3B -------------------------------------------------
+struct Synthetic {
+  ModelConfig c;
+  std::map<std::string, cpu::Mat> mats;
+  std::vector<std::vector<bf16_t>> storage;
+  bf16_t* add(const std::string& name, int64_t rows, int64_t cols, bf16_t* data) {
+    mats[name] = cpu::Mat{DType::bf16, data, rows, cols};
+    return data;
+  }
+};
+
+void model_benchmark(numa::ThreadPool& pool, int layers, int steps) {
+  Synthetic m;
+  ModelConfig& c = m.c;
+  c.model_type = "qwen3_moe";
+  c.vocab_size = 151936;
+  c.hidden_size = 2048;
+  c.moe_intermediate_size = 768;
+  c.intermediate_size = 6144;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 4;
+  c.head_dim = 128;
+  c.num_experts = 128;
+  c.num_experts_per_tok = 8;
+  c.norm_topk_prob = true;
+  c.rope_theta = 1e6;
+  c.max_position_embeddings = 40960;
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.num_experts, K = c.num_experts_per_tok, V = c.vocab_size;
+  const int64_t qkv = (32 + 8) * 128;
+  // One allocation for everything that is not an expert, one per layer for experts.
+  const int64_t per_layer = qkv * H + H * 4096 + 2 * 128 + 2 * H + E * H;
+  const double t0 = now();
+  m.storage.emplace_back(static_cast<size_t>(2 * V * H + H + layers * per_layer));
+  bf16_t* p = m.storage.back().data();
+  fill_random(p, m.storage.back().size(), 1, 0.05f, pool);
+  // Norm weights near 1 so activations keep their scale.
+  auto ones = [&](bf16_t* q, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) q[i] = f32_to_bf16(1.0f + bf16_to_f32(q[i]));
+  };
+  p = m.add("model.embed_tokens.weight", V, H, p) + V * H;
+  p = m.add("lm_head.weight", V, H, p) + V * H;
+  ones(p, H);
+  p = m.add("model.norm.weight", 1, H, p) + H;
+  for (int l = 0; l < layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    // q, k, v contiguous: the stack uploads them as one fused matrix anyway.
+    p = m.add(pre + "self_attn.q_proj.weight", 4096, H, p) + 4096 * H;
+    p = m.add(pre + "self_attn.k_proj.weight", 512, H, p) + 512 * H;
+    p = m.add(pre + "self_attn.v_proj.weight", 512, H, p) + 512 * H;
+    p = m.add(pre + "self_attn.o_proj.weight", H, 4096, p) + H * 4096;
+    ones(p, 2 * 128 + 2 * H);
+    p = m.add(pre + "self_attn.q_norm.weight", 1, 128, p) + 128;
+    p = m.add(pre + "self_attn.k_norm.weight", 1, 128, p) + 128;
+    p = m.add(pre + "input_layernorm.weight", 1, H, p) + H;
+    p = m.add(pre + "post_attention_layernorm.weight", 1, H, p) + H;
+    p = m.add(pre + "mlp.gate.weight", E, H, p) + E * H;
+    m.storage.emplace_back(static_cast<size_t>(E * 3 * I * H));
+    bf16_t* ex = m.storage.back().data();
+    fill_random(ex, m.storage.back().size(), 100 + static_cast<uint64_t>(l), 0.05f, pool);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string ep = pre + "mlp.experts." + std::to_string(e) + ".";
+      ex = m.add(ep + "gate_proj.weight", I, H, ex) + I * H;
+      ex = m.add(ep + "up_proj.weight", I, H, ex) + I * H;
+      ex = m.add(ep + "down_proj.weight", H, I, ex) + H * I;
+    }
+  }
+  std::printf("\nsynthetic Qwen3-30B-A3B: %d layers, %.1f GB of random bf16 weights made in %.1f s\n", layers,
+              static_cast<double>(2 * V * H + layers * (per_layer + E * 3 * I * H)) * 2 / 1e9, now() - t0);
+  const double dram = host_read_bandwidth(pool);
+  std::printf("host DRAM read bandwidth (%d threads, 4 GiB, best of 3): %.1f GB/s\n", pool.size(), dram / 1e9);
+  const WeightLookup get = [&](const std::string& name, const std::vector<int64_t>&) {
+    auto it = m.mats.find(name);
+    if (it == m.mats.end()) fail(ErrorKind::bad_model, "synthetic model has no tensor " + name);
+    return it->second;
+  };
+  const double expert_bytes = 3.0 * I * H * 2;
+  std::printf("\n| resident | batch | tok/s | ms/step | GPU ms | CPU experts ms | transfers ms | cold GB/step | bound ms/step | bound tok/s | x bound |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int pct : {0, 25, 50, 100}) {
+    std::vector<bool> resident(static_cast<size_t>(layers));
+    int nres = 0;
+    for (int l = 0; l < layers; ++l) {
+      resident[static_cast<size_t>(l)] = (l + 1) * pct / 100 > l * pct / 100;  // spread evenly
+      nres += resident[static_cast<size_t>(l)];
+    }
+    std::unique_ptr<GpuStack> stack;
+    try {
+      stack = std::make_unique<GpuStack>(c, resident, get, pool);
+    } catch (const Error& e) {
+      std::printf("| %d%% | - | could not build: %s |\n", pct, e.what());
+      continue;
+    }
+    for (int batch : {1, 8}) {
+      const int64_t prompt = 32, total = prompt + steps + 4;
+      KvCache kv(KvLayout{layers, 4, 128}, batch * ((total + 15) / 16) + 1, 16);
+      std::vector<int> seqs;
+      Batch b;
+      for (int q = 0; q < batch; ++q) {
+        seqs.push_back(kv.add_sequence());
+        kv.reserve(seqs.back(), total);
+        for (int64_t i = 0; i < prompt; ++i) b.add(static_cast<int32_t>((q * 7919 + i * 104729) % V), seqs.back(), i, i + 1 == prompt);
+      }
+      std::vector<float> logits;
+      stack->forward(b, kv, logits);  // prefill
+      std::vector<int32_t> next(static_cast<size_t>(batch));
+      auto decode = [&](int64_t pos) {
+        for (int q = 0; q < batch; ++q)
+          next[static_cast<size_t>(q)] =
+              static_cast<int32_t>(std::max_element(logits.begin() + q * V, logits.begin() + (q + 1) * V) - (logits.begin() + q * V));
+        b.clear();
+        for (int q = 0; q < batch; ++q) b.add(next[static_cast<size_t>(q)], seqs[static_cast<size_t>(q)], pos, true);
+        stack->forward(b, kv, logits);
+      };
+      for (int64_t i = 0; i < 2; ++i) decode(prompt + i);  // warm-up
+      stack->reset_times();
+      for (int64_t i = 0; i < steps; ++i) decode(prompt + 2 + i);
+      const GpuStepTimes& t = stack->times();
+      const double step = t.total_s / t.steps;
+      // Distinct experts a layer touches for `batch` tokens of uniform routing.
+      const double uniq = E * (1.0 - std::pow(1.0 - static_cast<double>(K) / E, batch));
+      const double cold = static_cast<double>(layers - nres) * uniq * expert_bytes;
+      const double gpu_s = t.gpu_s() / t.steps;
+      const double bound = cold / dram + gpu_s;
+      std::printf("| %d%% (%d/%d) | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f |\n", pct, nres, layers, batch, batch / step,
+                  step * 1e3, gpu_s * 1e3, t.cpu_experts_s / t.steps * 1e3, t.transfer_s / t.steps * 1e3, cold / 1e9, bound * 1e3, batch / bound,
+                  step / bound);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\nbound = cold expert bytes per step / host DRAM bandwidth + the step's GPU time; cold bytes assume uniform routing\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false, skip_model = false;
+  int steps = 16;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--skip-model")) skip_model = true;
+    else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+  }
+  std::printf("%s\n", gpu::describe().c_str());
+  if (gpu::device_count() == 0) {
+    std::printf("SKIP: no CUDA device; nothing to measure\n");
+    return 0;
+  }
+  try {
+    numa::ThreadPool pool(0);
+    double copy_bw = 0;
+    kernel_benchmarks(pool, copy_bw);
+    if (!skip_model) model_benchmark(pool, quick ? 4 : 48, steps);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_gpu: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

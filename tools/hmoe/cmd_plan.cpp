@@ -1,0 +1,106 @@
+// hmoe plan MODEL: the placement hmoe would use, without loading weights
+// onto a GPU - every layer's place, bytes on the GPU and in host memory, KV
+// capacity, and the estimated decode speed from bandwidths. Works without a
+// GPU: --gpu-memory describes one (default: a 24 GiB card, said so).
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "configs/error.h"
+#include "engine/model_config.h"
+#include "engine/placement.h"
+#include "gpu/device.h"
+#include "tools/hmoe/command.h"
+
+namespace hmoe::cli {
+namespace {
+
+// Host memory read bandwidth (bytes/s): threads summing a 512 MiB buffer, best of 3.
+double measure_cpu_bandwidth() {
+  const size_t bytes = 512ull << 20, words = bytes / 8;
+  std::vector<uint64_t> buf(words);
+  for (size_t i = 0; i < words; ++i) buf[i] = i * 0x9e3779b97f4a7c15ull;
+  const unsigned nt = std::max(1u, std::thread::hardware_concurrency());
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<uint64_t> sums(nt);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> th;
+    for (unsigned t = 0; t < nt; ++t)
+      th.emplace_back([&, t] {
+        uint64_t s = 0;
+        for (size_t i = words * t / nt; i < words * (t + 1) / nt; ++i) s += buf[i];
+        sums[t] = s;
+      });
+    for (auto& x : th) x.join();
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    volatile uint64_t sink = 0;
+    for (auto s : sums) sink = sink + s;
+    best = std::max(best, static_cast<double>(bytes) / sec);
+  }
+  return best;
+}
+
+int run_plan(const Settings& s, std::vector<std::string>& args) {
+  std::string mem_s, gbw_s, cbw_s;
+  const bool have_mem = take_option(args, "--gpu-memory", mem_s);
+  const bool have_gbw = take_option(args, "--gpu-bandwidth", gbw_s);
+  const bool have_cbw = take_option(args, "--cpu-bandwidth", cbw_s);
+  reject_unknown_flags(args, "plan");
+  if (args.size() != 1) fail(ErrorKind::invalid_argument, "plan takes one MODEL directory");
+  for (const auto& n : s.notices) std::fprintf(stderr, "%s\n", n.c_str());
+  const ModelConfig c = ModelConfig::from_dir(args[0]);
+
+  GpuTarget gpu;
+  std::string gpu_note;
+  if (have_mem) {
+    gpu.total_bytes = parse_bytes("--gpu-memory", mem_s);
+    gpu.name = "a GPU of " + format_bytes(gpu.total_bytes) + " (--gpu-memory)";
+    gpu.assumed = true;
+  } else if (gpu::device_count() > 0) {
+    const gpu::DeviceInfo d = gpu::device_info(0);
+    gpu.total_bytes = d.total_bytes;
+    gpu.name = d.name;
+  } else {
+    gpu.total_bytes = 24ull << 30;
+    gpu.name = "a 24 GiB GPU";
+    gpu.assumed = true;
+    gpu_note = "no GPU found (" + gpu::describe() + "): planning for a 24 GiB card; pass --gpu-memory SIZE to describe yours";
+  }
+  gpu.bandwidth = have_gbw ? static_cast<double>(parse_bytes("--gpu-bandwidth", gbw_s)) : 1.0e12;
+  const std::string gbw_note = have_gbw ? "--gpu-bandwidth" : "assumed 1000 GB/s (a 4090/3090-class card); pass --gpu-bandwidth";
+  const double cpu_bw = have_cbw ? static_cast<double>(parse_bytes("--cpu-bandwidth", cbw_s)) : measure_cpu_bandwidth();
+
+  const Plan p = make_plan(c, s, gpu);
+  if (!gpu_note.empty()) std::printf("note: %s\n", gpu_note.c_str());
+  std::printf("model: %s (%s, %lld layers, %lld MoE)\n", args[0].c_str(), c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers),
+              static_cast<long long>(p.moe_layers()));
+  std::printf("GPU 0: %s, budget %s (gpu-memory-utilization %.2f)\n", gpu.name.c_str(), format_bytes(p.gpu_budget).c_str(),
+              s.gpu_memory_utilization);
+  std::printf("resident MoE layers: '%s' (%s) -> %lld of %lld\n\n", p.spec.c_str(), s.origin("gpu_resident_moe_layers").c_str(),
+              static_cast<long long>(p.resident_moe_layers()), static_cast<long long>(p.moe_layers()));
+  std::printf("layer  ffn    experts   bytes\n");
+  for (const auto& l : p.layers)
+    std::printf("%5lld  %-5s  %-8s  %s\n", static_cast<long long>(l.layer), l.moe ? "moe" : "dense", !l.moe ? "-" : (l.resident ? "GPU 0" : "CPU"),
+                l.moe ? format_bytes(l.expert_bytes).c_str() : "-");
+  std::printf("\nGPU 0: weights %s (attention, embeddings, routers, dense) + experts %s + workspace %s + KV %s = %s of %s\n",
+              format_bytes(p.gpu_fixed_bytes).c_str(), format_bytes(p.gpu_expert_bytes).c_str(), format_bytes(p.gpu_workspace_bytes).c_str(),
+              format_bytes(p.kv_bytes).c_str(),
+              format_bytes(p.gpu_fixed_bytes + p.gpu_expert_bytes + p.gpu_workspace_bytes + p.kv_bytes).c_str(), format_bytes(p.gpu_budget).c_str());
+  std::printf("host memory (NUMA nodes together; the expert engine splits each expert across nodes): experts %s\n",
+              format_bytes(p.cpu_expert_bytes).c_str());
+  std::printf("KV cache: %s per token, %lld tokens\n", format_bytes(p.kv_bytes_per_token).c_str(), static_cast<long long>(p.kv_tokens));
+  const double t = p.decode_seconds(gpu.bandwidth, cpu_bw);
+  std::printf("decode estimate (batch 1): GPU reads %s/token at %.0f GB/s (%s), CPU reads %s/token of cold experts at %.1f GB/s (%s)\n",
+              format_bytes(p.gpu_bytes_per_token).c_str(), gpu.bandwidth / 1e9, gbw_note.c_str(), format_bytes(p.cpu_bytes_per_token).c_str(),
+              cpu_bw / 1e9, have_cbw ? "--cpu-bandwidth" : "measured here");
+  std::printf("  -> %.2f ms/token, about %.1f tokens/s (bandwidth bound; no overlap assumed)\n", t * 1e3, 1.0 / t);
+  return 0;
+}
+
+}  // namespace
+HMOE_COMMAND(plan_cmd, "plan", "plan MODEL [--gpu-memory 24GiB] [--gpu-bandwidth 1TB] [--cpu-bandwidth 50GB] [placement settings]",
+             "print the GPU/CPU placement, memory and estimated decode speed without loading weights onto a GPU", run_plan);
+}  // namespace hmoe::cli
