@@ -38,6 +38,22 @@ class GroupTracker {
       cv_.notify_all();
     }
   }
+  void done_many(std::vector<std::pair<std::shared_ptr<ReadGroup>, std::string>>& done) {
+    if (done.empty()) return;
+    bool any = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      const auto now = Clock::now();
+      for (auto& [g, err] : done) {
+        if (!err.empty() && g->error.empty()) g->error = err;
+        if (--g->remaining == 0) {
+          g->completed = now;
+          any = true;
+        }
+      }
+    }
+    if (any) cv_.notify_all();
+  }
   int64_t wait(ReadGroup& g, const std::string& path) {
     const auto t0 = Clock::now();
     std::unique_lock<std::mutex> lk(mu_);
@@ -125,7 +141,10 @@ class UringReader final : public BlockReader {
     if (any) io_uring_submit(&ring_);
   }
 
+  // Reaps completions in batches (one lock and one wake-up per batch, not per read).
   void reap() {
+    std::vector<std::pair<uint64_t, int>> got;
+    std::vector<std::pair<std::shared_ptr<ReadGroup>, std::string>> finished;
     for (;;) {
       io_uring_cqe* cqe = nullptr;
       const int e = io_uring_wait_cqe(&ring_, &cqe);
@@ -134,44 +153,47 @@ class UringReader final : public BlockReader {
         fail_all(std::string("io_uring_wait_cqe: ") + std::strerror(-e));
         return;
       }
-      const uint64_t tag = io_uring_cqe_get_data64(cqe);
-      const int res = cqe->res;
-      io_uring_cqe_seen(&ring_, cqe);
-      std::unique_lock<std::mutex> lk(sq_mu_);
-      if (tag == kStopTag) {  // drain what the kernel still holds, drop the rest
-        std::deque<Pending> dropped;
-        dropped.swap(pending_);
-        stop_seen_ = true;
-        lk.unlock();
-        for (auto& p : dropped) tracker_.done_one(*p.group, "reader closed before the read was issued");
-        lk.lock();
-        if (free_ops_.size() == qd_) return;
-        continue;
-      }
-      Pending op = std::move(ops_[tag]);
-      ops_[tag] = {};
-      free_ops_.push_back(static_cast<unsigned>(tag));
-      std::string err;
-      if (res < 0) {
-        err = read_error(op.req, -res);
-      } else if (res == 0) {
-        err = "read at offset " + std::to_string(op.req.offset) + " hit the end of the file (truncated?)";
-      } else if (static_cast<uint32_t>(res) < op.req.len) {  // short read: queue the rest first
-        if (stop_seen_) {
-          err = "reader closed during a short read";
-        } else {
-          ReadRequest rest{op.req.offset + static_cast<uint64_t>(res), op.req.len - static_cast<uint32_t>(res),
-                           static_cast<uint8_t*>(op.req.dst) + res};
-          pending_.push_front({op.group, rest});
-          fill_locked();
-          continue;
+      io_uring_cqe* cqes[64];
+      const unsigned k = io_uring_peek_batch_cqe(&ring_, cqes, 64);
+      got.clear();
+      for (unsigned i = 0; i < k; ++i) got.push_back({io_uring_cqe_get_data64(cqes[i]), cqes[i]->res});
+      io_uring_cq_advance(&ring_, k);
+      finished.clear();
+      bool exit = false;
+      {
+        std::lock_guard<std::mutex> lk(sq_mu_);
+        for (const auto& [tag, res] : got) {
+          if (tag == kStopTag) {  // drain what the kernel still holds, drop the rest
+            for (auto& p : pending_) finished.push_back({std::move(p.group), "reader closed before the read was issued"});
+            pending_.clear();
+            stop_seen_ = true;
+            continue;
+          }
+          Pending op = std::move(ops_[tag]);
+          ops_[tag] = {};
+          free_ops_.push_back(static_cast<unsigned>(tag));
+          std::string err;
+          if (res < 0) {
+            err = read_error(op.req, -res);
+          } else if (res == 0) {
+            err = "read at offset " + std::to_string(op.req.offset) + " hit the end of the file (truncated?)";
+          } else if (static_cast<uint32_t>(res) < op.req.len) {  // short read: queue the rest first
+            if (stop_seen_) {
+              err = "reader closed during a short read";
+            } else {
+              ReadRequest rest{op.req.offset + static_cast<uint64_t>(res), op.req.len - static_cast<uint32_t>(res),
+                               static_cast<uint8_t*>(op.req.dst) + res};
+              pending_.push_front({op.group, rest});
+              continue;
+            }
+          }
+          finished.push_back({std::move(op.group), std::move(err)});
         }
+        if (!stop_seen_) fill_locked();
+        exit = stop_seen_ && free_ops_.size() == qd_;
       }
-      if (!stop_seen_) fill_locked();
-      const bool last = stop_seen_ && free_ops_.size() == qd_;
-      lk.unlock();
-      tracker_.done_one(*op.group, err);
-      if (last) return;
+      tracker_.done_many(finished);
+      if (exit) return;
     }
   }
 
