@@ -3,7 +3,9 @@
 // prefill, or preemption; cancellation frees KV blocks; the queue is bounded.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "engine/model.h"
@@ -146,4 +148,52 @@ TEST_CASE("scheduler: stop ids, cancellation frees KV blocks, bounded queue, shu
   sched.shutdown();
   for (size_t i = 0; i + refused < chans.size(); ++i) CHECK(chans[i]->wait_all().finish == FinishReason::shutdown);
   CHECK(sched.submit(greedy(prompt, 1)) == Scheduler::Submit::shutting_down);
+}
+
+TEST_CASE("batch invariance: a token's logits are bit-identical alone and inside a mixed batch") {
+  Model& m = *fixture().model;
+  const int64_t V = m.config().vocab_size;
+  std::mt19937_64 rng(23);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> p(1 + rng() % 20);
+    for (auto& t : p) t = static_cast<int32_t>(rng() % 151000);
+    prompts.push_back(p);
+  }
+  // Alone: each sequence in its own cache, one forward over its prompt.
+  std::vector<std::vector<float>> alone;
+  for (const auto& p : prompts) {
+    KvCache kv(m.kv_layout(), 8, 16);
+    int s = kv.add_sequence();
+    kv.reserve(s, static_cast<int64_t>(p.size()));
+    Batch b;
+    for (size_t i = 0; i < p.size(); ++i) b.add(p[i], s, static_cast<int64_t>(i), true);
+    std::vector<float> lg;
+    m.forward(b, kv, lg);
+    alone.push_back(lg);
+  }
+  // Together: all prompts interleaved token by token in one batch.
+  KvCache kv(m.kv_layout(), 64, 16);
+  std::vector<int> seqs;
+  for (const auto& p : prompts) {
+    seqs.push_back(kv.add_sequence());
+    kv.reserve(seqs.back(), static_cast<int64_t>(p.size()));
+  }
+  Batch b;
+  std::vector<std::pair<size_t, size_t>> where;
+  for (size_t pos = 0; pos < 20; ++pos)
+    for (size_t s = 0; s < prompts.size(); ++s)
+      if (pos < prompts[s].size()) {
+        b.add(prompts[s][pos], seqs[s], static_cast<int64_t>(pos), true);
+        where.push_back({s, pos});
+      }
+  std::vector<float> lg;
+  m.forward(b, kv, lg);
+  size_t mismatched = 0;
+  for (size_t r = 0; r < where.size(); ++r) {
+    const float* got = lg.data() + static_cast<int64_t>(r) * V;
+    const float* want = alone[where[r].first].data() + static_cast<int64_t>(where[r].second) * V;
+    if (std::memcmp(got, want, static_cast<size_t>(V) * sizeof(float)) != 0) ++mismatched;
+  }
+  CHECK(mismatched == 0);
 }
