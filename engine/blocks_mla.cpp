@@ -130,6 +130,10 @@ MlaWeights bind_mla_weights(WeightBinder& bind, const ModelConfig& c, const std:
 // ---- the block ----------------------------------------------------------------
 namespace {
 
+// Under MlaMode::automatic a sequence is expanded only while its expanded
+// K/V fit in this many floats (256 MiB); longer contexts stay latent.
+constexpr int64_t kMaxAutoExpandFloats = int64_t{64} << 20;
+
 class MlaAttention : public AttentionBlock {
  public:
   MlaAttention(const MlaWeights& w, const ModelConfig& c, int64_t layer, numa::ThreadPool& pool, MlaMode mode)
@@ -177,11 +181,18 @@ class MlaAttention : public AttentionBlock {
       std::copy(row, row + lw, kv.k(layer_, slots[t].seq, slots[t].pos));
     }
 
-    std::map<int, int64_t> per_seq;
-    for (int64_t t = 0; t < n; ++t) ++per_seq[slots[t].seq];
+    // Per sequence in this step: tokens, and the context the expansion would cover.
+    std::map<int, std::pair<int64_t, int64_t>> per_seq;
+    for (int64_t t = 0; t < n; ++t) {
+      auto& e = per_seq[slots[t].seq];
+      ++e.first;
+      e.second = std::max(e.second, slots[t].pos + 1);
+    }
     std::vector<int64_t> expanded, latent;
     for (int64_t t = 0; t < n; ++t) {
-      const bool expand = mode_ == MlaMode::expanded || (mode_ == MlaMode::automatic && per_seq[slots[t].seq] > 1);
+      const auto& e = per_seq[slots[t].seq];
+      const bool expand = mode_ == MlaMode::expanded ||
+                          (mode_ == MlaMode::automatic && e.first > 1 && e.second * nh_ * (nope_ + vd_) <= kMaxAutoExpandFloats);
       (expand ? expanded : latent).push_back(t);
     }
     attn_.resize(static_cast<size_t>(n * nh_ * vd_));

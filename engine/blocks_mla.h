@@ -17,7 +17,9 @@
 //    (o = W_UV sum_j p_j c_j), so attention runs in the latent space
 //    (cheaper for decode: one query, nothing expanded).
 // MlaMode::automatic expands for sequences with more than one token in the
-// step and attends in the latent space otherwise.
+// step (unless their expanded K/V would pass 256 MiB) and attends in the
+// latent space otherwise. The expanded path holds [context, heads,
+// nope + v] floats of one sequence at a time.
 //
 // Rope layout: with rope_interleave (the default, and what the published
 // weights expect) the rotary pairs are (2i, 2i+1); transformers permutes them
