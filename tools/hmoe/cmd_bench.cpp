@@ -1,0 +1,143 @@
+// hmoe bench experts: the routed-expert layer benchmark of numa/expert_bench.h
+// as a subcommand, so anyone can rerun it on their machine. One run prints
+// one JSON object (--json) or a line; --sweep prints the full tables (every
+// shape, dtype and token count at all threads, then thread scaling at one
+// token) in one call.
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "configs/error.h"
+#include "numa/expert_bench.h"
+#include "numa/kernels.h"
+#include "tools/hmoe/command.h"
+
+namespace hmoe::cli {
+namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+void print_row(const numa::ExpertBenchResult& r, bool json) {
+  if (json) {
+    std::printf("%s\n", r.json().c_str());
+  } else {
+    std::printf("| %s | %s | %lld | %d | %.2f | %.2f | %.1f | %.2f | %.1f | %.1f | %s |\n", r.shape.name.c_str(), r.cfg.dtype.c_str(),
+                static_cast<long long>(r.cfg.tokens), r.threads, r.seconds_per_step * 1e3, r.cpu_seconds_per_step * 1e3, r.weight_gbps,
+                r.bandwidth_ratio, r.gflops, r.stream_gbps, r.note.c_str());
+  }
+  std::fflush(stdout);
+}
+
+int run_bench(const Settings& s, std::vector<std::string>& args) {
+  if (args.empty() || args[0] != "experts") fail(ErrorKind::invalid_argument, "bench: the only benchmark is 'experts' (hmoe bench experts --help)");
+  args.erase(args.begin());
+  std::string shape = "qwen3-30b-a3b", dtype = "bf16", tokens_s = "1", held_s = "0", secs_s = "1", stream_s = "256";
+  std::string shapes_s = "qwen3-30b-a3b,deepseek-v3", dtypes_s = "bf16,int8,int4", tokens_list = "1,4,16,64,512", threads_list;
+  take_option(args, "--shape", shape);
+  // --dtype is also the settings flag (weight storage), consumed into s.weight_dtype before we see it.
+  if (s.weight_dtype != "auto") dtype = s.weight_dtype;
+  take_option(args, "--dtype", dtype);
+  take_option(args, "--tokens", tokens_s);
+  take_option(args, "--experts-held", held_s);
+  take_option(args, "--seconds", secs_s);
+  take_option(args, "--stream-mib", stream_s);
+  take_option(args, "--shapes", shapes_s);
+  take_option(args, "--dtypes", dtypes_s);
+  take_option(args, "--tokens-list", tokens_list);
+  take_option(args, "--threads-list", threads_list);
+  const bool json = take_flag(args, "--json");
+  const bool sweep = take_flag(args, "--sweep");
+  reject_unknown_flags(args, "bench experts");
+  if (!args.empty()) fail(ErrorKind::invalid_argument, "bench experts takes no positional arguments, got '" + args[0] + "'");
+  const double secs = parse_float("--seconds", secs_s);
+  const int64_t stream_mib = parse_int("--stream-mib", stream_s);
+  if (secs <= 0 || secs > 60) fail(ErrorKind::invalid_argument, "--seconds must be in (0, 60]");
+  if (stream_mib < 16 || stream_mib > 65536) fail(ErrorKind::invalid_argument, "--stream-mib must be in 16..65536");
+
+  numa::PoolOptions po = numa::PoolOptions::from_settings(s);
+  numa::ExpertBenchConfig base;
+  base.experts_held = parse_int("--experts-held", held_s);
+  base.min_seconds = secs;
+  base.bf16_dot = s.cpu_bf16_dot;
+
+  if (!sweep) {
+    numa::NodePools pools(po);
+    const double stream = numa::stream_triad_gbps(pools, static_cast<size_t>(stream_mib) << 20);
+    numa::ExpertBenchConfig cfg = base;
+    cfg.shape = shape;
+    cfg.dtype = dtype;
+    cfg.tokens = parse_int("--tokens", tokens_s);
+    const auto r = numa::run_expert_bench(cfg, pools, stream);
+    if (!json)
+      std::printf("| shape | dtype | tokens | threads | ms/step | cpu ms/step | weight GB/s | / STREAM | GFLOP/s | STREAM GB/s | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    print_row(r, json);
+    return 0;
+  }
+
+  // Sweep: all threads first, then thread scaling at one token.
+  numa::NodePools all(po);
+  const double stream = numa::stream_triad_gbps(all, static_cast<size_t>(stream_mib) << 20);
+  const int max_threads = all.threads();
+  const double dnnl_peak = numa::dnnl_sgemm_gflops(2048, 2048, 2048);
+  std::fprintf(stderr, "hmoe bench: %s\n", all.topology().describe().c_str());
+  std::string load = "?";
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    char buf[64] = {0};
+    if (std::fgets(buf, sizeof(buf), f)) load = std::string(buf, strnlen(buf, sizeof(buf))).substr(0, 14);
+    std::fclose(f);
+  }
+  std::printf("# hmoe bench experts --sweep: %s, isa %s%s, %d threads (%s), STREAM triad %.1f GB/s, oneDNN sgemm 2048^3 %.1f GFLOP/s, "
+              "load average %s\n\n",
+              all.topology().source.c_str(), cpu::isa_name(cpu::best_isa()), cpu::has_bf16_dot() ? " (+avx512_bf16)" : "", max_threads,
+              all.describe().c_str(), stream, dnnl_peak, load.c_str());
+  if (!json)
+    std::printf("| shape | dtype | tokens | threads | ms/step | cpu ms/step | weight GB/s | / STREAM | GFLOP/s | STREAM GB/s | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& sh : split_list(shapes_s))
+    for (const auto& dt : split_list(dtypes_s))
+      for (const auto& tk : split_list(tokens_list)) {
+        numa::ExpertBenchConfig cfg = base;
+        cfg.shape = sh;
+        cfg.dtype = dt;
+        cfg.tokens = parse_int("--tokens-list", tk);
+        print_row(numa::run_expert_bench(cfg, all, stream), json);
+      }
+  std::vector<int> threads;
+  if (!threads_list.empty()) {
+    for (const auto& t : split_list(threads_list)) threads.push_back(static_cast<int>(parse_int("--threads-list", t)));
+  } else {
+    for (int t = 1; t < max_threads; t *= 2) threads.push_back(t);
+    threads.push_back(max_threads);
+  }
+  if (!json) std::printf("\nThread scaling at 1 token (ratio against the all-thread STREAM triad):\n\n| shape | dtype | tokens | threads | ms/step | cpu ms/step | weight GB/s | / STREAM | GFLOP/s | STREAM GB/s | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int t : threads) {
+    numa::PoolOptions pt = po;
+    pt.threads = t;
+    pt.quiet = true;
+    numa::NodePools pools(pt);
+    for (const auto& sh : split_list(shapes_s))
+      for (const auto& dt : split_list(dtypes_s)) {
+        numa::ExpertBenchConfig cfg = base;
+        cfg.shape = sh;
+        cfg.dtype = dt;
+        cfg.tokens = 1;
+        print_row(numa::run_expert_bench(cfg, pools, stream), json);
+      }
+  }
+  return 0;
+}
+
+}  // namespace
+
+HMOE_COMMAND(bench_cmd, "bench",
+             "bench experts [--shape qwen3-30b-a3b|deepseek-v3] [--dtype bf16|int8|int4] [--tokens N] [--threads T] [--json] "
+             "[--experts-held N] [--seconds S] [--stream-mib M] | bench experts --sweep [--shapes a,b] [--dtypes a,b] "
+             "[--tokens-list 1,4,..] [--threads-list 1,2,..] [--json]",
+             "routed-expert layer and STREAM triad benchmark (weight GB/s against the machine's bandwidth)", run_bench);
+
+}  // namespace hmoe::cli
