@@ -1,0 +1,192 @@
+// Quantized Hugging Face checkpoints end to end: the tiny fixture is
+// quantized into each format by the tests' own quantizers
+// (tests/quant_tools/), loaded through Model::load, and compared with the
+// same model holding the dequantized weights in F32 (fp32 tolerance).
+// Then broken checkpoints: missing scales, shapes that disagree, bad configs.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "configs/error.h"
+#include "engine/logits.h"
+#include "engine/model.h"
+#include "io/mmap_file.h"
+#include "io/safetensors.h"
+#include "tests/quant_tools/hf_quantizers.h"
+#include "tests/test_util.h"
+
+using namespace hmoe;
+
+namespace {
+
+using Quantizer = std::function<qtools::HfQuantized(const std::string& base, const float* w, int64_t out, int64_t in)>;
+
+bool quantizable(const std::string& name) {
+  return name.find("_proj.weight") != std::string::npos && name.find("norm") == std::string::npos;
+}
+
+std::vector<float> to_floats(const io::TensorView& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint16_t h;
+    std::memcpy(&h, t.data + i * 2, 2);
+    v[i] = t.dtype == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+  }
+  return v;
+}
+
+// Writes dir_q (quantized) and dir_f (the dequantized twin in F32).
+void make_pair(const std::string& src, const std::string& dir_q, const std::string& dir_f, const nlohmann::json& qconfig, const Quantizer& quant,
+               const std::function<void(std::vector<io::TensorToWrite>&)>& mutate = {}) {
+  io::TensorStore store(src);
+  std::vector<io::TensorToWrite> q, f;
+  for (const auto& [name, t] : store.all()) {
+    io::TensorToWrite plain{name, t->dtype, t->shape, std::vector<uint8_t>(t->data, t->data + t->nbytes)};
+    if (!quantizable(name)) {
+      q.push_back(plain);
+      f.push_back(std::move(plain));
+      continue;
+    }
+    const auto w = to_floats(*t);
+    const std::string base = name.substr(0, name.size() - 7);
+    auto r = quant(base, w.data(), t->shape[0], t->shape[1]);
+    for (auto& x : r.tensors) q.push_back(std::move(x));
+    f.push_back(qtools::tensor(name, DType::f32, t->shape, r.deq));
+  }
+  if (mutate) mutate(q);
+  io::write_safetensors(dir_q + "/model.safetensors", q);
+  io::write_safetensors(dir_f + "/model.safetensors", f);
+  auto cfg = nlohmann::json::parse(test::read_file(src + "/config.json"));
+  test::write_file(dir_f + "/config.json", cfg.dump());
+  cfg["quantization_config"] = qconfig;
+  test::write_file(dir_q + "/config.json", cfg.dump());
+}
+
+std::unique_ptr<Model> load_quiet(const std::string& dir) {
+  std::vector<std::string> none;
+  Settings s = Settings::load(none);
+  s.progress = "none";
+  return Model::load(dir, s);
+}
+
+std::vector<float> prompt_logits(Model& m) {
+  const std::vector<int32_t> ids = {151644, 872, 198, 9707, 0, 10479, 525, 498, 30, 151645, 198, 151644, 77091, 198};
+  KvCache kv(m.kv_layout(), 4, 16);
+  const int seq = kv.add_sequence();
+  kv.reserve(seq, static_cast<int64_t>(ids.size()));
+  Batch b;
+  for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], seq, static_cast<int64_t>(i), true);
+  std::vector<float> logits;
+  m.forward(b, kv, logits);
+  return logits;
+}
+
+void compare_formats(const std::string& label, const nlohmann::json& qconfig, const Quantizer& quant) {
+  const std::string src = test::fixture_model("tiny-qwen3moe");
+  REQUIRE_MESSAGE(io::file_exists(src + "/model-00001-of-00003.safetensors"), "fixture shards missing in " << src);
+  test::TempDir dq("quant-" + label), df("deq-" + label);
+  make_pair(src, dq.str(), df.str(), qconfig, quant);
+  auto mq = load_quiet(dq.str());
+  auto mf = load_quiet(df.str());
+  const auto lq = prompt_logits(*mq), lf = prompt_logits(*mf);
+  REQUIRE(lq.size() == lf.size());
+  const int64_t V = mq->config().vocab_size;
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < lq.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(lq[i] - lf[i]))), scale = std::max(scale, static_cast<double>(std::fabs(lf[i])));
+  int same_top1 = 0;
+  for (size_t p = 0; p < lq.size() / static_cast<size_t>(V); ++p) same_top1 += argmax(lq.data() + p * V, V) == argmax(lf.data() + p * V, V);
+  // Quantization must have changed the model (the quantized weights are used).
+  static const std::vector<float> original = prompt_logits(*load_quiet(src));
+  double from_original = 0;
+  for (size_t i = 0; i < lq.size(); ++i) from_original = std::max(from_original, static_cast<double>(std::fabs(lq[i] - original[i])));
+  MESSAGE(label << ": max |logit diff| vs the dequantized F32 model " << worst << " (max |logit| " << scale << "; vs the unquantized bf16 model "
+                << from_original << "), same top-1 at " << same_top1 << "/" << lq.size() / static_cast<size_t>(V));
+  CHECK(worst < 1e-3);
+  CHECK(from_original > 1e-3);
+  CHECK(static_cast<size_t>(same_top1) == lq.size() / static_cast<size_t>(V));
+}
+
+nlohmann::json gptq_cfg(int bits, int group, bool sym, bool desc_act) {
+  return {{"quant_method", "gptq"}, {"bits", bits}, {"group_size", group}, {"sym", sym}, {"desc_act", desc_act}, {"checkpoint_format", "gptq"}};
+}
+
+}  // namespace
+
+TEST_CASE("GPTQ checkpoints load and match their dequantized twin") {
+  compare_formats("gptq-4bit-g32-sym", gptq_cfg(4, 32, true, false), [](const std::string& b, const float* w, int64_t o, int64_t i) {
+    return qtools::quantize_gptq(b, w, o, i, 4, 32, true, false, 1);
+  });
+  compare_formats("gptq-4bit-g128-asym", gptq_cfg(4, 128, false, false), [](const std::string& b, const float* w, int64_t o, int64_t i) {
+    return qtools::quantize_gptq(b, w, o, i, 4, 128, false, false, 1);
+  });
+  compare_formats("gptq-4bit-channel-asym", gptq_cfg(4, -1, false, false), [](const std::string& b, const float* w, int64_t o, int64_t i) {
+    return qtools::quantize_gptq(b, w, o, i, 4, -1, false, false, 1);
+  });
+  compare_formats("gptq-8bit-g64-asym", gptq_cfg(8, 64, false, false), [](const std::string& b, const float* w, int64_t o, int64_t i) {
+    return qtools::quantize_gptq(b, w, o, i, 8, 64, false, false, 1);
+  });
+  compare_formats("gptq-4bit-g32-desc_act", gptq_cfg(4, 32, true, true), [](const std::string& b, const float* w, int64_t o, int64_t i) {
+    return qtools::quantize_gptq(b, w, o, i, 4, 32, true, true, static_cast<uint32_t>(o * 131 + i));
+  });
+}
+
+TEST_CASE("AWQ GEMM checkpoints load and match their dequantized twin") {
+  compare_formats("awq-g32", {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 32}, {"zero_point", true}, {"version", "gemm"}},
+                  [](const std::string& b, const float* w, int64_t o, int64_t i) { return qtools::quantize_awq(b, w, o, i, 32); });
+}
+
+TEST_CASE("compressed-tensors pack-quantized W4A16 / W8A16 load and match their dequantized twin") {
+  auto ct = [](int bits, int group) {
+    nlohmann::json weights = {{"num_bits", bits}, {"type", "int"}, {"symmetric", true}, {"strategy", group > 0 ? "group" : "channel"}};
+    if (group > 0) weights["group_size"] = group;
+    return nlohmann::json{{"quant_method", "compressed-tensors"},
+                          {"format", "pack-quantized"},
+                          {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights}}}}},
+                          {"ignore", {"lm_head", "re:.*mlp\\.gate$"}}};
+  };
+  compare_formats("ct-w4a16-g32", ct(4, 32), [](const std::string& b, const float* w, int64_t o, int64_t i) { return qtools::quantize_ct(b, w, o, i, 4, 32); });
+  compare_formats("ct-w8a16-channel", ct(8, -1), [](const std::string& b, const float* w, int64_t o, int64_t i) { return qtools::quantize_ct(b, w, o, i, 8, -1); });
+}
+
+TEST_CASE("FP8 e4m3 with 128x128 block scales loads and matches its dequantized twin") {
+  compare_formats("fp8-block", {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {128, 128}}},
+                  [](const std::string& b, const float* w, int64_t o, int64_t i) { return qtools::quantize_fp8(b, w, o, i, 128, 128); });
+}
+
+TEST_CASE("broken quantized checkpoints are clear errors") {
+  const std::string src = test::fixture_model("tiny-qwen3moe");
+  REQUIRE(io::file_exists(src + "/model-00001-of-00003.safetensors"));
+  const auto gptq = [](const std::string& b, const float* w, int64_t o, int64_t i) { return qtools::quantize_gptq(b, w, o, i, 4, 32, true, false, 1); };
+  auto expect_error = [&](const std::string& label, const nlohmann::json& cfg, const std::function<void(std::vector<io::TensorToWrite>&)>& mutate,
+                          const std::string& needle) {
+    test::TempDir dq("bad-" + label), df("badf-" + label);
+    make_pair(src, dq.str(), df.str(), cfg, gptq, mutate);
+    CHECK_THROWS_WITH_AS(load_quiet(dq.str()), doctest::Contains(needle.c_str()), Error);
+  };
+  const std::string victim = "model.layers.1.self_attn.q_proj";
+  expect_error("missing-scales", gptq_cfg(4, 32, true, false),
+               [&](auto& ts) { std::erase_if(ts, [&](const io::TensorToWrite& t) { return t.name == victim + ".scales"; }); }, "scales' is missing");
+  expect_error("bad-shape", gptq_cfg(4, 32, true, false),
+               [&](auto& ts) {
+                 for (auto& t : ts)
+                   if (t.name == victim + ".scales") t.shape = {t.shape[1], t.shape[0]}, (void)0;
+               },
+               "scales");
+  expect_error("bad-gidx", gptq_cfg(4, 32, true, false),
+               [&](auto& ts) {
+                 for (auto& t : ts)
+                   if (t.name == victim + ".g_idx") std::memset(t.bytes.data(), 0x7f, 4);
+               },
+               "g_idx[0]");
+  expect_error("bad-method", {{"quant_method", "bitsandbytes"}}, {}, "quant_method 'bitsandbytes'");
+  expect_error("bad-bits", gptq_cfg(3, 32, true, false), {}, "bits 3");
+  expect_error("ct-asym", {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"},
+                           {"config_groups", {{"g", {{"targets", {"Linear"}}, {"weights", {{"num_bits", 4}, {"symmetric", false}, {"group_size", 32}}}}}}}},
+               [&](auto& ts) {
+                 for (auto& t : ts)
+                   if (t.name.ends_with(".qweight")) t.name = t.name.substr(0, t.name.size() - 8) + ".weight_packed";
+               },
+               "asymmetric");
+}
