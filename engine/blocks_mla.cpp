@@ -130,6 +130,46 @@ MlaWeights bind_mla_weights(WeightBinder& bind, const ModelConfig& c, const std:
 // ---- the block ----------------------------------------------------------------
 namespace {
 
+// y += a * x, vectorised where the CPU has AVX2 (the kernels' ISA choice).
+__attribute__((target("avx2,fma"))) void axpy_avx2(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+void axpy(float a, const float* x, float* y, int64_t n) {
+  if (cpu::best_isa() != cpu::Isa::scalar) return axpy_avx2(a, x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// W_UK[h]^T for every head, [heads * kv_lora, nope]: kv_b's K half
+// transposed so that absorbing it into the query is a gemm. Same dtype as
+// kv_b when plain (bf16 / f16 / f32), fp32 for quantized kv_b.
+struct TransposedUk {
+  std::vector<uint16_t> half;
+  std::vector<float> full;
+  cpu::Mat view;
+  TransposedUk() = default;
+  TransposedUk(const cpu::Mat& kv_b, int64_t heads, int64_t nope, int64_t v, int64_t r) {
+    const int64_t ew = nope + v;
+    const bool plain16 = kv_b.quant == cpu::Quant::none && (kv_b.dtype == DType::bf16 || kv_b.dtype == DType::f16);
+    if (plain16) half.resize(static_cast<size_t>(heads * r * nope));
+    else full.resize(static_cast<size_t>(heads * r * nope));
+    std::vector<float> row(static_cast<size_t>(r));
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < nope; ++i) {
+        const int64_t src = h * ew + i;
+        if (plain16) {
+          const auto* in = reinterpret_cast<const uint16_t*>(kv_b.row(src));
+          for (int64_t j = 0; j < r; ++j) half[static_cast<size_t>((h * r + j) * nope + i)] = in[j];
+        } else {
+          cpu::row_to_f32(kv_b, src, row.data());
+          for (int64_t j = 0; j < r; ++j) full[static_cast<size_t>((h * r + j) * nope + i)] = row[static_cast<size_t>(j)];
+        }
+      }
+    view = plain16 ? cpu::Mat{kv_b.dtype, half.data(), heads * r, nope} : cpu::Mat{DType::f32, full.data(), heads * r, nope};
+  }
+  TransposedUk(TransposedUk&&) = default;
+  TransposedUk& operator=(TransposedUk&&) = default;
+};
+
 // Under MlaMode::automatic a sequence is expanded only while its expanded
 // K/V fit in this many floats (256 MiB); longer contexts stay latent.
 constexpr int64_t kMaxAutoExpandFloats = int64_t{64} << 20;
@@ -151,6 +191,7 @@ class MlaAttention : public AttentionBlock {
         r_(c.mla.kv_lora_rank),
         q_lora_(c.mla.q_lora_rank),
         layers_(c.num_hidden_layers) {
+    uk_t_ = TransposedUk(w_.kv_b, nh_, nope_, vd_, r_);
     kv_norm_.resize(static_cast<size_t>(r_));
     cpu::to_f32(w_.kv_a_norm.dtype, w_.kv_a_norm.data, kv_norm_.data(), r_);
   }
@@ -254,53 +295,59 @@ class MlaAttention : public AttentionBlock {
     }
   }
 
-  // Attention in the latent space with kv_b absorbed on both sides.
+  // Attention in the latent space with kv_b absorbed on both sides. Per
+  // token: qcat[h] = [W_UK[h]^T q_nope[h], q_pe[h]] (kv_lora + rope floats),
+  // scores over each cache block as one small gemm (the block's tokens are
+  // contiguous rows of [latent, rope key]), o_lat = sum_j p_j c_j, then
+  // out[h] = W_UV[h] o_lat[h].
   void attend_latent(const std::vector<int64_t>& tokens, const ops::TokenSlot* slots, KvCache& kv) {
-    const int64_t qk = nope_ + rope_dim_, ew = nope_ + vd_, m = static_cast<int64_t>(tokens.size());
-    qlat_.assign(static_cast<size_t>(m * nh_ * r_), 0.0f);
-    // q_lat[k, h] = sum_i q_nope[t_k, h, i] * W_UK[h][i, :]
+    const int64_t qk = nope_ + rope_dim_, ew = nope_ + vd_, lw = r_ + rope_dim_, m = static_cast<int64_t>(tokens.size());
+    const int64_t bs = kv.block_size();
+    qg_.resize(static_cast<size_t>(m * nh_ * qk));
+    for (int64_t k = 0; k < m; ++k)
+      std::copy(q_.begin() + tokens[static_cast<size_t>(k)] * nh_ * qk, q_.begin() + (tokens[static_cast<size_t>(k)] + 1) * nh_ * qk,
+                qg_.begin() + k * nh_ * qk);
+    qcat_.resize(static_cast<size_t>(m * nh_ * lw));
     pool_.parallel_for(nh_, [&](int64_t b, int64_t e, int) {
-      std::vector<float> row(static_cast<size_t>(r_));
-      for (int64_t h = b; h < e; ++h)
-        for (int64_t i = 0; i < nope_; ++i) {
-          cpu::row_to_f32(w_.kv_b, h * ew + i, row.data());
-          for (int64_t k = 0; k < m; ++k) {
-            const float a = q_[static_cast<size_t>((tokens[static_cast<size_t>(k)] * nh_ + h) * qk + i)];
-            float* ql = qlat_.data() + (k * nh_ + h) * r_;
-            for (int64_t j = 0; j < r_; ++j) ql[j] += a * row[static_cast<size_t>(j)];
-          }
-        }
-    });
-    olat_.resize(static_cast<size_t>(m * nh_ * r_));
-    pool_.parallel_for(m * nh_, [&](int64_t b, int64_t e, int) {
-      std::vector<float> p;
-      for (int64_t job = b; job < e; ++job) {
-        const int64_t k = job / nh_, h = job % nh_, t = tokens[static_cast<size_t>(k)];
-        const float* ql = qlat_.data() + (k * nh_ + h) * r_;
-        const float* qr = q_.data() + (t * nh_ + h) * qk + nope_;
-        const int seq = slots[t].seq;
-        const int64_t n_ctx = slots[t].pos + 1;
-        p.resize(static_cast<size_t>(n_ctx));
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n_ctx; ++j) {
-          const float* c = kv.k(layer_, seq, j);
-          float s = 0;
-          for (int64_t i = 0; i < r_; ++i) s += ql[i] * c[i];
-          for (int64_t i = 0; i < rope_dim_; ++i) s += qr[i] * c[r_ + i];
-          s *= scale_;
-          p[static_cast<size_t>(j)] = s;
-          mx = std::max(mx, s);
-        }
-        const float inv = softmax_in_place(p, mx);
-        float* ol = olat_.data() + (k * nh_ + h) * r_;
-        std::fill(ol, ol + r_, 0.0f);
-        for (int64_t j = 0; j < n_ctx; ++j) {
-          const float pj = p[static_cast<size_t>(j)] * inv;
-          const float* c = kv.k(layer_, seq, j);
-          for (int64_t i = 0; i < r_; ++i) ol[i] += pj * c[i];
-        }
+      for (int64_t h = b; h < e; ++h) {
+        cpu::gemm_rows(qg_.data() + h * qk, nh_ * qk, m, uk_t_.view.slice_rows(h * r_, (h + 1) * r_), 0, r_, qcat_.data() + h * lw, nh_ * lw);
+        for (int64_t k = 0; k < m; ++k)
+          std::copy(qg_.begin() + (k * nh_ + h) * qk + nope_, qg_.begin() + (k * nh_ + h + 1) * qk, qcat_.begin() + (k * nh_ + h) * lw + r_);
       }
     });
+    olat_.resize(static_cast<size_t>(m * nh_ * r_));
+    for (int64_t k = 0; k < m; ++k) {
+      const int64_t t = tokens[static_cast<size_t>(k)], n_ctx = slots[t].pos + 1, blocks = (n_ctx + bs - 1) / bs;
+      const int seq = slots[t].seq;
+      scores_.resize(static_cast<size_t>(nh_ * n_ctx));
+      // scores[h, j] for every block of the context.
+      pool_.parallel_for(blocks, [&](int64_t b0, int64_t b1, int) {
+        for (int64_t blk = b0; blk < b1; ++blk) {
+          const int64_t j0 = blk * bs, rows = std::min(bs, n_ctx - j0);
+          const cpu::Mat cache{DType::f32, kv.k(layer_, seq, j0), rows, lw};
+          cpu::gemm_rows(qcat_.data() + k * nh_ * lw, lw, nh_, cache, 0, rows, scores_.data() + j0, n_ctx);
+        }
+      });
+      pool_.parallel_for(nh_, [&](int64_t b, int64_t e, int) {
+        for (int64_t h = b; h < e; ++h) {
+          float* p = scores_.data() + h * n_ctx;
+          float mx = -INFINITY;
+          for (int64_t j = 0; j < n_ctx; ++j) {
+            p[j] *= scale_;
+            mx = std::max(mx, p[j]);
+          }
+          double sum = 0;
+          for (int64_t j = 0; j < n_ctx; ++j) {
+            p[j] = std::exp(p[j] - mx);
+            sum += p[j];
+          }
+          const float inv = static_cast<float>(1.0 / sum);
+          float* ol = olat_.data() + (k * nh_ + h) * r_;
+          std::fill(ol, ol + r_, 0.0f);
+          for (int64_t j = 0; j < n_ctx; ++j) axpy(p[j] * inv, kv.k(layer_, seq, j), ol, r_);
+        }
+      });
+    }
     // out[t_k, h] = W_UV[h] o_lat[k, h]
     ov_.resize(static_cast<size_t>(m * nh_ * vd_));
     pool_.parallel_for(nh_, [&](int64_t b, int64_t e, int) {
@@ -333,7 +380,8 @@ class MlaAttention : public AttentionBlock {
   double eps_;
   int64_t nh_, nope_, rope_dim_, vd_, r_, q_lora_, layers_;
   std::vector<float> kv_norm_;
-  std::vector<float> qa_, q_, ckv_, attn_, lat_, kpe_, exp_, qlat_, olat_, ov_;
+  TransposedUk uk_t_;
+  std::vector<float> qa_, q_, ckv_, attn_, lat_, kpe_, exp_, qg_, qcat_, scores_, olat_, ov_;
 };
 
 }  // namespace
