@@ -23,6 +23,7 @@
 #include "engine/blocks_gpu.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
+#include "numa/node_pools.h"
 #include "numa/thread_pool.h"
 
 using namespace hmoe;
@@ -140,7 +141,7 @@ void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw) {
   }
   // Attention decode: one token per sequence, 32 heads over 4 KV heads of 128.
   std::printf("\nattention decode (32 q heads, 4 kv heads, hd 128): bytes = K+V read\n");
-  std::printf("%6s %8s %10s %10s %8s\n", "seqs", "ctx", "us", "GB/s", "of copy");
+  std::printf("%6s %8s %6s %10s %10s %8s\n", "seqs", "ctx", "splits", "us", "GB/s", "of copy");
   for (auto [seqs, ctx] : {std::pair<int64_t, int64_t>{1, 4096}, {8, 4096}, {32, 8192}}) {
     const int64_t kvw = 4 * 128, hd = 128, heads = 32;
     const int64_t slots = seqs * ctx;
@@ -156,12 +157,14 @@ void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw) {
     gpu::copy_to_device(doff.data(), offs.data(), offs.size() * 4, s);
     gpu::copy_to_device(dlen.data(), lens.data(), lens.size() * 4, s);
     gpu::memset_device(dq.data(), 0, dq.bytes(), s);
+    gpu::DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(gpu::attention_scratch_floats(seqs, heads, hd, ctx), 4)) * 4);
     const double t = time_gpu(s, 20, [&] {
       gpu::attention(dq.as<float>(), heads * hd, seqs, heads, 4, hd, kc.as<bf16_t>(), vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
-                     dlen.as<int32_t>(), 0.088f, dout.as<bf16_t>(), s);
+                     dlen.as<int32_t>(), ctx, 0.088f, scratch.as<float>(), dout.as<bf16_t>(), s);
     });
     const double bytes = 2.0 * static_cast<double>(slots * kvw) * 2;
-    std::printf("%6lld %8lld %10.1f %10.0f %7.0f%%\n", (long long)seqs, (long long)ctx, t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy_bw);
+    std::printf("%6lld %8lld %6lld %10.1f %10.0f %7.0f%%\n", (long long)seqs, (long long)ctx, (long long)gpu::attention_splits(seqs, heads, ctx),
+                t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy_bw);
   }
   // cuBLAS products at prefill sizes.
   std::printf("\ncuBLAS bf16 gemm (y = x W^T, fp32 out): roofline 990 TFLOP/s dense bf16 (datasheet)\n");
@@ -188,7 +191,8 @@ struct Synthetic {
   }
 };
 
-void model_benchmark(numa::ThreadPool& pool, int layers, int steps) {
+void model_benchmark(numa::NodePools& pools, int layers, int steps) {
+  numa::ThreadPool& pool = pools.pool(0);
   Synthetic m;
   ModelConfig& c = m.c;
   c.model_type = "qwen3_moe";
@@ -247,7 +251,7 @@ void model_benchmark(numa::ThreadPool& pool, int layers, int steps) {
   std::printf("\nsynthetic Qwen3-30B-A3B: %d layers, %.1f GB of random bf16 weights made in %.1f s\n", layers,
               static_cast<double>(2 * V * H + layers * (per_layer + E * 3 * I * H)) * 2 / 1e9, now() - t0);
   const double dram = host_read_bandwidth(pool);
-  std::printf("host DRAM read bandwidth (%d threads, 4 GiB, best of 3): %.1f GB/s\n", pool.size(), dram / 1e9);
+  std::printf("host DRAM read bandwidth (%d threads of node 0, 4 GiB, best of 3): %.1f GB/s\n", pool.size(), dram / 1e9);
   const WeightLookup get = [&](const std::string& name, const std::vector<int64_t>&) {
     auto it = m.mats.find(name);
     if (it == m.mats.end()) fail(ErrorKind::bad_model, "synthetic model has no tensor " + name);
@@ -265,7 +269,7 @@ void model_benchmark(numa::ThreadPool& pool, int layers, int steps) {
     }
     std::unique_ptr<GpuStack> stack;
     try {
-      stack = std::make_unique<GpuStack>(c, resident, get, pool);
+      stack = std::make_unique<GpuStack>(c, resident, get, pools);
     } catch (const Error& e) {
       std::printf("| %d%% | - | could not build: %s |\n", pct, e.what());
       continue;
@@ -326,10 +330,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    numa::ThreadPool pool(0);
+    numa::PoolOptions popt;
+    numa::NodePools pools(popt);
     double copy_bw = 0;
-    kernel_benchmarks(pool, copy_bw);
-    if (!skip_model) model_benchmark(pool, quick ? 4 : 48, steps);
+    kernel_benchmarks(pools.pool(0), copy_bw);
+    if (!skip_model) model_benchmark(pools, quick ? 4 : 48, steps);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu: %s\n", e.what());
     return 1;

@@ -59,10 +59,11 @@ struct GpuStack::Impl {
     gpu::DeviceBuffer router, gate_up, down;  // gate_up/down: dense MLP or resident experts
     bool moe = false, resident = false;
     std::vector<numa::ExpertWeights> cpu_experts;  // non-resident MoE layers
+    std::unique_ptr<numa::ExpertEngine> engine;    // over cpu_experts
   };
 
   const ModelConfig& c;
-  numa::ThreadPool& pool;
+  numa::NodePools& pools;
   gpu::Stream stream;
   gpu::Blas blas{stream};
   gpu::DeviceBuffer embed, lm_head, final_norm, inv_freq;
@@ -72,18 +73,20 @@ struct GpuStack::Impl {
   gpu::DeviceBuffer kc, vc;
   int64_t kv_slots = 0;
   // Activations.
-  gpu::DeviceBuffer x, d, hb, hf, qkv, attn, gu, act_b, router_l, topk_ids, topk_w, route_off, pair_list, moe_act, moe_partial, logits_d,
+  gpu::DeviceBuffer x, d, hb, hf, qkv, attn, attn_scratch, gu, act_b, router_l, topk_ids, topk_w, route_off, pair_list, moe_act, moe_partial, logits_d,
       meta;
   gpu::PinnedBuffer meta_h, hf_h, ids_h, w_h, out_h, logits_h;
   std::vector<float> cpu_out;
   std::vector<gpu::Event> events;  // 4 per layer: D2H start/end, H2D start/end
   GpuStepTimes times;
 
-  Impl(const ModelConfig& cfg, numa::ThreadPool& p) : c(cfg), pool(p) {}
+  Impl(const ModelConfig& cfg, numa::NodePools& p) : c(cfg), pools(p) {}
 };
 
-GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, const WeightLookup& get, numa::ThreadPool& pool)
-    : impl_(std::make_unique<Impl>(c, pool)) {
+GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, const WeightLookup& get, numa::NodePools& pools,
+                   const numa::EngineOptions& experts_opt)
+    : impl_(std::make_unique<Impl>(c, pools)) {
+  numa::EngineOptions eopt = experts_opt;
   Impl& m = *impl_;
   gpu::Stream& s = m.stream;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim;
@@ -157,6 +160,9 @@ GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, cons
         m.weight_bytes += w.gate_up.bytes() + w.down.bytes();
       } else {
         w.cpu_experts = std::move(ex);
+        eopt.name = "layer " + std::to_string(l) + " routed experts (CPU)";
+        w.engine = std::make_unique<numa::ExpertEngine>(w.cpu_experts, pools, eopt);
+        eopt.print_memory = false;  // the first hybrid layer speaks for all
       }
     }
     m.layers.push_back(std::move(w));
@@ -194,11 +200,12 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   // Step metadata in one upload: tokens, pos, own slot, attention offsets, lens, logit rows, slot lists.
   std::vector<int32_t> meta(static_cast<size_t>(5 * n + mrows));
   std::map<int, std::pair<int32_t, int64_t>> seq_list;  // seq -> (offset, length)
-  int64_t list_len = 0;
+  int64_t list_len = 0, max_len = 0;
   for (int64_t i = 0; i < n; ++i) {
     const auto& sl = b.slots[static_cast<size_t>(i)];
     auto& e = seq_list[sl.seq];
     e.second = std::max(e.second, sl.pos + 1);
+    max_len = std::max(max_len, sl.pos + 1);
   }
   for (auto& [seq, e] : seq_list) {
     e.first = static_cast<int32_t>(list_len);
@@ -235,6 +242,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   fit(m.hf, n * H * 4);
   fit(m.qkv, n * ld * 4);
   fit(m.attn, n * nh * hd * 2);
+  fit(m.attn_scratch, gpu::attention_scratch_floats(n, nh, hd, max_len) * 4);
   fit(m.gu, n * 2 * Id * 4);
   fit(m.act_b, n * Id * 2);
   fit(m.router_l, n * E * 4);
@@ -263,8 +271,8 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     gpu::qk_norm_rope(qkv, n, ld, nh, hd, w.q_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
     gpu::qk_norm_rope(qkv + nh * hd, n, ld, kvh, hd, w.k_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
     gpu::kv_store(qkv + nh * hd, qkv + (nh + kvh) * hd, ld, n, kvw, d_slot, m.kc.as<bf16_t>() + layer_off, m.vc.as<bf16_t>() + layer_off, s);
-    gpu::attention(qkv, ld, n, nh, kvh, hd, m.kc.as<bf16_t>() + layer_off, m.vc.as<bf16_t>() + layer_off, d_lists, d_off, d_len, scale,
-                   m.attn.as<bf16_t>(), s);
+    gpu::attention(qkv, ld, n, nh, kvh, hd, m.kc.as<bf16_t>() + layer_off, m.vc.as<bf16_t>() + layer_off, d_lists, d_off, d_len, max_len, scale,
+                   m.attn_scratch.as<float>(), m.attn.as<bf16_t>(), s);
     m.blas.gemm(m.attn.as<bf16_t>(), n, w.o.as<bf16_t>(), H, nh * hd, d, H);
     const bool hybrid = w.moe && !w.resident;
     gpu::add_rms_norm(x, d, nullptr, n, H, w.post_norm.as<bf16_t>(), eps, hb, hybrid ? m.hf.as<float>() : nullptr, s);
@@ -297,7 +305,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     const auto c0 = std::chrono::steady_clock::now();
     float* out = m.out_h.as<float>();
     std::memset(out, 0, static_cast<size_t>(n * H * 4));
-    numa::moe_forward(m.hf_h.as<float>(), n, H, m.ids_h.as<int32_t>(), m.w_h.as<float>(), K, w.cpu_experts, out, &m.pool);
+    w.engine->forward(m.hf_h.as<float>(), n, m.ids_h.as<int32_t>(), m.w_h.as<float>(), K, out);
     cpu_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
     ev[2].record(s);
     gpu::copy_to_device(d, out, static_cast<size_t>(n * H * 4), s);
@@ -323,7 +331,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   m.times.steps += 1;
 }
 
-std::unique_ptr<GpuStack> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::ThreadPool& pool) {
+std::unique_ptr<GpuStack> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::NodePools& pools) {
   const bool quiet = s.progress == "none";
   for (const auto& n : s.notices)
     if (n.find("GPU_RESIDENT") != std::string::npos) std::fprintf(stderr, "%s\n", n.c_str());
@@ -352,7 +360,7 @@ std::unique_ptr<GpuStack> make_gpu_stack(const ModelConfig& c, const io::TensorS
     const io::TensorView& t = store->get(name, shape);
     return cpu::Mat{t.dtype, t.data, shape.empty() ? 1 : shape[0], shape.size() > 1 ? shape[1] : 1};
   };
-  return std::make_unique<GpuStack>(c, plan.resident(), get, pool);
+  return std::make_unique<GpuStack>(c, plan.resident(), get, pools, numa::EngineOptions::from_settings(s));
 }
 
 }  // namespace hmoe

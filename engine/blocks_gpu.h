@@ -2,7 +2,7 @@
 // attention (paged KV cache in bf16 on the GPU), routers, dense MLPs,
 // resident MoE layers' experts and lm_head run on the GPU; the experts of
 // non-resident MoE layers stay in host memory and run on the CPU
-// (numa::moe_forward), reached through pinned buffers: normed hidden states
+// (numa::ExpertEngine), reached through pinned buffers: normed hidden states
 // and routing go down, expert sums come back, the step goes on.
 //
 // Contract: the constructor uploads every GPU weight (as bf16) and keeps
@@ -22,8 +22,9 @@
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "io/safetensors.h"
+#include "numa/expert_engine.h"
 #include "numa/kernels.h"
-#include "numa/thread_pool.h"
+#include "numa/node_pools.h"
 
 namespace hmoe {
 
@@ -41,8 +42,10 @@ struct GpuStepTimes {
 
 class GpuStack {
  public:
-  // resident[l]: layer l's routed experts on the GPU (ignored for dense layers).
-  GpuStack(const ModelConfig& c, const std::vector<bool>& resident, const WeightLookup& get, numa::ThreadPool& pool);
+  // resident[l]: layer l's routed experts on the GPU (ignored for dense
+  // layers); the others run on an ExpertEngine over `pools`.
+  GpuStack(const ModelConfig& c, const std::vector<bool>& resident, const WeightLookup& get, numa::NodePools& pools,
+           const numa::EngineOptions& experts_opt = {});
   ~GpuStack();
   GpuStack(const GpuStack&) = delete;
   GpuStack& operator=(const GpuStack&) = delete;
@@ -64,6 +67,6 @@ class GpuStack {
 // builds the stack; returns nullptr for the CPU path. `store` null (GGUF,
 // quantized checkpoints) or an architecture without a GPU graph runs on the
 // CPU under --device auto and is an error under --device cuda.
-std::unique_ptr<GpuStack> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::ThreadPool& pool);
+std::unique_ptr<GpuStack> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::NodePools& pools);
 
 }  // namespace hmoe

@@ -40,10 +40,15 @@ void kv_store(const float* k, const float* v, int64_t ld, int64_t n, int64_t wid
 // Causal GQA attention over a paged cache. Token t (query row t of stride
 // ldq, heads*hd values) attends to cache slots slot_lists[offsets[t] + j],
 // j < lens[t]; kc/vc rows hold kv_heads*hd values. out: [n, heads*hd] bf16.
-// hd: 64 or 128 (any multiple of 32 up to 128).
+// hd: 64 or 128 (any multiple of 32 up to 128). max_len >= every lens[t];
+// when few (token, head) pairs face long contexts the keys are split over
+// several blocks (flash-decoding), which needs `scratch` of
+// attention_scratch_floats(n, heads, hd, max_len) floats (may be null when that is 0).
 void attention(const float* q, int64_t ldq, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const bf16_t* kc,
-               const bf16_t* vc, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, float scale, bf16_t* out,
-               Stream& s);
+               const bf16_t* vc, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, int64_t max_len, float scale,
+               float* scratch, bf16_t* out, Stream& s);
+int64_t attention_splits(int64_t n, int64_t heads, int64_t max_len);
+int64_t attention_scratch_floats(int64_t n, int64_t heads, int64_t hd, int64_t max_len);
 
 // h[t, i] = bf16(silu(gu[t, i]) * gu[t, inter + i]); gu: [n, 2*inter].
 void silu_mul(const float* gu, int64_t n, int64_t inter, bf16_t* h, Stream& s);

@@ -16,9 +16,11 @@ void qk_norm_rope(float*, int64_t, int64_t, int64_t, int64_t, const bf16_t*, flo
 }
 void kv_store(const float*, const float*, int64_t, int64_t, int64_t, const int32_t*, bf16_t*, bf16_t*, Stream&) { no_cuda("kv_store"); }
 void attention(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const bf16_t*, const bf16_t*, const int32_t*, const int32_t*,
-               const int32_t*, float, bf16_t*, Stream&) {
+               const int32_t*, int64_t, float, float*, bf16_t*, Stream&) {
   no_cuda("attention");
 }
+int64_t attention_splits(int64_t, int64_t, int64_t) { no_cuda("attention_splits"); }
+int64_t attention_scratch_floats(int64_t, int64_t, int64_t, int64_t) { no_cuda("attention_scratch_floats"); }
 void silu_mul(const float*, int64_t, int64_t, bf16_t*, Stream&) { no_cuda("silu_mul"); }
 void router_topk(const float*, int64_t, int64_t, int64_t, bool, int32_t*, float*, Stream&) { no_cuda("router_topk"); }
 void moe_route(const int32_t*, int64_t, int64_t, int32_t*, int32_t*, Stream&) { no_cuda("moe_route"); }

@@ -103,6 +103,7 @@ __global__ void moe_gate_up_kernel(const uint16_t* x, int hidden, int inter, int
     float ag[TB], au[TB];
 #pragma unroll
     for (int j = 0; j < TB; ++j) ag[j] = au[j] = 0;
+#pragma unroll 4
     for (int c = lane; c < h8; c += 32) {
       float gf[8], uf[8], xf[8];
       unpack8(gate[c], gf);
@@ -150,6 +151,7 @@ __global__ void moe_down_kernel(const uint16_t* act, int hidden, int inter, cons
     float acc[TB];
 #pragma unroll
     for (int j = 0; j < TB; ++j) acc[j] = 0;
+#pragma unroll 4
     for (int c = lane; c < i8; c += 32) {
       float df[8], af[8];
       unpack8(down[c], df);

@@ -114,11 +114,11 @@ TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill an
   gpu::Stream s;
   for (int64_t hd : {64, 128}) {
     const int64_t heads = 8, kvh = 2, layers = 1, block = 16;
-    KvCache kv(KvLayout{layers, kvh, hd}, 40, block);
-    // Two sequences: one prefill chunk of 150 tokens after 100 cached, one decode token at position 300.
+    KvCache kv(KvLayout{layers, kvh, hd}, 120, block);
+    // Two sequences: one prefill chunk of 150 tokens after 100 cached, one decode token at position 1300.
     const int sa = kv.add_sequence(), sb = kv.add_sequence();
     kv.reserve(sa, 250);
-    kv.reserve(sb, 301);
+    kv.reserve(sb, 1301);
     const int64_t kvw = kvh * hd, slots = kv.num_blocks() * block;
     std::vector<float> kc(static_cast<size_t>(slots * kvw)), vc(kc.size());
     auto fill = [&](int seq, int64_t len, uint64_t seed) {
@@ -133,10 +133,10 @@ TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill an
       }
     };
     fill(sa, 250, 41 + hd);
-    fill(sb, 301, 43 + hd);
+    fill(sb, 1301, 43 + hd);
     std::vector<ops::TokenSlot> ts;
     for (int64_t p = 100; p < 250; ++p) ts.push_back({sa, p});
-    ts.push_back({sb, 300});
+    ts.push_back({sb, 1300});
     const int64_t n = static_cast<int64_t>(ts.size());
     auto q = test::random_floats(static_cast<size_t>(n * heads * hd), 45);
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
@@ -145,7 +145,7 @@ TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill an
     // Slot lists per sequence, offsets and lengths per token.
     std::vector<int32_t> lists, offsets, lens;
     for (int64_t p = 0; p < 250; ++p) lists.push_back(static_cast<int32_t>(kv.slot_index(sa, p)));
-    for (int64_t p = 0; p < 301; ++p) lists.push_back(static_cast<int32_t>(kv.slot_index(sb, p)));
+    for (int64_t p = 0; p < 1301; ++p) lists.push_back(static_cast<int32_t>(kv.slot_index(sb, p)));
     for (const auto& t : ts) {
       offsets.push_back(t.seq == sa ? 0 : 250);
       lens.push_back(static_cast<int32_t>(t.pos + 1));
@@ -153,14 +153,24 @@ TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill an
     auto dq = test::to_device(q, s), dk = test::to_device(bf16_of(kc), s), dv = test::to_device(bf16_of(vc), s);
     auto dl = test::to_device(lists, s), doff = test::to_device(offsets, s), dlen = test::to_device(lens, s);
     gpu::DeviceBuffer dout(q.size() * 2);
+    CHECK(gpu::attention_splits(n, heads, 1301) == 1);
     gpu::attention(dq.as<float>(), heads * hd, n, heads, kvh, hd, dk.as<uint16_t>(), dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
-                   dlen.as<int32_t>(), scale, dout.as<uint16_t>(), s);
+                   dlen.as<int32_t>(), 1301, scale, nullptr, dout.as<uint16_t>(), s);
     auto out = test::f32_of(test::to_host<uint16_t>(dout, q.size(), s));
     CHECK_MESSAGE(test::tol_ratio(out, ref, 2e-3, 1e-2) <= 1, "hd=" << hd);
+    // The decode token alone: long context, few blocks -> split-K.
+    REQUIRE(gpu::attention_splits(1, heads, 1301) > 1);
+    gpu::DeviceBuffer scratch(static_cast<size_t>(gpu::attention_scratch_floats(1, heads, hd, 1301)) * 4);
+    gpu::attention(dq.as<float>() + (n - 1) * heads * hd, heads * hd, 1, heads, kvh, hd, dk.as<uint16_t>(), dv.as<uint16_t>(), dl.as<int32_t>(),
+                   doff.as<int32_t>() + (n - 1), dlen.as<int32_t>() + (n - 1), 1301, scale, scratch.as<float>(), dout.as<uint16_t>(), s);
+    auto one = test::f32_of(test::to_host<uint16_t>(dout, static_cast<size_t>(heads * hd), s));
+    std::vector<float> ref_one(ref.end() - heads * hd, ref.end());
+    CHECK_MESSAGE(test::tol_ratio(one, ref_one, 2e-3, 1e-2) <= 1, "split-K, hd=" << hd);
   }
   gpu::Stream s2;
-  CHECK_THROWS_AS(gpu::attention(nullptr, 0, 1, 4, 3, 64, nullptr, nullptr, nullptr, nullptr, nullptr, 1.0f, nullptr, s2), Error);
-  CHECK_THROWS_AS(gpu::attention(nullptr, 0, 1, 4, 2, 80, nullptr, nullptr, nullptr, nullptr, nullptr, 1.0f, nullptr, s2), Error);
+  CHECK_THROWS_AS(gpu::attention(nullptr, 0, 1, 4, 3, 64, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1.0f, nullptr, nullptr, s2), Error);
+  CHECK_THROWS_AS(gpu::attention(nullptr, 0, 1, 4, 2, 80, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1.0f, nullptr, nullptr, s2), Error);
+  CHECK_THROWS_AS(gpu::attention(nullptr, 0, 1, 4, 2, 64, nullptr, nullptr, nullptr, nullptr, nullptr, 4096, 1.0f, nullptr, nullptr, s2), Error);
 }
 
 TEST_CASE("gpu silu_mul and add match the CPU") {
