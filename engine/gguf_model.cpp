@@ -11,6 +11,7 @@
 
 #include "configs/error.h"
 #include "engine/blocks.h"
+#include "engine/chat/chat_template.h"
 #include "engine/progress.h"
 #include "io/gguf.h"
 #include "numa/quant_gguf.h"
@@ -223,6 +224,22 @@ ModelConfig gguf_model_config(const io::GgufFile& f) {
   if (const io::GgufValue* v = f.find("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = v->as_u64("tokenizer.ggml.eos_token_id");
   if (const io::GgufValue* v = f.find("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = v->as_u64("tokenizer.ggml.bos_token_id");
   return ModelConfig::from_json(j, f.path() + " (GGUF metadata)");
+}
+
+std::unique_ptr<chat::ChatTemplate> gguf_chat_template(const std::string& path) {
+  auto f = io::GgufFile::open(path);
+  const io::GgufValue* t = f->find("tokenizer.chat_template");
+  if (!t) fail(ErrorKind::bad_model, path + ": no tokenizer.chat_template in the GGUF metadata");
+  auto token = [&](const char* key) -> std::string {
+    const io::GgufValue* id = f->find(key);
+    const io::GgufValue* toks = f->find("tokenizer.ggml.tokens");
+    if (!id || !toks) return "";
+    const auto& list = toks->as_strings("tokenizer.ggml.tokens");
+    const uint64_t i = id->as_u64(key);
+    return i < list.size() ? std::string(list[i]) : "";
+  };
+  return std::make_unique<chat::ChatTemplate>(std::string(t->as_string("tokenizer.chat_template")), token("tokenizer.ggml.bos_token_id"),
+                                              token("tokenizer.ggml.eos_token_id"));
 }
 
 std::unique_ptr<WeightSource> open_gguf_source(const std::string& path, ModelConfig& config) {

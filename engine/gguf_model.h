@@ -21,6 +21,9 @@ namespace hmoe {
 namespace io {
 class GgufFile;
 }
+namespace chat {
+class ChatTemplate;
+}
 class WeightSource;
 
 // True when `path` names a file ending in ".gguf" (any case).
@@ -32,6 +35,10 @@ ModelConfig gguf_model_config(const io::GgufFile& file);
 // Opens `path`, fills `config` from its metadata and returns the source the
 // WeightBinder takes the weights from.
 std::unique_ptr<WeightSource> open_gguf_source(const std::string& path, ModelConfig& config);
+
+// The chat template a GGUF file carries (tokenizer.chat_template, with the
+// BOS/EOS token texts of its vocabulary); Error(bad_model) when absent.
+std::unique_ptr<chat::ChatTemplate> gguf_chat_template(const std::string& path);
 
 // The GGUF tensor name (and expert index, or -1) that holds a Hugging Face
 // tensor of the Qwen3-MoE layout; false for a name with no GGUF counterpart.

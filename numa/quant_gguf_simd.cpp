@@ -1,11 +1,12 @@
 // SIMD kernels for the Quant::ext formats (numa/quant_gguf.h).
 //
-// AVX-512 (v1): the row is walked in chunks of 32 weights; each chunk is
-// dequantized straight into two zmm registers (nibble shift/mask, high-bit
-// masks, vpmovzxbd + vcvtdq2ps, one FMA with the sub-block scale and min)
-// and multiplied into up to 4 tokens' accumulators, so one pass over the
-// weights serves 4 tokens. Two rows are walked together to keep two
-// independent streams in flight for GEMV.
+// AVX-512 (v2): per block and row the sub-block scales and mins are decoded
+// once (v1 redid it for every 32 weights); then each run of 32 weights is
+// dequantized straight into two zmm registers (nibble shift/mask, high bits
+// by byte masks, vpmovzxbd + vcvtdq2ps, one FMA with scale and min) and
+// multiplied into up to 4 tokens' accumulators, so one pass over the weights
+// serves 4 tokens. Two rows are walked together to keep two independent
+// streams in flight for GEMV.
 // AVX2 (v1): each block is dequantized by the scalar reference into an L1
 // buffer and FMA'd with 8-wide vectors (correct, slower to dequantize).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -45,85 +46,105 @@ HMOE_Q512 inline __m512 u8x16(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvte
 HMOE_Q512 inline __m512 i8x16(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
 HMOE_Q512 inline __m128i ld16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 
-// Weights [32c, 32c+32) of row p (row r of w) into a (first 16) and b.
+constexpr bool is_block(ExtType t) { return static_cast<uint32_t>(t) < 1000; }
+template <ExtType T> constexpr int kElems = T == ExtType::q4_k || T == ExtType::q5_k || T == ExtType::q6_k ? 256 : 32;
+template <ExtType T> constexpr int kBytes = T == ExtType::q4_0 ? 18 : T == ExtType::q4_1 ? 20 : T == ExtType::q5_0 ? 22 : T == ExtType::q5_1 ? 24
+                                          : T == ExtType::q8_0 ? 34 : T == ExtType::q4_k ? 144 : T == ExtType::q5_k ? 176 : 210;
+
+HMOE_Q512 inline float h2f(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// Per block: w = q * d[i] + m[i] for the i-th run of 16 weights (q unsigned
+// for every type but Q8_0), computed once per block and row.
+struct BlockScales {
+  float d[16], m[16];
+};
+
 template <ExtType T>
-HMOE_Q512 inline void chunk(const Mat& w, const uint8_t* p, int64_t r, int64_t c, __m512& a, __m512& b) {
-  const __m128i m4 = _mm_set1_epi8(0x0F);
+HMOE_Q512 inline void prep(const uint8_t* blk, BlockScales& s) {
   if constexpr (T == ExtType::q8_0) {
-    const uint8_t* blk = p + c * 34;
-    const __m512 d = _mm512_set1_ps(half_at(blk));
-    a = _mm512_mul_ps(d, i8x16(ld16(blk + 2)));
-    b = _mm512_mul_ps(d, i8x16(ld16(blk + 18)));
-  } else if constexpr (T == ExtType::q4_0 || T == ExtType::q4_1) {
-    constexpr int off = T == ExtType::q4_0 ? 2 : 4;
-    const uint8_t* blk = p + c * (T == ExtType::q4_0 ? 18 : 20);
-    const __m128i q = ld16(blk + off);
-    const __m512 d = _mm512_set1_ps(half_at(blk));
-    const __m512 m = T == ExtType::q4_0 ? _mm512_set1_ps(-8.0f * half_at(blk)) : _mm512_set1_ps(half_at(blk + 2));
-    a = _mm512_fmadd_ps(u8x16(_mm_and_si128(q, m4)), d, m);
-    b = _mm512_fmadd_ps(u8x16(_mm_and_si128(_mm_srli_epi16(q, 4), m4)), d, m);
+    s.d[0] = s.d[1] = h2f(blk);
+  } else if constexpr (T == ExtType::q4_0 || T == ExtType::q5_0) {
+    s.d[0] = s.d[1] = h2f(blk);
+    s.m[0] = s.m[1] = (T == ExtType::q4_0 ? -8.0f : -16.0f) * s.d[0];
+  } else if constexpr (T == ExtType::q4_1 || T == ExtType::q5_1) {
+    s.d[0] = s.d[1] = h2f(blk);
+    s.m[0] = s.m[1] = h2f(blk + 2);
+  } else if constexpr (T == ExtType::q4_k || T == ExtType::q5_k) {
+    const float d = h2f(blk), dmin = h2f(blk + 2);
+    for (int j = 0; j < 8; ++j) {
+      int sc, mn;
+      scale_min(j, blk + 4, sc, mn);
+      s.d[2 * j] = s.d[2 * j + 1] = d * static_cast<float>(sc);
+      s.m[2 * j] = s.m[2 * j + 1] = -dmin * static_cast<float>(mn);
+    }
+  } else {  // q6_k
+    const float d = h2f(blk + 208);
+    const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    for (int j = 0; j < 16; ++j) {
+      s.d[j] = d * static_cast<float>(sc[j]);
+      s.m[j] = -32.0f * s.d[j];
+    }
+  }
+}
+
+// Weights [32c, 32c+32) of block blk (c < kElems/32) into a (first 16) and b.
+template <ExtType T>
+HMOE_Q512 inline void block_chunk(const uint8_t* blk, int c, const BlockScales& s, __m512& a, __m512& b) {
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  const __m512 d0 = _mm512_set1_ps(s.d[2 * c]), d1 = _mm512_set1_ps(s.d[2 * c + 1]);
+  if constexpr (T == ExtType::q8_0) {
+    a = _mm512_mul_ps(d0, i8x16(ld16(blk + 2)));
+    b = _mm512_mul_ps(d1, i8x16(ld16(blk + 18)));
+    return;
+  }
+  __m128i q0, q1;
+  if constexpr (T == ExtType::q4_0 || T == ExtType::q4_1) {
+    const __m128i q = ld16(blk + (T == ExtType::q4_0 ? 2 : 4));
+    q0 = _mm_and_si128(q, m4);
+    q1 = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
   } else if constexpr (T == ExtType::q5_0 || T == ExtType::q5_1) {
     constexpr int off = T == ExtType::q5_0 ? 2 : 4;
-    const uint8_t* blk = p + c * (T == ExtType::q5_0 ? 22 : 24);
     uint32_t qh;
     std::memcpy(&qh, blk + off, 4);
     const __m128i q = ld16(blk + off + 4);
-    const __m512i sixteen = _mm512_set1_epi32(16);
-    __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(q, m4));
-    __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), m4));
-    lo = _mm512_mask_add_epi32(lo, static_cast<__mmask16>(qh & 0xFFFF), lo, sixteen);
-    hi = _mm512_mask_add_epi32(hi, static_cast<__mmask16>(qh >> 16), hi, sixteen);
-    const __m512 d = _mm512_set1_ps(half_at(blk));
-    const __m512 m = T == ExtType::q5_0 ? _mm512_set1_ps(-16.0f * half_at(blk)) : _mm512_set1_ps(half_at(blk + 2));
-    a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), d, m);
-    b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, m);
+    const __m128i sixteen = _mm_set1_epi8(16);
+    q0 = _mm_or_si128(_mm_and_si128(q, m4), _mm_maskz_mov_epi8(static_cast<__mmask16>(qh & 0xFFFF), sixteen));
+    q1 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_maskz_mov_epi8(static_cast<__mmask16>(qh >> 16), sixteen));
   } else if constexpr (T == ExtType::q4_k || T == ExtType::q5_k) {
-    constexpr int bytes = T == ExtType::q4_k ? 144 : 176;
-    const uint8_t* blk = p + (c >> 3) * bytes;
-    const int s = static_cast<int>(c & 7);
-    int sc, mn;
-    scale_min(s, blk + 4, sc, mn);
-    const __m512 d = _mm512_set1_ps(half_at(blk) * static_cast<float>(sc));
-    const __m512 m = _mm512_set1_ps(half_at(blk + 2) * static_cast<float>(mn));
-    const uint8_t* q = blk + (T == ExtType::q4_k ? 16 : 48) + 32 * (s >> 1);
-    __m128i q0 = ld16(q), q1 = ld16(q + 16);
-    if (s & 1) {
-      q0 = _mm_srli_epi16(q0, 4);
-      q1 = _mm_srli_epi16(q1, 4);
-    }
+    const uint8_t* q = blk + (T == ExtType::q4_k ? 16 : 48) + 32 * (c >> 1);
+    q0 = ld16(q), q1 = ld16(q + 16);
+    if (c & 1) q0 = _mm_srli_epi16(q0, 4), q1 = _mm_srli_epi16(q1, 4);
     q0 = _mm_and_si128(q0, m4);
     q1 = _mm_and_si128(q1, m4);
     if constexpr (T == ExtType::q5_k) {
-      const __m128i bit = _mm_set1_epi8(static_cast<char>(1 << s));
-      const __m128i h0 = _mm_and_si128(ld16(blk + 16), bit), h1 = _mm_and_si128(ld16(blk + 32), bit);
-      const __m128i sixteen = _mm_set1_epi8(16);
-      q0 = _mm_or_si128(q0, _mm_and_si128(_mm_cmpeq_epi8(h0, bit), sixteen));
-      q1 = _mm_or_si128(q1, _mm_and_si128(_mm_cmpeq_epi8(h1, bit), sixteen));
+      const __m128i bit = _mm_set1_epi8(static_cast<char>(1 << c)), sixteen = _mm_set1_epi8(16);
+      q0 = _mm_or_si128(q0, _mm_maskz_mov_epi8(_mm_test_epi8_mask(ld16(blk + 16), bit), sixteen));
+      q1 = _mm_or_si128(q1, _mm_maskz_mov_epi8(_mm_test_epi8_mask(ld16(blk + 32), bit), sixteen));
     }
-    a = _mm512_fmsub_ps(u8x16(q0), d, m);
-    b = _mm512_fmsub_ps(u8x16(q1), d, m);
-  } else if constexpr (T == ExtType::q6_k) {
-    const uint8_t* blk = p + (c >> 3) * 210;
-    const int s = static_cast<int>(c & 7), h = s >> 2, qq = s & 3;
+  } else {  // q6_k: sub-chunk c = 4h + qq
+    const int h = c >> 2, qq = c & 3;
     const uint8_t* ql = blk + h * 64 + (qq & 1) * 32;
     const uint8_t* qh = blk + 128 + h * 32;
-    const auto* sc = reinterpret_cast<const int8_t*>(blk + 192 + h * 8 + 2 * qq);
-    const float d = half_at(blk + 208);
-    __m128i l0 = ld16(ql), l1 = ld16(ql + 16);
-    if (qq >= 2) {
-      l0 = _mm_srli_epi16(l0, 4);
-      l1 = _mm_srli_epi16(l1, 4);
-    }
-    const __m128i m2 = _mm_set1_epi8(3);
-    const __m128i sh = _mm_cvtsi32_si128(2 * qq);
+    q0 = ld16(ql), q1 = ld16(ql + 16);
+    if (qq >= 2) q0 = _mm_srli_epi16(q0, 4), q1 = _mm_srli_epi16(q1, 4);
+    const __m128i m2 = _mm_set1_epi8(3), sh = _mm_cvtsi32_si128(2 * qq);
     const __m128i h0 = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(ld16(qh), sh), m2), 4);
     const __m128i h1 = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(ld16(qh + 16), sh), m2), 4);
-    l0 = _mm_or_si128(_mm_and_si128(l0, m4), h0);
-    l1 = _mm_or_si128(_mm_and_si128(l1, m4), h1);
-    const __m512 off = _mm512_set1_ps(-32.0f);
-    a = _mm512_mul_ps(_mm512_add_ps(u8x16(l0), off), _mm512_set1_ps(d * static_cast<float>(sc[0])));
-    b = _mm512_mul_ps(_mm512_add_ps(u8x16(l1), off), _mm512_set1_ps(d * static_cast<float>(sc[1])));
-  } else if constexpr (T == ExtType::fp8_e4m3) {
+    q0 = _mm_or_si128(_mm_and_si128(q0, m4), h0);
+    q1 = _mm_or_si128(_mm_and_si128(q1, m4), h1);
+  }
+  a = _mm512_fmadd_ps(u8x16(q0), d0, _mm512_set1_ps(s.m[2 * c]));
+  b = _mm512_fmadd_ps(u8x16(q1), d1, _mm512_set1_ps(s.m[2 * c + 1]));
+}
+
+// Element formats (FP8, int8 groups): weights [32c, 32c+32) of row p.
+template <ExtType T>
+HMOE_Q512 inline void elem_chunk(const Mat& w, const uint8_t* p, int64_t r, int64_t c, __m512& a, __m512& b) {
+  if constexpr (T == ExtType::fp8_e4m3) {
     // e4m3 bits placed in an f16's exponent/mantissa give value * 2^-8.
     const float s = w.scales[r * w.groups() + (c * 32) / w.group] * 256.0f;
     const __m256i v0 = _mm256_cvtepu8_epi16(ld16(p + c * 32)), v1 = _mm256_cvtepu8_epi16(ld16(p + c * 32 + 16));
@@ -141,25 +162,44 @@ HMOE_Q512 inline void chunk(const Mat& w, const uint8_t* p, int64_t r, int64_t c
   }
 }
 
+template <int R, int NT>
+HMOE_Q512 inline void fma_tokens(const float* x, int64_t ldx, int64_t t0, int64_t k, int i, __m512 a, __m512 b, __m512 (&acc)[R][NT]) {
+  for (int j = 0; j < NT; ++j) {
+    const float* xt = x + (t0 + j) * ldx + k;
+    acc[i][j] = _mm512_fmadd_ps(a, _mm512_loadu_ps(xt), acc[i][j]);
+    acc[i][j] = _mm512_fmadd_ps(b, _mm512_loadu_ps(xt + 16), acc[i][j]);
+  }
+}
+
 // y[t0+j, r+i] for i < R rows, j < NT tokens.
 template <ExtType T, int R, int NT>
 HMOE_Q512 void tile512(const float* x, int64_t ldx, int64_t t0, const Mat& w, int64_t r, float* y, int64_t ldy) {
-  const int64_t chunks = w.cols / 32;
   __m512 acc[R][NT];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
   const uint8_t* rows[R];
   for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
-  for (int64_t c = 0; c < chunks; ++c) {
-    for (int i = 0; i < R; ++i) {
-      __m512 a, b;
-      chunk<T>(w, rows[i], r + i, c, a, b);
-      for (int j = 0; j < NT; ++j) {
-        const float* xt = x + (t0 + j) * ldx + c * 32;
-        acc[i][j] = _mm512_fmadd_ps(a, _mm512_loadu_ps(xt), acc[i][j]);
-        acc[i][j] = _mm512_fmadd_ps(b, _mm512_loadu_ps(xt + 16), acc[i][j]);
-      }
+  if constexpr (is_block(T)) {
+    constexpr int BE = kElems<T>, BB = kBytes<T>;
+    const int64_t nb = w.cols / BE;
+    for (int64_t bi = 0; bi < nb; ++bi) {
+      BlockScales sc[R];
+      for (int i = 0; i < R; ++i) prep<T>(rows[i] + bi * BB, sc[i]);
+      for (int c = 0; c < BE / 32; ++c)
+        for (int i = 0; i < R; ++i) {
+          __m512 a, b;
+          block_chunk<T>(rows[i] + bi * BB, c, sc[i], a, b);
+          fma_tokens<R, NT>(x, ldx, t0, bi * BE + c * 32, i, a, b, acc);
+        }
     }
+  } else {
+    const int64_t chunks = w.cols / 32;
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int i = 0; i < R; ++i) {
+        __m512 a, b;
+        elem_chunk<T>(w, rows[i], r + i, c, a, b);
+        fma_tokens<R, NT>(x, ldx, t0, c * 32, i, a, b, acc);
+      }
   }
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < NT; ++j) y[(t0 + j) * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);

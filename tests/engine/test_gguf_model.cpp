@@ -8,6 +8,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "engine/chat/chat_template.h"
 #include "engine/gguf_model.h"
 #include "engine/logits.h"
 #include "engine/model.h"
@@ -139,4 +140,17 @@ TEST_CASE("GGUF tokenizer gives the ids of tokenizer.json") {
   }
   const std::string plain = "Grüße, 世界! 12345 tokens\n\twith  spaces";
   CHECK(from_gguf->encode(plain) == from_json->encode(plain));
+}
+
+TEST_CASE("GGUF chat template renders as tokenizer_config.json's") {
+  const auto ref = nlohmann::json::parse(test::read_file(test::fixture_ref("tiny-qwen3moe/hf_reference.json")));
+  auto from_gguf = gguf_chat_template(gguf_fixture());
+  auto from_dir = chat::ChatTemplate::from_dir(test::fixture_ref("tiny-qwen3moe"));
+  for (const auto& chat : ref["chats"]) {
+    nlohmann::json req = {{"messages", chat["messages"]}, {"chat_template_kwargs", {{"enable_thinking", chat["enable_thinking"]}}}};
+    if (chat.contains("tools") && !chat["tools"].is_null()) req["tools"] = chat["tools"];
+    const std::string a = from_gguf->render(req);
+    CHECK(a == from_dir->render(req));
+    CHECK(a == chat["text"].get<std::string>());
+  }
 }
