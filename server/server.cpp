@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "configs/error.h"
+#include "engine/gguf_model.h"
 
 namespace hmoe::server {
 
@@ -57,9 +58,10 @@ std::unique_ptr<ServerStack> make_server(const Settings& s, const std::string& m
   HttpOptions ho = http_options(s);
   st->model = Model::load(model_dir, s);
   const ModelConfig& c = st->model->config();
-  st->tokenizer = tok::Tokenizer::from_dir(model_dir);
+  const bool gguf = is_gguf_path(model_dir);  // MODEL may be a .gguf file (engine/gguf_model.h)
+  st->tokenizer = gguf ? tok::Tokenizer::from_gguf(model_dir) : tok::Tokenizer::from_dir(model_dir);
   try {
-    st->chat_template = chat::ChatTemplate::from_dir(model_dir);
+    st->chat_template = gguf ? gguf_chat_template(model_dir) : chat::ChatTemplate::from_dir(model_dir);
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::bad_model) throw;
     std::fprintf(stderr, "hmoe serve: no usable chat template (%s); /v1/chat/completions will answer 400\n", e.what());
