@@ -12,6 +12,7 @@
 #include "engine/engram.h"
 #include "engine/logits.h"
 #include "engine/model.h"
+#include "engine/model_config.h"
 #include "io/mmap_file.h"
 #include "tests/test_util.h"
 
@@ -257,4 +258,39 @@ TEST_CASE("Engram model load: bad table paths give clear errors and the ram back
     CHECK(e.kind() == ErrorKind::invalid_argument);
     CHECK(std::string(e.what()).find("HMOE_PLE_BACKEND") != std::string::npos);
   }
+}
+
+TEST_CASE("Engram config: the engram block is validated") {
+  const auto base = nlohmann::json::parse(test::read_file(test::fixture_ref("tiny-qwen3moe-engram/config.json")));
+  const ModelConfig ok = ModelConfig::from_json(base, "config.json");
+  CHECK(ok.arch == Arch::qwen3_moe_engram);
+  CHECK(ok.engram.layer_ids == std::vector<int64_t>{1, 2});
+  CHECK(ok.engram.max_ngram_size == 3);
+  CHECK(ok.engram.n_embed_per_ngram == 64);
+  CHECK(ok.engram.n_head_per_ngram == 4);
+  CHECK(ok.engram.kernel_size == 4);
+  CHECK(ok.engram.pad_id == 151643);
+  CHECK(ok.engram.conv_norm_eps == doctest::Approx(1e-5));
+  struct Bad {
+    const char* field;
+    nlohmann::json value;
+  } bads[] = {{"layer_ids", nlohmann::json::array({1, 9})}, {"layer_ids", nlohmann::json::array({2, 2})},
+              {"layer_ids", nlohmann::json::array()},      {"max_ngram_size", 1},
+              {"n_head_per_ngram", 5},                      {"pad_id", 999999999},
+              {"conv_norm_eps", 0},                         {"n_embed_per_ngram", "64"}};
+  for (const auto& b : bads) {
+    CAPTURE(b.field);
+    nlohmann::json j = base;
+    j["engram"][b.field] = b.value;
+    try {
+      ModelConfig::from_json(j, "config.json");
+      FAIL("accepted engram." << b.field << " = " << b.value.dump());
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::bad_model);
+      CHECK(std::string(e.what()).find(b.field) != std::string::npos);
+    }
+  }
+  nlohmann::json j = base;
+  j.erase("engram");
+  CHECK_THROWS_AS(ModelConfig::from_json(j, "config.json"), Error);
 }

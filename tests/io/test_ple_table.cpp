@@ -123,6 +123,16 @@ TEST_CASE("PLE table: every backend returns the source rows") {
       CHECK(st.bytes_read > 0);
     }
   }
+  // When io_uring cannot be set up (here: a queue depth it refuses) the
+  // table falls back to pread workers and says so.
+  {
+    PleOptions o = options(path, PleBackend::io_uring);
+    o.queue_depth = 0;
+    auto t = PleTable::open(rt.sources, o);
+    CHECK(t->backend() == PleBackend::pread);
+    CHECK(t->notice().find("io_uring is unavailable") != std::string::npos);
+    check_reads(*t, rt, 13);
+  }
   // Non-O_DIRECT reads and a queue depth of one work too.
   PleOptions o = options(path, PleBackend::io_uring);
   o.direct = false;
