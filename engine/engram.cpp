@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -116,6 +117,19 @@ std::unique_ptr<EngramModules> EngramModules::load(WeightBinder& bind, const Mod
   opt.progress = s.progress;
   e->table_ = io::PleTable::open(sources, opt);
   return e;
+}
+
+std::string EngramModules::stats_line() const {
+  const io::PleStats& st = table_->stats();
+  const double steps = static_cast<double>(std::max<int64_t>(1, st.steps / std::max<int64_t>(1, modules())));
+  char hidden[32] = "hidden n/a";  // mmap: the kernel reads ahead unseen; only the faults show as wait
+  if (table_->backend() != io::PleBackend::mmap) std::snprintf(hidden, sizeof(hidden), "%.0f%% hidden", st.hidden_fraction() * 100);
+  char buf[320];
+  std::snprintf(buf, sizeof(buf), "PLE table (%s): %lld rows requested, %lld distinct, %lld reads, %.1f MiB read, I/O wait %.3f ms/step, %s",
+                io::ple_backend_name(table_->backend()), static_cast<long long>(st.rows_requested), static_cast<long long>(st.rows_unique),
+                static_cast<long long>(st.reads), static_cast<double>(st.bytes_read) / (1 << 20), static_cast<double>(st.wait_ns) / 1e6 / steps,
+                hidden);
+  return buf;
 }
 
 int64_t EngramModules::seq_state_bytes() const { return window_ * slot_bytes_; }
@@ -241,8 +255,6 @@ void EngramModules::apply(int mi, float* x, const Batch& b, KvCache& kv) {
       const int64_t back = (K - 1 - j) * N, p = sl.pos - back;
       if (p < 0) continue;
       const float* src;
-      float hist[1024];
-      std::vector<float> big;
       if (back == 0) src = vn + i * H;
       else if (int64_t bi = find_in_batch(sl.seq, p); bi >= 0) src = vn + bi * H;
       else {
@@ -250,13 +262,9 @@ void EngramModules::apply(int mi, float* x, const Batch& b, KvCache& kv) {
         int64_t tag;
         std::memcpy(&tag, st, 8);
         if (tag != p + 1) history_gone(sl.seq, p);
-        float* dst = hist;
-        if (H > 1024) {
-          big.resize(static_cast<size_t>(H));
-          dst = big.data();
-        }
-        std::memcpy(dst, st + vn_off, static_cast<size_t>(H) * sizeof(float));
-        src = dst;
+        hist_.resize(static_cast<size_t>(H));
+        std::memcpy(hist_.data(), st + vn_off, static_cast<size_t>(H) * sizeof(float));
+        src = hist_.data();
       }
       for (int64_t c = 0; c < H; ++c) conv_[static_cast<size_t>(c)] += mod.conv_w[static_cast<size_t>(c * K + j)] * src[c];
     }

@@ -55,6 +55,9 @@ class EngramModules {
   io::PleTable& table() { return *table_; }
   // Per-step I/O wait of the last step, ns (summed over modules).
   int64_t last_step_wait_ns() const { return last_wait_ns_; }
+  // One line of PLE metrics: backend, rows requested/distinct, reads, bytes,
+  // I/O wait per step and the hidden fraction.
+  std::string stats_line() const;
 
   struct Module;
 
@@ -74,7 +77,7 @@ class EngramModules {
   // Per step.
   std::vector<int64_t> ctx_;  // [n, max_ngram_size] compressed ids at pos, pos-1, ...
   std::vector<std::pair<uint64_t, int64_t>> batch_index_;  // sorted (seq<<40 | pos, batch row)
-  std::vector<float> e_, key_, q_, v_, vn_, conv_;
+  std::vector<float> e_, key_, q_, v_, vn_, conv_, hist_;
   int64_t last_wait_ns_ = 0;
 };
 

@@ -125,6 +125,8 @@ TEST_CASE("tiny-qwen3moe-engram matches the Hugging Face fp32 reference with eve
     MESSAGE(backend << ": max |logit - reference| " << max_diff << "; rows requested " << st.rows_requested << ", distinct " << st.rows_unique
                     << ", reads " << st.reads << ", bytes " << st.bytes_read << ", I/O wait " << st.wait_ns / 1e6 << " ms, hidden "
                     << st.hidden_fraction());
+    MESSAGE(model->engram()->stats_line());
+    CHECK(model->engram()->stats_line().find(io::ple_backend_name(model->engram()->table().backend())) != std::string::npos);
     CHECK(st.rows_requested > 0);
     CHECK(st.rows_unique <= st.rows_requested);
   }
