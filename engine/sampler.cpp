@@ -43,37 +43,44 @@ SampleResult Sampler::sample(const float* logits, int64_t vocab, std::span<const
   if (p_.temperature <= 0.0) {
     res.token = argmax(row, vocab);
   } else {
-    // Candidates: all ids, or the top_k; ordered by (logit desc, id asc).
+    // Candidates: all ids, or the top_k; ordered by (logit desc, id asc)
+    // where an order matters. top_p sorts only as far as needed: the k best
+    // by partial sort, growing k until their mass reaches top_p.
     const int64_t k = p_.top_k > 0 ? std::min<int64_t>(p_.top_k, vocab) : vocab;
     cand_.resize(static_cast<size_t>(vocab));
     for (int64_t i = 0; i < vocab; ++i) cand_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     auto better = [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
-    const bool need_order = k < vocab || p_.top_p < 1.0;
     if (k < vocab) {
       std::partial_sort(cand_.begin(), cand_.begin() + k, cand_.end(), better);
       cand_.resize(static_cast<size_t>(k));
-    } else if (need_order) {
-      std::sort(cand_.begin(), cand_.end(), better);
     }
     double mx = -std::numeric_limits<double>::infinity();
     for (int32_t id : cand_) mx = std::max(mx, static_cast<double>(row[id]));
-    probs_.resize(cand_.size());
-    double sum = 0, pmax = 0;
-    for (size_t i = 0; i < cand_.size(); ++i) {
-      probs_[i] = std::exp((static_cast<double>(row[cand_[i]]) - mx) / p_.temperature);
-      sum += probs_[i];
-      pmax = std::max(pmax, probs_[i]);
-    }
+    double sum = 0;
+    for (int32_t id : cand_) sum += std::exp((static_cast<double>(row[id]) - mx) / p_.temperature);
+    const double pmax = 1.0;  // the best candidate's weight, exp(0)
     size_t n = cand_.size();
     if (p_.top_p < 1.0) {  // smallest prefix whose mass reaches top_p (at least one)
-      double acc = 0;
-      size_t keep = 0;
-      while (keep < n) {
-        acc += probs_[keep++] / sum;
-        if (acc >= p_.top_p) break;
+      size_t sorted = k < vocab ? cand_.size() : 0;
+      for (size_t want = 64;; want *= 4) {
+        if (sorted < std::min(want, cand_.size())) {
+          sorted = std::min(want, cand_.size());
+          std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(sorted), cand_.end(), better);
+        }
+        double acc = 0;
+        size_t keep = 0;
+        while (keep < sorted) {
+          acc += std::exp((static_cast<double>(row[cand_[keep++]]) - mx) / p_.temperature) / sum;
+          if (acc >= p_.top_p) break;
+        }
+        if (acc >= p_.top_p || sorted == cand_.size()) {
+          n = keep;
+          break;
+        }
       }
-      n = keep;
     }
+    probs_.resize(n);
+    for (size_t i = 0; i < n; ++i) probs_[i] = std::exp((static_cast<double>(row[cand_[i]]) - mx) / p_.temperature);
     if (p_.min_p > 0.0) {
       const double floor = p_.min_p * pmax;
       size_t w = 0;

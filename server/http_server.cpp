@@ -175,6 +175,18 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     state_ = State::body;
     arm(srv_.opt.body_timeout_s);
+    auto expect = parser_->get().find(http::field::expect);
+    if (expect != parser_->get().end() && boost::beast::iequals(expect->value(), "100-continue") && !parser_->is_done()) {
+      static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      return net::async_write(sock_, net::buffer(kContinue), [self = shared_from_this()](boost::system::error_code ec, size_t) {
+        if (ec) return self->close();
+        self->read_body();
+      });
+    }
+    read_body();
+  }
+
+  void read_body() {
     http::async_read(sock_, buf_, *parser_, [self = shared_from_this()](boost::system::error_code ec, size_t) { self->on_body(ec); });
   }
 
@@ -335,6 +347,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       if (fin != FinishReason::none) out += builder_->on_finish(fin, d.error);
       if (!out.empty()) write(fmt_hex(out.size()) + "\r\n" + out + "\r\n");
+      if (state_ != State::generating) return;  // the client was dropped
       if (fin != FinishReason::none) {
         write("0\r\n\r\n");
         finish_metrics(200);
@@ -405,8 +418,13 @@ class Session : public std::enable_shared_from_this<Session> {
     after_writes_ = true;
   }
 
+  // A client that stops reading while its stream is generating would make the
+  // queue grow without bound: past kMaxQueued bytes it counts as gone.
+  static constexpr size_t kMaxQueued = 8u << 20;
   void write(std::string data) {
+    queued_bytes_ += data.size();
     queue_.push_back(std::move(data));
+    if (queued_bytes_ > kMaxQueued && state_ == State::generating) return client_gone();
     if (!writing_) do_write();
   }
 
@@ -429,10 +447,12 @@ class Session : public std::enable_shared_from_this<Session> {
     net::async_write(sock_, net::buffer(queue_.front()), [self = shared_from_this()](boost::system::error_code ec, size_t) {
       if (ec) {
         self->queue_.clear();
+        self->queued_bytes_ = 0;
         self->writing_ = false;
         if (self->state_ == State::generating) return self->client_gone();
         return self->close();
       }
+      self->queued_bytes_ -= self->queue_.front().size();
       self->queue_.pop_front();
       self->do_write();
     });
@@ -448,6 +468,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t arm_gen_ = 0, gen_id_ = 0;
   bool timed_out_ = false, keep_alive_ = true, writing_ = false, after_writes_ = false, first_token_ = true;
   std::deque<std::string> queue_;
+  size_t queued_bytes_ = 0;
   std::string endpoint_;
   GenSpec spec_;
   std::shared_ptr<SeqChannel> chan_;

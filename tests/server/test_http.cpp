@@ -367,3 +367,53 @@ TEST_CASE("http: API key") {
   CHECK(http(srv.port, "POST", "/v1/chat/completions", body, "Authorization: Bearer sk-test-123\r\n").status == 200);
   CHECK(http(srv.port, "GET", "/health").status == 200);  // /health needs no key
 }
+
+TEST_CASE("http: max connections, Expect: 100-continue, keep-alive") {
+  Settings s = test_settings();
+  s.max_connections = 3;
+  s.header_timeout = 5;
+  RunningServer srv(s);
+  std::vector<int> idle;
+  for (int i = 0; i < 3; ++i) idle.push_back(connect_raw(srv.port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  json e = expect_error(http(srv.port, "GET", "/health"), 503);
+  CHECK(e["code"] == "too_many_connections");
+  for (int fd : idle) ::close(fd);
+  bool ok = false;
+  for (int i = 0; i < 100 && !ok; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ok = healthy(srv.port);
+  }
+  CHECK(ok);
+
+  // curl sends "Expect: 100-continue" for larger bodies and waits for it.
+  const std::string body = json{{"prompt", std::string(3000, 'a')}, {"max_tokens", 1}}.dump();
+  int fd = connect_raw(srv.port);
+  send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\nContent-Length: " + std::to_string(body.size()) +
+                   "\r\n\r\n");
+  char buf[256];
+  pollfd p{fd, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 3000) == 1);
+  ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  REQUIRE(n > 0);
+  CHECK(std::string(buf, static_cast<size_t>(n)).rfind("HTTP/1.1 100 Continue\r\n\r\n", 0) == 0);
+  send_all(fd, body);
+  HttpReply r = parse_reply(recv_all(fd, 10000));
+  ::close(fd);
+  CHECK(r.status == 200);
+
+  // Two requests on one keep-alive connection.
+  fd = connect_raw(srv.port);
+  send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string first;
+  while (first.find("\"ok\"}") == std::string::npos) {
+    n = ::recv(fd, buf, sizeof buf, 0);
+    REQUIRE(n > 0);
+    first.append(buf, static_cast<size_t>(n));
+  }
+  CHECK(parse_reply(first).status == 200);
+  send_all(fd, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  HttpReply second = parse_reply(recv_all(fd, 10000));
+  ::close(fd);
+  CHECK(second.status == 200);
+}
