@@ -14,7 +14,8 @@ MlaMode parse_mla_mode(const std::string& s) {
   if (s == "auto") return MlaMode::automatic;
   if (s == "latent") return MlaMode::latent;
   if (s == "expanded") return MlaMode::expanded;
-  fail(ErrorKind::invalid_argument, "--mla-attention / HMOE_MLA_ATTENTION must be auto, latent or expanded, got '" + s + "'");
+  if (s == "expanded_prefill") return MlaMode::expanded_prefill;
+  fail(ErrorKind::invalid_argument, "--mla-attention / HMOE_MLA_ATTENTION must be auto, latent, expanded or expanded_prefill, got '" + s + "'");
 }
 
 KvLayout mla_kv_layout(const ModelConfig& c) {
@@ -170,7 +171,7 @@ struct TransposedUk {
   TransposedUk& operator=(TransposedUk&&) = default;
 };
 
-// Under MlaMode::automatic a sequence is expanded only while its expanded
+// Under MlaMode::expanded_prefill a sequence is expanded only while its expanded
 // K/V fit in this many floats (256 MiB); longer contexts stay latent.
 constexpr int64_t kMaxAutoExpandFloats = int64_t{64} << 20;
 
@@ -233,7 +234,7 @@ class MlaAttention : public AttentionBlock {
     for (int64_t t = 0; t < n; ++t) {
       const auto& e = per_seq[slots[t].seq];
       const bool expand = mode_ == MlaMode::expanded ||
-                          (mode_ == MlaMode::automatic && e.first > 1 && e.second * nh_ * (nope_ + vd_) <= kMaxAutoExpandFloats);
+                          (mode_ == MlaMode::expanded_prefill && e.first > 1 && e.second * nh_ * (nope_ + vd_) <= kMaxAutoExpandFloats);
       (expand ? expanded : latent).push_back(t);
     }
     attn_.resize(static_cast<size_t>(n * nh_ * vd_));

@@ -165,7 +165,7 @@ TEST_CASE("MLA: both cache paths match a scalar reference (prefill, then decode)
   numa::ThreadPool pool(3);
   for (bool interleave : {true, false})
     for (bool q_lora : {true, false})
-      for (MlaMode mode : {MlaMode::expanded, MlaMode::latent, MlaMode::automatic}) {
+      for (MlaMode mode : {MlaMode::expanded, MlaMode::latent, MlaMode::expanded_prefill, MlaMode::automatic}) {
         CAPTURE(interleave);
         CAPTURE(q_lora);
         CAPTURE(static_cast<int>(mode));
@@ -203,7 +203,7 @@ TEST_CASE("MLA: latent and expanded paths agree on a mixed batch of two sequence
   const auto xa = test::random_floats(static_cast<size_t>(9 * H), 5, 1.0f);
   const auto xb = test::random_floats(static_cast<size_t>(4 * H), 6, 1.0f);
   std::vector<std::vector<float>> results;
-  for (MlaMode mode : {MlaMode::expanded, MlaMode::latent, MlaMode::automatic}) {
+  for (MlaMode mode : {MlaMode::expanded, MlaMode::latent, MlaMode::expanded_prefill}) {
     auto block = make_mla_attention(rw.w, c, 0, pool, mode);
     KvCache kv(mla_kv_layout(c), 4, 4);
     const int a = kv.add_sequence(), b = kv.add_sequence();
@@ -521,4 +521,37 @@ TEST_CASE("KV cache: per-layer token widths for the latent layout") {
   negative.k_token_floats = -2;
   negative.kv_heads = -1;
   CHECK_THROWS_AS(KvCache(negative, 2, 4), Error);
+}
+
+TEST_CASE("MLA: the latent path on the scalar kernels matches the reference too") {
+  numa::ThreadPool pool(2);
+  const cpu::Isa before = cpu::set_isa_for_testing(cpu::Isa::scalar);
+  const ModelConfig c = small_mla_config(true, true);
+  const RandomMla rw(c, 31337);
+  const int64_t H = c.hidden_size, total = 20;
+  const auto x = test::random_floats(static_cast<size_t>(total * H), 8, 1.0f);
+  const auto ref = reference_mla(c, rw, x, total);
+  auto block = make_mla_attention(rw.w, c, 0, pool, MlaMode::latent);
+  KvCache kv(mla_kv_layout(c), 3, 8);  // the context spans three cache blocks
+  const int seq = kv.add_sequence();
+  kv.reserve(seq, total);
+  Workspace ws;
+  double worst = 0;
+  for (int64_t t = 0; t < total; ++t) {
+    const ops::TokenSlot s{seq, t};
+    std::vector<float> o(static_cast<size_t>(H));
+    block->forward(x.data() + t * H, 1, &s, kv, o.data(), ws);
+    worst = std::max(worst, max_abs_diff(o.data(), ref.data() + t * H, o.size()));
+  }
+  cpu::set_isa_for_testing(before);
+  CHECK(worst < 2e-5);
+}
+
+TEST_CASE("mla_attention setting values") {
+  CHECK(parse_mla_mode("auto") == MlaMode::automatic);
+  CHECK(parse_mla_mode("latent") == MlaMode::latent);
+  CHECK(parse_mla_mode("expanded") == MlaMode::expanded);
+  CHECK(parse_mla_mode("expanded_prefill") == MlaMode::expanded_prefill);
+  CHECK_THROWS_AS(parse_mla_mode(""), Error);
+  CHECK_THROWS_AS(parse_mla_mode("Latent"), Error);
 }
