@@ -172,3 +172,29 @@ TEST_CASE("tiny-deepseekv3: a bad mla_attention value is refused") {
   s.mla_attention = "fast";
   CHECK_THROWS_AS(Model::load(dir, s), Error);
 }
+
+TEST_CASE("tiny-deepseekv3: a config.json that does not fit the shards is refused at load") {
+  const std::string dir = fixture_dir_or_fail();
+  const auto base = nlohmann::json::parse(test::read_file(dir + "/config.json"));
+  std::vector<std::string> none;
+  Settings s = Settings::load(none);
+  s.progress = "none";
+  const std::vector<std::pair<std::string, nlohmann::json>> changes = {
+      {"kv_lora_rank", 16},           // kv_a / kv_b shapes differ
+      {"q_lora_rank", nullptr},       // expects q_proj, finds q_a/q_b
+      {"first_k_dense_replace", 2},   // layer 1 would be dense, holds experts
+      {"n_shared_experts", 0},        // shared_experts tensors left over
+      {"qk_rope_head_dim", 8},        // q_b / kv_a shapes differ
+  };
+  for (const auto& [field, value] : changes) {
+    CAPTURE(field);
+    test::TempDir tmp("dsv3-bad");
+    for (const char* f : {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
+                          "model.safetensors.index.json", "generation_config.json"})
+      std::filesystem::create_symlink(std::filesystem::absolute(dir + "/" + f), tmp.path / f);
+    nlohmann::json j = base;
+    j[field] = value;
+    test::write_file(tmp.str() + "/config.json", j.dump());
+    CHECK_THROWS_AS(Model::load(tmp.str(), s), Error);
+  }
+}
