@@ -43,6 +43,8 @@ struct ExpertBenchResult {
   double seconds_per_step = 0;
   double weight_bytes_per_step = 0;  // mean over the timed steps
   double weight_gbps = 0, stream_gbps = 0, bandwidth_ratio = 0, gflops = 0;
+  // The same over CPU time (see cpu_seconds_per_step), against the triad's CPU-time figure.
+  double weight_gbps_cpu = 0, stream_gbps_cpu = 0, bandwidth_ratio_cpu = 0;
   // Process CPU time per step divided by the threads: close to
   // seconds_per_step on an idle machine, smaller when others preempt us
   // (spinning waits count as busy).
@@ -54,9 +56,12 @@ struct ExpertBenchResult {
 // STREAM triad a = b + s*c over three arrays of `bytes_per_array`, split over
 // every node's workers (each touching its own part first); best of `reps`, in
 // GB/s counting 3 * 8 bytes per element as STREAM does.
-double stream_triad_gbps(NodePools& pools, size_t bytes_per_array, int reps = 5);
+// cpu_gbps, when given, receives the same bytes over process CPU time per
+// thread (best rep): what the triad reaches while it actually runs, on a
+// machine shared with other work.
+double stream_triad_gbps(NodePools& pools, size_t bytes_per_array, int reps = 5, double* cpu_gbps = nullptr);
 
-ExpertBenchResult run_expert_bench(const ExpertBenchConfig& cfg, NodePools& pools, double stream_gbps);
+ExpertBenchResult run_expert_bench(const ExpertBenchConfig& cfg, NodePools& pools, double stream_gbps, double stream_gbps_cpu = 0);
 
 // oneDNN's own fp32 GEMM (dnnl_sgemm, its OpenMP threads) on an m x k x n
 // problem: GFLOP/s, best of reps. The 512-token rows are compared against it.

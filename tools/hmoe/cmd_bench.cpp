@@ -27,9 +27,9 @@ void print_row(const numa::ExpertBenchResult& r, bool json) {
   if (json) {
     std::printf("%s\n", r.json().c_str());
   } else {
-    std::printf("| %s | %s | %lld | %d | %.2f | %.2f | %.1f | %.2f | %.1f | %.1f | %s |\n", r.shape.name.c_str(), r.cfg.dtype.c_str(),
-                static_cast<long long>(r.cfg.tokens), r.threads, r.seconds_per_step * 1e3, r.cpu_seconds_per_step * 1e3, r.weight_gbps,
-                r.bandwidth_ratio, r.gflops, r.stream_gbps, r.note.c_str());
+    std::printf("| %s | %s | %lld | %d | %.2f | %.1f | %.2f | %.1f | %.2f | %.1f | %s |\n", r.shape.name.c_str(), r.cfg.dtype.c_str(),
+                static_cast<long long>(r.cfg.tokens), r.threads, r.seconds_per_step * 1e3, r.weight_gbps, r.bandwidth_ratio, r.weight_gbps_cpu,
+                r.bandwidth_ratio_cpu, r.gflops, r.note.c_str());
   }
   std::fflush(stdout);
 }
@@ -68,21 +68,23 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
 
   if (!sweep) {
     numa::NodePools pools(po);
-    const double stream = numa::stream_triad_gbps(pools, static_cast<size_t>(stream_mib) << 20);
+    double stream_cpu = 0;
+    const double stream = numa::stream_triad_gbps(pools, static_cast<size_t>(stream_mib) << 20, 5, &stream_cpu);
     numa::ExpertBenchConfig cfg = base;
     cfg.shape = shape;
     cfg.dtype = dtype;
     cfg.tokens = parse_int("--tokens", tokens_s);
-    const auto r = numa::run_expert_bench(cfg, pools, stream);
+    const auto r = numa::run_expert_bench(cfg, pools, stream, stream_cpu);
     if (!json)
-      std::printf("| shape | dtype | tokens | threads | ms/step | cpu ms/step | weight GB/s | / STREAM | GFLOP/s | STREAM GB/s | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+      std::printf("| shape | dtype | tokens | threads | ms/step | weight GB/s | / STREAM | weight GB/s (CPU time) | / STREAM (CPU time) | GFLOP/s | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     print_row(r, json);
     return 0;
   }
 
   // Sweep: all threads first, then thread scaling at one token.
   numa::NodePools all(po);
-  const double stream = numa::stream_triad_gbps(all, static_cast<size_t>(stream_mib) << 20);
+  double stream_cpu = 0;
+  const double stream = numa::stream_triad_gbps(all, static_cast<size_t>(stream_mib) << 20, 5, &stream_cpu);
   const int max_threads = all.threads();
   const double dnnl_peak = numa::dnnl_sgemm_gflops(2048, 2048, 2048);
   std::fprintf(stderr, "hmoe bench: %s\n", all.topology().describe().c_str());
@@ -92,12 +94,12 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
     if (std::fgets(buf, sizeof(buf), f)) load = std::string(buf, strnlen(buf, sizeof(buf))).substr(0, 14);
     std::fclose(f);
   }
-  std::printf("# hmoe bench experts --sweep: %s, isa %s%s, %d threads (%s), STREAM triad %.1f GB/s, oneDNN sgemm 2048^3 %.1f GFLOP/s, "
+  std::printf("# hmoe bench experts --sweep: %s, isa %s%s, %d threads (%s), STREAM triad %.1f GB/s (%.1f GB/s over CPU time), oneDNN sgemm 2048^3 %.1f GFLOP/s, "
               "load average %s\n\n",
               all.topology().source.c_str(), cpu::isa_name(cpu::best_isa()), cpu::has_bf16_dot() ? " (+avx512_bf16)" : "", max_threads,
-              all.describe().c_str(), stream, dnnl_peak, load.c_str());
+              all.describe().c_str(), stream, stream_cpu, dnnl_peak, load.c_str());
   if (!json)
-    std::printf("| shape | dtype | tokens | threads | ms/step | cpu ms/step | weight GB/s | / STREAM | GFLOP/s | STREAM GB/s | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| shape | dtype | tokens | threads | ms/step | weight GB/s | / STREAM | weight GB/s (CPU time) | / STREAM (CPU time) | GFLOP/s | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& sh : split_list(shapes_s))
     for (const auto& dt : split_list(dtypes_s))
       for (const auto& tk : split_list(tokens_list)) {
@@ -105,7 +107,7 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
         cfg.shape = sh;
         cfg.dtype = dt;
         cfg.tokens = parse_int("--tokens-list", tk);
-        print_row(numa::run_expert_bench(cfg, all, stream), json);
+        print_row(numa::run_expert_bench(cfg, all, stream, stream_cpu), json);
       }
   std::vector<int> threads;
   if (!threads_list.empty()) {
@@ -114,7 +116,7 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
     for (int t = 1; t < max_threads; t *= 2) threads.push_back(t);
     threads.push_back(max_threads);
   }
-  if (!json) std::printf("\nThread scaling at 1 token (ratio against the all-thread STREAM triad):\n\n| shape | dtype | tokens | threads | ms/step | cpu ms/step | weight GB/s | / STREAM | GFLOP/s | STREAM GB/s | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  if (!json) std::printf("\nThread scaling at 1 token (ratio against the all-thread STREAM triad):\n\n| shape | dtype | tokens | threads | ms/step | weight GB/s | / STREAM | weight GB/s (CPU time) | / STREAM (CPU time) | GFLOP/s | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int t : threads) {
     numa::PoolOptions pt = po;
     pt.threads = t;
@@ -126,7 +128,7 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
         cfg.shape = sh;
         cfg.dtype = dt;
         cfg.tokens = 1;
-        print_row(numa::run_expert_bench(cfg, pools, stream), json);
+        print_row(numa::run_expert_bench(cfg, pools, stream, stream_cpu), json);
       }
   }
   return 0;
