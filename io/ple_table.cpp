@@ -451,7 +451,11 @@ std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, 
 void PleTable::prefetch(int t, const int64_t* rows, size_t n) {
   if (t < 0 || t >= tables()) fail(ErrorKind::internal, "PLE table index " + std::to_string(t) + " out of range");
   TableSlot& s = *tables_[static_cast<size_t>(t)];
-  if (s.pending && s.group) impl_->reader->wait(*s.group);  // never reuse staging under a read
+  if (s.pending && s.group) {  // never reuse staging under a read
+    auto g = std::move(s.group);
+    s.pending = false;
+    impl_->reader->wait(*g);
+  }
   s.pending = false;
   s.group.reset();
   for (size_t i = 0; i < n; ++i)
@@ -535,10 +539,10 @@ int64_t PleTable::wait(int t) {
     stats_.wait_ns += ns;
     return ns;
   }
-  ns = impl_->reader->wait(*s.group);
+  auto g = std::move(s.group);
+  ns = impl_->reader->wait(*g);
   stats_.wait_ns += ns;
-  stats_.io_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(s.group->completed - s.group->submitted).count();
-  s.group.reset();
+  stats_.io_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(g->completed - g->submitted).count();
   return ns;
 }
 
