@@ -130,11 +130,12 @@ void Scheduler::finish(Seq& s, FinishReason r, const std::string& err) {
 void Scheduler::preempt(size_t index) {
   std::unique_ptr<Seq> s = std::move(running_[index]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+  ++queued_;  // before running_count_ drops
   kv_.free_sequence(s->kv_seq);
   s->kv_seq = -1;
   s->computed = 0;
   waiting_.push_front(std::move(s));
-  ++queued_;
+  running_count_ = static_cast<int64_t>(running_.size());
   ++preemptions_;
 }
 
@@ -189,6 +190,7 @@ bool Scheduler::step() {
     s.kv_seq = kv_.add_sequence();
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
+    running_count_ = static_cast<int64_t>(running_.size());  // before queued_ drops: submit() never over-admits
     --queued_;
   }
   if (running_.empty()) return false;
