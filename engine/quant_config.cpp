@@ -139,7 +139,14 @@ class HfQuantSource : public WeightSource {
         const cpu::RawTensor qw = raw(base + ".qweight", "qweight"), qz = raw(base + ".qzeros", "qzeros"), sc = raw(base + ".scales", "scales");
         if (!sc.data) bad(what, "tensor '" + base + ".scales' is missing");
         if (!qz.data && (qc_.method == QuantConfig::Method::awq || !qc_.scheme.symmetric)) bad(what, "tensor '" + base + ".qzeros' is missing");
-        const int group = sc.rows == 1 ? -1 : qc_.scheme.group;
+        // Mixed precision (GPTQ `dynamic`, per-layer recipes): the group is the
+        // config's when the scales' rows agree with it, else read from them.
+        int group = qc_.scheme.group;
+        if (sc.rows == 1) group = -1;
+        else if (group <= 0 || (cols + group - 1) / group != sc.rows) {
+          if (cols % sc.rows != 0) bad(what, "scales have " + std::to_string(sc.rows) + " groups, which do not divide " + std::to_string(cols) + " input features");
+          group = static_cast<int>(cols / sc.rows);
+        }
         if (qc_.method == QuantConfig::Method::awq) return &keep(cpu::repack_awq(qw, qz, sc, cols, rows, group, what));
         cpu::GptqParams p;
         p.bits = qw.rows > 0 && (32 * qw.rows) % cols == 0 ? static_cast<int>(32 * qw.rows / cols) : 0;

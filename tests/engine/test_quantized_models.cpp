@@ -12,6 +12,7 @@
 #include "configs/error.h"
 #include "engine/logits.h"
 #include "engine/model.h"
+#include "engine/quant_config.h"
 #include "io/mmap_file.h"
 #include "io/safetensors.h"
 #include "tests/quant_tools/hf_quantizers.h"
@@ -52,6 +53,11 @@ void make_pair(const std::string& src, const std::string& dir_q, const std::stri
     const auto w = to_floats(*t);
     const std::string base = name.substr(0, name.size() - 7);
     auto r = quant(base, w.data(), t->shape[0], t->shape[1]);
+    if (r.tensors.empty()) {  // this layer stays unquantized (mixed precision)
+      q.push_back(plain);
+      f.push_back(std::move(plain));
+      continue;
+    }
     for (auto& x : r.tensors) q.push_back(std::move(x));
     f.push_back(qtools::tensor(name, DType::f32, t->shape, r.deq));
   }
@@ -132,6 +138,14 @@ TEST_CASE("GPTQ checkpoints load and match their dequantized twin") {
   });
 }
 
+TEST_CASE("mixed precision: experts int4 g32, attention int8 g64, layer 3 attention bf16, one config") {
+  compare_formats("gptq-mixed", gptq_cfg(4, 128, false, false), [](const std::string& b, const float* w, int64_t o, int64_t i) {
+    if (b.find("layers.3.self_attn") != std::string::npos) return qtools::HfQuantized{};
+    if (b.find("self_attn") != std::string::npos) return qtools::quantize_gptq(b, w, o, i, 8, 64, false, false, 1);
+    return qtools::quantize_gptq(b, w, o, i, 4, 32, true, false, 1);
+  });
+}
+
 TEST_CASE("AWQ GEMM checkpoints load and match their dequantized twin") {
   compare_formats("awq-g32", {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 32}, {"zero_point", true}, {"version", "gemm"}},
                   [](const std::string& b, const float* w, int64_t o, int64_t i) { return qtools::quantize_awq(b, w, o, i, 32); });
@@ -148,6 +162,49 @@ TEST_CASE("compressed-tensors pack-quantized W4A16 / W8A16 load and match their 
   };
   compare_formats("ct-w4a16-g32", ct(4, 32), [](const std::string& b, const float* w, int64_t o, int64_t i) { return qtools::quantize_ct(b, w, o, i, 4, 32); });
   compare_formats("ct-w8a16-channel", ct(8, -1), [](const std::string& b, const float* w, int64_t o, int64_t i) { return qtools::quantize_ct(b, w, o, i, 8, -1); });
+}
+
+TEST_CASE("compressed-tensors config_groups per layer: experts W4A16 g32, attention W8A16 channel, layer 0 ignored") {
+  const nlohmann::json cfg = {
+      {"quant_method", "compressed-tensors"},
+      {"format", "pack-quantized"},
+      {"config_groups",
+       {{"experts", {{"targets", {"re:.*mlp\\.experts\\..*"}}, {"weights", {{"num_bits", 4}, {"symmetric", true}, {"strategy", "group"}, {"group_size", 32}}}}},
+        {"attention", {{"targets", {"re:.*self_attn\\..*"}}, {"weights", {{"num_bits", 8}, {"symmetric", true}, {"strategy", "channel"}}}}}}},
+      {"ignore", {"lm_head", "re:model\\.layers\\.0\\.self_attn\\..*"}}};
+  const QuantConfig qc = QuantConfig::from_json(cfg, "test");
+  REQUIRE(qc.scheme_for("model.layers.2.mlp.experts.5.up_proj"));
+  CHECK(qc.scheme_for("model.layers.2.mlp.experts.5.up_proj")->bits == 4);
+  CHECK(qc.scheme_for("model.layers.1.self_attn.o_proj")->bits == 8);
+  CHECK(qc.scheme_for("model.layers.0.self_attn.o_proj") == nullptr);
+  CHECK(qc.scheme_for("lm_head") == nullptr);
+  CHECK(qc.scheme_for("model.layers.1.mlp.gate") == nullptr);
+  compare_formats("ct-groups", cfg, [](const std::string& b, const float* w, int64_t o, int64_t i) {
+    if (b.find("layers.0.self_attn") != std::string::npos) return qtools::HfQuantized{};
+    if (b.find("self_attn") != std::string::npos) return qtools::quantize_ct(b, w, o, i, 8, -1);
+    return qtools::quantize_ct(b, w, o, i, 4, 32);
+  });
+}
+
+TEST_CASE("quantization_config parsing: fields and refusals") {
+  const QuantConfig g = QuantConfig::from_json({{"quant_method", "gptq"}, {"bits", 8}, {"group_size", -1}, {"sym", false}, {"desc_act", true},
+                                                {"checkpoint_format", "gptq_v2"}, {"modules_to_not_convert", {"lm_head"}}},
+                                               "c");
+  CHECK(g.method == QuantConfig::Method::gptq);
+  CHECK(g.scheme.bits == 8);
+  CHECK(g.scheme.group == -1);
+  CHECK_FALSE(g.scheme.symmetric);
+  CHECK(g.desc_act);
+  CHECK_FALSE(g.gptq_v1);
+  CHECK(g.scheme_for("lm_head") == nullptr);
+  const QuantConfig f = QuantConfig::from_json({{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 64}}}, "c");
+  CHECK(f.fp8_block_in == 64);
+  CHECK_THROWS_WITH_AS(QuantConfig::from_json({{"quant_method", "fp8"}, {"fmt", "e4m3"}}, "c"), doctest::Contains("weight_block_size"), Error);
+  CHECK_THROWS_WITH_AS(QuantConfig::from_json({{"quant_method", "awq"}, {"bits", 4}, {"version", "gemv"}}, "c"), doctest::Contains("gemv"), Error);
+  CHECK_THROWS_WITH_AS(QuantConfig::from_json({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 48}}, "c"), doctest::Contains("group_size 48"), Error);
+  CHECK_THROWS_WITH_AS(QuantConfig::from_json({{"quant_method", "compressed-tensors"}, {"format", "float-quantized"}}, "c"),
+                       doctest::Contains("float-quantized"), Error);
+  CHECK_THROWS_WITH_AS(QuantConfig::from_json(nlohmann::json::array(), "c"), doctest::Contains("object"), Error);
 }
 
 TEST_CASE("FP8 e4m3 with 128x128 block scales loads and matches its dequantized twin") {
