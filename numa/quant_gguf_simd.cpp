@@ -5,8 +5,8 @@
 // dequantized straight into two zmm registers (nibble shift/mask, high bits
 // by byte masks, vpmovzxbd + vcvtdq2ps, one FMA with scale and min) and
 // multiplied into up to 4 tokens' accumulators, so one pass over the weights
-// serves 4 tokens. Two rows are walked together to keep two independent
-// streams in flight for GEMV.
+// serves 4 tokens; four rows are walked together (four weight streams in
+// flight for GEMV, each token's activations loaded once for the four rows).
 // AVX2 (v2): the same per-block scale decoding and in-register dequantize,
 // four 8-wide vectors per 32 weights, one row at a time (v1 dequantized
 // each block into an L1 buffer with the scalar reference).
@@ -163,12 +163,18 @@ HMOE_Q512 inline void elem_chunk(const Mat& w, const uint8_t* p, int64_t r, int6
   }
 }
 
+// acc[i][j] += w_i . x_j over one run of 32 weights (a: first 16, b: last 16):
+// each token's x is loaded once for all R rows.
 template <int R, int NT>
-HMOE_Q512 inline void fma_tokens(const float* x, int64_t ldx, int64_t t0, int64_t k, int i, __m512 a, __m512 b, __m512 (&acc)[R][NT]) {
+HMOE_Q512 inline void fma_tokens(const float* x, int64_t ldx, int64_t t0, int64_t k, const __m512 (&a)[R], const __m512 (&b)[R],
+                                 __m512 (&acc)[R][NT]) {
   for (int j = 0; j < NT; ++j) {
     const float* xt = x + (t0 + j) * ldx + k;
-    acc[i][j] = _mm512_fmadd_ps(a, _mm512_loadu_ps(xt), acc[i][j]);
-    acc[i][j] = _mm512_fmadd_ps(b, _mm512_loadu_ps(xt + 16), acc[i][j]);
+    const __m512 xa = _mm512_loadu_ps(xt), xb = _mm512_loadu_ps(xt + 16);
+    for (int i = 0; i < R; ++i) {
+      acc[i][j] = _mm512_fmadd_ps(a[i], xa, acc[i][j]);
+      acc[i][j] = _mm512_fmadd_ps(b[i], xb, acc[i][j]);
+    }
   }
 }
 
@@ -180,27 +186,24 @@ HMOE_Q512 void tile512(const float* x, int64_t ldx, int64_t t0, const Mat& w, in
     for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
   const uint8_t* rows[R];
   for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
+  __m512 a[R], b[R];
   if constexpr (is_block(T)) {
     constexpr int BE = kElems<T>, BB = kBytes<T>;
     const int64_t nb = w.cols / BE;
     for (int64_t bi = 0; bi < nb; ++bi) {
       BlockScales sc[R];
       for (int i = 0; i < R; ++i) prep<T>(rows[i] + bi * BB, sc[i]);
-      for (int c = 0; c < BE / 32; ++c)
-        for (int i = 0; i < R; ++i) {
-          __m512 a, b;
-          block_chunk<T>(rows[i] + bi * BB, c, sc[i], a, b);
-          fma_tokens<R, NT>(x, ldx, t0, bi * BE + c * 32, i, a, b, acc);
-        }
+      for (int c = 0; c < BE / 32; ++c) {
+        for (int i = 0; i < R; ++i) block_chunk<T>(rows[i] + bi * BB, c, sc[i], a[i], b[i]);
+        fma_tokens<R, NT>(x, ldx, t0, bi * BE + c * 32, a, b, acc);
+      }
     }
   } else {
     const int64_t chunks = w.cols / 32;
-    for (int64_t c = 0; c < chunks; ++c)
-      for (int i = 0; i < R; ++i) {
-        __m512 a, b;
-        elem_chunk<T>(w, rows[i], r + i, c, a, b);
-        fma_tokens<R, NT>(x, ldx, t0, c * 32, i, a, b, acc);
-      }
+    for (int64_t c = 0; c < chunks; ++c) {
+      for (int i = 0; i < R; ++i) elem_chunk<T>(w, rows[i], r + i, c, a[i], b[i]);
+      fma_tokens<R, NT>(x, ldx, t0, c * 32, a, b, acc);
+    }
   }
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < NT; ++j) y[(t0 + j) * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
@@ -209,10 +212,10 @@ HMOE_Q512 void tile512(const float* x, int64_t ldx, int64_t t0, const Mat& w, in
 template <ExtType T>
 HMOE_Q512 void rows512(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   int64_t r = r0;
-  for (; r + 2 <= r1; r += 2) {
+  for (; r + 4 <= r1; r += 4) {
     int64_t t = 0;
-    for (; t + 4 <= n; t += 4) tile512<T, 2, 4>(x, ldx, t, w, r, y, ldy);
-    for (; t < n; ++t) tile512<T, 2, 1>(x, ldx, t, w, r, y, ldy);
+    for (; t + 4 <= n; t += 4) tile512<T, 4, 4>(x, ldx, t, w, r, y, ldy);
+    for (; t < n; ++t) tile512<T, 4, 1>(x, ldx, t, w, r, y, ldy);
   }
   for (; r < r1; ++r) {
     int64_t t = 0;
