@@ -4,7 +4,10 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -303,10 +306,15 @@ class Session : public std::enable_shared_from_this<Session> {
   void watch_disconnect(uint64_t gen) {
     sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this(), gen](boost::system::error_code ec) {
       if (gen != self->gen_id_ || self->state_ != State::generating) return;
-      boost::system::error_code ec2;
-      const size_t avail = ec ? 0 : self->sock_.available(ec2);
-      if (!ec && !ec2 && avail > 0) return;  // pipelined request: read after this response
       if (ec == net::error::operation_aborted && !self->timed_out_) return;
+      if (!ec) {
+        // Readiness can be stale (an edge already drained by the request
+        // read); only a peek that sees end-of-stream or an error means gone.
+        char c;
+        const ssize_t n = ::recv(self->sock_.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n > 0) return;  // pipelined request: read after this response
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->watch_disconnect(gen);
+      }
       self->client_gone();
     });
   }
