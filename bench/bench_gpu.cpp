@@ -274,7 +274,9 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps) {
       std::printf("| %d%% | - | could not build: %s |\n", pct, e.what());
       continue;
     }
+    for (int variant = 0; variant < (pct == 100 ? 2 : 1); ++variant)
     for (int batch : {1, 8}) {
+      stack->set_cuda_graphs(variant == 0);
       const int64_t prompt = 32, total = prompt + steps + 4;
       KvCache kv(KvLayout{layers, 4, 128}, batch * ((total + 15) / 16) + 1, 16);
       std::vector<int> seqs;
@@ -305,7 +307,7 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps) {
       const double cold = static_cast<double>(layers - nres) * uniq * expert_bytes;
       const double gpu_s = t.gpu_s() / t.steps;
       const double bound = cold / dram + gpu_s;
-      std::printf("| %d%% (%d/%d) | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f |\n", pct, nres, layers, batch, batch / step,
+      std::printf("| %d%% (%d/%d)%s | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f |\n", pct, nres, layers, variant ? ", no graphs" : "", batch, batch / step,
                   step * 1e3, gpu_s * 1e3, t.cpu_experts_s / t.steps * 1e3, t.transfer_s / t.steps * 1e3, cold / 1e9, bound * 1e3, batch / bound,
                   step / bound);
       std::fflush(stdout);

@@ -79,6 +79,10 @@ struct GpuStack::Impl {
   std::vector<float> cpu_out;
   std::vector<gpu::Event> events;  // 4 per layer: D2H start/end, H2D start/end
   GpuStepTimes times;
+  bool use_graphs = true;
+  int64_t hybrid_count = 0;
+  gpu::Graph graph;
+  std::vector<const void*> graph_key;  // shape and buffer addresses the graph was captured with
 
   Impl(const ModelConfig& cfg, numa::NodePools& p) : c(cfg), pools(p) {}
 };
@@ -160,6 +164,7 @@ GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, cons
         m.weight_bytes += w.gate_up.bytes() + w.down.bytes();
       } else {
         w.cpu_experts = std::move(ex);
+        ++m.hybrid_count;
         eopt.name = "layer " + std::to_string(l) + " routed experts (CPU)";
         w.engine = std::make_unique<numa::ExpertEngine>(w.cpu_experts, pools, eopt);
         eopt.print_memory = false;  // the first hybrid layer speaks for all
@@ -173,6 +178,10 @@ GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, cons
 GpuStack::~GpuStack() = default;
 const GpuStepTimes& GpuStack::times() const { return impl_->times; }
 void GpuStack::reset_times() { impl_->times = GpuStepTimes{}; }
+void GpuStack::set_cuda_graphs(bool on) {
+  impl_->use_graphs = on;
+  impl_->graph.reset();
+}
 uint64_t GpuStack::weight_bytes() const { return impl_->weight_bytes; }
 
 void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
@@ -225,8 +234,10 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   for (const auto& [seq, e] : seq_list)
     for (int64_t p = 0; p < e.second; ++p) mt[5 * n + mrows + e.first + p] = static_cast<int32_t>(kv.slot_index(seq, p));
   const size_t meta_bytes = meta.size() * sizeof(int32_t);
-  m.meta_h.reserve(meta_bytes);
-  m.meta.reserve(meta_bytes);
+  if (meta_bytes > m.meta.bytes()) {  // with headroom: a replayed graph needs the same address
+    m.meta_h.reserve(meta_bytes * 2);
+    m.meta.reserve(meta_bytes * 2);
+  }
   s.synchronize();  // the previous step no longer reads meta_h
   std::memcpy(m.meta_h.as<int32_t>(), meta.data(), meta_bytes);
   gpu::copy_to_device(m.meta.data(), m.meta_h.as<int32_t>(), meta_bytes, s);
@@ -262,59 +273,90 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   double cpu_s = 0;
   std::vector<int64_t> hybrid_layers;
 
-  gpu::embedding(m.embed.as<bf16_t>(), d_tok, n, H, x, s);
-  for (size_t l = 0; l < m.layers.size(); ++l) {
-    Impl::LayerW& w = m.layers[l];
-    const int64_t layer_off = static_cast<int64_t>(l) * slots * kvw;
-    gpu::add_rms_norm(x, l > 0 ? d : nullptr, nullptr, n, H, w.in_norm.as<bf16_t>(), eps, hb, nullptr, s);
-    m.blas.gemm(hb, n, w.qkv.as<bf16_t>(), ld, H, qkv, ld);
-    gpu::qk_norm_rope(qkv, n, ld, nh, hd, w.q_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
-    gpu::qk_norm_rope(qkv + nh * hd, n, ld, kvh, hd, w.k_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
-    gpu::kv_store(qkv + nh * hd, qkv + (nh + kvh) * hd, ld, n, kvw, d_slot, m.kc.as<bf16_t>() + layer_off, m.vc.as<bf16_t>() + layer_off, s);
-    gpu::attention(qkv, ld, n, nh, kvh, hd, m.kc.as<bf16_t>() + layer_off, m.vc.as<bf16_t>() + layer_off, d_lists, d_off, d_len, max_len, scale,
-                   m.attn_scratch.as<float>(), m.attn.as<bf16_t>(), s);
-    m.blas.gemm(m.attn.as<bf16_t>(), n, w.o.as<bf16_t>(), H, nh * hd, d, H);
-    const bool hybrid = w.moe && !w.resident;
-    gpu::add_rms_norm(x, d, nullptr, n, H, w.post_norm.as<bf16_t>(), eps, hb, hybrid ? m.hf.as<float>() : nullptr, s);
-    if (!w.moe) {
-      m.blas.gemm(hb, n, w.gate_up.as<bf16_t>(), 2 * Id, H, m.gu.as<float>(), 2 * Id);
-      gpu::silu_mul(m.gu.as<float>(), n, Id, m.act_b.as<bf16_t>(), s);
-      m.blas.gemm(m.act_b.as<bf16_t>(), n, w.down.as<bf16_t>(), H, Id, d, H);
-      continue;
+  auto enqueue = [&] {
+    gpu::embedding(m.embed.as<bf16_t>(), d_tok, n, H, x, s);
+    for (size_t l = 0; l < m.layers.size(); ++l) {
+      Impl::LayerW& w = m.layers[l];
+      const int64_t layer_off = static_cast<int64_t>(l) * slots * kvw;
+      gpu::add_rms_norm(x, l > 0 ? d : nullptr, nullptr, n, H, w.in_norm.as<bf16_t>(), eps, hb, nullptr, s);
+      m.blas.gemm(hb, n, w.qkv.as<bf16_t>(), ld, H, qkv, ld);
+      gpu::qk_norm_rope(qkv, n, ld, nh, hd, w.q_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
+      gpu::qk_norm_rope(qkv + nh * hd, n, ld, kvh, hd, w.k_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
+      gpu::kv_store(qkv + nh * hd, qkv + (nh + kvh) * hd, ld, n, kvw, d_slot, m.kc.as<bf16_t>() + layer_off, m.vc.as<bf16_t>() + layer_off, s);
+      gpu::attention(qkv, ld, n, nh, kvh, hd, m.kc.as<bf16_t>() + layer_off, m.vc.as<bf16_t>() + layer_off, d_lists, d_off, d_len, max_len, scale,
+                     m.attn_scratch.as<float>(), m.attn.as<bf16_t>(), s);
+      m.blas.gemm(m.attn.as<bf16_t>(), n, w.o.as<bf16_t>(), H, nh * hd, d, H);
+      const bool hybrid = w.moe && !w.resident;
+      gpu::add_rms_norm(x, d, nullptr, n, H, w.post_norm.as<bf16_t>(), eps, hb, hybrid ? m.hf.as<float>() : nullptr, s);
+      if (!w.moe) {
+        m.blas.gemm(hb, n, w.gate_up.as<bf16_t>(), 2 * Id, H, m.gu.as<float>(), 2 * Id);
+        gpu::silu_mul(m.gu.as<float>(), n, Id, m.act_b.as<bf16_t>(), s);
+        m.blas.gemm(m.act_b.as<bf16_t>(), n, w.down.as<bf16_t>(), H, Id, d, H);
+        continue;
+      }
+      m.blas.gemm(hb, n, w.router.as<bf16_t>(), E, H, m.router_l.as<float>(), E);
+      gpu::router_topk(m.router_l.as<float>(), n, E, K, c.norm_topk_prob, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), s);
+      if (w.resident) {
+        gpu::moe_route(m.topk_ids.as<int32_t>(), n * K, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
+        gpu::moe_experts(hb, n, H, I, E, K, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(),
+                         w.gate_up.as<bf16_t>(), w.down.as<bf16_t>(), m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), d, s);
+        continue;
+      }
+      // Hybrid layer: normed hidden (fp32) and routing down, expert sums back.
+      m.hf_h.reserve(static_cast<size_t>(n * H * 4));
+      m.out_h.reserve(static_cast<size_t>(n * H * 4));
+      m.ids_h.reserve(static_cast<size_t>(n * K * 4));
+      m.w_h.reserve(static_cast<size_t>(n * K * 4));
+      gpu::Event* ev = &m.events[4 * l];
+      ev[0].record(s);
+      gpu::copy_to_host(m.hf_h.as<float>(), m.hf.as<float>(), static_cast<size_t>(n * H * 4), s);
+      gpu::copy_to_host(m.ids_h.as<int32_t>(), m.topk_ids.as<int32_t>(), static_cast<size_t>(n * K * 4), s);
+      gpu::copy_to_host(m.w_h.as<float>(), m.topk_w.as<float>(), static_cast<size_t>(n * K * 4), s);
+      ev[1].record(s);
+      ev[1].synchronize();
+      const auto c0 = std::chrono::steady_clock::now();
+      float* out = m.out_h.as<float>();
+      std::memset(out, 0, static_cast<size_t>(n * H * 4));
+      w.engine->forward(m.hf_h.as<float>(), n, m.ids_h.as<int32_t>(), m.w_h.as<float>(), K, out);
+      cpu_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+      ev[2].record(s);
+      gpu::copy_to_device(d, out, static_cast<size_t>(n * H * 4), s);
+      ev[3].record(s);
+      hybrid_layers.push_back(static_cast<int64_t>(l));
     }
-    m.blas.gemm(hb, n, w.router.as<bf16_t>(), E, H, m.router_l.as<float>(), E);
-    gpu::router_topk(m.router_l.as<float>(), n, E, K, c.norm_topk_prob, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), s);
-    if (w.resident) {
-      gpu::moe_route(m.topk_ids.as<int32_t>(), n * K, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
-      gpu::moe_experts(hb, n, H, I, E, K, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(),
-                       w.gate_up.as<bf16_t>(), w.down.as<bf16_t>(), m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), d, s);
-      continue;
+    gpu::add(x, d, n * H, x, s);
+    gpu::add_rms_norm(x, nullptr, d_rows, mrows, H, m.final_norm.as<bf16_t>(), eps, hb, nullptr, s);
+    m.blas.gemm(hb, mrows, m.lm_head.as<bf16_t>(), V, H, m.logits_d.as<float>(), V);
+  };
+  if (m.use_graphs && m.hybrid_count == 0) {
+    // The whole step is device work: replay it as a graph while the shape
+    // (tokens, logit rows, attention splits) and every buffer address hold.
+    std::vector<const void*> key = {reinterpret_cast<const void*>(n), reinterpret_cast<const void*>(mrows),
+                                     reinterpret_cast<const void*>(gpu::attention_splits(n, nh, max_len)), m.meta.data(), m.kc.data(),
+                                     m.vc.data(), m.x.data(), m.d.data(), m.hb.data(), m.hf.data(), m.qkv.data(), m.attn.data(),
+                                     m.attn_scratch.data(), m.gu.data(), m.act_b.data(), m.router_l.data(), m.topk_ids.data(),
+                                     m.topk_w.data(), m.route_off.data(), m.pair_list.data(), m.moe_act.data(), m.moe_partial.data(),
+                                     m.logits_d.data()};
+    if (!m.graph.ready() || key != m.graph_key) {
+      m.graph_key.clear();
+      m.graph.begin_capture(s);
+      try {
+        enqueue();
+      } catch (...) {
+        try {
+          m.graph.end_capture(s);
+        } catch (...) {
+        }
+        m.graph.reset();
+        throw;
+      }
+      m.graph.end_capture(s);
+      m.graph_key = key;
     }
-    // Hybrid layer: normed hidden (fp32) and routing down, expert sums back.
-    m.hf_h.reserve(static_cast<size_t>(n * H * 4));
-    m.out_h.reserve(static_cast<size_t>(n * H * 4));
-    m.ids_h.reserve(static_cast<size_t>(n * K * 4));
-    m.w_h.reserve(static_cast<size_t>(n * K * 4));
-    gpu::Event* ev = &m.events[4 * l];
-    ev[0].record(s);
-    gpu::copy_to_host(m.hf_h.as<float>(), m.hf.as<float>(), static_cast<size_t>(n * H * 4), s);
-    gpu::copy_to_host(m.ids_h.as<int32_t>(), m.topk_ids.as<int32_t>(), static_cast<size_t>(n * K * 4), s);
-    gpu::copy_to_host(m.w_h.as<float>(), m.topk_w.as<float>(), static_cast<size_t>(n * K * 4), s);
-    ev[1].record(s);
-    ev[1].synchronize();
-    const auto c0 = std::chrono::steady_clock::now();
-    float* out = m.out_h.as<float>();
-    std::memset(out, 0, static_cast<size_t>(n * H * 4));
-    w.engine->forward(m.hf_h.as<float>(), n, m.ids_h.as<int32_t>(), m.w_h.as<float>(), K, out);
-    cpu_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
-    ev[2].record(s);
-    gpu::copy_to_device(d, out, static_cast<size_t>(n * H * 4), s);
-    ev[3].record(s);
-    hybrid_layers.push_back(static_cast<int64_t>(l));
+    m.graph.launch(s);
+  } else {
+    enqueue();
   }
-  gpu::add(x, d, n * H, x, s);
-  gpu::add_rms_norm(x, nullptr, d_rows, mrows, H, m.final_norm.as<bf16_t>(), eps, hb, nullptr, s);
-  m.blas.gemm(hb, mrows, m.lm_head.as<bf16_t>(), V, H, m.logits_d.as<float>(), V);
   m.logits_h.reserve(static_cast<size_t>(std::max<int64_t>(mrows * V * 4, 16)));
   gpu::copy_to_host(m.logits_h.as<float>(), m.logits_d.as<float>(), static_cast<size_t>(mrows * V * 4), s);
   s.synchronize();

@@ -52,6 +52,9 @@ class GpuStack {
 
   void forward(const Batch& b, KvCache& kv, std::vector<float>& logits);
 
+  // Steps without hybrid layers are captured as a CUDA graph and replayed
+  // while their shape and buffers stay the same (on by default).
+  void set_cuda_graphs(bool on);
   const GpuStepTimes& times() const;
   void reset_times();
   uint64_t weight_bytes() const;  // bytes of weights on the GPU

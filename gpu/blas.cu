@@ -9,9 +9,13 @@ Blas::Blas(Stream& s) {
   HMOE_CUBLAS_CHECK(cublasCreate(&h));
   handle_ = h;
   HMOE_CUBLAS_CHECK(cublasSetStream(h, detail::cs(s)));
+  constexpr size_t kWorkspace = 32u << 20;
+  HMOE_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspace));
+  HMOE_CUBLAS_CHECK(cublasSetWorkspace(h, workspace_, kWorkspace));
 }
 Blas::~Blas() {
   if (handle_) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  if (workspace_) cudaFree(workspace_);
 }
 
 void Blas::gemm(const bf16_t* x, int64_t n, const bf16_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy) {

@@ -86,6 +86,7 @@ class Blas {
 
  private:
   void* handle_ = nullptr;
+  void* workspace_ = nullptr;  // fixed, so that products can be captured in CUDA graphs
 };
 
 }  // namespace hmoe::gpu

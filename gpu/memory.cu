@@ -65,6 +65,24 @@ float Event::elapsed_ms(const Event& start) const {
   return ms;
 }
 
+Graph::~Graph() { reset(); }
+void Graph::reset() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  exec_ = nullptr;
+}
+void Graph::begin_capture(Stream& s) { HMOE_CUDA_CHECK(cudaStreamBeginCapture(cs(s), cudaStreamCaptureModeThreadLocal)); }
+void Graph::end_capture(Stream& s) {
+  cudaGraph_t g = nullptr;
+  HMOE_CUDA_CHECK(cudaStreamEndCapture(cs(s), &g));
+  reset();
+  cudaGraphExec_t e = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&e, g, 0);
+  cudaGraphDestroy(g);
+  if (err != cudaSuccess) detail::cuda_fail(err, "cudaGraphInstantiate", __FILE__, __LINE__);
+  exec_ = e;
+}
+void Graph::launch(Stream& s) { HMOE_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cs(s))); }
+
 void copy_to_device(void* dst, const void* src, size_t bytes, Stream& s) {
   if (bytes) HMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cs(s)));
 }

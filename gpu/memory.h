@@ -92,6 +92,25 @@ class Event {
   void* handle_ = nullptr;
 };
 
+// A CUDA graph captured from the work enqueued on one stream between
+// begin_capture() and end_capture(), replayed with launch(). Kernels whose
+// arguments (pointers, sizes) change need a new capture.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void begin_capture(Stream& s);
+  void end_capture(Stream& s);  // instantiates; replaces any earlier graph
+  void launch(Stream& s);
+  bool ready() const { return exec_ != nullptr; }
+  void reset();
+
+ private:
+  void* exec_ = nullptr;  // cudaGraphExec_t
+};
+
 void copy_to_device(void* dst, const void* src, size_t bytes, Stream& s);
 void copy_to_host(void* dst, const void* src, size_t bytes, Stream& s);
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream& s);

@@ -25,6 +25,11 @@ Event::~Event() = default;
 void Event::record(Stream&) { no_cuda("gpu::Event::record"); }
 void Event::synchronize() { no_cuda("gpu::Event::synchronize"); }
 float Event::elapsed_ms(const Event&) const { no_cuda("gpu::Event::elapsed_ms"); }
+Graph::~Graph() = default;
+void Graph::reset() {}
+void Graph::begin_capture(Stream&) { no_cuda("gpu::Graph::begin_capture"); }
+void Graph::end_capture(Stream&) { no_cuda("gpu::Graph::end_capture"); }
+void Graph::launch(Stream&) { no_cuda("gpu::Graph::launch"); }
 void copy_to_device(void*, const void*, size_t, Stream&) { no_cuda("gpu::copy_to_device"); }
 void copy_to_host(void*, const void*, size_t, Stream&) { no_cuda("gpu::copy_to_host"); }
 void copy_on_device(void*, const void*, size_t, Stream&) { no_cuda("gpu::copy_on_device"); }

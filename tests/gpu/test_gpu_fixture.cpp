@@ -5,9 +5,11 @@
 // per forward) is exercised as well as prefill. Skips without a GPU.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "engine/blocks_gpu.h"
 #include "engine/logits.h"
 #include "engine/model.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -62,4 +64,39 @@ TEST_CASE("tiny-qwen3moe on the GPU agrees with the reference top-1 under five p
     MESSAGE("placement " << placement << ": " << agree << "/" << checked << " rows with margin > 0.5 agree");
     CHECK(checked > 20);
   }
+}
+
+TEST_CASE("decode steps replayed as CUDA graphs give the logits of plain launches") {
+  if (!test::have_gpu()) return;
+  const std::string dir = test::fixture_model("tiny-qwen3moe");
+  REQUIRE(std::filesystem::exists(dir + "/config.json"));
+  std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", "all", "--progress", "none"};
+  Settings s = Settings::load(args);
+  auto model = Model::load(dir, s);
+  REQUIRE(model->gpu() != nullptr);
+  const int64_t V = model->config().vocab_size;
+  auto run = [&](bool graphs) {
+    model->gpu()->set_cuda_graphs(graphs);
+    KvCache kv(model->kv_layout(), 8, 16);
+    const int seq = kv.add_sequence();
+    kv.reserve(seq, 64);
+    Batch b;
+    const std::vector<int32_t> prompt = {151644, 872, 198, 9707, 525, 30};
+    for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], seq, static_cast<int64_t>(i), i + 1 == prompt.size());
+    std::vector<float> logits, all;
+    model->forward(b, kv, logits);
+    for (int64_t pos = static_cast<int64_t>(prompt.size()); pos < 40; ++pos) {
+      b.clear();
+      b.add(argmax(logits.data(), V), seq, pos, true);
+      model->forward(b, kv, logits);
+      all.insert(all.end(), logits.begin(), logits.begin() + 64);
+    }
+    return all;
+  };
+  const auto with = run(true), without = run(false);
+  REQUIRE(with.size() == without.size());
+  double worst = 0;
+  for (size_t i = 0; i < with.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(with[i] - without[i])));
+  MESSAGE("max |graph - plain| over 34 decode steps: " << worst);
+  CHECK(worst <= 1e-4);
 }
