@@ -49,12 +49,14 @@ PoolOptions PoolOptions::from_settings(const Settings& s) {
   o.binding = parse_binding(s.thread_binding);
   o.power_saving = s.power_saving;
   o.topology = s.topology;
+  if (s.device != "cpu") o.reserve_cores = -1;
   return o;
 }
 
 NodePools::NodePools(const PoolOptions& opt) : topo_(Topology::load(opt.topology)) {
   const int nn = topo_.node_count();
-  int total = opt.threads > 0 ? opt.threads : std::max(1, topo_.core_count() - opt.reserve_cores);
+  const int reserve = opt.reserve_cores >= 0 ? opt.reserve_cores : (topo_.gpus.empty() ? 0 : 1);
+  int total = opt.threads > 0 ? opt.threads : std::max(1, topo_.core_count() - reserve);
   if (total < nn) {
     if (!opt.quiet)
       std::fprintf(stderr, "hmoe: %d thread(s) for %d NUMA nodes; using one per node so that every node streams its own slices\n", total, nn);

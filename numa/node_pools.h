@@ -37,7 +37,7 @@ const char* binding_name(Binding b);
 
 struct PoolOptions {
   int threads = 0;                 // total; 0 = physical cores - reserve_cores
-  int reserve_cores = 0;           // e.g. one per GPU process
+  int reserve_cores = 0;           // kept free when threads = 0; -1: one if the topology has a GPU (this process drives it)
   Binding binding = Binding::numa_node;
   bool power_saving = false;       // true: sleep between jobs; false: spin first
   std::string topology;            // "" = this machine (see Topology::load)

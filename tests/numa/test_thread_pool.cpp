@@ -102,3 +102,17 @@ TEST_CASE("NodePools reports a failing node's exception after all nodes finish")
   pools.run({3, 4}, [&](int, int64_t b, int64_t e, int) { again += static_cast<int>(e - b); });
   CHECK(again.load() == 7);
 }
+
+TEST_CASE("threads = 0 means the topology's cores, less the reserved ones") {
+  numa::PoolOptions o;
+  o.topology = "numa:2 core:3 pu:2";
+  o.quiet = true;
+  numa::NodePools all(o);
+  CHECK(all.threads() == 6);
+  o.reserve_cores = 1;
+  numa::NodePools fewer(o);
+  CHECK(fewer.threads() == 5);
+  o.reserve_cores = -1;  // one only when the topology lists a GPU; synthetic ones list none
+  numa::NodePools auto_reserve(o);
+  CHECK(auto_reserve.threads() == 6);
+}
