@@ -79,7 +79,7 @@ struct GpuStack::Impl {
   std::vector<float> cpu_out;
   std::vector<gpu::Event> events;  // 4 per layer: D2H start/end, H2D start/end
   GpuStepTimes times;
-  bool use_graphs = true;
+  bool use_graphs = false;  // opt-in until a device run has checked the captured path
   int64_t hybrid_count = 0;
   gpu::Graph graph;
   std::vector<const void*> graph_key;  // shape and buffer addresses the graph was captured with

@@ -53,7 +53,9 @@ class GpuStack {
   void forward(const Batch& b, KvCache& kv, std::vector<float>& logits);
 
   // Steps without hybrid layers are captured as a CUDA graph and replayed
-  // while their shape and buffers stay the same (on by default).
+  // while their shape and buffers stay the same. Off by default: the
+  // captured path has not been run on a GPU yet (test_gpu and bench_gpu
+  // compare it with plain launches).
   void set_cuda_graphs(bool on);
   const GpuStepTimes& times() const;
   void reset_times();
