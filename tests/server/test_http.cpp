@@ -372,6 +372,7 @@ TEST_CASE("http: max connections, Expect: 100-continue, keep-alive") {
   Settings s = test_settings();
   s.max_connections = 3;
   s.header_timeout = 5;
+  s.idle_timeout = 1;
   RunningServer srv(s);
   std::vector<int> idle;
   for (int i = 0; i < 3; ++i) idle.push_back(connect_raw(srv.port));
@@ -416,4 +417,13 @@ TEST_CASE("http: max connections, Expect: 100-continue, keep-alive") {
   HttpReply second = parse_reply(recv_all(fd, 10000));
   ::close(fd);
   CHECK(second.status == 200);
+
+  // A keep-alive connection that sends nothing more is closed after the idle timeout.
+  fd = connect_raw(srv.port);
+  send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string all = recv_all(fd, 10000);  // returns when the server closes
+  ::close(fd);
+  CHECK(parse_reply(all).status == 200);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8));
 }
