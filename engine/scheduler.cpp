@@ -244,6 +244,7 @@ bool Scheduler::step() {
     }
   }
   if (plan.empty()) return false;
+  kv_used_ = kv_.num_blocks() - kv_.free_blocks();  // before any token of this step is sent
 
   Batch batch;
   std::vector<Seq*> logit_seqs;
