@@ -141,6 +141,10 @@ Settings Settings::load(std::vector<std::string>& args) {
         assign(f, s.field, a.substr(f.size() + 1));                                        \
         used = true;                                                                       \
         s.origins.emplace_back(#field, f);                                                 \
+      } else if (is_bool_kind(#kind) && a == "--no-" + f.substr(2)) {                       \
+        assign(f, s.field, "0");                                                           \
+        used = true;                                                                       \
+        s.origins.emplace_back(#field, a);                                                 \
       }                                                                                    \
     }
 #include "configs/settings.inc"

@@ -72,12 +72,17 @@ struct Scheduler::Seq {
   int64_t computed = 0;  // tokens whose K/V are in the cache
   int kv_seq = -1;
   bool done = false;
+  bool admitted_once = false;
   std::span<const int32_t> prompt() const { return {tokens.data(), req->prompt.size()}; }
   std::span<const int32_t> output() const { return {tokens.data() + req->prompt.size(), static_cast<size_t>(generated)}; }
 };
 
 Scheduler::Scheduler(Model& model, const SchedulerConfig& cfg)
-    : model_(model), cfg_(cfg), kv_(model.kv_layout(), cfg.kv_blocks, cfg.block_size) {
+    : model_(model),
+      cfg_(cfg),
+      kv_(model.kv_layout(), cfg.kv_blocks, cfg.block_size, KvCacheOptions{cfg.prefix_caching, cfg.prefix_salt, cfg.host_kv_blocks}) {
+  if ((cfg.block_size & (cfg.block_size - 1)) != 0)
+    fail(ErrorKind::invalid_argument, "--block-size must be a power of two, got " + std::to_string(cfg.block_size));
   if (cfg.max_num_seqs <= 0) fail(ErrorKind::invalid_argument, "--max-num-seqs must be >= 1");
   if (cfg.max_num_batched_tokens <= 0) fail(ErrorKind::invalid_argument, "--max-num-batched-tokens must be >= 1");
   if (cfg.max_queue < 0) fail(ErrorKind::invalid_argument, "--max-queue must be >= 0");
@@ -117,6 +122,10 @@ SchedulerStats Scheduler::stats() const {
   s.steps = steps_.load();
   s.batched_tokens = batched_tokens_.load();
   s.preemptions = preemptions_.load();
+  s.prefix_caching = kv_.prefix_caching();
+  s.kv_host_blocks_total = kv_.host_blocks();
+  std::lock_guard lk(kv_stats_mu_);
+  s.kv = kv_stats_;
   return s;
 }
 
@@ -153,6 +162,8 @@ void Scheduler::run() {
     step();
     running_count_ = static_cast<int64_t>(running_.size());
     kv_used_ = kv_.num_blocks() - kv_.free_blocks();
+    std::lock_guard lk(kv_stats_mu_);
+    kv_stats_ = kv_.stats();
   }
   for (auto& s : running_) finish(*s, FinishReason::shutdown, "the server is shutting down");
   for (auto& s : waiting_) finish(*s, FinishReason::shutdown, "the server is shutting down");
@@ -186,8 +197,13 @@ bool Scheduler::step() {
       --queued_;
       continue;
     }
-    if (need > kv_.free_blocks()) break;
+    if (need > kv_.free_blocks()) break;  // conservative: shared prefix blocks only lower the need
     s.kv_seq = kv_.add_sequence();
+    // Reuse cached full blocks of the prefix; the last token is always
+    // computed (its logits pick the next token).
+    s.computed = kv_.attach_prefix(s.kv_seq, s.tokens, static_cast<int64_t>(s.tokens.size()) - 1);
+    if (!s.admitted_once) s.req->channel->set_cached_tokens(std::min<int64_t>(s.computed, static_cast<int64_t>(s.req->prompt.size())));
+    s.admitted_once = true;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     running_count_ = static_cast<int64_t>(running_.size());  // before queued_ drops: submit() never over-admits
@@ -265,7 +281,10 @@ bool Scheduler::step() {
   }
   ++steps_;
   batched_tokens_ += static_cast<int64_t>(batch.tokens.size());
-  for (const Item& it : plan) it.s->computed += it.chunk;
+  for (const Item& it : plan) {
+    it.s->computed += it.chunk;
+    kv_.commit(it.s->kv_seq, it.s->tokens, it.s->computed);
+  }
 
   // (5) sample
   const int64_t V = model_.config().vocab_size;

@@ -54,6 +54,10 @@ class SeqChannel {
   // Any thread: asks the engine to stop this request at its next step.
   void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+  // Prompt tokens whose K/V came from the prefix cache at admission (set by
+  // the engine thread before the first token is pushed).
+  int64_t cached_tokens() const { return cached_tokens_.load(std::memory_order_relaxed); }
+  void set_cached_tokens(int64_t n) { cached_tokens_.store(n, std::memory_order_relaxed); }
 
   struct Drained {
     std::vector<TokenEvent> tokens;
@@ -78,6 +82,7 @@ class SeqChannel {
   std::string error_;
   bool notified_ = false;
   std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> cached_tokens_{0};
   Notify notify_;
 };
 
@@ -95,12 +100,19 @@ struct SchedulerConfig {
   int64_t max_queue = 256;
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
+  // Prefix caching (engine/kv_cache.h); ignored for layouts with per-sequence state.
+  bool prefix_caching = true;
+  uint64_t prefix_salt = 0;
+  int64_t host_kv_blocks = 0;  // second KV tier, in blocks
 };
 
 struct SchedulerStats {
   int64_t running = 0, queued = 0;
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
   int64_t steps = 0, batched_tokens = 0, preemptions = 0;
+  bool prefix_caching = false;
+  int64_t kv_host_blocks_total = 0;
+  KvCacheStats kv;  // prefix cache and host tier counters
 };
 
 class Scheduler {
@@ -141,6 +153,8 @@ class Scheduler {
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
 
+  mutable std::mutex kv_stats_mu_;
+  KvCacheStats kv_stats_;  // copy of kv_.stats() after each step
   std::atomic<int64_t> queued_{0}, running_count_{0}, kv_used_{0}, steps_{0}, batched_tokens_{0}, preemptions_{0};
 };
 

@@ -86,7 +86,10 @@ ojson CompletionBuilder::chunk_base() const {
 }
 
 ojson CompletionBuilder::usage() const {
-  return ojson{{"prompt_tokens", prompt_tokens()}, {"completion_tokens", completion_tokens_}, {"total_tokens", prompt_tokens() + completion_tokens_}};
+  return ojson{{"prompt_tokens", prompt_tokens()},
+               {"completion_tokens", completion_tokens_},
+               {"total_tokens", prompt_tokens() + completion_tokens_},
+               {"prompt_tokens_details", ojson{{"cached_tokens", cached_tokens_}}}};
 }
 
 ojson CompletionBuilder::chat_logprobs(const std::vector<const TokenEvent*>& evs) const {

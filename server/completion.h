@@ -39,6 +39,9 @@ class CompletionBuilder {
   bool stop_hit() const { return stop_.stopped(); }
   int64_t completion_tokens() const { return completion_tokens_; }
   int64_t prompt_tokens() const { return static_cast<int64_t>(spec_.prompt.size()); }
+  // Prompt tokens served from the prefix cache (usage.prompt_tokens_details.cached_tokens).
+  void set_cached_tokens(int64_t n) { cached_tokens_ = n; }
+  int64_t cached_tokens() const { return cached_tokens_; }
   std::string finish_reason(FinishReason r) const;
 
  private:
@@ -59,6 +62,7 @@ class CompletionBuilder {
   StopMatcher stop_;
   OutputParser parser_;
   int64_t completion_tokens_ = 0;
+  int64_t cached_tokens_ = 0;
   bool sent_role_ = false;
   int tool_index_ = 0;
   size_t text_len_ = 0;  // completions: bytes of text sent so far (logprobs text_offset)

@@ -335,6 +335,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_events() {
     if (!chan_ || state_ != State::generating) return;
     SeqChannel::Drained d = chan_->drain();
+    builder_->set_cached_tokens(chan_->cached_tokens());
     const auto now = Clock::now();
     if (!d.tokens.empty()) {
       if (first_token_) {
@@ -402,7 +403,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void finish_metrics(int status) {
     srv_.metrics.request_done(endpoint_, status);
-    srv_.metrics.add_tokens(builder_->prompt_tokens(), builder_->completion_tokens());
+    srv_.metrics.add_tokens(builder_->prompt_tokens(), builder_->completion_tokens(), builder_->cached_tokens());
     srv_.metrics.e2e.observe(std::chrono::duration<double>(Clock::now() - arrival_).count());
   }
 

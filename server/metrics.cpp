@@ -47,6 +47,7 @@ std::string Metrics::render(const SchedulerStats& s, int64_t open_connections) c
   };
   gauge("hmoe_prompt_tokens_total", "counter", "Prompt tokens of finished requests", prompt_tokens_.load());
   gauge("hmoe_generation_tokens_total", "counter", "Generated tokens of finished requests", generated_tokens_.load());
+  gauge("hmoe_prompt_tokens_cached_total", "counter", "Prompt tokens of finished requests served from the prefix cache", cached_prompt_tokens_.load());
   gauge("hmoe_num_requests_running", "gauge", "Sequences in the running batch", s.running);
   gauge("hmoe_num_requests_waiting", "gauge", "Requests waiting for a running slot", s.queued);
   gauge("hmoe_kv_blocks_used", "gauge", "KV cache blocks in use", s.kv_blocks_used);
@@ -54,6 +55,30 @@ std::string Metrics::render(const SchedulerStats& s, int64_t open_connections) c
   gauge("hmoe_engine_steps_total", "counter", "Forward steps run by the engine", s.steps);
   gauge("hmoe_engine_batched_tokens_total", "counter", "Tokens processed by forward steps", s.batched_tokens);
   gauge("hmoe_preemptions_total", "counter", "Sequences preempted for lack of KV blocks", s.preemptions);
+  {
+    const KvCacheStats& k = s.kv;
+    gauge("hmoe_prefix_cache_enabled", "gauge", "1 when prefix caching is on", s.prefix_caching ? 1 : 0);
+    gauge("hmoe_prefix_cache_queries_total", "counter", "Prefix cache lookups (one per admitted sequence)", k.queries);
+    gauge("hmoe_prefix_cache_hits_total", "counter", "Prefix cache lookups that reused at least one block", k.hits);
+    gauge("hmoe_prefix_cache_queried_tokens_total", "counter", "Tokens looked up in the prefix cache", k.queried_tokens);
+    gauge("hmoe_prefix_cache_hit_tokens_total", "counter", "Tokens reused from first-tier KV blocks", k.hit_tokens);
+    gauge("hmoe_prefix_cache_host_hit_tokens_total", "counter", "Tokens restored from the host KV tier", k.host_hit_tokens);
+    auto rate = [&](const char* name, const char* help, int64_t hit) {
+      char v[64];
+      std::snprintf(v, sizeof v, "%.6f", k.queried_tokens ? static_cast<double>(hit) / static_cast<double>(k.queried_tokens) : 0.0);
+      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " + v + "\n";
+    };
+    rate("hmoe_prefix_cache_hit_rate", "First-tier hit tokens / queried tokens", k.hit_tokens);
+    rate("hmoe_prefix_cache_host_hit_rate", "Host-tier hit tokens / queried tokens", k.host_hit_tokens);
+    gauge("hmoe_kv_cached_free_blocks_evicted_total", "counter", "Cached unreferenced first-tier blocks taken for new data (LRU)", k.evictions);
+    gauge("hmoe_kv_host_blocks_total", "gauge", "Blocks of the host KV tier", s.kv_host_blocks_total);
+    gauge("hmoe_kv_host_blocks_used", "gauge", "Host KV tier blocks holding a cached block", k.host_used);
+    gauge("hmoe_kv_offloaded_blocks_total", "counter", "Blocks copied from the first tier to the host tier", k.offloaded_blocks);
+    gauge("hmoe_kv_offloaded_bytes_total", "counter", "Bytes copied from the first tier to the host tier", k.offloaded_bytes);
+    gauge("hmoe_kv_restored_blocks_total", "counter", "Blocks copied back from the host tier instead of recomputed", k.restored_blocks);
+    gauge("hmoe_kv_restored_bytes_total", "counter", "Bytes copied back from the host tier", k.restored_bytes);
+    gauge("hmoe_kv_host_dropped_blocks_total", "counter", "Host tier blocks dropped (LRU) for room", k.host_dropped);
+  }
   gauge("hmoe_open_connections", "gauge", "Open HTTP connections", open_connections);
   ttft.render(out, "hmoe_time_to_first_token_seconds", "Time from request arrival to its first generated token");
   tpot.render(out, "hmoe_time_per_output_token_seconds", "Time between consecutive generated tokens of a request");

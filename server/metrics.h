@@ -32,9 +32,10 @@ class Histogram {
 class Metrics {
  public:
   void request_done(const std::string& endpoint, int status);
-  void add_tokens(int64_t prompt, int64_t generated) {
+  void add_tokens(int64_t prompt, int64_t generated, int64_t cached = 0) {
     prompt_tokens_ += prompt;
     generated_tokens_ += generated;
+    cached_prompt_tokens_ += cached;
   }
   Histogram ttft, tpot, e2e;
   std::string render(const SchedulerStats& s, int64_t open_connections) const;
@@ -42,7 +43,7 @@ class Metrics {
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
-  std::atomic<int64_t> prompt_tokens_{0}, generated_tokens_{0};
+  std::atomic<int64_t> prompt_tokens_{0}, generated_tokens_{0}, cached_prompt_tokens_{0};
 };
 
 }  // namespace hmoe::server

@@ -1,7 +1,10 @@
 #include "server/server.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 
 #include "configs/error.h"
 #include "engine/gguf_model.h"
@@ -13,12 +16,27 @@ ServerStack::~ServerStack() {
   if (scheduler) scheduler->shutdown();
 }
 
+namespace {
+// MemAvailable of /proc/meminfo in bytes; -1 when unknown.
+int64_t available_ram() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb = 0;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return -1;
+}
+}  // namespace
+
 SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
   SchedulerConfig c;
   c.max_num_seqs = s.max_num_seqs;
   c.max_num_batched_tokens = s.max_num_batched_tokens;
   c.max_queue = s.max_queue;
-  c.block_size = 16;
+  if (s.block_size <= 0 || (s.block_size & (s.block_size - 1)) != 0)
+    fail(ErrorKind::invalid_argument, "--block-size must be a power of two, got " + std::to_string(s.block_size));
+  c.block_size = s.block_size;
+  c.prefix_caching = s.enable_prefix_caching;
   const int64_t ctx = s.max_model_len > 0 ? s.max_model_len : m.config().max_position_embeddings;
   const int64_t block_bytes = KvCache::bytes_per_block(m.kv_layout(), c.block_size);
   const int64_t ctx_blocks = (ctx + c.block_size - 1) / c.block_size + 1;
@@ -31,6 +49,25 @@ SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
     blocks = std::max(blocks, ctx_blocks);
   }
   c.kv_blocks = blocks;
+  if (s.kv_offloading_size < 0) fail(ErrorKind::invalid_argument, "--kv-offloading-size must be >= 0 GiB");
+  if (s.kv_offloading_size > 0) {
+    const double bytes = s.kv_offloading_size * double(int64_t{1} << 30);
+    const int64_t avail = available_ram();
+    if (avail >= 0 && bytes > static_cast<double>(avail))
+      fail(ErrorKind::invalid_argument, "--kv-offloading-size " + std::to_string(s.kv_offloading_size) + " GiB is more than the free RAM (" +
+                                            std::to_string(avail >> 20) + " MiB available)");
+    c.host_kv_blocks = static_cast<int64_t>(bytes / static_cast<double>(block_bytes));
+    if (c.host_kv_blocks < 1)
+      fail(ErrorKind::invalid_argument, "--kv-offloading-size is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");
+  }
+  if (m.kv_layout().seq_state_bytes > 0 && c.prefix_caching) {
+    std::fprintf(stderr, "hmoe serve: prefix caching is off: the model keeps per-sequence Engram state that shared KV blocks cannot restore\n");
+    c.prefix_caching = false;
+  }
+  if (!c.prefix_caching && c.host_kv_blocks > 0) {
+    std::fprintf(stderr, "hmoe serve: --kv-offloading-size ignored: the host KV tier needs prefix caching\n");
+    c.host_kv_blocks = 0;
+  }
   return c;
 }
 
@@ -80,7 +117,16 @@ std::unique_ptr<ServerStack> make_server(const Settings& s, const std::string& m
   mi.tokenizer = st->tokenizer.get();
   mi.chat_template = st->chat_template.get();
   mi.default_seed = static_cast<uint64_t>(s.seed);
-  st->scheduler = std::make_unique<Scheduler>(*st->model, scheduler_config(s, *st->model));
+  SchedulerConfig sc = scheduler_config(s, *st->model);
+  if (sc.host_kv_blocks > 0 && st->model->gpu()) {
+    std::fprintf(stderr, "hmoe serve: --kv-offloading-size ignored: the host pool for the GPU KV cache is not built yet\n");
+    sc.host_kv_blocks = 0;
+  }
+  // Cached blocks are only valid for the same weights and numerics.
+  sc.prefix_salt = std::hash<std::string>{}(std::filesystem::absolute(model_dir).lexically_normal().string() + "|" + s.weight_dtype + "|" +
+                                            std::to_string(s.cpu_bf16_dot) + "|" + s.mla_attention + "|" + s.device + "|" +
+                                            std::to_string(s.max_model_len));
+  st->scheduler = std::make_unique<Scheduler>(*st->model, sc);
   st->http = std::make_unique<HttpServer>(ho, *st->scheduler, st->info);
   return st;
 }

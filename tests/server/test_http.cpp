@@ -115,7 +115,9 @@ TEST_CASE("http: 32 concurrent streams equal their single-stream outputs") {
     CHECK(!together[i].content.empty());
     CHECK(together[i].content == single[i].content);
     CHECK(together[i].finish_reason == single[i].finish_reason);
-    CHECK(together[i].usage == single[i].usage);
+    // Token counts match; cached_tokens depends on what the prefix cache held (the second run reuses the first's blocks).
+    for (const char* k : {"prompt_tokens", "completion_tokens", "total_tokens"}) CHECK(together[i].usage[k] == single[i].usage[k]);
+    CHECK(together[i].usage["prompt_tokens_details"]["cached_tokens"].get<int64_t>() >= single[i].usage["prompt_tokens_details"]["cached_tokens"].get<int64_t>());
     if (single[i].finish_reason == "length") CHECK(together[i].usage["completion_tokens"] == bodies[i]["max_tokens"]);
   }
   CHECK(healthy(srv.port));
@@ -303,7 +305,8 @@ TEST_CASE("http: disconnect mid-stream cancels the sequence and frees its KV blo
   send_all(fd, make_request("POST", "/v1/chat/completions", b.dump()));
   std::string got;
   char buf[4096];
-  while (got.find("\"content\":\" motifs\"") == std::string::npos) {
+  // " motifs" may share an SSE chunk with the tokens around it when the reader lags.
+  while (got.find(" motifs") == std::string::npos) {
     ssize_t n = ::recv(fd, buf, sizeof buf, 0);
     REQUIRE(n > 0);
     got.append(buf, static_cast<size_t>(n));
