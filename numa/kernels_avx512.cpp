@@ -2,8 +2,9 @@
 // over the R weight rows serving all T tokens (so decode is bound by weight
 // bandwidth and prefill reuses each loaded weight vector T times). Weights
 // are widened to fp32 in registers: bf16 by a shift, f16 by vcvtph2ps, int8
-// by vpmovsxbd + vcvtdq2ps (row scale applied once at the end), int4 by a
-// shift/mask + vpmovzxbd + one FMA with the group's scale and -zero*scale.
+// by vpmovsxbd + vcvtdq2ps (row scale applied once at the end, rows
+// prefetched ahead in software), int4 by vpmovzxbd + vpermps from a
+// per-row, per-group table of the 16 dequantized values (see block_q4t).
 // gcc 12 warns inside its own intrinsics headers (_mm512_reduce_add_ps,
 // _mm512_undefined_*); nothing of ours.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -20,6 +21,10 @@
 namespace hmoe::cpu::detail {
 
 namespace {
+
+// Software prefetch distance (bytes ahead in each weight row) for the
+// quantized kernels.
+constexpr int64_t kPrefetch = 1024;
 
 template <Fmt F>
 HMOE_AVX512 inline __m512 wload(const uint8_t* p, int64_t k) {
@@ -64,6 +69,9 @@ HMOE_AVX512 void block(const float* x, int64_t ldx, const Mat& w, int64_t r, int
     }
     const int64_t gend = std::min(K16, g0 + step);
     for (int64_t k = g0; k < gend; k += 16) {
+      if constexpr (F == Fmt::q8)
+        if ((k & 63) == 0)
+          for (int i = 0; i < R; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + kPrefetch), _MM_HINT_T0);
       __m512 wv[R];
       for (int i = 0; i < R; ++i) {
         wv[i] = wload<F>(wr[i], k);
@@ -88,71 +96,82 @@ HMOE_AVX512 void block(const float* x, int64_t ldx, const Mat& w, int64_t r, int
     }
 }
 
-// int4 group-wise: one 16-byte load gives 32 weights (low nibbles 0..15,
-// high nibbles 16..31). Raw sums of q * x are kept per group and scaled once
-// at the group's end; the zero point enters as -zero*scale times the group's
-// sum of x (lane-wise, so the final reduction adds it up).
+// int4 group-wise through a per-group lookup table: for each row and group
+// the 16 possible weights (q - zero) * scale are computed once into a zmm
+// register, and vpermps (which reads only the low 4 bits of each dword
+// index) turns 16 zero-extended nibble bytes into those fp32 weights without
+// a mask or an int->float conversion: one 16-byte load gives 32 weights
+// (vpmovzxbd, vpermps; vpsrld 4, vpermps). The weights are exactly the
+// scalar reference's (q - zero) * scale, any token count uses the same
+// kernel, and the group scale is applied once per group (in the table).
+// Weights are prefetched kPrefetch bytes ahead in every row.
+
 template <int R, int T>
-HMOE_AVX512 void block_q4(const float* x, int64_t ldx, const Mat& w, int64_t r, int64_t t0, float* y, int64_t ldy) {
-  const int64_t K = w.cols, G = w.groups(), gs = w.group;
+HMOE_AVX512 void block_q4t(const float* x, int64_t ldx, const Mat& w, int64_t r, int64_t t0, float* y, int64_t ldy) {
+  const int64_t G = w.groups(), gs = w.group;
   const uint8_t* wr[R];
   for (int i = 0; i < R; ++i) wr[i] = w.row(r + i);
   const float* xt[T];
   for (int j = 0; j < T; ++j) xt[j] = x + (t0 + j) * ldx;
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  __m512 acc[R][T];
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < T; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < G; ++g) {
-    __m512 lo[R][T], hi[R][T], xs[T];
+  const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  // One token: two accumulator sets (low and high halves) break the FMA chains.
+  constexpr int A = T == 1 ? 2 : 1;
+  __m512 acc[A][R][T];
+  for (int a = 0; a < A; ++a)
     for (int i = 0; i < R; ++i)
-      for (int j = 0; j < T; ++j) lo[i][j] = hi[i][j] = _mm512_setzero_ps();
-    for (int j = 0; j < T; ++j) xs[j] = _mm512_setzero_ps();
+      for (int j = 0; j < T; ++j) acc[a][i][j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 tbl[R];
+    for (int i = 0; i < R; ++i) {
+      const float s = w.scales[(r + i) * G + g], z = w.zeros ? w.zeros[(r + i) * G + g] : 8.0f;
+      tbl[i] = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z)), _mm512_set1_ps(s));
+    }
     for (int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
+      if ((k & 127) == 0)
+        for (int i = 0; i < R; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k / 2 + kPrefetch), _MM_HINT_T0);
       __m512 wl[R], wh[R];
       for (int i = 0; i < R; ++i) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr[i] + k / 2));
-        wl[i] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
-        wh[i] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr[i] + k / 2)));
+        wl[i] = _mm512_permutexvar_ps(v, tbl[i]);
+        wh[i] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl[i]);
       }
       for (int j = 0; j < T; ++j) {
         const __m512 x0 = _mm512_loadu_ps(xt[j] + k), x1 = _mm512_loadu_ps(xt[j] + k + 16);
-        xs[j] = _mm512_add_ps(xs[j], _mm512_add_ps(x0, x1));
         for (int i = 0; i < R; ++i) {
-          lo[i][j] = _mm512_fmadd_ps(wl[i], x0, lo[i][j]);
-          hi[i][j] = _mm512_fmadd_ps(wh[i], x1, hi[i][j]);
+          acc[0][i][j] = _mm512_fmadd_ps(wl[i], x0, acc[0][i][j]);
+          acc[A - 1][i][j] = _mm512_fmadd_ps(wh[i], x1, acc[A - 1][i][j]);
         }
       }
     }
-    for (int i = 0; i < R; ++i) {
-      const float sc = w.scales[(r + i) * G + g], z = w.zeros ? w.zeros[(r + i) * G + g] : 8.0f;
-      const __m512 sv = _mm512_set1_ps(sc), bv = _mm512_set1_ps(-z * sc);
-      for (int j = 0; j < T; ++j) {
-        acc[i][j] = _mm512_fmadd_ps(_mm512_add_ps(lo[i][j], hi[i][j]), sv, acc[i][j]);
-        acc[i][j] = _mm512_fmadd_ps(xs[j], bv, acc[i][j]);
-      }
-    }
   }
-  (void)K;
   for (int i = 0; i < R; ++i)
-    for (int j = 0; j < T; ++j) y[(t0 + j) * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+    for (int j = 0; j < T; ++j) {
+      __m512 s = acc[0][i][j];
+      if constexpr (A == 2) s = _mm512_add_ps(s, acc[1][i][j]);
+      y[(t0 + j) * ldy + r + i] = _mm512_reduce_add_ps(s);
+    }
 }
 
 template <int R>
-HMOE_AVX512 void rows_tokens_q4(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r, float* y, int64_t ldy) {
+HMOE_AVX512 void rows_tokens_q4t(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r, float* y, int64_t ldy) {
   int64_t t = 0;
-  for (; t + 2 <= n; t += 2) block_q4<R, 2>(x, ldx, w, r, t, y, ldy);
-  if (t < n) block_q4<R, 1>(x, ldx, w, r, t, y, ldy);
+  for (; t + 4 <= n; t += 4) block_q4t<R, 4>(x, ldx, w, r, t, y, ldy);
+  switch (n - t) {
+    case 3: block_q4t<R, 3>(x, ldx, w, r, t, y, ldy); break;
+    case 2: block_q4t<R, 2>(x, ldx, w, r, t, y, ldy); break;
+    case 1: block_q4t<R, 1>(x, ldx, w, r, t, y, ldy); break;
+    default: break;
+  }
 }
 
-HMOE_AVX512 void rows_q4(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  int64_t r = r0;
-  if (n == 1) {
-    for (; r + 4 <= r1; r += 4) block_q4<4, 1>(x, ldx, w, r, 0, y, ldy);
-  } else {
-    for (; r + 2 <= r1; r += 2) rows_tokens_q4<2>(x, ldx, n, w, r, y, ldy);
+HMOE_AVX512 void rows_q4t(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  constexpr int64_t kTokens = 16;
+  for (int64_t t0 = 0; t0 < n; t0 += kTokens) {
+    const int64_t nt = std::min(kTokens, n - t0);
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) rows_tokens_q4t<4>(x + t0 * ldx, ldx, nt, w, r, y + t0 * ldy, ldy);
+    for (; r < r1; ++r) rows_tokens_q4t<1>(x + t0 * ldx, ldx, nt, w, r, y + t0 * ldy, ldy);
   }
-  for (; r < r1; ++r) rows_tokens_q4<1>(x, ldx, n, w, r, y, ldy);
 }
 
 template <Fmt F, int R>
@@ -228,12 +247,7 @@ void rows_avx512(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r
     case Fmt::f16: rows<Fmt::f16>(x, ldx, n, w, r0, r1, y, ldy); break;
     case Fmt::f32: rows<Fmt::f32>(x, ldx, n, w, r0, r1, y, ldy); break;
     case Fmt::q8: rows<Fmt::q8>(x, ldx, n, w, r0, r1, y, ldy); break;
-    // One token: the group-folded kernel (~1.3-1.5x here); several: the
-    // generic one reuses each dequantized vector across 4 tokens and wins.
-    case Fmt::q4:
-      if (n == 1) rows_q4(x, ldx, n, w, r0, r1, y, ldy);
-      else rows<Fmt::q4>(x, ldx, n, w, r0, r1, y, ldy);
-      break;
+    case Fmt::q4: rows_q4t(x, ldx, n, w, r0, r1, y, ldy); break;
   }
 }
 
