@@ -124,3 +124,11 @@ TEST_CASE("hmoe generate --json on the fixture prints the documented object") {
   CHECK(j["steps"].size() == 3);
   CHECK(j["steps"][0]["top_logits"].size() == 5);
 }
+
+TEST_CASE("configs/SETTINGS.md is generated from the settings table") {
+  const std::string path = std::string(HMOE_SOURCE_DIR) + "/configs/SETTINGS.md";
+  const std::string file = test::read_file(path);
+  const std::string table = settings_markdown();
+  CHECK_MESSAGE(file.find(table) != std::string::npos,
+                path << " is out of date: regenerate it with `build/bin/hmoe settings --markdown > configs/SETTINGS.md`");
+}
