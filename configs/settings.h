@@ -1,6 +1,6 @@
 // Settings: the typed, immutable view of configs/settings.inc.
 //
-// Contract: Settings::load() reads the environment (the only getenv in hmoe)
+// Contract: Settings::load() reads the environment (the only place in hmoe that does)
 // and then the command-line flags it recognises, removing them from `args`.
 // Bad values throw hmoe::Error naming the flag or variable and the value.
 // After load() a Settings is read-only and safe to share between threads.

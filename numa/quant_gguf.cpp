@@ -1,6 +1,7 @@
 // Scalar reference of the block formats (written from the ggml block
 // definitions: one function per type, block at a time), the checks, and the
 // run-time dispatch to the SIMD kernels in quant_gguf_simd.cpp.
+#include "numa/detail/gguf_block_util.h"
 #include "numa/quant_gguf.h"
 
 #include <algorithm>
@@ -14,39 +15,22 @@ namespace hmoe::cpu {
 
 namespace {
 
-inline float half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
-
-// Q4_K/Q5_K: 8 sub-blocks with 6-bit scale and min packed into 12 bytes.
-inline void scale_min_k4(int j, const uint8_t* s, int& sc, int& m) {
-  if (j < 4) {
-    sc = s[j] & 63;
-    m = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 void deq_q4_0(const uint8_t* b, float* y) {
-  const float d = half(b);
+  const float d = detail::gguf_half(b);
   for (int j = 0; j < 16; ++j) {
     y[j] = static_cast<float>((b[2 + j] & 0xF) - 8) * d;
     y[j + 16] = static_cast<float>((b[2 + j] >> 4) - 8) * d;
   }
 }
 void deq_q4_1(const uint8_t* b, float* y) {
-  const float d = half(b), m = half(b + 2);
+  const float d = detail::gguf_half(b), m = detail::gguf_half(b + 2);
   for (int j = 0; j < 16; ++j) {
     y[j] = static_cast<float>(b[4 + j] & 0xF) * d + m;
     y[j + 16] = static_cast<float>(b[4 + j] >> 4) * d + m;
   }
 }
 void deq_q5_0(const uint8_t* b, float* y) {
-  const float d = half(b);
+  const float d = detail::gguf_half(b);
   uint32_t qh;
   std::memcpy(&qh, b + 2, 4);
   for (int j = 0; j < 16; ++j) {
@@ -57,7 +41,7 @@ void deq_q5_0(const uint8_t* b, float* y) {
   }
 }
 void deq_q5_1(const uint8_t* b, float* y) {
-  const float d = half(b), m = half(b + 2);
+  const float d = detail::gguf_half(b), m = detail::gguf_half(b + 2);
   uint32_t qh;
   std::memcpy(&qh, b + 4, 4);
   for (int j = 0; j < 16; ++j) {
@@ -68,19 +52,19 @@ void deq_q5_1(const uint8_t* b, float* y) {
   }
 }
 void deq_q8_0(const uint8_t* b, float* y) {
-  const float d = half(b);
+  const float d = detail::gguf_half(b);
   for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(static_cast<int8_t>(b[2 + j])) * d;
 }
 // block_q4_K: d, dmin (f16), scales[12], qs[128]
 void deq_q4_k(const uint8_t* b, float* y) {
-  const float d = half(b), dmin = half(b + 2);
+  const float d = detail::gguf_half(b), dmin = detail::gguf_half(b + 2);
   const uint8_t* s = b + 4;
   const uint8_t* q = b + 16;
   for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
     int sc, m;
-    scale_min_k4(is, s, sc, m);
+    detail::gguf_scale_min_k4(is, s, sc, m);
     const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    scale_min_k4(is + 1, s, sc, m);
+    detail::gguf_scale_min_k4(is + 1, s, sc, m);
     const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
     for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0xF) - m1;
     for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
@@ -88,16 +72,16 @@ void deq_q4_k(const uint8_t* b, float* y) {
 }
 // block_q5_K: d, dmin (f16), scales[12], qh[32], qs[128]
 void deq_q5_k(const uint8_t* b, float* y) {
-  const float d = half(b), dmin = half(b + 2);
+  const float d = detail::gguf_half(b), dmin = detail::gguf_half(b + 2);
   const uint8_t* s = b + 4;
   const uint8_t* qh = b + 16;
   const uint8_t* ql = b + 48;
   uint8_t u1 = 1, u2 = 2;
   for (int j = 0, is = 0; j < 256; j += 64, is += 2, ql += 32, u1 = static_cast<uint8_t>(u1 << 2), u2 = static_cast<uint8_t>(u2 << 2)) {
     int sc, m;
-    scale_min_k4(is, s, sc, m);
+    detail::gguf_scale_min_k4(is, s, sc, m);
     const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    scale_min_k4(is + 1, s, sc, m);
+    detail::gguf_scale_min_k4(is + 1, s, sc, m);
     const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
     for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) - m1;
     for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
@@ -105,7 +89,7 @@ void deq_q5_k(const uint8_t* b, float* y) {
 }
 // block_q6_K: ql[128], qh[64], scales[16] (int8), d (f16)
 void deq_q6_k(const uint8_t* b, float* y) {
-  const float d = half(b + 208);
+  const float d = detail::gguf_half(b + 208);
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
   const auto* sc = reinterpret_cast<const int8_t*>(b + 192);

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "numa/detail/gguf_block_util.h"
 #include "configs/error.h"
 #include "numa/quant_gguf.h"
 
@@ -26,22 +27,6 @@
 namespace hmoe::cpu::detail {
 
 namespace {
-
-inline float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
-
-inline void scale_min(int j, const uint8_t* s, int& sc, int& m) {
-  if (j < 4) {
-    sc = s[j] & 63;
-    m = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
 
 HMOE_Q512 inline __m512 u8x16(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
 HMOE_Q512 inline __m512 i8x16(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
@@ -78,7 +63,7 @@ HMOE_Q512 inline void prep(const uint8_t* blk, BlockScales& s) {
     const float d = h2f(blk), dmin = h2f(blk + 2);
     for (int j = 0; j < 8; ++j) {
       int sc, mn;
-      scale_min(j, blk + 4, sc, mn);
+      detail::gguf_scale_min_k4(j, blk + 4, sc, mn);
       s.d[2 * j] = s.d[2 * j + 1] = d * static_cast<float>(sc);
       s.m[2 * j] = s.m[2 * j + 1] = -dmin * static_cast<float>(mn);
     }
@@ -239,23 +224,23 @@ HMOE_Q256 inline __m128i bits16(uint32_t bits) {
 template <ExtType T>
 HMOE_Q256 inline void prep256(const uint8_t* blk, BlockScales& s) {
   if constexpr (T == ExtType::q8_0) {
-    s.d[0] = s.d[1] = half_at(blk);
+    s.d[0] = s.d[1] = detail::gguf_half(blk);
   } else if constexpr (T == ExtType::q4_0 || T == ExtType::q5_0) {
-    s.d[0] = s.d[1] = half_at(blk);
+    s.d[0] = s.d[1] = detail::gguf_half(blk);
     s.m[0] = s.m[1] = (T == ExtType::q4_0 ? -8.0f : -16.0f) * s.d[0];
   } else if constexpr (T == ExtType::q4_1 || T == ExtType::q5_1) {
-    s.d[0] = s.d[1] = half_at(blk);
-    s.m[0] = s.m[1] = half_at(blk + 2);
+    s.d[0] = s.d[1] = detail::gguf_half(blk);
+    s.m[0] = s.m[1] = detail::gguf_half(blk + 2);
   } else if constexpr (T == ExtType::q4_k || T == ExtType::q5_k) {
-    const float d = half_at(blk), dmin = half_at(blk + 2);
+    const float d = detail::gguf_half(blk), dmin = detail::gguf_half(blk + 2);
     for (int j = 0; j < 8; ++j) {
       int sc, mn;
-      scale_min(j, blk + 4, sc, mn);
+      detail::gguf_scale_min_k4(j, blk + 4, sc, mn);
       s.d[2 * j] = s.d[2 * j + 1] = d * static_cast<float>(sc);
       s.m[2 * j] = s.m[2 * j + 1] = -dmin * static_cast<float>(mn);
     }
   } else {
-    const float d = half_at(blk + 208);
+    const float d = detail::gguf_half(blk + 208);
     const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
     for (int j = 0; j < 16; ++j) {
       s.d[j] = d * static_cast<float>(sc[j]);
