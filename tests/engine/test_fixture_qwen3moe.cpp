@@ -10,6 +10,7 @@
 #include "engine/logits.h"
 #include "engine/model.h"
 #include "io/mmap_file.h"
+#include "tests/fixture_compare.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;
@@ -17,25 +18,6 @@ using namespace hmoe;
 namespace {
 
 constexpr double kTol = 2e-3;
-
-void compare_top10(const float* row, int64_t vocab, const nlohmann::json& ref_ids, const nlohmann::json& ref_logits, const std::string& where,
-                   double& max_diff) {
-  std::vector<int32_t> ids;
-  std::vector<float> vals;
-  top_k(row, vocab, 10, ids, vals);
-  for (size_t r = 0; r < 10; ++r) {
-    const double ref = ref_logits[r].get<double>();
-    const int32_t rid = ref_ids[r].get<int32_t>();
-    // The logit of the reference's id at this rank, wherever it ranks here.
-    const double mine = row[rid];
-    max_diff = std::max(max_diff, std::fabs(mine - ref));
-    CHECK_MESSAGE(std::fabs(mine - ref) <= kTol, where << " rank " << r << " id " << rid << ": " << mine << " vs " << ref);
-    CHECK_MESSAGE(std::fabs(vals[r] - ref) <= kTol, where << " rank " << r << " value " << vals[r] << " vs " << ref);
-    const double gap_prev = r > 0 ? ref_logits[r - 1].get<double>() - ref : 1e9;
-    const double gap_next = r < 9 ? ref - ref_logits[r + 1].get<double>() : 1e9;
-    if (gap_prev > 2 * kTol && gap_next > 2 * kTol) CHECK_MESSAGE(ids[r] == rid, where << " rank " << r);
-  }
-}
 
 }  // namespace
 
@@ -66,7 +48,7 @@ TEST_CASE("tiny-qwen3moe matches the Hugging Face fp32 reference") {
     for (size_t p = 0; p < ids.size(); ++p) {
       const float* row = logits.data() + p * V;
       const std::string where = "chat " + std::to_string(c) + " prompt position " + std::to_string(p);
-      compare_top10(row, V, chat["top10_ids"][p], chat["top10_logits"][p], where, max_diff);
+      test::check_top10(row, V, chat["top10_ids"][p], chat["top10_logits"][p], where, max_diff);
       CHECK(std::fabs(logsumexp(row, V) - chat["logsumexp"][p].get<double>()) <= kTol);
     }
     std::vector<float> last(logits.end() - V, logits.end());
@@ -75,7 +57,7 @@ TEST_CASE("tiny-qwen3moe matches the Hugging Face fp32 reference") {
     int64_t pos = static_cast<int64_t>(ids.size());
     for (size_t step = 0; step < greedy.size(); ++step) {
       const std::string where = "chat " + std::to_string(c) + " greedy step " + std::to_string(step);
-      compare_top10(last.data(), V, chat["greedy_top10_ids"][step], chat["greedy_top10_logits"][step], where, max_diff);
+      test::check_top10(last.data(), V, chat["greedy_top10_ids"][step], chat["greedy_top10_logits"][step], where, max_diff);
       const int32_t next = argmax(last.data(), V);
       REQUIRE_MESSAGE(next == greedy[step], where);
       b.clear();
