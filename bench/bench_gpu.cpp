@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "configs/error.h"
+#include "bench/synthetic_model.h"
 #include "engine/blocks_gpu.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
@@ -31,44 +32,8 @@ using gpu::bf16_t;
 
 namespace {
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// Fills with small random bf16 values (|x| < scale), in parallel.
-void fill_random(bf16_t* p, size_t n, uint64_t seed, float scale, numa::ThreadPool& pool) {
-  pool.parallel_for(static_cast<int64_t>((n + 65535) / 65536), [&](int64_t b, int64_t e, int) {
-    for (int64_t blk = b; blk < e; ++blk) {
-      uint64_t s = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(blk) * 0xbf58476d1ce4e5b9ull + 1;
-      const size_t i0 = static_cast<size_t>(blk) * 65536, i1 = std::min(n, i0 + 65536);
-      for (size_t i = i0; i < i1; ++i) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        const float u = static_cast<float>(static_cast<int32_t>(s >> 32)) * (1.0f / 2147483648.0f);
-        p[i] = f32_to_bf16(u * scale);
-      }
-    }
-  });
-}
-
-double host_read_bandwidth(numa::ThreadPool& pool) {
-  const size_t words = (4ull << 30) / 8;
-  std::vector<uint64_t> buf(words, 1);
-  pool.parallel_for(static_cast<int64_t>(words / 4096), [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) std::fill(buf.begin() + i * 4096, buf.begin() + (i + 1) * 4096, static_cast<uint64_t>(i));
-  });
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    std::vector<uint64_t> sums(static_cast<size_t>(pool.size()) * 8, 0);
-    const double t0 = now();
-    pool.parallel_for(static_cast<int64_t>(words / 4096), [&](int64_t b, int64_t e, int w) {
-      uint64_t s = 0;
-      for (int64_t i = b * 4096; i < e * 4096; ++i) s += buf[static_cast<size_t>(i)];
-      sums[static_cast<size_t>(w) * 8] += s;
-    }, 16);
-    best = std::max(best, static_cast<double>(words * 8) / (now() - t0));
-  }
-  return best;
-}
+void fill_random(bf16_t* p, size_t n, uint64_t seed, float scale, numa::ThreadPool& pool) { bench::fill_random_bf16(p, n, seed, scale, pool); }
+using bench::host_read_bandwidth;
 
 // Times `fn` (launches on s) over reps after one warm-up; seconds per call.
 template <class F>
@@ -180,83 +145,17 @@ void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw) {
   }
 }
 
-// ---- the synthetic Qwen3-30B-A3B -------------------------------------------------
-struct Synthetic {
-  ModelConfig c;
-  std::map<std::string, cpu::Mat> mats;
-  std::vector<std::vector<bf16_t>> storage;
-  bf16_t* add(const std::string& name, int64_t rows, int64_t cols, bf16_t* data) {
-    mats[name] = cpu::Mat{DType::bf16, data, rows, cols};
-    return data;
-  }
-};
-
+// ---- the synthetic Qwen3-30B-A3B (bench/synthetic_model.h) ----------------------
 void model_benchmark(numa::NodePools& pools, int layers, int steps) {
   numa::ThreadPool& pool = pools.pool(0);
-  Synthetic m;
-  ModelConfig& c = m.c;
-  c.model_type = "qwen3_moe";
-  c.vocab_size = 151936;
-  c.hidden_size = 2048;
-  c.moe_intermediate_size = 768;
-  c.intermediate_size = 6144;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 4;
-  c.head_dim = 128;
-  c.num_experts = 128;
-  c.num_experts_per_tok = 8;
-  c.norm_topk_prob = true;
-  c.rope_theta = 1e6;
-  c.max_position_embeddings = 40960;
+  const std::unique_ptr<bench::SyntheticModel> model = bench::make_qwen3_30b_a3b(layers, pool);
+  const ModelConfig& c = model->config();
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.num_experts, K = c.num_experts_per_tok, V = c.vocab_size;
-  const int64_t qkv = (32 + 8) * 128;
-  // One allocation for everything that is not an expert, one per layer for experts.
-  const int64_t per_layer = qkv * H + H * 4096 + 2 * 128 + 2 * H + E * H;
-  const double t0 = now();
-  m.storage.emplace_back(static_cast<size_t>(2 * V * H + H + layers * per_layer));
-  bf16_t* p = m.storage.back().data();
-  fill_random(p, m.storage.back().size(), 1, 0.05f, pool);
-  // Norm weights near 1 so activations keep their scale.
-  auto ones = [&](bf16_t* q, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) q[i] = f32_to_bf16(1.0f + bf16_to_f32(q[i]));
-  };
-  p = m.add("model.embed_tokens.weight", V, H, p) + V * H;
-  p = m.add("lm_head.weight", V, H, p) + V * H;
-  ones(p, H);
-  p = m.add("model.norm.weight", 1, H, p) + H;
-  for (int l = 0; l < layers; ++l) {
-    const std::string pre = "model.layers." + std::to_string(l) + ".";
-    // q, k, v contiguous: the stack uploads them as one fused matrix anyway.
-    p = m.add(pre + "self_attn.q_proj.weight", 4096, H, p) + 4096 * H;
-    p = m.add(pre + "self_attn.k_proj.weight", 512, H, p) + 512 * H;
-    p = m.add(pre + "self_attn.v_proj.weight", 512, H, p) + 512 * H;
-    p = m.add(pre + "self_attn.o_proj.weight", H, 4096, p) + H * 4096;
-    ones(p, 2 * 128 + 2 * H);
-    p = m.add(pre + "self_attn.q_norm.weight", 1, 128, p) + 128;
-    p = m.add(pre + "self_attn.k_norm.weight", 1, 128, p) + 128;
-    p = m.add(pre + "input_layernorm.weight", 1, H, p) + H;
-    p = m.add(pre + "post_attention_layernorm.weight", 1, H, p) + H;
-    p = m.add(pre + "mlp.gate.weight", E, H, p) + E * H;
-    m.storage.emplace_back(static_cast<size_t>(E * 3 * I * H));
-    bf16_t* ex = m.storage.back().data();
-    fill_random(ex, m.storage.back().size(), 100 + static_cast<uint64_t>(l), 0.05f, pool);
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string ep = pre + "mlp.experts." + std::to_string(e) + ".";
-      ex = m.add(ep + "gate_proj.weight", I, H, ex) + I * H;
-      ex = m.add(ep + "up_proj.weight", I, H, ex) + I * H;
-      ex = m.add(ep + "down_proj.weight", H, I, ex) + H * I;
-    }
-  }
   std::printf("\nsynthetic Qwen3-30B-A3B: %d layers, %.1f GB of random bf16 weights made in %.1f s\n", layers,
-              static_cast<double>(2 * V * H + layers * (per_layer + E * 3 * I * H)) * 2 / 1e9, now() - t0);
+              static_cast<double>(model->bytes()) / 1e9, model->build_seconds());
   const double dram = host_read_bandwidth(pool);
   std::printf("host DRAM read bandwidth (%d threads of node 0, 4 GiB, best of 3): %.1f GB/s\n", pool.size(), dram / 1e9);
-  const WeightLookup get = [&](const std::string& name, const std::vector<int64_t>&) {
-    auto it = m.mats.find(name);
-    if (it == m.mats.end()) fail(ErrorKind::bad_model, "synthetic model has no tensor " + name);
-    return it->second;
-  };
+  const WeightLookup& get = model->get();
   const double expert_bytes = 3.0 * I * H * 2;
   std::printf("\n| resident | batch | tok/s | ms/step | GPU ms | CPU experts ms | transfers ms | cold GB/step | bound ms/step | bound tok/s | x bound |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
