@@ -3,6 +3,7 @@
 // attention, o_proj, norm, then the FFN - dense MLP, resident experts
 // (grouped kernels) or a round trip to the CPU expert engine.
 #include "engine/blocks_gpu.h"
+#include "engine/blocks_gpu_mla.h"
 
 #include <chrono>
 #include <cmath>
@@ -373,15 +374,16 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   m.times.steps += 1;
 }
 
-std::unique_ptr<GpuStack> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::NodePools& pools) {
+std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::NodePools& pools) {
   const bool quiet = s.progress == "none";
   for (const auto& n : s.notices)
     if (n.find("GPU_RESIDENT") != std::string::npos) std::fprintf(stderr, "%s\n", n.c_str());
   std::string why;
   const bool want_gpu = resolve_device(s, why);
   const bool forced = s.device == "cuda" || s.device == "gpu";
-  if (want_gpu && (c.arch != Arch::qwen3_moe || store == nullptr)) {
-    const std::string reason = c.arch != Arch::qwen3_moe ? "model_type '" + c.model_type + "' has no GPU graph yet"
+  const bool has_graph = c.arch == Arch::qwen3_moe || c.arch == Arch::deepseek_v3;
+  if (want_gpu && (!has_graph || store == nullptr)) {
+    const std::string reason = !has_graph ? "model_type '" + c.model_type + "' has no GPU graph yet"
                                                          : "the GPU path reads plain safetensors checkpoints only";
     if (forced) fail(ErrorKind::unsupported, s.origin("device") + "=" + s.device + ": " + reason);
     if (!quiet) std::fprintf(stderr, "hmoe: %s; running on the CPU\n", reason.c_str());
@@ -402,6 +404,8 @@ std::unique_ptr<GpuStack> make_gpu_stack(const ModelConfig& c, const io::TensorS
     const io::TensorView& t = store->get(name, shape);
     return cpu::Mat{t.dtype, t.data, shape.empty() ? 1 : shape[0], shape.size() > 1 ? shape[1] : 1};
   };
+  if (c.arch == Arch::deepseek_v3)
+    return std::make_unique<GpuMlaStack>(c, plan.resident(), get, pools, parse_mla_mode(s.mla_attention), numa::EngineOptions::from_settings(s));
   return std::make_unique<GpuStack>(c, plan.resident(), get, pools, numa::EngineOptions::from_settings(s));
 }
 

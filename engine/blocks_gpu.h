@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/gpu_step.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
@@ -31,16 +32,7 @@ namespace hmoe {
 // Host view of a checkpoint tensor with the given shape (throws when absent).
 using WeightLookup = std::function<cpu::Mat(const std::string& name, const std::vector<int64_t>& shape)>;
 
-// Where decode time goes, summed over steps since the last reset.
-struct GpuStepTimes {
-  double total_s = 0;        // wall time of forward()
-  double cpu_experts_s = 0;  // CPU expert work (wall)
-  double transfer_s = 0;     // host<->device copies of the hybrid layers (GPU events)
-  int64_t steps = 0;
-  double gpu_s() const { return total_s - cpu_experts_s - transfer_s; }  // GPU work and launch overhead
-};
-
-class GpuStack {
+class GpuStack : public GpuStep {
  public:
   // resident[l]: layer l's routed experts on the GPU (ignored for dense
   // layers); the others run on an ExpertEngine over `pools`.
@@ -50,16 +42,16 @@ class GpuStack {
   GpuStack(const GpuStack&) = delete;
   GpuStack& operator=(const GpuStack&) = delete;
 
-  void forward(const Batch& b, KvCache& kv, std::vector<float>& logits);
+  void forward(const Batch& b, KvCache& kv, std::vector<float>& logits) override;
 
   // Steps without hybrid layers are captured as a CUDA graph and replayed
   // while their shape and buffers stay the same. Off by default: the
   // captured path has not been run on a GPU yet (test_gpu and bench_gpu
   // compare it with plain launches).
-  void set_cuda_graphs(bool on);
-  const GpuStepTimes& times() const;
-  void reset_times();
-  uint64_t weight_bytes() const;  // bytes of weights on the GPU
+  void set_cuda_graphs(bool on) override;
+  const GpuStepTimes& times() const override;
+  void reset_times() override;
+  uint64_t weight_bytes() const override;  // bytes of weights on the GPU
 
  private:
   struct Impl;
@@ -69,9 +61,9 @@ class GpuStack {
 // Model::load's entry point: resolves --device and the placement from the
 // settings, checks that the plan fits the GPU before allocating anything,
 // prints one line each saying so on stderr (unless progress is "none"), and
-// builds the stack; returns nullptr for the CPU path. `store` null (GGUF,
+// builds the stack (GpuMlaStack for deepseek_v3); returns nullptr for the CPU path. `store` null (GGUF,
 // quantized checkpoints) or an architecture without a GPU graph runs on the
 // CPU under --device auto and is an error under --device cuda.
-std::unique_ptr<GpuStack> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::NodePools& pools);
+std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::NodePools& pools);
 
 }  // namespace hmoe

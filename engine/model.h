@@ -41,7 +41,7 @@ struct Batch {
 
 // Scratch buffers reused across steps (sized for the largest batch seen).
 struct Workspace;
-class GpuStack;  // engine/blocks_gpu.h
+class GpuStep;  // engine/gpu_step.h
 class EngramModules;  // engine/engram.h
 
 class AttentionBlock {
@@ -80,7 +80,7 @@ class Model {
   // Runs one step. logits receives [batch.logit_rows.size(), vocab_size].
   void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits);
   // The GPU path when --device chose it (times, placement), else nullptr.
-  GpuStack* gpu() { return gpu_.get(); }
+  GpuStep* gpu() { return gpu_.get(); }
   // The n-gram memory modules of qwen3_moe_engram models (nullptr otherwise).
   EngramModules* engram() { return engram_.get(); }
 
@@ -95,7 +95,7 @@ class Model {
   std::unique_ptr<Workspace> ws_;
   cpu::Mat embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
-  std::unique_ptr<GpuStack> gpu_;  // the GPU path (--device); null on the CPU path
+  std::unique_ptr<GpuStep> gpu_;  // the GPU path (--device); null on the CPU path
   std::unique_ptr<EngramModules> engram_;
 };
 
