@@ -436,7 +436,7 @@ std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, 
   const int pread_threads = std::max(1, opt.pread_threads);
   if (opt.backend == PleBackend::io_uring) {
     std::string no;
-    im.reader = make_uring_reader(im.fd.fd, opt.path, opt.queue_depth, &no);
+    im.reader = make_uring_reader(im.fd.fd, opt.path, opt.queue_depth, &no, opt.uring_rings);
     if (!im.reader) {
       pt->backend_ = PleBackend::pread;
       pt->notice_ += std::string(pt->notice_.empty() ? "" : "; ") + "io_uring is unavailable (" + no + "): using " +

@@ -54,7 +54,8 @@ struct PleSource {
 struct PleOptions {
   std::string path;                   // table file (unused by ram)
   PleBackend backend = PleBackend::io_uring;
-  unsigned queue_depth = 64;          // io_uring reads in flight
+  unsigned queue_depth = 64;          // io_uring reads in flight (shared by the rings)
+  unsigned uring_rings = 4;           // io_uring rings, each with a driver thread issuing reads
   int pread_threads = 4;              // pread workers (and the io_uring fallback)
   bool direct = true;                 // O_DIRECT for io_uring and pread
   uint32_t max_read_bytes = 128 << 10;  // adjacent pages are merged into reads up to this size

@@ -1,7 +1,8 @@
-// io_uring and pread implementations of BlockReader. The io_uring reader's
-// driver thread owns the ring: submit() only queues the reads and pokes an
-// eventfd the ring polls, so the step thread pays neither for issuing reads
-// (O_DIRECT issue runs inline in io_uring_submit) nor for reaping them.
+// io_uring and pread implementations of BlockReader. Each io_uring ring's
+// driver thread owns it: submit() only queues the reads and pokes an eventfd
+// the ring polls, so the step thread pays neither for issuing reads (O_DIRECT
+// issue runs inline in io_uring_submit) nor for reaping them; several rings
+// issue one group's reads in parallel.
 #include "io/uring_reader.h"
 
 #include <liburing.h>
@@ -72,9 +73,11 @@ std::string read_error(const ReadRequest& r, int err) {
   return "read of " + std::to_string(r.len) + " bytes at offset " + std::to_string(r.offset) + " failed: " + std::strerror(err);
 }
 
-class UringReader final : public BlockReader {
+// One ring and its driver thread. Several rings share one GroupTracker, so a
+// group's reads can be spread over them.
+class UringRing {
  public:
-  UringReader(int fd, std::string path, unsigned qd) : fd_(fd), path_(std::move(path)), qd_(qd) {}
+  UringRing(int fd, unsigned qd, GroupTracker& tracker) : fd_(fd), qd_(qd), tracker_(tracker) {}
   bool init(std::string* why) {
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
     if (wake_fd_ < 0) {
@@ -95,7 +98,7 @@ class UringReader final : public BlockReader {
     driver_ = std::thread([this] { drive(); });
     return true;
   }
-  ~UringReader() override {
+  ~UringRing() {
     if (driver_.joinable()) {
       {
         std::lock_guard<std::mutex> lk(mu_);
@@ -110,25 +113,14 @@ class UringReader final : public BlockReader {
     }
   }
 
-  std::shared_ptr<ReadGroup> submit(std::vector<ReadRequest> reqs) override {
-    auto g = std::make_shared<ReadGroup>();
-    g->reqs = std::move(reqs);
-    g->submitted = Clock::now();
-    g->remaining = static_cast<int64_t>(g->reqs.size());
-    if (g->reqs.empty()) {
-      g->completed = g->submitted;
-      return g;
-    }
+  // Queues reads i = first, first + step, ... of g (stride over the rings).
+  void enqueue(const std::shared_ptr<ReadGroup>& g, size_t first, size_t step) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      for (const auto& r : g->reqs) pending_.push_back({g, r});
+      for (size_t i = first; i < g->reqs.size(); i += step) pending_.push_back({g, g->reqs[i]});
     }
     wake();
-    return g;
   }
-
-  int64_t wait(ReadGroup& g) override { return tracker_.wait(g, path_); }
-  const char* name() const override { return "io_uring"; }
 
  private:
   static constexpr uint64_t kWakeTag = ~uint64_t{0};
@@ -234,7 +226,6 @@ class UringReader final : public BlockReader {
   }
 
   int fd_;
-  std::string path_;
   unsigned qd_;
   int wake_fd_ = -1;
   io_uring ring_{};
@@ -243,8 +234,44 @@ class UringReader final : public BlockReader {
   bool stop_ = false;
   std::vector<Pending> ops_;     // driver thread only
   std::vector<unsigned> free_ops_;
-  GroupTracker tracker_;
+  GroupTracker& tracker_;
   std::thread driver_;
+};
+
+// The kernel issues an O_DIRECT read inline in io_uring_submit (several
+// microseconds each on a virtio or NVMe queue), so one driver thread issues
+// a group's reads one after another; with `rings` rings and driver threads a
+// group is issued in parallel, each ring taking every rings-th read.
+class UringReader final : public BlockReader {
+ public:
+  UringReader(int fd, std::string path, unsigned qd, unsigned rings) : path_(std::move(path)) {
+    for (unsigned i = 0; i < rings; ++i) rings_.push_back(std::make_unique<UringRing>(fd, std::max(1u, qd / rings), tracker_));
+  }
+  bool init(std::string* why) {
+    for (auto& r : rings_)
+      if (!r->init(why)) return false;
+    return true;
+  }
+  std::shared_ptr<ReadGroup> submit(std::vector<ReadRequest> reqs) override {
+    auto g = std::make_shared<ReadGroup>();
+    g->reqs = std::move(reqs);
+    g->submitted = Clock::now();
+    g->remaining = static_cast<int64_t>(g->reqs.size());
+    if (g->reqs.empty()) {
+      g->completed = g->submitted;
+      return g;
+    }
+    const size_t used = std::min(rings_.size(), g->reqs.size());
+    for (size_t i = 0; i < used; ++i) rings_[i]->enqueue(g, i, used);
+    return g;
+  }
+  int64_t wait(ReadGroup& g) override { return tracker_.wait(g, path_); }
+  const char* name() const override { return "io_uring"; }
+
+ private:
+  std::string path_;
+  GroupTracker tracker_;  // declared before the rings, which refer to it
+  std::vector<std::unique_ptr<UringRing>> rings_;
 };
 
 // Full pread of one request (retrying short reads and EINTR); returns "" or the error.
@@ -320,12 +347,17 @@ class PreadReader final : public BlockReader {
 
 }  // namespace
 
-std::unique_ptr<BlockReader> make_uring_reader(int fd, const std::string& path, unsigned queue_depth, std::string* why) {
+std::unique_ptr<BlockReader> make_uring_reader(int fd, const std::string& path, unsigned queue_depth, std::string* why,
+                                               unsigned rings) {
   if (queue_depth == 0 || queue_depth > 4096) {
     if (why) *why = "queue depth " + std::to_string(queue_depth) + " is outside 1..4096";
     return nullptr;
   }
-  auto r = std::make_unique<UringReader>(fd, path, queue_depth);
+  if (rings == 0 || rings > 64) {
+    if (why) *why = "ring count " + std::to_string(rings) + " is outside 1..64";
+    return nullptr;
+  }
+  auto r = std::make_unique<UringReader>(fd, path, queue_depth, std::min(rings, queue_depth));
   if (!r->init(why)) return nullptr;
   return r;
 }

@@ -47,8 +47,11 @@ class BlockReader {
 
 // fd stays owned by the caller and must outlive the reader. Returns nullptr
 // and sets *why when io_uring cannot be set up (ENOSYS, EPERM under seccomp,
-// ENOMEM for locked memory).
-std::unique_ptr<BlockReader> make_uring_reader(int fd, const std::string& path, unsigned queue_depth, std::string* why);
+// ENOMEM for locked memory) or the arguments are out of range. `rings`
+// (1..64, at most queue_depth) rings with a driver thread each share the
+// queue depth and issue a group's reads in parallel.
+std::unique_ptr<BlockReader> make_uring_reader(int fd, const std::string& path, unsigned queue_depth, std::string* why,
+                                               unsigned rings = 1);
 std::unique_ptr<BlockReader> make_pread_reader(int fd, const std::string& path, int threads);
 
 // Reads one whole group synchronously with pread (used by tests and the

@@ -316,8 +316,10 @@ TEST_CASE("block readers: io_uring and pread agree with the file, errors are rep
   std::string why;
   auto uring = make_uring_reader(fd, path, 4, &why);
   REQUIRE_MESSAGE(uring != nullptr, why);
+  auto rings = make_uring_reader(fd, path, 8, &why, 3);  // a group spread over 3 rings
+  REQUIRE_MESSAGE(rings != nullptr, why);
   auto pr = make_pread_reader(fd, path, 2);
-  for (BlockReader* r : {uring.get(), pr.get()}) {
+  for (BlockReader* r : {uring.get(), rings.get(), pr.get()}) {
     CAPTURE(r->name());
     void* mem = nullptr;
     REQUIRE(::posix_memalign(&mem, 4096, 64 * 8192) == 0);
@@ -347,8 +349,11 @@ TEST_CASE("block readers: io_uring and pread agree with the file, errors are rep
     CHECK(r->wait(*empty) >= 0);
   }
   uring.reset();
+  rings.reset();
   pr.reset();
   ::close(fd);
   CHECK(make_uring_reader(0, path, 0, &why) == nullptr);
   CHECK(why.find("queue depth") != std::string::npos);
+  CHECK(make_uring_reader(0, path, 4, &why, 0) == nullptr);
+  CHECK(why.find("ring count") != std::string::npos);
 }
