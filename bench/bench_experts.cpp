@@ -71,6 +71,8 @@ int main(int argc, char** argv) try {
           cfg.tokens = parse_int("--tokens", tk);
           cfg.min_seconds = secs;
           cfg.bf16_dot = s.cpu_bf16_dot;
+          cfg.int8_act = s.cpu_int8_act;
+          cfg.onednn_min_tokens = s.cpu_onednn_min_tokens;
           const auto r = numa::run_expert_bench(cfg, pools, stream, stream_cpu);
           std::printf("| %s | %s | %lld | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f | %lld of %lld |\n", sh.c_str(), dt.c_str(),
                       static_cast<long long>(cfg.tokens), r.threads, r.seconds_per_step * 1e3, r.weight_gbps, r.bandwidth_ratio, r.weight_gbps_cpu,

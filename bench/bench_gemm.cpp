@@ -7,7 +7,11 @@
 //  2. Prefill shapes: our kernels on all pool threads against oneDNN's
 //     dnnl_sgemm (fp32 weights, its own OpenMP threads) at 16..512 tokens,
 //     per expert shape: the data for choosing oneDNN where it wins.
-// Usage: bench_gemm [--quick]
+//  3. (part 1) int8 / int4 through the int8-activation VNNI path
+//     (cpu::gemm_rows_q), and (part 2) oneDNN's bf16 matmul on the plain
+//     weights in place (what the engine's prefill path runs) beside the
+//     pre-reordered copy.
+// Usage: bench_gemm [--quick] [--part 1|2] [--tokens 16,32,...] (part 2 token counts)
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <time.h>
@@ -15,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -22,6 +27,7 @@
 #include "numa/expert_bench.h"
 #include "numa/kernels.h"
 #include "numa/node_pools.h"
+#include "numa/onednn_matmul.h"
 
 using namespace hmoe;
 
@@ -116,7 +122,24 @@ double time_single(F&& f, double min_s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  int part = 0;
+  std::vector<int64_t> tokens2;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (std::strcmp(argv[i], "--part") == 0 && i + 1 < argc) part = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
+      for (const char* p = argv[++i]; *p;) {
+        tokens2.push_back(std::strtoll(p, nullptr, 10));
+        while (*p && *p != ',') ++p;
+        if (*p == ',') ++p;
+      }
+    } else {
+      std::fprintf(stderr, "usage: bench_gemm [--quick] [--part 1|2] [--tokens 16,32,...]\n");
+      return 2;
+    }
+  }
+  if (tokens2.empty()) tokens2 = quick ? std::vector<int64_t>{512} : std::vector<int64_t>{16, 64, 512};
   const double min_s = quick ? 0.05 : 0.3;
   numa::PoolOptions one;
   one.threads = 1;
@@ -128,6 +151,7 @@ int main(int argc, char** argv) {
 
   // 1. Single-thread kernels: 256 x 2048 rows in L2/L3 (1 MiB bf16), and 48 of them cycled (out of cache).
   const int64_t rows = 256, cols = 2048;
+  if (part != 2) {
   std::printf("## 1. single thread, %lld x %lld weights, GB/s of weight bytes (thread CPU time)\n\n", static_cast<long long>(rows),
               static_cast<long long>(cols));
   std::printf("| weights | isa | tokens | in cache GB/s | out of cache GB/s | / 1-thread STREAM | GFLOP/s (in cache) | max rel err |\n|---|---|---|---|---|---|---|---|\n");
@@ -177,20 +201,46 @@ int main(int argc, char** argv) {
       std::printf("| bf16 (vdpbf16ps) | avx512_bf16 | %lld | %.1f | %.1f | %.2f | %.1f | - |\n", static_cast<long long>(n), bytes / in / 1e9,
                   bytes / out / 1e9, bytes / out / 1e9 / stream1, 2.0 * static_cast<double>(n * rows * cols) / in / 1e9);
     }
+  // int8 activations (VNNI) for the int8 / int4 weights; error against the fp32-activation reference.
+  for (size_t m = 3; m < sets[0].mats.size(); ++m) {
+    const cpu::Mat& w0 = sets[0].mats[m].second;
+    if (!cpu::int8_act_applies(w0)) continue;
+    for (int64_t n : {1, 4, 16}) {
+      std::vector<float> x(static_cast<size_t>(n * cols)), y(static_cast<size_t>(n * rows)), ref(y.size());
+      for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) * 0.1f - 0.8f;
+      cpu::QActs xa;
+      xa.reset(n, w0);
+      for (int64_t t = 0; t < n; ++t) xa.quantize(t, x.data() + t * cols);
+      cpu::gemm_reference(x.data(), n, w0, ref.data());
+      cpu::gemm_rows_q(xa, 0, n, w0, 0, rows, y.data(), rows);
+      const double err = max_rel_err(y, ref);
+      const double in = time_single([&] { cpu::gemm_rows_q(xa, 0, n, w0, 0, rows, y.data(), rows); }, min_s);
+      int c = 0;
+      const double out = time_single([&] {
+        cpu::gemm_rows_q(xa, 0, n, sets[static_cast<size_t>(c)].mats[m].second, 0, rows, y.data(), rows);
+        c = (c + 1) % kCopies;
+      }, min_s);
+      const double bytes = static_cast<double>(w0.bytes());
+      std::printf("| %s (int8 act, vpdpbusd) | avx512_vnni | %lld | %.1f | %.1f | %.2f | %.1f | %.1e |\n", sets[0].mats[m].first.c_str(),
+                  static_cast<long long>(n), bytes / in / 1e9, bytes / out / 1e9, bytes / out / 1e9 / stream1,
+                  2.0 * static_cast<double>(n * rows * cols) / in / 1e9, err);
+    }
+  }
+  }  // part 1
+  if (part == 1) return 0;
 
   // 2. Prefill shapes on all threads: our bf16 kernel vs oneDNN sgemm.
   numa::PoolOptions all;
   all.quiet = true;
   numa::NodePools pools(all);
   std::printf("\n## 2. prefill: y[m, rows] = x[m, cols] W^T on %d threads, GFLOP/s (wall time)\n\n", pools.threads());
-  std::printf("| W shape | tokens | ours bf16 | ours bf16dot | oneDNN sgemm (f32 W) | oneDNN incl. bf16->f32 of W | oneDNN bf16 matmul (W pre-reordered) | winner (fp32 activations) |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf("| W shape | tokens | ours bf16 | ours bf16dot | oneDNN sgemm (f32 W) | oneDNN incl. bf16->f32 of W | oneDNN bf16 matmul (W pre-reordered) | oneDNN bf16 matmul (W in place) | winner (fp32 activations) |\n|---|---|---|---|---|---|---|---|---|\n");
   struct Shape { const char* name; int64_t rows, cols; };
   for (Shape sh : {Shape{"qwen3 gate/up 768x2048", 768, 2048}, Shape{"qwen3 down 2048x768", 2048, 768},
                    Shape{"dsv3 gate/up 2048x7168", 2048, 7168}, Shape{"dsv3 down 7168x2048", 7168, 2048}}) {
     Weights w(sh.rows, sh.cols, 99);
     const cpu::Mat& wb = w.mats[1].second;
-    for (int64_t m : {16, 64, 512}) {
-      if (quick && m != 512) continue;
+    for (int64_t m : tokens2) {
       std::vector<float> x(static_cast<size_t>(m * sh.cols)), y(static_cast<size_t>(m * sh.rows)), wf(static_cast<size_t>(sh.rows * sh.cols));
       std::vector<uint16_t> xb(x.size());
       for (size_t i = 0; i < x.size(); ++i) {
@@ -232,10 +282,18 @@ int main(int argc, char** argv) {
       } catch (const std::exception& e) {
         std::fprintf(stderr, "oneDNN bf16 matmul unavailable: %s\n", e.what());
       }
-      std::printf("| %s | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %s |\n", sh.name, static_cast<long long>(m), ours, ours_dot, dnnl, dnnl_conv,
-                  dnnl_bf16, dnnl_conv > ours ? "oneDNN (with conversion)" : dnnl > ours ? "oneDNN only with f32 weights kept" : "ours");
+      double dnnl_inplace = 0;
+      try {
+        numa::OnednnBf16 mm;
+        dnnl_inplace = best_of([&] { mm.matmul(xb.data(), m, sh.cols, wb, y.data(), sh.rows); });
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "oneDNN bf16 matmul (in place) unavailable: %s\n", e.what());
+      }
+      std::printf("| %s | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %s |\n", sh.name, static_cast<long long>(m), ours, ours_dot, dnnl, dnnl_conv,
+                  dnnl_bf16, dnnl_inplace, dnnl_conv > ours ? "oneDNN (with conversion)" : dnnl > ours ? "oneDNN only with f32 weights kept" : "ours");
     }
   }
-  std::printf("\noneDNN sgemm 2048^3 on its own threads: %.1f GFLOP/s\n", numa::dnnl_sgemm_gflops(2048, 2048, 2048));
+  std::printf("\noneDNN sgemm 2048^3 on its own threads: %.1f GFLOP/s; oneDNN bf16 matmul 2048^3 (W reordered): %.1f GFLOP/s\n",
+              numa::dnnl_sgemm_gflops(2048, 2048, 2048), numa::onednn_bf16_gflops(2048, 2048, 2048));
   return 0;
 }

@@ -129,6 +129,8 @@ std::string ExpertBenchResult::json() const {
                       {"nodes", nodes},
                       {"isa", isa},
                       {"bf16_dot", cfg.bf16_dot},
+                      {"int8_act", cfg.int8_act},
+                      {"onednn_min_tokens", cfg.onednn_min_tokens},
                       {"hidden", shape.hidden},
                       {"intermediate", shape.intermediate},
                       {"top_k", shape.top_k},
@@ -224,6 +226,8 @@ ExpertBenchResult run_expert_bench(const ExpertBenchConfig& cfg, NodePools& pool
   BenchWeights w = make_weights(s, cfg.dtype, held, pools);
   EngineOptions eo;
   eo.bf16_dot = cfg.bf16_dot;
+  eo.int8_act = cfg.int8_act;
+  eo.onednn_min_tokens = cfg.onednn_min_tokens;
   eo.print_memory = false;
   eo.name = s.name + " experts";
   ExpertEngine engine(w.experts, pools, eo);
@@ -272,7 +276,8 @@ ExpertBenchResult run_expert_bench(const ExpertBenchConfig& cfg, NodePools& pool
   if (!std::isfinite(checksum)) res.note += (res.note.empty() ? "" : "; ") + std::string("non-finite output");
   res.threads = pools.threads();
   res.nodes = pools.nodes();
-  res.isa = std::string(cpu::isa_name(cpu::best_isa())) + (cfg.bf16_dot && cpu::has_bf16_dot() && cfg.dtype == "bf16" ? "+bf16dot" : "");
+  res.isa = std::string(cpu::isa_name(cpu::best_isa())) + (cfg.bf16_dot && cpu::has_bf16_dot() && cfg.dtype == "bf16" ? "+bf16dot" : "") +
+            (engine.int8_act_used() ? "+int8act" : "") + (engine.onednn_steps() > 0 ? "+onednn" : "");
   res.steps = steps;
   res.seconds_per_step = total_s / static_cast<double>(steps);
   res.weight_bytes_per_step = total_bytes / static_cast<double>(steps);

@@ -31,6 +31,8 @@ struct ExpertBenchConfig {
   int64_t experts_held = 0;    // 0: all when they fit in 2 GiB, else as many as fit (at least 2*top_k)
   double min_seconds = 1.0;    // timed for at least this long (and at least 2 steps)
   bool bf16_dot = false;
+  bool int8_act = true;           // EngineOptions::int8_act (HMOE_CPU_INT8_ACT)
+  int64_t onednn_min_tokens = 0;  // EngineOptions::onednn_min_tokens (HMOE_CPU_ONEDNN_MIN_TOKENS)
 };
 
 struct ExpertBenchResult {

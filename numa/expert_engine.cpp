@@ -66,6 +66,10 @@ cpu::Mat place(const cpu::Mat& m, uint8_t* dst) {
 EngineOptions EngineOptions::from_settings(const Settings& s) {
   EngineOptions o;
   o.bf16_dot = s.cpu_bf16_dot;
+  o.int8_act = s.cpu_int8_act;
+  if (s.cpu_onednn_min_tokens < 0)
+    fail(ErrorKind::invalid_argument, "HMOE_CPU_ONEDNN_MIN_TOKENS / --cpu-onednn-min-tokens must be >= 0, got " + std::to_string(s.cpu_onednn_min_tokens));
+  o.onednn_min_tokens = s.cpu_onednn_min_tokens;
   o.print_memory = s.progress != "none";
   return o;
 }
@@ -77,6 +81,11 @@ struct ExpertEngine::Scratch {
   std::vector<float> pair_weight;
   std::vector<float> xs, act;                // [pairs, hidden], [pairs, inter]
   std::vector<uint16_t> xs_bf16;
+  cpu::QActs xt, xq, aq;                     // int8_act: quantized tokens, xs and act
+  std::vector<int32_t> big;                  // oneDNN experts, ascending
+  std::vector<int64_t> big_off;              // per big expert: first row in ybig
+  std::vector<float> ybig, ubuf;             // [big pairs, hidden], [max m, inter]
+  std::vector<uint16_t> abuf;                // [max m, inter] bf16
   std::vector<std::vector<int64_t>> items1;  // per node: (active index << 32) | row block
 };
 
@@ -98,6 +107,29 @@ ExpertEngine::ExpertEngine(const std::vector<ExpertWeights>& experts, NodePools&
                                             std::to_string(hidden_) + "], down [" + std::to_string(hidden_) + ", " + std::to_string(inter_) + "])");
     expert_bytes_.push_back(w.gate.bytes() + w.up.bytes() + w.down.bytes());
   }
+  // The int8-activation path needs one quantization for all experts: the same
+  // weight type (and group) everywhere.
+  auto same_q = [&](auto get) {
+    const cpu::Mat& m0 = get(experts[0]);
+    if (!opt.int8_act || !cpu::int8_act_applies(m0)) return false;
+    for (const auto& w : experts) {
+      const cpu::Mat& m = get(w);
+      if (m.quant != m0.quant || m.group != m0.group || !cpu::int8_act_applies(m)) return false;
+    }
+    return true;
+  };
+  q_up_ = same_q([](const ExpertWeights& w) -> const cpu::Mat& { return w.gate; }) &&
+          same_q([](const ExpertWeights& w) -> const cpu::Mat& { return w.up; }) && experts[0].gate.quant == experts[0].up.quant &&
+          experts[0].gate.group == experts[0].up.group;
+  q_down_ = same_q([](const ExpertWeights& w) -> const cpu::Mat& { return w.down; });
+  if (opt.onednn_min_tokens > 0) {
+    bool all_bf16 = true;
+    for (const auto& w : experts)
+      for (const cpu::Mat* m : {&w.gate, &w.up, &w.down}) all_bf16 = all_bf16 && m->dtype == DType::bf16 && m->quant == cpu::Quant::none;
+    if (all_bf16) onednn_ = std::make_unique<OnednnBf16>();
+  }
+  q_up_like_ = experts[0].gate;
+  q_down_like_ = experts[0].down;
   const int nn = pools.nodes();
   inter_split_ = split(inter_, nn, kRowBlock);
   hidden_split_ = split(hidden_, nn, kRowBlock);
@@ -178,15 +210,38 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
       sc.pair_weight[static_cast<size_t>(slot)] = weights[p];
     }
   }
+  // Experts with many tokens go to oneDNN (bf16 weights only).
+  sc.big.clear();
+  if (onednn_) {
+    std::vector<int32_t> small;
+    for (int32_t e : sc.active) (sc.count[static_cast<size_t>(e)] >= opt_.onednn_min_tokens ? sc.big : small).push_back(e);
+    sc.active.swap(small);
+  }
   const bool bf16dot = opt_.bf16_dot && cpu::has_bf16_dot();
+  const bool need_bf16 = bf16dot || !sc.big.empty();
   if (sc.xs.size() < static_cast<size_t>(P * H)) sc.xs.resize(static_cast<size_t>(P * H));
   if (sc.act.size() < static_cast<size_t>(P * I)) sc.act.resize(static_cast<size_t>(P * I));
-  if (bf16dot && sc.xs_bf16.size() < static_cast<size_t>(P * H)) sc.xs_bf16.resize(static_cast<size_t>(P * H));
+  if (need_bf16 && sc.xs_bf16.size() < static_cast<size_t>(P * H)) sc.xs_bf16.resize(static_cast<size_t>(P * H));
+  if (q_up_) {
+    // Each token quantized once, then copied to its pairs by the gather.
+    sc.xt.reset(n, q_up_like_);
+    sc.xq.reset(P, q_up_like_);
+    auto quant = [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t) sc.xt.quantize(t, x + t * H);
+    };
+    if (n * H >= (1 << 16)) pools_.pool(0).parallel_for(n, quant, 4);
+    else quant(0, n, 0);
+  }
+  if (q_down_) sc.aq.reset(P, q_down_like_);
   auto gather = [&](int64_t b, int64_t e, int) {
     for (int64_t p = b; p < e; ++p) {
       const float* src = x + sc.pair_token[static_cast<size_t>(p)] * H;
+      if (q_up_) {
+        sc.xq.copy_row(p, sc.xt, sc.pair_token[static_cast<size_t>(p)]);
+        continue;
+      }
       std::memcpy(sc.xs.data() + p * H, src, static_cast<size_t>(H) * sizeof(float));
-      if (bf16dot)
+      if (need_bf16)
         for (int64_t h = 0; h < H; ++h) sc.xs_bf16[static_cast<size_t>(p * H + h)] = f32_to_bf16(src[h]);
     }
   };
@@ -194,6 +249,38 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
   else gather(0, P, 0);
 
   const int nn = pools_.nodes();
+  if (!sc.big.empty()) {
+    // oneDNN experts, one after another on oneDNN's threads (the pools idle).
+    ++onednn_steps_;
+    int64_t rows = 0, max_m = 0;
+    sc.big_off.clear();
+    for (int32_t e : sc.big) {
+      sc.big_off.push_back(rows);
+      rows += sc.count[static_cast<size_t>(e)];
+      max_m = std::max(max_m, sc.count[static_cast<size_t>(e)]);
+    }
+    if (sc.ybig.size() < static_cast<size_t>(rows * H)) sc.ybig.resize(static_cast<size_t>(rows * H));
+    if (sc.ubuf.size() < static_cast<size_t>(max_m * I)) {
+      sc.ubuf.resize(static_cast<size_t>(max_m * I));
+      sc.abuf.resize(static_cast<size_t>(max_m * I));
+    }
+    for (size_t b = 0; b < sc.big.size(); ++b) {
+      const int32_t ex = sc.big[b];
+      const int64_t m = sc.count[static_cast<size_t>(ex)], off = sc.offset[static_cast<size_t>(ex)];
+      const uint16_t* xb = sc.xs_bf16.data() + off * H;
+      for (int j = 0; j < nn; ++j) {
+        const Slice& s = slices_[static_cast<size_t>(j)][static_cast<size_t>(ex)];
+        const int64_t i0 = inter_split_[static_cast<size_t>(j)];
+        onednn_->matmul(xb, m, H, s.up, sc.ubuf.data() + i0, I);
+        onednn_->matmul_swiglu(xb, m, H, s.gate, sc.ubuf.data() + i0, I, sc.abuf.data() + i0, I);
+      }
+      for (int j = 0; j < nn; ++j) {
+        const Slice& s = slices_[static_cast<size_t>(j)][static_cast<size_t>(ex)];
+        const int64_t h0 = hidden_split_[static_cast<size_t>(j)];
+        onednn_->matmul(sc.abuf.data(), m, I, s.down, sc.ybig.data() + sc.big_off[b] * H + h0, H);
+      }
+    }
+  }
   // Phase 1: act[pair, i] = silu(gate . x) * (up . x) for each node's i slice.
   sc.items1.resize(static_cast<size_t>(nn));
   std::vector<int64_t> n1(static_cast<size_t>(nn));
@@ -220,7 +307,10 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
         u.resize(static_cast<size_t>(m * nr));
       }
       const cpu::Mat gs = s.gate.slice_rows(r0, r1), us = s.up.slice_rows(r0, r1);
-      if (bf16dot && gs.dtype == DType::bf16 && gs.quant == cpu::Quant::none) {
+      if (q_up_) {
+        cpu::gemm_rows_q(sc.xq, off, m, gs, 0, nr, g.data(), nr);
+        cpu::gemm_rows_q(sc.xq, off, m, us, 0, nr, u.data(), nr);
+      } else if (bf16dot && gs.dtype == DType::bf16 && gs.quant == cpu::Quant::none) {
         cpu::gemm_rows_bf16dot(sc.xs_bf16.data() + off * H, H, m, gs, 0, nr, g.data(), nr);
         cpu::gemm_rows_bf16dot(sc.xs_bf16.data() + off * H, H, m, us, 0, nr, u.data(), nr);
       } else {
@@ -235,6 +325,15 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
     }
   });
 
+  // int8_act: quantize act once per pair (its groups span the nodes' slices).
+  if (q_down_) {
+    auto quant = [&](int64_t b, int64_t e, int) {
+      for (int64_t p = b; p < e; ++p) sc.aq.quantize(p, sc.act.data() + p * I);
+    };
+    if (P * I >= (1 << 16)) pools_.pool(0).parallel_for(P, quant, 4);
+    else quant(0, P, 0);
+  }
+
   // Phase 2: out[token, h] += w * (down . act) for each node's h slice; one
   // item owns a block of hidden rows across all active experts.
   std::vector<int64_t> n2(static_cast<size_t>(nn));
@@ -248,12 +347,26 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
         const int64_t r0 = blk * kRowBlock, r1 = std::min(s.down.rows, r0 + kRowBlock), nr = r1 - r0;
         const int64_t m = sc.count[static_cast<size_t>(ex)], off = sc.offset[static_cast<size_t>(ex)];
         if (y.size() < static_cast<size_t>(m * nr)) y.resize(static_cast<size_t>(m * nr));
-        cpu::gemm_rows(sc.act.data() + off * I, I, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
+        if (q_down_) cpu::gemm_rows_q(sc.aq, off, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
+        else cpu::gemm_rows(sc.act.data() + off * I, I, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
         const int64_t h0 = hidden_split_[static_cast<size_t>(j)] + r0;
         for (int64_t t = 0; t < m; ++t) {
           const float wt = sc.pair_weight[static_cast<size_t>(off + t)];
           float* o = out + sc.pair_token[static_cast<size_t>(off + t)] * H + h0;
           for (int64_t i = 0; i < nr; ++i) o[i] += wt * y[static_cast<size_t>(t * nr + i)];
+        }
+      }
+      // The oneDNN experts' outputs, in the same (ascending) order.
+      const int64_t h0 = hidden_split_[static_cast<size_t>(j)] + blk * kRowBlock;
+      const int64_t nr = std::min(hidden_split_[static_cast<size_t>(j) + 1], h0 + kRowBlock) - h0;
+      for (size_t bi = 0; bi < sc.big.size(); ++bi) {
+        const int32_t ex = sc.big[bi];
+        const int64_t m = sc.count[static_cast<size_t>(ex)], off = sc.offset[static_cast<size_t>(ex)];
+        for (int64_t t = 0; t < m; ++t) {
+          const float wt = sc.pair_weight[static_cast<size_t>(off + t)];
+          const float* yb = sc.ybig.data() + (sc.big_off[bi] + t) * H + h0;
+          float* o = out + sc.pair_token[static_cast<size_t>(off + t)] * H + h0;
+          for (int64_t i = 0; i < nr; ++i) o[i] += wt * yb[i];
         }
       }
     }

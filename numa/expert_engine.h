@@ -19,6 +19,19 @@
 // routes bf16 weights through vdpbf16ps, which rounds activations to bf16:
 // faster for prefill, not for runs compared against fp32 references.
 //
+// int8_act (HMOE_CPU_INT8_ACT, default on): int8/int4 weights multiply
+// activations quantized to int8 per group with VNNI integer dot products
+// (numerics in numa/kernels.h); the gathered token rows and the SwiGLU
+// output are quantized once per step. Used where cpu::int8_act_applies (else
+// the fp32 path); bf16/f16/f32 weights are never affected.
+//
+// onednn_min_tokens (HMOE_CPU_ONEDNN_MIN_TOKENS, 0 = off): with bf16
+// weights, experts that get at least this many tokens in a step (prefill)
+// run as oneDNN bf16 matmuls on oneDNN's threads (numa/onednn_matmul.h:
+// weights used in place, no copy): up, then gate with silu(.) * up fused
+// into its epilogue writing bf16, then down; activations are rounded to bf16
+// as with bf16_dot. Their outputs join phase 2's sum after the other experts.
+//
 // Thread safety: the weights are read-only; forward() is one caller at a time
 // (it uses the pools and per-engine scratch).
 #pragma once
@@ -29,6 +42,7 @@
 
 #include "numa/kernels.h"
 #include "numa/node_pools.h"
+#include "numa/onednn_matmul.h"
 #include "numa/thread_pool.h"
 
 namespace hmoe {
@@ -44,6 +58,8 @@ struct ExpertWeights {
 
 struct EngineOptions {
   bool bf16_dot = false;      // see the file comment
+  bool int8_act = true;       // see the file comment
+  int64_t onednn_min_tokens = 0;  // see the file comment
   int copy_to_nodes = -1;     // -1: copy when more than one node; 0: views; 1: always copy
   bool print_memory = true;   // memory per node on stderr at load
   std::string name = "experts";
@@ -71,6 +87,10 @@ class ExpertEngine {
   // Bytes one pass over expert e streams (all nodes together).
   uint64_t expert_bytes(int64_t e) const;
   std::string memory_report() const;
+  // Whether the int8-activation path serves gate/up or down.
+  bool int8_act_used() const { return q_up_ || q_down_; }
+  // Steps so far in which at least one expert went through oneDNN.
+  int64_t onednn_steps() const { return onednn_steps_; }
   // Where node `node` starts its intermediate and hidden slices.
   int64_t inter_begin(int node) const { return inter_split_[static_cast<size_t>(node)]; }
   int64_t hidden_begin(int node) const { return hidden_split_[static_cast<size_t>(node)]; }
@@ -86,6 +106,10 @@ class ExpertEngine {
   EngineOptions opt_;
   int64_t experts_ = 0, hidden_ = 0, inter_ = 0;
   bool copied_ = false;
+  bool q_up_ = false, q_down_ = false;  // gate/up, down through the int8-activation path
+  cpu::Mat q_up_like_, q_down_like_;    // the (shared) type the activations are quantized for
+  std::unique_ptr<OnednnBf16> onednn_;  // when onednn_min_tokens > 0 and every weight is bf16
+  int64_t onednn_steps_ = 0;
   std::vector<int64_t> inter_split_, hidden_split_;  // nodes + 1 boundaries
   std::vector<std::vector<Slice>> slices_;           // [node][expert]
   std::vector<NodeBuffer> buffers_;                  // one per node when copied

@@ -91,6 +91,47 @@ void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* p
 // Plain scalar reference (double accumulation) for tests.
 void gemm_reference(const float* x, int64_t n, const Mat& w, float* y);
 
+// ---- integer dot products for int8 / int4 weights (opt-out: HMOE_CPU_INT8_ACT=0) ----
+// Changes numerics: the activation row is quantized to int8 once per token,
+// per group (int4: the weight group; int8: 128 columns), symmetric, with one
+// fp32 scale per group (s = max|x| / 127, q = round(x / s)), and the weight
+// codes are multiplied with it in integers by AVX512-VNNI vpdpbusd (u8 x s8):
+// int4 codes are already unsigned (0..15); int8 weights are made unsigned by
+// adding 128 (w ^ 0x80), the 128 * sum(q) this adds is taken off per token.
+// Per weight group the integer sums are scaled once:
+//   int4: y = sum_g ws_g * xs_g * (sum_k q_k xq_k - z_g * sum_k xq_k)
+//   int8: y = ws_row * sum_g xs_g * sum_k w_k xq_k
+// The error against fp32 activations is that of the activation rounding
+// (~1/254 of a group's max per element: ~0.5% of max |y| for one product on
+// random data, 1-2% after a SwiGLU expert), below the weights' own
+// quantization error; bf16/f16/f32 weights never take this path
+// (the fixture tests stay exact). Where the CPU lacks AVX512-VNNI, or the
+// columns are not a multiple of 128, the engine keeps the fp32 path.
+struct QActs {
+  int64_t n = 0, cols = 0, group = 0, groups = 0;
+  bool q4 = false;          // int4 order: per 128 columns, the 64 low-nibble then the 64 high-nibble partners
+  std::vector<int8_t> q;    // [n, cols]
+  std::vector<float> scale; // [n, groups] xs_g
+  std::vector<float> zsum;  // [n, groups] xs_g * sum_k xq_k (zero-point / offset term)
+  // Sizes for n rows quantized for weights like w (int8 or int4 view).
+  void reset(int64_t rows, const Mat& w);
+  // Quantizes row t from x (cols floats).
+  void quantize(int64_t t, const float* x);
+  // Row t = row ts of src (quantized for the same weights).
+  void copy_row(int64_t t, const QActs& src, int64_t ts);
+  // Element k of row t, in column order (tests, scalar path).
+  int8_t at(int64_t t, int64_t k) const;
+};
+// Whether the integer path serves w here: int8/int4 weights, cols % 128 == 0,
+// and the CPU has AVX-512 with VNNI (and the ISA is not forced lower).
+bool int8_act_applies(const Mat& w);
+bool has_vnni();
+// y[t, r] (row stride ldy) for rows t0 <= row < t0 + n of xa and r0 <= r < r1.
+// VNNI kernel where int8_act_applies(w), else the scalar path below.
+void gemm_rows_q(const QActs& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// Scalar reference of the same arithmetic (integer sums per group).
+void gemm_rows_q_reference(const QActs& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+
 // Converts a run of plain (unquantized) elements to fp32.
 void to_f32(DType t, const void* src, float* dst, int64_t n);
 // Row r of any weight view, dequantized to fp32 (cols values).

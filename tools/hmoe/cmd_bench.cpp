@@ -10,6 +10,7 @@
 #include "configs/error.h"
 #include "numa/expert_bench.h"
 #include "numa/kernels.h"
+#include "numa/onednn_matmul.h"
 #include "tools/hmoe/command.h"
 
 namespace hmoe::cli {
@@ -65,6 +66,8 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
   base.experts_held = parse_int("--experts-held", held_s);
   base.min_seconds = secs;
   base.bf16_dot = s.cpu_bf16_dot;
+  base.int8_act = s.cpu_int8_act;
+  base.onednn_min_tokens = s.cpu_onednn_min_tokens;
 
   if (!sweep) {
     numa::NodePools pools(po);
@@ -82,11 +85,13 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
   }
 
   // Sweep: all threads first, then thread scaling at one token.
+  std::vector<numa::ExpertBenchResult> big_rows;
   numa::NodePools all(po);
   double stream_cpu = 0;
   const double stream = numa::stream_triad_gbps(all, static_cast<size_t>(stream_mib) << 20, 5, &stream_cpu);
   const int max_threads = all.threads();
   const double dnnl_peak = numa::dnnl_sgemm_gflops(2048, 2048, 2048);
+  const double dnnl_bf16_peak = numa::onednn_bf16_gflops(2048, 2048, 2048);
   std::fprintf(stderr, "hmoe bench: %s\n", all.topology().describe().c_str());
   std::string load = "?";
   if (FILE* f = std::fopen("/proc/loadavg", "r")) {
@@ -95,9 +100,9 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
     std::fclose(f);
   }
   std::printf("# hmoe bench experts --sweep: %s, isa %s%s, %d threads (%s), STREAM triad %.1f GB/s (%.1f GB/s over CPU time), oneDNN sgemm 2048^3 %.1f GFLOP/s, "
-              "load average %s\n\n",
+              "oneDNN bf16 matmul 2048^3 %.1f GFLOP/s, load average %s\n\n",
               all.topology().source.c_str(), cpu::isa_name(cpu::best_isa()), cpu::has_bf16_dot() ? " (+avx512_bf16)" : "", max_threads,
-              all.describe().c_str(), stream, stream_cpu, dnnl_peak, load.c_str());
+              all.describe().c_str(), stream, stream_cpu, dnnl_peak, dnnl_bf16_peak, load.c_str());
   if (!json)
     std::printf("| shape | dtype | tokens | threads | ms/step | weight GB/s | / STREAM | weight GB/s (CPU time) | / STREAM (CPU time) | GFLOP/s | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& sh : split_list(shapes_s))
@@ -107,8 +112,18 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
         cfg.shape = sh;
         cfg.dtype = dt;
         cfg.tokens = parse_int("--tokens-list", tk);
-        print_row(numa::run_expert_bench(cfg, all, stream, stream_cpu), json);
+        const auto r = numa::run_expert_bench(cfg, all, stream, stream_cpu);
+        print_row(r, json);
+        if (cfg.tokens >= 512) big_rows.push_back(r);
       }
+  if (!json && !big_rows.empty()) {
+    std::printf("\nLarge batches against oneDNN's own GEMM peaks on this machine (sgemm %.1f, bf16 matmul %.1f GFLOP/s, 2048^3):\n\n"
+                "| shape | dtype | tokens | path | GFLOP/s | / oneDNN sgemm | / oneDNN bf16 matmul |\n|---|---|---|---|---|---|---|\n",
+                dnnl_peak, dnnl_bf16_peak);
+    for (const auto& r : big_rows)
+      std::printf("| %s | %s | %lld | %s | %.1f | %.2f | %.2f |\n", r.shape.name.c_str(), r.cfg.dtype.c_str(), static_cast<long long>(r.cfg.tokens),
+                  r.isa.c_str(), r.gflops, r.gflops / dnnl_peak, r.gflops / dnnl_bf16_peak);
+  }
   std::vector<int> threads;
   if (!threads_list.empty()) {
     for (const auto& t : split_list(threads_list)) threads.push_back(static_cast<int>(parse_int("--threads-list", t)));
