@@ -1,0 +1,106 @@
+// Quantized weight matrices on the GPU: GEMV (decode, a few tokens) and the
+// grouped routed-expert SwiGLU, dequantizing in registers from the packed
+// layout the CPU path holds (numa/kernels.h, numa/quant_gguf.h), so the same
+// bytes are uploaded unchanged. Activations are bf16 (as every GPU matrix
+// product here); accumulation is fp32.
+//
+// Formats (W row-major [rows, cols], y = x W^T):
+//  - q8_0:  ggml Q8_0 blocks (f16 d, 32 x int8), [rows][cols/32] x 34 bytes.
+//           cols % 256 == 0 (so that every row starts 16-byte aligned).
+//  - q4_k:  ggml Q4_K super-blocks (f16 d, dmin, 12 bytes of 6-bit
+//           scales/mins, 128 bytes of nibbles), [rows][cols/256] x 144 bytes.
+//  - int4_group: the int4 view GPTQ/AWQ/compressed-tensors are repacked into
+//           (numa/kernels.h): data [rows, cols/2], runs of 32 elements in 16
+//           bytes (low nibble i, high nibble i+16); scales (and zeros, or
+//           null for zero point 8) f32 [rows, cols/group]; group >= 32, a
+//           multiple of 32 dividing cols.
+//  - fp8_e4m3: data [rows, cols] e4m3 bytes, scales f32 [rows, ceil(cols/group)]
+//           (DeepSeek-V3 `weight_scale_inv` expanded per row), group a
+//           multiple of 16; cols % 32 == 0. NaN encodings read as +-480, as
+//           on the CPU.
+// Every pointer is device memory, 16-byte aligned (cudaMalloc'd buffers
+// are). Shapes are checked by the launchers (Error(unsupported) naming the
+// format and value); pointers are trusted.
+//
+// Numerics: nibbles and int8 are converted exactly; for int4 and Q4_K the
+// kernel sums (128 + q) * x per run of 16 and removes 128 * sum(x) with the
+// run's scale (one op per weight fewer), which adds rounding of order
+// 2^-24 * 128 * sum|x| per run. Tests bound the error by a small multiple of
+// sum_k |w_k x_k|.
+//
+// In a build without CUDA every launcher and upload throws
+// Error(unsupported, "... not built with CUDA").
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpu/memory.h"
+#include "numa/kernels.h"
+
+namespace hmoe::gpu {
+
+using bf16_t = uint16_t;  // raw bfloat16 bits (as gpu/kernels.h)
+
+enum class QFormat : uint8_t { q8_0, q4_k, int4_group, fp8_e4m3 };
+const char* qformat_name(QFormat f);
+
+// A quantized matrix in device memory (not owned).
+struct QWeight {
+  QFormat format = QFormat::q8_0;
+  const void* data = nullptr;
+  const float* scales = nullptr;  // int4_group, fp8_e4m3
+  const float* zeros = nullptr;   // int4_group asymmetric, else null
+  int64_t rows = 0, cols = 0;
+  int32_t group = 0;  // int4_group, fp8_e4m3
+  size_t row_bytes() const;
+  int64_t groups() const;  // scale columns per row (0 for the ggml formats)
+  // Bytes one pass over the matrix streams: data plus scales and zeros.
+  size_t bytes() const;
+};
+
+// The GPU format of a CPU weight view, or throws Error(unsupported) naming
+// `what` and the view's type when the GPU kernels do not take it.
+QFormat qformat_of(const cpu::Mat& m, const std::string& what);
+// Throws Error(unsupported / invalid_argument) naming `what` when the shape,
+// group or alignment is one the kernels do not take.
+void check_qweight(const QWeight& w, const std::string& what);
+
+// Device copy of one or more CPU views of the same format, columns and
+// group, stacked by rows in the order given (e.g. every expert's gate rows
+// then up rows): the data bytes unchanged, scales and zeros as f32.
+class QDeviceMat {
+ public:
+  QDeviceMat() = default;
+  QDeviceMat(const std::vector<cpu::Mat>& parts, Stream& s, const std::string& what);
+  const QWeight& weight() const { return w_; }
+
+ private:
+  DeviceBuffer data_, scales_, zeros_;
+  QWeight w_;
+};
+
+// y[t, r] (row stride ldy) = sum_k x[t, k] W[r, k] for t < n; x bf16 [n, cols]
+// (row stride cols). Any n >= 0; tokens are taken 8 at a time, each weight
+// byte read once per 8 tokens.
+void quant_gemv(const QWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy, Stream& s);
+
+// Grouped routed-expert SwiGLU, the quantized twin of gpu::moe_experts
+// (gpu/kernels.h; same routing arrays from moe_route): w_gate_up holds
+// `experts` matrices of [2*inter, hidden] stacked by rows (gate rows, then up
+// rows, per expert), w_down `experts` matrices of [hidden, inter]. act: [n*k,
+// inter] bf16 scratch; partial: [n*k, hidden] fp32 scratch; out[t] = sum_j
+// weights[t*k+j] * expert_{ids[t*k+j]}(x[t]) (overwritten). Each expert's
+// weight bytes are read once per 8 of its tokens; experts with no token
+// cost one empty block each.
+void quant_moe_experts(const bf16_t* x, int64_t n, int64_t hidden, int64_t inter, int64_t experts, int64_t k, const float* weights,
+                       const int32_t* offsets, const int32_t* pair_list, const QWeight& w_gate_up, const QWeight& w_down, bf16_t* act,
+                       float* partial, float* out, Stream& s);
+
+// Reads `bytes` (a multiple of 16) at `data` with 16-byte loads over the
+// whole device and stores a checksum at *sink: the read-bandwidth roofline
+// the benchmarks compare these kernels against.
+void read_probe(const void* data, size_t bytes, uint32_t* sink, Stream& s);
+
+}  // namespace hmoe::gpu

@@ -1,0 +1,21 @@
+// CPU-only build: the quantized GPU launchers say "not built with CUDA". The
+// host side (formats, checks, QDeviceMat, whose allocation throws the same
+// way) is shared with the CUDA build.
+#include "configs/error.h"
+#include "gpu/quant.h"
+#include "gpu/quant_weights.cpp"  // NOLINT(bugprone-suspicious-include): the one host implementation
+
+namespace hmoe::gpu {
+
+void quant_gemv(const QWeight&, const bf16_t*, int64_t, float*, int64_t, Stream&) {
+  fail(ErrorKind::unsupported, "gpu::quant_gemv: not built with CUDA");
+}
+
+void quant_moe_experts(const bf16_t*, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, const int32_t*, const int32_t*,
+                       const QWeight&, const QWeight&, bf16_t*, float*, float*, Stream&) {
+  fail(ErrorKind::unsupported, "gpu::quant_moe_experts: not built with CUDA");
+}
+
+void read_probe(const void*, size_t, uint32_t*, Stream&) { fail(ErrorKind::unsupported, "gpu::read_probe: not built with CUDA"); }
+
+}  // namespace hmoe::gpu
