@@ -323,7 +323,7 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
         for (int64_t i = 0; i < nr; ++i) dst[i] = silu(g[static_cast<size_t>(t * nr + i)]) * u[static_cast<size_t>(t * nr + i)];
       }
     }
-  });
+  }, 1, 1);  // chunks of one item: a decode step is only ~20 items per thread
 
   // int8_act: quantize act once per pair (its groups span the nodes' slices).
   if (q_down_) {
@@ -370,7 +370,7 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
         }
       }
     }
-  });
+  }, 1, 1);
 }
 
 // ---- single-pool helpers ---------------------------------------------------------

@@ -143,13 +143,13 @@ std::string NodePools::describe() const {
   return s.str();
 }
 
-void NodePools::run(const std::vector<int64_t>& items, const NodeFn& fn, int64_t grain) {
+void NodePools::run(const std::vector<int64_t>& items, const NodeFn& fn, int64_t grain, int64_t max_chunk) {
   const int nn = nodes();
   std::vector<ThreadPool::Fn> fns(static_cast<size_t>(nn));
   for (int i = 0; i < nn; ++i) fns[static_cast<size_t>(i)] = [&fn, i](int64_t b, int64_t e, int w) { fn(i, b, e, w); };
   for (int i = nn - 1; i >= 0; --i) {
     const int64_t n = static_cast<size_t>(i) < items.size() ? items[static_cast<size_t>(i)] : 0;
-    pools_[static_cast<size_t>(i)]->start(n, fns[static_cast<size_t>(i)], grain);
+    pools_[static_cast<size_t>(i)]->start(n, fns[static_cast<size_t>(i)], grain, max_chunk);
   }
   std::exception_ptr first;
   for (int i = 0; i < nn; ++i) {

@@ -63,7 +63,7 @@ class NodePools {
   // Runs fn(node, begin, end, worker) over [0, items[node]) on every node's
   // pool at once; returns when all are done. First exception rethrown.
   using NodeFn = std::function<void(int node, int64_t begin, int64_t end, int worker)>;
-  void run(const std::vector<int64_t>& items, const NodeFn& fn, int64_t grain = 1);
+  void run(const std::vector<int64_t>& items, const NodeFn& fn, int64_t grain = 1, int64_t max_chunk = 0);
 
  private:
   Topology topo_;

@@ -98,7 +98,7 @@ void ThreadPool::worker_main(int id) {
   }
 }
 
-void ThreadPool::start(int64_t n, const Fn& fn, int64_t grain) {
+void ThreadPool::start(int64_t n, const Fn& fn, int64_t grain, int64_t max_chunk) {
   inline_job_ = false;
   error_ = nullptr;
   if (n <= 0) {
@@ -116,7 +116,9 @@ void ThreadPool::start(int64_t n, const Fn& fn, int64_t grain) {
     return;
   }
   // ~4 chunks per thread balances load without much contention.
-  const int64_t chunk = std::max<int64_t>(std::max<int64_t>(grain, 1), (n + threads * 4 - 1) / (threads * 4));
+  int64_t chunk = (n + threads * 4 - 1) / (threads * 4);
+  if (max_chunk > 0) chunk = std::min(chunk, max_chunk);
+  chunk = std::max<int64_t>(std::max<int64_t>(grain, 1), chunk);
   fn_ = &fn;
   n_ = n;
   chunk_ = chunk;
@@ -148,8 +150,8 @@ void ThreadPool::finish() {
   }
 }
 
-void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t grain) {
-  start(n, fn, grain);
+void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t grain, int64_t max_chunk) {
+  start(n, fn, grain, max_chunk);
   finish();
 }
 

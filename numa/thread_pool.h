@@ -42,10 +42,12 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + (caller_joins_ ? 1 : 0); }
   int binding_failures() const { return binding_failures_; }
-  // grain: minimum items per chunk.
-  void parallel_for(int64_t n, const Fn& fn, int64_t grain = 1);
+  // grain: minimum items per chunk. Chunks are ~n / (4 threads) items;
+  // max_chunk > 0 caps them (items that are each a lot of work: a small step
+  // of big items then ends within one item of balance).
+  void parallel_for(int64_t n, const Fn& fn, int64_t grain = 1, int64_t max_chunk = 0);
   // Asynchronous halves: fn must stay alive until finish() returns.
-  void start(int64_t n, const Fn& fn, int64_t grain = 1);
+  void start(int64_t n, const Fn& fn, int64_t grain = 1, int64_t max_chunk = 0);
   void finish();
 
  private:
