@@ -13,6 +13,7 @@
 
 #include "configs/error.h"
 #include "engine/ops/cpu_ops.h"
+#include "engine/kv_storage_gpu.h"
 #include "engine/placement.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
@@ -70,9 +71,6 @@ struct GpuStack::Impl {
   gpu::DeviceBuffer embed, lm_head, final_norm, inv_freq;
   std::vector<LayerW> layers;
   uint64_t weight_bytes = 0;
-  // KV cache on the GPU: [layer][slot][kv_heads*head_dim], keys and values.
-  gpu::DeviceBuffer kc, vc;
-  int64_t kv_slots = 0;
   // Activations.
   gpu::DeviceBuffer x, d, hb, hf, qkv, attn, attn_scratch, gu, act_b, router_l, topk_ids, topk_w, route_off, pair_list, moe_act, moe_partial, logits_d,
       meta;
@@ -196,16 +194,8 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   const int64_t Id = c.intermediate_size, ld = (nh + 2 * kvh) * hd, kvw = kvh * hd;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  // KV cache on the GPU, as many slots as the host cache has.
-  const int64_t slots = kv.num_blocks() * kv.block_size();
-  if (slots > m.kv_slots) {
-    const size_t bytes = static_cast<size_t>(c.num_hidden_layers * slots * kvw) * 2;
-    m.kc = gpu::DeviceBuffer();
-    m.vc = gpu::DeviceBuffer();
-    m.kc = gpu::DeviceBuffer(bytes);
-    m.vc = gpu::DeviceBuffer(bytes);
-    m.kv_slots = slots;
-  }
+  // KV cache on the GPU: the cache's GpuKvStorage ([layer][slot][kv_heads*head_dim] keys and values).
+  GpuKvStorage& kvs = gpu_kv_storage(kv, kvw, kvw);
 
   // Step metadata in one upload: tokens, pos, own slot, attention offsets, lens, logit rows, slot lists.
   std::vector<int32_t> meta(static_cast<size_t>(5 * n + mrows));
@@ -242,6 +232,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   s.synchronize();  // the previous step no longer reads meta_h
   std::memcpy(m.meta_h.as<int32_t>(), meta.data(), meta_bytes);
   gpu::copy_to_device(m.meta.data(), m.meta_h.as<int32_t>(), meta_bytes, s);
+  kvs.begin_step(s);  // queued block copies and restores from the host pool, before this step's work
   const int32_t* d_tok = m.meta.as<int32_t>();
   const int32_t *d_pos = d_tok + n, *d_slot = d_tok + 2 * n, *d_off = d_tok + 3 * n, *d_len = d_tok + 4 * n, *d_rows = d_tok + 5 * n,
                 *d_lists = d_tok + 5 * n + mrows;
@@ -278,13 +269,13 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     gpu::embedding(m.embed.as<bf16_t>(), d_tok, n, H, x, s);
     for (size_t l = 0; l < m.layers.size(); ++l) {
       Impl::LayerW& w = m.layers[l];
-      const int64_t layer_off = static_cast<int64_t>(l) * slots * kvw;
+      bf16_t *kc = kvs.keys(static_cast<int64_t>(l)), *vc = kvs.values(static_cast<int64_t>(l));
       gpu::add_rms_norm(x, l > 0 ? d : nullptr, nullptr, n, H, w.in_norm.as<bf16_t>(), eps, hb, nullptr, s);
       m.blas.gemm(hb, n, w.qkv.as<bf16_t>(), ld, H, qkv, ld);
       gpu::qk_norm_rope(qkv, n, ld, nh, hd, w.q_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
       gpu::qk_norm_rope(qkv + nh * hd, n, ld, kvh, hd, w.k_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
-      gpu::kv_store(qkv + nh * hd, qkv + (nh + kvh) * hd, ld, n, kvw, d_slot, m.kc.as<bf16_t>() + layer_off, m.vc.as<bf16_t>() + layer_off, s);
-      gpu::attention(qkv, ld, n, nh, kvh, hd, m.kc.as<bf16_t>() + layer_off, m.vc.as<bf16_t>() + layer_off, d_lists, d_off, d_len, max_len, scale,
+      gpu::kv_store(qkv + nh * hd, qkv + (nh + kvh) * hd, ld, n, kvw, d_slot, kc, vc, s);
+      gpu::attention(qkv, ld, n, nh, kvh, hd, kc, vc, d_lists, d_off, d_len, max_len, scale,
                      m.attn_scratch.as<float>(), m.attn.as<bf16_t>(), s);
       m.blas.gemm(m.attn.as<bf16_t>(), n, w.o.as<bf16_t>(), H, nh * hd, d, H);
       const bool hybrid = w.moe && !w.resident;
@@ -333,8 +324,8 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     // The whole step is device work: replay it as a graph while the shape
     // (tokens, logit rows, attention splits) and every buffer address hold.
     std::vector<const void*> key = {reinterpret_cast<const void*>(n), reinterpret_cast<const void*>(mrows),
-                                     reinterpret_cast<const void*>(gpu::attention_splits(n, nh, max_len)), m.meta.data(), m.kc.data(),
-                                     m.vc.data(), m.x.data(), m.d.data(), m.hb.data(), m.hf.data(), m.qkv.data(), m.attn.data(),
+                                     reinterpret_cast<const void*>(gpu::attention_splits(n, nh, max_len)), m.meta.data(), kvs.keys_base(),
+                                     kvs.values_base(), m.x.data(), m.d.data(), m.hb.data(), m.hf.data(), m.qkv.data(), m.attn.data(),
                                      m.attn_scratch.data(), m.gu.data(), m.act_b.data(), m.router_l.data(), m.topk_ids.data(),
                                      m.topk_w.data(), m.route_off.data(), m.pair_list.data(), m.moe_act.data(), m.moe_partial.data(),
                                      m.logits_d.data()};
@@ -361,6 +352,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   m.logits_h.reserve(static_cast<size_t>(std::max<int64_t>(mrows * V * 4, 16)));
   gpu::copy_to_host(m.logits_h.as<float>(), m.logits_d.as<float>(), static_cast<size_t>(mrows * V * 4), s);
   s.synchronize();
+  kvs.end_step();
   logits.assign(m.logits_h.as<float>(), m.logits_h.as<float>() + mrows * V);
 
   double transfer_s = 0;

@@ -17,7 +17,7 @@ uint64_t mix(uint64_t h, uint64_t v) {
 }
 }  // namespace
 
-KvCache::KvCache(const KvLayout& layout, int64_t num_blocks, int64_t block_size, const KvCacheOptions& opt)
+KvCache::KvCache(const KvLayout& layout, int64_t num_blocks, int64_t block_size, const KvCacheOptions& opt, std::unique_ptr<KvStorage> storage)
     : layout_(layout), num_blocks_(num_blocks), block_size_(block_size), k_floats_(layout.k_floats()), v_floats_(layout.v_floats()), opt_(opt) {
   if (block_size <= 0 || num_blocks <= 0) fail(ErrorKind::invalid_argument, "KV cache needs a positive block size and block count");
   if (k_floats_ < 0 || v_floats_ < 0) fail(ErrorKind::invalid_argument, "KV cache token widths must not be negative");
@@ -25,20 +25,29 @@ KvCache::KvCache(const KvLayout& layout, int64_t num_blocks, int64_t block_size,
   // Engram's per-sequence state is not in the blocks: a shared prefix could not restore it.
   if (layout.seq_state_bytes > 0) opt_.prefix_caching = false;
   if (!opt_.prefix_caching) opt_.host_blocks = 0;
-  const size_t tokens = static_cast<size_t>(layout.layers * num_blocks * block_size);
-  keys_.assign(tokens * static_cast<size_t>(k_floats_), 0.0f);
-  values_.assign(tokens * static_cast<size_t>(v_floats_), 0.0f);
+  if (storage) {
+    storage_ = std::move(storage);
+  } else {
+    auto cpu = std::make_unique<CpuKvStorage>(layout, num_blocks, block_size, opt_.host_blocks);
+    cpu_ = cpu.get();
+    storage_ = std::move(cpu);
+  }
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
   refs_.assign(static_cast<size_t>(num_blocks), 0);
   ids_.resize(static_cast<size_t>(num_blocks));
   lru_pos_.assign(static_cast<size_t>(num_blocks), lru_.end());
   if (opt_.host_blocks > 0) {
-    const size_t htokens = static_cast<size_t>(layout.layers * opt_.host_blocks * block_size);
-    host_keys_.assign(htokens * static_cast<size_t>(k_floats_), 0.0f);
-    host_values_.assign(htokens * static_cast<size_t>(v_floats_), 0.0f);
     host_.resize(static_cast<size_t>(opt_.host_blocks));
     for (int64_t b = opt_.host_blocks - 1; b >= 0; --b) host_free_.push_back(b);
   }
+}
+
+void KvCache::set_storage(std::unique_ptr<KvStorage> storage) {
+  if (!storage) fail(ErrorKind::internal, "KvCache::set_storage: null storage");
+  if (!cached_.empty() || !host_lru_.empty() || stats_.offloaded_blocks > 0)
+    fail(ErrorKind::internal, "KvCache::set_storage after blocks were cached: their contents would be lost");
+  storage_ = std::move(storage);
+  cpu_ = nullptr;
 }
 
 bool KvCache::BlockId::same(uint64_t p, const int32_t* t) const {
@@ -136,26 +145,12 @@ void KvCache::truncate(int seq, int64_t len) {
     if (refs_[static_cast<size_t>(b)] > 1) {
       if (free_blocks() == 0) fail(ErrorKind::out_of_memory, "KV cache full: no block to copy a shared block into");
       const int64_t nb = take_block();
-      copy_block(nb, b);
+      storage_->copy_block(nb, b);
       release_block(b);
       t.back() = nb;
     } else {
       uncache(b);
     }
-  }
-}
-
-void KvCache::copy_block(int64_t dst, int64_t src) {
-  const size_t bs = static_cast<size_t>(block_size_);
-  for (int64_t l = 0; l < layout_.layers; ++l) {
-    auto cp = [&](std::vector<float>& buf, int64_t w) {
-      if (w == 0) return;
-      const size_t n = bs * static_cast<size_t>(w);
-      std::memcpy(buf.data() + static_cast<size_t>(l * num_blocks_ + dst) * n, buf.data() + static_cast<size_t>(l * num_blocks_ + src) * n,
-                  n * sizeof(float));
-    };
-    cp(keys_, k_floats_);
-    cp(values_, v_floats_);
   }
 }
 
@@ -194,23 +189,13 @@ void KvCache::offload(int64_t b) {
     old.id.tokens.clear();
     ++stats_.host_dropped;
   }
-  const size_t bs = static_cast<size_t>(block_size_);
-  for (int64_t l = 0; l < layout_.layers; ++l) {
-    auto cp = [&](std::vector<float>& dst, const std::vector<float>& src, int64_t w) {
-      if (w == 0) return;
-      const size_t n = bs * static_cast<size_t>(w);
-      std::memcpy(dst.data() + static_cast<size_t>(l * opt_.host_blocks + s) * n, src.data() + static_cast<size_t>(l * num_blocks_ + b) * n,
-                  n * sizeof(float));
-    };
-    cp(host_keys_, keys_, k_floats_);
-    cp(host_values_, values_, v_floats_);
-  }
+  storage_->offload(b, s);
   HostEntry& e = host_[static_cast<size_t>(s)];
   e.id = id;
   e.lru = host_lru_.insert(host_lru_.end(), s);
   host_map_.emplace(id.hash, s);
   ++stats_.offloaded_blocks;
-  stats_.offloaded_bytes += bytes_per_block(layout_, block_size_);
+  stats_.offloaded_bytes += storage_->bytes_per_block();
   stats_.host_used = static_cast<int64_t>(host_lru_.size());
 }
 
@@ -247,23 +232,13 @@ int64_t KvCache::attach_prefix(int seq, std::span<const int32_t> tokens, int64_t
       host_pinned_ = s;
       b = take_block();  // may offload another block; never drops slot s
       host_pinned_ = -1;
-      const size_t bs = static_cast<size_t>(block_size_);
-      for (int64_t l = 0; l < layout_.layers; ++l) {
-        auto cp = [&](std::vector<float>& dst, const std::vector<float>& src, int64_t w) {
-          if (w == 0) return;
-          const size_t n = bs * static_cast<size_t>(w);
-          std::memcpy(dst.data() + static_cast<size_t>(l * num_blocks_ + b) * n, src.data() + static_cast<size_t>(l * opt_.host_blocks + s) * n,
-                      n * sizeof(float));
-        };
-        cp(keys_, host_keys_, k_floats_);
-        cp(values_, host_values_, v_floats_);
-      }
+      storage_->restore(s, b);
       HostEntry& e = host_[static_cast<size_t>(s)];
       host_lru_.splice(host_lru_.end(), host_lru_, e.lru);
       ids_[static_cast<size_t>(b)] = e.id;
       cached_.emplace(h, b);
       ++stats_.restored_blocks;
-      stats_.restored_bytes += bytes_per_block(layout_, block_size_);
+      stats_.restored_bytes += storage_->bytes_per_block();
       stats_.host_hit_tokens += block_size_;
     }
     t.push_back(b);

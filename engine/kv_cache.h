@@ -17,8 +17,13 @@
 // Second tier (KvCacheOptions::host_blocks > 0): a cached block evicted from
 // the first tier is copied to a host pool kept in LRU order (its oldest
 // blocks are dropped when full); attach_prefix() copies host-resident blocks
-// back instead of having them recomputed. The first tier here is ordinary
-// memory too (the CPU stand-in for a GPU pool with a pinned host pool).
+// back instead of having them recomputed.
+//
+// Storage (engine/kv_storage.h): the bytes live in a KvStorage that the
+// cache calls to copy, offload and restore blocks. By default that is
+// CpuKvStorage (fp32 arrays for both tiers, read through k()/v()); the GPU
+// path binds a GpuKvStorage (bf16 blocks on the GPU, pinned host pool), and
+// then k()/v() must not be used.
 //
 // Per-sequence state (seq_state_bytes, Engram windows) cannot be rebuilt from
 // shared blocks, so prefix caching is off for such layouts
@@ -35,6 +40,8 @@
 #include <span>
 #include <unordered_map>
 #include <vector>
+
+#include "engine/kv_storage.h"
 
 namespace hmoe {
 
@@ -72,7 +79,14 @@ struct KvCacheStats {
 
 class KvCache {
  public:
-  KvCache(const KvLayout& layout, int64_t num_blocks, int64_t block_size = 16, const KvCacheOptions& opt = {});
+  // storage null: a CpuKvStorage sized for num_blocks and opt.host_blocks.
+  KvCache(const KvLayout& layout, int64_t num_blocks, int64_t block_size = 16, const KvCacheOptions& opt = {},
+          std::unique_ptr<KvStorage> storage = nullptr);
+
+  // Replaces the storage; only while no block has been committed or
+  // offloaded (throws Error(internal) otherwise): contents are not carried over.
+  void set_storage(std::unique_ptr<KvStorage> storage);
+  KvStorage* storage() { return storage_.get(); }
 
   // Prefix caching. attach_prefix: `seq` must be empty; shares the cached
   // full blocks that start `tokens`, at most max_tokens tokens' worth (whole
@@ -95,9 +109,9 @@ class KvCache {
   void truncate(int seq, int64_t len);
 
   // Pointer to layout().k_floats() / v_floats() floats for (layer, seq, pos);
-  // pos < capacity. v() must not be used when v_floats() is 0.
-  float* k(int64_t layer, int seq, int64_t pos) { return slot(keys_, k_floats_, layer, seq, pos); }
-  float* v(int64_t layer, int seq, int64_t pos) { return slot(values_, v_floats_, layer, seq, pos); }
+  // pos < capacity. v() must not be used when v_floats() is 0. CPU storage only.
+  float* k(int64_t layer, int seq, int64_t pos) { return cpu_->k(layer, block_of(seq, pos), pos % block_size_); }
+  float* v(int64_t layer, int seq, int64_t pos) { return cpu_->v(layer, block_of(seq, pos), pos % block_size_); }
 
   // The layout's seq_state_bytes of per-sequence state (nullptr when 0).
   uint8_t* seq_state(int seq) { return layout_.seq_state_bytes ? seq_state_.at(static_cast<size_t>(seq)).data() : nullptr; }
@@ -114,15 +128,13 @@ class KvCache {
   // Cached-but-unreferenced blocks (a subset of free_blocks()).
   int64_t cached_free_blocks() const { return static_cast<int64_t>(lru_.size()); }
   const KvLayout& layout() const { return layout_; }
+  // Bytes of one block in the CPU storage (fp32).
   static int64_t bytes_per_block(const KvLayout& l, int64_t block_size) {
     return l.layers * block_size * (l.k_floats() + l.v_floats()) * static_cast<int64_t>(sizeof(float));
   }
 
  private:
-  float* slot(std::vector<float>& buf, int64_t width, int64_t layer, int seq, int64_t pos) {
-    const int64_t block = tables_[static_cast<size_t>(seq)][static_cast<size_t>(pos / block_size_)];
-    return buf.data() + ((layer * num_blocks_ + block) * block_size_ + pos % block_size_) * width;
-  }
+  int64_t block_of(int seq, int64_t pos) const { return tables_[static_cast<size_t>(seq)][static_cast<size_t>(pos / block_size_)]; }
 
   // Identity of a cached full block: its chained hash, the parent's hash and its tokens.
   struct BlockId {
@@ -140,12 +152,12 @@ class KvCache {
   void uncache(int64_t b);           // forgets b's hash (b must be unreferenced or about to be rewritten)
   void offload(int64_t b);           // copies cached block b to the host tier
   int64_t find_host(uint64_t parent, const int32_t* t, uint64_t h) const;
-  void copy_block(int64_t dst, int64_t src);
 
   KvLayout layout_;
   int64_t num_blocks_, block_size_, k_floats_, v_floats_;
   KvCacheOptions opt_;
-  std::vector<float> keys_, values_;  // [layer][block][token][k_floats_ or v_floats_]
+  std::unique_ptr<KvStorage> storage_;
+  CpuKvStorage* cpu_ = nullptr;  // storage_ when it is the CPU one
   std::vector<int64_t> free_;
   // Prefix caching: per block its references and identity; hash -> block.
   std::vector<int32_t> refs_;
@@ -154,8 +166,7 @@ class KvCache {
   std::list<int64_t> lru_;       // unreferenced cached blocks, oldest first
   std::unordered_multimap<uint64_t, int64_t> cached_;
   std::vector<std::vector<uint64_t>> seq_hashes_;  // per sequence: hashes of its committed full blocks
-  // Host tier: [layer][slot][token][k|v floats] in one buffer per plane.
-  std::vector<float> host_keys_, host_values_;
+  // Host tier (its bytes are in storage_).
   std::vector<HostEntry> host_;  // per slot; id.tokens empty: free slot
   std::vector<int64_t> host_free_;
   std::list<int64_t> host_lru_;  // occupied slots, oldest first

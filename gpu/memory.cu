@@ -14,6 +14,7 @@ Stream::~Stream() {
   if (handle_) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
 }
 void Stream::synchronize() { HMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_))); }
+void Stream::wait(const Event& e) { HMOE_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(handle_), static_cast<cudaEvent_t>(e.handle()), 0)); }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) { reserve(bytes); }
 DeviceBuffer::~DeviceBuffer() {
@@ -91,6 +92,9 @@ void copy_to_host(void* dst, const void* src, size_t bytes, Stream& s) {
 }
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream& s) {
   if (bytes) HMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cs(s)));
+}
+void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, Stream& s) {
+  if (width && rows) HMOE_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, cs(s)));
 }
 void memset_device(void* dst, int value, size_t bytes, Stream& s) {
   if (bytes) HMOE_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, cs(s)));

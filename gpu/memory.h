@@ -14,6 +14,8 @@
 
 namespace hmoe::gpu {
 
+class Event;
+
 class Stream {
  public:
   Stream();  // a new non-blocking stream on the current device
@@ -24,6 +26,8 @@ class Stream {
     return *this;
   }
   void synchronize();
+  // Work enqueued on this stream after the call waits for `e` (its latest record).
+  void wait(const Event& e);
   void* handle() const { return handle_; }  // cudaStream_t
 
  private:
@@ -87,6 +91,7 @@ class Event {
   void synchronize();
   // Milliseconds between `start` and this event (both recorded and complete).
   float elapsed_ms(const Event& start) const;
+  void* handle() const { return handle_; }  // cudaEvent_t
 
  private:
   void* handle_ = nullptr;
@@ -114,6 +119,9 @@ class Graph {
 void copy_to_device(void* dst, const void* src, size_t bytes, Stream& s);
 void copy_to_host(void* dst, const void* src, size_t bytes, Stream& s);
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream& s);
+// `rows` rows of `width` bytes, rows `spitch` / `dpitch` bytes apart, in any
+// direction (host memory must be pinned for an asynchronous copy).
+void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, Stream& s);
 void memset_device(void* dst, int value, size_t bytes, Stream& s);
 // Blocks until all work on the current device is done; throws on a sticky error.
 void device_synchronize();

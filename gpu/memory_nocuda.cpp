@@ -10,6 +10,7 @@ namespace {
 Stream::Stream() { no_cuda("gpu::Stream"); }
 Stream::~Stream() = default;
 void Stream::synchronize() { no_cuda("gpu::Stream::synchronize"); }
+void Stream::wait(const Event&) { no_cuda("gpu::Stream::wait"); }
 DeviceBuffer::DeviceBuffer(size_t bytes) { reserve(bytes); }
 DeviceBuffer::~DeviceBuffer() = default;
 void DeviceBuffer::reserve(size_t bytes) {
@@ -33,6 +34,7 @@ void Graph::launch(Stream&) { no_cuda("gpu::Graph::launch"); }
 void copy_to_device(void*, const void*, size_t, Stream&) { no_cuda("gpu::copy_to_device"); }
 void copy_to_host(void*, const void*, size_t, Stream&) { no_cuda("gpu::copy_to_host"); }
 void copy_on_device(void*, const void*, size_t, Stream&) { no_cuda("gpu::copy_on_device"); }
+void copy_2d(void*, size_t, const void*, size_t, size_t, size_t, Stream&) { no_cuda("gpu::copy_2d"); }
 void memset_device(void*, int, size_t, Stream&) { no_cuda("gpu::memset_device"); }
 void device_synchronize() { no_cuda("gpu::device_synchronize"); }
 std::pair<size_t, size_t> memory_info() { no_cuda("gpu::memory_info"); }

@@ -118,8 +118,9 @@ std::unique_ptr<ServerStack> make_server(const Settings& s, const std::string& m
   mi.chat_template = st->chat_template.get();
   mi.default_seed = static_cast<uint64_t>(s.seed);
   SchedulerConfig sc = scheduler_config(s, *st->model);
-  if (sc.host_kv_blocks > 0 && st->model->gpu()) {
-    std::fprintf(stderr, "hmoe serve: --kv-offloading-size ignored: the host pool for the GPU KV cache is not built yet\n");
+  if (sc.host_kv_blocks > 0 && st->model->gpu() && c.arch != Arch::qwen3_moe) {  // GpuStack binds a GpuKvStorage; the MLA stack does not yet
+    std::fprintf(stderr, "hmoe serve: --kv-offloading-size ignored: the GPU path of model_type '%s' keeps its KV cache outside the host-pool storage\n",
+                 c.model_type.c_str());
     sc.host_kv_blocks = 0;
   }
   // Cached blocks are only valid for the same weights and numerics.
