@@ -81,6 +81,19 @@ LayerSpec parse_layer_spec(const std::string& what, const std::string& value, in
   return spec;
 }
 
+// DeepSeek-V3 (multi-head latent attention): one layer's attention weights
+// on the GPU in bf16 - q_a + norm + q_b (or q_proj), kv_a + norm, kv_b, the
+// per-head transposed W_UK the latent path keeps beside it, o_proj, the two
+// layer norms (engine/blocks_gpu_mla.cpp).
+uint64_t mla_attention_bytes(const ModelConfig& c, bool latent_path) {
+  const MlaConfig& m = c.mla;
+  const uint64_t H = static_cast<uint64_t>(c.hidden_size), nh = static_cast<uint64_t>(c.num_attention_heads);
+  const uint64_t ql = static_cast<uint64_t>(m.q_lora_rank), qk = static_cast<uint64_t>(m.qk_head_dim()), r = static_cast<uint64_t>(m.kv_lora_rank);
+  const uint64_t lw = static_cast<uint64_t>(m.kv_token_floats()), nope = static_cast<uint64_t>(m.qk_nope_head_dim), vd = static_cast<uint64_t>(m.v_head_dim);
+  const uint64_t q = ql > 0 ? ql * H + ql + nh * qk * ql : nh * qk * H;
+  return (q + lw * H + r + nh * (nope + vd) * r + (latent_path ? nh * r * nope : 0) + H * nh * vd + 2 * H) * 2;
+}
+
 uint64_t expert_layer_bytes(const ModelConfig& c) {
   return static_cast<uint64_t>(c.num_experts) * 3 * static_cast<uint64_t>(c.moe_intermediate_size) * static_cast<uint64_t>(c.hidden_size) * 2;
 }
@@ -127,7 +140,10 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
   p.spec = s.gpu_resident_moe_layers;
   p.gpu_budget = static_cast<uint64_t>(static_cast<double>(gpu.total_bytes) * s.gpu_memory_utilization);
   const uint64_t embed = V * H * 2, head = c.tie_word_embeddings ? 0 : V * H * 2;
-  const uint64_t attn = ((nh + 2 * kvh) * hd * H + H * nh * hd + 2 * hd + 2 * H) * 2;
+  const bool mla = c.arch == Arch::deepseek_v3;
+  const uint64_t attn = mla ? mla_attention_bytes(c, s.mla_attention != "expanded") : ((nh + 2 * kvh) * hd * H + H * nh * hd + 2 * hd + 2 * H) * 2;
+  // DeepSeek MoE layers also keep the shared experts and the fp32 score-correction bias on the GPU.
+  const uint64_t moe_extra = mla ? 3 * I * static_cast<uint64_t>(c.mla.n_shared_experts) * H * 2 + E * 4 : 0;
   p.gpu_fixed_bytes = embed + head + H * 2;
   p.gpu_bytes_per_token = V * H * 2;  // lm_head
   const uint64_t per_expert = 3 * I * H;
@@ -139,8 +155,8 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
     p.gpu_bytes_per_token += attn;
     if (lp.moe) {
       lp.expert_bytes = expert_layer_bytes(c);
-      p.gpu_fixed_bytes += E * H * 2;
-      p.gpu_bytes_per_token += E * H * 2;
+      p.gpu_fixed_bytes += E * H * 2 + moe_extra;
+      p.gpu_bytes_per_token += E * H * 2 + moe_extra;
     } else {
       lp.resident = true;
       const uint64_t mlp = 3 * static_cast<uint64_t>(c.intermediate_size) * H * 2;
@@ -160,7 +176,16 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
   p.gpu_workspace_bytes = (256ull << 20) + static_cast<uint64_t>(tokens) * (4 * (nh + 2 * kvh) * hd + 2 * nh * hd + 24 * H + K * (4 * H + 2 * I) +
                                                                           12 * static_cast<uint64_t>(c.intermediate_size) + 8 * E) +
                           static_cast<uint64_t>(std::max<int64_t>(s.max_num_seqs, 1)) * V * 4;
-  p.kv_bytes_per_token = static_cast<uint64_t>(c.num_hidden_layers) * 2 * kvh * hd * 2;
+  if (mla) {  // latent-path activations; the expanded path's K/V of one step (up to 1 GiB under expanded_prefill)
+    const uint64_t ql = static_cast<uint64_t>(c.mla.q_lora_rank), lw = static_cast<uint64_t>(c.mla.kv_token_floats()),
+                   r = static_cast<uint64_t>(c.mla.kv_lora_rank);
+    p.gpu_workspace_bytes += static_cast<uint64_t>(tokens) * (6 * (ql + lw) + 4 * nh * static_cast<uint64_t>(c.mla.qk_head_dim()) + 8 * nh * r +
+                                                              2 * nh * static_cast<uint64_t>(c.mla.v_head_dim));
+    if (s.mla_attention == "expanded" || s.mla_attention == "expanded_prefill") p.gpu_workspace_bytes += 1ull << 30;
+  }
+  // KV cache per token: K and V of every KV head in bf16, or (MLA) the latent and the rope key.
+  p.kv_bytes_per_token = mla ? static_cast<uint64_t>(c.num_hidden_layers) * static_cast<uint64_t>(c.mla.kv_token_floats()) * 2
+                             : static_cast<uint64_t>(c.num_hidden_layers) * 2 * kvh * hd * 2;
   const uint64_t kv_min = s.kv_cache_memory_bytes > 0 ? s.kv_cache_memory_bytes : p.kv_bytes_per_token * static_cast<uint64_t>(ctx);
   const uint64_t base = p.gpu_fixed_bytes + p.gpu_workspace_bytes + kv_min;
 

@@ -65,6 +65,9 @@ struct Plan {
 
 // Bytes the GPU holds for one MoE layer's experts, in bf16.
 uint64_t expert_layer_bytes(const ModelConfig& c);
+// Bytes of one multi-head latent attention layer's weights on the GPU (bf16;
+// latent_path: with the transposed W_UK the absorbed path keeps).
+uint64_t mla_attention_bytes(const ModelConfig& c, bool latent_path);
 
 // Plans the placement of `c` on `gpu` from the settings
 // (gpu_resident_moe_layers, gpu_memory_utilization, kv_cache_memory_bytes,
