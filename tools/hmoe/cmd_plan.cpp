@@ -12,6 +12,7 @@
 #include "engine/model_config.h"
 #include "engine/placement.h"
 #include "gpu/device.h"
+#include "engine/gpu_expert_stream.h"
 #include "tools/hmoe/command.h"
 
 namespace hmoe::cli {
@@ -48,6 +49,8 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
   const bool have_mem = take_option(args, "--gpu-memory", mem_s);
   const bool have_gbw = take_option(args, "--gpu-bandwidth", gbw_s);
   const bool have_cbw = take_option(args, "--cpu-bandwidth", cbw_s);
+  std::string pbw_s;
+  const bool have_pbw = take_option(args, "--pcie-bandwidth", pbw_s);
   reject_unknown_flags(args, "plan");
   if (args.size() != 1) fail(ErrorKind::invalid_argument, "plan takes one MODEL directory");
   for (const auto& n : s.notices) std::fprintf(stderr, "%s\n", n.c_str());
@@ -97,10 +100,12 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
               format_bytes(p.gpu_bytes_per_token).c_str(), gpu.bandwidth / 1e9, gbw_note.c_str(), format_bytes(p.cpu_bytes_per_token).c_str(),
               cpu_bw / 1e9, have_cbw ? "--cpu-bandwidth" : "measured here");
   std::printf("  -> %.2f ms/token, about %.1f tokens/s (bandwidth bound; no overlap assumed)\n", t * 1e3, 1.0 / t);
+  if (p.resident_moe_layers() < p.moe_layers())
+    std::printf("%s", prefill_plan_report(c, s, cpu_bw, have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : 0).c_str());
   return 0;
 }
 
 }  // namespace
-HMOE_COMMAND(plan_cmd, "plan", "plan MODEL [--gpu-memory 24GiB] [--gpu-bandwidth 1TB] [--cpu-bandwidth 50GB] [placement settings]",
+HMOE_COMMAND(plan_cmd, "plan", "plan MODEL [--gpu-memory 24GiB] [--gpu-bandwidth 1TB] [--cpu-bandwidth 50GB] [--pcie-bandwidth 25GB] [placement settings]",
              "print the GPU/CPU placement, memory and estimated decode speed without loading weights onto a GPU", run_plan);
 }  // namespace hmoe::cli
