@@ -14,6 +14,7 @@
 #include "configs/error.h"
 #include "engine/ops/cpu_ops.h"
 #include "engine/kv_storage_gpu.h"
+#include "engine/engram_gpu.h"
 #include "engine/placement.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
@@ -80,6 +81,7 @@ struct GpuStack::Impl {
   GpuStepTimes times;
   bool use_graphs = false;  // opt-in until a device run has checked the captured path
   int64_t hybrid_count = 0;
+  std::unique_ptr<GpuEngram> engram;  // qwen3_moe_engram modules (null: none)
   gpu::Graph graph;
   std::vector<const void*> graph_key;  // shape and buffer addresses the graph was captured with
 
@@ -182,6 +184,10 @@ void GpuStack::set_cuda_graphs(bool on) {
   impl_->graph.reset();
 }
 uint64_t GpuStack::weight_bytes() const { return impl_->weight_bytes; }
+void GpuStack::attach_engram(EngramModules& host, const WeightLookup& get) {
+  impl_->engram = std::make_unique<GpuEngram>(impl_->c, host, get, impl_->stream);
+  impl_->weight_bytes += impl_->engram->weight_bytes();
+}
 
 void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
   Impl& m = *impl_;
@@ -230,6 +236,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     m.meta.reserve(meta_bytes * 2);
   }
   s.synchronize();  // the previous step no longer reads meta_h
+  if (m.engram) m.engram->begin_step(b, kv, s);  // hashes the n-grams, starts the PLE row reads
   std::memcpy(m.meta_h.as<int32_t>(), meta.data(), meta_bytes);
   gpu::copy_to_device(m.meta.data(), m.meta_h.as<int32_t>(), meta_bytes, s);
   kvs.begin_step(s);  // queued block copies and restores from the host pool, before this step's work
@@ -270,7 +277,9 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     for (size_t l = 0; l < m.layers.size(); ++l) {
       Impl::LayerW& w = m.layers[l];
       bf16_t *kc = kvs.keys(static_cast<int64_t>(l)), *vc = kvs.values(static_cast<int64_t>(l));
-      gpu::add_rms_norm(x, l > 0 ? d : nullptr, nullptr, n, H, w.in_norm.as<bf16_t>(), eps, hb, nullptr, s);
+      const int em = m.engram ? m.engram->module_before(static_cast<int64_t>(l)) : -1;  // Engram module: x += d, then x += its output
+      if (em >= 0) m.engram->apply(em, x, l > 0 ? d : nullptr, 0, n, m.blas, s);
+      gpu::add_rms_norm(x, l > 0 && em < 0 ? d : nullptr, nullptr, n, H, w.in_norm.as<bf16_t>(), eps, hb, nullptr, s);
       m.blas.gemm(hb, n, w.qkv.as<bf16_t>(), ld, H, qkv, ld);
       gpu::qk_norm_rope(qkv, n, ld, nh, hd, w.q_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
       gpu::qk_norm_rope(qkv + nh * hd, n, ld, kvh, hd, w.k_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
@@ -317,10 +326,11 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
       hybrid_layers.push_back(static_cast<int64_t>(l));
     }
     gpu::add(x, d, n * H, x, s);
+    if (m.engram) m.engram->end_step(b, kv, s);  // history rows for the next steps
     gpu::add_rms_norm(x, nullptr, d_rows, mrows, H, m.final_norm.as<bf16_t>(), eps, hb, nullptr, s);
     m.blas.gemm(hb, mrows, m.lm_head.as<bf16_t>(), V, H, m.logits_d.as<float>(), V);
   };
-  if (m.use_graphs && m.hybrid_count == 0) {
+  if (m.use_graphs && m.hybrid_count == 0 && !m.engram) {
     // The whole step is device work: replay it as a graph while the shape
     // (tokens, logit rows, attention splits) and every buffer address hold.
     std::vector<const void*> key = {reinterpret_cast<const void*>(n), reinterpret_cast<const void*>(mrows),
@@ -366,14 +376,15 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   m.times.steps += 1;
 }
 
-std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::NodePools& pools) {
+std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::NodePools& pools,
+                                        EngramModules* engram) {
   const bool quiet = s.progress == "none";
   for (const auto& n : s.notices)
     if (n.find("GPU_RESIDENT") != std::string::npos) std::fprintf(stderr, "%s\n", n.c_str());
   std::string why;
   const bool want_gpu = resolve_device(s, why);
   const bool forced = s.device == "cuda" || s.device == "gpu";
-  const bool has_graph = c.arch == Arch::qwen3_moe || c.arch == Arch::deepseek_v3;
+  const bool has_graph = c.arch == Arch::qwen3_moe || c.arch == Arch::deepseek_v3 || (c.arch == Arch::qwen3_moe_engram && engram);
   if (want_gpu && (!has_graph || store == nullptr)) {
     const std::string reason = !has_graph ? "model_type '" + c.model_type + "' has no GPU graph yet"
                                                          : "the GPU path reads plain safetensors checkpoints only";
@@ -398,7 +409,9 @@ std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorSt
   };
   if (c.arch == Arch::deepseek_v3)
     return std::make_unique<GpuMlaStack>(c, plan.resident(), get, pools, parse_mla_mode(s.mla_attention), numa::EngineOptions::from_settings(s));
-  return std::make_unique<GpuStack>(c, plan.resident(), get, pools, numa::EngineOptions::from_settings(s));
+  auto stack = std::make_unique<GpuStack>(c, plan.resident(), get, pools, numa::EngineOptions::from_settings(s));
+  if (engram) stack->attach_engram(*engram, get);
+  return stack;
 }
 
 }  // namespace hmoe

@@ -49,6 +49,11 @@ class GpuStack : public GpuStep {
   // captured path has not been run on a GPU yet (test_gpu and bench_gpu
   // compare it with plain launches).
   void set_cuda_graphs(bool on) override;
+  // qwen3_moe_engram: uploads the Engram modules' weights and runs each
+  // module before its layer (engine/engram_gpu.h); `host` (the model's
+  // EngramModules: hashing, PLE table, recorded ids) must outlive the stack.
+  // Steps then launch plainly (no CUDA graphs: the table rows come from the host).
+  void attach_engram(EngramModules& host, const WeightLookup& get);
   const GpuStepTimes& times() const override;
   void reset_times() override;
   uint64_t weight_bytes() const override;  // bytes of weights on the GPU
@@ -64,6 +69,8 @@ class GpuStack : public GpuStep {
 // builds the stack (GpuMlaStack for deepseek_v3); returns nullptr for the CPU path. `store` null (GGUF,
 // quantized checkpoints) or an architecture without a GPU graph runs on the
 // CPU under --device auto and is an error under --device cuda.
-std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::NodePools& pools);
+// `engram`: the model's Engram modules (qwen3_moe_engram; null otherwise).
+std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::NodePools& pools,
+                                        EngramModules* engram = nullptr);
 
 }  // namespace hmoe

@@ -111,7 +111,10 @@ std::unique_ptr<EngramModules> EngramModules::load(WeightBinder& bind, const Mod
     fail(ErrorKind::invalid_argument, "--ple-queue-depth / HMOE_PLE_QUEUE_DEPTH must be in 1..4096, got " + std::to_string(s.ple_queue_depth));
   if (s.ple_pread_threads < 1 || s.ple_pread_threads > 256)
     fail(ErrorKind::invalid_argument, "--ple-pread-threads / HMOE_PLE_PREAD_THREADS must be in 1..256, got " + std::to_string(s.ple_pread_threads));
+  if (s.ple_uring_rings < 1 || s.ple_uring_rings > 64)
+    fail(ErrorKind::invalid_argument, "--ple-uring-rings / HMOE_PLE_URING_RINGS must be in 1..64, got " + std::to_string(s.ple_uring_rings));
   opt.queue_depth = static_cast<unsigned>(s.ple_queue_depth);
+  opt.uring_rings = static_cast<unsigned>(s.ple_uring_rings);
   opt.pread_threads = static_cast<int>(s.ple_pread_threads);
   opt.direct = s.ple_direct;
   opt.progress = s.progress;
@@ -214,10 +217,49 @@ void EngramModules::begin_step(const Batch& b, KvCache& kv) {
   vn_.resize(static_cast<size_t>(static_cast<int64_t>(mods_.size()) * n * hidden_));
 }
 
+int64_t EngramModules::layer_of(int m) const { return mods_.at(static_cast<size_t>(m))->layer; }
+
+void EngramModules::wait_rows(int m) { last_wait_ns_ += table_->wait(m); }
+
+void EngramModules::conv_sources(const Batch& b, KvCache& kv, int32_t* src) {
+  const int64_t n = static_cast<int64_t>(b.tokens.size()), K = cfg_.kernel_size, N = cfg_.max_ngram_size;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& sl = b.slots[static_cast<size_t>(i)];
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t back = (K - 1 - j) * N, p = sl.pos - back;
+      int64_t where = -1;
+      if (p < 0) where = -1;
+      else if (back == 0) where = i;
+      else if (int64_t bi = find_in_batch(sl.seq, p); bi >= 0) where = bi;
+      else {
+        const uint8_t* st = slot(kv, sl.seq, p);
+        int64_t tag;
+        std::memcpy(&tag, st, 8);
+        if (tag != p + 1) history_gone(sl.seq, p);
+        const int64_t r = static_cast<int64_t>(sl.seq) * window_ + p % window_;
+        if (r > (int64_t{1} << 30)) fail(ErrorKind::internal, "Engram history row " + std::to_string(r) + " does not fit int32");
+        where = -2 - r;
+      }
+      src[i * K + j] = static_cast<int32_t>(where);
+    }
+  }
+}
+
+void EngramModules::record_ids(const Batch& b, KvCache& kv) {
+  const int64_t n = static_cast<int64_t>(b.tokens.size()), N = cfg_.max_ngram_size;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& sl = b.slots[static_cast<size_t>(i)];
+    uint8_t* st = slot(kv, sl.seq, sl.pos);
+    const int64_t tag = sl.pos + 1, cid = ctx_[static_cast<size_t>(i * N)];
+    std::memcpy(st, &tag, 8);
+    std::memcpy(st + 8, &cid, 8);
+  }
+}
+
 void EngramModules::apply(int mi, float* x, const Batch& b, KvCache& kv) {
   const Module& mod = *mods_[static_cast<size_t>(mi)];
   const int64_t n = static_cast<int64_t>(b.tokens.size()), H = hidden_, D = head_dim_, K = cfg_.kernel_size, N = cfg_.max_ngram_size;
-  last_wait_ns_ += table_->wait(mi);
+  wait_rows(mi);
   const DType tdt = table_->dtype(mi);
   e_.resize(static_cast<size_t>(n * d_mem_));
   key_.resize(static_cast<size_t>(n * H));
@@ -278,12 +320,10 @@ void EngramModules::apply(int mi, float* x, const Batch& b, KvCache& kv) {
   if (static_cast<size_t>(mi) + 1 < mods_.size()) return;
   // The last module of the step: record ids and normalised values for the
   // steps that follow (in batch order, so a sequence's latest position wins).
+  record_ids(b, kv);
   for (int64_t i = 0; i < n; ++i) {
     const auto& sl = b.slots[static_cast<size_t>(i)];
     uint8_t* st = slot(kv, sl.seq, sl.pos);
-    const int64_t tag = sl.pos + 1, cid = ctx_[static_cast<size_t>(i * N)];
-    std::memcpy(st, &tag, 8);
-    std::memcpy(st + 8, &cid, 8);
     for (size_t m = 0; m < mods_.size(); ++m)
       std::memcpy(st + 16 + m * static_cast<size_t>(H) * sizeof(float), vn_.data() + (static_cast<int64_t>(m) * n + i) * H,
                   static_cast<size_t>(H) * sizeof(float));

@@ -52,6 +52,24 @@ class EngramModules {
   // x[n, hidden] += module m's output (after waiting for its rows).
   void apply(int m, float* x, const Batch& b, KvCache& kv);
 
+  // For a GPU step (engine/engram_gpu.h), which does apply()'s math itself
+  // between begin_step() and record_ids():
+  const EngramConfig& config() const { return cfg_; }
+  int64_t layer_of(int m) const;
+  int64_t heads() const { return heads_; }  // table rows per token and module
+  int64_t window() const { return window_; }  // positions of history kept per sequence
+  // Blocks until module m's rows are readable (counted in last_step_wait_ns);
+  // then table().row(m, i * heads() + h) is head h of batch row i.
+  void wait_rows(int m);
+  // src[i * kernel_size + j]: where conv input j of batch row i (position
+  // pos - (kernel_size-1-j) * max_ngram_size) is: the batch row holding it
+  // (>= 0), -1 before the start, or -2 - r for history row r = seq * window()
+  // + position % window() of earlier steps (its recorded tag checked).
+  void conv_sources(const Batch& b, KvCache& kv, int32_t* src);
+  // Records the step's tags and compressed ids in the sequences' state (not
+  // the normalised values, which the GPU keeps in its own history rows).
+  void record_ids(const Batch& b, KvCache& kv);
+
   io::PleTable& table() { return *table_; }
   // Per-step I/O wait of the last step, ns (summed over modules).
   int64_t last_step_wait_ns() const { return last_wait_ns_; }
