@@ -81,6 +81,7 @@ struct GpuStack::Impl {
   GpuStepTimes times;
   bool use_graphs = false;  // opt-in until a device run has checked the captured path
   int64_t hybrid_count = 0;
+  std::unique_ptr<ExpertStream> xstream;  // streamed non-resident experts for big passes (null: off)
   std::unique_ptr<GpuEngram> engram;  // qwen3_moe_engram modules (null: none)
   gpu::Graph graph;
   std::vector<const void*> graph_key;  // shape and buffer addresses the graph was captured with
@@ -184,6 +185,16 @@ void GpuStack::set_cuda_graphs(bool on) {
   impl_->graph.reset();
 }
 uint64_t GpuStack::weight_bytes() const { return impl_->weight_bytes; }
+const ExpertStream* GpuStack::expert_stream() const { return impl_->xstream.get(); }
+ExpertStream* GpuStack::expert_stream() { return impl_->xstream.get(); }
+void GpuStack::enable_expert_streaming(const ExpertStreamOptions& o) {
+  Impl& m = *impl_;
+  m.xstream.reset();
+  std::vector<ExpertStream::Layer> ls;
+  for (size_t l = 0; l < m.layers.size(); ++l)
+    if (m.layers[l].moe && !m.layers[l].resident) ls.push_back({static_cast<int64_t>(l), &m.layers[l].cpu_experts});
+  if (o.min_batch > 0 && !ls.empty()) m.xstream = std::make_unique<ExpertStream>(m.c, std::move(ls), o, m.stream, m.blas);
+}
 void GpuStack::attach_engram(EngramModules& host, const WeightLookup& get) {
   impl_->engram = std::make_unique<GpuEngram>(impl_->c, host, get, impl_->stream);
   impl_->weight_bytes += impl_->engram->weight_bytes();
@@ -272,6 +283,8 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   double cpu_s = 0;
   std::vector<int64_t> hybrid_layers;
 
+  // Passes of >= the prefill minimum stream the non-resident layers' experts to the GPU (no CPU round trips).
+  const bool stream_pass = m.xstream && m.xstream->wants(n);
   auto enqueue = [&] {
     gpu::embedding(m.embed.as<bf16_t>(), d_tok, n, H, x, s);
     for (size_t l = 0; l < m.layers.size(); ++l) {
@@ -303,6 +316,10 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
                          w.gate_up.as<bf16_t>(), w.down.as<bf16_t>(), m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), d, s);
         continue;
       }
+      if (stream_pass) {
+        m.xstream->layer(static_cast<int64_t>(l), hb, n, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), d);
+        continue;
+      }
       // Hybrid layer: normed hidden (fp32) and routing down, expert sums back.
       m.hf_h.reserve(static_cast<size_t>(n * H * 4));
       m.out_h.reserve(static_cast<size_t>(n * H * 4));
@@ -330,6 +347,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     gpu::add_rms_norm(x, nullptr, d_rows, mrows, H, m.final_norm.as<bf16_t>(), eps, hb, nullptr, s);
     m.blas.gemm(hb, mrows, m.lm_head.as<bf16_t>(), V, H, m.logits_d.as<float>(), V);
   };
+  if (stream_pass) m.xstream->begin(n);  // the first window's copies start now
   if (m.use_graphs && m.hybrid_count == 0 && !m.engram) {
     // The whole step is device work: replay it as a graph while the shape
     // (tokens, logit rows, attention splits) and every buffer address hold.
@@ -362,6 +380,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   m.logits_h.reserve(static_cast<size_t>(std::max<int64_t>(mrows * V * 4, 16)));
   gpu::copy_to_host(m.logits_h.as<float>(), m.logits_d.as<float>(), static_cast<size_t>(mrows * V * 4), s);
   s.synchronize();
+  if (stream_pass) m.xstream->end();
   kvs.end_step();
   logits.assign(m.logits_h.as<float>(), m.logits_h.as<float>() + mrows * V);
 
@@ -410,6 +429,7 @@ std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorSt
   if (c.arch == Arch::deepseek_v3)
     return std::make_unique<GpuMlaStack>(c, plan.resident(), get, pools, parse_mla_mode(s.mla_attention), numa::EngineOptions::from_settings(s));
   auto stack = std::make_unique<GpuStack>(c, plan.resident(), get, pools, numa::EngineOptions::from_settings(s));
+  if (plan.resident_moe_layers() < plan.moe_layers()) stack->enable_expert_streaming(expert_stream_options(c, s, &pools.pool(0), quiet));
   if (engram) stack->attach_engram(*engram, get);
   return stack;
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/gpu_step.h"
+#include "engine/gpu_expert_stream.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
@@ -54,6 +55,14 @@ class GpuStack : public GpuStep {
   // EngramModules: hashing, PLE table, recorded ids) must outlive the stack.
   // Steps then launch plainly (no CUDA graphs: the table rows come from the host).
   void attach_engram(EngramModules& host, const WeightLookup& get);
+  // Forward passes of >= o.min_batch tokens compute the non-resident MoE
+  // layers on the GPU, experts streamed through a ring of device slots
+  // (engine/gpu_expert_stream.h); min_batch 0 turns it off. Off in a stack
+  // built directly; make_gpu_stack applies --gpu-prefill-min-batch-size and
+  // --gpu-prefetch-window.
+  void enable_expert_streaming(const ExpertStreamOptions& o);
+  const ExpertStream* expert_stream() const;  // null when off
+  ExpertStream* expert_stream();
   const GpuStepTimes& times() const override;
   void reset_times() override;
   uint64_t weight_bytes() const override;  // bytes of weights on the GPU

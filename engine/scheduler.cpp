@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "configs/error.h"
+#include "engine/blocks_gpu.h"
 #include "engine/model.h"
 
 namespace hmoe {
@@ -126,6 +127,7 @@ SchedulerStats Scheduler::stats() const {
   s.kv_host_blocks_total = kv_.host_blocks();
   std::lock_guard lk(kv_stats_mu_);
   s.kv = kv_stats_;
+  s.stream = stream_;
   return s;
 }
 
@@ -164,6 +166,10 @@ void Scheduler::run() {
     kv_used_ = kv_.num_blocks() - kv_.free_blocks();
     std::lock_guard lk(kv_stats_mu_);
     kv_stats_ = kv_.stats();
+    if (const auto* g = dynamic_cast<const GpuStack*>(model_.gpu()); g && g->expert_stream()) {
+      const ExpertStreamStats& x = g->expert_stream()->stats();
+      stream_ = StreamTotals{x.passes, static_cast<int64_t>(x.layers.size()), x.bytes, x.copy_s, x.compute_s, x.stall_s, x.pinned_bandwidth};
+    }
   }
   for (auto& s : running_) finish(*s, FinishReason::shutdown, "the server is shutting down");
   for (auto& s : waiting_) finish(*s, FinishReason::shutdown, "the server is shutting down");

@@ -106,6 +106,14 @@ struct SchedulerConfig {
   int64_t host_kv_blocks = 0;  // second KV tier, in blocks
 };
 
+// Expert streaming of big passes (engine/gpu_expert_stream.h), totals since start; zero when off.
+struct StreamTotals {
+  int64_t passes = 0, layers = 0;  // streamed passes; streamed layers per pass
+  uint64_t bytes = 0;              // host -> device bytes copied
+  double copy_s = 0, compute_s = 0, stall_s = 0;
+  double pinned_bandwidth = 0;  // measured at load, bytes/s
+};
+
 struct SchedulerStats {
   int64_t running = 0, queued = 0;
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
@@ -113,6 +121,7 @@ struct SchedulerStats {
   bool prefix_caching = false;
   int64_t kv_host_blocks_total = 0;
   KvCacheStats kv;  // prefix cache and host tier counters
+  StreamTotals stream;
 };
 
 class Scheduler {
@@ -155,6 +164,7 @@ class Scheduler {
 
   mutable std::mutex kv_stats_mu_;
   KvCacheStats kv_stats_;  // copy of kv_.stats() after each step
+  StreamTotals stream_;    // copy of the GPU expert stream's totals after each step (under kv_stats_mu_)
   std::atomic<int64_t> queued_{0}, running_count_{0}, kv_used_{0}, steps_{0}, batched_tokens_{0}, preemptions_{0};
 };
 

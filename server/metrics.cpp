@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace hmoe::server {
@@ -78,6 +79,27 @@ std::string Metrics::render(const SchedulerStats& s, int64_t open_connections) c
     gauge("hmoe_kv_restored_blocks_total", "counter", "Blocks copied back from the host tier instead of recomputed", k.restored_blocks);
     gauge("hmoe_kv_restored_bytes_total", "counter", "Bytes copied back from the host tier", k.restored_bytes);
     gauge("hmoe_kv_host_dropped_blocks_total", "counter", "Host tier blocks dropped (LRU) for room", k.host_dropped);
+  }
+  {
+    const StreamTotals& x = s.stream;  // GPU expert streaming of big passes (gpu/README.md)
+    auto real = [&](const char* name, const char* type, const char* help, double v) {
+      char b[64];
+      std::snprintf(b, sizeof b, "%.6g", v);
+      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + b + "\n";
+    };
+    const double layer_passes = static_cast<double>(x.passes * x.layers);
+    gauge("hmoe_gpu_stream_passes_total", "counter", "Forward passes whose non-resident MoE layers streamed their experts to the GPU", x.passes);
+    gauge("hmoe_gpu_stream_layers", "gauge", "MoE layers streamed per such pass", x.layers);
+    gauge("hmoe_gpu_stream_bytes_total", "counter", "Expert bytes copied host to device by the streamed passes", static_cast<int64_t>(x.bytes));
+    real("hmoe_gpu_stream_copy_seconds_total", "counter", "Copy-stream time of the expert copies", x.copy_s);
+    real("hmoe_gpu_stream_compute_seconds_total", "counter", "GPU time of the streamed layers' expert products", x.compute_s);
+    real("hmoe_gpu_stream_stall_seconds_total", "counter", "Time the step waited for expert copies", x.stall_s);
+    real("hmoe_gpu_stream_bytes_per_layer", "gauge", "Mean bytes copied per streamed layer", layer_passes > 0 ? static_cast<double>(x.bytes) / layer_passes : 0);
+    real("hmoe_gpu_stream_copy_seconds_per_layer", "gauge", "Mean copy time per streamed layer", layer_passes > 0 ? x.copy_s / layer_passes : 0);
+    real("hmoe_gpu_stream_h2d_bytes_per_second", "gauge", "Achieved host-to-device bandwidth of the expert copies", x.copy_s > 0 ? static_cast<double>(x.bytes) / x.copy_s : 0);
+    real("hmoe_gpu_stream_pinned_bytes_per_second", "gauge", "Pinned host-to-device bandwidth measured at load", x.pinned_bandwidth);
+    real("hmoe_gpu_stream_copy_hidden_fraction", "gauge", "Fraction of copy time hidden under compute (1 - stall / copy)",
+         x.copy_s > 0 ? std::max(0.0, 1.0 - x.stall_s / x.copy_s) : 0);
   }
   gauge("hmoe_open_connections", "gauge", "Open HTTP connections", open_connections);
   ttft.render(out, "hmoe_time_to_first_token_seconds", "Time from request arrival to its first generated token");
