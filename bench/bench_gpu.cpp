@@ -7,9 +7,11 @@
 //    hidden 2048, 32/4 heads of 128; random bf16 weights made in place) run
 //    through GpuStack with 0/25/50/100% of MoE layers resident: decode tok/s
 //    at batch 1 and 8, the time split (GPU, CPU experts, transfers) and the
-//    bound: cold expert bytes per step / measured host DRAM bandwidth + the
-//    step's GPU time.
-// Usage: bench_gpu [--quick] [--skip-model] [--steps N]. Never pass/fail on time.
+//    bounds: cold expert bytes per step / measured host DRAM bandwidth plus
+//    (serial) or overlapped with (max) the step's GPU time; plain launches,
+//    CUDA graphs, and graphs with the GPU/CPU overlap of two micro-batches.
+// Usage: bench_gpu [--quick] [--skip-model] [--skip-kernels] [--steps N]
+//   [--resident 0,25,50,100] [--batches 1,8]. Never pass/fail on time.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -146,7 +148,7 @@ void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw) {
 }
 
 // ---- the synthetic Qwen3-30B-A3B (bench/synthetic_model.h) ----------------------
-void model_benchmark(numa::NodePools& pools, int layers, int steps) {
+void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::vector<int>& pcts, const std::vector<int>& batches) {
   numa::ThreadPool& pool = pools.pool(0);
   const std::unique_ptr<bench::SyntheticModel> model = bench::make_qwen3_30b_a3b(layers, pool);
   const ModelConfig& c = model->config();
@@ -157,9 +159,21 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps) {
   std::printf("host DRAM read bandwidth (%d threads of node 0, 4 GiB, best of 3): %.1f GB/s\n", pool.size(), dram / 1e9);
   const WeightLookup& get = model->get();
   const double expert_bytes = 3.0 * I * H * 2;
-  std::printf("\n| resident | batch | tok/s | ms/step | GPU ms | CPU experts ms | transfers ms | cold GB/step | bound ms/step | bound tok/s | x bound |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (int pct : {0, 25, 50, 100}) {
+  // Variants: plain launches, CUDA graphs (per segment between CPU hand-offs),
+  // and graphs with the GPU/CPU overlap (two micro-batches: halves, or all
+  // but one sequence and one). Bounds: serial = cold expert bytes / DRAM
+  // bandwidth + GPU ms of the same graph setting without overlap; overlapped
+  // = max of the two (what a perfect overlap could reach).
+  struct Variant {
+    const char* name;
+    bool graphs, overlap;
+    int64_t second;
+  };
+  const std::vector<Variant> variants = {{"plain", false, false, 0}, {"graphs", true, false, 0}, {"graphs+overlap halves", true, true, 0},
+                                         {"graphs+overlap n-1|1", true, true, 1}, {"overlap halves (no graphs)", false, true, 0}};
+  std::printf("\n| resident | batch | variant | tok/s | ms/step | GPU ms | CPU experts ms | transfers ms | cold GB/step | serial bound ms | x serial | overlap bound ms | x overlap |\n");
+  std::printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int pct : pcts) {
     std::vector<bool> resident(static_cast<size_t>(layers));
     int nres = 0;
     for (int l = 0; l < layers; ++l) {
@@ -173,57 +187,77 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps) {
       std::printf("| %d%% | - | could not build: %s |\n", pct, e.what());
       continue;
     }
-    for (int variant = 0; variant < (pct == 100 ? 2 : 1); ++variant)
-    for (int batch : {1, 8}) {
-      stack->set_cuda_graphs(variant == 0);
-      const int64_t prompt = 32, total = prompt + steps + 4;
-      KvCache kv(KvLayout{layers, 4, 128}, batch * ((total + 15) / 16) + 1, 16);
-      std::vector<int> seqs;
-      Batch b;
-      for (int q = 0; q < batch; ++q) {
-        seqs.push_back(kv.add_sequence());
-        kv.reserve(seqs.back(), total);
-        for (int64_t i = 0; i < prompt; ++i) b.add(static_cast<int32_t>((q * 7919 + i * 104729) % V), seqs.back(), i, i + 1 == prompt);
+    for (int batch : batches) {
+      double gpu_ref[2] = {0, 0};  // GPU ms without overlap, per graph setting
+      for (const Variant& var : variants) {
+        if (var.overlap && (batch < 2 || nres == layers)) continue;  // nothing to overlap
+        if (var.overlap && var.second == 1 && batch == 2) continue;  // the same split as halves
+        stack->set_cuda_graphs(var.graphs);
+        stack->set_cpu_overlap(var.overlap, var.second);
+        const int64_t prompt = 32, total = prompt + steps + 4;
+        KvCache kv(KvLayout{layers, 4, 128}, batch * ((total + 15) / 16) + 1, 16);
+        std::vector<int> seqs;
+        Batch b;
+        for (int q = 0; q < batch; ++q) {
+          seqs.push_back(kv.add_sequence());
+          kv.reserve(seqs.back(), total);
+          for (int64_t i = 0; i < prompt; ++i) b.add(static_cast<int32_t>((q * 7919 + i * 104729) % V), seqs.back(), i, i + 1 == prompt);
+        }
+        std::vector<float> logits;
+        stack->forward(b, kv, logits);  // prefill
+        std::vector<int32_t> next(static_cast<size_t>(batch));
+        auto decode = [&](int64_t pos) {
+          for (int q = 0; q < batch; ++q)
+            next[static_cast<size_t>(q)] =
+                static_cast<int32_t>(std::max_element(logits.begin() + q * V, logits.begin() + (q + 1) * V) - (logits.begin() + q * V));
+          b.clear();
+          for (int q = 0; q < batch; ++q) b.add(next[static_cast<size_t>(q)], seqs[static_cast<size_t>(q)], pos, true);
+          stack->forward(b, kv, logits);
+        };
+        for (int64_t i = 0; i < 2; ++i) decode(prompt + i);  // warm-up (graph capture)
+        stack->reset_times();
+        for (int64_t i = 0; i < steps; ++i) decode(prompt + 2 + i);
+        const GpuStepTimes& t = stack->times();
+        const double step = t.total_s / t.steps;
+        // Distinct experts a layer touches for `batch` tokens of uniform routing.
+        const double uniq = E * (1.0 - std::pow(1.0 - static_cast<double>(K) / E, batch));
+        const double cold = static_cast<double>(layers - nres) * uniq * expert_bytes;
+        const double gpu_s = t.gpu_s() / t.steps;  // with overlap: the GPU time left exposed
+        if (!var.overlap) gpu_ref[var.graphs] = gpu_s;
+        const double g = gpu_ref[var.graphs], serial = cold / dram + g, overlapped = std::max(cold / dram, g);
+        std::printf("| %d%% (%d/%d) | %d | %s | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", pct, nres, layers, batch,
+                    var.name, batch / step, step * 1e3, gpu_s * 1e3, t.cpu_experts_s / t.steps * 1e3, t.transfer_s / t.steps * 1e3, cold / 1e9,
+                    serial * 1e3, step / serial, overlapped * 1e3, step / overlapped);
+        std::fflush(stdout);
       }
-      std::vector<float> logits;
-      stack->forward(b, kv, logits);  // prefill
-      std::vector<int32_t> next(static_cast<size_t>(batch));
-      auto decode = [&](int64_t pos) {
-        for (int q = 0; q < batch; ++q)
-          next[static_cast<size_t>(q)] =
-              static_cast<int32_t>(std::max_element(logits.begin() + q * V, logits.begin() + (q + 1) * V) - (logits.begin() + q * V));
-        b.clear();
-        for (int q = 0; q < batch; ++q) b.add(next[static_cast<size_t>(q)], seqs[static_cast<size_t>(q)], pos, true);
-        stack->forward(b, kv, logits);
-      };
-      for (int64_t i = 0; i < 2; ++i) decode(prompt + i);  // warm-up
-      stack->reset_times();
-      for (int64_t i = 0; i < steps; ++i) decode(prompt + 2 + i);
-      const GpuStepTimes& t = stack->times();
-      const double step = t.total_s / t.steps;
-      // Distinct experts a layer touches for `batch` tokens of uniform routing.
-      const double uniq = E * (1.0 - std::pow(1.0 - static_cast<double>(K) / E, batch));
-      const double cold = static_cast<double>(layers - nres) * uniq * expert_bytes;
-      const double gpu_s = t.gpu_s() / t.steps;
-      const double bound = cold / dram + gpu_s;
-      std::printf("| %d%% (%d/%d)%s | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f |\n", pct, nres, layers, variant ? ", no graphs" : "", batch, batch / step,
-                  step * 1e3, gpu_s * 1e3, t.cpu_experts_s / t.steps * 1e3, t.transfer_s / t.steps * 1e3, cold / 1e9, bound * 1e3, batch / bound,
-                  step / bound);
-      std::fflush(stdout);
     }
   }
-  std::printf("\nbound = cold expert bytes per step / host DRAM bandwidth + the step's GPU time; cold bytes assume uniform routing\n");
+  std::printf("\nserial bound = cold expert bytes per step / host DRAM bandwidth + GPU ms (the variant's graph setting, no overlap);\n"
+              "overlap bound = the larger of the two; cold bytes assume uniform routing\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, skip_model = false;
+  bool quick = false, skip_model = false, skip_kernels = false;
   int steps = 16;
+  std::vector<int> pcts = {0, 25, 50, 100}, batches = {1, 8};
+  auto list = [](const char* a) {
+    std::vector<int> v;
+    for (const char* p = a; *p;) {
+      v.push_back(std::atoi(p));
+      while (*p && *p != ',') ++p;
+      if (*p == ',') ++p;
+    }
+    return v;
+  };
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--skip-model")) skip_model = true;
+    else if (!std::strcmp(argv[i], "--skip-kernels")) skip_kernels = true;
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--resident") && i + 1 < argc) pcts = list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) batches = list(argv[++i]);
   }
   std::printf("%s\n", gpu::describe().c_str());
   if (gpu::device_count() == 0) {
@@ -234,8 +268,8 @@ int main(int argc, char** argv) {
     numa::PoolOptions popt;
     numa::NodePools pools(popt);
     double copy_bw = 0;
-    kernel_benchmarks(pools.pool(0), copy_bw);
-    if (!skip_model) model_benchmark(pools, quick ? 4 : 48, steps);
+    if (!skip_kernels) kernel_benchmarks(pools.pool(0), copy_bw);
+    if (!skip_model) model_benchmark(pools, quick ? 4 : 48, steps, pcts, batches);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu: %s\n", e.what());
     return 1;

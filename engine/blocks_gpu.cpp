@@ -15,6 +15,7 @@
 #include "engine/ops/cpu_ops.h"
 #include "engine/kv_storage_gpu.h"
 #include "engine/engram_gpu.h"
+#include "engine/gpu_graphs.h"
 #include "engine/placement.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
@@ -77,14 +78,16 @@ struct GpuStack::Impl {
       meta;
   gpu::PinnedBuffer meta_h, hf_h, ids_h, w_h, out_h, logits_h;
   std::vector<float> cpu_out;
-  std::vector<gpu::Event> events;  // 4 per layer: D2H start/end, H2D start/end
+  std::vector<gpu::Event> events;  // 8 per layer: per micro-batch D2H start/end, H2D start/end
   GpuStepTimes times;
-  bool use_graphs = false;  // opt-in until a device run has checked the captured path
+  static constexpr int64_t kGraphMaxTokens = 64;  // larger steps are launched plainly
+  bool use_graphs = false;
+  SegmentGraphs seg_graphs;
+  bool overlap = false;         // two micro-batches for decode steps with hand-offs
+  int64_t overlap_b_rows = 0;   // rows of the second micro-batch; 0: half
   int64_t hybrid_count = 0;
   std::unique_ptr<ExpertStream> xstream;  // streamed non-resident experts for big passes (null: off)
-  std::unique_ptr<GpuEngram> engram;  // qwen3_moe_engram modules (null: none)
-  gpu::Graph graph;
-  std::vector<const void*> graph_key;  // shape and buffer addresses the graph was captured with
+  std::unique_ptr<GpuEngram> engram;      // qwen3_moe_engram modules (null: none)
 
   Impl(const ModelConfig& cfg, numa::NodePools& p) : c(cfg), pools(p) {}
 };
@@ -174,7 +177,7 @@ GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, cons
     }
     m.layers.push_back(std::move(w));
   }
-  for (int64_t i = 0; i < 4 * c.num_hidden_layers; ++i) m.events.emplace_back();
+  for (int64_t i = 0; i < 8 * c.num_hidden_layers; ++i) m.events.emplace_back();
 }
 
 GpuStack::~GpuStack() = default;
@@ -182,11 +185,20 @@ const GpuStepTimes& GpuStack::times() const { return impl_->times; }
 void GpuStack::reset_times() { impl_->times = GpuStepTimes{}; }
 void GpuStack::set_cuda_graphs(bool on) {
   impl_->use_graphs = on;
-  impl_->graph.reset();
+  impl_->seg_graphs.clear();
 }
+void GpuStack::set_cpu_overlap(bool on, int64_t second_rows) {
+  impl_->overlap = on;
+  impl_->overlap_b_rows = std::max<int64_t>(second_rows, 0);
+}
+size_t GpuStack::graph_captures() const { return impl_->seg_graphs.captures(); }
 uint64_t GpuStack::weight_bytes() const { return impl_->weight_bytes; }
 const ExpertStream* GpuStack::expert_stream() const { return impl_->xstream.get(); }
 ExpertStream* GpuStack::expert_stream() { return impl_->xstream.get(); }
+void GpuStack::attach_engram(EngramModules& host, const WeightLookup& get) {
+  impl_->engram = std::make_unique<GpuEngram>(impl_->c, host, get, impl_->stream);
+  impl_->weight_bytes += impl_->engram->weight_bytes();
+}
 void GpuStack::enable_expert_streaming(const ExpertStreamOptions& o) {
   Impl& m = *impl_;
   m.xstream.reset();
@@ -194,10 +206,6 @@ void GpuStack::enable_expert_streaming(const ExpertStreamOptions& o) {
   for (size_t l = 0; l < m.layers.size(); ++l)
     if (m.layers[l].moe && !m.layers[l].resident) ls.push_back({static_cast<int64_t>(l), &m.layers[l].cpu_experts});
   if (o.min_batch > 0 && !ls.empty()) m.xstream = std::make_unique<ExpertStream>(m.c, std::move(ls), o, m.stream, m.blas);
-}
-void GpuStack::attach_engram(EngramModules& host, const WeightLookup& get) {
-  impl_->engram = std::make_unique<GpuEngram>(impl_->c, host, get, impl_->stream);
-  impl_->weight_bytes += impl_->engram->weight_bytes();
 }
 
 void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
@@ -281,102 +289,146 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   float* qkv = m.qkv.as<float>();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   double cpu_s = 0;
-  std::vector<int64_t> hybrid_layers;
 
-  // Passes of >= the prefill minimum stream the non-resident layers' experts to the GPU (no CPU round trips).
+  // The step is GPU segments separated by host hand-offs (layers whose
+  // experts run on the CPU). Segment i covers layers (handoffs[i-1],
+  // handoffs[i]]: a hand-off layer's GPU part ends with its router.
+  // Passes of >= the prefill minimum stream those layers' experts to the GPU instead (no hand-offs).
   const bool stream_pass = m.xstream && m.xstream->wants(n);
-  auto enqueue = [&] {
-    gpu::embedding(m.embed.as<bf16_t>(), d_tok, n, H, x, s);
-    for (size_t l = 0; l < m.layers.size(); ++l) {
-      Impl::LayerW& w = m.layers[l];
-      bf16_t *kc = kvs.keys(static_cast<int64_t>(l)), *vc = kvs.values(static_cast<int64_t>(l));
-      const int em = m.engram ? m.engram->module_before(static_cast<int64_t>(l)) : -1;  // Engram module: x += d, then x += its output
-      if (em >= 0) m.engram->apply(em, x, l > 0 ? d : nullptr, 0, n, m.blas, s);
-      gpu::add_rms_norm(x, l > 0 && em < 0 ? d : nullptr, nullptr, n, H, w.in_norm.as<bf16_t>(), eps, hb, nullptr, s);
-      m.blas.gemm(hb, n, w.qkv.as<bf16_t>(), ld, H, qkv, ld);
-      gpu::qk_norm_rope(qkv, n, ld, nh, hd, w.q_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
-      gpu::qk_norm_rope(qkv + nh * hd, n, ld, kvh, hd, w.k_norm.as<bf16_t>(), eps, d_pos, m.inv_freq.as<float>(), s);
-      gpu::kv_store(qkv + nh * hd, qkv + (nh + kvh) * hd, ld, n, kvw, d_slot, kc, vc, s);
-      gpu::attention(qkv, ld, n, nh, kvh, hd, kc, vc, d_lists, d_off, d_len, max_len, scale,
-                     m.attn_scratch.as<float>(), m.attn.as<bf16_t>(), s);
-      m.blas.gemm(m.attn.as<bf16_t>(), n, w.o.as<bf16_t>(), H, nh * hd, d, H);
-      const bool hybrid = w.moe && !w.resident;
-      gpu::add_rms_norm(x, d, nullptr, n, H, w.post_norm.as<bf16_t>(), eps, hb, hybrid ? m.hf.as<float>() : nullptr, s);
-      if (!w.moe) {
-        m.blas.gemm(hb, n, w.gate_up.as<bf16_t>(), 2 * Id, H, m.gu.as<float>(), 2 * Id);
-        gpu::silu_mul(m.gu.as<float>(), n, Id, m.act_b.as<bf16_t>(), s);
-        m.blas.gemm(m.act_b.as<bf16_t>(), n, w.down.as<bf16_t>(), H, Id, d, H);
-        continue;
-      }
-      m.blas.gemm(hb, n, w.router.as<bf16_t>(), E, H, m.router_l.as<float>(), E);
-      gpu::router_topk(m.router_l.as<float>(), n, E, K, c.norm_topk_prob, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), s);
-      if (w.resident) {
-        gpu::moe_route(m.topk_ids.as<int32_t>(), n * K, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
-        gpu::moe_experts(hb, n, H, I, E, K, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(),
-                         w.gate_up.as<bf16_t>(), w.down.as<bf16_t>(), m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), d, s);
-        continue;
-      }
-      if (stream_pass) {
-        m.xstream->layer(static_cast<int64_t>(l), hb, n, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), d);
-        continue;
-      }
-      // Hybrid layer: normed hidden (fp32) and routing down, expert sums back.
-      m.hf_h.reserve(static_cast<size_t>(n * H * 4));
-      m.out_h.reserve(static_cast<size_t>(n * H * 4));
-      m.ids_h.reserve(static_cast<size_t>(n * K * 4));
-      m.w_h.reserve(static_cast<size_t>(n * K * 4));
-      gpu::Event* ev = &m.events[4 * l];
-      ev[0].record(s);
-      gpu::copy_to_host(m.hf_h.as<float>(), m.hf.as<float>(), static_cast<size_t>(n * H * 4), s);
-      gpu::copy_to_host(m.ids_h.as<int32_t>(), m.topk_ids.as<int32_t>(), static_cast<size_t>(n * K * 4), s);
-      gpu::copy_to_host(m.w_h.as<float>(), m.topk_w.as<float>(), static_cast<size_t>(n * K * 4), s);
-      ev[1].record(s);
-      ev[1].synchronize();
-      const auto c0 = std::chrono::steady_clock::now();
-      float* out = m.out_h.as<float>();
-      std::memset(out, 0, static_cast<size_t>(n * H * 4));
-      w.engine->forward(m.hf_h.as<float>(), n, m.ids_h.as<int32_t>(), m.w_h.as<float>(), K, out);
-      cpu_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
-      ev[2].record(s);
-      gpu::copy_to_device(d, out, static_cast<size_t>(n * H * 4), s);
-      ev[3].record(s);
-      hybrid_layers.push_back(static_cast<int64_t>(l));
+  std::vector<size_t> handoffs;
+  for (size_t l = 0; l < m.layers.size(); ++l)
+    if (m.layers[l].moe && !m.layers[l].resident && !stream_pass) handoffs.push_back(l);
+  const size_t nseg = handoffs.size() + 1;
+  // Micro-batches of rows [r0, r0 + rn). Decode steps of >= 2 sequences with
+  // hand-offs may run as two (sequence split), so that the CPU experts of one
+  // overlap the GPU work of the other; per token the math is the same.
+  struct Rows {
+    int64_t r0, rn;
+  };
+  std::vector<Rows> mbs = {{0, n}};
+  if (m.overlap && !handoffs.empty() && n >= 2 && static_cast<int64_t>(seq_list.size()) == n) {
+    const int64_t nb = m.overlap_b_rows > 0 ? std::min(m.overlap_b_rows, n - 1) : n / 2;
+    mbs = {{0, n - nb}, {n - nb, nb}};
+  }
+  for (const Rows& r : mbs) fit(m.attn_scratch, gpu::attention_scratch_floats(r.rn, nh, hd, max_len) * 4);
+  if (!handoffs.empty()) {
+    m.hf_h.reserve(static_cast<size_t>(n * H * 4));
+    m.out_h.reserve(static_cast<size_t>(n * H * 4));
+    m.ids_h.reserve(static_cast<size_t>(n * K * 4));
+    m.w_h.reserve(static_cast<size_t>(n * K * 4));
+  }
+
+  // GPU work of layer l for rows [r0, r0 + rn); scratch buffers are shared
+  // (one stream runs the micro-batches one after the other).
+  auto enqueue_layer = [&](size_t l, int64_t r0, int64_t rn) {
+    Impl::LayerW& w = m.layers[l];
+    bf16_t *kc = kvs.keys(static_cast<int64_t>(l)), *vc = kvs.values(static_cast<int64_t>(l));
+    float *xr = x + r0 * H, *dr = d + r0 * H, *qr = qkv + r0 * ld;
+    bf16_t *hr = hb + r0 * H, *attn = m.attn.as<bf16_t>() + r0 * nh * hd;
+    int32_t* ids = m.topk_ids.as<int32_t>() + r0 * K;
+    float* wts = m.topk_w.as<float>() + r0 * K;
+    const int em = m.engram ? m.engram->module_before(static_cast<int64_t>(l)) : -1;  // Engram module: x += d, then x += its output
+    if (em >= 0) m.engram->apply(em, xr, l > 0 ? dr : nullptr, r0, rn, m.blas, s);
+    gpu::add_rms_norm(xr, l > 0 && em < 0 ? dr : nullptr, nullptr, rn, H, w.in_norm.as<bf16_t>(), eps, hr, nullptr, s);
+    m.blas.gemm(hr, rn, w.qkv.as<bf16_t>(), ld, H, qr, ld);
+    gpu::qk_norm_rope(qr, rn, ld, nh, hd, w.q_norm.as<bf16_t>(), eps, d_pos + r0, m.inv_freq.as<float>(), s);
+    gpu::qk_norm_rope(qr + nh * hd, rn, ld, kvh, hd, w.k_norm.as<bf16_t>(), eps, d_pos + r0, m.inv_freq.as<float>(), s);
+    gpu::kv_store(qr + nh * hd, qr + (nh + kvh) * hd, ld, rn, kvw, d_slot + r0, kc, vc, s);
+    gpu::attention(qr, ld, rn, nh, kvh, hd, kc, vc, d_lists, d_off + r0, d_len + r0, max_len, scale, m.attn_scratch.as<float>(), attn, s);
+    m.blas.gemm(attn, rn, w.o.as<bf16_t>(), H, nh * hd, dr, H);
+    const bool hybrid = w.moe && !w.resident;
+    gpu::add_rms_norm(xr, dr, nullptr, rn, H, w.post_norm.as<bf16_t>(), eps, hr, hybrid ? m.hf.as<float>() + r0 * H : nullptr, s);
+    if (!w.moe) {
+      m.blas.gemm(hr, rn, w.gate_up.as<bf16_t>(), 2 * Id, H, m.gu.as<float>(), 2 * Id);
+      gpu::silu_mul(m.gu.as<float>(), rn, Id, m.act_b.as<bf16_t>(), s);
+      m.blas.gemm(m.act_b.as<bf16_t>(), rn, w.down.as<bf16_t>(), H, Id, dr, H);
+      return;
     }
-    gpu::add(x, d, n * H, x, s);
-    if (m.engram) m.engram->end_step(b, kv, s);  // history rows for the next steps
+    m.blas.gemm(hr, rn, w.router.as<bf16_t>(), E, H, m.router_l.as<float>(), E);
+    gpu::router_topk(m.router_l.as<float>(), rn, E, K, c.norm_topk_prob, ids, wts, s);
+    if (w.resident) {
+      gpu::moe_route(ids, rn * K, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
+      gpu::moe_experts(hr, rn, H, I, E, K, ids, wts, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), w.gate_up.as<bf16_t>(),
+                       w.down.as<bf16_t>(), m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), dr, s);
+    } else if (stream_pass) {
+      m.xstream->layer(static_cast<int64_t>(l), hr, rn, ids, wts, dr);
+    }
+  };
+  auto enqueue_tail = [&] {
     gpu::add_rms_norm(x, nullptr, d_rows, mrows, H, m.final_norm.as<bf16_t>(), eps, hb, nullptr, s);
     m.blas.gemm(hb, mrows, m.lm_head.as<bf16_t>(), V, H, m.logits_d.as<float>(), V);
   };
+  auto enqueue_segment = [&](size_t i, const Rows& r, bool tail) {
+    if (i == 0) gpu::embedding(m.embed.as<bf16_t>(), d_tok + r.r0, r.rn, H, x + r.r0 * H, s);
+    const size_t first = i == 0 ? 0 : handoffs[i - 1] + 1, last = i + 1 < nseg ? handoffs[i] + 1 : m.layers.size();
+    for (size_t l = first; l < last; ++l) enqueue_layer(l, r.r0, r.rn);
+    if (i + 1 == nseg) gpu::add(x + r.r0 * H, d + r.r0 * H, r.rn * H, x + r.r0 * H, s);
+    if (tail) enqueue_tail();
+  };
+  // Decode-sized steps replay each segment as a CUDA graph while the shape
+  // (tokens, logit rows, micro-batches, attention splits, hand-offs) and
+  // every buffer address hold.
+  const bool graphs = m.use_graphs && n <= Impl::kGraphMaxTokens && !stream_pass && !m.engram;
   if (stream_pass) m.xstream->begin(n);  // the first window's copies start now
-  if (m.use_graphs && m.hybrid_count == 0 && !m.engram) {
-    // The whole step is device work: replay it as a graph while the shape
-    // (tokens, logit rows, attention splits) and every buffer address hold.
-    std::vector<const void*> key = {reinterpret_cast<const void*>(n), reinterpret_cast<const void*>(mrows),
-                                     reinterpret_cast<const void*>(gpu::attention_splits(n, nh, max_len)), m.meta.data(), kvs.keys_base(),
-                                     kvs.values_base(), m.x.data(), m.d.data(), m.hb.data(), m.hf.data(), m.qkv.data(), m.attn.data(),
-                                     m.attn_scratch.data(), m.gu.data(), m.act_b.data(), m.router_l.data(), m.topk_ids.data(),
-                                     m.topk_w.data(), m.route_off.data(), m.pair_list.data(), m.moe_act.data(), m.moe_partial.data(),
-                                     m.logits_d.data()};
-    if (!m.graph.ready() || key != m.graph_key) {
-      m.graph_key.clear();
-      m.graph.begin_capture(s);
-      try {
-        enqueue();
-      } catch (...) {
-        try {
-          m.graph.end_capture(s);
-        } catch (...) {
-        }
-        m.graph.reset();
-        throw;
-      }
-      m.graph.end_capture(s);
-      m.graph_key = key;
+  std::vector<const void*> key;
+  if (graphs) {
+    auto v = [](int64_t i) { return reinterpret_cast<const void*>(i); };
+    key = {v(n), v(mrows), v(static_cast<int64_t>(mbs.size())), v(mbs.back().r0), m.meta.data(), m.x.data(), m.d.data(), m.hb.data(), m.hf.data(),
+           m.qkv.data(), m.attn.data(), m.attn_scratch.data(), m.gu.data(), m.act_b.data(), m.router_l.data(), m.topk_ids.data(), m.topk_w.data(),
+           m.route_off.data(), m.pair_list.data(), m.moe_act.data(), m.moe_partial.data(), m.logits_d.data()};
+    for (const Rows& r : mbs) key.push_back(v(gpu::attention_splits(r.rn, nh, max_len)));
+    for (size_t l = 0; l < m.layers.size(); ++l) {
+      key.push_back(kvs.keys(static_cast<int64_t>(l)));
+      key.push_back(kvs.values(static_cast<int64_t>(l)));
     }
-    m.graph.launch(s);
-  } else {
-    enqueue();
+    for (size_t h : handoffs) key.push_back(v(static_cast<int64_t>(h)));
   }
+  auto run_segment = [&](size_t i, size_t mb, bool tail) {
+    if (!graphs) return enqueue_segment(i, mbs[mb], tail);
+    m.seg_graphs.run(key, i * 2 + mb, s, [&] { enqueue_segment(i, mbs[mb], tail); });
+  };
+  // Hand-off of layer l for micro-batch mb: normed hidden (fp32) and routing
+  // down; then (host) wait, CPU experts, expert sums back into d.
+  std::vector<std::pair<size_t, size_t>> handed;  // (layer, micro-batch), for the transfer times
+  auto down = [&](size_t l, size_t mb) {
+    const Rows& r = mbs[mb];
+    gpu::Event* ev = &m.events[8 * l + 4 * mb];
+    ev[0].record(s);
+    gpu::copy_to_host(m.hf_h.as<float>() + r.r0 * H, m.hf.as<float>() + r.r0 * H, static_cast<size_t>(r.rn * H * 4), s);
+    gpu::copy_to_host(m.ids_h.as<int32_t>() + r.r0 * K, m.topk_ids.as<int32_t>() + r.r0 * K, static_cast<size_t>(r.rn * K * 4), s);
+    gpu::copy_to_host(m.w_h.as<float>() + r.r0 * K, m.topk_w.as<float>() + r.r0 * K, static_cast<size_t>(r.rn * K * 4), s);
+    ev[1].record(s);
+  };
+  auto cpu_and_up = [&](size_t l, size_t mb) {
+    const Rows& r = mbs[mb];
+    gpu::Event* ev = &m.events[8 * l + 4 * mb];
+    ev[1].synchronize();
+    const auto c0 = std::chrono::steady_clock::now();
+    float* out = m.out_h.as<float>() + r.r0 * H;
+    std::memset(out, 0, static_cast<size_t>(r.rn * H * 4));
+    m.layers[l].engine->forward(m.hf_h.as<float>() + r.r0 * H, r.rn, m.ids_h.as<int32_t>() + r.r0 * K, m.w_h.as<float>() + r.r0 * K, K, out);
+    cpu_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+    ev[2].record(s);
+    gpu::copy_to_device(d + r.r0 * H, out, static_cast<size_t>(r.rn * H * 4), s);
+    ev[3].record(s);
+    handed.emplace_back(l, mb);
+  };
+  // With two micro-batches A, B the stream holds seg_i(A), down(A), seg_i(B),
+  // down(B); the host runs A's CPU experts while the GPU runs seg_i(B), then
+  // B's while the GPU runs seg_i+1(A).
+  const bool one = mbs.size() == 1;
+  for (size_t mb = 0; mb < mbs.size(); ++mb) {
+    run_segment(0, mb, one && nseg == 1);
+    if (nseg > 1) down(handoffs[0], mb);
+  }
+  for (size_t i = 1; i < nseg; ++i)
+    for (size_t mb = 0; mb < mbs.size(); ++mb) {
+      cpu_and_up(handoffs[i - 1], mb);
+      run_segment(i, mb, one && i + 1 == nseg);
+      if (i + 1 < nseg) down(handoffs[i], mb);
+    }
+  if (!one) enqueue_tail();
+  if (m.engram) m.engram->end_step(b, kv, s);  // history rows for the next steps
   m.logits_h.reserve(static_cast<size_t>(std::max<int64_t>(mrows * V * 4, 16)));
   gpu::copy_to_host(m.logits_h.as<float>(), m.logits_d.as<float>(), static_cast<size_t>(mrows * V * 4), s);
   s.synchronize();
@@ -385,8 +437,8 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   logits.assign(m.logits_h.as<float>(), m.logits_h.as<float>() + mrows * V);
 
   double transfer_s = 0;
-  for (int64_t l : hybrid_layers) {
-    gpu::Event* ev = &m.events[4 * static_cast<size_t>(l)];
+  for (const auto& [l, mb] : handed) {
+    gpu::Event* ev = &m.events[8 * l + 4 * mb];
     transfer_s += (ev[1].elapsed_ms(ev[0]) + ev[3].elapsed_ms(ev[2])) * 1e-3;
   }
   m.times.total_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -429,6 +481,8 @@ std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorSt
   if (c.arch == Arch::deepseek_v3)
     return std::make_unique<GpuMlaStack>(c, plan.resident(), get, pools, parse_mla_mode(s.mla_attention), numa::EngineOptions::from_settings(s));
   auto stack = std::make_unique<GpuStack>(c, plan.resident(), get, pools, numa::EngineOptions::from_settings(s));
+  stack->set_cuda_graphs(s.cuda_graphs);
+  stack->set_cpu_overlap(s.gpu_cpu_overlap);
   if (plan.resident_moe_layers() < plan.moe_layers()) stack->enable_expert_streaming(expert_stream_options(c, s, &pools.pool(0), quiet));
   if (engram) stack->attach_engram(*engram, get);
   return stack;

@@ -45,24 +45,31 @@ class GpuStack : public GpuStep {
 
   void forward(const Batch& b, KvCache& kv, std::vector<float>& logits) override;
 
-  // Steps without hybrid layers are captured as a CUDA graph and replayed
-  // while their shape and buffers stay the same. Off by default: the
-  // captured path has not been run on a GPU yet (test_gpu and bench_gpu
-  // compare it with plain launches).
+  // Decode-sized steps (<= 64 tokens) replay their GPU segments (the device
+  // work between two CPU hand-offs; the whole step when every MoE layer is
+  // resident) as CUDA graphs while their shape and buffers stay the same.
+  // Off in a stack built directly; make_gpu_stack applies --cuda-graphs.
   void set_cuda_graphs(bool on) override;
+  // Decode steps of >= 2 sequences with CPU hand-offs run as two
+  // micro-batches (the last `second_rows` sequences, 0: half, form the
+  // second) so that one's CPU experts overlap the other's GPU work. Each
+  // micro-batch reads its own experts, so experts both use are read twice.
+  // Off in a stack built directly; make_gpu_stack applies --gpu-cpu-overlap.
+  void set_cpu_overlap(bool on, int64_t second_rows = 0);
+  size_t graph_captures() const;  // CUDA graphs captured so far
+  // Forward passes of >= o.min_batch tokens compute the non-resident MoE
+  // layers on the GPU, experts streamed through a ring of device slots
+  // (engine/gpu_expert_stream.h); min_batch 0 turns it off. Off in a stack
+  // built directly; make_gpu_stack applies --gpu-prefill-min-batch-size and
+  // --gpu-prefetch-window. Not with CUDA graphs in the same pass.
+  void enable_expert_streaming(const ExpertStreamOptions& o);
+  const ExpertStream* expert_stream() const;  // null when off
+  ExpertStream* expert_stream();
   // qwen3_moe_engram: uploads the Engram modules' weights and runs each
   // module before its layer (engine/engram_gpu.h); `host` (the model's
   // EngramModules: hashing, PLE table, recorded ids) must outlive the stack.
   // Steps then launch plainly (no CUDA graphs: the table rows come from the host).
   void attach_engram(EngramModules& host, const WeightLookup& get);
-  // Forward passes of >= o.min_batch tokens compute the non-resident MoE
-  // layers on the GPU, experts streamed through a ring of device slots
-  // (engine/gpu_expert_stream.h); min_batch 0 turns it off. Off in a stack
-  // built directly; make_gpu_stack applies --gpu-prefill-min-batch-size and
-  // --gpu-prefetch-window.
-  void enable_expert_streaming(const ExpertStreamOptions& o);
-  const ExpertStream* expert_stream() const;  // null when off
-  ExpertStream* expert_stream();
   const GpuStepTimes& times() const override;
   void reset_times() override;
   uint64_t weight_bytes() const override;  // bytes of weights on the GPU

@@ -1,0 +1,35 @@
+// SegmentGraphs: the CUDA graphs of a GPU step's segments (the device work
+// between two host hand-offs, per micro-batch), kept per step key.
+//
+// Contract: run(key, index, s, enqueue) replays graph `index` of `key` on s,
+// capturing it first from the work enqueue() puts on s when that graph does
+// not exist yet. The key must hold everything a captured launch depends on
+// (token counts, kernel grid choices, every buffer address): a step with a
+// new key gets new graphs. At most kMaxKeys keys are kept (all dropped when
+// a new one would exceed it). enqueue() must only enqueue work on s (no
+// synchronisation, no host reads of device results). If capture throws,
+// nothing is kept and the error propagates. Not thread-safe.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "gpu/memory.h"
+
+namespace hmoe {
+
+class SegmentGraphs {
+ public:
+  static constexpr size_t kMaxKeys = 8;
+  void run(const std::vector<const void*>& key, size_t index, gpu::Stream& s, const std::function<void()>& enqueue);
+  void clear() { sets_.clear(); }
+  size_t captures() const { return captures_; }  // graphs captured so far (for tests and benchmarks)
+
+ private:
+  std::map<std::vector<const void*>, std::vector<std::unique_ptr<gpu::Graph>>> sets_;
+  size_t captures_ = 0;
+};
+
+}  // namespace hmoe
