@@ -95,7 +95,7 @@ class DeepseekMoe : public FfnBlock {
     logits_.resize(static_cast<size_t>(n * E));
     ids_.resize(static_cast<size_t>(n * K));
     w_.resize(static_cast<size_t>(n * K));
-    cpu::gemm(x, n, router_, logits_.data(), &pool_);
+    cpu::gemm_exact(x, n, router_, logits_.data(), &pool_);
     for (int64_t t = 0; t < n; ++t) deepseek_route(logits_.data() + t * E, bias_.data(), route_, ids_.data() + t * K, w_.data() + t * K);
     if (has_shared_) numa::mlp_forward(x, n, shared_, out, &pool_);
     else std::fill(out, out + n * hidden_, 0.0f);

@@ -156,7 +156,13 @@ GpuMlaStack::GpuMlaStack(const ModelConfig& c, const std::vector<bool>& resident
       m.layers.push_back(std::move(w));
       continue;
     }
-    w.router = up({mat(f + "gate.weight", E, H)});
+    {  // the router runs in fp32, as in the reference: bf16 rounding flips group-limited top-k choices
+      const cpu::Mat g = mat(f + "gate.weight", E, H);
+      std::vector<float> gf(static_cast<size_t>(E * H));
+      for (int64_t e = 0; e < E; ++e) cpu::to_f32(g.dtype, g.row(e), gf.data() + e * H, H);
+      w.router = upload(gf.data(), gf.size() * 4, s);
+      m.weight_bytes += w.router.bytes();
+    }
     {
       const cpu::Mat b = vec(f + "gate.e_score_correction_bias", E);
       std::vector<float> bf(static_cast<size_t>(E));
@@ -356,13 +362,12 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
                                   any_latent ? d_exp : nullptr, scale, m.attn.as<bf16_t>(), s);
     }
     m.blas.gemm(m.attn.as<bf16_t>(), n, w.o.as<bf16_t>(), H, nh * vd, d, H);
-    const bool hybrid = w.moe && !w.resident;
-    gpu::add_rms_norm(x, d, nullptr, n, H, w.post_norm.as<bf16_t>(), eps, hb, hybrid ? m.hf.as<float>() : nullptr, s);
+    gpu::add_rms_norm(x, d, nullptr, n, H, w.post_norm.as<bf16_t>(), eps, hb, w.moe ? m.hf.as<float>() : nullptr, s);
     if (!w.moe) {
       mlp(w.gate_up, w.down, Id, d);
       continue;
     }
-    m.blas.gemm(hb, n, w.router.as<bf16_t>(), E, H, m.router_l.as<float>(), E);
+    m.blas.gemm_f32(m.hf.as<float>(), n, w.router.as<float>(), E, H, m.router_l.as<float>(), E);
     gpu::deepseek_topk(m.router_l.as<float>(), w.bias.as<float>(), n, E, K, ml.n_group, ml.topk_group, c.norm_topk_prob,
                        static_cast<float>(ml.routed_scaling_factor), m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), s);
     if (w.resident) {

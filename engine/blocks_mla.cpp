@@ -220,6 +220,8 @@ class MlaAttention : public AttentionBlock {
       for (int64_t i = 0; i < r_; ++i) row[i] = kv_norm_[static_cast<size_t>(i)] * (row[i] * inv);
       rope_.apply(q_.data() + t * nh_ * qk + nope_, nh_, qk, slots[t].pos);
       rope_.apply(row + r_, 1, lw, slots[t].pos);
+      if (cpu::round_activations_bf16())  // the GPU's latent cache is bf16
+        for (int64_t i = 0; i < lw; ++i) row[i] = cpu::round_bf16(row[i]);
       std::copy(row, row + lw, kv.k(layer_, slots[t].seq, slots[t].pos));
     }
 

@@ -50,6 +50,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   if (c.tie_word_embeddings && !bind.has("lm_head.weight")) m->lm_head_ = m->embed_;
   else m->lm_head_ = bind.mat("lm_head.weight", c.vocab_size, c.hidden_size);
 
+  cpu::set_round_activations_bf16(settings.cpu_emulate_gpu_bf16);
   m->pools_ = std::make_unique<numa::NodePools>(numa::PoolOptions::from_settings(settings));
   m->pool_ = &m->pools_->pool(0);
   numa::EngineOptions experts_opt = numa::EngineOptions::from_settings(settings);

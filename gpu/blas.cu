@@ -1,4 +1,4 @@
-// cuBLAS products: bf16 inputs, fp32 output and accumulation.
+// cuBLAS products: bf16 (or fp32) inputs, fp32 output and accumulation.
 #include "gpu/common.cuh"
 #include "gpu/kernels.h"
 
@@ -24,6 +24,15 @@ void Blas::gemm(const bf16_t* x, int64_t n, const bf16_t* w, int64_t rows, int64
   const float alpha = 1.0f, beta = 0.0f;
   HMOE_CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
                                  static_cast<int>(cols), &alpha, w, CUDA_R_16BF, static_cast<int>(cols), x, CUDA_R_16BF,
+                                 static_cast<int>(cols), &beta, y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+}
+
+void Blas::gemm_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y, int64_t ldy) {
+  if (n <= 0) return;
+  const float alpha = 1.0f, beta = 0.0f;
+  HMOE_CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
+                                 static_cast<int>(cols), &alpha, w, CUDA_R_32F, static_cast<int>(cols), x, CUDA_R_32F,
                                  static_cast<int>(cols), &beta, y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
                                  CUBLAS_GEMM_DEFAULT));
 }

@@ -83,6 +83,10 @@ class Blas {
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
   void gemm(const bf16_t* x, int64_t n, const bf16_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy);
+  // The same product in fp32 throughout (no TF32): for routers, whose top-k
+  // flips under bf16 rounding of the hidden state (DeepSeek-V3's reference
+  // computes its router in fp32).
+  void gemm_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y, int64_t ldy);
 
  private:
   void* handle_ = nullptr;

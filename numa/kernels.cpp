@@ -3,6 +3,7 @@
 #include "numa/kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -163,7 +164,25 @@ void gemm_rows_bf16dot(const uint16_t* xb, int64_t ldx, int64_t n, const Mat& w,
   gemm_rows(xf.data(), w.cols, n, w, r0, r1, y, ldy);
 }
 
+namespace {
+std::atomic<bool> g_round_bf16{false};
+}  // namespace
+
+void set_round_activations_bf16(bool on) { g_round_bf16.store(on, std::memory_order_relaxed); }
+bool round_activations_bf16() { return g_round_bf16.load(std::memory_order_relaxed); }
+float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
 void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool) {
+  if (round_activations_bf16()) {
+    std::vector<float> xr(static_cast<size_t>(n * w.cols));
+    for (size_t i = 0; i < xr.size(); ++i) xr[i] = round_bf16(x[i]);
+    gemm_exact(xr.data(), n, w, y, pool);
+    return;
+  }
+  gemm_exact(x, n, w, y, pool);
+}
+
+void gemm_exact(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool) {
   // Row blocks of 16 keep the 4-row micro-kernel busy and give enough chunks.
   constexpr int64_t kBlock = 16;
   const int64_t blocks = (w.rows + kBlock - 1) / kBlock;

@@ -86,8 +86,18 @@ void gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0,
 // through vdpbf16ps; falls back to gemm_rows on the bf16-rounded activations
 // where the CPU lacks it. w must be bf16.
 void gemm_rows_bf16dot(const uint16_t* xb, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
-// Same over all rows, split across the pool's threads by row blocks.
+// Same over all rows, split across the pool's threads by row blocks. Under
+// set_round_activations_bf16(true) x is first rounded to bf16 (on a copy).
 void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool);
+// gemm that never rounds x (routers: the GPU path computes them in fp32 too).
+void gemm_exact(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool);
+// Process-wide switch (setting cpu_emulate_gpu_bf16, for checking GPU runs
+// against the CPU): gemm inputs and the latent KV cache are rounded to bf16
+// where the GPU path rounds them. Off by default; set once, before a forward.
+void set_round_activations_bf16(bool on);
+bool round_activations_bf16();
+// x rounded to the nearest bf16 (ties to even, NaN stays NaN), kept as fp32.
+float round_bf16(float x);
 // Plain scalar reference (double accumulation) for tests.
 void gemm_reference(const float* x, int64_t n, const Mat& w, float* y);
 

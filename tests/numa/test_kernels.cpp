@@ -118,6 +118,29 @@ TEST_CASE("bf16 dot path equals the fp32 kernel on bf16-rounded activations") {
   check_close(got, ref, 1e-4f, std::string("bf16dot (cpu has it: ") + (cpu::has_bf16_dot() ? "yes)" : "no, fallback)"));
 }
 
+TEST_CASE("gemm under set_round_activations_bf16 is gemm_exact on bf16-rounded inputs; off, it is exact") {
+  const int64_t n = 5, rows = 40, cols = 96;
+  const auto x = test::random_floats(static_cast<size_t>(n * cols), 41);
+  const auto wf = test::random_floats(static_cast<size_t>(rows * cols), 42, 0.05f);
+  cpu::Mat w{DType::f32, wf.data(), rows, cols};
+  std::vector<float> xr(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xr[i] = cpu::round_bf16(x[i]);
+  CHECK(cpu::round_bf16(1.0f + 1.0f / 256) == 1.0f);              // tie: to even
+  CHECK(cpu::round_bf16(1.0f + 3.0f / 256) == 1.0f + 4.0f / 256);  // tie: to even (up)
+  CHECK(std::isnan(cpu::round_bf16(NAN)));
+  CHECK(std::isinf(cpu::round_bf16(INFINITY)));
+  std::vector<float> exact(static_cast<size_t>(n * rows)), rounded(exact.size()), want(exact.size()), off(exact.size());
+  cpu::gemm_exact(x.data(), n, w, exact.data(), nullptr);
+  cpu::gemm_exact(xr.data(), n, w, want.data(), nullptr);
+  cpu::set_round_activations_bf16(true);
+  cpu::gemm(x.data(), n, w, rounded.data(), nullptr);
+  cpu::set_round_activations_bf16(false);
+  cpu::gemm(x.data(), n, w, off.data(), nullptr);
+  CHECK(rounded == want);
+  CHECK(off == exact);
+  CHECK(rounded != exact);
+}
+
 TEST_CASE("weight views that the kernels cannot use are rejected with a message") {
   std::vector<uint8_t> data(64 * 96);
   std::vector<float> scales(64 * 3);
