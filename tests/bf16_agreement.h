@@ -56,6 +56,10 @@ inline std::vector<std::vector<float>> teacher_forced_rows(Model& model, const n
 struct Bf16Agreement {
   int64_t checked = 0, agree = 0, misses = 0;
   double max_top1_diff = 0;  // |logit - reference| of the reference's top-1 id, over every row
+  // Per chat: ||prompt logits - reference|| / ||reference|| over the
+  // reference's top-10 ids of every prompt position, beside the fixture's
+  // bf16_vs_fp32_rel_err (Hugging Face's own all-bf16 drift, whole rows).
+  std::vector<double> prompt_rel_err, hf_bf16_rel_err;
 };
 
 // Runs every chat of `ref` through `model` and checks the rows as the file
@@ -68,6 +72,16 @@ inline Bf16Agreement check_bf16_agreement(Model& model, const nlohmann::json& re
     const auto rows = teacher_forced_rows(model, chat);
     const size_t np = chat["ids"].size(), steps = chat["greedy_ids"].size();
     REQUIRE(rows.size() == np + steps - 1);
+    double num = 0, den = 0;
+    for (size_t p = 0; p < np; ++p)
+      for (size_t r = 0; r < chat["top10_ids"][p].size(); ++r) {
+        const double want = chat["top10_logits"][p][r].get<double>();
+        const double got = rows[p][static_cast<size_t>(chat["top10_ids"][p][r].get<int32_t>())];
+        num += (got - want) * (got - want);
+        den += want * want;
+      }
+    a.prompt_rel_err.push_back(std::sqrt(num / den));
+    a.hf_bf16_rel_err.push_back(chat.value("bf16_vs_fp32_rel_err", 0.0));
     for (size_t k = 0; k < np + steps; ++k) {  // prompt positions, then greedy steps (step j reads row np - 1 + j)
       const bool prompt = k < np;
       const auto& row = rows[prompt ? k : k - 1];
@@ -89,8 +103,12 @@ inline Bf16Agreement check_bf16_agreement(Model& model, const nlohmann::json& re
                                 << ": picked " << mine << ", not among the reference's top-3");
     }
   }
+  std::string rel;
+  for (size_t c = 0; c < a.prompt_rel_err.size(); ++c)
+    rel += (c ? ", " : "") + std::to_string(a.prompt_rel_err[c]) + " (HF bf16 " + std::to_string(a.hf_bf16_rel_err[c]) + ")";
   MESSAGE(label << ": " << a.agree << "/" << a.checked << " rows with margin > 0.5 agree, " << a.misses
-                << " pick the reference's 2nd/3rd; max |top-1 logit - reference| " << a.max_top1_diff);
+                << " pick the reference's 2nd/3rd; max |top-1 logit - reference| " << a.max_top1_diff << "; prompt relative error per chat "
+                << rel);
   CHECK(a.checked > 20);
   CHECK(a.misses * 10 <= a.checked);
   return a;

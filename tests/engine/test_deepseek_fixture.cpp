@@ -192,5 +192,7 @@ TEST_CASE("tiny-deepseekv3 on the CPU with the GPU's bf16 roundings emulated kee
     const auto a = test::check_bf16_agreement(*model, ref, "CPU with bf16 roundings, mla_attention=" + mode);
     cpu::set_round_activations_bf16(false);
     CHECK(a.misses > 0);  // the roundings are applied: exact fp32 misses none (the tests above)
+    for (size_t c = 0; c < a.prompt_rel_err.size(); ++c)  // below Hugging Face's own all-bf16 drift on these prompts
+      CHECK(a.prompt_rel_err[c] <= a.hf_bf16_rel_err[c]);
   }
 }
