@@ -43,10 +43,15 @@ void fill(gpu::DeviceBuffer& d, size_t floats, gpu::Stream& s) {
 
 int main(int argc, char** argv) {
   int64_t H = 2048, dm = 1024;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--hidden") H = std::stoll(argv[i + 1]);
-    else if (a == "--dmem") dm = std::stoll(argv[i + 1]);
+    const bool help = a == "--help" || a == "-h", known = a == "--hidden" || a == "--dmem";
+    if (!known || i + 1 >= argc) {
+      const std::string why = help ? "" : known ? " (" + a + " needs a value)" : " (unknown option " + a + ")";
+      std::fprintf(help ? stdout : stderr, "usage: bench_engram_gpu [--hidden H] [--dmem D]%s\n", why.c_str());
+      return help ? 0 : 2;
+    }
+    (a == "--hidden" ? H : dm) = std::atoll(argv[i + 1]);
   }
   if (gpu::device_count() == 0) {
     std::printf("SKIP: %s\n", gpu::describe().c_str());

@@ -280,8 +280,15 @@ int main(int argc, char** argv) {
   try {
     int64_t table_mib = 2048, decode_steps = 48, prefill = 2048, threads = 0;
     std::string dir = "bench-ple-data";
-    for (int i = 1; i + 1 < argc; i += 2) {
-      const std::string a = argv[i], v = argv[i + 1];
+    for (int i = 1; i < argc; i += 2) {
+      const std::string a = argv[i];
+      if (a == "--help" || a == "-h") {
+        std::printf("usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N]\n"
+                    "  writes DIR/model.safetensors and DIR/ple-table.hmoe (N MiB of tables; default 2048 in ./bench-ple-data)\n");
+        return 0;
+      }
+      if (i + 1 >= argc) fail(ErrorKind::invalid_argument, "option " + a + " needs a value");
+      const std::string v = argv[i + 1];
       if (a == "--table-mib") table_mib = parse_int(a, v);
       else if (a == "--dir") dir = v;
       else if (a == "--decode-steps") decode_steps = parse_int(a, v);
