@@ -14,6 +14,7 @@
 #include <string>
 
 #include "configs/error.h"
+#include "engine/kv_storage_gpu.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
 #include "gpu/mla.h"
@@ -72,8 +73,6 @@ struct GpuMlaStack::Impl {
   gpu::MlaRopeArgs rope;
   std::vector<LayerW> layers;
   uint64_t weight_bytes = 0;
-  gpu::DeviceBuffer cache;  // [layer][slot][kv_lora + rope] bf16
-  int64_t kv_slots = 0;
   gpu::DeviceBuffer x, d, d2, hb, hf, a, qa_b, q, qlat, olat, attn, exp_lat, exp_kv, gu, act_b, router_l, topk_ids, topk_w, route_off, pair_list,
       moe_act, moe_partial, logits_d, meta;
   gpu::PinnedBuffer meta_h, hf_h, ids_h, w_h, out_h, logits_h;
@@ -232,12 +231,9 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
   if (kv.layout().k_floats() != lw || kv.layout().layers != c.num_hidden_layers)
     fail(ErrorKind::internal, "KV cache layout does not fit multi-head latent attention (build it with Model::kv_layout())");
 
-  const int64_t slots = kv.num_blocks() * kv.block_size();
-  if (slots > m.kv_slots) {
-    m.cache = gpu::DeviceBuffer();
-    m.cache = gpu::DeviceBuffer(static_cast<size_t>(c.num_hidden_layers * slots * lw) * 2);
-    m.kv_slots = slots;
-  }
+  // The latent cache lives in the KvCache's GpuKvStorage ([layer][slot][kv_lora + rope] bf16, no values),
+  // so prefix sharing, block copies and the pinned host pool move it as on the Qwen3 path.
+  GpuKvStorage& kvs = gpu_kv_storage(kv, lw, 0);
 
   // Sequences of the step: (list offset, context length, tokens in the step).
   struct SeqInfo {
@@ -287,6 +283,7 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
   m.meta.reserve(meta_bytes);
   std::memcpy(m.meta_h.as<int32_t>(), meta.data(), meta_bytes);
   gpu::copy_to_device(m.meta.data(), m.meta_h.as<int32_t>(), meta_bytes, s);
+  kvs.begin_step(s);  // queued block copies and host-pool restores, before this step's work
   const int32_t* d_tok = m.meta.as<int32_t>();
   const int32_t *d_pos = d_tok + n, *d_slot = d_tok + 2 * n, *d_off = d_tok + 3 * n, *d_len = d_tok + 4 * n, *d_exp = d_tok + 5 * n,
                 *d_rows = d_tok + 6 * n, *d_lists = d_tok + 6 * n + mrows;
@@ -335,7 +332,7 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
   gpu::embedding(m.embed.as<bf16_t>(), d_tok, n, H, x, s);
   for (size_t l = 0; l < m.layers.size(); ++l) {
     Impl::LayerW& w = m.layers[l];
-    bf16_t* cache = m.cache.as<bf16_t>() + static_cast<int64_t>(l) * slots * lw;
+    bf16_t* cache = kvs.keys(static_cast<int64_t>(l));
     gpu::add_rms_norm(x, l > 0 ? d : nullptr, nullptr, n, H, w.in_norm.as<bf16_t>(), eps, hb, nullptr, s);
     m.blas.gemm(hb, n, w.qkv_a.as<bf16_t>(), rows_a, H, a, rows_a);
     float* q = a;
@@ -409,6 +406,7 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
   m.logits_h.reserve(static_cast<size_t>(std::max<int64_t>(mrows * V * 4, 16)));
   gpu::copy_to_host(m.logits_h.as<float>(), m.logits_d.as<float>(), static_cast<size_t>(mrows * V * 4), s);
   s.synchronize();
+  kvs.end_step();
   logits.assign(m.logits_h.as<float>(), m.logits_h.as<float>() + mrows * V);
 
   double transfer_s = 0;

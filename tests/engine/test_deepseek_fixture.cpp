@@ -16,6 +16,7 @@
 #include "numa/kernels.h"
 #include "tests/bf16_agreement.h"
 #include "tests/fixture_compare.h"
+#include "tests/prefix_reuse.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;
@@ -195,4 +196,34 @@ TEST_CASE("tiny-deepseekv3 on the CPU with the GPU's bf16 roundings emulated kee
     for (size_t c = 0; c < a.prompt_rel_err.size(); ++c)  // below Hugging Face's own all-bf16 drift on these prompts
       CHECK(a.prompt_rel_err[c] <= a.hf_bf16_rel_err[c]);
   }
+}
+
+TEST_CASE("tiny-deepseekv3: the latent cache through prefix sharing and the host tier gives the logits of no caching") {
+  // The compressed-latent layout (no values) in the paged cache, a GPU-less
+  // prefix hit and a host-tier restore: b's 9 uncached tokens match b
+  // computed whole, without caching (fp32: same math, other batch shapes).
+  const std::string dir = fixture_dir_or_fail();
+  std::vector<std::string> args = {"--device", "cpu", "--progress", "none"};
+  auto model = Model::load(dir, Settings::load(args));
+  const int64_t V = model->config().vocab_size;
+  std::vector<int32_t> a, b;
+  for (int i = 0; i < 40; ++i) a.push_back(static_cast<int32_t>((i * 7919 + 13) % V));
+  b.assign(a.begin(), a.begin() + 32);
+  for (int i = 0; i < 9; ++i) b.push_back(static_cast<int32_t>((i * 104729 + 5) % V));
+  std::vector<float> whole;
+  {
+    KvCache kv(model->kv_layout(), 4, 16);
+    const int s = kv.add_sequence();
+    kv.reserve(s, 41);
+    Batch bt;
+    for (size_t i = 0; i < b.size(); ++i) bt.add(b[i], s, static_cast<int64_t>(i), i >= 32);
+    model->forward(bt, kv, whole);
+  }
+  const auto hit = test::prefix_reuse_logits(*model, a, b, 8, 0, false), restored = test::prefix_reuse_logits(*model, a, b, 4, 8, true);
+  REQUIRE(whole.size() == hit.size());
+  double worst = 0;
+  for (size_t i = 0; i < whole.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(hit[i] - whole[i])));
+  MESSAGE("tiny-deepseekv3: 9 tokens after a 32-token prefix hit vs computed whole: max |diff| " << worst);
+  CHECK(worst <= 1e-3);
+  CHECK(restored == hit);  // the host tier moves the fp32 latents bit for bit
 }

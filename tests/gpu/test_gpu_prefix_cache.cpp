@@ -4,7 +4,8 @@
 // logits after a restore from the host pool against a run without caching;
 // greedy outputs through the scheduler identical with caching on, off, and
 // with a first tier so small that every reuse comes from the host pool
-// (mirrors tests/server/test_prefix_cache.cpp). Skips without a GPU.
+// (mirrors tests/server/test_prefix_cache.cpp); the DeepSeek-V3 latent cache
+// through the host pool against a GPU prefix hit. Skips without a GPU.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -18,15 +19,16 @@
 #include "engine/model.h"
 #include "engine/scheduler.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/prefix_reuse.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;
 
 namespace {
 
-std::vector<int32_t> random_tokens(std::mt19937_64& rng, size_t n) {
+std::vector<int32_t> random_tokens(std::mt19937_64& rng, size_t n, int64_t vocab = 151000) {
   std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % 151000);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
   return t;
 }
 
@@ -185,6 +187,29 @@ TEST_CASE("tiny-qwen3moe on the GPU: logits after a host-pool restore match a ru
   std::vector<float> tail(want.end() - 9 * V, want.end());
   const double r = test::tol_ratio(logits, tail, 2e-2, 2e-2);
   MESSAGE("logits of the 9 uncached tokens after a restore vs no caching: worst |diff| / (0.02 + 0.02|ref|) = " << r);
+  CHECK(r <= 1.0);
+}
+
+TEST_CASE("tiny-deepseekv3 on the GPU: the latent cache restored from the host pool gives the logits of a GPU prefix hit") {
+  // GpuMlaStack keeps its latent cache in the KvCache's GpuKvStorage (no
+  // values), so offload/restore must move it: b's 9 uncached tokens after a
+  // restore of its 32-token prefix must give the logits they give when the
+  // same prefix is still on the GPU (same batch shapes, so no bf16 routing
+  // near-tie can part them).
+  if (!test::have_gpu()) return;
+  const std::string dir = test::fixture_model("tiny-deepseekv3");
+  REQUIRE_MESSAGE(std::filesystem::exists(dir + "/model-00003-of-00003.safetensors"), "fixture missing in " << dir << ": run scripts/make-fixtures");
+  auto model = Model::load(dir, gpu_settings("all"));
+  REQUIRE(model->gpu() != nullptr);
+  const int64_t V = model->config().vocab_size;
+  std::mt19937_64 rng(5);
+  auto a = random_tokens(rng, 40, V);
+  auto b = a;
+  b.resize(32);
+  for (int32_t t : random_tokens(rng, 9, V)) b.push_back(t);
+  const auto gpu_hit = test::prefix_reuse_logits(*model, a, b, 8, 0, false), restored = test::prefix_reuse_logits(*model, a, b, 4, 8, true);
+  const double r = test::tol_ratio(restored, gpu_hit, 1e-3, 1e-3);
+  MESSAGE("tiny-deepseekv3: 9 tokens after a host-pool restore vs after a GPU prefix hit: worst |diff| / (0.001 + 0.001|ref|) = " << r);
   CHECK(r <= 1.0);
 }
 
