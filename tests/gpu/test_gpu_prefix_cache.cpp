@@ -159,31 +159,7 @@ TEST_CASE("tiny-qwen3moe on the GPU: logits after a host-pool restore match a ru
   }
   // Cached: a computed and committed; a filler takes every first-tier block
   // (a's go to the host pool); b restores 32 tokens and computes 9.
-  KvCache kv(model->kv_layout(), 4, 16, KvCacheOptions{true, 7, 8});
-  const int sa = kv.add_sequence();
-  REQUIRE(kv.attach_prefix(sa, a, 39) == 0);
-  kv.reserve(sa, 40);
-  Batch bt;
-  std::vector<float> logits;
-  for (size_t i = 0; i < a.size(); ++i) bt.add(a[i], sa, static_cast<int64_t>(i), i + 1 == a.size());
-  model->forward(bt, kv, logits);
-  kv.commit(sa, a, 40);
-  kv.free_sequence(sa);
-  const int sf = kv.add_sequence();
-  kv.reserve(sf, 64);
-  bt.clear();
-  for (int64_t i = 0; i < 64; ++i) bt.add(static_cast<int32_t>(1000 + i), sf, i, i == 63);  // overwrites every block on the GPU
-  model->forward(bt, kv, logits);
-  kv.free_sequence(sf);
-  CHECK(kv.stats().offloaded_blocks == 2);
-  const int sb = kv.add_sequence();
-  REQUIRE(kv.attach_prefix(sb, b, static_cast<int64_t>(b.size()) - 1) == 32);
-  CHECK(kv.stats().host_hit_tokens == 32);
-  kv.reserve(sb, static_cast<int64_t>(b.size()));
-  bt.clear();
-  for (size_t i = 32; i < b.size(); ++i) bt.add(b[i], sb, static_cast<int64_t>(i), true);
-  model->forward(bt, kv, logits);
-  REQUIRE(logits.size() == 9 * static_cast<size_t>(V));
+  const auto logits = test::prefix_reuse_logits(*model, a, b, 4, 8, true);
   std::vector<float> tail(want.end() - 9 * V, want.end());
   const double r = test::tol_ratio(logits, tail, 2e-2, 2e-2);
   MESSAGE("logits of the 9 uncached tokens after a restore vs no caching: worst |diff| / (0.02 + 0.02|ref|) = " << r);
