@@ -20,9 +20,9 @@
 // the stack); forward() has the meaning of Model::forward, one call at a
 // time; the KvCache lends its block tables, and its storage becomes a
 // GpuKvStorage of the latent width with no values (engine/kv_storage_gpu.h),
-// so prefix sharing and the pinned host pool work on this path too. CUDA graphs are not used on this
-// path (set_cuda_graphs is accepted and ignored). Without CUDA the
-// constructor throws Error(unsupported).
+// so prefix sharing and the pinned host pool work on this path too. CUDA
+// graphs are not used on this path (set_cuda_graphs is accepted and
+// ignored). Without CUDA the constructor throws Error(unsupported).
 #pragma once
 #include <memory>
 #include <vector>
