@@ -118,13 +118,14 @@ void parse_common(const ojson& j, const ModelInfo& m, uint64_t request_seq, GenS
     g.include_usage = get_bool(*so, "include_usage", false);
   }
   SamplingParams& s = g.sampling;
-  s.temperature = get_number(j, "temperature", 1.0, 0.0, 2.0);
-  s.top_p = get_number(j, "top_p", 1.0, 0.0, 1.0, true);
-  s.top_k = get_int(j, "top_k", 0, -1, std::numeric_limits<int32_t>::max());
-  s.min_p = get_number(j, "min_p", 0.0, 0.0, 1.0);
-  s.presence_penalty = get_number(j, "presence_penalty", 0.0, -2.0, 2.0);
-  s.frequency_penalty = get_number(j, "frequency_penalty", 0.0, -2.0, 2.0);
-  s.repetition_penalty = get_number(j, "repetition_penalty", 1.0, 0.0, 2.0, true);
+  const SamplingParams& d = m.defaults;
+  s.temperature = get_number(j, "temperature", d.temperature, 0.0, 2.0);
+  s.top_p = get_number(j, "top_p", d.top_p, 0.0, 1.0, true);
+  s.top_k = get_int(j, "top_k", d.top_k, -1, std::numeric_limits<int32_t>::max());
+  s.min_p = get_number(j, "min_p", d.min_p, 0.0, 1.0);
+  s.presence_penalty = get_number(j, "presence_penalty", d.presence_penalty, -2.0, 2.0);
+  s.frequency_penalty = get_number(j, "frequency_penalty", d.frequency_penalty, -2.0, 2.0);
+  s.repetition_penalty = get_number(j, "repetition_penalty", d.repetition_penalty, 0.0, 2.0, true);
   const int64_t seed = get_int(j, "seed", 0, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   s.seed = field(j, "seed") ? static_cast<uint64_t>(seed) : (m.default_seed * 0x9e3779b97f4a7c15ull) ^ (request_seq + 1) * 0xbf58476d1ce4e5b9ull;
   if (const ojson* lb = field(j, "logit_bias")) {

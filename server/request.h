@@ -34,6 +34,7 @@ struct ModelInfo {
   const tok::Tokenizer* tokenizer = nullptr;
   const chat::ChatTemplate* chat_template = nullptr;  // null: chat requests get 400
   uint64_t default_seed = 0;    // mixed with a per-request counter when no seed is given
+  SamplingParams defaults;      // sampling fields a request leaves out (generation_config.json)
 };
 
 struct GenSpec {

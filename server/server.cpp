@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "configs/error.h"
+#include "engine/generation_config.h"
 #include "engine/gguf_model.h"
 
 namespace hmoe::server {
@@ -117,12 +118,12 @@ std::unique_ptr<ServerStack> make_server(const Settings& s, const std::string& m
   mi.tokenizer = st->tokenizer.get();
   mi.chat_template = st->chat_template.get();
   mi.default_seed = static_cast<uint64_t>(s.seed);
+  const GenerationDefaults gen = load_generation_defaults(s.generation_config, model_dir);
+  mi.defaults = gen.apply(SamplingParams{});
+  if (!gen.empty() && s.progress != "none")
+    std::fprintf(stderr, "hmoe serve: default sampling from %s: %s (requests override it; --generation-config none for hmoe's defaults)\n",
+                 gen.source.c_str(), gen.describe().c_str());
   SchedulerConfig sc = scheduler_config(s, *st->model);
-  if (sc.host_kv_blocks > 0 && st->model->gpu() && c.arch != Arch::qwen3_moe) {  // GpuStack binds a GpuKvStorage; the MLA stack does not yet
-    std::fprintf(stderr, "hmoe serve: --kv-offloading-size ignored: the GPU path of model_type '%s' keeps its KV cache outside the host-pool storage\n",
-                 c.model_type.c_str());
-    sc.host_kv_blocks = 0;
-  }
   // Cached blocks are only valid for the same weights and numerics.
   sc.prefix_salt = std::hash<std::string>{}(std::filesystem::absolute(model_dir).lexically_normal().string() + "|" + s.weight_dtype + "|" +
                                             std::to_string(s.cpu_bf16_dot) + "|" + s.mla_attention + "|" + s.device + "|" +

@@ -430,3 +430,26 @@ TEST_CASE("http: max connections, Expect: 100-continue, keep-alive") {
   CHECK(parse_reply(all).status == 200);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8));
 }
+
+TEST_CASE("http: generation_config defaults apply to requests that leave sampling out; a request's own value wins") {
+  // A generation_config.json with temperature 0 makes the default greedy:
+  // a chat request without "temperature" returns the fixture's greedy_text.
+  test::TempDir dir("gencfg-server");
+  test::write_file(dir.str() + "/generation_config.json", R"({"temperature": 0, "top_k": 5})");
+  Settings s = test_settings();
+  s.generation_config = dir.str();
+  RunningServer srv(s);
+  const auto& chats = hf_reference()["chats"];
+  json b = chat_body(0);
+  b.erase("temperature");
+  HttpReply r = post(srv.port, "/v1/chat/completions", b);
+  REQUIRE(r.status == 200);
+  CHECK(body_json(r)["choices"][0]["message"]["content"] == chats[0]["greedy_text"]);
+  // temperature 2 with a seed of its own: no longer the greedy text.
+  b["temperature"] = 2.0;
+  b["top_k"] = 0;
+  b["seed"] = 7;
+  HttpReply t = post(srv.port, "/v1/chat/completions", b);
+  REQUIRE(t.status == 200);
+  CHECK(body_json(t)["choices"][0]["message"]["content"] != chats[0]["greedy_text"]);
+}
