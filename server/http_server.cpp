@@ -237,6 +237,18 @@ class Session : public std::enable_shared_from_this<Session> {
       need(get, "GET");
       return send(200, "text/plain; version=0.0.4", srv_.metrics.render(srv_.sched.stats(), srv_.open));
     }
+    if (target == "/tokenize" || target == "/detokenize") {  // vLLM's (and llama.cpp's) tokenizer endpoints
+      check_auth();
+      need(post, "POST");
+      nlohmann::ordered_json out;
+      if (target == "/tokenize") {
+        const std::vector<int32_t> ids = parse_tokenize_request(req_.body(), srv_.model);
+        out = {{"count", ids.size()}, {"max_model_len", srv_.model.context}, {"tokens", ids}};
+      } else {
+        out = {{"prompt", parse_detokenize_request(req_.body(), srv_.model)}};
+      }
+      return send(200, "application/json", out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+    }
     if (!target.starts_with("/v1/")) throw ApiError(404, "no route " + endpoint_, "", "not_found");
     check_auth();
     if (target == "/v1/models") {

@@ -216,11 +216,9 @@ std::string content_text(const ojson& c, const std::string& param) {
 
 }  // namespace
 
-GenSpec parse_chat_request(std::string_view body, const ModelInfo& m, uint64_t request_seq) {
-  ojson j = parse_body(body);
-  GenSpec g;
-  g.chat = true;
-  parse_common(j, m, request_seq, g);
+// messages (+ tools, chat_template_kwargs, add_generation_prompt) -> g's
+// prompt text and ids through the model's chat template.
+void render_chat(const ojson& j, const ModelInfo& m, GenSpec& g) {
   if (!m.chat_template) throw ApiError(400, "this model has no chat template; use /v1/completions", "", "no_chat_template");
 
   const ojson* msgs = field(j, "messages");
@@ -285,9 +283,6 @@ GenSpec parse_chat_request(std::string_view body, const ModelInfo& m, uint64_t r
     req["chat_template_kwargs"] = *kw;
   }
   req["add_generation_prompt"] = get_bool(j, "add_generation_prompt", true);
-  g.sampling.logprobs = get_bool(j, "logprobs", false);
-  g.sampling.top_logprobs = static_cast<int>(get_int(j, "top_logprobs", 0, 0, 20));
-  if (g.sampling.top_logprobs > 0 && !g.sampling.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
 
   try {
     g.prompt_text = m.chat_template->render(req);
@@ -297,6 +292,17 @@ GenSpec parse_chat_request(std::string_view body, const ModelInfo& m, uint64_t r
   g.prompt = m.tokenizer->encode(g.prompt_text, true);
   g.parse_reasoning = true;
   g.start_in_reasoning = prompt_opens_think(g.prompt_text);
+}
+
+GenSpec parse_chat_request(std::string_view body, const ModelInfo& m, uint64_t request_seq) {
+  ojson j = parse_body(body);
+  GenSpec g;
+  g.chat = true;
+  parse_common(j, m, request_seq, g);
+  g.sampling.logprobs = get_bool(j, "logprobs", false);
+  g.sampling.top_logprobs = static_cast<int>(get_int(j, "top_logprobs", 0, 0, 20));
+  if (g.sampling.top_logprobs > 0 && !g.sampling.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  render_chat(j, m, g);
   finish_lengths(j, m, g);
   return g;
 }
@@ -341,6 +347,42 @@ GenSpec parse_completion_request(std::string_view body, const ModelInfo& m, uint
   g.sampling.top_logprobs = static_cast<int>(lp);
   finish_lengths(j, m, g);
   return g;
+}
+
+std::vector<int32_t> parse_tokenize_request(std::string_view body, const ModelInfo& m) {
+  ojson j = parse_body(body);
+  check_model(j, m);
+  const ojson* p = field(j, "prompt");
+  if (!p) p = field(j, "content");  // llama.cpp's name
+  const ojson* msgs = field(j, "messages");
+  if ((p != nullptr) == (msgs != nullptr)) bad("prompt", "send either 'prompt' (a string) or 'messages' (a chat)", "missing_required_parameter");
+  GenSpec g;
+  if (msgs) {
+    render_chat(j, m, g);
+    return g.prompt;
+  }
+  if (!p->is_string()) wrong_type("prompt", "a string", *p);
+  return m.tokenizer->encode(p->get<std::string>(), true);
+}
+
+std::string parse_detokenize_request(std::string_view body, const ModelInfo& m) {
+  ojson j = parse_body(body);
+  check_model(j, m);
+  const ojson* t = field(j, "tokens");
+  if (!t) bad("tokens", "'tokens' is required", "missing_required_parameter");
+  if (!t->is_array()) wrong_type("tokens", "an array of token ids", *t);
+  std::vector<int32_t> ids;
+  for (const auto& e : *t) {
+    if (!e.is_number_integer()) wrong_type("tokens", "an array of token ids", *t);
+    const int64_t id = e.get<int64_t>();
+    if (id < 0 || id >= m.vocab) bad("tokens", "token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(m.vocab) + ")");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  try {
+    return m.tokenizer->decode(ids);
+  } catch (const Error& e) {
+    bad("tokens", e.what());
+  }
 }
 
 }  // namespace hmoe::server

@@ -58,5 +58,12 @@ struct GenSpec {
 // unseeded requests differ.
 GenSpec parse_chat_request(std::string_view body, const ModelInfo& m, uint64_t request_seq);
 GenSpec parse_completion_request(std::string_view body, const ModelInfo& m, uint64_t request_seq);
+// POST /tokenize (vLLM's schema; llama.cpp's "content" also accepted):
+// {"prompt": text} -> its ids as /v1/completions would see them, or
+// {"messages": [...], "tools", "chat_template_kwargs", "add_generation_prompt"}
+// -> the ids of the rendered chat prompt. No length limit applies.
+std::vector<int32_t> parse_tokenize_request(std::string_view body, const ModelInfo& m);
+// POST /detokenize: {"tokens": [ids]} -> their text.
+std::string parse_detokenize_request(std::string_view body, const ModelInfo& m);
 
 }  // namespace hmoe::server

@@ -453,3 +453,38 @@ TEST_CASE("http: generation_config defaults apply to requests that leave samplin
   REQUIRE(t.status == 200);
   CHECK(body_json(t)["choices"][0]["message"]["content"] != chats[0]["greedy_text"]);
 }
+
+TEST_CASE("http: /tokenize and /detokenize give the fixture's ids and text; bad bodies are 400s") {
+  auto& srv = default_server();
+  const auto& chats = hf_reference()["chats"];
+  for (size_t i = 0; i < chats.size(); ++i) {
+    CAPTURE(i);
+    HttpReply r = post(srv.port, "/tokenize", json{{"prompt", chats[i]["text"]}});
+    REQUIRE(r.status == 200);
+    json j = body_json(r);
+    CHECK(j["tokens"] == chats[i]["ids"]);
+    CHECK(j["count"] == chats[i]["ids"].size());
+    CHECK(j["max_model_len"].get<int64_t>() > 0);
+    // The chat form renders the template as /v1/chat/completions does.
+    json cb = chat_body(i);
+    HttpReply c = post(srv.port, "/tokenize", cb);
+    REQUIRE(c.status == 200);
+    CHECK(body_json(c)["tokens"] == chats[i]["ids"]);
+    HttpReply d = post(srv.port, "/detokenize", json{{"tokens", chats[i]["ids"]}});
+    REQUIRE(d.status == 200);
+    CHECK(body_json(d)["prompt"] == chats[i]["text"]);
+  }
+  CHECK(post(srv.port, "/tokenize", json{{"content", "hello"}}).status == 200);  // llama.cpp's field name
+  CHECK(post(srv.port, "/tokenize", json::object()).status == 400);
+  CHECK(post(srv.port, "/tokenize", json{{"prompt", "a"}, {"messages", json::array()}}).status == 400);
+  CHECK(post(srv.port, "/tokenize", json{{"prompt", 5}}).status == 400);
+  CHECK(post(srv.port, "/tokenize", json{{"prompt", "a"}, {"model", "other"}}).status == 404);
+  CHECK(post(srv.port, "/detokenize", json{{"tokens", json::array({1, -1})}}).status == 400);
+  CHECK(post(srv.port, "/detokenize", json{{"tokens", json::array({1 << 30})}}).status == 400);
+  CHECK(post(srv.port, "/detokenize", json{{"tokens", "1,2"}}).status == 400);
+  CHECK(post(srv.port, "/detokenize", json::object()).status == 400);
+  CHECK(http(srv.port, "GET", "/tokenize").status == 405);
+  const HttpReply bad = post(srv.port, "/detokenize", json{{"tokens", json::array({1, -1})}});
+  CHECK(body_json(bad)["error"]["message"].get<std::string>().find("outside the vocabulary") != std::string::npos);
+  CHECK(http(srv.port, "GET", "/health").status == 200);
+}
