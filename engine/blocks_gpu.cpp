@@ -13,6 +13,7 @@
 
 #include "configs/error.h"
 #include "engine/ops/cpu_ops.h"
+#include "engine/gpu_upload.h"
 #include "engine/kv_storage_gpu.h"
 #include "engine/engram_gpu.h"
 #include "engine/gpu_graphs.h"
@@ -27,33 +28,6 @@ namespace {
 
 using gpu::bf16_t;
 
-// Appends `m` (any dtype) to `dst` as bf16.
-void append_bf16(std::vector<bf16_t>& dst, const cpu::Mat& m) {
-  const size_t n = static_cast<size_t>(m.rows * m.cols), at = dst.size();
-  dst.resize(at + n);
-  if (m.dtype == DType::bf16) {
-    std::memcpy(dst.data() + at, m.data, n * 2);
-    return;
-  }
-  std::vector<float> row(static_cast<size_t>(m.cols));
-  for (int64_t r = 0; r < m.rows; ++r) {
-    cpu::to_f32(m.dtype, m.row(r), row.data(), m.cols);
-    for (int64_t c = 0; c < m.cols; ++c) dst[at + static_cast<size_t>(r * m.cols + c)] = f32_to_bf16(row[static_cast<size_t>(c)]);
-  }
-}
-
-// Uploads host data as one device buffer.
-gpu::DeviceBuffer upload(const void* src, size_t bytes, gpu::Stream& s) {
-  gpu::DeviceBuffer d(bytes);
-  gpu::copy_to_device(d.data(), src, bytes, s);
-  s.synchronize();
-  return d;
-}
-gpu::DeviceBuffer upload_bf16(const std::vector<const cpu::Mat*>& parts, gpu::Stream& s) {
-  std::vector<bf16_t> host;
-  for (const cpu::Mat* m : parts) append_bf16(host, *m);
-  return upload(host.data(), host.size() * 2, s);
-}
 
 }  // namespace
 
@@ -108,7 +82,7 @@ GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, cons
   auto up1 = [&](const std::string& name, std::vector<int64_t> shape) {
     cpu::Mat t = get(name, shape);
     if (shape.size() == 1) t = cpu::Mat{t.dtype, t.data, 1, shape[0]};
-    auto b = upload_bf16({&t}, s);
+    auto b = upload_bf16({t}, s);
     m.weight_bytes += b.bytes();
     return b;
   };
@@ -116,7 +90,7 @@ GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, cons
   m.final_norm = up1("model.norm.weight", {H});
   if (c.tie_word_embeddings) {
     cpu::Mat t = get("model.embed_tokens.weight", {c.vocab_size, H});
-    m.lm_head = upload_bf16({&t}, s);
+    m.lm_head = upload_bf16({t}, s);
   } else {
     m.lm_head = up1("lm_head.weight", {c.vocab_size, H});
   }
@@ -130,7 +104,7 @@ GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, cons
     w.post_norm = up1(p + "post_attention_layernorm.weight", {H});
     const std::string a = p + "self_attn.";
     cpu::Mat q = get(a + "q_proj.weight", {nh * hd, H}), k = get(a + "k_proj.weight", {kvh * hd, H}), v = get(a + "v_proj.weight", {kvh * hd, H});
-    w.qkv = upload_bf16({&q, &k, &v}, s);
+    w.qkv = upload_bf16({q, k, v}, s);
     w.o = up1(a + "o_proj.weight", {H, nh * hd});
     w.q_norm = up1(a + "q_norm.weight", {hd});
     w.k_norm = up1(a + "k_norm.weight", {hd});
@@ -140,8 +114,8 @@ GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, cons
     if (!w.moe) {
       const int64_t Id = c.intermediate_size;
       cpu::Mat g = get(f + "gate_proj.weight", {Id, H}), u = get(f + "up_proj.weight", {Id, H}), dn = get(f + "down_proj.weight", {H, Id});
-      w.gate_up = upload_bf16({&g, &u}, s);
-      w.down = upload_bf16({&dn}, s);
+      w.gate_up = upload_bf16({g, u}, s);
+      w.down = upload_bf16({dn}, s);
       m.weight_bytes += w.gate_up.bytes() + w.down.bytes();
     } else {
       w.router = up1(f + "gate.weight", {E, H});
@@ -447,8 +421,8 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   m.times.steps += 1;
 }
 
-std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::NodePools& pools,
-                                        EngramModules* engram) {
+std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, WeightSource* source, const Settings& s,
+                                        numa::NodePools& pools, EngramModules* engram) {
   const bool quiet = s.progress == "none";
   for (const auto& n : s.notices)
     if (n.find("GPU_RESIDENT") != std::string::npos) std::fprintf(stderr, "%s\n", n.c_str());
@@ -456,9 +430,11 @@ std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorSt
   const bool want_gpu = resolve_device(s, why);
   const bool forced = s.device == "cuda" || s.device == "gpu";
   const bool has_graph = c.arch == Arch::qwen3_moe || c.arch == Arch::deepseek_v3 || (c.arch == Arch::qwen3_moe_engram && engram);
-  if (want_gpu && (!has_graph || store == nullptr)) {
-    const std::string reason = !has_graph ? "model_type '" + c.model_type + "' has no GPU graph yet"
-                                                         : "the GPU path reads plain safetensors checkpoints only";
+  const bool readable = store != nullptr || (source != nullptr && forced);
+  if (want_gpu && (!has_graph || !readable)) {
+    const std::string reason = !has_graph        ? "model_type '" + c.model_type + "' has no GPU graph yet"
+                               : source != nullptr ? "GGUF and quantized checkpoints take the GPU path only under --device cuda"
+                                                   : "no weights to read";
     if (forced) fail(ErrorKind::unsupported, s.origin("device") + "=" + s.device + ": " + reason);
     if (!quiet) std::fprintf(stderr, "hmoe: %s; running on the CPU\n", reason.c_str());
     return nullptr;
@@ -474,7 +450,12 @@ std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorSt
     std::fprintf(stderr, "hmoe: %s; %lld of %lld MoE layers resident (%s of experts on the GPU, %s on the CPU)\n", why.c_str(),
                  static_cast<long long>(plan.resident_moe_layers()), static_cast<long long>(plan.moe_layers()),
                  format_bytes(plan.gpu_expert_bytes).c_str(), format_bytes(plan.cpu_expert_bytes).c_str());
-  WeightLookup get = [store](const std::string& name, const std::vector<int64_t>& shape) {
+  WeightLookup get = [store, source](const std::string& name, const std::vector<int64_t>& shape) {
+    if (!store) {  // GGUF / quantized: the source's view, any format (dequantized where it goes to the GPU)
+      if (shape.size() == 1) return source->vec(name, shape[0]);
+      if (shape.size() != 2) fail(ErrorKind::internal, "GPU weight lookup: tensor '" + name + "' asked with " + std::to_string(shape.size()) + " dims");
+      return source->mat(name, shape[0], shape[1]);
+    }
     const io::TensorView& t = store->get(name, shape);
     return cpu::Mat{t.dtype, t.data, shape.empty() ? 1 : shape[0], shape.size() > 1 ? shape[1] : 1};
   };
@@ -483,7 +464,8 @@ std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorSt
   auto stack = std::make_unique<GpuStack>(c, plan.resident(), get, pools, numa::EngineOptions::from_settings(s));
   stack->set_cuda_graphs(s.cuda_graphs);
   stack->set_cpu_overlap(s.gpu_cpu_overlap);
-  if (plan.resident_moe_layers() < plan.moe_layers()) stack->enable_expert_streaming(expert_stream_options(c, s, &pools.pool(0), quiet));
+  // Streaming uploads the CPU experts' bytes as bf16 matrices: plain checkpoints only.
+  if (store && plan.resident_moe_layers() < plan.moe_layers()) stack->enable_expert_streaming(expert_stream_options(c, s, &pools.pool(0), quiet));
   if (engram) stack->attach_engram(*engram, get);
   return stack;
 }

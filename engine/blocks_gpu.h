@@ -30,6 +30,8 @@
 
 namespace hmoe {
 
+class WeightSource;
+
 // Host view of a checkpoint tensor with the given shape (throws when absent).
 using WeightLookup = std::function<cpu::Mat(const std::string& name, const std::vector<int64_t>& shape)>;
 
@@ -82,11 +84,17 @@ class GpuStack : public GpuStep {
 // Model::load's entry point: resolves --device and the placement from the
 // settings, checks that the plan fits the GPU before allocating anything,
 // prints one line each saying so on stderr (unless progress is "none"), and
-// builds the stack (GpuMlaStack for deepseek_v3); returns nullptr for the CPU path. `store` null (GGUF,
-// quantized checkpoints) or an architecture without a GPU graph runs on the
-// CPU under --device auto and is an error under --device cuda.
-// `engram`: the model's Engram modules (qwen3_moe_engram; null otherwise).
-std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, const Settings& s, numa::NodePools& pools,
-                                        EngramModules* engram = nullptr);
+// builds the stack (GpuMlaStack for deepseek_v3); returns nullptr for the
+// CPU path. Weights come from `store` (plain safetensors) or, when it is
+// null, from `source` (GGUF and quantized checkpoints): what goes to the GPU
+// is dequantized to bf16 (engine/gpu_upload.h), the CPU experts keep their
+// format, and long prompts do not stream experts. A checkpoint read through
+// `source` takes the GPU path only under --device cuda (not yet checked on a
+// GPU: --device auto keeps it on the CPU and says so); an architecture
+// without a GPU graph runs on the CPU under --device auto and is an error
+// under --device cuda. `engram`: the model's Engram modules
+// (qwen3_moe_engram; null otherwise).
+std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, WeightSource* source, const Settings& s,
+                                        numa::NodePools& pools, EngramModules* engram = nullptr);
 
 }  // namespace hmoe

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "configs/error.h"
+#include "engine/gpu_upload.h"
 #include "engine/kv_storage_gpu.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
@@ -28,31 +29,6 @@ using gpu::bf16_t;
 // Expanded K/V of one step above this many bytes: expanded_prefill attends in the latent space.
 constexpr int64_t kMaxExpandBytes = int64_t{1} << 30;
 
-void append_bf16(std::vector<bf16_t>& dst, const cpu::Mat& m) {
-  const size_t n = static_cast<size_t>(m.rows * m.cols), at = dst.size();
-  dst.resize(at + n);
-  if (m.dtype == DType::bf16 && m.quant == cpu::Quant::none) {
-    std::memcpy(dst.data() + at, m.data, n * 2);
-    return;
-  }
-  std::vector<float> row(static_cast<size_t>(m.cols));
-  for (int64_t r = 0; r < m.rows; ++r) {
-    cpu::row_to_f32(m, r, row.data());
-    for (int64_t c = 0; c < m.cols; ++c) dst[at + static_cast<size_t>(r * m.cols + c)] = f32_to_bf16(row[static_cast<size_t>(c)]);
-  }
-}
-
-gpu::DeviceBuffer upload(const void* src, size_t bytes, gpu::Stream& s) {
-  gpu::DeviceBuffer d(std::max<size_t>(bytes, 16));
-  gpu::copy_to_device(d.data(), src, bytes, s);
-  s.synchronize();
-  return d;
-}
-gpu::DeviceBuffer upload_bf16(const std::vector<cpu::Mat>& parts, gpu::Stream& s) {
-  std::vector<bf16_t> host;
-  for (const cpu::Mat& m : parts) append_bf16(host, m);
-  return upload(host.data(), host.size() * 2, s);
-}
 
 }  // namespace
 
@@ -156,16 +132,12 @@ GpuMlaStack::GpuMlaStack(const ModelConfig& c, const std::vector<bool>& resident
       continue;
     }
     {  // the router runs in fp32, as in the reference: bf16 rounding flips group-limited top-k choices
-      const cpu::Mat g = mat(f + "gate.weight", E, H);
-      std::vector<float> gf(static_cast<size_t>(E * H));
-      for (int64_t e = 0; e < E; ++e) cpu::to_f32(g.dtype, g.row(e), gf.data() + e * H, H);
+      const std::vector<float> gf = mat_f32(mat(f + "gate.weight", E, H));
       w.router = upload(gf.data(), gf.size() * 4, s);
       m.weight_bytes += w.router.bytes();
     }
     {
-      const cpu::Mat b = vec(f + "gate.e_score_correction_bias", E);
-      std::vector<float> bf(static_cast<size_t>(E));
-      cpu::to_f32(b.dtype, b.data, bf.data(), E);
+      const std::vector<float> bf = mat_f32(vec(f + "gate.e_score_correction_bias", E));
       w.bias = upload(bf.data(), bf.size() * 4, s);
     }
     if (ml.n_shared_experts > 0) {

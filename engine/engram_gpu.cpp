@@ -8,27 +8,11 @@
 #include <vector>
 
 #include "configs/error.h"
+#include "engine/gpu_upload.h"
 #include "gpu/engram.h"
 #include "io/dtype.h"
 
 namespace hmoe {
-
-namespace {
-
-std::vector<float> f32_of(const cpu::Mat& m) {
-  std::vector<float> v(static_cast<size_t>(m.rows * m.cols));
-  cpu::to_f32(m.dtype, m.data, v.data(), m.rows * m.cols);
-  return v;
-}
-
-gpu::DeviceBuffer upload(const void* src, size_t bytes, gpu::Stream& s) {
-  gpu::DeviceBuffer d(bytes);
-  gpu::copy_to_device(d.data(), src, bytes, s);
-  s.synchronize();
-  return d;
-}
-
-}  // namespace
 
 struct GpuEngram::Impl {
   struct ModW {
@@ -76,14 +60,14 @@ GpuEngram::GpuEngram(const ModelConfig& c, EngramModules& host, const WeightLook
     std::vector<gpu::bf16_t> kvw(static_cast<size_t>(2 * H * dm));
     size_t at = 0;
     for (const char* name : {"key_proj.weight", "value_proj.weight"})
-      for (float f : f32_of(get(p + name, {H, dm}))) kvw[at++] = f32_to_bf16(f);
+      for (float f : mat_f32(get(p + name, {H, dm}))) kvw[at++] = f32_to_bf16(f);
     w.kv_w = upload(kvw.data(), kvw.size() * 2, s);
     std::vector<float> vecs;
     for (const char* name : {"key_proj.bias", "value_proj.bias", "key_norm.weight", "query_norm.weight", "conv_norm.weight"}) {
-      const auto v = f32_of(get(p + name, {H}));
+      const auto v = mat_f32(get(p + name, {H}));
       vecs.insert(vecs.end(), v.begin(), v.end());
     }
-    const auto cw = f32_of(get(p + "conv.weight", {H, m.K}));
+    const auto cw = mat_f32(get(p + "conv.weight", {H, m.K}));
     vecs.insert(vecs.end(), cw.begin(), cw.end());
     w.vecs = upload(vecs.data(), vecs.size() * sizeof(float), s);
     m.weight_bytes += w.kv_w.bytes() + w.vecs.bytes();

@@ -81,7 +81,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   }
   if (c.arch == Arch::qwen3_moe_engram) m->engram_ = EngramModules::load(bind, c, dir, settings, *m->pool_);
   bind.check_all_used(dir);
-  m->gpu_ = make_gpu_stack(c, m->source_ ? nullptr : m->store_.get(), settings, *m->pools_, m->engram_.get());  // nullptr: CPU path
+  m->gpu_ = make_gpu_stack(c, m->source_ ? nullptr : m->store_.get(), m->source_.get(), settings, *m->pools_, m->engram_.get());  // nullptr: CPU path
   if (!m->store_) {  // GGUF: the source reads its own map
     m->source_->touch("loading " + dir, settings.progress);
     return m;

@@ -1,0 +1,29 @@
+// Host weights to the GPU, for the GPU steps (engine/blocks_gpu.cpp,
+// engine/blocks_gpu_mla.cpp, engine/engram_gpu.cpp).
+//
+// Contract: append_bf16 and mat_f32 take any weight view the CPU kernels
+// take - bf16/f16/f32, int8/int4 and the GGUF/FP8 block formats - and
+// dequantize it (numa/kernels.h row_to_f32), so a quantized checkpoint's
+// weights reach the GPU as bf16. upload() and upload_bf16() copy
+// synchronously on `s` into a new device buffer (at least 16 bytes); in a
+// build without CUDA they throw Error(unsupported).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "gpu/memory.h"
+#include "numa/kernels.h"
+
+namespace hmoe {
+
+// Appends m's rows * cols values to dst as bf16 bits.
+void append_bf16(std::vector<uint16_t>& dst, const cpu::Mat& m);
+// m's rows * cols values as fp32, row-major.
+std::vector<float> mat_f32(const cpu::Mat& m);
+
+gpu::DeviceBuffer upload(const void* src, size_t bytes, gpu::Stream& s);
+// The parts, each converted by append_bf16, one after another in one buffer.
+gpu::DeviceBuffer upload_bf16(const std::vector<cpu::Mat>& parts, gpu::Stream& s);
+
+}  // namespace hmoe
