@@ -223,7 +223,15 @@ ModelConfig gguf_model_config(const io::GgufFile& f) {
   j["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
   if (const io::GgufValue* v = f.find("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = v->as_u64("tokenizer.ggml.eos_token_id");
   if (const io::GgufValue* v = f.find("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = v->as_u64("tokenizer.ggml.bos_token_id");
-  return ModelConfig::from_json(j, f.path() + " (GGUF metadata)");
+  ModelConfig c = ModelConfig::from_json(j, f.path() + " (GGUF metadata)");
+  uint64_t exp_bytes = 0, exp_weights = 0;  // the routed experts as stored (blk.N.ffn_{gate,up,down}_exps)
+  for (const io::GgufTensor& t : f.tensors())
+    if (t.name.find("_exps.") != std::string_view::npos) {
+      exp_bytes += t.bytes;
+      exp_weights += t.elements();
+    }
+  if (exp_weights > 0) c.expert_bytes_per_weight = static_cast<double>(exp_bytes) / static_cast<double>(exp_weights);
+  return c;
 }
 
 std::unique_ptr<chat::ChatTemplate> gguf_chat_template(const std::string& path) {

@@ -85,6 +85,9 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;  // config.json, then generation_config.json
   int64_t bos_token_id = -1;
   std::string torch_dtype = "bfloat16";
+  // Stored bytes per routed-expert weight when the checkpoint says (GGUF:
+  // its *_exps tensors, e.g. 1.0625 for Q8_0); 0: from torch_dtype.
+  double expert_bytes_per_weight = 0;
   EngramConfig engram;  // qwen3_moe_engram only
   MlaConfig mla;        // deepseek_v3 only (num_experts holds n_routed_experts)
 

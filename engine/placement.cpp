@@ -134,7 +134,8 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
                  hd = static_cast<uint64_t>(c.head_dim);
   const uint64_t K = static_cast<uint64_t>(c.num_experts_per_tok), E = static_cast<uint64_t>(std::max<int64_t>(c.num_experts, 1));
   const uint64_t I = static_cast<uint64_t>(c.moe_intermediate_size);
-  const uint64_t cpu_dtype = c.torch_dtype == "float32" ? 4 : 2;
+  // Host experts stay in the checkpoint's format (GGUF blocks, or bf16/f32).
+  const double cpu_dtype = c.expert_bytes_per_weight > 0 ? c.expert_bytes_per_weight : c.torch_dtype == "float32" ? 4 : 2;
 
   Plan p;
   p.spec = s.gpu_resident_moe_layers;
@@ -220,8 +221,8 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
       p.gpu_expert_bytes += lp.expert_bytes;
       p.gpu_bytes_per_token += active * 2;
     } else {
-      p.cpu_expert_bytes += E * per_expert * cpu_dtype;
-      p.cpu_bytes_per_token += active * cpu_dtype;
+      p.cpu_expert_bytes += static_cast<uint64_t>(static_cast<double>(E * per_expert) * cpu_dtype);
+      p.cpu_bytes_per_token += static_cast<uint64_t>(static_cast<double>(active) * cpu_dtype);
     }
   }
   const uint64_t need = base + p.gpu_expert_bytes;

@@ -132,3 +132,17 @@ TEST_CASE("configs/SETTINGS.md is generated from the settings table") {
   CHECK_MESSAGE(file.find(table) != std::string::npos,
                 path << " is out of date: regenerate it with `build/bin/hmoe settings --markdown > configs/SETTINGS.md`");
 }
+
+TEST_CASE("hmoe plan takes a GGUF file and counts its CPU experts as stored (Q8_0), the safetensors twin's as bf16") {
+  const std::string flags = " --gpu-memory 24GiB --cpu-bandwidth 50GB --gpu-resident-moe-layers none";
+  const Run g = run("plan " + test::fixture_ref("tiny-qwen3moe-Q8_0.gguf") + flags);
+  CHECK_MESSAGE(g.code == 0, g.out);
+  // 4 MoE layers x 16 experts x 3 x 64 x 32 weights: 408 KiB at 34 bytes per 32 (Q8_0), 768 KiB in bf16.
+  CHECK_MESSAGE(contains(g.out, "experts 408.0 KiB (as stored: 1.0625 bytes per weight"), g.out);
+  CHECK(contains(g.out, "prefill streaming of non-resident experts: off"));
+  const Run h = run("plan " + test::fixture_model("tiny-qwen3moe") + flags);
+  CHECK_MESSAGE(h.code == 0, h.out);
+  CHECK_MESSAGE(contains(h.out, "experts 768.0 KiB\n"), h.out);
+  const Run bad = run("plan " + test::fixture_ref("llamacpp_q8_0_reference.json") + flags);
+  CHECK(bad.code != 0);
+}

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "configs/error.h"
+#include "engine/gguf_model.h"
 #include "engine/model_config.h"
+#include "io/gguf.h"
 #include "engine/placement.h"
 #include "gpu/device.h"
 #include "engine/gpu_expert_stream.h"
@@ -52,9 +54,9 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
   std::string pbw_s;
   const bool have_pbw = take_option(args, "--pcie-bandwidth", pbw_s);
   reject_unknown_flags(args, "plan");
-  if (args.size() != 1) fail(ErrorKind::invalid_argument, "plan takes one MODEL directory");
+  if (args.size() != 1) fail(ErrorKind::invalid_argument, "plan takes one MODEL (a directory or a .gguf file)");
   for (const auto& n : s.notices) std::fprintf(stderr, "%s\n", n.c_str());
-  const ModelConfig c = ModelConfig::from_dir(args[0]);
+  const ModelConfig c = is_gguf_path(args[0]) ? gguf_model_config(*io::GgufFile::open(args[0])) : ModelConfig::from_dir(args[0]);
 
   GpuTarget gpu;
   std::string gpu_note;
@@ -92,15 +94,19 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
               format_bytes(p.gpu_fixed_bytes).c_str(), format_bytes(p.gpu_expert_bytes).c_str(), format_bytes(p.gpu_workspace_bytes).c_str(),
               format_bytes(p.kv_bytes).c_str(),
               format_bytes(p.gpu_fixed_bytes + p.gpu_expert_bytes + p.gpu_workspace_bytes + p.kv_bytes).c_str(), format_bytes(p.gpu_budget).c_str());
-  std::printf("host memory (NUMA nodes together; the expert engine splits each expert across nodes): experts %s\n",
-              format_bytes(p.cpu_expert_bytes).c_str());
+  std::printf("host memory (NUMA nodes together; the expert engine splits each expert across nodes): experts %s%s\n",
+              format_bytes(p.cpu_expert_bytes).c_str(),
+              c.expert_bytes_per_weight > 0 ? (" (as stored: " + std::to_string(c.expert_bytes_per_weight).substr(0, 6) + " bytes per weight; on the GPU bf16)").c_str()
+                                            : "");
   std::printf("KV cache: %s per token, %lld tokens\n", format_bytes(p.kv_bytes_per_token).c_str(), static_cast<long long>(p.kv_tokens));
   const double t = p.decode_seconds(gpu.bandwidth, cpu_bw);
   std::printf("decode estimate (batch 1): GPU reads %s/token at %.0f GB/s (%s), CPU reads %s/token of cold experts at %.1f GB/s (%s)\n",
               format_bytes(p.gpu_bytes_per_token).c_str(), gpu.bandwidth / 1e9, gbw_note.c_str(), format_bytes(p.cpu_bytes_per_token).c_str(),
               cpu_bw / 1e9, have_cbw ? "--cpu-bandwidth" : "measured here");
   std::printf("  -> %.2f ms/token, about %.1f tokens/s (bandwidth bound; no overlap assumed)\n", t * 1e3, 1.0 / t);
-  if (p.resident_moe_layers() < p.moe_layers())
+  if (p.resident_moe_layers() < p.moe_layers() && is_gguf_path(args[0]))
+    std::printf("prefill streaming of non-resident experts: off (GGUF checkpoints: their CPU experts stay in their own format)\n");
+  else if (p.resident_moe_layers() < p.moe_layers())
     std::printf("%s", prefill_plan_report(c, s, cpu_bw, have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : 0).c_str());
   return 0;
 }
