@@ -11,6 +11,7 @@
 
 #include "engine/logits.h"
 #include "engine/model.h"
+#include "tests/bf16_agreement.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
 
@@ -34,21 +35,14 @@ TEST_CASE("tiny-qwen3moe-Q8_0.gguf on the GPU agrees with llama.cpp's top-1 at c
     int checked = 0, agreed = 0;
     for (size_t c = 0; c < ref["chats"].size(); ++c) {
       const auto& chat = ref["chats"][c];
-      const auto ids = chat["ids"].get<std::vector<int32_t>>();
-      KvCache kv(model->kv_layout(), static_cast<int64_t>(ids.size()) / 16 + 2, 16);
-      const int seq = kv.add_sequence();
-      kv.reserve(seq, static_cast<int64_t>(ids.size()));
-      Batch b;
-      for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], seq, static_cast<int64_t>(i), true);
-      std::vector<float> logits;
-      model->forward(b, kv, logits);
-      REQUIRE(logits.size() == ids.size() * static_cast<size_t>(V));
-      for (size_t p = 0; p < ids.size(); ++p) {
+      const size_t np = chat["ids"].size();
+      const auto rows = test::teacher_forced_rows(*model, chat);  // prompt rows first
+      for (size_t p = 0; p < np; ++p) {
         const auto& tl = chat["top10_logits"][p];
         const double m = tl[0].get<double>() - tl[1].get<double>();
         if (m <= 0.5) continue;
         ++checked;
-        const int32_t mine = argmax(logits.data() + p * V, V);
+        const int32_t mine = argmax(rows[p].data(), V);
         agreed += mine == chat["top10_ids"][p][0].get<int32_t>();
         CHECK_MESSAGE(mine == chat["top10_ids"][p][0].get<int32_t>(), placement << ": chat " << c << " position " << p << " margin " << m);
       }
