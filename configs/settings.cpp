@@ -1,6 +1,9 @@
 // Parsing of the settings table. getenv appears in this file only.
 #include "configs/settings.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -96,6 +99,44 @@ const std::vector<SettingInfo>& setting_table() {
   return t;
 }
 
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// HMOE_* variables in the environment that name no setting.
+std::vector<std::string> unknown_env_warnings() {
+  std::vector<std::string> known = {"HMOE_CUDA"};  // read by the build scripts, not here
+#define HMOE_SETTING(field, kind, def, flag, env, help) known.push_back(env);
+#include "configs/settings.inc"
+#undef HMOE_SETTING
+  std::vector<std::string> out;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    const std::string name = kv.substr(0, kv.find('='));
+    if (name.rfind("HMOE_", 0) != 0 || std::find(known.begin(), known.end(), name) != known.end()) continue;
+    std::string best;
+    size_t best_d = std::string::npos;
+    for (const auto& k : known)
+      if (const size_t d = edit_distance(name, k); d < best_d) best_d = d, best = k;
+    std::string w = "warning: environment variable " + name + " is not an hmoe setting and is ignored";
+    if (best_d <= std::max<size_t>(2, name.size() / 6)) w += " (did you mean " + best + "?)";
+    out.push_back(w + "; `hmoe --help` lists the settings");
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
 Settings Settings::defaults() {
   Settings s;
 #define HMOE_SETTING(field, kind, def, flag, env, help) assign(std::string("default of ") + flag, s.field, def);
@@ -121,6 +162,7 @@ Settings Settings::load(std::vector<std::string>& args) {
   }
 #include "configs/settings.inc"
 #undef HMOE_SETTING
+  s.warnings = unknown_env_warnings();
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];

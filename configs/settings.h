@@ -35,6 +35,10 @@ struct Settings {
   std::string origin(const std::string& field) const;
   // Messages for the user from load() (an alias was read, ...); the caller prints them.
   std::vector<std::string> notices;
+  // One line per HMOE_* environment variable that is no setting (a typo is
+  // otherwise silently ignored), with the nearest setting's name; the hmoe
+  // command prints them.
+  std::vector<std::string> warnings;
   std::vector<std::pair<std::string, std::string>> origins;  // field -> origin, set by load()
 };
 

@@ -21,8 +21,8 @@ struct Run {
   std::string out;
 };
 
-Run run(const std::string& args) {
-  const std::string cmd = std::string(HMOE_BINARY_DIR) + "/bin/hmoe " + args + " 2>&1";
+Run run_cmd(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   std::string out;
@@ -32,6 +32,11 @@ Run run(const std::string& args) {
   int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
+
+Run run(const std::string& args) { return run_cmd(std::string(HMOE_BINARY_DIR) + "/bin/hmoe " + args); }
+
+// run() with extra environment assignments ("A=1 B=2").
+Run run_env(const std::string& env, const std::string& args) { return run_cmd("env " + env + " " + std::string(HMOE_BINARY_DIR) + "/bin/hmoe " + args); }
 
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
@@ -145,4 +150,17 @@ TEST_CASE("hmoe plan takes a GGUF file and counts its CPU experts as stored (Q8_
   CHECK_MESSAGE(contains(h.out, "experts 768.0 KiB\n"), h.out);
   const Run bad = run("plan " + test::fixture_ref("llamacpp_q8_0_reference.json") + flags);
   CHECK(bad.code != 0);
+}
+
+TEST_CASE("an HMOE_ environment variable that is no setting is named in a warning, with the nearest setting") {
+  const Run r = run_env("HMOE_GPU_RESIDENT_MOE_LAYER=0-3 HMOE_ZZZ=1", "settings");
+  CHECK(r.code == 0);
+  CHECK_MESSAGE(contains(r.out, "warning: environment variable HMOE_GPU_RESIDENT_MOE_LAYER is not an hmoe setting and is ignored "
+                                "(did you mean HMOE_GPU_RESIDENT_MOE_LAYERS?)"),
+                r.out);
+  CHECK(contains(r.out, "environment variable HMOE_ZZZ is not an hmoe setting and is ignored;"));
+  CHECK(!contains(r.out, "HMOE_ZZZ is not an hmoe setting and is ignored (did you mean"));
+  const Run ok = run_env("HMOE_GPU_RESIDENT_MOE_LAYERS=0-3 HMOE_CUDA=OFF", "settings");
+  CHECK(ok.code == 0);
+  CHECK(!contains(ok.out, "warning: environment variable"));
 }

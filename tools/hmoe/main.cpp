@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
     }
     try {
       Settings s = Settings::load(args);
+      for (const auto& w : s.warnings) std::fprintf(stderr, "hmoe: %s\n", w.c_str());
       return c.run(s, args);
     } catch (const Error& e) {
       std::fprintf(stderr, "hmoe %s: error: %s\n", name.c_str(), e.what());
