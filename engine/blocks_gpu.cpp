@@ -432,9 +432,8 @@ std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorSt
   const bool has_graph = c.arch == Arch::qwen3_moe || c.arch == Arch::deepseek_v3 || (c.arch == Arch::qwen3_moe_engram && engram);
   const bool readable = store != nullptr || (source != nullptr && forced);
   if (want_gpu && (!has_graph || !readable)) {
-    const std::string reason = !has_graph        ? "model_type '" + c.model_type + "' has no GPU graph yet"
-                               : source != nullptr ? "GGUF and quantized checkpoints take the GPU path only under --device cuda"
-                                                   : "no weights to read";
+    const std::string reason = !has_graph ? "model_type '" + c.model_type + "' has no GPU graph yet"
+                                          : "GGUF and quantized checkpoints take the GPU path only under --device cuda";
     if (forced) fail(ErrorKind::unsupported, s.origin("device") + "=" + s.device + ": " + reason);
     if (!quiet) std::fprintf(stderr, "hmoe: %s; running on the CPU\n", reason.c_str());
     return nullptr;

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "configs/error.h"
+#include "engine/gpu_upload.h"
 #include "engine/placement.h"
 #include "engine/prefill_cost.h"
 #include "gpu/device.h"
@@ -41,20 +42,6 @@ void coalesce(std::vector<CopyOp>& ops) {
 }
 
 bool plain_bf16(const cpu::Mat& m) { return m.dtype == DType::bf16 && m.quant == cpu::Quant::none; }
-
-// m as bf16 rows into dst (rows*cols values).
-void write_bf16(const cpu::Mat& m, uint16_t* dst) {
-  const size_t n = static_cast<size_t>(m.rows * m.cols);
-  if (plain_bf16(m)) {
-    std::memcpy(dst, m.data, n * 2);
-    return;
-  }
-  std::vector<float> row(static_cast<size_t>(m.cols));
-  for (int64_t r = 0; r < m.rows; ++r) {
-    cpu::to_f32(m.dtype, m.row(r), row.data(), m.cols);
-    for (int64_t c = 0; c < m.cols; ++c) dst[static_cast<size_t>(r * m.cols + c)] = f32_to_bf16(row[static_cast<size_t>(c)]);
-  }
-}
 
 }  // namespace
 

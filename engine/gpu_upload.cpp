@@ -6,18 +6,22 @@
 
 namespace hmoe {
 
-void append_bf16(std::vector<uint16_t>& dst, const cpu::Mat& m) {
-  const size_t n = static_cast<size_t>(m.rows * m.cols), at = dst.size();
-  dst.resize(at + n);
+void write_bf16(const cpu::Mat& m, uint16_t* dst) {
   if (m.dtype == DType::bf16 && m.quant == cpu::Quant::none) {
-    std::memcpy(dst.data() + at, m.data, n * 2);
+    std::memcpy(dst, m.data, static_cast<size_t>(m.rows * m.cols) * 2);
     return;
   }
   std::vector<float> row(static_cast<size_t>(m.cols));
   for (int64_t r = 0; r < m.rows; ++r) {
     cpu::row_to_f32(m, r, row.data());
-    for (int64_t c = 0; c < m.cols; ++c) dst[at + static_cast<size_t>(r * m.cols + c)] = f32_to_bf16(row[static_cast<size_t>(c)]);
+    for (int64_t c = 0; c < m.cols; ++c) dst[static_cast<size_t>(r * m.cols + c)] = f32_to_bf16(row[static_cast<size_t>(c)]);
   }
+}
+
+void append_bf16(std::vector<uint16_t>& dst, const cpu::Mat& m) {
+  const size_t at = dst.size();
+  dst.resize(at + static_cast<size_t>(m.rows * m.cols));
+  write_bf16(m, dst.data() + at);
 }
 
 std::vector<float> mat_f32(const cpu::Mat& m) {

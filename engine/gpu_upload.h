@@ -17,7 +17,9 @@
 
 namespace hmoe {
 
-// Appends m's rows * cols values to dst as bf16 bits.
+// Writes m's rows * cols values to dst as bf16 bits.
+void write_bf16(const cpu::Mat& m, uint16_t* dst);
+// Appends them to dst.
 void append_bf16(std::vector<uint16_t>& dst, const cpu::Mat& m);
 // m's rows * cols values as fp32, row-major.
 std::vector<float> mat_f32(const cpu::Mat& m);
