@@ -42,7 +42,7 @@ struct HostMat {  // one expert matrix in a format, host side
   cpu::Mat view;
 };
 
-enum class Fmt { bf16, q8_0, q4_k, gptq, fp8 };
+enum class Fmt { bf16, q8_0, q4_k, gptq, fp8, q4_0, q5_k, q6_k };
 const char* fmt_name(Fmt f) {
   switch (f) {
     case Fmt::bf16: return "bf16";
@@ -50,6 +50,9 @@ const char* fmt_name(Fmt f) {
     case Fmt::q4_k: return "GGUF Q4_K";
     case Fmt::gptq: return "GPTQ-int4 g128";
     case Fmt::fp8: return "FP8 e4m3 b128";
+    case Fmt::q4_0: return "GGUF Q4_0";
+    case Fmt::q5_k: return "GGUF Q5_K";
+    case Fmt::q6_k: return "GGUF Q6_K";
   }
   return "?";
 }
@@ -76,8 +79,15 @@ HostMat make(Fmt f, int64_t rows, int64_t cols, uint64_t seed) {
       break;
     }
     case Fmt::q8_0:
-    case Fmt::q4_k: {
-      const auto t = f == Fmt::q8_0 ? cpu::ExtType::q8_0 : cpu::ExtType::q4_k;
+    case Fmt::q4_k:
+    case Fmt::q4_0:
+    case Fmt::q5_k:
+    case Fmt::q6_k: {
+      const auto t = f == Fmt::q8_0   ? cpu::ExtType::q8_0
+                     : f == Fmt::q4_k ? cpu::ExtType::q4_k
+                     : f == Fmt::q4_0 ? cpu::ExtType::q4_0
+                     : f == Fmt::q5_k ? cpu::ExtType::q5_k
+                                      : cpu::ExtType::q6_k;
       h.bytes = qtools::quant_rows(t, w.data(), rows, cols);
       h.view = cpu::ext_view(t, h.bytes.data(), rows, cols, "bench");
       break;
@@ -112,29 +122,28 @@ struct Stack {
 Stack stack(Fmt f, const HostMat& h, int64_t copies, gpu::Stream& s) {
   Stack st;
   const cpu::Mat& v = h.view;
-  const size_t db = static_cast<size_t>(v.rows) * v.row_bytes();
-  const size_t sb = v.scales ? static_cast<size_t>(v.rows * v.groups()) * 4 : 0, zb = v.zeros ? sb : 0;
+  // Quantized: the GPU layout (gpu::qrepack: Q4_0 -> int4 groups, Q5_K/Q6_K -> int8 groups, else as stored).
+  gpu::QHostMat hm;
+  if (f != Fmt::bf16) hm = gpu::qrepack({v}, "bench");
+  const size_t db = f == Fmt::bf16 ? static_cast<size_t>(v.rows) * v.row_bytes() : hm.data.size();
+  const size_t sb = hm.scales.size() * 4, zb = hm.zeros.size() * 4;
   st.one_bytes = db + sb + zb;
-  st.data = gpu::DeviceBuffer(db * static_cast<size_t>(copies));
-  gpu::copy_to_device(st.data.data(), v.data, db, s);
-  for (int64_t c = 1; c < copies; ++c) gpu::copy_on_device(st.data.as<uint8_t>() + db * c, st.data.data(), db, s);
-  auto rep = [&](gpu::DeviceBuffer& b, const float* src, size_t bytes) {
+  auto rep = [&](gpu::DeviceBuffer& b, const void* src, size_t bytes) {
     if (!bytes) return;
     b = gpu::DeviceBuffer(bytes * static_cast<size_t>(copies));
     gpu::copy_to_device(b.data(), src, bytes, s);
     for (int64_t c = 1; c < copies; ++c) gpu::copy_on_device(b.as<uint8_t>() + bytes * c, b.data(), bytes, s);
   };
-  rep(st.scales, v.scales, sb);
-  rep(st.zeros, v.zeros, zb);
+  rep(st.data, f == Fmt::bf16 ? v.data : static_cast<const void*>(hm.data.data()), db);
+  rep(st.scales, hm.scales.data(), sb);
+  rep(st.zeros, hm.zeros.data(), zb);
   s.synchronize();
   if (f != Fmt::bf16) {
-    st.w.format = gpu::qformat_of(v, "bench");
+    st.w = hm.w;
     st.w.data = st.data.data();
     st.w.scales = sb ? st.scales.as<float>() : nullptr;
     st.w.zeros = zb ? st.zeros.as<float>() : nullptr;
     st.w.rows = v.rows * copies;
-    st.w.cols = v.cols;
-    st.w.group = v.group;
     gpu::check_qweight(st.w, "bench");
   }
   return st;
@@ -202,7 +211,7 @@ int main(int argc, char** argv) {
   if (quick) shapes[1].E_held = 16;
   std::printf("%-14s %-15s %-14s %6s %10s %10s %9s %8s\n", "shape", "format", "op", "tokens", "us", "MB", "GB/s", "% read");
   for (const Shape& sh : shapes) {
-    for (Fmt f : {Fmt::bf16, Fmt::q8_0, Fmt::q4_k, Fmt::gptq, Fmt::fp8}) {
+    for (Fmt f : {Fmt::bf16, Fmt::q8_0, Fmt::q4_k, Fmt::gptq, Fmt::fp8, Fmt::q4_0, Fmt::q5_k, Fmt::q6_k}) {
       const auto t0 = std::chrono::steady_clock::now();
       HostMat gu = make(f, 2 * sh.I, sh.H, 11), dn = make(f, sh.H, sh.I, 12);
       Stack sgu = stack(f, gu, sh.E_held, s), sdn = stack(f, dn, sh.E_held, s);

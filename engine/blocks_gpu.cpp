@@ -13,6 +13,7 @@
 
 #include "configs/error.h"
 #include "engine/ops/cpu_ops.h"
+#include "engine/gpu_experts.h"
 #include "engine/gpu_upload.h"
 #include "engine/kv_storage_gpu.h"
 #include "engine/engram_gpu.h"
@@ -34,7 +35,8 @@ using gpu::bf16_t;
 struct GpuStack::Impl {
   struct LayerW {
     gpu::DeviceBuffer in_norm, post_norm, qkv, o, q_norm, k_norm;
-    gpu::DeviceBuffer router, gate_up, down;  // gate_up/down: dense MLP or resident experts
+    gpu::DeviceBuffer router, gate_up, down;  // gate_up/down: dense MLP
+    std::unique_ptr<GpuResidentExperts> experts;  // resident MoE layers
     bool moe = false, resident = false;
     std::vector<numa::ExpertWeights> cpu_experts;  // non-resident MoE layers
     std::unique_ptr<numa::ExpertEngine> engine;    // over cpu_experts
@@ -67,7 +69,7 @@ struct GpuStack::Impl {
 };
 
 GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, const WeightLookup& get, numa::NodePools& pools,
-                   const numa::EngineOptions& experts_opt)
+                   const numa::EngineOptions& experts_opt, bool keep_quantized)
     : impl_(std::make_unique<Impl>(c, pools)) {
   numa::EngineOptions eopt = experts_opt;
   Impl& m = *impl_;
@@ -126,21 +128,8 @@ GpuStack::GpuStack(const ModelConfig& c, const std::vector<bool>& resident, cons
         ex.push_back({get(ep + "gate_proj.weight", {I, H}), get(ep + "up_proj.weight", {I, H}), get(ep + "down_proj.weight", {H, I})});
       }
       if (w.resident) {
-        // [E][2I][H] gate then up rows per expert, [E][H][I] down; uploaded an expert at a time.
-        w.gate_up = gpu::DeviceBuffer(static_cast<size_t>(E * 2 * I * H) * 2);
-        w.down = gpu::DeviceBuffer(static_cast<size_t>(E * H * I) * 2);
-        std::vector<bf16_t> gu, dn;
-        for (int64_t e = 0; e < E; ++e) {
-          gu.clear();
-          dn.clear();
-          append_bf16(gu, ex[static_cast<size_t>(e)].gate);
-          append_bf16(gu, ex[static_cast<size_t>(e)].up);
-          append_bf16(dn, ex[static_cast<size_t>(e)].down);
-          gpu::copy_to_device(w.gate_up.as<bf16_t>() + e * 2 * I * H, gu.data(), gu.size() * 2, s);
-          gpu::copy_to_device(w.down.as<bf16_t>() + e * H * I, dn.data(), dn.size() * 2, s);
-          s.synchronize();
-        }
-        m.weight_bytes += w.gate_up.bytes() + w.down.bytes();
+        w.experts = std::make_unique<GpuResidentExperts>(ex, keep_quantized, s, "layer " + std::to_string(l) + " routed experts");
+        m.weight_bytes += w.experts->bytes();
       } else {
         w.cpu_experts = std::move(ex);
         ++m.hybrid_count;
@@ -322,8 +311,8 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     gpu::router_topk(m.router_l.as<float>(), rn, E, K, c.norm_topk_prob, ids, wts, s);
     if (w.resident) {
       gpu::moe_route(ids, rn * K, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
-      gpu::moe_experts(hr, rn, H, I, E, K, ids, wts, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), w.gate_up.as<bf16_t>(),
-                       w.down.as<bf16_t>(), m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), dr, s);
+      w.experts->run(hr, rn, K, ids, wts, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), dr,
+                     s);
     } else if (stream_pass) {
       m.xstream->layer(static_cast<int64_t>(l), hr, rn, ids, wts, dr);
     }
@@ -430,10 +419,9 @@ std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorSt
   const bool want_gpu = resolve_device(s, why);
   const bool forced = s.device == "cuda" || s.device == "gpu";
   const bool has_graph = c.arch == Arch::qwen3_moe || c.arch == Arch::deepseek_v3 || (c.arch == Arch::qwen3_moe_engram && engram);
-  const bool readable = store != nullptr || (source != nullptr && forced);
+  const bool readable = store != nullptr || source != nullptr;
   if (want_gpu && (!has_graph || !readable)) {
-    const std::string reason = !has_graph ? "model_type '" + c.model_type + "' has no GPU graph yet"
-                                          : "GGUF and quantized checkpoints take the GPU path only under --device cuda";
+    const std::string reason = !has_graph ? "model_type '" + c.model_type + "' has no GPU graph yet" : "no weights to read";
     if (forced) fail(ErrorKind::unsupported, s.origin("device") + "=" + s.device + ": " + reason);
     if (!quiet) std::fprintf(stderr, "hmoe: %s; running on the CPU\n", reason.c_str());
     return nullptr;
@@ -459,8 +447,9 @@ std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorSt
     return cpu::Mat{t.dtype, t.data, shape.empty() ? 1 : shape[0], shape.size() > 1 ? shape[1] : 1};
   };
   if (c.arch == Arch::deepseek_v3)
-    return std::make_unique<GpuMlaStack>(c, plan.resident(), get, pools, parse_mla_mode(s.mla_attention), numa::EngineOptions::from_settings(s));
-  auto stack = std::make_unique<GpuStack>(c, plan.resident(), get, pools, numa::EngineOptions::from_settings(s));
+    return std::make_unique<GpuMlaStack>(c, plan.resident(), get, pools, parse_mla_mode(s.mla_attention), numa::EngineOptions::from_settings(s),
+                                         s.gpu_quantized_experts);
+  auto stack = std::make_unique<GpuStack>(c, plan.resident(), get, pools, numa::EngineOptions::from_settings(s), s.gpu_quantized_experts);
   stack->set_cuda_graphs(s.cuda_graphs);
   stack->set_cpu_overlap(s.gpu_cpu_overlap);
   // Streaming uploads the CPU experts' bytes as bf16 matrices: plain checkpoints only.

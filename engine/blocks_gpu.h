@@ -38,9 +38,11 @@ using WeightLookup = std::function<cpu::Mat(const std::string& name, const std::
 class GpuStack : public GpuStep {
  public:
   // resident[l]: layer l's routed experts on the GPU (ignored for dense
-  // layers); the others run on an ExpertEngine over `pools`.
+  // layers); the others run on an ExpertEngine over `pools`. keep_quantized:
+  // resident experts of quantized checkpoints stay in their format
+  // (engine/gpu_experts.h).
   GpuStack(const ModelConfig& c, const std::vector<bool>& resident, const WeightLookup& get, numa::NodePools& pools,
-           const numa::EngineOptions& experts_opt = {});
+           const numa::EngineOptions& experts_opt = {}, bool keep_quantized = true);
   ~GpuStack();
   GpuStack(const GpuStack&) = delete;
   GpuStack& operator=(const GpuStack&) = delete;
@@ -86,13 +88,13 @@ class GpuStack : public GpuStep {
 // prints one line each saying so on stderr (unless progress is "none"), and
 // builds the stack (GpuMlaStack for deepseek_v3); returns nullptr for the
 // CPU path. Weights come from `store` (plain safetensors) or, when it is
-// null, from `source` (GGUF and quantized checkpoints): what goes to the GPU
-// is dequantized to bf16 (engine/gpu_upload.h), the CPU experts keep their
-// format, and long prompts do not stream experts. A checkpoint read through
-// `source` takes the GPU path only under --device cuda (not yet checked on a
-// GPU: --device auto keeps it on the CPU and says so); an architecture
-// without a GPU graph runs on the CPU under --device auto and is an error
-// under --device cuda. `engram`: the model's Engram modules
+// null, from `source` (GGUF and quantized checkpoints): attention, norms,
+// routers and the head go to the GPU dequantized to bf16 (engine/
+// gpu_upload.h); resident routed experts stay in their format where the GPU
+// kernels take it (engine/gpu_experts.h, setting gpu_quantized_experts); the
+// CPU experts keep their format, and long prompts do not stream experts. An
+// architecture without a GPU graph runs on the CPU under --device auto and
+// is an error under --device cuda. `engram`: the model's Engram modules
 // (qwen3_moe_engram; null otherwise).
 std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorStore* store, WeightSource* source, const Settings& s,
                                         numa::NodePools& pools, EngramModules* engram = nullptr);

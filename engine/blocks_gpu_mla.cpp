@@ -14,6 +14,7 @@
 #include <string>
 
 #include "configs/error.h"
+#include "engine/gpu_experts.h"
 #include "engine/gpu_upload.h"
 #include "engine/kv_storage_gpu.h"
 #include "gpu/device.h"
@@ -35,7 +36,8 @@ constexpr int64_t kMaxExpandBytes = int64_t{1} << 30;
 struct GpuMlaStack::Impl {
   struct LayerW {
     gpu::DeviceBuffer in_norm, post_norm, qkv_a, q_a_norm, q_b, kv_a_norm, kv_b, uk_t, o;
-    gpu::DeviceBuffer router, bias, sh_gate_up, sh_down, gate_up, down;  // gate_up/down: dense MLP or resident experts
+    gpu::DeviceBuffer router, bias, sh_gate_up, sh_down, gate_up, down;  // gate_up/down: dense MLP
+    std::unique_ptr<GpuResidentExperts> experts;                         // resident MoE layers
     bool moe = false, resident = false;
     std::vector<numa::ExpertWeights> cpu_experts;
     std::unique_ptr<numa::ExpertEngine> engine;
@@ -59,7 +61,7 @@ struct GpuMlaStack::Impl {
 };
 
 GpuMlaStack::GpuMlaStack(const ModelConfig& c, const std::vector<bool>& resident, const WeightLookup& get, numa::NodePools& pools, MlaMode mode,
-                         const numa::EngineOptions& experts_opt)
+                         const numa::EngineOptions& experts_opt, bool keep_quantized)
     : impl_(std::make_unique<Impl>(c, mode)) {
   Impl& m = *impl_;
   gpu::Stream& s = m.stream;
@@ -152,21 +154,9 @@ GpuMlaStack::GpuMlaStack(const ModelConfig& c, const std::vector<bool>& resident
       ex.push_back({mat(ep + "gate_proj.weight", I, H), mat(ep + "up_proj.weight", I, H), mat(ep + "down_proj.weight", H, I)});
     }
     w.resident = resident[static_cast<size_t>(l)];
-    if (w.resident) {  // [E][2I][H] gate then up rows, [E][H][I] down; an expert at a time
-      w.gate_up = gpu::DeviceBuffer(static_cast<size_t>(E * 2 * I * H) * 2);
-      w.down = gpu::DeviceBuffer(static_cast<size_t>(E * H * I) * 2);
-      std::vector<bf16_t> gu, dn;
-      for (int64_t e = 0; e < E; ++e) {
-        gu.clear();
-        dn.clear();
-        append_bf16(gu, ex[static_cast<size_t>(e)].gate);
-        append_bf16(gu, ex[static_cast<size_t>(e)].up);
-        append_bf16(dn, ex[static_cast<size_t>(e)].down);
-        gpu::copy_to_device(w.gate_up.as<bf16_t>() + e * 2 * I * H, gu.data(), gu.size() * 2, s);
-        gpu::copy_to_device(w.down.as<bf16_t>() + e * H * I, dn.data(), dn.size() * 2, s);
-        s.synchronize();
-      }
-      m.weight_bytes += w.gate_up.bytes() + w.down.bytes();
+    if (w.resident) {
+      w.experts = std::make_unique<GpuResidentExperts>(ex, keep_quantized, s, "layer " + std::to_string(l) + " routed experts");
+      m.weight_bytes += w.experts->bytes();
     } else {
       w.cpu_experts = std::move(ex);
       eopt.name = "layer " + std::to_string(l) + " routed experts (CPU)";
@@ -342,8 +332,8 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
     if (w.resident) {
       if (S > 0) mlp(w.sh_gate_up, w.sh_down, S, d2);
       gpu::moe_route(m.topk_ids.as<int32_t>(), n * K, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
-      gpu::moe_experts(hb, n, H, I, E, K, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(),
-                       w.gate_up.as<bf16_t>(), w.down.as<bf16_t>(), m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), d, s);
+      w.experts->run(hb, n, K, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(),
+                     m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), d, s);
       if (S > 0) gpu::add(d, d2, n * H, d, s);
       continue;
     }

@@ -35,9 +35,10 @@ namespace hmoe {
 
 class GpuMlaStack : public GpuStep {
  public:
-  // resident[l]: MoE layer l's routed experts on the GPU (ignored for dense layers).
+  // resident[l]: MoE layer l's routed experts on the GPU (ignored for dense
+  // layers); keep_quantized as GpuStack's.
   GpuMlaStack(const ModelConfig& c, const std::vector<bool>& resident, const WeightLookup& get, numa::NodePools& pools, MlaMode mode,
-              const numa::EngineOptions& experts_opt = {});
+              const numa::EngineOptions& experts_opt = {}, bool keep_quantized = true);
   ~GpuMlaStack() override;
   GpuMlaStack(const GpuMlaStack&) = delete;
   GpuMlaStack& operator=(const GpuMlaStack&) = delete;

@@ -3,6 +3,8 @@
 // GGUF model and its Hugging Face twin are checked by one piece of code.
 #include "engine/gguf_model.h"
 
+#include "engine/gpu_experts.h"
+
 #include <algorithm>
 #include <cctype>
 #include <nlohmann/json.hpp>
@@ -224,13 +226,26 @@ ModelConfig gguf_model_config(const io::GgufFile& f) {
   if (const io::GgufValue* v = f.find("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = v->as_u64("tokenizer.ggml.eos_token_id");
   if (const io::GgufValue* v = f.find("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = v->as_u64("tokenizer.ggml.bos_token_id");
   ModelConfig c = ModelConfig::from_json(j, f.path() + " (GGUF metadata)");
-  uint64_t exp_bytes = 0, exp_weights = 0;  // the routed experts as stored (blk.N.ffn_{gate,up,down}_exps)
+  // The routed experts as stored (blk.N.ffn_{gate,up,down}_exps), and as the GPU would hold them resident.
+  uint64_t exp_bytes = 0, exp_weights = 0;
+  double gpu_bytes = 0;
   for (const io::GgufTensor& t : f.tensors())
     if (t.name.find("_exps.") != std::string_view::npos) {
       exp_bytes += t.bytes;
       exp_weights += t.elements();
+      cpu::Mat m;  // format and row length are all the GPU size needs
+      m.cols = t.shape.empty() ? 0 : static_cast<int64_t>(t.shape[0]);
+      m.rows = 1;
+      if (cpu::ggml_type_supported(t.type)) {
+        m.quant = cpu::Quant::ext;
+        m.ext = t.type;
+      }
+      gpu_bytes += static_cast<double>(t.elements()) * gpu_expert_bytes_per_weight(m, true);
     }
-  if (exp_weights > 0) c.expert_bytes_per_weight = static_cast<double>(exp_bytes) / static_cast<double>(exp_weights);
+  if (exp_weights > 0) {
+    c.expert_bytes_per_weight = static_cast<double>(exp_bytes) / static_cast<double>(exp_weights);
+    c.gpu_expert_bytes_per_weight = gpu_bytes / static_cast<double>(exp_weights);
+  }
   return c;
 }
 

@@ -88,6 +88,9 @@ struct ModelConfig {
   // Stored bytes per routed-expert weight when the checkpoint says (GGUF:
   // its *_exps tensors, e.g. 1.0625 for Q8_0); 0: from torch_dtype.
   double expert_bytes_per_weight = 0;
+  // Device bytes per routed-expert weight when resident experts stay
+  // quantized on the GPU (engine/gpu_experts.h); 0: bf16 (2).
+  double gpu_expert_bytes_per_weight = 0;
   EngramConfig engram;  // qwen3_moe_engram only
   MlaConfig mla;        // deepseek_v3 only (num_experts holds n_routed_experts)
 

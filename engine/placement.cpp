@@ -94,8 +94,9 @@ uint64_t mla_attention_bytes(const ModelConfig& c, bool latent_path) {
   return (q + lw * H + r + nh * (nope + vd) * r + (latent_path ? nh * r * nope : 0) + H * nh * vd + 2 * H) * 2;
 }
 
-uint64_t expert_layer_bytes(const ModelConfig& c) {
-  return static_cast<uint64_t>(c.num_experts) * 3 * static_cast<uint64_t>(c.moe_intermediate_size) * static_cast<uint64_t>(c.hidden_size) * 2;
+uint64_t expert_layer_bytes(const ModelConfig& c, double bytes_per_weight) {
+  return static_cast<uint64_t>(static_cast<double>(c.num_experts) * 3.0 * static_cast<double>(c.moe_intermediate_size) *
+                               static_cast<double>(c.hidden_size) * bytes_per_weight);
 }
 
 std::vector<bool> Plan::resident() const {
@@ -136,6 +137,8 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
   const uint64_t I = static_cast<uint64_t>(c.moe_intermediate_size);
   // Host experts stay in the checkpoint's format (GGUF blocks, or bf16/f32).
   const double cpu_dtype = c.expert_bytes_per_weight > 0 ? c.expert_bytes_per_weight : c.torch_dtype == "float32" ? 4 : 2;
+  // Resident experts: bf16, or (quantized checkpoints) their GPU format.
+  const double gpu_dtype = s.gpu_quantized_experts && c.gpu_expert_bytes_per_weight > 0 ? c.gpu_expert_bytes_per_weight : 2;
 
   Plan p;
   p.spec = s.gpu_resident_moe_layers;
@@ -155,7 +158,7 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
     p.gpu_fixed_bytes += attn;
     p.gpu_bytes_per_token += attn;
     if (lp.moe) {
-      lp.expert_bytes = expert_layer_bytes(c);
+      lp.expert_bytes = expert_layer_bytes(c, gpu_dtype);
       p.gpu_fixed_bytes += E * H * 2 + moe_extra;
       p.gpu_bytes_per_token += E * H * 2 + moe_extra;
     } else {
@@ -219,7 +222,7 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
     const uint64_t active = K * per_expert;
     if (lp.resident) {
       p.gpu_expert_bytes += lp.expert_bytes;
-      p.gpu_bytes_per_token += active * 2;
+      p.gpu_bytes_per_token += static_cast<uint64_t>(static_cast<double>(active) * gpu_dtype);
     } else {
       p.cpu_expert_bytes += static_cast<uint64_t>(static_cast<double>(E * per_expert) * cpu_dtype);
       p.cpu_bytes_per_token += static_cast<uint64_t>(static_cast<double>(active) * cpu_dtype);
@@ -228,7 +231,7 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
   const uint64_t need = base + p.gpu_expert_bytes;
   if (need > p.gpu_budget) {
     const uint64_t missing = need - p.gpu_budget;
-    const uint64_t per = expert_layer_bytes(c);
+    const uint64_t per = expert_layer_bytes(c, gpu_dtype);
     const uint64_t fewer = per ? (missing + per - 1) / per : 0;
     shortfall(need, what + "='" + s.gpu_resident_moe_layers + "' puts " + std::to_string(p.resident_moe_layers()) + " MoE layers (" +
                         format_bytes(p.gpu_expert_bytes) + " of experts) on the GPU; make at least " + std::to_string(fewer) +

@@ -63,8 +63,8 @@ struct Plan {
   double decode_seconds(double gpu_bandwidth, double cpu_bandwidth) const;
 };
 
-// Bytes the GPU holds for one MoE layer's experts, in bf16.
-uint64_t expert_layer_bytes(const ModelConfig& c);
+// Bytes the GPU holds for one MoE layer's experts (bf16 unless told).
+uint64_t expert_layer_bytes(const ModelConfig& c, double bytes_per_weight = 2.0);
 // Bytes of one multi-head latent attention layer's weights on the GPU (bf16;
 // latent_path: with the transposed W_UK the absorbed path keeps).
 uint64_t mla_attention_bytes(const ModelConfig& c, bool latent_path);

@@ -211,7 +211,7 @@ struct Q8 {
   }
   __device__ static int stage_u4(const Params& p, int it) {  // 16-byte loads of this step (blocks * 34 / 16)
     const int blocks = min(32, p.cols / 32 - it * 32);
-    return blocks * 34 / 16;
+    return (blocks * 34 + 15) / 16;  // the row stride is padded to 16 bytes: a last partial load stays inside it
   }
   __device__ static void load(const Params& p, int row, int it, int lane, bool, Unit& u) {
     const int nu4 = stage_u4(p, it);
@@ -250,6 +250,40 @@ struct Q8 {
     }
   }
   __device__ static float fold(const Unit& u, int, float acc, float) { return u.d * acc; }
+};
+
+// int8_group: u8 codes, w = scale * (q - zero); the kernel sums (q - 128) * x
+// and folds scale * acc - scale * (zero - 128) * sum(x) per run.
+struct Int8 {
+  static constexpr bool kXsum = true;
+  struct Unit {
+    uint4 q0, q1;
+    float a0, b0, a1, b1;
+  };
+  __device__ static void offsets(const Params& p, int it, int lane, int& e0, int& e1) { Fp8::offsets(p, it, lane, e0, e1); }
+  __device__ static void load(const Params& p, int row, int it, int lane, bool active, Unit& u) {
+    if (!active) return;
+    int e0, e1;
+    offsets(p, it, lane, e0, e1);
+    const uint8_t* rp = p.data + row * p.row_bytes;
+    u.q0 = __ldg(reinterpret_cast<const uint4*>(rp + e0));
+    u.q1 = __ldg(reinterpret_cast<const uint4*>(rp + e1));
+    const int64_t base = static_cast<int64_t>(row) * p.groups;
+    const int g0 = e0 / p.group, g1 = e1 / p.group;
+    u.a0 = __ldg(p.scales + base + g0);
+    u.a1 = __ldg(p.scales + base + g1);
+    u.b0 = p.zeros ? u.a0 * (__ldg(p.zeros + base + g0) - 128.0f) : 0.0f;
+    u.b1 = p.zeros ? u.a1 * (__ldg(p.zeros + base + g1) - 128.0f) : 0.0f;
+  }
+  __device__ static void w8(const Unit& u, int run, int half, float* w) {
+    const uint4 q = run ? u.q1 : u.q0;
+    const uint32_t wd[2] = {half ? q.z : q.x, half ? q.w : q.y};
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[4 * i + k] = __uint_as_float(__byte_perm(wd[i], 0x4B000000u, 0x7650u | static_cast<uint32_t>(k))) - 8388736.0f;
+  }
+  __device__ static float fold(const Unit& u, int run, float acc, float xs) { return run ? u.a1 * acc - u.b1 * xs : u.a0 * acc - u.b0 * xs; }
 };
 
 template <class F>
@@ -454,7 +488,7 @@ Params params_of(const QWeight& w) {
   p.data = static_cast<const uint8_t*>(w.data);
   p.scales = w.scales;
   p.zeros = w.zeros;
-  p.row_bytes = static_cast<int64_t>(w.row_bytes());
+  p.row_bytes = static_cast<int64_t>(w.stride());
   p.cols = static_cast<int>(w.cols);
   p.groups = static_cast<int>(w.groups());
   p.group = w.group;
@@ -494,6 +528,7 @@ void launch(QFormat f, const Params& p, int64_t max_tokens, unsigned gy, cudaStr
     case QFormat::q8_0: return launch_tb<Q8, MODE>(p, max_tokens, gy, st);
     case QFormat::q4_k: return launch_tb<Q4K, MODE>(p, max_tokens, gy, st);
     case QFormat::int4_group: return launch_tb<Int4, MODE>(p, max_tokens, gy, st);
+    case QFormat::int8_group: return launch_tb<Int8, MODE>(p, max_tokens, gy, st);
     case QFormat::fp8_e4m3: return launch_tb<Fp8, MODE>(p, max_tokens, gy, st);
   }
 }

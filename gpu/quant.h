@@ -5,8 +5,8 @@
 // product here); accumulation is fp32.
 //
 // Formats (W row-major [rows, cols], y = x W^T):
-//  - q8_0:  ggml Q8_0 blocks (f16 d, 32 x int8), [rows][cols/32] x 34 bytes.
-//           cols % 256 == 0 (so that every row starts 16-byte aligned).
+//  - q8_0:  ggml Q8_0 blocks (f16 d, 32 x int8), [rows][cols/32] x 34 bytes;
+//           cols % 32 == 0.
 //  - q4_k:  ggml Q4_K super-blocks (f16 d, dmin, 12 bytes of 6-bit
 //           scales/mins, 128 bytes of nibbles), [rows][cols/256] x 144 bytes.
 //  - int4_group: the int4 view GPTQ/AWQ/compressed-tensors are repacked into
@@ -14,10 +14,18 @@
 //           bytes (low nibble i, high nibble i+16); scales (and zeros, or
 //           null for zero point 8) f32 [rows, cols/group]; group >= 32, a
 //           multiple of 32 dividing cols.
+//  - int8_group: data [rows, cols] u8 codes, scales (and zeros, or null for
+//           zero point 128) f32 [rows, cols/group]; w = scale * (q - zero);
+//           group a multiple of 16 dividing cols; cols % 32 == 0. Holds
+//           GGUF Q5_0/Q5_1/Q5_K (group 32) and Q6_K (group 16), repacked
+//           losslessly from their codes, and int8 GPTQ/compressed-tensors.
 //  - fp8_e4m3: data [rows, cols] e4m3 bytes, scales f32 [rows, ceil(cols/group)]
 //           (DeepSeek-V3 `weight_scale_inv` expanded per row), group a
 //           multiple of 16; cols % 32 == 0. NaN encodings read as +-480, as
 //           on the CPU.
+// Rows are `stride()` bytes apart: the packed row rounded up to 16 bytes.
+// GGUF Q4_0/Q4_1 are repacked into int4_group (group 32, zeros for Q4_1);
+// int8 per-channel views into int8_group (group = cols).
 // Every pointer is device memory, 16-byte aligned (cudaMalloc'd buffers
 // are). Shapes are checked by the launchers (Error(unsupported) naming the
 // format and value); pointers are trusted.
@@ -43,7 +51,7 @@ namespace hmoe::gpu {
 
 using bf16_t = uint16_t;  // raw bfloat16 bits (as gpu/kernels.h)
 
-enum class QFormat : uint8_t { q8_0, q4_k, int4_group, fp8_e4m3 };
+enum class QFormat : uint8_t { q8_0, q4_k, int4_group, int8_group, fp8_e4m3 };
 const char* qformat_name(QFormat f);
 
 // A quantized matrix in device memory (not owned).
@@ -53,8 +61,9 @@ struct QWeight {
   const float* scales = nullptr;  // int4_group, fp8_e4m3
   const float* zeros = nullptr;   // int4_group asymmetric, else null
   int64_t rows = 0, cols = 0;
-  int32_t group = 0;  // int4_group, fp8_e4m3
-  size_t row_bytes() const;
+  int32_t group = 0;  // int4_group, int8_group, fp8_e4m3
+  size_t row_bytes() const;  // packed bytes of one row
+  size_t stride() const { return (row_bytes() + 15) / 16 * 16; }
   int64_t groups() const;  // scale columns per row (0 for the ggml formats)
   // Bytes one pass over the matrix streams: data plus scales and zeros.
   size_t bytes() const;
@@ -63,13 +72,28 @@ struct QWeight {
 // The GPU format of a CPU weight view, or throws Error(unsupported) naming
 // `what` and the view's type when the GPU kernels do not take it.
 QFormat qformat_of(const cpu::Mat& m, const std::string& what);
+// True when qformat_of(m) succeeds and the shape fits the kernels.
+bool qformat_supported(const cpu::Mat& m);
+// Device bytes per weight of m in its GPU format (data, scales, zeros).
+double qformat_bytes_per_weight(const cpu::Mat& m);
+
+// One or more CPU views of the same type, columns and group, stacked by
+// rows in the order given, in the GPU layout on the host (what QDeviceMat
+// uploads; the tests' reference reads it with qhost_weight_at).
+struct QHostMat {
+  QWeight w;  // data/scales/zeros point into the vectors below
+  std::vector<uint8_t> data;
+  std::vector<float> scales, zeros;
+};
+QHostMat qrepack(const std::vector<cpu::Mat>& parts, const std::string& what);
+float qhost_weight_at(const QHostMat& m, int64_t r, int64_t k);
 // Throws Error(unsupported / invalid_argument) naming `what` when the shape,
 // group or alignment is one the kernels do not take.
 void check_qweight(const QWeight& w, const std::string& what);
 
-// Device copy of one or more CPU views of the same format, columns and
-// group, stacked by rows in the order given (e.g. every expert's gate rows
-// then up rows): the data bytes unchanged, scales and zeros as f32.
+// Device copy of qrepack(parts) (e.g. every expert's gate rows then up rows):
+// the data bytes unchanged where the format is the CPU one, scales and
+// zeros as f32.
 class QDeviceMat {
  public:
   QDeviceMat() = default;

@@ -9,11 +9,31 @@
 
 namespace hmoe::gpu {
 
+namespace {
+
+bool is_code_type(const cpu::Mat& m) { return m.quant == cpu::Quant::ext && cpu::ggml_code_run(static_cast<cpu::ExtType>(m.ext)) > 0; }
+cpu::ExtType ext_of(const cpu::Mat& m) { return static_cast<cpu::ExtType>(m.ext); }
+
+// Group of the GPU layout for a view of format f.
+int32_t gpu_group(const cpu::Mat& m, QFormat f) {
+  if (f == QFormat::q8_0 || f == QFormat::q4_k) return 0;
+  if (is_code_type(m)) return ext_of(m) == cpu::ExtType::q6_k ? 16 : 32;
+  if (m.quant == cpu::Quant::int8_channel) return static_cast<int32_t>(m.cols);
+  return m.group;
+}
+bool gpu_zeros(const cpu::Mat& m) {
+  if (is_code_type(m)) return ext_of(m) == cpu::ExtType::q4_1 || ext_of(m) == cpu::ExtType::q5_1 || ext_of(m) == cpu::ExtType::q5_k;
+  return m.zeros != nullptr;
+}
+
+}  // namespace
+
 const char* qformat_name(QFormat f) {
   switch (f) {
     case QFormat::q8_0: return "Q8_0";
     case QFormat::q4_k: return "Q4_K";
     case QFormat::int4_group: return "int4-group";
+    case QFormat::int8_group: return "int8-group";
     case QFormat::fp8_e4m3: return "fp8-e4m3";
   }
   return "?";
@@ -24,18 +44,19 @@ size_t QWeight::row_bytes() const {
     case QFormat::q8_0: return static_cast<size_t>(cols / 32) * 34;
     case QFormat::q4_k: return static_cast<size_t>(cols / 256) * 144;
     case QFormat::int4_group: return static_cast<size_t>(cols / 2);
+    case QFormat::int8_group:
     case QFormat::fp8_e4m3: return static_cast<size_t>(cols);
   }
   return 0;
 }
 
 int64_t QWeight::groups() const {
-  if (format == QFormat::int4_group || format == QFormat::fp8_e4m3) return group > 0 ? (cols + group - 1) / group : 0;
+  if (format == QFormat::int4_group || format == QFormat::int8_group || format == QFormat::fp8_e4m3) return group > 0 ? (cols + group - 1) / group : 0;
   return 0;
 }
 
 size_t QWeight::bytes() const {
-  size_t b = static_cast<size_t>(rows) * row_bytes();
+  size_t b = static_cast<size_t>(rows) * stride();
   if (scales) b += static_cast<size_t>(rows * groups()) * sizeof(float);
   if (zeros) b += static_cast<size_t>(rows * groups()) * sizeof(float);
   return b;
@@ -43,16 +64,51 @@ size_t QWeight::bytes() const {
 
 QFormat qformat_of(const cpu::Mat& m, const std::string& what) {
   if (m.quant == cpu::Quant::int4_group) return QFormat::int4_group;
+  if (m.quant == cpu::Quant::int8_channel) return QFormat::int8_group;
   if (m.quant == cpu::Quant::ext) {
-    switch (static_cast<cpu::ExtType>(m.ext)) {
+    switch (ext_of(m)) {
       case cpu::ExtType::q8_0: return QFormat::q8_0;
       case cpu::ExtType::q4_k: return QFormat::q4_k;
+      case cpu::ExtType::q4_0:
+      case cpu::ExtType::q4_1: return QFormat::int4_group;
+      case cpu::ExtType::q5_0:
+      case cpu::ExtType::q5_1:
+      case cpu::ExtType::q5_k:
+      case cpu::ExtType::q6_k:
+      case cpu::ExtType::int8_group: return QFormat::int8_group;
       case cpu::ExtType::fp8_e4m3: return QFormat::fp8_e4m3;
-      default: break;
     }
   }
   fail(ErrorKind::unsupported, what + ": no GPU kernel for weights of type " + cpu::mat_type_name(m) +
-                                   " (GPU quantized formats: Q8_0, Q4_K, int4-group (GPTQ/AWQ/compressed-tensors), fp8-e4m3)");
+                                   " (GPU quantized formats: GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K, int4/int8 groups "
+                                   "(GPTQ/AWQ/compressed-tensors), fp8-e4m3)");
+}
+
+bool qformat_supported(const cpu::Mat& m) {
+  if (m.quant == cpu::Quant::none) return false;
+  try {
+    QWeight w;
+    w.format = qformat_of(m, "");
+    w.rows = m.rows;
+    w.cols = m.cols;
+    w.group = gpu_group(m, w.format);
+    static const float dummy[4] = {};
+    w.data = dummy;
+    w.scales = w.groups() > 0 ? dummy : nullptr;
+    check_qweight(w, "");
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+double qformat_bytes_per_weight(const cpu::Mat& m) {
+  QWeight w;
+  w.format = qformat_of(m, "qformat_bytes_per_weight");
+  w.cols = m.cols;
+  w.group = gpu_group(m, w.format);
+  const double per_row = static_cast<double>(w.stride()) + static_cast<double>(w.groups()) * 4.0 * (gpu_zeros(m) ? 2 : 1);
+  return per_row / static_cast<double>(m.cols);
 }
 
 void check_qweight(const QWeight& w, const std::string& what) {
@@ -63,7 +119,7 @@ void check_qweight(const QWeight& w, const std::string& what) {
   if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0) bad("data is not 16-byte aligned");
   switch (w.format) {
     case QFormat::q8_0:
-      if (w.cols % 256 != 0) bad("cols " + std::to_string(w.cols) + " is not a multiple of 256");
+      if (w.cols % 32 != 0) bad("cols " + std::to_string(w.cols) + " is not a multiple of 32");
       break;
     case QFormat::q4_k:
       if (w.cols % 256 != 0) bad("cols " + std::to_string(w.cols) + " is not a multiple of 256");
@@ -71,6 +127,12 @@ void check_qweight(const QWeight& w, const std::string& what) {
     case QFormat::int4_group:
       if (w.group < 32 || w.group % 32 != 0 || w.cols % w.group != 0)
         bad("group " + std::to_string(w.group) + " must be a multiple of 32 dividing cols " + std::to_string(w.cols));
+      if (!w.scales) bad("no scales");
+      break;
+    case QFormat::int8_group:
+      if (w.cols % 32 != 0) bad("cols " + std::to_string(w.cols) + " is not a multiple of 32");
+      if (w.group < 16 || w.group % 16 != 0 || w.cols % w.group != 0)
+        bad("group " + std::to_string(w.group) + " must be a multiple of 16 dividing cols " + std::to_string(w.cols));
       if (!w.scales) bad("no scales");
       break;
     case QFormat::fp8_e4m3:
@@ -81,48 +143,131 @@ void check_qweight(const QWeight& w, const std::string& what) {
   }
 }
 
-QDeviceMat::QDeviceMat(const std::vector<cpu::Mat>& parts, Stream& s, const std::string& what) {
+namespace {
+
+// One row of m (GGUF code type) into the GPU layout: int4 nibbles (Q4_0/Q4_1)
+// or int8 codes (Q5_*, Q6_K); scales/zeros per run.
+void repack_code_row(const cpu::Mat& m, int64_t r, QFormat f, uint8_t* dst, float* sc, float* zr) {
+  const cpu::ExtType t = ext_of(m);
+  const cpu::ExtTypeInfo* info = cpu::ext_type_info(m.ext);
+  const int run = cpu::ggml_code_run(t), nb = info->block_elems;
+  const uint8_t* src = m.row(r);
+  uint8_t code[256];
+  float s[16], z[16];
+  for (int64_t b = 0; b < m.cols / nb; ++b) {
+    cpu::ggml_block_codes(t, src + b * info->block_bytes, code, s, z);
+    const int64_t e0 = b * nb, g0 = e0 / run;
+    for (int j = 0; j < nb / run; ++j) {
+      sc[g0 + j] = s[j];
+      if (zr) zr[g0 + j] = z[j];
+    }
+    if (f == QFormat::int4_group) {  // runs of 32 in 16 bytes: low nibble i, high nibble i + 16
+      for (int i = 0; i < 16; ++i) dst[e0 / 2 + i] = static_cast<uint8_t>(code[i] | (code[i + 16] << 4));
+    } else {  // u8 codes; integer zero points fold into the code (zero point 128, no zeros array)
+      for (int k = 0; k < nb; ++k) dst[e0 + k] = static_cast<uint8_t>(zr ? code[k] : code[k] + 128 - static_cast<int>(z[k / run]));
+    }
+  }
+}
+
+}  // namespace
+
+QHostMat qrepack(const std::vector<cpu::Mat>& parts, const std::string& what) {
   if (parts.empty()) fail(ErrorKind::invalid_argument, what + ": no matrices to upload");
   const cpu::Mat& p0 = parts[0];
-  w_.format = qformat_of(p0, what);
-  w_.cols = p0.cols;
-  w_.group = (w_.format == QFormat::int4_group || w_.format == QFormat::fp8_e4m3) ? p0.group : 0;
-  const bool has_zeros = p0.zeros != nullptr;
+  QHostMat h;
+  QWeight& w = h.w;
+  w.format = qformat_of(p0, what);
+  w.cols = p0.cols;
+  w.group = gpu_group(p0, w.format);
+  const bool has_zeros = gpu_zeros(p0);
   for (const cpu::Mat& m : parts) {
-    if (m.quant != p0.quant || m.ext != p0.ext || m.cols != p0.cols || m.group != p0.group || (m.zeros != nullptr) != has_zeros)
+    if (m.quant != p0.quant || m.ext != p0.ext || m.cols != p0.cols || m.group != p0.group || (m.zeros != nullptr) != (p0.zeros != nullptr))
       fail(ErrorKind::invalid_argument, what + ": stacked matrices differ in type, columns or group (" + cpu::mat_type_name(m) + " vs " +
                                             cpu::mat_type_name(p0) + ")");
-    w_.rows += m.rows;
+    w.rows += m.rows;
   }
-  const size_t rb = w_.row_bytes();
-  const int64_t G = w_.groups();
-  std::vector<uint8_t> data(static_cast<size_t>(w_.rows) * rb);
-  std::vector<float> scales(static_cast<size_t>(w_.rows * G)), zeros(has_zeros ? scales.size() : 0);
+  const size_t rb = w.row_bytes(), st = w.stride();
+  const int64_t G = w.groups();
+  h.data.assign(static_cast<size_t>(w.rows) * st, 0);
+  h.scales.assign(static_cast<size_t>(w.rows * G), 0.0f);
+  h.zeros.assign(has_zeros ? h.scales.size() : 0, 0.0f);
   size_t r0 = 0;
   for (const cpu::Mat& m : parts) {
-    if (m.row_bytes() != rb) fail(ErrorKind::internal, what + ": row bytes of the CPU view and the GPU format disagree");
-    std::memcpy(data.data() + r0 * rb, m.data, static_cast<size_t>(m.rows) * rb);
-    if (G > 0) {
-      if (!m.scales) fail(ErrorKind::bad_model, what + ": quantized weights without scales");
-      std::memcpy(scales.data() + r0 * static_cast<size_t>(G), m.scales, static_cast<size_t>(m.rows * G) * sizeof(float));
-      if (has_zeros) std::memcpy(zeros.data() + r0 * static_cast<size_t>(G), m.zeros, static_cast<size_t>(m.rows * G) * sizeof(float));
+    const bool codes = is_code_type(m);
+    if (!codes && m.quant != cpu::Quant::int8_channel && m.row_bytes() != rb)
+      fail(ErrorKind::internal, what + ": row bytes of the CPU view and the GPU format disagree");
+    if (!codes && G > 0 && !m.scales) fail(ErrorKind::bad_model, what + ": quantized weights without scales");
+    for (int64_t r = 0; r < m.rows; ++r) {
+      uint8_t* dst = h.data.data() + (r0 + static_cast<size_t>(r)) * st;
+      float* sc = G > 0 ? h.scales.data() + (r0 + static_cast<size_t>(r)) * static_cast<size_t>(G) : nullptr;
+      float* zr = has_zeros ? h.zeros.data() + (r0 + static_cast<size_t>(r)) * static_cast<size_t>(G) : nullptr;
+      if (codes) {
+        repack_code_row(m, r, w.format, dst, sc, zr);
+      } else if (m.quant == cpu::Quant::int8_channel) {  // signed int8 -> u8 codes around 128
+        const auto* q = reinterpret_cast<const int8_t*>(m.row(r));
+        for (int64_t k = 0; k < m.cols; ++k) dst[k] = static_cast<uint8_t>(q[k] + 128);
+        sc[0] = m.scales[r];
+      } else {
+        std::memcpy(dst, m.row(r), rb);
+        if (G > 0) std::memcpy(sc, m.scales + r * G, static_cast<size_t>(G) * sizeof(float));
+        if (zr) std::memcpy(zr, m.zeros + r * G, static_cast<size_t>(G) * sizeof(float));
+      }
     }
     r0 += static_cast<size_t>(m.rows);
   }
-  data_ = DeviceBuffer(data.size());
-  copy_to_device(data_.data(), data.data(), data.size(), s);
-  if (G > 0) {
-    scales_ = DeviceBuffer(scales.size() * sizeof(float));
-    copy_to_device(scales_.data(), scales.data(), scales.size() * sizeof(float), s);
-    if (has_zeros) {
-      zeros_ = DeviceBuffer(zeros.size() * sizeof(float));
-      copy_to_device(zeros_.data(), zeros.data(), zeros.size() * sizeof(float), s);
+  w.data = h.data.data();
+  w.scales = G > 0 ? h.scales.data() : nullptr;
+  w.zeros = has_zeros ? h.zeros.data() : nullptr;
+  check_qweight(w, what);
+  return h;
+}
+
+float qhost_weight_at(const QHostMat& h, int64_t r, int64_t k) {
+  const QWeight& w = h.w;
+  const uint8_t* row = h.data.data() + static_cast<size_t>(r) * w.stride();
+  const int64_t g = w.group > 0 ? k / w.group : 0, G = w.groups();
+  const float s = G > 0 ? h.scales[static_cast<size_t>(r * G + g)] : 0.0f;
+  switch (w.format) {
+    case QFormat::q8_0:
+    case QFormat::q4_k: {
+      const auto t = w.format == QFormat::q8_0 ? cpu::ExtType::q8_0 : cpu::ExtType::q4_k;
+      const cpu::ExtTypeInfo* info = cpu::ext_type_info(static_cast<uint32_t>(t));
+      float blk[256];
+      cpu::dequant_block(t, row + (k / info->block_elems) * info->block_bytes, blk);
+      return blk[k % info->block_elems];
     }
+    case QFormat::int4_group: {
+      const int64_t base = k / 32 * 16, i = k % 32;
+      const int q = i < 16 ? row[base + i] & 0xF : row[base + i - 16] >> 4;
+      const float z = w.zeros ? h.zeros[static_cast<size_t>(r * G + g)] : 8.0f;
+      return s * (static_cast<float>(q) - z);
+    }
+    case QFormat::int8_group: {
+      const float z = w.zeros ? h.zeros[static_cast<size_t>(r * G + g)] : 128.0f;
+      return s * (static_cast<float>(row[k]) - z);
+    }
+    case QFormat::fp8_e4m3: return cpu::fp8_e4m3_to_f32(row[k]) * s;
+  }
+  return 0.0f;
+}
+
+QDeviceMat::QDeviceMat(const std::vector<cpu::Mat>& parts, Stream& s, const std::string& what) {
+  QHostMat h = qrepack(parts, what);
+  w_ = h.w;
+  data_ = DeviceBuffer(h.data.size());
+  copy_to_device(data_.data(), h.data.data(), h.data.size(), s);
+  if (!h.scales.empty()) {
+    scales_ = DeviceBuffer(h.scales.size() * sizeof(float));
+    copy_to_device(scales_.data(), h.scales.data(), h.scales.size() * sizeof(float), s);
+  }
+  if (!h.zeros.empty()) {
+    zeros_ = DeviceBuffer(h.zeros.size() * sizeof(float));
+    copy_to_device(zeros_.data(), h.zeros.data(), h.zeros.size() * sizeof(float), s);
   }
   s.synchronize();  // the host vectors go out of scope
   w_.data = data_.data();
-  w_.scales = G > 0 ? scales_.as<float>() : nullptr;
-  w_.zeros = has_zeros ? zeros_.as<float>() : nullptr;
+  w_.scales = h.scales.empty() ? nullptr : scales_.as<float>();
+  w_.zeros = h.zeros.empty() ? nullptr : zeros_.as<float>();
   check_qweight(w_, what);
 }
 

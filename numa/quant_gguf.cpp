@@ -13,15 +13,103 @@
 
 namespace hmoe::cpu {
 
-namespace {
-
-void deq_q4_0(const uint8_t* b, float* y) {
-  const float d = detail::gguf_half(b);
-  for (int j = 0; j < 16; ++j) {
-    y[j] = static_cast<float>((b[2 + j] & 0xF) - 8) * d;
-    y[j + 16] = static_cast<float>((b[2 + j] >> 4) - 8) * d;
+int ggml_code_run(ExtType t) {
+  switch (t) {
+    case ExtType::q4_0: case ExtType::q4_1: case ExtType::q5_0: case ExtType::q5_1: case ExtType::q5_k: return 32;
+    case ExtType::q6_k: return 16;
+    default: return 0;
   }
 }
+
+void ggml_block_codes(ExtType t, const uint8_t* b, uint8_t* code, float* scale, float* zero) {
+  // Offset formats (w = d q + m): zero = -m / d; a run whose scale is 0 is
+  // the constant m, written as codes 0, scale 1, zero -m.
+  auto affine = [](float d, float m, uint8_t* q, int n, float& sc, float& z) {
+    if (d != 0.0f) {
+      sc = d;
+      z = -m / d;
+      return;
+    }
+    std::memset(q, 0, static_cast<size_t>(n));
+    sc = 1.0f;
+    z = -m;
+  };
+  switch (t) {
+    case ExtType::q4_0:
+    case ExtType::q4_1: {  // d [, m], qs[16]: element j low nibble, j + 16 high
+      const uint8_t* qs = b + (t == ExtType::q4_0 ? 2 : 4);
+      for (int j = 0; j < 16; ++j) {
+        code[j] = qs[j] & 0xF;
+        code[j + 16] = qs[j] >> 4;
+      }
+      if (t == ExtType::q4_0) scale[0] = detail::gguf_half(b), zero[0] = 8.0f;
+      else affine(detail::gguf_half(b), detail::gguf_half(b + 2), code, 32, scale[0], zero[0]);
+      return;
+    }
+    case ExtType::q5_0:
+    case ExtType::q5_1: {  // d [, m], qh (32 high bits), qs[16]
+      const int o = t == ExtType::q5_0 ? 2 : 4;
+      uint32_t qh;
+      std::memcpy(&qh, b + o, 4);
+      for (int j = 0; j < 16; ++j) {
+        code[j] = static_cast<uint8_t>((b[o + 4 + j] & 0xF) | (((qh >> j) & 1u) << 4));
+        code[j + 16] = static_cast<uint8_t>((b[o + 4 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+      }
+      if (t == ExtType::q5_0) scale[0] = detail::gguf_half(b), zero[0] = 16.0f;
+      else affine(detail::gguf_half(b), detail::gguf_half(b + 2), code, 32, scale[0], zero[0]);
+      return;
+    }
+    case ExtType::q5_k: {  // d, dmin, scales[12], qh[32], qs[128]; 8 runs of 32
+      const float d = detail::gguf_half(b), dmin = detail::gguf_half(b + 2);
+      const uint8_t *qh = b + 16, *ql = b + 48;
+      for (int j = 0; j < 4; ++j, ql += 32) {
+        for (int l = 0; l < 32; ++l) {
+          code[64 * j + l] = static_cast<uint8_t>((ql[l] & 0xF) | (((qh[l] >> (2 * j)) & 1) << 4));
+          code[64 * j + 32 + l] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4));
+        }
+      }
+      for (int r = 0; r < 8; ++r) {
+        int sc, m;
+        detail::gguf_scale_min_k4(r, b + 4, sc, m);
+        affine(d * static_cast<float>(sc), -dmin * static_cast<float>(m), code + 32 * r, 32, scale[r], zero[r]);
+      }
+      return;
+    }
+    case ExtType::q6_k: {  // ql[128], qh[64], scales[16] (int8), d; 16 runs of 16
+      const float d = detail::gguf_half(b + 208);
+      const uint8_t *ql = b, *qh = b + 128;
+      const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+      for (int n = 0; n < 2; ++n, ql += 64, qh += 32) {
+        uint8_t* q = code + 128 * n;
+        for (int l = 0; l < 32; ++l) {
+          q[l] = static_cast<uint8_t>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
+          q[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+          q[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+          q[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+        }
+      }
+      for (int r = 0; r < 16; ++r) {
+        scale[r] = d * static_cast<float>(sc[r]);
+        zero[r] = 32.0f;
+      }
+      return;
+    }
+    default: fail(ErrorKind::internal, "ggml_block_codes: type " + std::to_string(static_cast<uint32_t>(t)) + " has no code decomposition");
+  }
+}
+
+namespace {
+
+// value k = scale[k / run] * (code[k] - zero[k / run]) from ggml_block_codes (exact: one rounding).
+template <int N>
+void deq_codes(ExtType t, const uint8_t* b, float* y) {
+  uint8_t q[N];
+  float sc[N / 16], z[N / 16];
+  ggml_block_codes(t, b, q, sc, z);
+  const int run = ggml_code_run(t);
+  for (int k = 0; k < N; ++k) y[k] = sc[k / run] * (static_cast<float>(q[k]) - z[k / run]);
+}
+void deq_q4_0(const uint8_t* b, float* y) { deq_codes<32>(ExtType::q4_0, b, y); }
 void deq_q4_1(const uint8_t* b, float* y) {
   const float d = detail::gguf_half(b), m = detail::gguf_half(b + 2);
   for (int j = 0; j < 16; ++j) {
@@ -29,17 +117,7 @@ void deq_q4_1(const uint8_t* b, float* y) {
     y[j + 16] = static_cast<float>(b[4 + j] >> 4) * d + m;
   }
 }
-void deq_q5_0(const uint8_t* b, float* y) {
-  const float d = detail::gguf_half(b);
-  uint32_t qh;
-  std::memcpy(&qh, b + 2, 4);
-  for (int j = 0; j < 16; ++j) {
-    const int lo = (b[6 + j] & 0xF) | static_cast<int>(((qh >> j) & 1u) << 4);
-    const int hi = (b[6 + j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
-    y[j] = static_cast<float>(lo - 16) * d;
-    y[j + 16] = static_cast<float>(hi - 16) * d;
-  }
-}
+void deq_q5_0(const uint8_t* b, float* y) { deq_codes<32>(ExtType::q5_0, b, y); }
 void deq_q5_1(const uint8_t* b, float* y) {
   const float d = detail::gguf_half(b), m = detail::gguf_half(b + 2);
   uint32_t qh;
@@ -87,26 +165,7 @@ void deq_q5_k(const uint8_t* b, float* y) {
     for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
   }
 }
-// block_q6_K: ql[128], qh[64], scales[16] (int8), d (f16)
-void deq_q6_k(const uint8_t* b, float* y) {
-  const float d = detail::gguf_half(b + 208);
-  const uint8_t* ql = b;
-  const uint8_t* qh = b + 128;
-  const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-  for (int n = 0; n < 256; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
-    for (int l = 0; l < 32; ++l) {
-      const int is = l / 16;
-      const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-      const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-      const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-      y[l] = d * static_cast<float>(sc[is + 0] * q1);
-      y[l + 32] = d * static_cast<float>(sc[is + 2] * q2);
-      y[l + 64] = d * static_cast<float>(sc[is + 4] * q3);
-      y[l + 96] = d * static_cast<float>(sc[is + 6] * q4);
-    }
-  }
-}
+void deq_q6_k(const uint8_t* b, float* y) { deq_codes<256>(ExtType::q6_k, b, y); }
 
 constexpr ExtTypeInfo kQ4_0{"Q4_0", 32, 18}, kQ4_1{"Q4_1", 32, 20}, kQ5_0{"Q5_0", 32, 22}, kQ5_1{"Q5_1", 32, 24},
     kQ8_0{"Q8_0", 32, 34}, kQ4_K{"Q4_K", 256, 144}, kQ5_K{"Q5_K", 256, 176}, kQ6_K{"Q6_K", 256, 210},

@@ -72,6 +72,14 @@ void ext_gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t
 
 // Dequantizes one ggml block (block_elems values) to fp32 (scalar reference).
 void dequant_block(ExtType type, const uint8_t* block, float* out);
+// Integer codes of one block of the types with per-run affine scales (Q4_0,
+// Q4_1, Q5_0, Q5_1: runs of 32; Q5_K: 8 runs of 32; Q6_K: 16 runs of 16):
+// value k = scale[k / run] * (code[k] - zero[k / run]), code < 64. Equal to
+// dequant_block exactly for Q4_0, Q5_0, Q6_K (integer zero points) and up to
+// fp32 rounding of zero = -min / scale for the others. What the GPU repacks
+// these types from (gpu/quant.h). ggml_code_run: the run (0: other types).
+int ggml_code_run(ExtType type);
+void ggml_block_codes(ExtType type, const uint8_t* block, uint8_t* code, float* scale, float* zero);
 // fp8 e4m3 byte to fp32 (exact; NaN encodings give +-480, see above).
 float fp8_e4m3_to_f32(uint8_t b);
 

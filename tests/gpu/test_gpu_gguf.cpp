@@ -1,17 +1,23 @@
 // A GGUF (Q8_0) checkpoint on the GPU path (make_gpu_stack with a
-// WeightSource): attention, norms, routers, lm_head and resident experts
-// dequantized to bf16 on the GPU, the other experts Q8_0 on the CPU. Every
-// prompt position where llama.cpp's top-1/top-2 margin exceeds 0.5 must
-// agree with its top-1, as the CPU path does (tests/engine/test_gguf_model.cpp).
-// --device auto keeps such a checkpoint on the CPU. Skips without a GPU.
+// WeightSource): attention, norms, routers and lm_head dequantized to bf16
+// on the GPU; resident experts kept as Q8_0 (gpu::quant_moe_experts) or,
+// with --gpu-quantized-experts 0, dequantized to bf16; the other experts Q8_0
+// on the CPU. Every prompt position where llama.cpp's top-1/top-2 margin
+// exceeds 0.5 must agree with its top-1, as the CPU path does
+// (tests/engine/test_gguf_model.cpp). --device auto takes the GPU as for any
+// checkpoint. Skips without a GPU.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "engine/logits.h"
+#include "engine/gpu_step.h"
 #include "engine/model.h"
+#include "numa/quant_gguf.h"
 #include "tests/bf16_agreement.h"
+#include "tests/quant_tools/gguf_models.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
 
@@ -24,19 +30,27 @@ TEST_CASE("tiny-qwen3moe-Q8_0.gguf on the GPU agrees with llama.cpp's top-1 at c
   const auto ref = nlohmann::json::parse(test::read_file(test::fixture_ref("llamacpp_q8_0_reference.json")));
   {
     std::vector<std::string> args = {"--progress", "none"};
-    auto cpu_model = Model::load(gguf, Settings::load(args));
-    CHECK(cpu_model->gpu() == nullptr);  // --device auto: a GGUF stays on the CPU
+    auto auto_model = Model::load(gguf, Settings::load(args));
+    CHECK(auto_model->gpu() != nullptr);  // --device auto
   }
-  for (const std::string placement : {"all", "none", "1-2"}) {
-    std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", placement, "--progress", "none"};
+  std::vector<std::vector<float>> quant_rows, bf16_rows;
+  uint64_t quant_bytes = 0, bf16_bytes = 0;
+  for (const std::string placement : {"all", "all/bf16", "none", "1-2"}) {
+    const bool bf16 = placement == "all/bf16";
+    std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", bf16 ? "all" : placement, "--progress", "none",
+                                     "--gpu-quantized-experts", bf16 ? "0" : "1"};
     auto model = Model::load(gguf, Settings::load(args));
     REQUIRE(model->gpu() != nullptr);
+    if (placement == "all") quant_bytes = model->gpu()->weight_bytes();
+    if (bf16) bf16_bytes = model->gpu()->weight_bytes();
     const int64_t V = model->config().vocab_size;
     int checked = 0, agreed = 0;
     for (size_t c = 0; c < ref["chats"].size(); ++c) {
       const auto& chat = ref["chats"][c];
       const size_t np = chat["ids"].size();
       const auto rows = test::teacher_forced_rows(*model, chat);  // prompt rows first
+      if (placement == "all") quant_rows.insert(quant_rows.end(), rows.begin(), rows.end());
+      if (bf16) bf16_rows.insert(bf16_rows.end(), rows.begin(), rows.end());
       for (size_t p = 0; p < np; ++p) {
         const auto& tl = chat["top10_logits"][p];
         const double m = tl[0].get<double>() - tl[1].get<double>();
@@ -49,5 +63,62 @@ TEST_CASE("tiny-qwen3moe-Q8_0.gguf on the GPU agrees with llama.cpp's top-1 at c
     }
     MESSAGE("GGUF Q8_0 on the GPU, placement " << placement << ": " << agreed << "/" << checked << " clear-margin positions agree with llama.cpp");
     CHECK(checked > 20);
+  }
+  // Q8_0 experts kept as stored: fewer bytes, and logits within bf16 noise of the dequantized experts.
+  CHECK(quant_bytes < bf16_bytes);
+  REQUIRE(quant_rows.size() == bf16_rows.size());
+  double worst = 0;
+  for (size_t r = 0; r < quant_rows.size(); ++r)
+    for (size_t i = 0; i < quant_rows[r].size(); ++i)
+      worst = std::max(worst, std::fabs(quant_rows[r][i] - bf16_rows[r][i]) / (0.05 + 0.05 * std::fabs(bf16_rows[r][i])));
+  MESSAGE("GPU weight bytes: Q8_0 experts " << quant_bytes << ", bf16 experts " << bf16_bytes << "; logits worst |diff| / (0.05 + 0.05|ref|) = "
+                                            << worst);
+  CHECK(worst <= 1.0);
+}
+
+// Every GGUF block type on the GPU (tests/quant_tools/gguf_models.h: hidden
+// 256, experts of 256, so the K-quants fit): resident experts kept in their
+// GPU format (Q8_0, Q4_K as stored; Q4_0/Q4_1 as int4 groups; Q5_0/Q5_1/
+// Q5_K/Q6_K as int8 groups) against the same file with the experts
+// dequantized to bf16 on the GPU, and against the CPU path of the same file.
+// The quantized experts hold each weight exactly, the bf16 ones round it,
+// so the two GPU runs differ by bf16 noise only.
+TEST_CASE("GGUF block types on the GPU: quantized resident experts match dequantized ones and the CPU") {
+  if (!test::have_gpu()) return;
+  test::TempDir dir("gpu-gguf-types");
+  auto load = [&](const std::string& path, const std::string& device, bool quant) {
+    std::vector<std::string> args = {"--device", device, "--gpu-resident-moe-layers", "all", "--progress", "none", "--gpu-quantized-experts",
+                                     quant ? "1" : "0"};
+    return Model::load(path, Settings::load(args));
+  };
+  auto run = [](Model& m) {
+    const std::vector<int32_t> ids = {3, 17, 200, 45, 99, 128, 7, 255, 31, 64, 12};
+    KvCache kv(m.kv_layout(), 2, 16);
+    const int seq = kv.add_sequence();
+    kv.reserve(seq, static_cast<int64_t>(ids.size()));
+    Batch b;
+    for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], seq, static_cast<int64_t>(i), true);
+    std::vector<float> logits;
+    m.forward(b, kv, logits);
+    return logits;
+  };
+  auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += static_cast<double>(b[i]) * b[i];
+    return std::sqrt(num / den);
+  };
+  for (uint32_t type : {2u, 3u, 6u, 7u, 8u, 12u, 13u, 14u}) {
+    const std::string path = dir.str() + "/q.gguf";
+    test::write_file(path, qtools::build_model(type).quant.bytes());
+    auto mq = load(path, "cuda", true), mb = load(path, "cuda", false), mc = load(path, "cpu", true);
+    const auto lq = run(*mq), lb = run(*mb), lc = run(*mc);
+    REQUIRE(lq.size() == lc.size());
+    const double q_vs_b = rel(lq, lb), q_vs_cpu = rel(lq, lc), b_vs_cpu = rel(lb, lc);
+    MESSAGE(cpu::ext_type_info(type)->name << ": GPU weight bytes " << mq->gpu()->weight_bytes() << " (bf16 experts " << mb->gpu()->weight_bytes()
+                                           << "); rel. logit error quantized vs bf16 experts " << q_vs_b << ", quantized vs CPU " << q_vs_cpu
+                                           << ", bf16 experts vs CPU " << b_vs_cpu);
+    CHECK(mq->gpu()->weight_bytes() < mb->gpu()->weight_bytes());
+    CHECK(q_vs_b < 2e-2);
+    CHECK(q_vs_cpu < 2e-2);
   }
 }

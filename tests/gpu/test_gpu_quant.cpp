@@ -30,11 +30,35 @@ struct HostQ {
   cpu::Mat view;
 };
 
-enum class Fmt { q8_0, q4_k, gptq_g128_asym, int4_g32_sym, fp8 };
+enum class Fmt { q8_0, q4_k, gptq_g128_asym, int4_g32_sym, fp8, q4_0, q4_1, q5_0, q5_1, q5_k, q6_k, int8_channel, int8_g64_asym };
+const Fmt kAll[] = {Fmt::q8_0,  Fmt::q4_k, Fmt::gptq_g128_asym, Fmt::int4_g32_sym, Fmt::fp8,          Fmt::q4_0,
+                    Fmt::q4_1,  Fmt::q5_0, Fmt::q5_1,           Fmt::q5_k,         Fmt::q6_k,         Fmt::int8_channel, Fmt::int8_g64_asym};
+bool ggml(Fmt f) { return f == Fmt::q8_0 || f == Fmt::q4_k || (f >= Fmt::q4_0 && f <= Fmt::q6_k); }
+cpu::ExtType ggml_type(Fmt f) {
+  switch (f) {
+    case Fmt::q8_0: return cpu::ExtType::q8_0;
+    case Fmt::q4_k: return cpu::ExtType::q4_k;
+    case Fmt::q4_0: return cpu::ExtType::q4_0;
+    case Fmt::q4_1: return cpu::ExtType::q4_1;
+    case Fmt::q5_0: return cpu::ExtType::q5_0;
+    case Fmt::q5_1: return cpu::ExtType::q5_1;
+    case Fmt::q5_k: return cpu::ExtType::q5_k;
+    default: return cpu::ExtType::q6_k;
+  }
+}
+bool super_block(Fmt f) { return f == Fmt::q4_k || f == Fmt::q5_k || f == Fmt::q6_k; }  // cols % 256
 const char* fmt_name(Fmt f) {
   switch (f) {
     case Fmt::q8_0: return "Q8_0";
     case Fmt::q4_k: return "Q4_K";
+    case Fmt::q4_0: return "Q4_0";
+    case Fmt::q4_1: return "Q4_1";
+    case Fmt::q5_0: return "Q5_0";
+    case Fmt::q5_1: return "Q5_1";
+    case Fmt::q5_k: return "Q5_K";
+    case Fmt::q6_k: return "Q6_K";
+    case Fmt::int8_channel: return "int8 per channel";
+    case Fmt::int8_g64_asym: return "int8 g64 asym";
     case Fmt::gptq_g128_asym: return "GPTQ-int4 g128 asym";
     case Fmt::int4_g32_sym: return "int4 g32 sym";
     case Fmt::fp8: return "FP8 e4m3 g128";
@@ -47,12 +71,26 @@ const char* fmt_name(Fmt f) {
 HostQ make_weights(Fmt f, int64_t rows, int64_t cols, uint64_t seed) {
   HostQ h;
   auto w = test::random_floats(static_cast<size_t>(rows * cols), seed, 0.05f);
+  if (ggml(f)) {
+    h.bytes = qtools::quant_rows(ggml_type(f), w.data(), rows, cols);
+    h.view = cpu::ext_view(ggml_type(f), h.bytes.data(), rows, cols, "test");
+    return h;
+  }
   switch (f) {
-    case Fmt::q8_0:
-    case Fmt::q4_k: {
-      const auto t = f == Fmt::q8_0 ? cpu::ExtType::q8_0 : cpu::ExtType::q4_k;
-      h.bytes = qtools::quant_rows(t, w.data(), rows, cols);
-      h.view = cpu::ext_view(t, h.bytes.data(), rows, cols, "test");
+    case Fmt::int8_channel: h.qm = cpu::quantize_int8(w.data(), rows, cols); h.view = h.qm.view; break;
+    case Fmt::int8_g64_asym: {  // random codes, scales and zero points (HF int8 group view)
+      std::mt19937_64 rng(seed);
+      h.qm.data.resize(static_cast<size_t>(rows * cols));
+      for (auto& b : h.qm.data) b = static_cast<uint8_t>(rng() & 0xFF);
+      const int64_t G = cols / 64;
+      h.qm.scales.resize(static_cast<size_t>(rows * G));
+      h.qm.zeros.resize(h.qm.scales.size());
+      std::uniform_real_distribution<float> ud(1e-4f, 2e-3f), uz(100.0f, 156.0f);
+      for (auto& s : h.qm.scales) s = ud(rng);
+      for (auto& z : h.qm.zeros) z = std::nearbyint(uz(rng));
+      h.qm.view = cpu::Mat{DType::u8, h.qm.data.data(), rows, cols, cpu::Quant::ext, h.qm.scales.data(), h.qm.zeros.data(), 64};
+      h.qm.view.ext = static_cast<uint32_t>(cpu::ExtType::int8_group);
+      h.view = h.qm.view;
       break;
     }
     case Fmt::gptq_g128_asym: h.qm = cpu::quantize_int4(w.data(), rows, cols, 128, true); h.view = h.qm.view; break;
@@ -70,6 +108,7 @@ HostQ make_weights(Fmt f, int64_t rows, int64_t cols, uint64_t seed) {
       h.view = h.qm.view;
       break;
     }
+    default: break;  // the ggml types, above
   }
   return h;
 }
@@ -94,7 +133,7 @@ void reference(const cpu::Mat& w, const std::vector<float>& x, int64_t n, std::v
   }
 }
 
-double tol_of(Fmt f) { return f == Fmt::q8_0 || f == Fmt::fp8 ? 2e-5 : 1e-4; }
+double tol_of(Fmt f) { return f == Fmt::q8_0 || f == Fmt::fp8 || f == Fmt::int8_channel || f == Fmt::q5_0 || f == Fmt::q6_k ? 2e-5 : 1e-4; }
 
 }  // namespace
 
@@ -106,7 +145,7 @@ TEST_CASE("gpu quant: formats of CPU views, and shapes the kernels refuse") {
   auto bf = bf16_of(test::random_floats(64, 3));
   CHECK_THROWS_AS(gpu::qformat_of(cpu::Mat{DType::bf16, bf.data(), 4, 16}, "w"), Error);
   gpu::QWeight w;
-  w.format = gpu::QFormat::q8_0;
+  w.format = gpu::QFormat::q4_k;
   w.data = reinterpret_cast<const void*>(uintptr_t{256});
   w.rows = 4;
   w.cols = 96;  // not a multiple of 256
@@ -115,6 +154,48 @@ TEST_CASE("gpu quant: formats of CPU views, and shapes the kernels refuse") {
   w.cols = 256;
   w.group = 48;
   CHECK_THROWS_AS(gpu::check_qweight(w, "w"), Error);
+  w.format = gpu::QFormat::q8_0;
+  w.cols = 48;  // not a multiple of 32
+  CHECK_THROWS_AS(gpu::check_qweight(w, "w"), Error);
+}
+
+// The GPU layout (qrepack, on the host: no GPU needed) holds every weight of
+// every format as the CPU reads it: exactly where the zero point is an
+// integer, to fp32 rounding of zero = -min/scale otherwise (Q4_1, Q5_1, Q5_K).
+TEST_CASE("gpu quant: repacked layouts read back every weight of every format") {
+  for (Fmt f : kAll) {
+    for (int64_t cols : {256, 2304}) {
+      if (f == Fmt::int8_g64_asym && cols % 64) continue;
+      const int64_t rows = 3;
+      auto h = make_weights(f, rows, cols, 40 + static_cast<uint64_t>(f));
+      gpu::QHostMat g = gpu::qrepack({h.view, h.view}, "test");
+      CHECK(g.w.rows == 2 * rows);
+      CHECK(g.w.stride() % 16 == 0);
+      CHECK(static_cast<double>(g.w.bytes()) == doctest::Approx(gpu::qformat_bytes_per_weight(h.view) * static_cast<double>(2 * rows * cols)));
+      std::vector<float> row(static_cast<size_t>(cols));
+      double worst = 0;
+      for (int64_t r = 0; r < 2 * rows; ++r) {
+        cpu::row_to_f32(h.view, r % rows, row.data());
+        for (int64_t k = 0; k < cols; ++k) {
+          const double ref = row[static_cast<size_t>(k)], got = gpu::qhost_weight_at(g, r, k);
+          worst = std::max(worst, std::fabs(got - ref) / (std::fabs(ref) + 1e-3));
+        }
+      }
+      const bool exact = f != Fmt::q4_1 && f != Fmt::q5_1 && f != Fmt::q5_k && f != Fmt::q4_k && f != Fmt::int4_g32_sym && f != Fmt::gptq_g128_asym &&
+                         f != Fmt::int8_g64_asym;
+      INFO(fmt_name(f) << " cols " << cols << " -> " << gpu::qformat_name(g.w.format));
+      if (exact) CHECK(worst == 0.0);
+      else CHECK(worst < 1e-4);
+    }
+  }
+  // A 96-column Q8_0 matrix (not a multiple of 256): rows padded to 16 bytes.
+  auto q = make_weights(Fmt::q8_0, 2, 96, 9);
+  gpu::QHostMat g = gpu::qrepack({q.view}, "test");
+  CHECK(g.w.row_bytes() == 102);
+  CHECK(g.w.stride() == 112);
+  CHECK(gpu::qformat_supported(q.view));
+  auto bf = bf16_of(test::random_floats(64, 3));
+  CHECK_FALSE(gpu::qformat_supported(cpu::Mat{DType::bf16, bf.data(), 4, 16}));
 }
 
 TEST_CASE("gpu quant_gemv matches the scalar dequantize-then-multiply reference") {
@@ -123,14 +204,15 @@ TEST_CASE("gpu quant_gemv matches the scalar dequantize-then-multiply reference"
   struct Shape {
     int64_t rows, cols;
   };
-  for (Fmt f : {Fmt::q8_0, Fmt::q4_k, Fmt::gptq_g128_asym, Fmt::int4_g32_sym, Fmt::fp8}) {
+  for (Fmt f : kAll) {
     std::vector<Shape> shapes = {{72, 2048}, {40, 7168}};
-    if (f == Fmt::q8_0 || f == Fmt::q4_k) shapes.push_back({33, 2304});  // a partial step of 32 units (Q8_0)
-    else shapes.push_back({33, 1152});  // a partial step (int4, fp8)
+    if (ggml(f)) shapes.push_back({33, 2304});  // a partial step of 32 units (Q8_0)
+    else shapes.push_back({33, 1152});           // a partial step (int4, int8, fp8)
+    if (!super_block(f) && f != Fmt::int8_g64_asym && f != Fmt::gptq_g128_asym) shapes.push_back({9, 96});  // rows padded to 16 bytes
     for (auto [rows, cols] : shapes) {
       auto h = make_weights(f, rows, cols, 100 + static_cast<uint64_t>(cols) + static_cast<uint64_t>(f));
       gpu::QDeviceMat dw({h.view}, s, "test weight");
-      CHECK(dw.weight().bytes() == h.view.bytes());
+      CHECK(static_cast<double>(dw.weight().bytes()) == doctest::Approx(gpu::qformat_bytes_per_weight(h.view) * static_cast<double>(rows * cols)));
       for (int64_t n : {1, 2, 3, 8, 11}) {
         auto x = bf16_round(test::random_floats(static_cast<size_t>(n * cols), 7 + static_cast<uint64_t>(n)));
         std::vector<double> ref, mag;
@@ -159,7 +241,7 @@ TEST_CASE("gpu quant_moe_experts matches a scalar SwiGLU expert reference") {
   if (!test::have_gpu()) return;
   gpu::Stream s;
   const int64_t H = 2048, I = 768, E = 6, K = 2;
-  for (Fmt f : {Fmt::q8_0, Fmt::q4_k, Fmt::gptq_g128_asym, Fmt::fp8}) {
+  for (Fmt f : {Fmt::q8_0, Fmt::q4_k, Fmt::gptq_g128_asym, Fmt::fp8, Fmt::q4_0, Fmt::q5_k, Fmt::q6_k, Fmt::int8_channel}) {
     std::vector<HostQ> gu, dn;
     std::vector<cpu::Mat> gu_views, dn_views;
     for (int64_t e = 0; e < E; ++e) {

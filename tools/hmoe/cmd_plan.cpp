@@ -96,8 +96,12 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
               format_bytes(p.gpu_fixed_bytes + p.gpu_expert_bytes + p.gpu_workspace_bytes + p.kv_bytes).c_str(), format_bytes(p.gpu_budget).c_str());
   std::printf("host memory (NUMA nodes together; the expert engine splits each expert across nodes): experts %s%s\n",
               format_bytes(p.cpu_expert_bytes).c_str(),
-              c.expert_bytes_per_weight > 0 ? (" (as stored: " + std::to_string(c.expert_bytes_per_weight).substr(0, 6) + " bytes per weight; on the GPU bf16)").c_str()
-                                            : "");
+              c.expert_bytes_per_weight > 0
+                  ? (" (as stored: " + std::to_string(c.expert_bytes_per_weight).substr(0, 6) + " bytes per weight; resident on the GPU " +
+                     (s.gpu_quantized_experts && c.gpu_expert_bytes_per_weight > 0 ? std::to_string(c.gpu_expert_bytes_per_weight).substr(0, 6) + " bytes per weight)"
+                                                                                   : std::string("bf16)")))
+                        .c_str()
+                  : "");
   std::printf("KV cache: %s per token, %lld tokens\n", format_bytes(p.kv_bytes_per_token).c_str(), static_cast<long long>(p.kv_tokens));
   const double t = p.decode_seconds(gpu.bandwidth, cpu_bw);
   std::printf("decode estimate (batch 1): GPU reads %s/token at %.0f GB/s (%s), CPU reads %s/token of cold experts at %.1f GB/s (%s)\n",

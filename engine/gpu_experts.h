@@ -1,0 +1,53 @@
+// One MoE layer's routed experts resident on the GPU, shared by the Qwen3-MoE
+// and DeepSeek-V3 GPU steps (engine/blocks_gpu.cpp, blocks_gpu_mla.cpp).
+//
+// Contract:
+//  - Plain checkpoints: bf16 [E][2I][H] (gate rows, then up rows, per expert)
+//    and [E][H][I], run by gpu::moe_experts.
+//  - Quantized checkpoints (GGUF blocks, GPTQ/AWQ/compressed-tensors, FP8)
+//    whose every expert matrix has a GPU format (gpu/quant.h: Q8_0, Q4_K,
+//    int4-group, int8-group, fp8; Q4_0/Q4_1/Q5_*/Q6_K are repacked losslessly)
+//    stay quantized when `keep_quantized` (setting gpu_quantized_experts) and
+//    run by gpu::quant_moe_experts: the GPU holds about the stored bytes
+//    instead of 2 per weight. Otherwise they are dequantized to bf16.
+//  - run() needs gpu::moe_route's offsets and pair list for `ids`; act and
+//    partial are the scratch both kernels take ([n*K, I] bf16, [n*K, H] f32).
+// Upload is synchronous on the given stream; errors are Error exceptions
+// naming the layer (`what`).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/memory.h"
+#include "numa/expert_engine.h"
+
+namespace hmoe {
+
+// Bytes per weight the GPU holds for routed experts stored as `m` (2 for
+// bf16 residency, else the GPU format's data + scales + zeros per weight).
+double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized);
+
+class GpuResidentExperts {
+ public:
+  GpuResidentExperts(const std::vector<numa::ExpertWeights>& experts, bool keep_quantized, gpu::Stream& s, const std::string& what);
+  ~GpuResidentExperts();
+  GpuResidentExperts(const GpuResidentExperts&) = delete;
+  GpuResidentExperts& operator=(const GpuResidentExperts&) = delete;
+
+  uint64_t bytes() const;
+  // "bf16" or the GPU format of the gate/up and down matrices ("Q8_0", "int4-group / Q8_0", ...).
+  std::string format() const;
+  bool quantized() const;
+
+  // out[t] = sum_j wts[t*K+j] * expert_{ids[t*K+j]}(x[t]) for t < n (overwritten).
+  void run(const uint16_t* x, int64_t n, int64_t K, const int32_t* ids, const float* wts, const int32_t* route_off, const int32_t* pair_list,
+           uint16_t* act, float* partial, float* out, gpu::Stream& s) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hmoe
