@@ -10,8 +10,15 @@
 //    bounds: cold expert bytes per step / measured host DRAM bandwidth plus
 //    (serial) or overlapped with (max) the step's GPU time; plain launches,
 //    CUDA graphs, and graphs with the GPU/CPU overlap of two micro-batches.
+// 3. With --experts TYPE (q8_0, q4_k, q4_0, q5_k, q6_k): the same model
+//    with every MoE layer resident and its experts kept in that GGUF type on
+//    the GPU (engine/gpu_experts.h), beside the bf16 run: decode tok/s and
+//    GPU bytes. One quantized copy of each expert matrix is made on the host
+//    and uploaded per expert (the GPU holds distinct copies), so only 100%
+//    resident is measured for these.
 // Usage: bench_gpu [--quick] [--skip-model] [--skip-kernels] [--steps N]
-//   [--resident 0,25,50,100] [--batches 1,8]. Never pass/fail on time.
+//   [--resident 0,25,50,100] [--batches 1,8] [--experts TYPE]. Never
+//   pass/fail on time.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,7 +34,9 @@
 #include "gpu/device.h"
 #include "gpu/kernels.h"
 #include "numa/node_pools.h"
+#include "numa/quant_gguf.h"
 #include "numa/thread_pool.h"
+#include "tests/quant_tools/quantizers.h"
 
 using namespace hmoe;
 using gpu::bf16_t;
@@ -148,7 +157,32 @@ void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw) {
 }
 
 // ---- the synthetic Qwen3-30B-A3B (bench/synthetic_model.h) ----------------------
-void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::vector<int>& pcts, const std::vector<int>& batches) {
+// A lookup that answers routed-expert names with one quantized copy per
+// matrix kind (gate, up, down) of `type`, made from layer 0 expert 0.
+struct QuantExperts {
+  std::map<std::string, std::vector<uint8_t>> bytes;
+  std::map<std::string, cpu::Mat> views;
+};
+WeightLookup quantized_lookup(const WeightLookup& base, cpu::ExtType type, QuantExperts& q) {
+  for (const char* kind : {"gate_proj", "up_proj", "down_proj"}) {
+    const std::string name = std::string("model.layers.0.mlp.experts.0.") + kind + ".weight";
+    cpu::Mat m = base(name, {});
+    std::vector<float> w(static_cast<size_t>(m.rows * m.cols));
+    for (int64_t r = 0; r < m.rows; ++r) cpu::row_to_f32(m, r, w.data() + r * m.cols);
+    auto& b = q.bytes[kind];
+    b = qtools::quant_rows(type, w.data(), m.rows, m.cols);
+    q.views[kind] = cpu::ext_view(type, b.data(), m.rows, m.cols, name);
+  }
+  return [base, &q](const std::string& name, const std::vector<int64_t>& shape) -> cpu::Mat {
+    if (name.find(".experts.") != std::string::npos)
+      for (const char* kind : {"gate_proj", "up_proj", "down_proj"})
+        if (name.find(kind) != std::string::npos) return q.views.at(kind);
+    return base(name, shape);
+  };
+}
+
+void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::vector<int>& pcts, const std::vector<int>& batches,
+                     const std::string& experts) {
   numa::ThreadPool& pool = pools.pool(0);
   const std::unique_ptr<bench::SyntheticModel> model = bench::make_qwen3_30b_a3b(layers, pool);
   const ModelConfig& c = model->config();
@@ -157,8 +191,18 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
               static_cast<double>(model->bytes()) / 1e9, model->build_seconds());
   const double dram = host_read_bandwidth(pool);
   std::printf("host DRAM read bandwidth (%d threads of node 0, 4 GiB, best of 3): %.1f GB/s\n", pool.size(), dram / 1e9);
-  const WeightLookup& get = model->get();
+  WeightLookup get = model->get();
   const double expert_bytes = 3.0 * I * H * 2;
+  QuantExperts qe;
+  std::vector<int> pct_list = pcts;
+  if (!experts.empty() && experts != "bf16") {
+    const std::map<std::string, cpu::ExtType> types = {{"q8_0", cpu::ExtType::q8_0}, {"q4_k", cpu::ExtType::q4_k}, {"q4_0", cpu::ExtType::q4_0},
+                                                       {"q5_k", cpu::ExtType::q5_k}, {"q6_k", cpu::ExtType::q6_k}};
+    if (!types.count(experts)) fail(ErrorKind::invalid_argument, "--experts " + experts + ": expected bf16, q8_0, q4_k, q4_0, q5_k or q6_k");
+    get = quantized_lookup(model->get(), types.at(experts), qe);
+    pct_list = {100};
+    std::printf("routed experts: GGUF %s on the GPU (100%% resident only)\n", experts.c_str());
+  }
   // Variants: plain launches, CUDA graphs (per segment between CPU hand-offs),
   // and graphs with the GPU/CPU overlap (two micro-batches: halves, or all
   // but one sequence and one). Bounds: serial = cold expert bytes / DRAM
@@ -173,7 +217,7 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
                                          {"graphs+overlap n-1|1", true, true, 1}, {"overlap halves (no graphs)", false, true, 0}};
   std::printf("\n| resident | batch | variant | tok/s | ms/step | GPU ms | CPU experts ms | transfers ms | cold GB/step | serial bound ms | x serial | overlap bound ms | x overlap |\n");
   std::printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (int pct : pcts) {
+  for (int pct : pct_list) {
     std::vector<bool> resident(static_cast<size_t>(layers));
     int nres = 0;
     for (int l = 0; l < layers; ++l) {
@@ -183,6 +227,7 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
     std::unique_ptr<GpuStack> stack;
     try {
       stack = std::make_unique<GpuStack>(c, resident, get, pools);
+      std::printf("| %d%% | GPU weights %.2f GB |\n", pct, static_cast<double>(stack->weight_bytes()) / 1e9);
     } catch (const Error& e) {
       std::printf("| %d%% | - | could not build: %s |\n", pct, e.what());
       continue;
@@ -240,6 +285,7 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
 
 int main(int argc, char** argv) {
   bool quick = false, skip_model = false, skip_kernels = false;
+  std::string experts;
   int steps = 16;
   std::vector<int> pcts = {0, 25, 50, 100}, batches = {1, 8};
   auto list = [](const char* a) {
@@ -258,6 +304,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--resident") && i + 1 < argc) pcts = list(argv[++i]);
     else if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) batches = list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--experts") && i + 1 < argc) experts = argv[++i];
   }
   std::printf("%s\n", gpu::describe().c_str());
   if (gpu::device_count() == 0) {
@@ -269,7 +316,7 @@ int main(int argc, char** argv) {
     numa::NodePools pools(popt);
     double copy_bw = 0;
     if (!skip_kernels) kernel_benchmarks(pools.pool(0), copy_bw);
-    if (!skip_model) model_benchmark(pools, quick ? 4 : 48, steps, pcts, batches);
+    if (!skip_model) model_benchmark(pools, quick ? 4 : 48, steps, pcts, batches, experts);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu: %s\n", e.what());
     return 1;

@@ -11,7 +11,10 @@
 //    one matrix ([E*2I, H] and [E*H, I]), 1/4/8 tokens: the kernel's
 //    streaming rate on many rows.
 //  - moe layer: quant_moe_experts (gate/up, down, combine) for 1/4/8 tokens
-//    with top-8 random routing; bytes = the distinct active experts.
+//    (decode) and 64/512 (prefill chunks) with top-8 random routing; bytes =
+//    the distinct active experts.
+// Formats: bf16, GGUF Q8_0/Q4_K (as stored), GPTQ int4 g128, FP8 b128, GGUF
+// Q4_0 (as int4 groups) and Q5_K/Q6_K (as int8 groups; gpu::qrepack).
 // Baseline bf16: cuBLAS (gemv rows) and gpu::moe_experts (layer).
 // The L2 is flushed (256 MiB memset) before every timed call; the time is
 // between events around the call, averaged over the repetitions.
@@ -222,17 +225,19 @@ int main(int argc, char** argv) {
                     bytes / us / 1e3, 100.0 * bytes / us / 1e3 / read_bw);
       };
       gpu::Blas blas(s);
-      for (int64_t n : {1, 4, 8}) {
+      for (int64_t n : {1, 4, 8, 64, 512}) {
+        const bool gemv = n <= 8;  // the GEMV rows at decode sizes; the layer also at prefill sizes
         std::vector<uint16_t> xh(static_cast<size_t>(n * sh.H));
         for (size_t i = 0; i < xh.size(); ++i) xh[i] = f32_to_bf16(0.01f * static_cast<float>(static_cast<int>(i % 201) - 100));
-        gpu::DeviceBuffer x(xh.size() * 2), y(static_cast<size_t>(n * sh.E_held * std::max(2 * sh.I, sh.H)) * 4);
+        gpu::DeviceBuffer x(xh.size() * 2), y(gemv ? static_cast<size_t>(n * sh.E_held * std::max(2 * sh.I, sh.H)) * 4 : 16);
         gpu::copy_to_device(x.data(), xh.data(), xh.size() * 2, s);
         std::vector<uint16_t> ah(static_cast<size_t>(n * sh.I));
         for (size_t i = 0; i < ah.size(); ++i) ah[i] = f32_to_bf16(0.01f * static_cast<float>(static_cast<int>(i % 97) - 48));
         gpu::DeviceBuffer xa(ah.size() * 2);
         gpu::copy_to_device(xa.data(), ah.data(), ah.size() * 2, s);
         const int64_t rows_gu = sh.E_held * 2 * sh.I, rows_dn = sh.E_held * sh.H;
-        if (f == Fmt::bf16) {
+        if (!gemv) {
+        } else if (f == Fmt::bf16) {
           row("gemv gate_up", n, timer.us([&] { blas.gemm(x.as<uint16_t>(), n, sgu.data.as<uint16_t>(), rows_gu, sh.H, y.as<float>(), rows_gu); }, reps),
               static_cast<double>(sgu.one_bytes) * sh.E_held);
           row("gemv down", n, timer.us([&] { blas.gemm(xa.as<uint16_t>(), n, sdn.data.as<uint16_t>(), rows_dn, sh.I, y.as<float>(), rows_dn); }, reps),
@@ -278,7 +283,8 @@ int main(int argc, char** argv) {
             gpu::quant_moe_experts(x.as<uint16_t>(), n, sh.H, sh.I, sh.E_held, sh.topk, dw.as<float>(), off.as<int32_t>(), pl.as<int32_t>(), sgu.w,
                                    sdn.w, act.as<uint16_t>(), part.as<float>(), out.as<float>(), s);
           }, reps);
-        row(n == 1 ? "moe layer (8)" : n == 4 ? "moe layer (4x8)" : "moe layer (8x8)", n, us, expert_bytes * static_cast<double>(distinct));
+        const std::string label = n == 1 ? "moe layer (8)" : "moe layer (" + std::to_string(n) + "x8)";
+        row(label.c_str(), n, us, expert_bytes * static_cast<double>(distinct));
       }
       std::printf("  (%s %s: %.2f MB per expert, %ld experts held, host prep %.1f s)\n", sh.name, fmt_name(f), expert_bytes / 1e6,
                   static_cast<long>(sh.E_held), prep_s);

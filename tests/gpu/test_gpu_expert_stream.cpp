@@ -158,7 +158,7 @@ TEST_CASE("tiny-qwen3moe with every MoE layer streamed agrees with the reference
         ++passes;
       }
     }
-    MESSAGE(v.name << ": " << agree << "/" << checked << " rows with margin > 0.5 agree");
+    MESSAGE(std::string(v.name) << ": " << agree << "/" << checked << " rows with margin > 0.5 agree");
     CHECK(checked > 20);
     if (off) continue;
     const ExpertStreamStats& ss = stack->expert_stream()->stats();
@@ -175,7 +175,7 @@ TEST_CASE("tiny-qwen3moe with every MoE layer streamed agrees with the reference
     }
     CHECK(ss.copy_s > 0);
     CHECK(ss.compute_s > 0);
-    MESSAGE(v.name << ": " << ss.passes << " passes, " << ss.bytes << " bytes, copy " << ss.copy_s * 1e3 << " ms, stall " << ss.stall_s * 1e3
+    MESSAGE(std::string(v.name) << ": " << ss.passes << " passes, " << ss.bytes << " bytes, copy " << ss.copy_s * 1e3 << " ms, stall " << ss.stall_s * 1e3
                    << " ms, hidden " << ss.hidden_fraction() << ", achieved " << ss.achieved_bandwidth() / 1e9 << " GB/s of pinned "
                    << ss.pinned_bandwidth / 1e9);
   }
