@@ -3,6 +3,8 @@
 #include <optional>
 
 #include "configs/error.h"
+#include "engine/blocks.h"
+#include "engine/model_config.h"
 #include "engine/gpu_upload.h"
 #include "gpu/kernels.h"
 #include "gpu/quant.h"
@@ -17,6 +19,27 @@ bool gpu_takes(const cpu::Mat& m) { return !plain(m) && gpu::qformat_supported(m
 double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized) {
   if (!keep_quantized || !gpu_takes(m)) return 2.0;
   return gpu::qformat_bytes_per_weight(m);
+}
+
+void set_expert_bytes_from(ModelConfig& c, WeightSource& src) {
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.is_moe_layer(l)) continue;
+    const std::string e = "model.layers." + std::to_string(l) + ".mlp.experts.0.";
+    const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+    if (!src.has(e + "gate_proj.weight") || !src.has(e + "up_proj.weight") || !src.has(e + "down_proj.weight")) return;
+    const cpu::Mat m[3] = {src.mat(e + "gate_proj.weight", I, H), src.mat(e + "up_proj.weight", I, H), src.mat(e + "down_proj.weight", H, I)};
+    const double weights = 3.0 * static_cast<double>(I * H);
+    double cpu = 0, gpu = 0;
+    bool all_quant = true;
+    for (const cpu::Mat& x : m) {
+      cpu += static_cast<double>(x.bytes());
+      all_quant = all_quant && gpu_takes(x);
+      if (gpu_takes(x)) gpu += gpu::qformat_bytes_per_weight(x) * static_cast<double>(x.rows * x.cols);
+    }
+    c.expert_bytes_per_weight = cpu / weights;
+    c.gpu_expert_bytes_per_weight = all_quant ? gpu / weights : 2.0;  // one unquantized matrix puts the layer in bf16
+    return;
+  }
 }
 
 struct GpuResidentExperts::Impl {

@@ -29,6 +29,15 @@ namespace hmoe {
 // bf16 residency, else the GPU format's data + scales + zeros per weight).
 double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized);
 
+class WeightSource;
+struct ModelConfig;
+// Sets c.expert_bytes_per_weight (as stored, for the CPU experts) and
+// c.gpu_expert_bytes_per_weight (resident, kept quantized) from the first
+// MoE layer's expert 0 in `src` (a quantized Hugging Face checkpoint), so
+// that placement and `hmoe plan` count what the experts really take. Leaves
+// c alone when that expert is absent (the loader then names it).
+void set_expert_bytes_from(ModelConfig& c, WeightSource& src);
+
 class GpuResidentExperts {
  public:
   GpuResidentExperts(const std::vector<numa::ExpertWeights>& experts, bool keep_quantized, gpu::Stream& s, const std::string& what);

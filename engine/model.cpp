@@ -2,6 +2,8 @@
 // engine/blocks_*.cpp; this file binds tensors and runs them in order.
 #include "engine/model.h"
 
+#include "engine/gpu_experts.h"
+
 #include <cmath>
 #include <set>
 
@@ -42,6 +44,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   if (!m->source_) {
     m->store_ = std::make_unique<io::TensorStore>(dir);
     m->source_ = open_hf_quant_source(dir, *m->store_);  // null unless config.json has a quantization_config
+    if (m->source_) set_expert_bytes_from(m->config_, *m->source_);
   }
   WeightBinder bind(m->store_.get(), m->source_.get());
 

@@ -12,6 +12,7 @@
 #include "configs/error.h"
 #include "engine/logits.h"
 #include "engine/model.h"
+#include "engine/placement.h"
 #include "engine/quant_config.h"
 #include "io/mmap_file.h"
 #include "io/safetensors.h"
@@ -200,4 +201,28 @@ TEST_CASE("broken quantized checkpoints are clear errors") {
                    if (t.name.ends_with(".qweight")) t.name = t.name.substr(0, t.name.size() - 8) + ".weight_packed";
                },
                "asymmetric");
+}
+
+// Placement counts a quantized checkpoint's experts as they are held: as
+// stored on the CPU, in the GPU format when resident (not as bf16).
+TEST_CASE("quantized checkpoints: expert bytes per weight for placement and hmoe plan") {
+  const std::string src = test::fixture_model("tiny-qwen3moe");
+  REQUIRE_MESSAGE(io::file_exists(src + "/model-00001-of-00003.safetensors"), "fixture shards missing in " << src);
+  test::TempDir dq("plan-q"), df("plan-f");
+  qtools::make_pair(src, dq.str(), df.str(), gptq_cfg(4, 32, true, false),
+                    [](const std::string& b, const float* w, int64_t o, int64_t i) { return qtools::quantize_gptq(b, w, o, i, 4, 32, true, false, 1); });
+  auto mq = load_quiet(dq.str());
+  auto mf = load_quiet(df.str());
+  const ModelConfig& cq = mq->config();
+  // int4 codes (0.5 B) + one f32 scale per 32 weights (0.125 B); symmetric: no zeros.
+  CHECK(cq.expert_bytes_per_weight == doctest::Approx(0.625));
+  CHECK(cq.gpu_expert_bytes_per_weight == doctest::Approx(0.625));
+  CHECK(mf->config().expert_bytes_per_weight == 0.0);  // plain checkpoint: from torch_dtype
+  std::vector<std::string> args = {"--gpu-resident-moe-layers", "all"};
+  Settings s = Settings::load(args);
+  GpuTarget gpu{"test GPU", 24ull << 30, 0, true};
+  const Plan pq = make_plan(cq, s, gpu), pf = make_plan(mf->config(), s, gpu);
+  CHECK(pq.gpu_expert_bytes * 3 < pf.gpu_expert_bytes);
+  s.gpu_quantized_experts = false;  // dequantized to bf16 on the GPU: bf16 bytes again
+  CHECK(make_plan(cq, s, gpu).gpu_expert_bytes == expert_layer_bytes(cq) * static_cast<uint64_t>(pq.moe_layers()));
 }

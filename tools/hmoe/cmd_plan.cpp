@@ -10,6 +10,10 @@
 
 #include "configs/error.h"
 #include "engine/gguf_model.h"
+#include "engine/blocks.h"
+#include "engine/gpu_experts.h"
+#include "engine/quant_config.h"
+#include "io/safetensors.h"
 #include "engine/model_config.h"
 #include "io/gguf.h"
 #include "engine/placement.h"
@@ -56,7 +60,11 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
   reject_unknown_flags(args, "plan");
   if (args.size() != 1) fail(ErrorKind::invalid_argument, "plan takes one MODEL (a directory or a .gguf file)");
   for (const auto& n : s.notices) std::fprintf(stderr, "%s\n", n.c_str());
-  const ModelConfig c = is_gguf_path(args[0]) ? gguf_model_config(*io::GgufFile::open(args[0])) : ModelConfig::from_dir(args[0]);
+  ModelConfig c = is_gguf_path(args[0]) ? gguf_model_config(*io::GgufFile::open(args[0])) : ModelConfig::from_dir(args[0]);
+  if (!is_gguf_path(args[0])) {  // a quantized Hugging Face checkpoint: count its experts as stored
+    io::TensorStore store(args[0]);
+    if (auto src = open_hf_quant_source(args[0], store)) set_expert_bytes_from(c, *src);
+  }
 
   GpuTarget gpu;
   std::string gpu_note;
