@@ -142,6 +142,45 @@ void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw) {
     std::printf("%6lld %8lld %6lld %10.1f %10.0f %7.0f%%\n", (long long)seqs, (long long)ctx, (long long)gpu::attention_splits(seqs, heads, ctx),
                 t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy_bw);
   }
+  // Attention prefill: one sequence of N tokens attending causally to itself (keys in scattered blocks),
+  // per-token kernel vs tensor-core query tiles; FLOP = 2 products x 2 x heads x hd x N(N+1)/2.
+  std::printf("\nattention prefill (one sequence, 32 q heads, 4 kv heads, hd 128; causal): roofline 990 TFLOP/s dense bf16\n");
+  std::printf("%8s %14s %10s %10s %10s\n", "tokens", "kernel", "ms", "TFLOP/s", "speedup");
+  for (int64_t N : {512, 2048, 8192}) {
+    const int64_t kvw = 4 * 128, hd = 128, heads = 32;
+    gpu::DeviceBuffer kc(static_cast<size_t>(N * kvw) * 2), vc(static_cast<size_t>(N * kvw) * 2), dq(static_cast<size_t>(N * heads * hd) * 4),
+        dout(static_cast<size_t>(N * heads * hd) * 2);
+    std::vector<bf16_t> kh(static_cast<size_t>(N * kvw));
+    for (size_t i = 0; i < kh.size(); ++i) kh[i] = f32_to_bf16(0.02f * static_cast<float>(static_cast<int>((i * 2654435761u) % 201) - 100));
+    gpu::copy_to_device(kc.data(), kh.data(), kh.size() * 2, s);
+    gpu::copy_to_device(vc.data(), kh.data(), kh.size() * 2, s);
+    std::vector<float> qh(static_cast<size_t>(N * heads * hd));
+    for (size_t i = 0; i < qh.size(); ++i) qh[i] = 0.01f * static_cast<float>(static_cast<int>((i * 40503u) % 201) - 100);
+    gpu::copy_to_device(dq.data(), qh.data(), qh.size() * 4, s);
+    std::vector<int32_t> lists(static_cast<size_t>(N)), offs(static_cast<size_t>(N), 0), lens(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) {
+      lists[static_cast<size_t>(i)] = static_cast<int32_t>((i / 16 * 7 % (N / 16)) * 16 + i % 16);  // 16-slot blocks, scattered
+      lens[static_cast<size_t>(i)] = static_cast<int32_t>(i + 1);
+    }
+    const std::vector<int32_t> tiles = gpu::attention_tile_list(offs.data(), N);
+    gpu::DeviceBuffer dl(lists.size() * 4), doff(offs.size() * 4), dlen(lens.size() * 4), dt(tiles.size() * 4);
+    gpu::copy_to_device(dl.data(), lists.data(), lists.size() * 4, s);
+    gpu::copy_to_device(doff.data(), offs.data(), offs.size() * 4, s);
+    gpu::copy_to_device(dlen.data(), lens.data(), lens.size() * 4, s);
+    gpu::copy_to_device(dt.data(), tiles.data(), tiles.size() * 4, s);
+    const double flop = 4.0 * heads * hd * static_cast<double>(N) * static_cast<double>(N + 1) / 2;
+    const int reps = N >= 8192 ? 3 : 10;
+    const double t_simt = time_gpu(s, reps, [&] {
+      gpu::attention(dq.as<float>(), heads * hd, N, heads, 4, hd, kc.as<bf16_t>(), vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
+                     dlen.as<int32_t>(), N, 0.088f, nullptr, dout.as<bf16_t>(), s);
+    });
+    const double t_tile = time_gpu(s, reps, [&] {
+      gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, 4, hd, kc.as<bf16_t>(),
+                           vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), 0.088f, dout.as<bf16_t>(), s);
+    });
+    std::printf("%8lld %14s %10.2f %10.1f %10s\n", (long long)N, "per token", t_simt * 1e3, flop / t_simt / 1e12, "1.0x");
+    std::printf("%8lld %14s %10.2f %10.1f %9.1fx\n", (long long)N, "tiles (wmma)", t_tile * 1e3, flop / t_tile / 1e12, t_simt / t_tile);
+  }
   // cuBLAS products at prefill sizes.
   std::printf("\ncuBLAS bf16 gemm (y = x W^T, fp32 out): roofline 990 TFLOP/s dense bf16 (datasheet)\n");
   gpu::Blas blas(s);

@@ -60,6 +60,7 @@ struct GpuStack::Impl {
   bool use_graphs = false;
   SegmentGraphs seg_graphs;
   bool overlap = false;         // two micro-batches for decode steps with hand-offs
+  bool tiled_attention = true;  // prefill steps: gpu::attention_tiles
   int64_t overlap_b_rows = 0;   // rows of the second micro-batch; 0: half
   int64_t hybrid_count = 0;
   std::unique_ptr<ExpertStream> xstream;  // streamed non-resident experts for big passes (null: off)
@@ -150,6 +151,7 @@ void GpuStack::set_cuda_graphs(bool on) {
   impl_->use_graphs = on;
   impl_->seg_graphs.clear();
 }
+void GpuStack::set_tiled_attention(bool on) { impl_->tiled_attention = on; }
 void GpuStack::set_cpu_overlap(bool on, int64_t second_rows) {
   impl_->overlap = on;
   impl_->overlap_b_rows = std::max<int64_t>(second_rows, 0);
@@ -212,6 +214,14 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   for (int64_t r = 0; r < mrows; ++r) mt[5 * n + r] = static_cast<int32_t>(b.logit_rows[static_cast<size_t>(r)]);
   for (const auto& [seq, e] : seq_list)
     for (int64_t p = 0; p < e.second; ++p) mt[5 * n + mrows + e.first + p] = static_cast<int32_t>(kv.slot_index(seq, p));
+  // Prefill-sized steps (never captured as graphs) run attention in query tiles on tensor cores.
+  int64_t ntiles = 0;
+  if (m.tiled_attention && n > 64 && (hd == 64 || hd == 128)) {
+    const std::vector<int32_t> tiles = gpu::attention_tile_list(mt + 3 * n, n);
+    ntiles = static_cast<int64_t>(tiles.size() / 2);
+    meta.insert(meta.end(), tiles.begin(), tiles.end());
+    mt = meta.data();
+  }
   const size_t meta_bytes = meta.size() * sizeof(int32_t);
   if (meta_bytes > m.meta.bytes()) {  // with headroom: a replayed graph needs the same address
     m.meta_h.reserve(meta_bytes * 2);
@@ -224,7 +234,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   kvs.begin_step(s);  // queued block copies and restores from the host pool, before this step's work
   const int32_t* d_tok = m.meta.as<int32_t>();
   const int32_t *d_pos = d_tok + n, *d_slot = d_tok + 2 * n, *d_off = d_tok + 3 * n, *d_len = d_tok + 4 * n, *d_rows = d_tok + 5 * n,
-                *d_lists = d_tok + 5 * n + mrows;
+                *d_lists = d_tok + 5 * n + mrows, *d_tiles = d_lists + list_len;
 
   // Scratch, grown to this step's size.
   auto fit = [](gpu::DeviceBuffer& buf, int64_t bytes) { buf.reserve(static_cast<size_t>(std::max<int64_t>(bytes, 16))); };
@@ -297,7 +307,10 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     gpu::qk_norm_rope(qr, rn, ld, nh, hd, w.q_norm.as<bf16_t>(), eps, d_pos + r0, m.inv_freq.as<float>(), s);
     gpu::qk_norm_rope(qr + nh * hd, rn, ld, kvh, hd, w.k_norm.as<bf16_t>(), eps, d_pos + r0, m.inv_freq.as<float>(), s);
     gpu::kv_store(qr + nh * hd, qr + (nh + kvh) * hd, ld, rn, kvw, d_slot + r0, kc, vc, s);
-    gpu::attention(qr, ld, rn, nh, kvh, hd, kc, vc, d_lists, d_off + r0, d_len + r0, max_len, scale, m.attn_scratch.as<float>(), attn, s);
+    if (ntiles > 0 && r0 == 0 && rn == n)
+      gpu::attention_tiles(qr, ld, ntiles, d_tiles, nh, kvh, hd, kc, vc, d_lists, d_off, d_len, scale, attn, s);
+    else
+      gpu::attention(qr, ld, rn, nh, kvh, hd, kc, vc, d_lists, d_off + r0, d_len + r0, max_len, scale, m.attn_scratch.as<float>(), attn, s);
     m.blas.gemm(attn, rn, w.o.as<bf16_t>(), H, nh * hd, dr, H);
     const bool hybrid = w.moe && !w.resident;
     gpu::add_rms_norm(xr, dr, nullptr, rn, H, w.post_norm.as<bf16_t>(), eps, hr, hybrid ? m.hf.as<float>() + r0 * H : nullptr, s);
@@ -452,6 +465,7 @@ std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorSt
   auto stack = std::make_unique<GpuStack>(c, plan.resident(), get, pools, numa::EngineOptions::from_settings(s), s.gpu_quantized_experts);
   stack->set_cuda_graphs(s.cuda_graphs);
   stack->set_cpu_overlap(s.gpu_cpu_overlap);
+  stack->set_tiled_attention(s.gpu_tiled_attention);
   // Streaming uploads the CPU experts' bytes as bf16 matrices: plain checkpoints only.
   if (store && plan.resident_moe_layers() < plan.moe_layers()) stack->enable_expert_streaming(expert_stream_options(c, s, &pools.pool(0), quiet));
   if (engram) stack->attach_engram(*engram, get);

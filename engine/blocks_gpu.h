@@ -59,6 +59,9 @@ class GpuStack : public GpuStep {
   // second) so that one's CPU experts overlap the other's GPU work. Each
   // micro-batch reads its own experts, so experts both use are read twice.
   // Off in a stack built directly; make_gpu_stack applies --gpu-cpu-overlap.
+  // Prefill steps (> 64 tokens) run attention in 64-token query tiles on
+  // tensor cores (gpu::attention_tiles); off: one block per token and head.
+  void set_tiled_attention(bool on);
   void set_cpu_overlap(bool on, int64_t second_rows = 0);
   size_t graph_captures() const;  // CUDA graphs captured so far
   // Forward passes of >= o.min_batch tokens compute the non-resident MoE

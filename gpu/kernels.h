@@ -10,6 +10,7 @@
 // are trusted. The CPU references are engine/ops/cpu_ops.h.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "gpu/memory.h"
 
@@ -49,6 +50,28 @@ void attention(const float* q, int64_t ldq, int64_t n, int64_t heads, int64_t kv
                float* scratch, bf16_t* out, Stream& s);
 int64_t attention_splits(int64_t n, int64_t heads, int64_t max_len);
 int64_t attention_scratch_floats(int64_t n, int64_t heads, int64_t hd, int64_t max_len);
+
+// The same attention on tensor cores for prefill (gpu/attention_tiles.cu):
+// rows go in query tiles, tiles[2i] = first row, tiles[2i+1] = rows (1..64),
+// the rows of a tile consecutive and sharing one slot list (offsets[row]);
+// q is rounded to bf16 and the softmax weights to bf16 before the V product
+// (flash-attention numerics). hd: 64 or 128. No scratch.
+void attention_tiles(const float* q, int64_t ldq, int64_t ntiles, const int32_t* tiles, int64_t heads, int64_t kv_heads, int64_t hd,
+                     const bf16_t* kc, const bf16_t* vc, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, float scale,
+                     bf16_t* out, Stream& s);
+// Host: the tiles for rows 0..n-1 with these list offsets: runs of equal
+// offsets cut every 64 rows.
+inline std::vector<int32_t> attention_tile_list(const int32_t* offsets, int64_t n) {
+  std::vector<int32_t> t;
+  for (int64_t i = 0; i < n; ++i) {
+    if (t.empty() || offsets[i] != offsets[t[t.size() - 2]] || t.back() == 64) {
+      t.push_back(static_cast<int32_t>(i));
+      t.push_back(0);
+    }
+    ++t.back();
+  }
+  return t;
+}
 
 // h[t, i] = bf16(silu(gu[t, i]) * gu[t, inter + i]); gu: [n, 2*inter].
 void silu_mul(const float* gu, int64_t n, int64_t inter, bf16_t* h, Stream& s);

@@ -20,6 +20,10 @@ void attention(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const 
   no_cuda("attention");
 }
 int64_t attention_splits(int64_t, int64_t, int64_t) { no_cuda("attention_splits"); }
+void attention_tiles(const float*, int64_t, int64_t, const int32_t*, int64_t, int64_t, int64_t, const bf16_t*, const bf16_t*, const int32_t*,
+                     const int32_t*, const int32_t*, float, bf16_t*, Stream&) {
+  no_cuda("attention_tiles");
+}
 int64_t attention_scratch_floats(int64_t, int64_t, int64_t, int64_t) { no_cuda("attention_scratch_floats"); }
 void silu_mul(const float*, int64_t, int64_t, bf16_t*, Stream&) { no_cuda("silu_mul"); }
 void router_topk(const float*, int64_t, int64_t, int64_t, bool, int32_t*, float*, Stream&) { no_cuda("router_topk"); }

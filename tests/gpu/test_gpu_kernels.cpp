@@ -158,6 +158,19 @@ TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill an
                    dlen.as<int32_t>(), 1301, scale, nullptr, dout.as<uint16_t>(), s);
     auto out = test::f32_of(test::to_host<uint16_t>(dout, q.size(), s));
     CHECK_MESSAGE(test::tol_ratio(out, ref, 2e-3, 1e-2) <= 1, "hd=" << hd);
+    // The tensor-core tiles: 64-row query tiles of one sequence (here 64, 64, 22 rows of the chunk, then
+    // the decode token alone), causal masks inside the tiles, keys in tiles of 64 slots.
+    {
+      const auto tiles = gpu::attention_tile_list(offsets.data(), n);
+      REQUIRE(tiles == std::vector<int32_t>{0, 64, 64, 64, 128, 22, 150, 1});
+      auto dt = test::to_device(tiles, s);
+      gpu::DeviceBuffer dout2(q.size() * 2);
+      gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd, dk.as<uint16_t>(),
+                           dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout2.as<uint16_t>(), s);
+      auto out2 = test::f32_of(test::to_host<uint16_t>(dout2, q.size(), s));
+      MESSAGE("attention_tiles hd=" << hd << ": worst |diff| / (2e-3 + 1e-2 |ref|) = " << test::tol_ratio(out2, ref, 2e-3, 1e-2));
+      CHECK_MESSAGE(test::tol_ratio(out2, ref, 2e-3, 1e-2) <= 1, "tiles, hd=" << hd);
+    }
     // The decode token alone: long context, few blocks -> split-K.
     REQUIRE(gpu::attention_splits(1, heads, 1301) > 1);
     gpu::DeviceBuffer scratch(static_cast<size_t>(gpu::attention_scratch_floats(1, heads, hd, 1301)) * 4);
