@@ -17,8 +17,9 @@
 //    and uploaded per expert (the GPU holds distinct copies), so only 100%
 //    resident is measured for these.
 // Usage: bench_gpu [--quick] [--skip-model] [--skip-kernels] [--steps N]
-//   [--resident 0,25,50,100] [--batches 1,8] [--experts TYPE]. Never
-//   pass/fail on time.
+//   [--resident 0,25,50,100] [--batches 1,8] [--experts TYPE]
+//   [--prefill 2048,8192] (one prompt of N tokens in one step per placement,
+//   tiled and per-token attention). Never pass/fail on time.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -221,7 +222,7 @@ WeightLookup quantized_lookup(const WeightLookup& base, cpu::ExtType type, Quant
 }
 
 void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::vector<int>& pcts, const std::vector<int>& batches,
-                     const std::string& experts) {
+                     const std::string& experts, const std::vector<int>& prefill_tokens) {
   numa::ThreadPool& pool = pools.pool(0);
   const std::unique_ptr<bench::SyntheticModel> model = bench::make_qwen3_30b_a3b(layers, pool);
   const ModelConfig& c = model->config();
@@ -270,6 +271,24 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
     } catch (const Error& e) {
       std::printf("| %d%% | - | could not build: %s |\n", pct, e.what());
       continue;
+    }
+    for (int64_t N : prefill_tokens) {  // one sequence's prompt in one step: tiled vs per-token attention
+      for (bool tiled : {true, false}) {
+        stack->set_tiled_attention(tiled);
+        KvCache kv(KvLayout{layers, 4, 128}, (N + 15) / 16 + 1, 16);
+        const int seq = kv.add_sequence();
+        kv.reserve(seq, N);
+        Batch b;
+        for (int64_t i = 0; i < N; ++i) b.add(static_cast<int32_t>((i * 104729 + 7) % V), seq, i, i + 1 == N);
+        std::vector<float> logits;
+        stack->forward(b, kv, logits);  // warm-up (scratch, cuBLAS)
+        const double t0 = bench::now_seconds();
+        stack->forward(b, kv, logits);
+        const double dt = bench::now_seconds() - t0;
+        std::printf("| %d%% | prefill %lld tokens, %s attention | %.1f tok/s | %.1f ms |\n", pct, static_cast<long long>(N), tiled ? "tiled" : "per-token",
+                    static_cast<double>(N) / dt, dt * 1e3);
+      }
+      stack->set_tiled_attention(true);
     }
     for (int batch : batches) {
       double gpu_ref[2] = {0, 0};  // GPU ms without overlap, per graph setting
@@ -325,6 +344,7 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
 int main(int argc, char** argv) {
   bool quick = false, skip_model = false, skip_kernels = false;
   std::string experts;
+  std::vector<int> prefill;
   int steps = 16;
   std::vector<int> pcts = {0, 25, 50, 100}, batches = {1, 8};
   auto list = [](const char* a) {
@@ -344,6 +364,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--resident") && i + 1 < argc) pcts = list(argv[++i]);
     else if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) batches = list(argv[++i]);
     else if (!std::strcmp(argv[i], "--experts") && i + 1 < argc) experts = argv[++i];
+    else if (!std::strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = list(argv[++i]);
   }
   std::printf("%s\n", gpu::describe().c_str());
   if (gpu::device_count() == 0) {
@@ -355,7 +376,7 @@ int main(int argc, char** argv) {
     numa::NodePools pools(popt);
     double copy_bw = 0;
     if (!skip_kernels) kernel_benchmarks(pools.pool(0), copy_bw);
-    if (!skip_model) model_benchmark(pools, quick ? 4 : 48, steps, pcts, batches, experts);
+    if (!skip_model) model_benchmark(pools, quick ? 4 : 48, steps, pcts, batches, experts, prefill);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu: %s\n", e.what());
     return 1;

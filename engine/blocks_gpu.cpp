@@ -325,7 +325,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     if (w.resident) {
       gpu::moe_route(ids, rn * K, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
       w.experts->run(hr, rn, K, ids, wts, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), dr,
-                     s);
+                     m.blas, s);
     } else if (stream_pass) {
       m.xstream->layer(static_cast<int64_t>(l), hr, rn, ids, wts, dr);
     }

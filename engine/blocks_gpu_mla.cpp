@@ -333,7 +333,7 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
       if (S > 0) mlp(w.sh_gate_up, w.sh_down, S, d2);
       gpu::moe_route(m.topk_ids.as<int32_t>(), n * K, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
       w.experts->run(hb, n, K, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(),
-                     m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), d, s);
+                     m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), d, m.blas, s);
       if (S > 0) gpu::add(d, d2, n * H, d, s);
       continue;
     }

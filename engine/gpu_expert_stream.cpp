@@ -1,6 +1,8 @@
 // The prefetch-window scheduler (see gpu_expert_stream.h and gpu/README.md).
 #include "engine/gpu_expert_stream.h"
 
+#include "engine/gpu_experts.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -147,7 +149,8 @@ struct ExpertStream::Impl {
   gpu::Event offs_ev;
   std::vector<char> copied;
   std::vector<uint64_t> pass_bytes;
-  gpu::DeviceBuffer route_off, pair_list, xs, gu, act, ys, inv;
+  gpu::DeviceBuffer route_off, pair_list, act, ys;
+  MoeGemmScratch gemm;  // per-expert cuBLAS passes
   gpu::PinnedBuffer offs_h;
   int64_t n = 0, next = 0;
   bool fill_all = true, use_gemm = false, in_pass = false;
@@ -306,7 +309,8 @@ void ExpertStream::reset_stats() {
 uint64_t ExpertStream::device_bytes() const {
   const Impl& m = *impl_;
   uint64_t b = static_cast<uint64_t>(m.S) * m.slot_bytes;
-  for (const gpu::DeviceBuffer* d : {&m.route_off, &m.pair_list, &m.xs, &m.gu, &m.act, &m.ys, &m.inv}) b += d->bytes();
+  for (const gpu::DeviceBuffer* d : {&m.route_off, &m.pair_list, &m.act, &m.ys, &m.gemm.xs, &m.gemm.gu, &m.gemm.act, &m.gemm.ys, &m.gemm.inv})
+    b += d->bytes();
   return b;
 }
 
@@ -324,11 +328,6 @@ void ExpertStream::begin(int64_t tokens) {
   fit(m.pair_list, P * 4);
   fit(m.act, P * m.I * 2);
   fit(m.ys, P * m.H * 4);
-  if (m.use_gemm) {
-    fit(m.xs, P * m.H * 2);
-    fit(m.gu, P * 2 * m.I * 4);
-    fit(m.inv, P * 4);
-  }
   m.copied.assign(static_cast<size_t>(N), 0);
   m.pass_bytes.assign(static_cast<size_t>(N), 0);
   m.next = 0;
@@ -370,21 +369,8 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
   m.k0[ju].record(s);
   gpu::bf16_t *wgu = m.slot_gu(j), *wdn = m.slot_dn(j);
   if (m.use_gemm) {
-    gpu::bf16_t* xs = m.xs.as<gpu::bf16_t>();
-    float* gu = m.gu.as<float>();
-    gpu::bf16_t* act = m.act.as<gpu::bf16_t>();
-    float* ys = m.ys.as<float>();
-    gpu::moe_gather_rows(x, H, K, m.pair_list.as<int32_t>(), P, xs, s);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t off = offs[e], cnt = offs[e + 1] - offs[e];
-      if (cnt > 0) m.blas.gemm(xs + off * H, cnt, wgu + e * 2 * I * H, 2 * I, H, gu + off * 2 * I, 2 * I);
-    }
-    gpu::silu_mul(gu, P, I, act, s);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t off = offs[e], cnt = offs[e + 1] - offs[e];
-      if (cnt > 0) m.blas.gemm(act + off * I, cnt, wdn + e * H * I, H, I, ys + off * H, H);
-    }
-    gpu::moe_combine_sorted(ys, m.pair_list.as<int32_t>(), weights, n, K, H, m.inv.as<int32_t>(), out, s);
+    moe_experts_gemm(m.blas, x, n, H, I, E, K, offs, m.pair_list.as<int32_t>(), weights,
+                     [&](int64_t e, bool down) -> const gpu::bf16_t* { return down ? wdn + e * H * I : wgu + e * 2 * I * H; }, m.gemm, out, s);
   } else {
     gpu::moe_experts(x, n, H, I, E, K, ids, weights, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), wgu, wdn, m.act.as<gpu::bf16_t>(),
                      m.ys.as<float>(), out, s);

@@ -1,5 +1,6 @@
 #include "engine/gpu_experts.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "configs/error.h"
@@ -7,6 +8,7 @@
 #include "engine/model_config.h"
 #include "engine/gpu_upload.h"
 #include "gpu/kernels.h"
+#include "gpu/moe_stream.h"
 #include "gpu/quant.h"
 
 namespace hmoe {
@@ -42,10 +44,40 @@ void set_expert_bytes_from(ModelConfig& c, WeightSource& src) {
   }
 }
 
+void moe_experts_gemm(gpu::Blas& blas, const uint16_t* x, int64_t n, int64_t H, int64_t I, int64_t E, int64_t K, const int32_t* offs,
+                      const int32_t* pair_list, const float* weights, const ExpertWeightFn& weight, MoeGemmScratch& sc, float* out, gpu::Stream& s) {
+  const int64_t P = n * K;
+  auto fit = [](gpu::DeviceBuffer& b, int64_t bytes) { b.reserve(static_cast<size_t>(std::max<int64_t>(bytes, 16))); };
+  fit(sc.xs, P * H * 2);
+  fit(sc.gu, P * 2 * I * 4);
+  fit(sc.act, P * I * 2);
+  fit(sc.ys, P * H * 4);
+  fit(sc.inv, P * 4);
+  uint16_t* xs = sc.xs.as<uint16_t>();
+  float* gu = sc.gu.as<float>();
+  uint16_t* act = sc.act.as<uint16_t>();
+  float* ys = sc.ys.as<float>();
+  gpu::moe_gather_rows(x, H, K, pair_list, P, xs, s);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t off = offs[e], cnt = offs[e + 1] - offs[e];
+    if (cnt > 0) blas.gemm(xs + off * H, cnt, weight(e, false), 2 * I, H, gu + off * 2 * I, 2 * I);
+  }
+  gpu::silu_mul(gu, P, I, act, s);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t off = offs[e], cnt = offs[e + 1] - offs[e];
+    if (cnt > 0) blas.gemm(act + off * I, cnt, weight(e, true), H, I, ys + off * H, H);
+  }
+  gpu::moe_combine_sorted(ys, pair_list, weights, n, K, H, sc.inv.as<int32_t>(), out, s);
+}
+
 struct GpuResidentExperts::Impl {
   int64_t E = 0, H = 0, I = 0;
   gpu::DeviceBuffer gate_up, down;  // bf16 residency
   std::optional<gpu::QDeviceMat> qgu, qdn;
+  MoeGemmScratch gemm;              // big passes
+  gpu::DeviceBuffer deq_gu, deq_dn;  // quantized big passes: a chunk of experts in bf16
+  gpu::PinnedBuffer offs_h;
+  gpu::Event offs_ev;
 };
 
 GpuResidentExperts::GpuResidentExperts(const std::vector<numa::ExpertWeights>& ex, bool keep_quantized, gpu::Stream& s, const std::string& what)
@@ -109,8 +141,40 @@ std::string GpuResidentExperts::format() const {
 }
 
 void GpuResidentExperts::run(const uint16_t* x, int64_t n, int64_t K, const int32_t* ids, const float* wts, const int32_t* route_off,
-                             const int32_t* pair_list, uint16_t* act, float* partial, float* out, gpu::Stream& s) const {
-  const Impl& m = *impl_;
+                             const int32_t* pair_list, uint16_t* act, float* partial, float* out, gpu::Blas& blas, gpu::Stream& s) {
+  Impl& m = *impl_;
+  if (n > 64 && n * K >= 16 * m.E) {  // > 64 tokens: never inside a captured decode graph
+    m.offs_h.reserve(static_cast<size_t>(m.E + 1) * 4);
+    gpu::copy_to_host(m.offs_h.as<int32_t>(), route_off, static_cast<size_t>(m.E + 1) * 4, s);
+    m.offs_ev.record(s);
+    m.offs_ev.synchronize();
+    const int64_t gu_elems = 2 * m.I * m.H, dn_elems = m.H * m.I;
+    if (!m.qgu) {
+      const uint16_t *gu = m.gate_up.as<uint16_t>(), *dn = m.down.as<uint16_t>();
+      moe_experts_gemm(blas, x, n, m.H, m.I, m.E, K, m.offs_h.as<int32_t>(), pair_list, wts,
+                       [&](int64_t e, bool down) { return down ? dn + e * dn_elems : gu + e * gu_elems; }, m.gemm, out, s);
+      return;
+    }
+    // Dequantize a chunk of experts at a time (the weight calls come in expert order per matrix kind).
+    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(m.E, (256ll << 20) / (gu_elems * 2)));
+    m.deq_gu.reserve(static_cast<size_t>(chunk * gu_elems) * 2);
+    m.deq_dn.reserve(static_cast<size_t>(chunk * dn_elems) * 2);
+    int64_t have[2] = {-1, -1};  // first expert of the chunk held, per kind
+    moe_experts_gemm(blas, x, n, m.H, m.I, m.E, K, m.offs_h.as<int32_t>(), pair_list, wts,
+                     [&](int64_t e, bool down) -> const uint16_t* {
+                       const int k = down ? 1 : 0;
+                       const int64_t elems = down ? dn_elems : gu_elems, rows = down ? m.H : 2 * m.I;
+                       gpu::DeviceBuffer& buf = down ? m.deq_dn : m.deq_gu;
+                       if (have[k] < 0 || e < have[k] || e >= have[k] + chunk) {
+                         have[k] = e;
+                         const int64_t cnt = std::min(chunk, m.E - e);
+                         gpu::quant_dequant(down ? m.qdn->weight() : m.qgu->weight(), e * rows, cnt * rows, buf.as<uint16_t>(), s);
+                       }
+                       return buf.as<uint16_t>() + (e - have[k]) * elems;
+                     },
+                     m.gemm, out, s);
+    return;
+  }
   if (m.qgu)
     gpu::quant_moe_experts(x, n, m.H, m.I, m.E, K, wts, route_off, pair_list, m.qgu->weight(), m.qdn->weight(), act, partial, out, s);
   else

@@ -468,6 +468,41 @@ __global__ void combine_kernel(const float* partial, int64_t n, int k, int64_t h
   out[idx] = s;
 }
 
+// Rows [r0, r0 + rows) of w as bf16 (out row-major [rows][cols]): one warp
+// per row, the format's units decoded as the product kernel reads them, the
+// run's scale folded per weight (fold(w, 1) = scale * w - offset).
+template <class F>
+__global__ void __launch_bounds__(256) dequant_kernel(Params p, int r0, int rows, uint16_t* out) {
+  extern __shared__ uint4 stage_all[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = blockIdx.x * (blockDim.x >> 5) + warp;
+  if (r >= rows) return;  // whole warps only: the Q8 staging is warp-collective
+  uint4* stage = stage_all + warp * kStageU4;
+  const int units = p.cols / 32, iters = (units + 31) / 32;
+  uint16_t* dst = out + static_cast<int64_t>(r) * p.cols;
+  for (int it = 0; it < iters; ++it) {
+    const bool active = it * 32 + lane < units;
+    typename F::Unit u;
+    F::load(p, r0 + r, it, lane, active, u);
+    if constexpr (IsQ8<F>::value) F::prepare(p, it, lane, active, stage, u);
+    if (!active) continue;
+    int e0, e1;
+    F::offsets(p, it, lane, e0, e1);
+#pragma unroll
+    for (int run = 0; run < 2; ++run) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float w[8];
+        F::w8(u, run, half, w);
+        uint16_t h[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) h[q] = f2bf(F::fold(u, run, w[q], F::kXsum ? 1.0f : 0.0f));
+        *reinterpret_cast<uint4*>(dst + (run ? e1 : e0) + 8 * half) = *reinterpret_cast<const uint4*>(h);
+      }
+    }
+  }
+}
+
 __global__ void read_probe_kernel(const uint4* data, size_t n, uint32_t* sink) {
   uint32_t acc = 0;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -542,6 +577,28 @@ void read_probe(const void* data, size_t bytes, uint32_t* sink, Stream& s) {
   HMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   read_probe_kernel<<<static_cast<unsigned>(sms * 4), 512, 0, cs(s)>>>(static_cast<const uint4*>(data), bytes / 16, sink);
   HMOE_CUDA_LAUNCHED();
+}
+
+void quant_dequant(const QWeight& w, int64_t r0, int64_t rows, bf16_t* out, Stream& s) {
+  check_qweight(w, "gpu::quant_dequant");
+  if (r0 < 0 || rows < 0 || r0 + rows > w.rows) fail(ErrorKind::invalid_argument, "gpu::quant_dequant: rows out of range");
+  if (rows == 0) return;
+  Params p = params_of(w);
+  p.rows = static_cast<int>(w.rows);
+  constexpr int warps = 8;
+  const unsigned blocks = static_cast<unsigned>((rows + warps - 1) / warps);
+  const size_t smem = static_cast<size_t>(warps) * kStageU4 * 16;
+  auto go = [&](auto kern) {
+    kern<<<blocks, warps * 32, smem, cs(s)>>>(p, static_cast<int>(r0), static_cast<int>(rows), out);
+    HMOE_CUDA_LAUNCHED();
+  };
+  switch (w.format) {
+    case QFormat::q8_0: return go(dequant_kernel<Q8>);
+    case QFormat::q4_k: return go(dequant_kernel<Q4K>);
+    case QFormat::int4_group: return go(dequant_kernel<Int4>);
+    case QFormat::int8_group: return go(dequant_kernel<Int8>);
+    case QFormat::fp8_e4m3: return go(dequant_kernel<Fp8>);
+  }
 }
 
 void quant_gemv(const QWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy, Stream& s) {

@@ -122,6 +122,10 @@ void quant_moe_experts(const bf16_t* x, int64_t n, int64_t hidden, int64_t inter
                        const int32_t* offsets, const int32_t* pair_list, const QWeight& w_gate_up, const QWeight& w_down, bf16_t* act,
                        float* partial, float* out, Stream& s);
 
+// Rows [r0, r0 + rows) of w dequantized to bf16 into out ([rows, cols]
+// row-major, 16-byte aligned): what the big-pass path feeds cuBLAS.
+void quant_dequant(const QWeight& w, int64_t r0, int64_t rows, bf16_t* out, Stream& s);
+
 // Reads `bytes` (a multiple of 16) at `data` with 16-byte loads over the
 // whole device and stores a checksum at *sink: the read-bandwidth roofline
 // the benchmarks compare these kernels against.

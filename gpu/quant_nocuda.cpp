@@ -16,6 +16,8 @@ void quant_moe_experts(const bf16_t*, int64_t, int64_t, int64_t, int64_t, int64_
   fail(ErrorKind::unsupported, "gpu::quant_moe_experts: not built with CUDA");
 }
 
+void quant_dequant(const QWeight&, int64_t, int64_t, bf16_t*, Stream&) { fail(ErrorKind::unsupported, "gpu::quant_dequant: not built with CUDA"); }
+
 void read_probe(const void*, size_t, uint32_t*, Stream&) { fail(ErrorKind::unsupported, "gpu::read_probe: not built with CUDA"); }
 
 }  // namespace hmoe::gpu

@@ -150,5 +150,6 @@ TEST_CASE("prefill attention in tensor-core tiles gives the logits of the per-to
   MESSAGE("200-token prompt, rel. logit error: tiles vs per-token " << t_p << ", tiles vs CPU " << t_c << ", per-token vs CPU " << p_c
                                                                     << "; top-1 agrees at " << agree << "/" << clear << " clear-margin rows");
   CHECK(t_c < p_c + 1e-2);
+  CHECK(p_c < 0.1);  // 200 tokens with every layer resident: the experts run as per-expert cuBLAS products here
   CHECK(agree == clear);
 }

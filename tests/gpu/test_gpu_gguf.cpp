@@ -99,8 +99,9 @@ TEST_CASE("GGUF block types on the GPU: quantized resident experts match dequant
                                      quant ? "1" : "0"};
     return Model::load(path, Settings::load(args));
   };
-  auto run = [](Model& m) {
-    const std::vector<int32_t> ids = {3, 17, 200, 45, 99, 128, 7, 255, 31, 64, 12};
+  auto run = [](Model& m, int64_t len = 11) {
+    std::vector<int32_t> ids = {3, 17, 200, 45, 99, 128, 7, 255, 31, 64, 12};
+    for (int64_t i = 11; i < len; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 5) % 256));  // > 64 tokens: the big-pass path
     KvCache kv(m.kv_layout(), 2, 16);
     const int seq = kv.add_sequence();
     kv.reserve(seq, static_cast<int64_t>(ids.size()));
@@ -128,5 +129,11 @@ TEST_CASE("GGUF block types on the GPU: quantized resident experts match dequant
     CHECK(mq->gpu()->weight_bytes() < mb->gpu()->weight_bytes());
     CHECK(q_vs_b < 2e-2);
     CHECK(q_vs_cpu < b_vs_cpu + 5e-3);  // the quantized experts add nothing to the GPU's bf16 noise
+    // A 100-token prompt: experts dequantized a chunk at a time and multiplied by cuBLAS.
+    const auto pq = run(*mq, 100), pb = run(*mb, 100), pc = run(*mc, 100);
+    MESSAGE(std::string(cpu::ext_type_info(type)->name) << ", 100 tokens: rel. logit error quantized vs bf16 experts " << rel(pq, pb)
+                                                         << ", quantized vs CPU " << rel(pq, pc) << ", bf16 experts vs CPU " << rel(pb, pc));
+    CHECK(rel(pq, pb) < 2e-2);
+    CHECK(rel(pq, pc) < rel(pb, pc) + 5e-3);
   }
 }

@@ -237,6 +237,30 @@ TEST_CASE("gpu quant_gemv matches the scalar dequantize-then-multiply reference"
   }
 }
 
+// quant_dequant (the big-pass path's bf16 copy) against the host reading of
+// the same layout, rounded to bf16: equal up to one bf16 step (the kernel
+// folds scale and offset in another order).
+TEST_CASE("gpu quant_dequant gives every weight of every format in bf16") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  for (Fmt f : kAll) {
+    const int64_t rows = 37, cols = f == Fmt::int8_g64_asym ? 1152 : 2304;
+    auto h = make_weights(f, rows, cols, 77 + static_cast<uint64_t>(f));
+    gpu::QHostMat g = gpu::qrepack({h.view}, "test");
+    gpu::QDeviceMat dw({h.view}, s, "test");
+    gpu::DeviceBuffer out(static_cast<size_t>(30 * cols) * 2);
+    gpu::quant_dequant(dw.weight(), 5, 30, out.as<uint16_t>(), s);  // rows 5..34
+    auto got = test::to_host<uint16_t>(out, static_cast<size_t>(30 * cols), s);
+    double worst = 0;
+    for (int64_t r = 0; r < 30; ++r)
+      for (int64_t k = 0; k < cols; ++k) {
+        const double ref = gpu::qhost_weight_at(g, r + 5, k), v = bf16_to_f32(got[static_cast<size_t>(r * cols + k)]);
+        worst = std::max(worst, std::fabs(v - ref) / (std::fabs(ref) * 0x1p-7 + 1e-7));
+      }
+    CHECK_MESSAGE(worst <= 1.0, fmt_name(f) << ": worst |bf16 - ref| / (2^-7 |ref|) " << worst);
+  }
+}
+
 TEST_CASE("gpu quant_moe_experts matches a scalar SwiGLU expert reference") {
   if (!test::have_gpu()) return;
   gpu::Stream s;
