@@ -102,7 +102,7 @@ TEST_CASE("GGUF block types on the GPU: quantized resident experts match dequant
   auto run = [](Model& m, int64_t len = 11) {
     std::vector<int32_t> ids = {3, 17, 200, 45, 99, 128, 7, 255, 31, 64, 12};
     for (int64_t i = 11; i < len; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 5) % 256));  // > 64 tokens: the big-pass path
-    KvCache kv(m.kv_layout(), 2, 16);
+    KvCache kv(m.kv_layout(), static_cast<int64_t>(ids.size()) / 16 + 2, 16);
     const int seq = kv.add_sequence();
     kv.reserve(seq, static_cast<int64_t>(ids.size()));
     Batch b;

@@ -230,7 +230,7 @@ TEST_CASE("gpu quant_gemv matches the scalar dequantize-then-multiply reference"
             const double e = std::fabs(y[static_cast<size_t>(t * ldy + r)] - ref[i]) / (tol_of(f) * mag[i] + 1e-12);
             if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : e, bad_t = t, bad_r = r;
           }
-        CHECK_MESSAGE(worst <= 1.0, fmt_name(f) << " rows=" << rows << " cols=" << cols << " n=" << n << ": worst error/bound " << worst
+        CHECK_MESSAGE(worst <= 1.0, std::string(fmt_name(f)) << " rows=" << rows << " cols=" << cols << " n=" << n << ": worst error/bound " << worst
                                                 << " at token " << bad_t << " row " << bad_r);
       }
     }
@@ -238,8 +238,9 @@ TEST_CASE("gpu quant_gemv matches the scalar dequantize-then-multiply reference"
 }
 
 // quant_dequant (the big-pass path's bf16 copy) against the host reading of
-// the same layout, rounded to bf16: equal up to one bf16 step (the kernel
-// folds scale and offset in another order).
+// the same layout: equal up to one bf16 step, plus 1e-6 absolute where the
+// offset formats cancel (the kernel computes a (128 + q) - b, as the product
+// kernels do, so weights near zero carry fp32 rounding of 128 a).
 TEST_CASE("gpu quant_dequant gives every weight of every format in bf16") {
   if (!test::have_gpu()) return;
   gpu::Stream s;
@@ -255,9 +256,9 @@ TEST_CASE("gpu quant_dequant gives every weight of every format in bf16") {
     for (int64_t r = 0; r < 30; ++r)
       for (int64_t k = 0; k < cols; ++k) {
         const double ref = gpu::qhost_weight_at(g, r + 5, k), v = bf16_to_f32(got[static_cast<size_t>(r * cols + k)]);
-        worst = std::max(worst, std::fabs(v - ref) / (std::fabs(ref) * 0x1p-7 + 1e-7));
+        worst = std::max(worst, std::fabs(v - ref) / (std::fabs(ref) * 0x1p-7 + 1e-6));
       }
-    CHECK_MESSAGE(worst <= 1.0, fmt_name(f) << ": worst |bf16 - ref| / (2^-7 |ref|) " << worst);
+    CHECK_MESSAGE(worst <= 1.0, std::string(fmt_name(f)) << ": worst |bf16 - ref| / (2^-7 |ref| + 1e-6) " << worst);
   }
 }
 
@@ -319,7 +320,7 @@ TEST_CASE("gpu quant_moe_experts matches a scalar SwiGLU expert reference") {
         const double e = std::fabs(y[i] - out[i]) / (1e-2 * omag[i] + 1e-9);
         if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : e;
       }
-      CHECK_MESSAGE(worst <= 1.0, fmt_name(f) << " n=" << n << ": worst error/bound " << worst);
+      CHECK_MESSAGE(worst <= 1.0, std::string(fmt_name(f)) << " n=" << n << ": worst error/bound " << worst);
     }
   }
 }
