@@ -18,6 +18,7 @@
 #include "tests/quant_tools/gguf_models.h"
 #include "tests/quant_tools/gguf_writer.h"
 #include "tests/quant_tools/quantizers.h"
+#include "tests/model_run.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;
@@ -40,17 +41,7 @@ std::unique_ptr<Model> load_quiet(const std::string& path) {
   return Model::load(path, s);
 }
 
-std::vector<float> run(Model& m) {
-  const std::vector<int32_t> ids = {3, 17, 200, 45, 99, 128, 7, 255};
-  KvCache kv(m.kv_layout(), 2, 16);
-  const int seq = kv.add_sequence();
-  kv.reserve(seq, static_cast<int64_t>(ids.size()));
-  Batch b;
-  for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], seq, static_cast<int64_t>(i), true);
-  std::vector<float> logits;
-  m.forward(b, kv, logits);
-  return logits;
-}
+std::vector<float> run(Model& m) { return test::prompt_logits(m, {3, 17, 200, 45, 99, 128, 7, 255}); }
 
 std::string write(const test::TempDir& d, const std::string& name, const std::string& bytes) {
   const std::string p = d.str() + "/" + name;

@@ -18,6 +18,7 @@
 #include "io/safetensors.h"
 #include "tests/quant_tools/hf_pairs.h"
 #include "tests/quant_tools/hf_quantizers.h"
+#include "tests/model_run.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;
@@ -36,15 +37,7 @@ std::unique_ptr<Model> load_quiet(const std::string& dir) {
 }
 
 std::vector<float> prompt_logits(Model& m) {
-  const std::vector<int32_t> ids = {151644, 872, 198, 9707, 0, 10479, 525, 498, 30, 151645, 198, 151644, 77091, 198};
-  KvCache kv(m.kv_layout(), 4, 16);
-  const int seq = kv.add_sequence();
-  kv.reserve(seq, static_cast<int64_t>(ids.size()));
-  Batch b;
-  for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], seq, static_cast<int64_t>(i), true);
-  std::vector<float> logits;
-  m.forward(b, kv, logits);
-  return logits;
+  return test::prompt_logits(m, {151644, 872, 198, 9707, 0, 10479, 525, 498, 30, 151645, 198, 151644, 77091, 198});
 }
 
 void compare_formats(const std::string& label, const nlohmann::json& qconfig, const Quantizer& quant) {

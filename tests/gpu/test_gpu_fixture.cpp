@@ -13,6 +13,7 @@
 #include "engine/logits.h"
 #include "engine/model.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/model_run.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;
@@ -120,22 +121,11 @@ TEST_CASE("prefill attention in tensor-core tiles gives the logits of the per-to
                                      "--gpu-tiled-attention", std::string(mode) == "tiles" ? "1" : "0"};
     auto model = Model::load(dir, Settings::load(args));
     REQUIRE((model->gpu() != nullptr) == (std::string(mode) != "cpu"));
-    KvCache kv(model->kv_layout(), 16, 16);
-    const int seq = kv.add_sequence();
-    kv.reserve(seq, static_cast<int64_t>(ids.size()));
-    Batch b;
-    for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], seq, static_cast<int64_t>(i), true);
-    std::vector<float> logits;
-    model->forward(b, kv, logits);
-    runs.push_back(std::move(logits));
+    runs.push_back(test::prompt_logits(*model, ids));
   }
   const int64_t V = 151936;
   REQUIRE(runs[0].size() == ids.size() * static_cast<size_t>(V));
-  auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += static_cast<double>(b[i]) * b[i];
-    return std::sqrt(num / den);
-  };
+  const auto rel = test::rel_error;
   int clear = 0, agree = 0;
   for (size_t p = 0; p < ids.size(); ++p) {
     const float* r = runs[1].data() + p * V;

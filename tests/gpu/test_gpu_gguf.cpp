@@ -19,6 +19,7 @@
 #include "tests/bf16_agreement.h"
 #include "tests/quant_tools/gguf_models.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/model_run.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;
@@ -102,20 +103,9 @@ TEST_CASE("GGUF block types on the GPU: quantized resident experts match dequant
   auto run = [](Model& m, int64_t len = 11) {
     std::vector<int32_t> ids = {3, 17, 200, 45, 99, 128, 7, 255, 31, 64, 12};
     for (int64_t i = 11; i < len; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 5) % 256));  // > 64 tokens: the big-pass path
-    KvCache kv(m.kv_layout(), static_cast<int64_t>(ids.size()) / 16 + 2, 16);
-    const int seq = kv.add_sequence();
-    kv.reserve(seq, static_cast<int64_t>(ids.size()));
-    Batch b;
-    for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], seq, static_cast<int64_t>(i), true);
-    std::vector<float> logits;
-    m.forward(b, kv, logits);
-    return logits;
+    return test::prompt_logits(m, ids);
   };
-  auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += static_cast<double>(b[i]) * b[i];
-    return std::sqrt(num / den);
-  };
+  const auto rel = test::rel_error;
   for (uint32_t type : {2u, 3u, 6u, 7u, 8u, 12u, 13u, 14u}) {
     const std::string path = dir.str() + "/q.gguf";
     test::write_file(path, qtools::build_model(type).quant.bytes());

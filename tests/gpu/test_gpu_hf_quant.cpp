@@ -13,6 +13,7 @@
 #include "engine/model.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/quant_tools/hf_pairs.h"
+#include "tests/model_run.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;
@@ -20,22 +21,9 @@ using namespace hmoe;
 namespace {
 
 std::vector<float> prompt_logits(Model& m) {
-  const std::vector<int32_t> ids = {151644, 872, 198, 9707, 0, 10479, 525, 498, 30, 151645, 198, 151644, 77091, 198};
-  KvCache kv(m.kv_layout(), 4, 16);
-  const int seq = kv.add_sequence();
-  kv.reserve(seq, static_cast<int64_t>(ids.size()));
-  Batch b;
-  for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], seq, static_cast<int64_t>(i), true);
-  std::vector<float> logits;
-  m.forward(b, kv, logits);
-  return logits;
+  return test::prompt_logits(m, {151644, 872, 198, 9707, 0, 10479, 525, 498, 30, 151645, 198, 151644, 77091, 198});
 }
-
-double rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += static_cast<double>(b[i]) * b[i];
-  return std::sqrt(num / den);
-}
+const auto rel = test::rel_error;
 
 }  // namespace
 
