@@ -180,7 +180,7 @@ void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw) {
                            vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), 0.088f, dout.as<bf16_t>(), s);
     });
     std::printf("%8lld %14s %10.2f %10.1f %10s\n", (long long)N, "per token", t_simt * 1e3, flop / t_simt / 1e12, "1.0x");
-    std::printf("%8lld %14s %10.2f %10.1f %9.1fx\n", (long long)N, "tiles (wmma)", t_tile * 1e3, flop / t_tile / 1e12, t_simt / t_tile);
+    std::printf("%8lld %14s %10.2f %10.1f %9.1fx\n", (long long)N, "tiles (mma)", t_tile * 1e3, flop / t_tile / 1e12, t_simt / t_tile);
   }
   // cuBLAS products at prefill sizes.
   std::printf("\ncuBLAS bf16 gemm (y = x W^T, fp32 out): roofline 990 TFLOP/s dense bf16 (datasheet)\n");

@@ -1,16 +1,18 @@
 // Prefill attention on tensor cores (gpu::attention_tiles, gpu/kernels.h):
 // flash-attention style over the paged KV cache. One block of 4 warps per
-// (query tile of <= 64 consecutive rows of one sequence, query head): the
-// tile's queries (bf16) stay in shared memory; keys and values stream
-// through in tiles of 64 slots gathered from the slot list; each warp owns
-// 16 query rows: S = Q K^T with WMMA bf16 16x16x16 (fp32 accumulate), a
-// causal mask from each row's length, online softmax in fp32, P (bf16)
-// times V accumulated into an fp32 output tile in shared memory (rows are
-// rescaled there, since WMMA fragments hide their row mapping).
+// (query tile of <= 64 consecutive rows of one sequence, query head); each
+// warp owns 16 query rows, kept as mma.sync A fragments in registers. Keys
+// and values stream through shared memory in tiles of 64 slots gathered
+// from the slot list (rows padded by 8 bf16 against bank conflicts). Per key
+// tile a warp computes S = Q K^T with mma.sync m16n8k16 (bf16 in, fp32
+// accumulate), masks each row at its length (causal), updates the running
+// max and sum with quad shuffles, and multiplies P (the S accumulators
+// repacked as bf16 A fragments) by V into fp32 output accumulators that
+// stay in registers (FlashAttention-2's layout).
 // Compared with gpu::attention (one block per token and head, every key
-// read from global memory per token), the K/V traffic falls by the tile's
-// 64 rows and the products run on tensor cores.
-#include <mma.h>
+// read from global memory per token), K/V traffic falls by the tile's 64
+// rows and both products run on tensor cores. sm_80 or newer.
+#include <cuda_bf16.h>
 
 #include <algorithm>
 #include <vector>
@@ -25,44 +27,67 @@ using namespace detail;
 namespace {
 
 constexpr int kTq = 64, kTk = 64, kThreads = 128;
-using namespace nvcuda;
 
 template <int HD>
+constexpr int padded() { return HD + 8; }
+template <int HD>
 constexpr size_t tile_smem() {
-  return static_cast<size_t>(kTq * HD * 2 + 2 * kTk * HD * 2 + kTq * kTk * 4 + kTq * kTk * 2 + kTq * HD * 4 + kTq * 12);
+  return static_cast<size_t>(3 * kTq * padded<HD>() * 2 + kTq * 4);
+}
+
+__device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ uint32_t ld32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t pair16(const __nv_bfloat16* lo, const __nv_bfloat16* hi) {
+  return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(lo)) | (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(hi)) << 16);
 }
 
 template <int HD>
 __global__ void __launch_bounds__(kThreads) attention_tile_kernel(const float* q, int64_t ldq, const int32_t* tiles, int heads, int kv_heads,
                                                                   const __nv_bfloat16* kc, const __nv_bfloat16* vc, const int32_t* slot_lists,
                                                                   const int32_t* offsets, const int32_t* lens, float scale, uint16_t* out) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kTq][HD]
-  __nv_bfloat16* Ks = Qs + kTq * HD;                           // [kTk][HD]
-  __nv_bfloat16* Vs = Ks + kTk * HD;                           // [kTk][HD]
-  float* S = reinterpret_cast<float*>(Vs + kTk * HD);          // [kTq][kTk]
-  __nv_bfloat16* P = reinterpret_cast<__nv_bfloat16*>(S + kTq * kTk);  // [kTq][kTk]
-  float* O = reinterpret_cast<float*>(P + kTq * kTk);          // [kTq][HD]
-  float* M = O + kTq * HD;                                     // running max per row
-  float* L = M + kTq;                                          // running sum per row
-  int* Len = reinterpret_cast<int*>(L + kTq);                  // keys per row (0: padding row)
+  constexpr int LD = padded<HD>(), KD = HD / 16, ND = HD / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kTq][LD]
+  __nv_bfloat16* Ks = Qs + kTq * LD;                           // [kTk][LD]
+  __nv_bfloat16* Vs = Ks + kTk * LD;                           // [kTk][LD]
+  int* Len = reinterpret_cast<int*>(Vs + kTk * LD);            // keys per row (0: padding row)
 
-  const int tile = blockIdx.x, h = blockIdx.y, g = h / (heads / kv_heads);
+  const int tile = blockIdx.x, h = blockIdx.y, grp = h / (heads / kv_heads);
   const int r0 = tiles[2 * tile], cnt = tiles[2 * tile + 1];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t2 = (lane & 3) * 2;  // fragment row and column pair
   for (int i = tid; i < kTq * HD; i += kThreads) {
     const int r = i / HD, d = i % HD;
-    Qs[i] = __float2bfloat16(r < cnt ? q[static_cast<int64_t>(r0 + r) * ldq + h * HD + d] : 0.0f);
-    O[i] = 0.0f;
+    Qs[r * LD + d] = __float2bfloat16(r < cnt ? q[static_cast<int64_t>(r0 + r) * ldq + h * HD + d] : 0.0f);
   }
-  if (tid < kTq) {
-    M[tid] = -INFINITY;
-    L[tid] = 0.0f;
-    Len[tid] = tid < cnt ? lens[r0 + tid] : 0;
-  }
+  if (tid < kTq) Len[tid] = tid < cnt ? lens[r0 + tid] : 0;
   __syncthreads();
   int maxlen = 0;
   for (int r = 0; r < cnt; ++r) maxlen = max(maxlen, Len[r]);
+  const int row0 = warp * 16 + g, row1 = row0 + 8;
+  const int len0 = Len[row0], len1 = Len[row1];
+  uint32_t qa[KD][4];
+#pragma unroll
+  for (int k = 0; k < KD; ++k) {
+    const __nv_bfloat16* b = Qs + k * 16 + t2;
+    qa[k][0] = ld32(b + row0 * LD);
+    qa[k][1] = ld32(b + row1 * LD);
+    qa[k][2] = ld32(b + row0 * LD + 8);
+    qa[k][3] = ld32(b + row1 * LD + 8);
+  }
+  float o[ND][4];
+#pragma unroll
+  for (int d = 0; d < ND; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // l: this thread's share of the row sums
+  const float sl2 = scale * 1.4426950408889634f;               // exp(x) = exp2(x log2 e)
   const int32_t* sl = slot_lists + offsets[r0];
   const int64_t row = static_cast<int64_t>(kv_heads) * HD;
   constexpr int C = HD / 8;  // 16-byte chunks per key row
@@ -74,79 +99,94 @@ __global__ void __launch_bounds__(kThreads) attention_tile_kernel(const float* q
       uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
       if (j < kn) {
         const int64_t slot = sl[base + j];
-        kv = reinterpret_cast<const uint4*>(kc + slot * row + g * HD)[c];
-        vv = reinterpret_cast<const uint4*>(vc + slot * row + g * HD)[c];
+        kv = reinterpret_cast<const uint4*>(kc + slot * row + grp * HD)[c];
+        vv = reinterpret_cast<const uint4*>(vc + slot * row + grp * HD)[c];
       }
-      reinterpret_cast<uint4*>(Ks)[i] = kv;
-      reinterpret_cast<uint4*>(Vs)[i] = vv;
+      *reinterpret_cast<uint4*>(Ks + j * LD + c * 8) = kv;
+      *reinterpret_cast<uint4*>(Vs + j * LD + c * 8) = vv;
     }
     __syncthreads();
-    // S[warp rows] = Q K^T.
-    {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kTk / 16];
+    // S = Q K^T: 8 tiles of 8 keys; b[k][n] = K[n][k].
+    float sc[kTk / 8][4];
 #pragma unroll
-      for (int n = 0; n < kTk / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
+    for (int nt = 0; nt < kTk / 8; ++nt) {
+      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+      const __nv_bfloat16* kr = Ks + (nt * 8 + g) * LD + t2;
 #pragma unroll
-      for (int k = 0; k < HD / 16; ++k) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::load_matrix_sync(a, Qs + warp * 16 * HD + k * 16, HD);
-#pragma unroll
-        for (int n = 0; n < kTk / 16; ++n) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;  // b[k][n] = K[n][k]
-          wmma::load_matrix_sync(b, Ks + n * 16 * HD + k * 16, HD);
-          wmma::mma_sync(acc[n], a, b, acc[n]);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < kTk / 16; ++n) wmma::store_matrix_sync(S + warp * 16 * kTk + n * 16, acc[n], kTk, wmma::mem_row_major);
+      for (int k = 0; k < KD; ++k) mma16816(sc[nt], qa[k], ld32(kr + k * 16), ld32(kr + k * 16 + 8));
     }
-    __syncwarp();
-    // Online softmax of the warp's rows (two keys per lane), P in bf16, O rows rescaled.
-    for (int rr = 0; rr < 16; ++rr) {
-      const int r = warp * 16 + rr, len = Len[r];
-      const int c0 = lane, c1 = lane + 32;
-      const float s0 = base + c0 < len ? S[r * kTk + c0] * scale : -INFINITY;
-      const float s1 = base + c1 < len ? S[r * kTk + c1] * scale : -INFINITY;
-      const float mold = M[r], mnew = fmaxf(mold, warp_max(fmaxf(s0, s1)));
-      float p0 = 0.0f, p1 = 0.0f, corr = 1.0f;
-      if (mnew != -INFINITY) {
-        p0 = s0 == -INFINITY ? 0.0f : __expf(s0 - mnew);
-        p1 = s1 == -INFINITY ? 0.0f : __expf(s1 - mnew);
-        corr = mold == -INFINITY ? 0.0f : __expf(mold - mnew);
+    // Mask, scale (log2 units), running max per row (the quad of lanes sharing a row).
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kTk / 8; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int key = base + nt * 8 + t2 + j;
+        sc[nt][j] = key < len0 ? sc[nt][j] * sl2 : -INFINITY;
+        sc[nt][2 + j] = key < len1 ? sc[nt][2 + j] * sl2 : -INFINITY;
+        mx0 = fmaxf(mx0, sc[nt][j]);
+        mx1 = fmaxf(mx1, sc[nt][2 + j]);
       }
-      const float sum = warp_sum(p0 + p1);
-      P[r * kTk + c0] = __float2bfloat16(p0);
-      P[r * kTk + c1] = __float2bfloat16(p1);
-      for (int d = lane; d < HD; d += 32) O[r * HD + d] *= corr;
-      __syncwarp();
-      if (lane == 0) {
-        M[r] = mnew;
-        L[r] = L[r] * corr + sum;
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+    const float c0 = n0 == -INFINITY || m0 == -INFINITY ? (n0 == -INFINITY ? 1.0f : 0.0f) : exp2f(m0 - n0);
+    const float c1 = n1 == -INFINITY || m1 == -INFINITY ? (n1 == -INFINITY ? 1.0f : 0.0f) : exp2f(m1 - n1);
+    m0 = n0;
+    m1 = n1;
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < kTk / 8; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        sc[nt][j] = sc[nt][j] == -INFINITY ? 0.0f : exp2f(sc[nt][j] - n0);
+        sc[nt][2 + j] = sc[nt][2 + j] == -INFINITY ? 0.0f : exp2f(sc[nt][2 + j] - n1);
+        s0 += sc[nt][j];
+        s1 += sc[nt][2 + j];
       }
+    l0 = l0 * c0 + s0;
+    l1 = l1 * c1 + s1;
+#pragma unroll
+    for (int d = 0; d < ND; ++d) {
+      o[d][0] *= c0;
+      o[d][1] *= c0;
+      o[d][2] *= c1;
+      o[d][3] *= c1;
     }
-    __syncwarp();
-    // O[warp rows] += P V.
+    // O += P V: P's accumulators of two key tiles are one A fragment of 16 keys; b[k][n] = V[k][n].
 #pragma unroll
-    for (int f = 0; f < HD / 16; ++f) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
-      wmma::load_matrix_sync(o, O + warp * 16 * HD + f * 16, HD, wmma::mem_row_major);
+    for (int kk = 0; kk < kTk / 16; ++kk) {
+      const uint32_t pa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                              pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      const __nv_bfloat16* vr = Vs + (kk * 16 + t2) * LD + g;
 #pragma unroll
-      for (int k = 0; k < kTk / 16; ++k) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::load_matrix_sync(a, P + warp * 16 * kTk + k * 16, kTk);
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
-        wmma::load_matrix_sync(b, Vs + k * 16 * HD + f * 16, HD);
-        wmma::mma_sync(o, a, b, o);
+      for (int d = 0; d < ND; ++d) {
+        const __nv_bfloat16* v = vr + d * 8;
+        mma16816(o[d], pa, pair16(v, v + LD), pair16(v + 8 * LD, v + 9 * LD));
       }
-      wmma::store_matrix_sync(O + warp * 16 * HD + f * 16, o, HD, wmma::mem_row_major);
     }
     __syncthreads();  // K/V tiles are overwritten next
   }
-  __syncthreads();
-  for (int i = tid; i < cnt * HD; i += kThreads) {
-    const int r = i / HD, d = i % HD;
-    const float l = L[r];
-    out[(static_cast<int64_t>(r0 + r) * heads + h) * HD + d] = f2bf(l > 0 ? O[r * HD + d] / l : 0.0f);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float i0 = l0 > 0 ? 1.0f / l0 : 0.0f, i1 = l1 > 0 ? 1.0f / l1 : 0.0f;
+#pragma unroll
+  for (int d = 0; d < ND; ++d) {
+    const int col = d * 8 + t2;
+    if (row0 < cnt) {
+      uint16_t* dst = out + (static_cast<int64_t>(r0 + row0) * heads + h) * HD + col;
+      dst[0] = f2bf(o[d][0] * i0);
+      dst[1] = f2bf(o[d][1] * i0);
+    }
+    if (row1 < cnt) {
+      uint16_t* dst = out + (static_cast<int64_t>(r0 + row1) * heads + h) * HD + col;
+      dst[0] = f2bf(o[d][2] * i1);
+      dst[1] = f2bf(o[d][3] * i1);
+    }
   }
 }
 

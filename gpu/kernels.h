@@ -55,6 +55,7 @@ int64_t attention_scratch_floats(int64_t n, int64_t heads, int64_t hd, int64_t m
 // rows go in query tiles, tiles[2i] = first row, tiles[2i+1] = rows (1..64),
 // the rows of a tile consecutive and sharing one slot list (offsets[row]);
 // q is rounded to bf16 and the softmax weights to bf16 before the V product
+// (mma.sync m16n8k16; sm_80 or newer)
 // (flash-attention numerics). hd: 64 or 128. No scratch.
 void attention_tiles(const float* q, int64_t ldq, int64_t ntiles, const int32_t* tiles, int64_t heads, int64_t kv_heads, int64_t hd,
                      const bf16_t* kc, const bf16_t* vc, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, float scale,
