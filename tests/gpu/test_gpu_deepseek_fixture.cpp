@@ -16,6 +16,7 @@
 #include "engine/model.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/bf16_agreement.h"
+#include "tests/model_run.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;
@@ -96,4 +97,25 @@ TEST_CASE("tiny-deepseekv3 on the GPU: latent and expanded attention give close 
   CHECK(d_batch <= 0.3);  // bf16 activations: summation order and rounding points differ (logits are ~17)
   CHECK(d_mode <= 0.5);   // different rounding points (absorbed weights in bf16)
   CHECK(d_mix <= 0.5);    // the 1-token prompt attends in the latent space in the mixed batch
+}
+
+// A 120-token prompt with every MoE layer resident: more than 64 tokens, so
+// the routed experts run as per-expert cuBLAS products (engine/gpu_experts.h)
+// rather than the grouped kernel of the short fixture prompts. Against the
+// fp32 CPU path: bf16 noise only (a wrong expert or weight gives errors of
+// order 1).
+TEST_CASE("tiny-deepseekv3 on the GPU: a 120-token prompt (per-expert cuBLAS experts) against the CPU") {
+  if (!test::have_gpu()) return;
+  const std::string dir = test::fixture_model("tiny-deepseekv3");
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 120; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 11) % 120000));
+  std::vector<std::vector<float>> runs;
+  for (const char* device : {"cuda", "cpu"}) {
+    std::vector<std::string> args = {"--device", device, "--gpu-resident-moe-layers", "all", "--progress", "none"};
+    auto model = Model::load(dir, Settings::load(args));
+    runs.push_back(test::prompt_logits(*model, ids));
+  }
+  const double rel = test::rel_error(runs[0], runs[1]);
+  MESSAGE("tiny-deepseekv3, 120-token prompt, GPU (all resident) vs CPU: rel. logit error " << rel);
+  CHECK(rel < 0.1);
 }
