@@ -99,23 +99,40 @@ TEST_CASE("tiny-deepseekv3 on the GPU: latent and expanded attention give close 
   CHECK(d_mix <= 0.5);    // the 1-token prompt attends in the latent space in the mixed batch
 }
 
-// A 120-token prompt with every MoE layer resident: more than 64 tokens, so
-// the routed experts run as per-expert cuBLAS products (engine/gpu_experts.h)
-// rather than the grouped kernel of the short fixture prompts. Against the
-// fp32 CPU path: bf16 noise only (a wrong expert or weight gives errors of
-// order 1).
-TEST_CASE("tiny-deepseekv3 on the GPU: a 120-token prompt (per-expert cuBLAS experts) against the CPU") {
+// A 120-token prompt with every MoE layer resident in one step: more than 64
+// tokens, so the routed experts run as per-expert cuBLAS products
+// (engine/gpu_experts.h). The same prompt in two steps of 60 tokens (the
+// grouped kernel) and the fp32 CPU path are the controls: on this tiny
+// random model bf16 noise alone moves the GPU logits by 10-20% (near-tied
+// expert choices flip), so the one-step GPU run may not be further from the
+// CPU than the two-step one by more than 2%.
+TEST_CASE("tiny-deepseekv3 on the GPU: a 120-token prompt in one step (per-expert cuBLAS experts) as in two") {
   if (!test::have_gpu()) return;
   const std::string dir = test::fixture_model("tiny-deepseekv3");
   std::vector<int32_t> ids;
   for (int i = 0; i < 120; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 11) % 120000));
-  std::vector<std::vector<float>> runs;
-  for (const char* device : {"cuda", "cpu"}) {
+  auto load = [&](const char* device) {
     std::vector<std::string> args = {"--device", device, "--gpu-resident-moe-layers", "all", "--progress", "none"};
-    auto model = Model::load(dir, Settings::load(args));
-    runs.push_back(test::prompt_logits(*model, ids));
+    return Model::load(dir, Settings::load(args));
+  };
+  auto gpu = load("cuda");
+  const auto one = test::prompt_logits(*gpu, ids);
+  std::vector<float> two;
+  {
+    KvCache kv(gpu->kv_layout(), 10, 16);
+    const int seq = kv.add_sequence();
+    kv.reserve(seq, 120);
+    for (int64_t c = 0; c < 2; ++c) {
+      Batch b;
+      for (int64_t i = 60 * c; i < 60 * (c + 1); ++i) b.add(ids[static_cast<size_t>(i)], seq, i, true);
+      std::vector<float> logits;
+      gpu->forward(b, kv, logits);
+      two.insert(two.end(), logits.begin(), logits.end());
+    }
   }
-  const double rel = test::rel_error(runs[0], runs[1]);
-  MESSAGE("tiny-deepseekv3, 120-token prompt, GPU (all resident) vs CPU: rel. logit error " << rel);
-  CHECK(rel < 0.1);
+  const auto cpu = test::prompt_logits(*load("cpu"), ids);
+  const double one_cpu = test::rel_error(one, cpu), two_cpu = test::rel_error(two, cpu), one_two = test::rel_error(one, two);
+  MESSAGE("tiny-deepseekv3, 120 tokens, rel. logit error: one step vs CPU " << one_cpu << ", two steps vs CPU " << two_cpu << ", one vs two steps "
+                                                                              << one_two);
+  CHECK(one_cpu < two_cpu + 0.02);
 }
