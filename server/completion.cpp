@@ -32,7 +32,9 @@ ojson bytes_of(const std::string& s) {
 
 CompletionBuilder::CompletionBuilder(const GenSpec& spec, const ModelInfo& m, std::string id, int64_t created, uint64_t tool_id_seed)
     : spec_(spec), m_(m), id_(std::move(id)), created_(created), decoder_(*m.tokenizer, spec.skip_special), stop_(spec.stop),
-      parser_(spec.chat && spec.parse_tools, spec.chat && spec.parse_reasoning, spec.start_in_reasoning, tool_id_seed) {}
+      parser_(spec.chat && spec.parse_tools, spec.chat && spec.parse_reasoning, spec.start_in_reasoning, tool_id_seed) {
+  if (!spec.forced_prefix.empty()) parser_.push(spec.forced_prefix);  // the opened tool call: nothing to emit yet
+}
 
 std::string CompletionBuilder::finish_reason(FinishReason r) const {
   if (stop_.stopped()) return parser_.tool_call_count() > 0 ? "tool_calls" : "stop";

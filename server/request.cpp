@@ -256,12 +256,23 @@ void render_chat(const ojson& j, const ModelInfo& m, GenSpec& g) {
   }
   req["messages"] = std::move(out_msgs);
 
-  std::string tool_choice = "auto";
+  // tool_choice: "auto", "none", "required", or {"type": "function", "function": {"name": NAME}}.
+  std::string tool_choice = "auto", forced_name;
   if (const ojson* tc = field(j, "tool_choice")) {
-    if (!tc->is_string()) bad("tool_choice", "only tool_choice \"auto\" and \"none\" are supported", "unsupported_value");
-    tool_choice = tc->get<std::string>();
-    if (tool_choice != "auto" && tool_choice != "none")
-      bad("tool_choice", "only tool_choice \"auto\" and \"none\" are supported, got '" + tool_choice + "'", "unsupported_value");
+    if (tc->is_object()) {
+      const ojson* fn = field(*tc, "function");
+      const ojson* nm = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+      if (!nm || !nm->is_string() || nm->get<std::string>().empty())
+        bad("tool_choice", "a tool_choice object must be {\"type\": \"function\", \"function\": {\"name\": NAME}}");
+      tool_choice = "named";
+      forced_name = nm->get<std::string>();
+    } else if (tc->is_string()) {
+      tool_choice = tc->get<std::string>();
+      if (tool_choice != "auto" && tool_choice != "none" && tool_choice != "required")
+        bad("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or a function object, got '" + tool_choice + "'", "unsupported_value");
+    } else {
+      wrong_type("tool_choice", "a string or an object", *tc);
+    }
   }
   if (const ojson* tools = field(j, "tools")) {
     if (!tools->is_array()) wrong_type("tools", "an array", *tools);
@@ -277,7 +288,14 @@ void render_chat(const ojson& j, const ModelInfo& m, GenSpec& g) {
       req["tools"] = *tools;
       g.parse_tools = tool_choice != "none";
     }
+    if (tool_choice == "named") {
+      bool found = false;
+      for (const auto& t : *tools) found = found || t["function"]["name"].get<std::string>() == forced_name;
+      if (!found) bad("tool_choice", "tool_choice names function '" + forced_name + "', which is not in 'tools'");
+    }
   }
+  if ((tool_choice == "required" || tool_choice == "named") && !g.parse_tools)
+    bad("tool_choice", "tool_choice \"" + (tool_choice == "named" ? forced_name : tool_choice) + "\" needs a non-empty 'tools' list");
   if (const ojson* kw = field(j, "chat_template_kwargs")) {
     if (!kw->is_object()) wrong_type("chat_template_kwargs", "an object", *kw);
     req["chat_template_kwargs"] = *kw;
@@ -289,9 +307,21 @@ void render_chat(const ojson& j, const ModelInfo& m, GenSpec& g) {
   } catch (const Error& e) {
     throw ApiError(400, std::string("chat template: ") + e.what(), "messages", "template_error");
   }
-  g.prompt = m.tokenizer->encode(g.prompt_text, true);
   g.parse_reasoning = true;
   g.start_in_reasoning = prompt_opens_think(g.prompt_text);
+  if (tool_choice == "required" || tool_choice == "named") {
+    // Forced tool call: the reply starts inside a Hermes <tool_call> block (after closing an open
+    // think block), so the model only writes the call. Templates that do not describe
+    // <tool_call> calls to the model cannot be forced this way.
+    if (g.prompt_text.find("<tool_call>") == std::string::npos)
+      bad("tool_choice", "tool_choice \"" + tool_choice + "\" needs a chat template that uses <tool_call> (Hermes) tool calls; this model's does not",
+          "unsupported_value");
+    if (g.start_in_reasoning) g.forced_prefix = "\n</think>\n\n";
+    g.forced_prefix += "<tool_call>\n";
+    if (tool_choice == "named") g.forced_prefix += "{\"name\": " + ojson(forced_name).dump() + ", \"arguments\": ";
+    g.prompt_text += g.forced_prefix;
+  }
+  g.prompt = m.tokenizer->encode(g.prompt_text, true);
 }
 
 GenSpec parse_chat_request(std::string_view body, const ModelInfo& m, uint64_t request_seq) {

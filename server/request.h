@@ -3,7 +3,9 @@
 // field (param) with status 400 (404 for an unknown model). Unknown fields
 // are ignored, as vLLM and OpenAI do, so clients that send vendor fields
 // keep working; known-but-unsupported options (n > 1, response_format other
-// than text, tool_choice "required") are refused rather than silently ignored.
+// than text) are refused rather than silently ignored. tool_choice
+// "required" or a named function opens the Hermes <tool_call> block at the
+// end of the prompt (templates that do not use it refuse them).
 //
 // Thread safety: the functions are pure given a const ModelInfo; the
 // tokenizer and chat template are thread-safe.
@@ -48,6 +50,10 @@ struct GenSpec {
   std::vector<std::string> stop;
   std::vector<int32_t> stop_ids;  // eos (unless ignore_eos) + stop_token_ids
   bool parse_tools = false;
+  // tool_choice "required" or a named function: text appended to the prompt
+  // (and already consumed by the output parser) that opens the tool call:
+  // "<tool_call>\n" [+ "{\"name\": \"NAME\", \"arguments\": "].
+  std::string forced_prefix;
   bool parse_reasoning = false;
   bool start_in_reasoning = false;
   bool skip_special = true;

@@ -107,6 +107,53 @@ TEST_CASE("completion builder: tool calls and reasoning, streamed and whole") {
   CHECK(j["usage"]["prompt_tokens"] == 3);
 }
 
+// tool_choice "required" / a named function: the prompt already holds the
+// opening of the call (spec.forced_prefix), so the model's text starts inside
+// it; the builder must still return exactly one tool call and no content.
+TEST_CASE("completion builder: forced tool calls (tool_choice required and named)") {
+  const ModelInfo m = info();
+  struct Case {
+    const char* prefix;
+    const char* output;
+    const char* name;
+  };
+  const Case cases[] = {{"<tool_call>\n", "{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}\n</tool_call>", "get_time"},
+                        {"<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ", "{\"city\": \"Paris\"}}\n</tool_call>", "get_weather"},
+                        {"\n</think>\n\n<tool_call>\n", "{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>", "get_time"}};
+  for (const Case& c : cases) {
+    CAPTURE(c.prefix);
+    GenSpec spec;
+    spec.chat = true;
+    spec.parse_tools = true;
+    spec.parse_reasoning = true;
+    spec.start_in_reasoning = std::string(c.prefix).find("</think>") != std::string::npos;
+    spec.forced_prefix = c.prefix;
+    spec.prompt = {1, 2, 3};
+    const auto evs = events_of(c.output, true);
+    std::mt19937_64 rng(3);
+    CompletionBuilder sb(spec, m, "chatcmpl-s", 1, 5);
+    std::vector<json> calls;
+    std::string content, reasoning;
+    for (const auto& ch : stream(sb, evs, FinishReason::eos, rng)) {
+      const json& d = ch["choices"][0]["delta"];
+      if (d.contains("tool_calls"))
+        for (const auto& t : d["tool_calls"]) calls.push_back(t);
+      if (d.contains("content") && d["content"].is_string()) content += d["content"].get<std::string>();
+      if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    }
+    REQUIRE(calls.size() == 1);
+    CHECK(calls[0]["function"]["name"] == c.name);
+    CHECK(content.empty());
+    CHECK(reasoning.empty());
+    CompletionBuilder whole(spec, m, "chatcmpl-w", 1, 5);
+    whole.add_tokens(evs);
+    json j = whole.body(FinishReason::eos);
+    CHECK(j["choices"][0]["finish_reason"] == "tool_calls");
+    CHECK(j["choices"][0]["message"]["tool_calls"].size() == 1);
+    CHECK(j["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == c.name);
+  }
+}
+
 TEST_CASE("completion builder: stop strings and multi-byte characters split across tokens") {
   const ModelInfo m = info();
   GenSpec spec;

@@ -229,7 +229,10 @@ TEST_CASE("http: bad inputs get the right status and an OpenAI error; /health ke
       {"top_logprobs too many", R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":50})", 400, "top_logprobs"},
       {"logit_bias bad key", with("logit_bias", {{"abc", 1}}), 400, "logit_bias"},
       {"tools wrong", with("tools", json::array({{{"type", "function"}}})), 400, "tools[0].function.name"},
-      {"tool_choice required", with("tool_choice", "required"), 400, "tool_choice"},
+      {"tool_choice required without tools", with("tool_choice", "required"), 400, "tool_choice"},
+      {"tool_choice unknown string", with("tool_choice", "always"), 400, "tool_choice"},
+      {"tool_choice wrong type", with("tool_choice", 3), 400, "tool_choice"},
+      {"tool_choice object without a name", with("tool_choice", {{"type", "function"}}), 400, "tool_choice"},
       {"response_format json", with("response_format", {{"type", "json_object"}}), 400, "response_format"},
       {"unknown model", with("model", "gpt-4"), 404, "model"},
       {"model wrong type", with("model", 7), 400, "model"},
@@ -487,4 +490,45 @@ TEST_CASE("http: /tokenize and /detokenize give the fixture's ids and text; bad 
   const HttpReply bad = post(srv.port, "/detokenize", json{{"tokens", json::array({1, -1})}});
   CHECK(body_json(bad)["error"]["message"].get<std::string>().find("outside the vocabulary") != std::string::npos);
   CHECK(http(srv.port, "GET", "/health").status == 200);
+}
+
+// tool_choice "required" and a named function: the rendered prompt ends by
+// opening the tool call (seen through /tokenize's chat form), the request is
+// served, and naming a function that is not in 'tools' is a 400.
+TEST_CASE("http: tool_choice required and named open the tool call in the prompt") {
+  auto& srv = default_server();
+  const json tools = json::array({{{"type", "function"},
+                                   {"function",
+                                    {{"name", "get_weather"},
+                                     {"description", "Weather for a city"},
+                                     {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
+  json base = {{"messages", json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}})}, {"tools", tools}, {"max_tokens", 4}};
+  auto detok_tail = [&](json body) {
+    HttpReply t = post(srv.port, "/tokenize", body);
+    REQUIRE(t.status == 200);
+    HttpReply d = post(srv.port, "/detokenize", json{{"tokens", body_json(t)["tokens"]}});
+    REQUIRE(d.status == 200);
+    return body_json(d)["prompt"].get<std::string>();
+  };
+  json req = base;
+  req["tool_choice"] = "required";
+  std::string text = detok_tail(req);
+  CHECK(text.size() > 12);
+  CHECK(text.substr(text.size() - 12) == "<tool_call>\n");
+  json named = base;
+  named["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  text = detok_tail(named);
+  const std::string want = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ";
+  CHECK(text.substr(text.size() - want.size()) == want);
+  json plain = base;
+  CHECK(detok_tail(plain).find("<tool_call>\n", detok_tail(plain).size() - 12) == std::string::npos);  // auto: nothing forced
+  CHECK(post(srv.port, "/v1/chat/completions", req).status == 200);
+  CHECK(post(srv.port, "/v1/chat/completions", named).status == 200);
+  json unknown = base;
+  unknown["tool_choice"] = {{"type", "function"}, {"function", {{"name", "send_email"}}}};
+  HttpReply u = post(srv.port, "/v1/chat/completions", unknown);
+  json e = expect_error(u, 400);
+  CHECK(e["param"] == "tool_choice");
+  CHECK(e["message"].get<std::string>().find("send_email") != std::string::npos);
+  CHECK(healthy(srv.port));
 }
