@@ -39,6 +39,11 @@ SampleResult Sampler::sample(const float* logits, int64_t vocab, std::span<const
     }
     row = work_.data();
   }
+  if (p_.json) {
+    if (!penalties) work_.assign(logits, logits + vocab);
+    json_mask(*p_.json, json_, p_.json_end_ids, work_.data(), vocab);  // nothing allowed: the row stays as it was
+    row = work_.data();
+  }
 
   if (p_.temperature <= 0.0) {
     res.token = argmax(row, vocab);
@@ -105,6 +110,9 @@ SampleResult Sampler::sample(const float* logits, int64_t vocab, std::span<const
     }
   }
 
+  if (p_.json && res.token < p_.json->size() &&
+      std::find(p_.json_end_ids.begin(), p_.json_end_ids.end(), res.token) == p_.json_end_ids.end())
+    json_.feed(p_.json->bytes(res.token));
   if (p_.logprobs || p_.top_logprobs > 0) {
     const double lse = logsumexp(logits, vocab);
     res.logprob = static_cast<float>(static_cast<double>(logits[res.token]) - lse);

@@ -1,7 +1,8 @@
 // Sampler: turns one row of logits into the next token of one sequence.
 //
 // Order of operations (as vLLM applies them): logit_bias, repetition penalty over prompt
-// and output tokens, presence/frequency penalties over output tokens, then
+// and output tokens, presence/frequency penalties over output tokens, the
+// JSON-mode mask (when asked), then
 // greedy (temperature 0: arg-max, ties to the lower id) or temperature,
 // top_k, top_p, min_p and a draw from the sequence's own RNG. Logprobs are
 // those of the model's raw distribution (log-softmax of the unmodified
@@ -15,11 +16,14 @@
 // Thread safety: one Sampler per sequence; sample() is not re-entrant.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "engine/json_constraint.h"
 
 namespace hmoe {
 
@@ -35,6 +39,10 @@ struct SamplingParams {
   int top_logprobs = 0;  // alternatives reported per token (0..20)
   bool logprobs = false;  // report the chosen token's logprob
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits first (OpenAI logit_bias)
+  // JSON mode (engine/json_constraint.h): after the penalties, tokens that
+  // cannot continue one JSON object are masked; json_end_ids may end it.
+  std::shared_ptr<const JsonVocab> json;
+  std::vector<int32_t> json_end_ids;
 };
 
 struct TokenLogprob {
@@ -63,6 +71,7 @@ class Sampler {
   std::vector<float> work_;
   std::vector<int32_t> cand_;
   std::vector<double> probs_;
+  JsonState json_;  // JSON mode: the output so far
 };
 
 }  // namespace hmoe

@@ -176,8 +176,15 @@ void parse_common(const ojson& j, const ModelInfo& m, uint64_t request_seq, GenS
   if (const ojson* rf = field(j, "response_format")) {
     if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
     const ojson* t = field(*rf, "type");
-    if (!t || !t->is_string() || t->get<std::string>() != "text")
-      bad("response_format", "only response_format {\"type\": \"text\"} is supported", "unsupported_value");
+    const std::string type = t && t->is_string() ? t->get<std::string>() : "";
+    if (type == "json_object") {
+      if (!m.json_vocab) bad("response_format", "JSON mode is not available on this server", "unsupported_value");
+      g.sampling.json = m.json_vocab->get();
+      g.sampling.json_end_ids = g.stop_ids;
+    } else if (type != "text") {
+      bad("response_format", "response_format type must be \"text\" or \"json_object\" (json_schema is not supported yet), got '" + type + "'",
+          "unsupported_value");
+    }
   }
 }
 
@@ -309,7 +316,15 @@ void render_chat(const ojson& j, const ModelInfo& m, GenSpec& g) {
   }
   g.parse_reasoning = true;
   g.start_in_reasoning = prompt_opens_think(g.prompt_text);
-  if (tool_choice == "required" || tool_choice == "named") {
+  const bool forced_call = tool_choice == "required" || tool_choice == "named";
+  if (g.sampling.json) {  // JSON mode constrains the reply from its first token: no reasoning block
+    if (forced_call) bad("response_format", "response_format json_object cannot be combined with tool_choice \"" + tool_choice + "\"");
+    if (g.start_in_reasoning) {
+      g.forced_prefix = "\n</think>\n\n";
+      g.prompt_text += g.forced_prefix;
+    }
+  }
+  if (forced_call) {
     // Forced tool call: the reply starts inside a Hermes <tool_call> block (after closing an open
     // think block), so the model only writes the call. Templates that do not describe
     // <tool_call> calls to the model cannot be forced this way.

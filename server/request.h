@@ -2,14 +2,20 @@
 // GenSpec the scheduler can run. Every problem throws ApiError naming the
 // field (param) with status 400 (404 for an unknown model). Unknown fields
 // are ignored, as vLLM and OpenAI do, so clients that send vendor fields
-// keep working; known-but-unsupported options (n > 1, response_format other
-// than text) are refused rather than silently ignored. tool_choice
+// keep working; known-but-unsupported options (n > 1, response_format
+// json_schema) are refused rather than silently ignored; response_format
+// json_object constrains sampling to one JSON object (engine/json_constraint.h)
+// from the reply's first token (a think block the prompt opened is closed
+// first, so reasoning models answer without reasoning). tool_choice
 // "required" or a named function opens the Hermes <tool_call> block at the
 // end of the prompt (templates that do not use it refuse them).
 //
 // Thread safety: the functions are pure given a const ModelInfo; the
 // tokenizer and chat template are thread-safe.
 #pragma once
+#include <memory>
+
+#include "engine/json_constraint.h"
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -37,6 +43,7 @@ struct ModelInfo {
   const chat::ChatTemplate* chat_template = nullptr;  // null: chat requests get 400
   uint64_t default_seed = 0;    // mixed with a per-request counter when no seed is given
   SamplingParams defaults;      // sampling fields a request leaves out (generation_config.json)
+  std::shared_ptr<JsonVocabCache> json_vocab;  // JSON mode (null: response_format json_object is refused)
 };
 
 struct GenSpec {
@@ -50,9 +57,10 @@ struct GenSpec {
   std::vector<std::string> stop;
   std::vector<int32_t> stop_ids;  // eos (unless ignore_eos) + stop_token_ids
   bool parse_tools = false;
-  // tool_choice "required" or a named function: text appended to the prompt
-  // (and already consumed by the output parser) that opens the tool call:
-  // "<tool_call>\n" [+ "{\"name\": \"NAME\", \"arguments\": "].
+  // Text appended to the prompt and already consumed by the output parser:
+  // tool_choice "required" or a named function opens the tool call
+  // ("<tool_call>\n" [+ "{\"name\": \"NAME\", \"arguments\": "]); either
+  // that or JSON mode first closes a think block the prompt opened.
   std::string forced_prefix;
   bool parse_reasoning = false;
   bool start_in_reasoning = false;

@@ -117,6 +117,7 @@ std::unique_ptr<ServerStack> make_server(const Settings& s, const std::string& m
   if (auto e = st->tokenizer->eos_id(); e && std::find(mi.eos_ids.begin(), mi.eos_ids.end(), *e) == mi.eos_ids.end()) mi.eos_ids.push_back(*e);
   mi.tokenizer = st->tokenizer.get();
   mi.chat_template = st->chat_template.get();
+  mi.json_vocab = std::make_shared<JsonVocabCache>(mi.tokenizer);
   mi.default_seed = static_cast<uint64_t>(s.seed);
   const GenerationDefaults gen = load_generation_defaults(s.generation_config, model_dir);
   mi.defaults = gen.apply(SamplingParams{});

@@ -233,7 +233,8 @@ TEST_CASE("http: bad inputs get the right status and an OpenAI error; /health ke
       {"tool_choice unknown string", with("tool_choice", "always"), 400, "tool_choice"},
       {"tool_choice wrong type", with("tool_choice", 3), 400, "tool_choice"},
       {"tool_choice object without a name", with("tool_choice", {{"type", "function"}}), 400, "tool_choice"},
-      {"response_format json", with("response_format", {{"type", "json_object"}}), 400, "response_format"},
+      {"response_format json_schema", with("response_format", {{"type", "json_schema"}}), 400, "response_format"},
+      {"response_format unknown type", with("response_format", {{"type", "yaml"}}), 400, "response_format"},
       {"unknown model", with("model", "gpt-4"), 404, "model"},
       {"model wrong type", with("model", 7), 400, "model"},
   };
@@ -524,11 +525,45 @@ TEST_CASE("http: tool_choice required and named open the tool call in the prompt
   CHECK(detok_tail(plain).find("<tool_call>\n", detok_tail(plain).size() - 12) == std::string::npos);  // auto: nothing forced
   CHECK(post(srv.port, "/v1/chat/completions", req).status == 200);
   CHECK(post(srv.port, "/v1/chat/completions", named).status == 200);
+  json both = req;  // a forced tool call and JSON mode contradict each other
+  both["response_format"] = {{"type", "json_object"}};
+  CHECK(expect_error(post(srv.port, "/v1/chat/completions", both), 400)["param"] == "response_format");
   json unknown = base;
   unknown["tool_choice"] = {{"type", "function"}, {"function", {{"name", "send_email"}}}};
   HttpReply u = post(srv.port, "/v1/chat/completions", unknown);
   json e = expect_error(u, 400);
   CHECK(e["param"] == "tool_choice");
   CHECK(e["message"].get<std::string>().find("send_email") != std::string::npos);
+  CHECK(healthy(srv.port));
+}
+
+// response_format json_object: the random fixture model's reply is a prefix
+// of one JSON object (whole and parseable when it stopped on its own), in a
+// stream as in one body; greedy JSON-mode replies are deterministic.
+TEST_CASE("http: response_format json_object constrains the reply to one JSON object") {
+  auto& srv = default_server();
+  for (int seed = 1; seed <= 4; ++seed) {
+    CAPTURE(seed);
+    json req = {{"messages", json::array({{{"role", "user"}, {"content", "Reply in JSON."}}})},
+                {"response_format", {{"type", "json_object"}}},
+                {"max_tokens", 48},
+                {"temperature", seed == 1 ? 0.0 : 1.0},
+                {"seed", seed}};
+    HttpReply r = post(srv.port, "/v1/chat/completions", req);
+    REQUIRE(r.status == 200);
+    json j = body_json(r);
+    const std::string text = j["choices"][0]["message"]["content"].is_string() ? j["choices"][0]["message"]["content"].get<std::string>() : "";
+    CAPTURE(text);
+    JsonState st;
+    CHECK(st.feed(text));
+    if (j["choices"][0]["finish_reason"] == "stop") {
+      CHECK(st.complete());
+      CHECK(json::parse(text).is_object());
+    }
+    if (seed == 1) {  // greedy: the same reply again
+      HttpReply again = post(srv.port, "/v1/chat/completions", req);
+      CHECK(body_json(again)["choices"][0]["message"]["content"] == j["choices"][0]["message"]["content"]);
+    }
+  }
   CHECK(healthy(srv.port));
 }

@@ -1,0 +1,222 @@
+#include "engine/json_constraint.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "engine/tokenizer/tokenizer.h"
+
+namespace hmoe {
+
+JsonVocab::JsonVocab(const tok::Tokenizer& t) {
+  const int32_t n = t.vocab_size();
+  bytes_.resize(static_cast<size_t>(n));
+  special_.assign(static_cast<size_t>(n), 0);
+  plain_.assign(static_cast<size_t>(n), 0);
+  for (int32_t id = 0; id < n; ++id) {
+    std::string b;
+    try {
+      b = t.id_to_piece(id);
+    } catch (...) {  // an id no token has: never allowed
+      special_[static_cast<size_t>(id)] = 1;
+      continue;
+    }
+    if (t.is_special(id) || b.empty()) {
+      special_[static_cast<size_t>(id)] = 1;
+      continue;
+    }
+    bool plain = true;
+    for (unsigned char c : b) plain = plain && c != '"' && c != '\\' && c >= 0x20;
+    plain_[static_cast<size_t>(id)] = plain ? 1 : 0;
+    by_first_[static_cast<unsigned char>(b[0])].push_back(id);
+    bytes_[static_cast<size_t>(id)] = std::move(b);
+  }
+}
+
+std::shared_ptr<const JsonVocab> JsonVocabCache::get() {
+  std::call_once(once_, [this] { v_ = std::make_shared<const JsonVocab>(*t_); });
+  return v_;
+}
+
+namespace {
+bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+}  // namespace
+
+bool JsonState::ws(uint8_t c) {
+  if (!is_ws(c)) {
+    ws_run_ = 0;
+    return false;
+  }
+  return ++ws_run_ <= 20;
+}
+
+bool JsonState::end_value() {
+  mode_ = stack_.empty() ? Mode::done : Mode::after;
+  return true;
+}
+
+bool JsonState::close(char c) {
+  if (stack_.empty() || stack_.back() != (c == '}' ? '{' : '[')) return false;
+  stack_.pop_back();
+  return end_value();
+}
+
+bool JsonState::feed(uint8_t c) {
+  switch (mode_) {
+    case Mode::top:
+      if (c == '{') {
+        ws_run_ = 0;
+        stack_.push_back('{');
+        mode_ = Mode::obj_first;
+        return true;
+      }
+      return ws(c);
+    case Mode::value:
+    case Mode::arr_first:
+      if (is_ws(c)) return ws(c);
+      ws_run_ = 0;
+      if (mode_ == Mode::arr_first && c == ']') return close(']');
+      switch (c) {
+        case '{': stack_.push_back('{'); mode_ = Mode::obj_first; return true;
+        case '[': stack_.push_back('['); mode_ = Mode::arr_first; return true;
+        case '"': key_ = false; mode_ = Mode::str; return true;
+        case '-': num_ = Num::minus; mode_ = Mode::num; return true;
+        case 't': lit_ = "rue"; mode_ = Mode::lit; return true;
+        case 'f': lit_ = "alse"; mode_ = Mode::lit; return true;
+        case 'n': lit_ = "ull"; mode_ = Mode::lit; return true;
+        default:
+          if (!is_digit(c)) return false;
+          num_ = c == '0' ? Num::zero : Num::integer;
+          mode_ = Mode::num;
+          return true;
+      }
+    case Mode::obj_first:
+    case Mode::obj_key:
+      if (is_ws(c)) return ws(c);
+      ws_run_ = 0;
+      if (c == '"') {
+        key_ = true;
+        mode_ = Mode::str;
+        return true;
+      }
+      return mode_ == Mode::obj_first && c == '}' && close('}');
+    case Mode::colon:
+      if (is_ws(c)) return ws(c);
+      ws_run_ = 0;
+      if (c != ':') return false;
+      mode_ = Mode::value;
+      return true;
+    case Mode::after:
+      if (is_ws(c)) return ws(c);
+      ws_run_ = 0;
+      if (c == ',') {
+        mode_ = stack_.back() == '{' ? Mode::obj_key : Mode::value;
+        return true;
+      }
+      return (c == '}' || c == ']') && close(static_cast<char>(c));
+    case Mode::str:
+      if (c == '"') {
+        if (key_) {
+          mode_ = Mode::colon;
+          return true;
+        }
+        return end_value();
+      }
+      if (c == '\\') mode_ = Mode::str_esc;
+      return c >= 0x20;
+    case Mode::str_esc:
+      if (c == 'u') {
+        u_left_ = 4;
+        mode_ = Mode::str_u;
+        return true;
+      }
+      mode_ = Mode::str;
+      return c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't';
+    case Mode::str_u:
+      if (!is_hex(c)) return false;
+      if (--u_left_ == 0) mode_ = Mode::str;
+      return true;
+    case Mode::num:
+      switch (num_) {
+        case Num::minus:
+          if (!is_digit(c)) return false;
+          num_ = c == '0' ? Num::zero : Num::integer;
+          return true;
+        case Num::zero:
+        case Num::integer:
+          if (num_ == Num::integer && is_digit(c)) return true;
+          if (c == '.') return num_ = Num::frac0, true;
+          if (c == 'e' || c == 'E') return num_ = Num::exp0, true;
+          break;
+        case Num::frac0:
+          if (!is_digit(c)) return false;
+          num_ = Num::frac;
+          return true;
+        case Num::frac:
+          if (is_digit(c)) return true;
+          if (c == 'e' || c == 'E') return num_ = Num::exp0, true;
+          break;
+        case Num::exp0:
+          if (c == '+' || c == '-') return num_ = Num::exp_sign, true;
+          if (!is_digit(c)) return false;
+          num_ = Num::exp;
+          return true;
+        case Num::exp_sign:
+          if (!is_digit(c)) return false;
+          num_ = Num::exp;
+          return true;
+        case Num::exp:
+          if (is_digit(c)) return true;
+          break;
+      }
+      // The number ended at a complete state: c belongs to what follows.
+      end_value();
+      return feed(c);
+    case Mode::lit:
+      if (c != static_cast<uint8_t>(*lit_)) return false;
+      if (*++lit_ == '\0') return end_value();
+      return true;
+    case Mode::done:
+      return ws(c);
+  }
+  return false;
+}
+
+bool JsonState::feed(std::string_view s) {
+  for (char c : s)
+    if (!feed(static_cast<uint8_t>(c))) return false;
+  return true;
+}
+
+int64_t json_mask(const JsonVocab& v, const JsonState& state, const std::vector<int32_t>& end_ids, float* logits, int64_t vocab) {
+  std::vector<int32_t> ok;
+  if (state.complete()) {
+    for (int32_t e : end_ids)
+      if (e >= 0 && e < vocab) ok.push_back(e);
+  } else {
+    const bool in_string = state.in_string();  // plain tokens keep a string open: no walk needed
+    for (int b = 0; b < 256; ++b) {
+      JsonState first = state;
+      if (!first.feed(static_cast<uint8_t>(b))) continue;
+      for (int32_t id : v.starting_with(static_cast<uint8_t>(b))) {
+        if (id >= vocab) continue;
+        if (in_string && v.plain(id)) {
+          ok.push_back(id);
+          continue;
+        }
+        JsonState s = first;
+        const std::string& bytes = v.bytes(id);
+        if (s.feed(std::string_view(bytes).substr(1))) ok.push_back(id);
+      }
+    }
+  }
+  if (ok.empty()) return 0;
+  std::vector<float> keep(ok.size());
+  for (size_t i = 0; i < ok.size(); ++i) keep[i] = logits[ok[i]];
+  std::fill(logits, logits + vocab, -std::numeric_limits<float>::infinity());
+  for (size_t i = 0; i < ok.size(); ++i) logits[ok[i]] = keep[i];
+  return static_cast<int64_t>(ok.size());
+}
+
+}  // namespace hmoe

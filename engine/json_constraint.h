@@ -1,0 +1,92 @@
+// JSON mode (OpenAI response_format {"type": "json_object"}): sampling is
+// restricted, token by token, to continuations that keep the output a prefix
+// of one JSON object (RFC 8259 syntax; the top level must be an object), and
+// the end-of-sequence ids are allowed only once that object is closed.
+//
+// JsonVocab holds, once per model, every token's bytes and what kind it is
+// (an end id, a special token that JSON text never contains, plain bytes) and
+// an index by first byte; JsonState is the per-sequence pushdown automaton.
+// mask() tries each token from the current state: tokens whose first byte
+// the state refuses are skipped, and inside a string the tokens without a
+// quote, backslash or control byte are taken without a walk: 0.3-0.9 ms a
+// step for Qwen3's 151,669 tokens on the 2-core dev box (bench_json_mask).
+//
+// Whitespace outside strings is capped (20 bytes in a row) so a model cannot
+// loop on blanks; after the object only the end ids (or, when there are
+// none, nothing more: the mask is then lifted) may follow.
+//
+// Thread safety: JsonVocab is immutable and shared; a JsonState belongs to
+// one sequence's Sampler.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hmoe {
+
+namespace tok {
+class Tokenizer;
+}
+
+class JsonVocab {
+ public:
+  explicit JsonVocab(const tok::Tokenizer& t);
+  int64_t size() const { return static_cast<int64_t>(bytes_.size()); }
+  const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
+  bool special(int32_t id) const { return special_[static_cast<size_t>(id)] != 0; }
+  // No quote, backslash or control byte: inside a string, always valid and stays inside.
+  bool plain(int32_t id) const { return plain_[static_cast<size_t>(id)] != 0; }
+  const std::vector<int32_t>& starting_with(uint8_t b) const { return by_first_[b]; }
+
+ private:
+  std::vector<std::string> bytes_;
+  std::vector<uint8_t> special_, plain_;
+  std::array<std::vector<int32_t>, 256> by_first_;
+};
+
+// A tokenizer's JsonVocab, built on first use (about 0.1 s for 150k
+// tokens) and shared; get() is thread-safe.
+class JsonVocabCache {
+ public:
+  explicit JsonVocabCache(const tok::Tokenizer* t) : t_(t) {}
+  std::shared_ptr<const JsonVocab> get();
+
+ private:
+  const tok::Tokenizer* t_;
+  std::once_flag once_;
+  std::shared_ptr<const JsonVocab> v_;
+};
+
+class JsonState {
+ public:
+  // False (state unspecified) when the byte cannot continue a JSON object.
+  bool feed(uint8_t c);
+  bool feed(std::string_view s);
+  bool complete() const { return mode_ == Mode::done; }
+  bool in_string() const { return mode_ == Mode::str; }
+
+ private:
+  enum class Mode : uint8_t { top, value, obj_first, obj_key, colon, arr_first, after, str, str_esc, str_u, num, lit, done };
+  enum class Num : uint8_t { minus, zero, integer, frac0, frac, exp0, exp_sign, exp };
+  bool end_value();
+  bool close(char c);
+  bool ws(uint8_t c);
+  Mode mode_ = Mode::top;
+  Num num_ = Num::minus;
+  bool key_ = false;
+  uint8_t u_left_ = 0, ws_run_ = 0;
+  const char* lit_ = nullptr;
+  std::string stack_;  // '{' / '['
+};
+
+// Sets logits of the tokens `state` cannot take to -infinity. end_ids: the
+// sequence's end-of-sequence ids, allowed only when the object is complete.
+// Returns the number of tokens left allowed (0: nothing can follow; the
+// caller then leaves the row as it was).
+int64_t json_mask(const JsonVocab& v, const JsonState& state, const std::vector<int32_t>& end_ids, float* logits, int64_t vocab);
+
+}  // namespace hmoe
