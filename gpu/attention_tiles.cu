@@ -194,11 +194,8 @@ template <int HD>
 void launch(const float* q, int64_t ldq, int64_t ntiles, const int32_t* tiles, int64_t heads, int64_t kv_heads, const bf16_t* kc,
             const bf16_t* vc, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, float scale, bf16_t* out, cudaStream_t st) {
   constexpr size_t smem = tile_smem<HD>();
-  static bool attr = false;  // one host thread per stack; set once per process
-  if (!attr) {
-    HMOE_CUDA_CHECK(cudaFuncSetAttribute(attention_tile_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    attr = true;
-  }
+  // Per launch (a cheap driver call; prefill steps only): the attribute belongs to the current device.
+  HMOE_CUDA_CHECK(cudaFuncSetAttribute(attention_tile_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   attention_tile_kernel<HD><<<dim3(static_cast<unsigned>(ntiles), static_cast<unsigned>(heads)), kThreads, smem, st>>>(
       q, ldq, tiles, static_cast<int>(heads), static_cast<int>(kv_heads), reinterpret_cast<const __nv_bfloat16*>(kc),
       reinterpret_cast<const __nv_bfloat16*>(vc), slot_lists, offsets, lens, scale, out);
