@@ -1,6 +1,7 @@
 #include "engine/json_constraint.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 
 #include "engine/tokenizer/tokenizer.h"
@@ -28,7 +29,17 @@ JsonVocab::JsonVocab(const tok::Tokenizer& t) {
     for (unsigned char c : b) plain = plain && c != '"' && c != '\\' && c >= 0x20;
     plain_[static_cast<size_t>(id)] = plain ? 1 : 0;
     by_first_[static_cast<unsigned char>(b[0])].push_back(id);
+    max_len_ = std::max(max_len_, b.size());
     bytes_[static_cast<size_t>(id)] = std::move(b);
+    sorted_.push_back(id);
+  }
+  std::sort(sorted_.begin(), sorted_.end(), [this](int32_t a, int32_t b) { return bytes_[static_cast<size_t>(a)] < bytes_[static_cast<size_t>(b)]; });
+  lcp_.assign(sorted_.size(), 0);
+  for (size_t i = 1; i < sorted_.size(); ++i) {
+    const std::string &a = bytes_[static_cast<size_t>(sorted_[i - 1])], &b = bytes_[static_cast<size_t>(sorted_[i])];
+    size_t l = 0;
+    while (l < a.size() && l < b.size() && a[l] == b[l]) ++l;
+    lcp_[i] = static_cast<uint16_t>(std::min<size_t>(l, 65535));
   }
 }
 
@@ -195,27 +206,50 @@ int64_t json_mask(const JsonVocab& v, const JsonState& state, const std::vector<
     for (int32_t e : end_ids)
       if (e >= 0 && e < vocab) ok.push_back(e);
   } else {
-    const bool in_string = state.in_string();  // plain tokens keep a string open: no walk needed
-    for (int b = 0; b < 256; ++b) {
-      JsonState first = state;
-      if (!first.feed(static_cast<uint8_t>(b))) continue;
-      for (int32_t id : v.starting_with(static_cast<uint8_t>(b))) {
-        if (id >= vocab) continue;
-        if (in_string && v.plain(id)) {
-          ok.push_back(id);
-          continue;
+    if (state.in_string()) {  // plain tokens keep a string open: no walk; the others start with a quote, backslash or control byte
+      for (int b = 0; b < 256; ++b) {
+        JsonState first = state;
+        if (!first.feed(static_cast<uint8_t>(b))) continue;
+        for (int32_t id : v.starting_with(static_cast<uint8_t>(b))) {
+          if (id >= vocab) continue;
+          if (v.plain(id)) {
+            ok.push_back(id);
+            continue;
+          }
+          JsonState s = first;
+          if (s.feed(std::string_view(v.bytes(id)).substr(1))) ok.push_back(id);
         }
-        JsonState s = first;
-        const std::string& bytes = v.bytes(id);
-        if (s.feed(std::string_view(bytes).substr(1))) ok.push_back(id);
+      }
+    } else {  // the flattened trie: st[d] = the state after the first d bytes of the current token
+      const std::vector<int32_t>& sorted = v.sorted();
+      const std::vector<uint16_t>& lcp = v.lcp();
+      std::vector<JsonState> st(v.max_len() + 1);
+      st[0] = state;
+      size_t have = 0;              // st[0..have] belong to the previous token's prefix
+      size_t dead = SIZE_MAX;       // the previous token's prefix of this length was refused
+      for (size_t i = 0; i < sorted.size(); ++i) {
+        const size_t l = lcp[i];
+        if (dead <= l) continue;  // starts with a refused prefix
+        dead = SIZE_MAX;
+        const std::string& b = v.bytes(sorted[i]);
+        size_t d = std::min(have, l);
+        for (; d < b.size(); ++d) {
+          st[d + 1] = st[d];
+          if (!st[d + 1].feed(static_cast<uint8_t>(b[d]))) {
+            dead = d + 1;
+            break;
+          }
+        }
+        have = dead == SIZE_MAX ? b.size() : dead - 1;
+        if (dead == SIZE_MAX && sorted[i] < vocab) ok.push_back(sorted[i]);
       }
     }
   }
   if (ok.empty()) return 0;
-  std::vector<float> keep(ok.size());
-  for (size_t i = 0; i < ok.size(); ++i) keep[i] = logits[ok[i]];
-  std::fill(logits, logits + vocab, -std::numeric_limits<float>::infinity());
-  for (size_t i = 0; i < ok.size(); ++i) logits[ok[i]] = keep[i];
+  std::vector<uint8_t> allowed(static_cast<size_t>(vocab), 0);
+  for (int32_t id : ok) allowed[static_cast<size_t>(id)] = 1;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (!allowed[static_cast<size_t>(i)]) logits[i] = -std::numeric_limits<float>::infinity();
   return static_cast<int64_t>(ok.size());
 }
 
