@@ -19,15 +19,18 @@ JsonVocab::JsonVocab(const tok::Tokenizer& t) {
       b = t.id_to_piece(id);
     } catch (...) {  // an id no token has: never allowed
       special_[static_cast<size_t>(id)] = 1;
+      specials_.push_back(id);
       continue;
     }
     if (t.is_special(id) || b.empty()) {
       special_[static_cast<size_t>(id)] = 1;
+      specials_.push_back(id);
       continue;
     }
     bool plain = true;
     for (unsigned char c : b) plain = plain && c != '"' && c != '\\' && c >= 0x20;
     plain_[static_cast<size_t>(id)] = plain ? 1 : 0;
+    if (!plain) not_plain_.push_back(id);
     by_first_[static_cast<unsigned char>(b[0])].push_back(id);
     max_len_ = std::max(max_len_, b.size());
     bytes_[static_cast<size_t>(id)] = std::move(b);
@@ -206,20 +209,21 @@ int64_t json_mask(const JsonVocab& v, const JsonState& state, const std::vector<
     for (int32_t e : end_ids)
       if (e >= 0 && e < vocab) ok.push_back(e);
   } else {
-    if (state.in_string()) {  // plain tokens keep a string open: no walk; the others start with a quote, backslash or control byte
-      for (int b = 0; b < 256; ++b) {
-        JsonState first = state;
-        if (!first.feed(static_cast<uint8_t>(b))) continue;
-        for (int32_t id : v.starting_with(static_cast<uint8_t>(b))) {
-          if (id >= vocab) continue;
-          if (v.plain(id)) {
-            ok.push_back(id);
-            continue;
-          }
-          JsonState s = first;
-          if (s.feed(std::string_view(v.bytes(id)).substr(1))) ok.push_back(id);
-        }
+    if (state.in_string()) {
+      // Every plain token keeps the string open; only specials and the non-plain tokens that
+      // the automaton refuses are masked (a short list: no pass over the allowed ones).
+      std::vector<int32_t> refused;
+      for (int32_t id : v.not_plain()) {
+        JsonState s = state;
+        if (id < vocab && !s.feed(v.bytes(id))) refused.push_back(id);
       }
+      const float ninf = -std::numeric_limits<float>::infinity();
+      int64_t masked = 0;
+      for (int32_t id : v.specials())
+        if (id < vocab) logits[id] = ninf, ++masked;
+      for (int32_t id : refused) logits[id] = ninf, ++masked;
+      for (int64_t id = v.size(); id < vocab; ++id) logits[id] = ninf, ++masked;  // ids past the tokenizer
+      return vocab - masked;
     } else {  // the flattened trie: st[d] = the state after the first d bytes of the current token
       const std::vector<int32_t>& sorted = v.sorted();
       const std::vector<uint16_t>& lcp = v.lcp();

@@ -49,6 +49,9 @@ class JsonVocab {
   const std::vector<int32_t>& sorted() const { return sorted_; }
   const std::vector<uint16_t>& lcp() const { return lcp_; }
   size_t max_len() const { return max_len_; }
+  // Special (or unknown) ids, and non-special tokens that are not plain.
+  const std::vector<int32_t>& specials() const { return specials_; }
+  const std::vector<int32_t>& not_plain() const { return not_plain_; }
 
  private:
   std::vector<std::string> bytes_;
@@ -56,6 +59,7 @@ class JsonVocab {
   std::array<std::vector<int32_t>, 256> by_first_;
   std::vector<int32_t> sorted_;
   std::vector<uint16_t> lcp_;
+  std::vector<int32_t> specials_, not_plain_;
   size_t max_len_ = 0;
 };
 
