@@ -31,7 +31,6 @@ JsonVocab::JsonVocab(const tok::Tokenizer& t) {
     for (unsigned char c : b) plain = plain && c != '"' && c != '\\' && c >= 0x20;
     plain_[static_cast<size_t>(id)] = plain ? 1 : 0;
     if (!plain) not_plain_.push_back(id);
-    by_first_[static_cast<unsigned char>(b[0])].push_back(id);
     max_len_ = std::max(max_len_, b.size());
     bytes_[static_cast<size_t>(id)] = std::move(b);
     sorted_.push_back(id);

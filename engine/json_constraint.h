@@ -3,16 +3,16 @@
 // of one JSON object (RFC 8259 syntax; the top level must be an object), and
 // the end-of-sequence ids are allowed only once that object is closed.
 //
-// JsonVocab holds, once per model, every token's bytes and what kind it is
-// (an end id, a special token that JSON text never contains, plain bytes) and
-// an index by first byte; JsonState is the per-sequence pushdown automaton.
-// mask() tries each token from the current state: tokens whose first byte
-// the state refuses are skipped, and inside a string the tokens without a
-// quote, backslash or control byte are taken without a walk; elsewhere the
-// tokens are walked in byte order, each from the state its shared prefix
-// with the previous token left (a flattened trie), and a prefix the
-// automaton refuses skips every token that starts with it: 0.2-0.45 ms a
-// step for Qwen3's 151,669 tokens on the 2-core dev box (bench_json_mask).
+// JsonVocab holds, once per model, every token's bytes, whether it is
+// special (never part of JSON text), whether it is plain (no quote,
+// backslash or control byte) and the tokens sorted by their bytes;
+// JsonState is the per-sequence pushdown automaton. json_mask(): inside a
+// string every plain token is allowed, so only the specials and the
+// non-plain tokens the automaton refuses are masked; elsewhere the tokens
+// are walked in byte order, each from the state its shared prefix with the
+// previous token left (a flattened trie), and a prefix the automaton
+// refuses skips every token that starts with it. About 0.1-0.4 ms a step
+// for Qwen3's 151,669 tokens on the 2-core dev box (bench_json_mask).
 //
 // Whitespace outside strings is capped (20 bytes in a row) so a model cannot
 // loop on blanks; after the object only the end ids (or, when there are
@@ -21,7 +21,6 @@
 // Thread safety: JsonVocab is immutable and shared; a JsonState belongs to
 // one sequence's Sampler.
 #pragma once
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -43,7 +42,6 @@ class JsonVocab {
   bool special(int32_t id) const { return special_[static_cast<size_t>(id)] != 0; }
   // No quote, backslash or control byte: inside a string, always valid and stays inside.
   bool plain(int32_t id) const { return plain_[static_cast<size_t>(id)] != 0; }
-  const std::vector<int32_t>& starting_with(uint8_t b) const { return by_first_[b]; }
   // Non-special tokens sorted by their bytes, and lcp[i] = the length of
   // the prefix sorted[i] shares with sorted[i - 1] (a flattened trie).
   const std::vector<int32_t>& sorted() const { return sorted_; }
@@ -56,7 +54,6 @@ class JsonVocab {
  private:
   std::vector<std::string> bytes_;
   std::vector<uint8_t> special_, plain_;
-  std::array<std::vector<int32_t>, 256> by_first_;
   std::vector<int32_t> sorted_;
   std::vector<uint16_t> lcp_;
   std::vector<int32_t> specials_, not_plain_;
