@@ -144,6 +144,9 @@ TEST_CASE("hmoe plan takes a GGUF file and counts its CPU experts as stored (Q8_
   CHECK_MESSAGE(g.code == 0, g.out);
   // 4 MoE layers x 16 experts x 3 x 64 x 32 weights: 408 KiB at 34 bytes per 32 (Q8_0), 768 KiB in bf16.
   CHECK_MESSAGE(contains(g.out, "experts 408.0 KiB (as stored: 1.0625 bytes per weight"), g.out);
+  // Resident, the Q8_0 experts stay Q8_0 on the GPU with rows padded to 16 bytes: 80 bytes per 64 columns
+  // (gate/up) and 48 per 32 (down), 1.3333 bytes per weight on average.
+  CHECK_MESSAGE(contains(g.out, "resident on the GPU 1.3333 bytes per weight"), g.out);
   CHECK(contains(g.out, "prefill streaming of non-resident experts: off"));
   const Run h = run("plan " + test::fixture_model("tiny-qwen3moe") + flags);
   CHECK_MESSAGE(h.code == 0, h.out);
