@@ -61,6 +61,7 @@ struct GpuStack::Impl {
   SegmentGraphs seg_graphs;
   bool overlap = false;         // two micro-batches for decode steps with hand-offs
   bool tiled_attention = true;  // prefill steps: gpu::attention_tiles
+  ExpertScratch expert_scratch;  // big passes of the resident layers, shared
   int64_t overlap_b_rows = 0;   // rows of the second micro-batch; 0: half
   int64_t hybrid_count = 0;
   std::unique_ptr<ExpertStream> xstream;  // streamed non-resident experts for big passes (null: off)
@@ -325,7 +326,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     if (w.resident) {
       gpu::moe_route(ids, rn * K, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
       w.experts->run(hr, rn, K, ids, wts, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), dr,
-                     m.blas, s);
+                     m.blas, m.expert_scratch, s);
     } else if (stream_pass) {
       m.xstream->layer(static_cast<int64_t>(l), hr, rn, ids, wts, dr);
     }

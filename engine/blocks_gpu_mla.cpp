@@ -47,6 +47,7 @@ struct GpuMlaStack::Impl {
   MlaMode mode;
   gpu::Stream stream;
   gpu::Blas blas{stream};
+  ExpertScratch expert_scratch;  // big passes of the resident layers, shared
   gpu::DeviceBuffer embed, lm_head, final_norm, inv_freq;
   gpu::MlaRopeArgs rope;
   std::vector<LayerW> layers;
@@ -333,7 +334,7 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
       if (S > 0) mlp(w.sh_gate_up, w.sh_down, S, d2);
       gpu::moe_route(m.topk_ids.as<int32_t>(), n * K, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
       w.experts->run(hb, n, K, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(),
-                     m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), d, m.blas, s);
+                     m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), d, m.blas, m.expert_scratch, s);
       if (S > 0) gpu::add(d, d2, n * H, d, s);
       continue;
     }

@@ -149,8 +149,8 @@ struct ExpertStream::Impl {
   gpu::Event offs_ev;
   std::vector<char> copied;
   std::vector<uint64_t> pass_bytes;
-  gpu::DeviceBuffer route_off, pair_list, act, ys;
-  MoeGemmScratch gemm;  // per-expert cuBLAS passes
+  gpu::DeviceBuffer route_off, pair_list;
+  MoeGemmScratch gemm;  // per-expert cuBLAS passes; its act and ys also serve the grouped kernel
   gpu::PinnedBuffer offs_h;
   int64_t n = 0, next = 0;
   bool fill_all = true, use_gemm = false, in_pass = false;
@@ -309,7 +309,7 @@ void ExpertStream::reset_stats() {
 uint64_t ExpertStream::device_bytes() const {
   const Impl& m = *impl_;
   uint64_t b = static_cast<uint64_t>(m.S) * m.slot_bytes;
-  for (const gpu::DeviceBuffer* d : {&m.route_off, &m.pair_list, &m.act, &m.ys, &m.gemm.xs, &m.gemm.gu, &m.gemm.act, &m.gemm.ys, &m.gemm.inv})
+  for (const gpu::DeviceBuffer* d : {&m.route_off, &m.pair_list, &m.gemm.xs, &m.gemm.gu, &m.gemm.act, &m.gemm.ys, &m.gemm.inv})
     b += d->bytes();
   return b;
 }
@@ -326,8 +326,8 @@ void ExpertStream::begin(int64_t tokens) {
   auto fit = [](gpu::DeviceBuffer& b, int64_t bytes) { b.reserve(static_cast<size_t>(std::max<int64_t>(bytes, 16))); };
   fit(m.route_off, (E + 1) * 4);
   fit(m.pair_list, P * 4);
-  fit(m.act, P * m.I * 2);
-  fit(m.ys, P * m.H * 4);
+  fit(m.gemm.act, P * m.I * 2);
+  fit(m.gemm.ys, P * m.H * 4);
   m.copied.assign(static_cast<size_t>(N), 0);
   m.pass_bytes.assign(static_cast<size_t>(N), 0);
   m.next = 0;
@@ -372,8 +372,8 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
     moe_experts_gemm(m.blas, x, n, H, I, E, K, offs, m.pair_list.as<int32_t>(), weights,
                      [&](int64_t e, bool down) -> const gpu::bf16_t* { return down ? wdn + e * H * I : wgu + e * 2 * I * H; }, m.gemm, out, s);
   } else {
-    gpu::moe_experts(x, n, H, I, E, K, ids, weights, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), wgu, wdn, m.act.as<gpu::bf16_t>(),
-                     m.ys.as<float>(), out, s);
+    gpu::moe_experts(x, n, H, I, E, K, ids, weights, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), wgu, wdn, m.gemm.act.as<gpu::bf16_t>(),
+                     m.gemm.ys.as<float>(), out, s);
   }
   m.k1[ju].record(s);
   if (!o.serial && !o.skip_copies && m.fill_all && j + m.S < N) m.enqueue_copy(j + m.S, m.layers[static_cast<size_t>(j + m.S)].all, &m.k1[ju]);

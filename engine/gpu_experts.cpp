@@ -74,10 +74,6 @@ struct GpuResidentExperts::Impl {
   int64_t E = 0, H = 0, I = 0;
   gpu::DeviceBuffer gate_up, down;  // bf16 residency
   std::optional<gpu::QDeviceMat> qgu, qdn;
-  MoeGemmScratch gemm;              // big passes
-  gpu::DeviceBuffer deq_gu, deq_dn;  // quantized big passes: a chunk of experts in bf16
-  gpu::PinnedBuffer offs_h;
-  gpu::Event offs_ev;
 };
 
 GpuResidentExperts::GpuResidentExperts(const std::vector<numa::ExpertWeights>& ex, bool keep_quantized, gpu::Stream& s, const std::string& what)
@@ -141,30 +137,31 @@ std::string GpuResidentExperts::format() const {
 }
 
 void GpuResidentExperts::run(const uint16_t* x, int64_t n, int64_t K, const int32_t* ids, const float* wts, const int32_t* route_off,
-                             const int32_t* pair_list, uint16_t* act, float* partial, float* out, gpu::Blas& blas, gpu::Stream& s) {
+                             const int32_t* pair_list, uint16_t* act, float* partial, float* out, gpu::Blas& blas, ExpertScratch& sc,
+                             gpu::Stream& s) {
   Impl& m = *impl_;
   if (n > 64 && n * K >= 16 * m.E) {  // > 64 tokens: never inside a captured decode graph
-    m.offs_h.reserve(static_cast<size_t>(m.E + 1) * 4);
-    gpu::copy_to_host(m.offs_h.as<int32_t>(), route_off, static_cast<size_t>(m.E + 1) * 4, s);
-    m.offs_ev.record(s);
-    m.offs_ev.synchronize();
+    sc.offs_h.reserve(static_cast<size_t>(m.E + 1) * 4);
+    gpu::copy_to_host(sc.offs_h.as<int32_t>(), route_off, static_cast<size_t>(m.E + 1) * 4, s);
+    sc.offs_ev.record(s);
+    sc.offs_ev.synchronize();
     const int64_t gu_elems = 2 * m.I * m.H, dn_elems = m.H * m.I;
     if (!m.qgu) {
       const uint16_t *gu = m.gate_up.as<uint16_t>(), *dn = m.down.as<uint16_t>();
-      moe_experts_gemm(blas, x, n, m.H, m.I, m.E, K, m.offs_h.as<int32_t>(), pair_list, wts,
-                       [&](int64_t e, bool down) { return down ? dn + e * dn_elems : gu + e * gu_elems; }, m.gemm, out, s);
+      moe_experts_gemm(blas, x, n, m.H, m.I, m.E, K, sc.offs_h.as<int32_t>(), pair_list, wts,
+                       [&](int64_t e, bool down) { return down ? dn + e * dn_elems : gu + e * gu_elems; }, sc.gemm, out, s);
       return;
     }
     // Dequantize a chunk of experts at a time (the weight calls come in expert order per matrix kind).
     const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(m.E, (256ll << 20) / (gu_elems * 2)));
-    m.deq_gu.reserve(static_cast<size_t>(chunk * gu_elems) * 2);
-    m.deq_dn.reserve(static_cast<size_t>(chunk * dn_elems) * 2);
+    sc.deq_gu.reserve(static_cast<size_t>(chunk * gu_elems) * 2);
+    sc.deq_dn.reserve(static_cast<size_t>(chunk * dn_elems) * 2);
     int64_t have[2] = {-1, -1};  // first expert of the chunk held, per kind
-    moe_experts_gemm(blas, x, n, m.H, m.I, m.E, K, m.offs_h.as<int32_t>(), pair_list, wts,
+    moe_experts_gemm(blas, x, n, m.H, m.I, m.E, K, sc.offs_h.as<int32_t>(), pair_list, wts,
                      [&](int64_t e, bool down) -> const uint16_t* {
                        const int k = down ? 1 : 0;
                        const int64_t elems = down ? dn_elems : gu_elems, rows = down ? m.H : 2 * m.I;
-                       gpu::DeviceBuffer& buf = down ? m.deq_dn : m.deq_gu;
+                       gpu::DeviceBuffer& buf = down ? sc.deq_dn : sc.deq_gu;
                        if (have[k] < 0 || e < have[k] || e >= have[k] + chunk) {
                          have[k] = e;
                          const int64_t cnt = std::min(chunk, m.E - e);
@@ -172,7 +169,7 @@ void GpuResidentExperts::run(const uint16_t* x, int64_t n, int64_t K, const int3
                        }
                        return buf.as<uint16_t>() + (e - have[k]) * elems;
                      },
-                     m.gemm, out, s);
+                     sc.gemm, out, s);
     return;
   }
   if (m.qgu)

@@ -50,6 +50,17 @@ void set_expert_bytes_from(ModelConfig& c, WeightSource& src);
 struct MoeGemmScratch {
   gpu::DeviceBuffer xs, gu, act, ys, inv;
 };
+
+// What a big pass of GpuResidentExperts::run needs besides the weights: one
+// per GPU stack, shared by all its resident layers (a layer's pass ends
+// before the next layer's starts, on one stream), so that it grows to one
+// pass's size once rather than once per layer.
+struct ExpertScratch {
+  MoeGemmScratch gemm;
+  gpu::DeviceBuffer deq_gu, deq_dn;  // quantized experts: a chunk of experts in bf16
+  gpu::PinnedBuffer offs_h;          // the routing offsets on the host
+  gpu::Event offs_ev;
+};
 // weight(e, down): expert e's bf16 [2I, H] gate/up (down false) or [H, I]
 // down matrix on the device; asked in expert order, gate/up pass first, only
 // for experts with rows.
@@ -75,7 +86,7 @@ class GpuResidentExperts {
   // quantized experts are then dequantized to bf16 a chunk of experts at a
   // time (at most 256 MiB of scratch per matrix kind).
   void run(const uint16_t* x, int64_t n, int64_t K, const int32_t* ids, const float* wts, const int32_t* route_off, const int32_t* pair_list,
-           uint16_t* act, float* partial, float* out, gpu::Blas& blas, gpu::Stream& s);
+           uint16_t* act, float* partial, float* out, gpu::Blas& blas, ExpertScratch& scratch, gpu::Stream& s);
 
  private:
   struct Impl;
