@@ -12,7 +12,6 @@ JsonVocab::JsonVocab(const tok::Tokenizer& t) {
   const int32_t n = t.vocab_size();
   bytes_.resize(static_cast<size_t>(n));
   special_.assign(static_cast<size_t>(n), 0);
-  plain_.assign(static_cast<size_t>(n), 0);
   for (int32_t id = 0; id < n; ++id) {
     std::string b;
     try {
@@ -29,7 +28,6 @@ JsonVocab::JsonVocab(const tok::Tokenizer& t) {
     }
     bool plain = true;
     for (unsigned char c : b) plain = plain && c != '"' && c != '\\' && c >= 0x20;
-    plain_[static_cast<size_t>(id)] = plain ? 1 : 0;
     if (!plain) not_plain_.push_back(id);
     max_len_ = std::max(max_len_, b.size());
     bytes_[static_cast<size_t>(id)] = std::move(b);

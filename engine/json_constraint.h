@@ -40,20 +40,20 @@ class JsonVocab {
   int64_t size() const { return static_cast<int64_t>(bytes_.size()); }
   const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
   bool special(int32_t id) const { return special_[static_cast<size_t>(id)] != 0; }
-  // No quote, backslash or control byte: inside a string, always valid and stays inside.
-  bool plain(int32_t id) const { return plain_[static_cast<size_t>(id)] != 0; }
   // Non-special tokens sorted by their bytes, and lcp[i] = the length of
   // the prefix sorted[i] shares with sorted[i - 1] (a flattened trie).
   const std::vector<int32_t>& sorted() const { return sorted_; }
   const std::vector<uint16_t>& lcp() const { return lcp_; }
   size_t max_len() const { return max_len_; }
-  // Special (or unknown) ids, and non-special tokens that are not plain.
+  // Special (or unknown) ids, and the non-special tokens that are not plain
+  // (they hold a quote, backslash or control byte; inside a string every
+  // other token is valid and keeps the string open).
   const std::vector<int32_t>& specials() const { return specials_; }
   const std::vector<int32_t>& not_plain() const { return not_plain_; }
 
  private:
   std::vector<std::string> bytes_;
-  std::vector<uint8_t> special_, plain_;
+  std::vector<uint8_t> special_;
   std::vector<int32_t> sorted_;
   std::vector<uint16_t> lcp_;
   std::vector<int32_t> specials_, not_plain_;
