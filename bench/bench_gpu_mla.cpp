@@ -13,8 +13,11 @@
 //    host memory, every MoE layer's routed experts are views of ONE 22.5 GB
 //    block (their own GPU copy when resident): the CPU still streams 8
 //    experts (704 MB) per cold layer per token from DRAM, far beyond any cache.
-// Usage: bench_gpu_mla [--layers 61] [--resident 0,2,4] [--steps 8]
-//   [--prompt 16] [--skip-kernels] [--skip-model]. Never pass/fail on time.
+//    Each placement runs with the attention projections' inputs split into
+//    bf16 hi + lo pairs (gpu_mla_split_inputs, the default) and/or not.
+// Usage: bench_gpu_mla [--layers 61] [--resident 0,2,4] [--split 1,0]
+//   [--steps 8] [--prompt 16] [--skip-kernels] [--skip-model]. Never
+//   pass/fail on time.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -217,7 +220,8 @@ std::unique_ptr<SyntheticDeepseek> make_deepseek(const ModelConfig& c, numa::Thr
   return m;
 }
 
-void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t prompt, const std::vector<int>& residents, double gpu_bw) {
+void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t prompt, const std::vector<int>& residents, const std::vector<int>& splits,
+                     double gpu_bw) {
   const ModelConfig c = deepseek_v3_config(layers);
   const MlaConfig& ml = c.mla;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, E = c.num_experts, I = c.moe_intermediate_size, K = c.num_experts_per_tok;
@@ -240,9 +244,10 @@ void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t 
   const double expert = static_cast<double>(3 * I * H * 2);
   const double attn = static_cast<double>(ml.q_lora_rank * H + nh * ml.qk_head_dim() * ml.q_lora_rank + ml.kv_token_floats() * H +
                                           nh * (ml.qk_nope_head_dim + ml.v_head_dim) * ml.kv_lora_rank + H * nh * ml.v_head_dim) * 2;
-  std::printf("\n| resident MoE layers | batch | tok/s | ms/token | GPU ms | CPU experts ms | transfers ms | GPU GB/token | CPU GB/token | bound ms | of bound |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (int res : residents) {
+  std::printf("\n| resident MoE layers | split inputs | batch | tok/s | ms/token | GPU ms | CPU experts ms | transfers ms | GPU GB/token | CPU GB/token | bound ms | of bound |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int res : residents)
+    for (int split : splits) {
     std::vector<bool> resident(static_cast<size_t>(layers), false);
     int nres = 0;
     for (int64_t l = 0; l < layers && nres < res; ++l)
@@ -261,6 +266,7 @@ void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t 
       std::printf("| %d | - | could not build: %s |\n", res, e.what());
       continue;
     }
+    stack->set_split_inputs(split != 0);
     const double build_s = bench::now_seconds() - b0;
     const int64_t total = prompt + steps + 4;
     KvCache kv(KvLayout{layers, 1, ml.kv_token_floats(), ml.kv_token_floats(), 0}, (total + 15) / 16 + 1, 16);
@@ -292,7 +298,7 @@ void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t 
                              static_cast<double>(prompt + steps) * kv_token;
     const double cpu_bytes = static_cast<double>(moe_layers - nres) * static_cast<double>(K) * expert;
     const double bound = gpu_bytes / gpu_bw + cpu_bytes / dram;
-    std::printf("| %d of %lld | 1 | %.2f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f |\n", nres, static_cast<long long>(moe_layers), 1.0 / step,
+    std::printf("| %d of %lld | %d | 1 | %.2f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f |\n", nres, static_cast<long long>(moe_layers), split, 1.0 / step,
                 step * 1e3, t.gpu_s() / t.steps * 1e3, t.cpu_experts_s / t.steps * 1e3, t.transfer_s / t.steps * 1e3, gpu_bytes / 1e9, cpu_bytes / 1e9,
                 bound * 1e3, bound / step);
     std::printf("  (stack built in %.1f s, %.1f GB of weights on the GPU; prefill of %lld tokens %.2f s)\n", build_s,
@@ -309,17 +315,18 @@ int main(int argc, char** argv) {
   bool skip_kernels = false, skip_model = false;
   int steps = 8;
   int64_t layers = 61, prompt = 16;
-  std::vector<int> residents = {0, 2, 4};
+  std::vector<int> residents = {0, 2, 4}, splits = {1, 0};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--skip-kernels")) skip_kernels = true;
     else if (!std::strcmp(argv[i], "--skip-model")) skip_model = true;
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--layers") && i + 1 < argc) layers = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--prompt") && i + 1 < argc) prompt = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--resident") && i + 1 < argc) {
-      residents.clear();
+    else if ((!std::strcmp(argv[i], "--resident") || !std::strcmp(argv[i], "--split")) && i + 1 < argc) {
+      std::vector<int>& list = !std::strcmp(argv[i], "--resident") ? residents : splits;
+      list.clear();
       for (const char* p = argv[++i]; *p;) {
-        residents.push_back(std::atoi(p));
+        list.push_back(std::atoi(p));
         while (*p && *p != ',') ++p;
         if (*p == ',') ++p;
       }
@@ -336,7 +343,7 @@ int main(int argc, char** argv) {
     gpu::Stream s;
     const double bw = copy_bandwidth(s);
     if (!skip_kernels) kernel_benchmarks(pools.pool(0), bw);
-    if (!skip_model) model_benchmark(pools, layers, steps, prompt, residents, bw);
+    if (!skip_model) model_benchmark(pools, layers, steps, prompt, residents, splits, bw);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu_mla: %s\n", e.what());
     return 1;

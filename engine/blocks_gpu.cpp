@@ -317,7 +317,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     gpu::add_rms_norm(xr, dr, nullptr, rn, H, w.post_norm.as<bf16_t>(), eps, hr, hybrid ? m.hf.as<float>() + r0 * H : nullptr, s);
     if (!w.moe) {
       m.blas.gemm(hr, rn, w.gate_up.as<bf16_t>(), 2 * Id, H, m.gu.as<float>(), 2 * Id);
-      gpu::silu_mul(m.gu.as<float>(), rn, Id, m.act_b.as<bf16_t>(), s);
+      gpu::silu_mul(m.gu.as<float>(), rn, Id, m.act_b.as<bf16_t>(), nullptr, s);
       m.blas.gemm(m.act_b.as<bf16_t>(), rn, w.down.as<bf16_t>(), H, Id, dr, H);
       return;
     }
@@ -460,9 +460,12 @@ std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorSt
     const io::TensorView& t = store->get(name, shape);
     return cpu::Mat{t.dtype, t.data, shape.empty() ? 1 : shape[0], shape.size() > 1 ? shape[1] : 1};
   };
-  if (c.arch == Arch::deepseek_v3)
-    return std::make_unique<GpuMlaStack>(c, plan.resident(), get, pools, parse_mla_mode(s.mla_attention), numa::EngineOptions::from_settings(s),
-                                         s.gpu_quantized_experts);
+  if (c.arch == Arch::deepseek_v3) {
+    auto mla = std::make_unique<GpuMlaStack>(c, plan.resident(), get, pools, parse_mla_mode(s.mla_attention), numa::EngineOptions::from_settings(s),
+                                             s.gpu_quantized_experts);
+    mla->set_split_inputs(s.gpu_mla_split_inputs);
+    return mla;
+  }
   auto stack = std::make_unique<GpuStack>(c, plan.resident(), get, pools, numa::EngineOptions::from_settings(s), s.gpu_quantized_experts);
   stack->set_cuda_graphs(s.cuda_graphs);
   stack->set_cpu_overlap(s.gpu_cpu_overlap);

@@ -45,6 +45,7 @@ struct GpuMlaStack::Impl {
 
   const ModelConfig& c;
   MlaMode mode;
+  bool split = true;  // split_inputs
   gpu::Stream stream;
   gpu::Blas blas{stream};
   ExpertScratch expert_scratch;  // big passes of the resident layers, shared
@@ -52,7 +53,7 @@ struct GpuMlaStack::Impl {
   gpu::MlaRopeArgs rope;
   std::vector<LayerW> layers;
   uint64_t weight_bytes = 0;
-  gpu::DeviceBuffer x, d, d2, hb, hf, a, qa_b, q, qlat, olat, attn, exp_lat, exp_kv, gu, act_b, router_l, topk_ids, topk_w, route_off, pair_list,
+  gpu::DeviceBuffer x, d, d2, hb, hf, a, qa_b, q, qlat, olat, attn, attn_f, exp_lat, exp_kv, gu, act_b, router_l, topk_ids, topk_w, route_off, pair_list,
       moe_act, moe_partial, logits_d, meta;
   gpu::PinnedBuffer meta_h, hf_h, ids_h, w_h, out_h, logits_h;
   std::vector<gpu::Event> events;  // 4 per layer: D2H start/end, H2D start/end
@@ -172,6 +173,7 @@ GpuMlaStack::GpuMlaStack(const ModelConfig& c, const std::vector<bool>& resident
 GpuMlaStack::~GpuMlaStack() = default;
 const GpuStepTimes& GpuMlaStack::times() const { return impl_->times; }
 void GpuMlaStack::reset_times() { impl_->times = GpuStepTimes{}; }
+void GpuMlaStack::set_split_inputs(bool on) { impl_->split = on; }
 uint64_t GpuMlaStack::weight_bytes() const { return impl_->weight_bytes; }
 uint64_t GpuMlaStack::kv_bytes_per_token() const {
   return static_cast<uint64_t>(impl_->c.num_hidden_layers * impl_->c.mla.kv_token_floats()) * 2;
@@ -252,23 +254,26 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
                 *d_rows = d_tok + 6 * n, *d_lists = d_tok + 6 * n + mrows;
 
   auto fit = [](gpu::DeviceBuffer& buf, int64_t bytes) { buf.reserve(static_cast<size_t>(std::max<int64_t>(bytes, 16))); };
+  // Split inputs: the products' inputs are [hi; lo] (2n rows) and their outputs 2n rows before the halves are added.
+  const int64_t n2 = m.split ? 2 * n : n;
   fit(m.x, n * H * 4);
-  fit(m.d, n * H * 4);
+  fit(m.d, n2 * H * 4);
   fit(m.d2, n * H * 4);
-  fit(m.hb, n * H * 2);
+  fit(m.hb, n2 * H * 2);
   fit(m.hf, n * H * 4);
-  fit(m.a, n * rows_a * 4);
-  fit(m.qa_b, n * std::max<int64_t>(ql, 1) * 2);
-  fit(m.q, n * nh * qk * 4);
+  fit(m.a, n2 * rows_a * 4);
+  fit(m.qa_b, n2 * std::max<int64_t>(ql, 1) * 2);
+  fit(m.q, n2 * nh * qk * 4);
   fit(m.qlat, n * nh * r * 4);
   fit(m.olat, n * nh * r * 4);
-  fit(m.attn, n * nh * vd * 2);
+  fit(m.attn, n2 * nh * vd * 2);
+  if (m.split) fit(m.attn_f, n * nh * vd * 4);
   if (any_expanded) {
     fit(m.exp_lat, list_len * r * 2);
     fit(m.exp_kv, list_len * nh * ew * 4);
   }
   fit(m.gu, n * 2 * F * 4);
-  fit(m.act_b, n * F * 2);
+  fit(m.act_b, n2 * F * 2);
   fit(m.router_l, n * E * 4);
   fit(m.topk_ids, n * K * 4);
   fit(m.topk_w, n * K * 4);
@@ -285,26 +290,40 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
   float* a = m.a.as<float>();
   double cpu_s = 0;
   std::vector<int64_t> hybrid_layers;
-  // SwiGLU MLP on hb: gate_up [2F', H], down [H, F'] -> out.
-  auto mlp = [&](const gpu::DeviceBuffer& gate_up, const gpu::DeviceBuffer& down, int64_t inter, float* out) {
+  // y[n, rows] = x W^T for a split input: x is [hi; lo] (2n rows), y has room for 2n rows.
+  auto gemm_in = [&](const bf16_t* x_in, const gpu::DeviceBuffer& w, int64_t rows, int64_t cols, float* y) {
+    m.blas.gemm(x_in, n2, w.as<bf16_t>(), rows, cols, y, rows);
+    if (m.split) gpu::add(y, y + n * rows, n * rows, y, s);
+  };
+  // SwiGLU MLP on hb: gate_up [2F', H], down [H, F'] -> out; split_down: the
+  // down product's input is split (dense layers; out has room for 2n rows).
+  auto mlp = [&](const gpu::DeviceBuffer& gate_up, const gpu::DeviceBuffer& down, int64_t inter, float* out, bool split_down) {
     m.blas.gemm(hb, n, gate_up.as<bf16_t>(), 2 * inter, H, m.gu.as<float>(), 2 * inter);
-    gpu::silu_mul(m.gu.as<float>(), n, inter, m.act_b.as<bf16_t>(), s);
-    m.blas.gemm(m.act_b.as<bf16_t>(), n, down.as<bf16_t>(), H, inter, out, H);
+    bf16_t* act = m.act_b.as<bf16_t>();
+    if (split_down) {
+      gpu::silu_mul(m.gu.as<float>(), n, inter, act, m.split ? act + n * inter : nullptr, s);
+      gemm_in(act, down, H, inter, out);
+      return;
+    }
+    gpu::silu_mul(m.gu.as<float>(), n, inter, act, nullptr, s);
+    m.blas.gemm(act, n, down.as<bf16_t>(), H, inter, out, H);
   };
 
   gpu::embedding(m.embed.as<bf16_t>(), d_tok, n, H, x, s);
   for (size_t l = 0; l < m.layers.size(); ++l) {
     Impl::LayerW& w = m.layers[l];
     bf16_t* cache = kvs.keys(static_cast<int64_t>(l));
-    gpu::add_rms_norm(x, l > 0 ? d : nullptr, nullptr, n, H, w.in_norm.as<bf16_t>(), eps, hb, nullptr, s);
-    m.blas.gemm(hb, n, w.qkv_a.as<bf16_t>(), rows_a, H, a, rows_a);
+    gpu::add_rms_norm(x, l > 0 ? d : nullptr, nullptr, n, H, w.in_norm.as<bf16_t>(), eps, hb, m.split ? m.hf.as<float>() : nullptr, s);
+    if (m.split) gpu::split_bf16(m.hf.as<float>(), n * H, hb, hb + n * H, s);
+    gemm_in(hb, w.qkv_a, rows_a, H, a);
     float* q = a;
     int64_t ldq = rows_a;
     if (ql > 0) {
-      gpu::rms_norm_rows(a, rows_a, n, ql, w.q_a_norm.as<bf16_t>(), eps, m.qa_b.as<bf16_t>(), s);
+      bf16_t* qa_b = m.qa_b.as<bf16_t>();
+      gpu::rms_norm_rows(a, rows_a, n, ql, w.q_a_norm.as<bf16_t>(), eps, qa_b, m.split ? qa_b + n * ql : nullptr, s);
       q = m.q.as<float>();
       ldq = nh * qk;
-      m.blas.gemm(m.qa_b.as<bf16_t>(), n, w.q_b.as<bf16_t>(), nh * qk, ql, q, ldq);
+      gemm_in(qa_b, w.q_b, nh * qk, ql, q);
     }
     gpu::mla_kv_store(a + qa_rows, rows_a, n, r, w.kv_a_norm.as<bf16_t>(), eps, m.rope, d_pos, d_slot, cache, s);
     gpu::mla_rope(q + nope, ldq, qk, n, nh, m.rope, d_pos, s);
@@ -312,26 +331,27 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
       gpu::head_matmul(q, ldq, qk, n, nh, nope, r, w.uk_t.as<bf16_t>(), r * nope, m.qlat.as<float>(), nullptr, nh * r, r, s);
       gpu::mla_attention_latent(m.qlat.as<float>(), q + nope, ldq, qk, n, nh, r, rd, cache, d_lists, d_off, d_len, any_expanded ? d_exp : nullptr,
                                 scale, m.olat.as<float>(), s);
-      gpu::head_matmul(m.olat.as<float>(), nh * r, r, n, nh, r, vd, w.kv_b.as<bf16_t>() + nope * r, ew * r, nullptr, m.attn.as<bf16_t>(),
-                       nh * vd, vd, s);
+      gpu::head_matmul(m.olat.as<float>(), nh * r, r, n, nh, r, vd, w.kv_b.as<bf16_t>() + nope * r, ew * r, m.split ? m.attn_f.as<float>() : nullptr,
+                       m.split ? nullptr : m.attn.as<bf16_t>(), nh * vd, vd, s);
+      if (m.split) gpu::split_bf16(m.attn_f.as<float>(), n * nh * vd, m.attn.as<bf16_t>(), m.attn.as<bf16_t>() + n * nh * vd, s);
     }
     if (any_expanded) {
       gpu::gather_rows(cache, lw, d_lists, list_len, r, m.exp_lat.as<bf16_t>(), s);
       m.blas.gemm(m.exp_lat.as<bf16_t>(), list_len, w.kv_b.as<bf16_t>(), nh * ew, r, m.exp_kv.as<float>(), nh * ew);
       gpu::mla_attention_expanded(q, ldq, n, nh, nope, rd, vd, m.exp_kv.as<float>(), cache, lw, r, d_lists, d_off, d_len,
-                                  any_latent ? d_exp : nullptr, scale, m.attn.as<bf16_t>(), s);
+                                  any_latent ? d_exp : nullptr, scale, m.attn.as<bf16_t>(), m.split ? m.attn.as<bf16_t>() + n * nh * vd : nullptr, s);
     }
-    m.blas.gemm(m.attn.as<bf16_t>(), n, w.o.as<bf16_t>(), H, nh * vd, d, H);
+    gemm_in(m.attn.as<bf16_t>(), w.o, H, nh * vd, d);
     gpu::add_rms_norm(x, d, nullptr, n, H, w.post_norm.as<bf16_t>(), eps, hb, w.moe ? m.hf.as<float>() : nullptr, s);
     if (!w.moe) {
-      mlp(w.gate_up, w.down, Id, d);
+      mlp(w.gate_up, w.down, Id, d, true);
       continue;
     }
     m.blas.gemm_f32(m.hf.as<float>(), n, w.router.as<float>(), E, H, m.router_l.as<float>(), E);
     gpu::deepseek_topk(m.router_l.as<float>(), w.bias.as<float>(), n, E, K, ml.n_group, ml.topk_group, c.norm_topk_prob,
                        static_cast<float>(ml.routed_scaling_factor), m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), s);
     if (w.resident) {
-      if (S > 0) mlp(w.sh_gate_up, w.sh_down, S, d2);
+      if (S > 0) mlp(w.sh_gate_up, w.sh_down, S, d2, false);
       gpu::moe_route(m.topk_ids.as<int32_t>(), n * K, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
       w.experts->run(hb, n, K, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(),
                      m.moe_act.as<bf16_t>(), m.moe_partial.as<float>(), d, m.blas, m.expert_scratch, s);
@@ -350,7 +370,7 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
     gpu::copy_to_host(m.ids_h.as<int32_t>(), m.topk_ids.as<int32_t>(), static_cast<size_t>(n * K * 4), s);
     gpu::copy_to_host(m.w_h.as<float>(), m.topk_w.as<float>(), static_cast<size_t>(n * K * 4), s);
     ev[1].record(s);
-    if (S > 0) mlp(w.sh_gate_up, w.sh_down, S, d2);
+    if (S > 0) mlp(w.sh_gate_up, w.sh_down, S, d2, false);
     ev[1].synchronize();
     const auto c0 = std::chrono::steady_clock::now();
     float* out = m.out_h.as<float>();

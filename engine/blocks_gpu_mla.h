@@ -23,6 +23,11 @@
 // so prefix sharing and the pinned host pool work on this path too. CUDA
 // graphs are not used on this path (set_cuda_graphs is accepted and
 // ignored). Without CUDA the constructor throws Error(unsupported).
+//
+// Numerics: as GpuStack, bf16 product inputs and fp32 accumulation, but for
+// the split inputs (set_split_inputs): the tiny fixture's routing rides on
+// near-ties that one bf16 rounding of these four products' inputs flips
+// (bench/README.md, "DeepSeek-V3 GPU top-1").
 #pragma once
 #include <memory>
 #include <vector>
@@ -45,6 +50,10 @@ class GpuMlaStack : public GpuStep {
 
   void forward(const Batch& b, KvCache& kv, std::vector<float>& logits) override;
   void set_cuda_graphs(bool) override {}
+  // Setting gpu_mla_split_inputs (default on): the inputs of q_a/kv_a, q_b,
+  // o_proj and the dense down projection are a bf16 hi + lo pair (one
+  // product over 2n rows, halves added), not one bf16 rounding.
+  void set_split_inputs(bool on);
   const GpuStepTimes& times() const override;
   void reset_times() override;
   uint64_t weight_bytes() const override;

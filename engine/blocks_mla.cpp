@@ -204,14 +204,14 @@ class MlaAttention : public AttentionBlock {
     q_.resize(static_cast<size_t>(n * nh_ * qk));
     if (q_lora_ > 0) {
       qa_.resize(static_cast<size_t>(n * q_lora_));
-      cpu::gemm(x, n, w_.q_a, qa_.data(), &pool_);
+      cpu::gemm_split_input(x, n, w_.q_a, qa_.data(), &pool_);
       ops::rms_norm(qa_.data(), n, q_lora_, w_.q_a_norm, eps_, qa_.data());
-      cpu::gemm(qa_.data(), n, w_.q_b, q_.data(), &pool_);
+      cpu::gemm_split_input(qa_.data(), n, w_.q_b, q_.data(), &pool_);
     } else {
-      cpu::gemm(x, n, w_.q_proj, q_.data(), &pool_);
+      cpu::gemm_split_input(x, n, w_.q_proj, q_.data(), &pool_);
     }
     ckv_.resize(static_cast<size_t>(n * lw));
-    cpu::gemm(x, n, w_.kv_a, ckv_.data(), &pool_);
+    cpu::gemm_split_input(x, n, w_.kv_a, ckv_.data(), &pool_);
     for (int64_t t = 0; t < n; ++t) {
       float* row = ckv_.data() + t * lw;
       double ss = 0;
@@ -242,7 +242,7 @@ class MlaAttention : public AttentionBlock {
     attn_.resize(static_cast<size_t>(n * nh_ * vd_));
     if (!expanded.empty()) attend_expanded(expanded, slots, kv);
     if (!latent.empty()) attend_latent(latent, slots, kv);
-    cpu::gemm(attn_.data(), n, w_.o_proj, out, &pool_);
+    cpu::gemm_split_input(attn_.data(), n, w_.o_proj, out, &pool_);
   }
 
  private:

@@ -62,7 +62,7 @@ void moe_experts_gemm(gpu::Blas& blas, const uint16_t* x, int64_t n, int64_t H, 
     const int64_t off = offs[e], cnt = offs[e + 1] - offs[e];
     if (cnt > 0) blas.gemm(xs + off * H, cnt, weight(e, false), 2 * I, H, gu + off * 2 * I, 2 * I);
   }
-  gpu::silu_mul(gu, P, I, act, s);
+  gpu::silu_mul(gu, P, I, act, nullptr, s);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t off = offs[e], cnt = offs[e + 1] - offs[e];
     if (cnt > 0) blas.gemm(act + off * I, cnt, weight(e, true), H, I, ys + off * H, H);

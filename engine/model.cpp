@@ -54,6 +54,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   else m->lm_head_ = bind.mat("lm_head.weight", c.vocab_size, c.hidden_size);
 
   cpu::set_round_activations_bf16(settings.cpu_emulate_gpu_bf16);
+  cpu::set_split_inputs_bf16(settings.gpu_mla_split_inputs);
   m->pools_ = std::make_unique<numa::NodePools>(numa::PoolOptions::from_settings(settings));
   m->pool_ = &m->pools_->pool(0);
   numa::EngineOptions experts_opt = numa::EngineOptions::from_settings(settings);

@@ -17,6 +17,16 @@ __device__ __forceinline__ uint16_t f2bf(float f) {
   __nv_bfloat16 b = __float2bfloat16_rn(f);
   return *reinterpret_cast<uint16_t*>(&b);
 }
+
+// hi[i] = bf16(v) and, when lo is given, lo[i] = bf16(v - hi[i]): the pair
+// keeps v to about 16 significant bits for products run on both (a split
+// bf16 input, see GpuMlaStack).
+__device__ __forceinline__ void store_bf16_pair(uint16_t* hi, uint16_t* lo, int64_t i, float v) {
+  const uint16_t h = f2bf(v);
+  hi[i] = h;
+  if (lo) lo[i] = f2bf(v - bf2f(h));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

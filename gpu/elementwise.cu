@@ -68,12 +68,17 @@ __global__ void kv_store_kernel(const float* k, const float* v, int64_t ld, int6
   }
 }
 
-__global__ void silu_mul_kernel(const float* gu, int64_t n, int64_t inter, uint16_t* h) {
+__global__ void silu_mul_kernel(const float* gu, int64_t n, int64_t inter, uint16_t* h, uint16_t* h_lo) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n * inter) return;
   const int64_t t = idx / inter, i = idx % inter;
   const float g = gu[t * 2 * inter + i], u = gu[t * 2 * inter + inter + i];
-  h[idx] = f2bf(g / (1.0f + expf(-g)) * u);
+  store_bf16_pair(h, h_lo, idx, g / (1.0f + expf(-g)) * u);
+}
+
+__global__ void split_bf16_kernel(const float* x, int64_t count, uint16_t* hi, uint16_t* lo) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx < count) store_bf16_pair(hi, lo, idx, x[idx]);
 }
 
 __global__ void add_kernel(const float* x, const float* d, int64_t count, float* y) {
@@ -114,9 +119,15 @@ void kv_store(const float* k, const float* v, int64_t ld, int64_t n, int64_t wid
   HMOE_CUDA_LAUNCHED();
 }
 
-void silu_mul(const float* gu, int64_t n, int64_t inter, bf16_t* h, Stream& s) {
+void silu_mul(const float* gu, int64_t n, int64_t inter, bf16_t* h, bf16_t* h_lo, Stream& s) {
   if (n <= 0) return;
-  silu_mul_kernel<<<blocks_for(n * inter, 256), 256, 0, cs(s)>>>(gu, n, inter, h);
+  silu_mul_kernel<<<blocks_for(n * inter, 256), 256, 0, cs(s)>>>(gu, n, inter, h, h_lo);
+  HMOE_CUDA_LAUNCHED();
+}
+
+void split_bf16(const float* x, int64_t count, bf16_t* hi, bf16_t* lo, Stream& s) {
+  if (count <= 0) return;
+  split_bf16_kernel<<<blocks_for(count, 256), 256, 0, cs(s)>>>(x, count, hi, lo);
   HMOE_CUDA_LAUNCHED();
 }
 

@@ -75,7 +75,14 @@ inline std::vector<int32_t> attention_tile_list(const int32_t* offsets, int64_t 
 }
 
 // h[t, i] = bf16(silu(gu[t, i]) * gu[t, inter + i]); gu: [n, 2*inter].
-void silu_mul(const float* gu, int64_t n, int64_t inter, bf16_t* h, Stream& s);
+// h_lo (optional, laid out as h): the rounding remainder bf16(value - h).
+void silu_mul(const float* gu, int64_t n, int64_t inter, bf16_t* h, bf16_t* h_lo, Stream& s);
+
+// An fp32 input split for two bf16 products: hi = bf16(x), lo = bf16(x -
+// hi), element-wise over `count` values. x W = hi W + lo W to about 16
+// significant bits of x instead of 8 (run as one product over the rows
+// [hi; lo] when lo = hi + count, then the two halves added).
+void split_bf16(const float* x, int64_t count, bf16_t* hi, bf16_t* lo, Stream& s);
 
 // Softmax over each row of logits [n, experts], then the k largest (ties:
 // lower index), renormalised when `normalize`. ids/weights: [n, k].

@@ -15,14 +15,14 @@ namespace {
 
 constexpr int kAttnThreads = 128, kKeyChunk = 64, kHmTokens = 4, kHmRows = 8;
 
-__global__ void rms_norm_rows_kernel(const float* x, int64_t ldx, int64_t d, const uint16_t* w, float eps, uint16_t* y) {
+__global__ void rms_norm_rows_kernel(const float* x, int64_t ldx, int64_t d, const uint16_t* w, float eps, uint16_t* y, uint16_t* y_lo) {
   const int64_t t = blockIdx.x;
   const float* xr = x + t * ldx;
   float ss = 0;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
   ss = block_sum(ss);
   const float inv = rsqrtf(ss / static_cast<float>(d) + eps);
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) y[t * d + j] = f2bf(bf2f(w[j]) * (xr[j] * inv));
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) store_bf16_pair(y, y_lo, t * d + j, bf2f(w[j]) * (xr[j] * inv));
 }
 
 // Thread i < dim/2 of the caller's block reads pair i of src and returns the
@@ -187,7 +187,7 @@ __global__ void gather_rows_kernel(const uint16_t* cache, int64_t ld, const int3
 // grid (n, heads), kAttnThreads threads; smem: nope + rope query floats.
 __global__ void mla_attention_expanded_kernel(const float* q, int64_t ldq, int heads, int nope, int rope, int vd, const float* kv,
                                               const uint16_t* cache, int64_t lw, int64_t r, const int32_t* slot_lists, const int32_t* offsets,
-                                              const int32_t* lens, const int32_t* only, float scale, uint16_t* out) {
+                                              const int32_t* lens, const int32_t* only, float scale, uint16_t* out, uint16_t* out_lo) {
   extern __shared__ float qs[];
   __shared__ float sc[kKeyChunk];
   const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -225,7 +225,7 @@ __global__ void mla_attention_expanded_kernel(const float* q, int64_t ldq, int h
     m = nm;
     __syncthreads();
   }
-  if (tid < vd) out[(static_cast<int64_t>(t) * heads + h) * vd + tid] = f2bf(len > 0 ? acc / l : 0.0f);
+  if (tid < vd) store_bf16_pair(out, out_lo, (static_cast<int64_t>(t) * heads + h) * vd + tid, len > 0 ? acc / l : 0.0f);
 }
 
 // Warp-wide argmax of v[0..count) (ties: lower index); every lane gets it.
@@ -313,9 +313,9 @@ void check_rope(const MlaRopeArgs& rope, const char* who) {
 
 }  // namespace
 
-void rms_norm_rows(const float* x, int64_t ldx, int64_t n, int64_t d, const bf16_t* w, float eps, bf16_t* y, Stream& s) {
+void rms_norm_rows(const float* x, int64_t ldx, int64_t n, int64_t d, const bf16_t* w, float eps, bf16_t* y, bf16_t* y_lo, Stream& s) {
   if (n <= 0) return;
-  rms_norm_rows_kernel<<<static_cast<unsigned>(n), 256, 0, cs(s)>>>(x, ldx, d, w, eps, y);
+  rms_norm_rows_kernel<<<static_cast<unsigned>(n), 256, 0, cs(s)>>>(x, ldx, d, w, eps, y, y_lo);
   HMOE_CUDA_LAUNCHED();
 }
 
@@ -370,14 +370,14 @@ void gather_rows(const bf16_t* cache, int64_t ld, const int32_t* slot_lists, int
 
 void mla_attention_expanded(const float* q, int64_t ldq, int64_t n, int64_t heads, int64_t nope, int64_t rope, int64_t vd, const float* kv,
                             const bf16_t* cache, int64_t lw, int64_t r, const int32_t* slot_lists, const int32_t* offsets,
-                            const int32_t* lens, const int32_t* only, float scale, bf16_t* out, Stream& s) {
+                            const int32_t* lens, const int32_t* only, float scale, bf16_t* out, bf16_t* out_lo, Stream& s) {
   if (vd > kAttnThreads || nope + rope > 1024)
     fail(ErrorKind::unsupported, "gpu::mla_attention_expanded: v_head_dim " + std::to_string(vd) + " (need <= 128), qk_head_dim <= 1024");
   if (n <= 0) return;
   const size_t smem = static_cast<size_t>(nope + rope) * sizeof(float);
   mla_attention_expanded_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), kAttnThreads, smem, cs(s)>>>(
       q, ldq, static_cast<int>(heads), static_cast<int>(nope), static_cast<int>(rope), static_cast<int>(vd), kv, cache, lw, r, slot_lists, offsets,
-      lens, only, scale, out);
+      lens, only, scale, out, out_lo);
   HMOE_CUDA_LAUNCHED();
 }
 

@@ -25,8 +25,9 @@ struct MlaRopeArgs {
 };
 
 // y[t] = bf16(w * x[t] / sqrt(mean(x[t]^2) + eps)) over d values; x rows
-// ldx floats apart, y rows d values.
-void rms_norm_rows(const float* x, int64_t ldx, int64_t n, int64_t d, const bf16_t* w, float eps, bf16_t* y, Stream& s);
+// ldx floats apart, y rows d values. y_lo (optional, laid out as y): the
+// rounding remainder, bf16(value - y) (a split input, see store_bf16_pair).
+void rms_norm_rows(const float* x, int64_t ldx, int64_t n, int64_t d, const bf16_t* w, float eps, bf16_t* y, bf16_t* y_lo, Stream& s);
 
 // Rope in place on `heads` vectors of rope.dim floats per token: token t's
 // head h starts at x[t*ldx + h*hx] and takes position pos[t].
@@ -61,10 +62,11 @@ void gather_rows(const bf16_t* cache, int64_t ld, const int32_t* slot_lists, int
 // t, head h: query q[t*ldq + h*(nope+rope) ..] ([q_nope, q_pe]); key j =
 // [kv[offsets[t]+j, h, :nope], cache[slot_lists[offsets[t]+j], r : r+rope]];
 // out[(t*heads + h)*vd ..] = bf16(softmax . v). When `only` is given, tokens
-// with only[t] == 0 are left alone. nope + rope <= 1024, vd <= 128.
+// with only[t] == 0 are left alone. nope + rope <= 1024, vd <= 128. out_lo
+// (optional, laid out as out): the rounding remainder of each output value.
 void mla_attention_expanded(const float* q, int64_t ldq, int64_t n, int64_t heads, int64_t nope, int64_t rope, int64_t vd, const float* kv,
                             const bf16_t* cache, int64_t lw, int64_t r, const int32_t* slot_lists, const int32_t* offsets,
-                            const int32_t* lens, const int32_t* only, float scale, bf16_t* out, Stream& s);
+                            const int32_t* lens, const int32_t* only, float scale, bf16_t* out, bf16_t* out_lo, Stream& s);
 
 // DeepSeek-V3 routing (engine/blocks_deepseek_moe.h's deepseek_route) for n
 // tokens: logits [n, experts], bias [experts] fp32; ids/weights [n, k].

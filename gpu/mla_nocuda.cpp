@@ -7,7 +7,7 @@ namespace {
 [[noreturn]] void no_cuda(const char* what) { fail(ErrorKind::unsupported, std::string("gpu::") + what + ": not built with CUDA"); }
 }  // namespace
 
-void rms_norm_rows(const float*, int64_t, int64_t, int64_t, const bf16_t*, float, bf16_t*, Stream&) { no_cuda("rms_norm_rows"); }
+void rms_norm_rows(const float*, int64_t, int64_t, int64_t, const bf16_t*, float, bf16_t*, bf16_t*, Stream&) { no_cuda("rms_norm_rows"); }
 void mla_rope(float*, int64_t, int64_t, int64_t, int64_t, const MlaRopeArgs&, const int32_t*, Stream&) { no_cuda("mla_rope"); }
 void mla_kv_store(const float*, int64_t, int64_t, int64_t, const bf16_t*, float, const MlaRopeArgs&, const int32_t*, const int32_t*, bf16_t*,
                   Stream&) {
@@ -23,7 +23,7 @@ void mla_attention_latent(const float*, const float*, int64_t, int64_t, int64_t,
 }
 void gather_rows(const bf16_t*, int64_t, const int32_t*, int64_t, int64_t, bf16_t*, Stream&) { no_cuda("gather_rows"); }
 void mla_attention_expanded(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, const bf16_t*, int64_t, int64_t,
-                            const int32_t*, const int32_t*, const int32_t*, const int32_t*, float, bf16_t*, Stream&) {
+                            const int32_t*, const int32_t*, const int32_t*, const int32_t*, float, bf16_t*, bf16_t*, Stream&) {
   no_cuda("mla_attention_expanded");
 }
 void deepseek_topk(const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, float, int32_t*, float*, Stream&) {

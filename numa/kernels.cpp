@@ -165,8 +165,26 @@ void gemm_rows_bf16dot(const uint16_t* xb, int64_t ldx, int64_t n, const Mat& w,
 }
 
 namespace {
-std::atomic<bool> g_round_bf16{false};
+std::atomic<bool> g_round_bf16{false}, g_split_bf16{false};
 }  // namespace
+
+void set_split_inputs_bf16(bool on) { g_split_bf16.store(on, std::memory_order_relaxed); }
+
+void gemm_split_input(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool) {
+  if (!round_activations_bf16() || !g_split_bf16.load(std::memory_order_relaxed)) {
+    gemm(x, n, w, y, pool);
+    return;
+  }
+  const size_t count = static_cast<size_t>(n * w.cols);
+  std::vector<float> hi(count), lo(count), y_lo(static_cast<size_t>(n * w.rows));
+  for (size_t i = 0; i < count; ++i) {
+    hi[i] = round_bf16(x[i]);
+    lo[i] = round_bf16(x[i] - hi[i]);
+  }
+  gemm_exact(hi.data(), n, w, y, pool);
+  gemm_exact(lo.data(), n, w, y_lo.data(), pool);
+  for (size_t i = 0; i < y_lo.size(); ++i) y[i] += y_lo[i];
+}
 
 void set_round_activations_bf16(bool on) { g_round_bf16.store(on, std::memory_order_relaxed); }
 bool round_activations_bf16() { return g_round_bf16.load(std::memory_order_relaxed); }

@@ -96,6 +96,13 @@ void gemm_exact(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadP
 // where the GPU path rounds them. Off by default; set once, before a forward.
 void set_round_activations_bf16(bool on);
 bool round_activations_bf16();
+// The products whose input the GPU path keeps as a bf16 hi + lo pair
+// (DeepSeek-V3's attention projections, setting gpu_mla_split_inputs) call
+// gemm_split_input: under set_round_activations_bf16(true) with
+// set_split_inputs_bf16(true) it computes y = hi W + lo W, hi = bf16(x),
+// lo = bf16(x - hi), as the GPU does; otherwise it is gemm.
+void set_split_inputs_bf16(bool on);
+void gemm_split_input(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool);
 // x rounded to the nearest bf16 (ties to even, NaN stays NaN), kept as fp32.
 float round_bf16(float x);
 // Plain scalar reference (double accumulation) for tests.

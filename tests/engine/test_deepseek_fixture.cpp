@@ -182,20 +182,24 @@ TEST_CASE("tiny-deepseekv3: a config.json that does not fit the shards is refuse
 
 TEST_CASE("tiny-deepseekv3 on the CPU with the GPU's bf16 roundings emulated keeps to the reference but for routing near-ties") {
   // What tests/bf16_agreement.h allows a bf16 run, shown on the CPU (where
-  // this runs in CI): the same forward with cpu_emulate_gpu_bf16 misses the
-  // fp32 reference's top-1 on a few rows, each time picking its 2nd or 3rd.
+  // this runs in CI): the same forward with cpu_emulate_gpu_bf16 and the
+  // attention projections' inputs rounded once (gpu_mla_split_inputs=0)
+  // misses the fp32 reference's top-1 on a few rows, each time picking its
+  // 2nd or 3rd; with them split into bf16 hi + lo pairs (the default) it
+  // misses none.
   const std::string dir = fixture_dir_or_fail();
   const auto ref = nlohmann::json::parse(test::read_file(test::fixture_ref("tiny-deepseekv3/hf_reference.json")));
-  for (const std::string mode : {"latent", "expanded"}) {
-    std::vector<std::string> args = {"--progress", "none", "--mla-attention", mode, "--cpu-emulate-gpu-bf16"};
-    Settings s = Settings::load(args);
-    auto model = Model::load(dir, s);
-    const auto a = test::check_bf16_agreement(*model, ref, "CPU with bf16 roundings, mla_attention=" + mode);
-    cpu::set_round_activations_bf16(false);
-    CHECK(a.misses > 0);  // the roundings are applied: exact fp32 misses none (the tests above)
-    for (size_t c = 0; c < a.prompt_rel_err.size(); ++c)  // below Hugging Face's own all-bf16 drift on these prompts
-      CHECK(a.prompt_rel_err[c] <= a.hf_bf16_rel_err[c]);
-  }
+  for (const std::string mode : {"latent", "expanded"})
+    for (const bool split : {false, true}) {
+      std::vector<std::string> args = {"--progress", "none", "--mla-attention", mode, "--cpu-emulate-gpu-bf16", "--gpu-mla-split-inputs", split ? "1" : "0"};
+      Settings s = Settings::load(args);
+      auto model = Model::load(dir, s);
+      const auto a = test::check_bf16_agreement(*model, ref, std::string("CPU with bf16 roundings, mla_attention=") + mode + ", split inputs " + (split ? "1" : "0"), split);
+      cpu::set_round_activations_bf16(false);
+      if (!split) CHECK(a.misses > 0);  // the roundings are applied: exact fp32 misses none (the tests above)
+      for (size_t c = 0; c < a.prompt_rel_err.size(); ++c)  // below Hugging Face's own all-bf16 drift on these prompts
+        CHECK(a.prompt_rel_err[c] <= a.hf_bf16_rel_err[c]);
+    }
 }
 
 TEST_CASE("tiny-deepseekv3: the latent cache through prefix sharing and the host tier gives the logits of no caching") {

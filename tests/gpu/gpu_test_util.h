@@ -32,6 +32,21 @@ inline std::vector<float> f32_of(const std::vector<uint16_t>& v) {
 // Rounds through bf16, as the GPU sees bf16 inputs.
 inline std::vector<float> bf16_round(const std::vector<float>& v) { return f32_of(bf16_of(v)); }
 
+// A split bf16 pair read back: hi + lo, and a check that lo is the rounding
+// remainder of hi (|lo| at most half a bf16 step of hi, or hi is 0).
+inline std::vector<float> bf16_pair_sum(const std::vector<uint16_t>& hi, const std::vector<uint16_t>& lo) {
+  REQUIRE(hi.size() == lo.size());
+  std::vector<float> o(hi.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < hi.size(); ++i) {
+    const float h = bf16_to_f32(hi[i]), l = bf16_to_f32(lo[i]);
+    if (std::fabs(l) > std::fabs(h) * (1.0f / 256.0f)) ++bad;
+    o[i] = h + l;
+  }
+  CHECK(bad == 0);
+  return o;
+}
+
 template <class T>
 gpu::DeviceBuffer to_device(const std::vector<T>& v, gpu::Stream& s) {
   gpu::DeviceBuffer d(std::max<size_t>(v.size() * sizeof(T), 16));

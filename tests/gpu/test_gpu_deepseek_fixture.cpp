@@ -3,8 +3,10 @@
 // everywhere, expanded prefill + latent decode) and three placements (all
 // MoE layers resident, none, a mixed one), every prompt position and every
 // teacher-forced decode step whose reference top-1/top-2 margin exceeds 0.5
-// must agree with the Hugging Face reference's top-1, but for the bf16
-// routing near-ties tests/bf16_agreement.h allows. Skips without a GPU.
+// must agree with the Hugging Face reference's top-1 - every such row, with
+// the attention projections' inputs split (gpu_mla_split_inputs, default);
+// without the split, but for the bf16 routing near-ties
+// tests/bf16_agreement.h allows. Skips without a GPU.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -27,14 +29,17 @@ void run_fixture(const std::string& mode) {
   const std::string dir = test::fixture_model("tiny-deepseekv3");
   REQUIRE_MESSAGE(std::filesystem::exists(dir + "/model-00003-of-00003.safetensors"), "fixture missing in " << dir << ": run scripts/make-fixtures");
   const auto ref = nlohmann::json::parse(test::read_file(test::fixture_ref("tiny-deepseekv3/hf_reference.json")));
-  for (const std::string placement : {"all", "none", "2"}) {
-    std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", placement, "--progress", "none", "--mla-attention", mode};
-    Settings s = Settings::load(args);
-    auto model = Model::load(dir, s);
-    REQUIRE(model->gpu() != nullptr);
-    REQUIRE(dynamic_cast<GpuMlaStack*>(model->gpu()) != nullptr);
-    test::check_bf16_agreement(*model, ref, "GPU, mla_attention=" + mode + ", placement " + placement);
-  }
+  for (const std::string placement : {"all", "none", "2"})
+    for (const std::string split : {"1", "0"}) {
+      if (split == "0" && placement != "all") continue;  // one unsplit run per mode shows what the split buys
+      std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", placement, "--progress", "none", "--mla-attention", mode,
+                                       "--gpu-mla-split-inputs", split};
+      Settings s = Settings::load(args);
+      auto model = Model::load(dir, s);
+      REQUIRE(model->gpu() != nullptr);
+      REQUIRE(dynamic_cast<GpuMlaStack*>(model->gpu()) != nullptr);
+      test::check_bf16_agreement(*model, ref, "GPU, mla_attention=" + mode + ", placement " + placement + ", split inputs " + split, split == "1");
+    }
 }
 
 }  // namespace

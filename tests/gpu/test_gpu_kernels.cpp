@@ -195,13 +195,42 @@ TEST_CASE("gpu silu_mul and add match the CPU") {
   for (int64_t t = 0; t < n; ++t) ops::silu_mul(gu.data() + t * 2 * I, gu.data() + t * 2 * I + I, I, ref.data() + t * I);
   auto dgu = test::to_device(gu, s);
   gpu::DeviceBuffer dh(ref.size() * 2);
-  gpu::silu_mul(dgu.as<float>(), n, I, dh.as<uint16_t>(), s);
-  CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dh, ref.size(), s)), ref, 1e-3, 8e-3) <= 1);
+  gpu::silu_mul(dgu.as<float>(), n, I, dh.as<uint16_t>(), nullptr, s);
+  const auto hi_only = test::to_host<uint16_t>(dh, ref.size(), s);
+  CHECK(test::tol_ratio(test::f32_of(hi_only), ref, 1e-3, 8e-3) <= 1);
+  // With the rounding remainder (split input): the same hi, and hi + lo to about 16 bits.
+  gpu::DeviceBuffer dlo(ref.size() * 2);
+  gpu::silu_mul(dgu.as<float>(), n, I, dh.as<uint16_t>(), dlo.as<uint16_t>(), s);
+  CHECK(test::to_host<uint16_t>(dh, ref.size(), s) == hi_only);
+  CHECK(test::tol_ratio(test::bf16_pair_sum(hi_only, test::to_host<uint16_t>(dlo, ref.size(), s)), ref, 1e-6, 3e-5) <= 1);
   auto a = test::random_floats(1000, 52), b = test::random_floats(1000, 53);
   auto da = test::to_device(a, s), db = test::to_device(b, s);
   gpu::add(da.as<float>(), db.as<float>(), 1000, da.as<float>(), s);
   auto c = test::to_host<float>(da, 1000, s);
   for (size_t i = 0; i < 1000; ++i) CHECK(c[i] == a[i] + b[i]);
+}
+
+TEST_CASE("gpu split_bf16: hi = bf16(x), lo = bf16(x - hi), bit for bit; hi alone when lo is null") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  auto x = test::random_floats(5003, 55, 3.0f);
+  x[7] = 0.0f;
+  x[8] = 1e-30f;
+  x[9] = -65504.25f;
+  auto dx = test::to_device(x, s);
+  gpu::DeviceBuffer dhi(x.size() * 2), dlo(x.size() * 2);
+  gpu::split_bf16(dx.as<float>(), static_cast<int64_t>(x.size()), dhi.as<uint16_t>(), dlo.as<uint16_t>(), s);
+  const auto hi = test::to_host<uint16_t>(dhi, x.size(), s), lo = test::to_host<uint16_t>(dlo, x.size(), s);
+  int64_t wrong = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint16_t h = f32_to_bf16(x[i]);
+    wrong += hi[i] != h || lo[i] != f32_to_bf16(x[i] - bf16_to_f32(h));
+  }
+  CHECK(wrong == 0);
+  CHECK(test::tol_ratio(test::bf16_pair_sum(hi, lo), x, 1e-30, 2e-5) <= 1);
+  gpu::memset_device(dhi.data(), 0, dhi.bytes(), s);
+  gpu::split_bf16(dx.as<float>(), static_cast<int64_t>(x.size()), dhi.as<uint16_t>(), nullptr, s);
+  CHECK(test::to_host<uint16_t>(dhi, x.size(), s) == hi);
 }
 
 TEST_CASE("gpu router_topk matches ops::softmax_topk (ties: lower index)") {

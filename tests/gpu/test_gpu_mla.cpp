@@ -94,8 +94,13 @@ TEST_CASE("gpu rms_norm_rows, mla_rope and mla_kv_store match the CPU (yarn, int
     for (int64_t t = 0; t < n; ++t) ops::rms_norm(x.data() + t * ldx, 1, 24, cpu::Mat{DType::bf16, qw.data(), 1, 24}, 1e-6, nref.data() + t * 24);
     auto dx2 = test::to_device(x, s), dqw = test::to_device(qw, s);
     gpu::DeviceBuffer dy(static_cast<size_t>(n * 24) * 2);
-    gpu::rms_norm_rows(dx2.as<float>(), ldx, n, 24, dqw.as<uint16_t>(), 1e-6f, dy.as<uint16_t>(), s);
-    CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dy, nref.size(), s)), nref, 1e-3, 8e-3) <= 1);
+    gpu::rms_norm_rows(dx2.as<float>(), ldx, n, 24, dqw.as<uint16_t>(), 1e-6f, dy.as<uint16_t>(), nullptr, s);
+    const auto y_hi = test::to_host<uint16_t>(dy, nref.size(), s);
+    CHECK(test::tol_ratio(test::f32_of(y_hi), nref, 1e-3, 8e-3) <= 1);
+    gpu::DeviceBuffer dy_lo(static_cast<size_t>(n * 24) * 2);  // split input: same hi, hi + lo to about 16 bits
+    gpu::rms_norm_rows(dx2.as<float>(), ldx, n, 24, dqw.as<uint16_t>(), 1e-6f, dy.as<uint16_t>(), dy_lo.as<uint16_t>(), s);
+    CHECK(test::to_host<uint16_t>(dy, nref.size(), s) == y_hi);
+    CHECK(test::tol_ratio(test::bf16_pair_sum(y_hi, test::to_host<uint16_t>(dy_lo, nref.size(), s)), nref, 1e-6, 3e-5) <= 1);
   }
 }
 
@@ -215,11 +220,18 @@ TEST_CASE("gpu MLA attention, latent and expanded paths, match scalar references
       }
     }
     auto dq = test::to_device(q, s), dkv = test::to_device(kvx, s), donly = test::to_device(only, s);
-    gpu::DeviceBuffer dout(ref.size() * 2);
+    gpu::DeviceBuffer dout(ref.size() * 2), dlo(ref.size() * 2);
     gpu::memset_device(dout.data(), 0, dout.bytes(), s);  // token 2 is not written: stays 0 as in ref
+    gpu::memset_device(dlo.data(), 0, dlo.bytes(), s);
     gpu::mla_attention_expanded(dq.as<float>(), ldq, n, heads, nope, rope, vd, dkv.as<float>(), dcache.as<uint16_t>(), lw, r, dl.as<int32_t>(),
-                                doff.as<int32_t>(), dlen.as<int32_t>(), donly.as<int32_t>(), scale, dout.as<uint16_t>(), s);
-    CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dout, ref.size(), s)), ref, 1e-3, 8e-3) <= 1);
+                                doff.as<int32_t>(), dlen.as<int32_t>(), donly.as<int32_t>(), scale, dout.as<uint16_t>(), nullptr, s);
+    const auto hi = test::to_host<uint16_t>(dout, ref.size(), s);
+    CHECK(test::tol_ratio(test::f32_of(hi), ref, 1e-3, 8e-3) <= 1);
+    // Split output (o_proj's input): the same hi, hi + lo within fp32 summation-order noise.
+    gpu::mla_attention_expanded(dq.as<float>(), ldq, n, heads, nope, rope, vd, dkv.as<float>(), dcache.as<uint16_t>(), lw, r, dl.as<int32_t>(),
+                                doff.as<int32_t>(), dlen.as<int32_t>(), donly.as<int32_t>(), scale, dout.as<uint16_t>(), dlo.as<uint16_t>(), s);
+    CHECK(test::to_host<uint16_t>(dout, ref.size(), s) == hi);
+    CHECK(test::tol_ratio(test::bf16_pair_sum(hi, test::to_host<uint16_t>(dlo, ref.size(), s)), ref, 1e-5, 1e-4) <= 1);
   }
 }
 
