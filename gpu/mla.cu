@@ -82,7 +82,7 @@ __global__ void head_matmul_kernel(const float* x, int64_t ldx, int64_t hx, int 
     __syncthreads();
     for (int i = threadIdx.x; i < cnt * in; i += blockDim.x) {
       const int j = i / in, c = i % in;
-      xs[j * in + c] = bf2f(f2bf(x[static_cast<int64_t>(t0 + j) * ldx + h * hx + c]));
+      xs[j * in + c] = x[static_cast<int64_t>(t0 + j) * ldx + h * hx + c];
     }
     __syncthreads();
     if (o >= out) continue;

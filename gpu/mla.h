@@ -38,8 +38,11 @@ void mla_rope(float* x, int64_t ldx, int64_t hx, int64_t n, int64_t heads, const
 void mla_kv_store(const float* kv, int64_t ldkv, int64_t n, int64_t r, const bf16_t* norm_w, float eps, const MlaRopeArgs& rope,
                   const int32_t* pos, const int32_t* slots, bf16_t* cache, Stream& s);
 
-// Per-head products: y[t, h, o] = sum_i bf16(x[t*ldx + h*hx + i]) * w[h*hw + o*in + i]
-// for o < out, i < in (fp32 accumulation). Written to y (fp32) or, when y is
+// Per-head products: y[t, h, o] = sum_i x[t*ldx + h*hx + i] * w[h*hw + o*in + i]
+// for o < out, i < in, in fp32 (x is not rounded to bf16: the absorbed
+// query and the latent attention output keep their fp32 values, which the
+// tiny DeepSeek-V3 fixture's near-tied routing needs; it costs nothing in
+// this SIMT kernel). Written to y (fp32) or, when y is
 // null, to yb (bf16), at [t*ldy + h*hy + o]. in, hw: multiples of 8; in <= 2048.
 void head_matmul(const float* x, int64_t ldx, int64_t hx, int64_t n, int64_t heads, int64_t in, int64_t out, const bf16_t* w, int64_t hw,
                  float* y, bf16_t* yb, int64_t ldy, int64_t hy, Stream& s);
