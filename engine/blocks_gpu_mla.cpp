@@ -300,13 +300,9 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
   auto mlp = [&](const gpu::DeviceBuffer& gate_up, const gpu::DeviceBuffer& down, int64_t inter, float* out, bool split_down) {
     m.blas.gemm(hb, n, gate_up.as<bf16_t>(), 2 * inter, H, m.gu.as<float>(), 2 * inter);
     bf16_t* act = m.act_b.as<bf16_t>();
-    if (split_down) {
-      gpu::silu_mul(m.gu.as<float>(), n, inter, act, m.split ? act + n * inter : nullptr, s);
-      gemm_in(act, down, H, inter, out);
-      return;
-    }
-    gpu::silu_mul(m.gu.as<float>(), n, inter, act, nullptr, s);
-    m.blas.gemm(act, n, down.as<bf16_t>(), H, inter, out, H);
+    gpu::silu_mul(m.gu.as<float>(), n, inter, act, split_down && m.split ? act + n * inter : nullptr, s);
+    if (split_down) gemm_in(act, down, H, inter, out);
+    else m.blas.gemm(act, n, down.as<bf16_t>(), H, inter, out, H);
   };
 
   gpu::embedding(m.embed.as<bf16_t>(), d_tok, n, H, x, s);
