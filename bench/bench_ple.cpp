@@ -10,12 +10,15 @@
 // 3-grams, 16 heads of 64 bf16 per token and module (128-byte rows). The
 // table is read with O_DIRECT (no page cache) by io_uring and pread; mmap
 // goes through the page cache, which is dropped (fadvise DONTNEED) before
-// each backend's run.
+// each backend's run. io_uring runs four ways: its defaults (the finest
+// O_DIRECT block the file allows, module 2's reads held until module 1's
+// have landed), then with both modules' reads at once, with 4 KiB blocks,
+// and with both changes; the raw test runs at the fine block and at 4 KiB.
 //
-// usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N]
+// usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N] [--rounds N]
 //   defaults: 2048 MiB of table (both modules), DIR ./bench-ple-data, 48 decode
-//   steps, a 2048-token prefill. DIR keeps the checkpoint and table file for
-//   later runs.
+//   steps split over 3 rounds (the prefill runs rounds/3 times), a 2048-token
+//   prefill. DIR keeps the checkpoint and table file for later runs.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -145,13 +148,13 @@ struct RawResult {
   double iops = 0, mbps = 0, qd1_us = 0;
 };
 
-// Random 4 KiB O_DIRECT reads over the table file's data with io_uring at
-// queue depth 64, for about `seconds`; then QD 1 latency.
-RawResult raw_uring(const std::string& path, double seconds) {
+// Random `block`-byte O_DIRECT reads over the table file's data with
+// io_uring at queue depth 64, for about `seconds`; then QD 1 latency.
+RawResult raw_uring(const std::string& path, double seconds, uint32_t block) {
   RawResult r;
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) fail(ErrorKind::io, path + ": cannot open with O_DIRECT");
-  const uint64_t pages = std::filesystem::file_size(path) / 4096;
+  const uint64_t pages = std::filesystem::file_size(path) / block;
   std::string why;
   auto reader = io::make_uring_reader(fd, path, 64, &why, 4);
   if (!reader) fail(ErrorKind::io, "raw test: io_uring unavailable: " + why);
@@ -164,19 +167,19 @@ RawResult raw_uring(const std::string& path, double seconds) {
   const auto t0 = Clock::now();
   while (secs(t0) < seconds) {
     std::vector<io::ReadRequest> reqs;
-    for (int i = 0; i < kBatch; ++i) reqs.push_back({(rng.next() % pages) * 4096, 4096, buf.get() + i * 4096});
+    for (int i = 0; i < kBatch; ++i) reqs.push_back({(rng.next() % pages) * block, block, buf.get() + i * 4096});
     auto g = reader->submit(std::move(reqs));
     reader->wait(*g);
     reads += kBatch;
   }
   const double dt = secs(t0);
   r.iops = static_cast<double>(reads) / dt;
-  r.mbps = r.iops * 4096 / 1e6;
+  r.mbps = r.iops * block / 1e6;
   reader.reset();
   auto qd1 = io::make_uring_reader(fd, path, 1, &why);
   const auto t1 = Clock::now();
   for (int i = 0; i < 2000; ++i) {
-    auto g = qd1->submit({{(rng.next() % pages) * 4096, 4096, buf.get()}});
+    auto g = qd1->submit({{(rng.next() % pages) * block, block, buf.get()}});
     qd1->wait(*g);
   }
   r.qd1_us = secs(t1) / 2000 * 1e6;
@@ -196,19 +199,26 @@ struct Synthetic {
   }
 };
 
+void add_stats(io::PleStats& a, const io::PleStats& b) {
+  a.steps += b.steps;
+  a.reads += b.reads;
+  a.bytes_read += b.bytes_read;
+  a.wait_ns += b.wait_ns;
+  a.io_ns += b.io_ns;
+}
+
 struct Row {
   std::string backend, scenario;
   double seconds = 0;  // timed steps, summed
   int64_t steps = 0;
   io::PleStats io;      // summed over the rounds
+  io::PleStats m0, m1;  // the first and second module alone
   void add(const Row& o) {
     seconds += o.seconds;
     steps += o.steps;
-    io.steps += o.io.steps;
-    io.reads += o.io.reads;
-    io.bytes_read += o.io.bytes_read;
-    io.wait_ns += o.io.wait_ns;
-    io.io_ns += o.io.io_ns;
+    add_stats(io, o.io);
+    add_stats(m0, o.m0);
+    add_stats(m1, o.m1);
   }
 };
 
@@ -271,6 +281,8 @@ Row run_scenario(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool,
   row.seconds = total;
   row.steps = steps;
   row.io = e.table().stats();
+  row.m0 = e.table().table_stats(0);
+  row.m1 = e.table().table_stats(1);
   return row;
 }
 
@@ -278,12 +290,12 @@ Row run_scenario(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool,
 
 int main(int argc, char** argv) {
   try {
-    int64_t table_mib = 2048, decode_steps = 48, prefill = 2048, threads = 0;
+    int64_t table_mib = 2048, decode_steps = 48, prefill = 2048, threads = 0, decode_rounds = 3;
     std::string dir = "bench-ple-data";
     for (int i = 1; i < argc; i += 2) {
       const std::string a = argv[i];
       if (a == "--help" || a == "-h") {
-        std::printf("usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N]\n"
+        std::printf("usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N] [--rounds N]\n"
                     "  writes DIR/model.safetensors and DIR/ple-table.hmoe (N MiB of tables; default 2048 in ./bench-ple-data)\n");
         return 0;
       }
@@ -294,6 +306,7 @@ int main(int argc, char** argv) {
       else if (a == "--decode-steps") decode_steps = parse_int(a, v);
       else if (a == "--prefill") prefill = parse_int(a, v);
       else if (a == "--threads") threads = parse_int(a, v);
+      else if (a == "--rounds") decode_rounds = std::max<int64_t>(1, parse_int(a, v));
       else fail(ErrorKind::invalid_argument, "unknown option " + a);
     }
     const int64_t rows_per_module = table_mib * (int64_t{1} << 20) / 2 / (kHeadDim * 2);
@@ -302,72 +315,103 @@ int main(int argc, char** argv) {
     numa::ThreadPool pool(static_cast<int>(threads), true);
     Synthetic syn;
     const std::string table = dir + "/ple-table.hmoe";
-    const char* backends[] = {"ram", "io_uring", "pread", "mmap"};
+    // The file backends with their defaults (io_uring: the finest O_DIRECT
+    // block, module reads ordered), plus io_uring with both modules' reads at
+    // once, with 4 KiB blocks, and with both (the design before).
+    struct Variant {
+      const char* label;
+      const char* backend;
+      int64_t block;
+      bool ordered;
+    };
+    const Variant variants[] = {{"ram", "ram", 0, true},
+                                {"io_uring", "io_uring", 0, true},
+                                {"io_uring together", "io_uring", 0, false},
+                                {"io_uring 4k", "io_uring", 4096, true},
+                                {"io_uring 4k together", "io_uring", 4096, false},
+                                {"pread", "pread", 0, true},
+                                {"mmap", "mmap", 0, true}};
     std::vector<std::unique_ptr<io::TensorStore>> stores;
     std::vector<std::unique_ptr<EngramModules>> mods;
-    for (const char* backend : backends) {
+    for (const Variant& v : variants) {
       std::vector<std::string> none;
       Settings s = Settings::load(none);
-      s.ple_backend = backend;
+      s.ple_backend = v.backend;
       s.ple_table = table;
+      s.ple_read_block = v.block;
+      s.ple_ordered_reads = v.ordered;
       s.progress = "lines";
       stores.push_back(std::make_unique<io::TensorStore>(dir));
       WeightBinder bind(*stores.back());
       const auto t0 = Clock::now();
       mods.push_back(EngramModules::load(bind, c, dir, s, pool));
       const auto& t = mods.back()->table();
-      std::printf("%-8s: opened in %.2f s%s%s\n", backend, secs(t0), t.file_written() ? " (table file written)" : "",
-                  t.notice().empty() ? "" : (" notice: " + t.notice()).c_str());
+      std::printf("%-21s: opened in %.2f s, %u-byte read blocks%s%s\n", v.label, secs(t0), t.read_block(),
+                  t.file_written() ? " (table file written)" : "", t.notice().empty() ? "" : (" notice: " + t.notice()).c_str());
       std::fflush(stdout);
     }
-    drop_cache(table);
-    const RawResult raw = raw_uring(table, 3.0);
-    std::printf("raw io_uring, O_DIRECT random 4 KiB reads of %s (%.0f MiB): QD64 over 4 rings %.0f IOPS, %.1f MB/s; QD1 %.1f us per read\n", table.c_str(),
-                static_cast<double>(std::filesystem::file_size(table)) / (1 << 20), raw.iops, raw.mbps, raw.qd1_us);
-    std::fflush(stdout);
-    // Backends take turns in rounds so that load from other processes hits them alike.
+    const uint32_t fine = mods[1]->table().read_block();
+    std::vector<std::pair<uint32_t, RawResult>> raws;
+    for (uint32_t blk : {fine, 4096u}) {
+      if (!raws.empty() && raws.back().first == blk) continue;
+      drop_cache(table);
+      raws.push_back({blk, raw_uring(table, 3.0, blk)});
+      const RawResult& raw = raws.back().second;
+      std::printf("raw io_uring, O_DIRECT random %u-byte reads of %s (%.0f MiB): QD64 over 4 rings %.0f IOPS, %.1f MB/s; QD1 %.1f us per read\n", blk,
+                  table.c_str(), static_cast<double>(std::filesystem::file_size(table)) / (1 << 20), raw.iops, raw.mbps, raw.qd1_us);
+      std::fflush(stdout);
+    }
+    // Variants take turns in rounds so that load from other processes hits them alike.
     struct Scenario {
       int64_t batch, steps, prefill;
     };
     std::vector<Scenario> scenarios = {{1, decode_steps, 0}, {8, decode_steps, 0}};
     if (prefill > 0) scenarios.push_back({1, 1, prefill});
-    constexpr int kRounds = 3;
+    // Each round starts at the next variant, so that none always runs first
+    // after the disk sat idle (the in-RAM run) or last.
     std::vector<Row> rows;
     for (const auto& sc : scenarios) {
-      std::vector<Row> acc(std::size(backends));
-      const int rounds = sc.prefill > 0 ? 1 : kRounds;  // a 2k prefill takes seconds on a small box
-      for (int round = 0; round < rounds; ++round)
-        for (size_t b = 0; b < std::size(backends); ++b) {
+      std::vector<Row> acc(std::size(variants));
+      const int64_t rounds = sc.prefill > 0 ? std::max<int64_t>(1, decode_rounds / 3) : decode_rounds;  // a 2k prefill takes seconds on a small box
+      for (int64_t round = 0; round < rounds; ++round)
+        for (size_t k = 0; k < std::size(variants); ++k) {
+          const size_t b = (k + static_cast<size_t>(round)) % std::size(variants);
           drop_cache(table);
-          const int64_t steps = sc.prefill > 0 ? sc.steps : std::max<int64_t>(1, sc.steps / kRounds);
-          Row r = run_scenario(*mods[b], syn, pool, backends[b], sc.batch, steps, sc.prefill);
+          const int64_t steps = sc.prefill > 0 ? sc.steps : std::max<int64_t>(1, sc.steps / rounds);
+          Row r = run_scenario(*mods[b], syn, pool, variants[b].label, sc.batch, steps, sc.prefill);
           acc[b].backend = r.backend;
           acc[b].scenario = r.scenario;
           acc[b].add(r);
         }
       for (auto& r : acc) rows.push_back(r);
     }
-    std::printf("\n| scenario | backend | step ms | vs ram | I/O wait ms/step | hidden | reads/step | KiB/step | IOPS | MB/s |\n");
+    std::printf("\n| scenario | backend | step ms | vs ram | I/O wait ms/step (module 1 + 2) | hidden | reads/step | KiB/step | IOPS | MB/s |\n");
     std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double ram_ms = 0;
-    for (const auto& r : rows) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      const Variant& v = variants[i % std::size(variants)];
       const double step_ms = r.seconds / static_cast<double>(r.steps) * 1e3;
       if (r.backend == "ram") ram_ms = step_ms;
       const double per = static_cast<double>(r.steps);
       std::string hidden = "-", iops = "-", mbps = "-";
       if (r.io.io_ns > 0) {
-        // Both modules' reads run at once and io_ns sums them: divide by the module count.
-        const double io_s = static_cast<double>(r.io.io_ns) / 1e9 / static_cast<double>(mods[0]->modules());
+        // Time with reads in flight: ordered modules' reads follow each
+        // other (sum); unordered ones overlap (about the longer of the two).
+        const double io_s = (v.ordered ? static_cast<double>(r.io.io_ns) : static_cast<double>(std::max(r.m0.io_ns, r.m1.io_ns))) / 1e9;
         iops = std::to_string(static_cast<int64_t>(static_cast<double>(r.io.reads) / io_s));
         mbps = std::to_string(static_cast<int64_t>(static_cast<double>(r.io.bytes_read) / io_s / 1e6));
         hidden = std::to_string(static_cast<int>(r.io.hidden_fraction() * 100)) + "%";
       }
-      std::printf("| %s | %s | %.2f | %.2fx | %.3f | %s | %.0f | %.0f | %s | %s |\n", r.scenario.c_str(), r.backend.c_str(), step_ms,
-                  ram_ms > 0 ? step_ms / ram_ms : 0.0, static_cast<double>(r.io.wait_ns) / 1e6 / per, hidden.c_str(),
+      std::printf("| %s | %s | %.2f | %.2fx | %.3f (%.3f + %.3f) | %s | %.0f | %.0f | %s | %s |\n", r.scenario.c_str(), r.backend.c_str(), step_ms,
+                  ram_ms > 0 ? step_ms / ram_ms : 0.0, static_cast<double>(r.io.wait_ns) / 1e6 / per,
+                  static_cast<double>(r.m0.wait_ns) / 1e6 / per, static_cast<double>(r.m1.wait_ns) / 1e6 / per, hidden.c_str(),
                   static_cast<double>(r.io.reads) / per, static_cast<double>(r.io.bytes_read) / 1024.0 / per, iops.c_str(), mbps.c_str());
     }
-    std::printf("\nraw io_uring QD64 on the same file: %.0f IOPS, %.1f MB/s (4 KiB random, O_DIRECT); QD1 latency %.1f us\n", raw.iops, raw.mbps,
-                raw.qd1_us);
+    std::printf("\n");
+    for (const auto& [blk, raw] : raws)
+      std::printf("raw io_uring QD64 on the same file, %u-byte random O_DIRECT reads: %.0f IOPS, %.1f MB/s; QD1 latency %.1f us\n", blk, raw.iops,
+                  raw.mbps, raw.qd1_us);
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_ple: %s\n", e.what());

@@ -117,6 +117,10 @@ std::unique_ptr<EngramModules> EngramModules::load(WeightBinder& bind, const Mod
   opt.uring_rings = static_cast<unsigned>(s.ple_uring_rings);
   opt.pread_threads = static_cast<int>(s.ple_pread_threads);
   opt.direct = s.ple_direct;
+  if (s.ple_read_block != 0 && (s.ple_read_block < 512 || s.ple_read_block > 4096 || (s.ple_read_block & (s.ple_read_block - 1)) != 0))
+    fail(ErrorKind::invalid_argument, "--ple-read-block / HMOE_PLE_READ_BLOCK must be 0 or a power of two in 512..4096, got " + std::to_string(s.ple_read_block));
+  opt.read_align = static_cast<uint32_t>(s.ple_read_block);
+  opt.ordered = s.ple_ordered_reads;
   opt.progress = s.progress;
   e->table_ = io::PleTable::open(sources, opt);
   return e;
@@ -128,8 +132,8 @@ std::string EngramModules::stats_line() const {
   char hidden[32] = "hidden n/a";  // mmap: the kernel reads ahead unseen; only the faults show as wait
   if (table_->backend() != io::PleBackend::mmap) std::snprintf(hidden, sizeof(hidden), "%.0f%% hidden", st.hidden_fraction() * 100);
   char buf[320];
-  std::snprintf(buf, sizeof(buf), "PLE table (%s): %lld rows requested, %lld distinct, %lld reads, %.1f MiB read, I/O wait %.3f ms/step, %s",
-                io::ple_backend_name(table_->backend()), static_cast<long long>(st.rows_requested), static_cast<long long>(st.rows_unique),
+  std::snprintf(buf, sizeof(buf), "PLE table (%s, %u-byte blocks): %lld rows requested, %lld distinct, %lld reads, %.1f MiB read, I/O wait %.3f ms/step, %s",
+                io::ple_backend_name(table_->backend()), table_->read_block(), static_cast<long long>(st.rows_requested), static_cast<long long>(st.rows_unique),
                 static_cast<long long>(st.reads), static_cast<double>(st.bytes_read) / (1 << 20), static_cast<double>(st.wait_ns) / 1e6 / steps,
                 hidden);
   return buf;

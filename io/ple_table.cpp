@@ -350,6 +350,7 @@ struct PleTable::TableSlot {
   std::vector<Run> runs;
   std::shared_ptr<ReadGroup> group;
   bool pending = false;
+  PleStats stats;
 };
 
 struct PleTable::Impl {
@@ -357,6 +358,9 @@ struct PleTable::Impl {
   std::unique_ptr<MappedFile> map;
   std::unique_ptr<BlockReader> reader;
   uint32_t max_read_bytes = 128 << 10;
+  uint64_t block = kPage;                 // read granularity (see PleOptions::read_align)
+  bool ordered = true;
+  std::shared_ptr<ReadGroup> last_group;  // the latest submitted (PleOptions::ordered)
 };
 
 PleTable::~PleTable() {
@@ -445,6 +449,23 @@ std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, 
     }
   }
   if (!im.reader) im.reader = make_pread_reader(im.fd.fd, opt.path, pread_threads);
+  im.ordered = opt.ordered;
+  im.block = kPage;
+  const DirectIoAlign dio = direct_io_align(im.fd.fd);
+  const bool is_direct = (::fcntl(im.fd.fd, F_GETFL) & O_DIRECT) != 0;
+  if (opt.read_align != 0) {
+    const uint32_t a = opt.read_align;
+    if (a < 512 || a > kPage || (a & (a - 1)) != 0)
+      fail(ErrorKind::invalid_argument, "PLE read block " + std::to_string(a) + " bytes: must be a power of two in 512..4096 (0: automatic)");
+    if (is_direct && a < std::max(dio.offset, dio.memory))
+      fail(ErrorKind::invalid_argument, "PLE read block " + std::to_string(a) + " bytes is finer than the " +
+                                            std::to_string(std::max(dio.offset, dio.memory)) + " bytes O_DIRECT needs on " + opt.path +
+                                            " (set 0 for automatic)");
+    im.block = a;
+  } else if (is_direct && dio.offset != 0) {
+    const uint64_t a = std::max<uint64_t>({512, dio.offset, dio.memory});
+    if (a <= kPage) im.block = a;
+  }
   return pt;
 }
 
@@ -461,24 +482,30 @@ void PleTable::prefetch(int t, const int64_t* rows, size_t n) {
   for (size_t i = 0; i < n; ++i)
     if (rows[i] < 0 || rows[i] >= s.rows)
       fail(ErrorKind::internal, "PLE table " + std::to_string(t) + ": row " + std::to_string(rows[i]) + " outside 0.." + std::to_string(s.rows - 1));
-  stats_.rows_requested += static_cast<int64_t>(n);
+  PleStats& st = s.stats;
+  st.rows_requested += static_cast<int64_t>(n);
   std::vector<int64_t> uniq(rows, rows + n);
   std::sort(uniq.begin(), uniq.end());
   uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
-  stats_.rows_unique += static_cast<int64_t>(uniq.size());
+  st.rows_unique += static_cast<int64_t>(uniq.size());
   s.ptrs.resize(n);
   if (backend_ == PleBackend::ram) {
     for (size_t i = 0; i < n; ++i) s.ptrs[i] = s.ram.get() + static_cast<size_t>(rows[i]) * s.row_bytes;
     s.pending = true;
     return;
   }
-  // Page runs covering the distinct rows (uniq is sorted, so runs come out sorted).
+  // Block runs covering the distinct rows (uniq is sorted, so runs come out
+  // sorted); mmap advises whole pages. Blocks less than a page apart join
+  // one run: reading the gap costs less than another request, so dense
+  // steps (prefill) make no more reads than with 4 KiB blocks.
+  const uint64_t blk = backend_ == PleBackend::mmap ? kPage : impl_->block;
+  const uint64_t join = kPage - blk;
   s.runs.clear();
   uint64_t staging = 0;
   for (int64_t r : uniq) {
     const uint64_t off = s.data_offset + static_cast<uint64_t>(r) * s.row_bytes;
-    const uint64_t b = off / kPage * kPage, e = round_up(off + s.row_bytes, kPage);
-    if (!s.runs.empty() && b <= s.runs.back().end) {
+    const uint64_t b = off / blk * blk, e = round_up(off + s.row_bytes, blk);
+    if (!s.runs.empty() && b <= s.runs.back().end + join) {
       if (e > s.runs.back().end) {
         staging += e - s.runs.back().end;
         s.runs.back().end = e;
@@ -492,8 +519,8 @@ void PleTable::prefetch(int t, const int64_t* rows, size_t n) {
     for (size_t i = 0; i < n; ++i) s.ptrs[i] = impl_->map->data() + s.data_offset + static_cast<uint64_t>(rows[i]) * s.row_bytes;
     for (const auto& run : s.runs) {
       ::madvise(const_cast<uint8_t*>(impl_->map->data()) + run.begin, run.end - run.begin, MADV_WILLNEED);
-      stats_.reads += 1;
-      stats_.bytes_read += static_cast<int64_t>(run.end - run.begin);
+      st.reads += 1;
+      st.bytes_read += static_cast<int64_t>(run.end - run.begin);
     }
     s.pending = true;
     return;
@@ -514,10 +541,11 @@ void PleTable::prefetch(int t, const int64_t* rows, size_t n) {
     for (uint64_t b = run.begin; b < run.end; b += max_read) {
       const uint64_t len = std::min(max_read, run.end - b);
       reqs.push_back({b, static_cast<uint32_t>(len), s.staging.get() + run.staging_off + (b - run.begin)});
-      stats_.bytes_read += static_cast<int64_t>(len);
+      st.bytes_read += static_cast<int64_t>(len);
     }
-  stats_.reads += static_cast<int64_t>(reqs.size());
-  s.group = impl_->reader->submit(std::move(reqs));
+  st.reads += static_cast<int64_t>(reqs.size());
+  s.group = impl_->reader->submit(std::move(reqs), impl_->ordered ? impl_->last_group : nullptr);
+  impl_->last_group = s.group;
   s.pending = true;
 }
 
@@ -526,7 +554,8 @@ int64_t PleTable::wait(int t) {
   TableSlot& s = *tables_[static_cast<size_t>(t)];
   if (!s.pending) fail(ErrorKind::internal, "PLE table " + std::to_string(t) + ": wait() without prefetch()");
   s.pending = false;
-  stats_.steps += 1;
+  PleStats& st = s.stats;
+  st.steps += 1;
   if (backend_ == PleBackend::ram) return 0;
   int64_t ns = 0;
   if (backend_ == PleBackend::mmap) {
@@ -536,14 +565,39 @@ int64_t PleTable::wait(int t) {
     for (const auto& run : s.runs)
       for (uint64_t p = run.begin; p < run.end; p += kPage) sink = sink ^ impl_->map->data()[p];
     ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-    stats_.wait_ns += ns;
+    st.wait_ns += ns;
     return ns;
   }
   auto g = std::move(s.group);
   ns = impl_->reader->wait(*g);
-  stats_.wait_ns += ns;
-  stats_.io_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(g->completed - g->submitted).count();
+  st.wait_ns += ns;
+  st.io_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(g->completed - g->submitted).count();
   return ns;
+}
+
+PleStats PleTable::stats() const {
+  PleStats sum;
+  for (const auto& t : tables_) {
+    const PleStats& s = t->stats;
+    sum.steps += s.steps;
+    sum.rows_requested += s.rows_requested;
+    sum.rows_unique += s.rows_unique;
+    sum.reads += s.reads;
+    sum.bytes_read += s.bytes_read;
+    sum.wait_ns += s.wait_ns;
+    sum.io_ns += s.io_ns;
+  }
+  return sum;
+}
+
+const PleStats& PleTable::table_stats(int t) const { return tables_.at(static_cast<size_t>(t))->stats; }
+
+void PleTable::reset_stats() {
+  for (auto& t : tables_) t->stats = {};
+}
+
+uint32_t PleTable::read_block() const {
+  return backend_ == PleBackend::ram ? 0 : backend_ == PleBackend::mmap ? static_cast<uint32_t>(kPage) : static_cast<uint32_t>(impl_->block);
 }
 
 const uint8_t* PleTable::row(int t, size_t i) const { return tables_[static_cast<size_t>(t)]->ptrs[i]; }

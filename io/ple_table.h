@@ -12,9 +12,16 @@
 // ours, or a path that is a directory, is an error and is never touched.
 //
 // Backends (PleOptions::backend):
-//   io_uring  O_DIRECT reads of the pages holding the requested rows into an
+//   io_uring  O_DIRECT reads of the blocks holding the requested rows into an
 //             aligned staging buffer, queue depth configurable; falls back to
 //             pread workers (with a notice) when io_uring is unavailable.
+//             Blocks are the finest O_DIRECT alignment the file allows
+//             (statx; 512 B on most disks, else 4 KiB), so a 128-byte row
+//             costs a 512-byte read, not a 4 KiB one. With `ordered`, a
+//             table's reads are held until those of the table prefetched
+//             before it have landed: tables are prefetched in the order the
+//             step needs them, and the first is not slowed by the later ones
+//             on a device whose queue is already saturated.
 //   pread     the same with worker threads doing pread.
 //   mmap      the file mapped; madvise(WILLNEED) on the pages needed.
 //   ram       the tables copied into memory; no table file at all.
@@ -58,7 +65,9 @@ struct PleOptions {
   unsigned uring_rings = 4;           // io_uring rings, each with a driver thread issuing reads
   int pread_threads = 4;              // pread workers (and the io_uring fallback)
   bool direct = true;                 // O_DIRECT for io_uring and pread
-  uint32_t max_read_bytes = 128 << 10;  // adjacent pages are merged into reads up to this size
+  uint32_t max_read_bytes = 128 << 10;  // adjacent blocks are merged into reads up to this size
+  uint32_t read_align = 0;            // read block size (512..4096, power of two); 0: the finest O_DIRECT allows
+  bool ordered = true;                // hold a table's reads until the previous prefetch's have landed
   std::string progress = "auto";      // Progress mode while writing the file
 };
 
@@ -117,8 +126,12 @@ class PleTable {
   // The i-th row of the last prefetch(t) (after wait(t)).
   const uint8_t* row(int t, size_t i) const;
 
-  const PleStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = {}; }
+  // All tables, and table t alone.
+  PleStats stats() const;
+  const PleStats& table_stats(int t) const;
+  void reset_stats();
+  // Bytes per read block (io_uring/pread: see read_align; mmap: the page).
+  uint32_t read_block() const;
 
   struct Impl;
 
@@ -130,7 +143,6 @@ class PleTable {
   bool file_written_ = false;
   std::vector<std::unique_ptr<TableSlot>> tables_;
   std::unique_ptr<Impl> impl_;
-  PleStats stats_;
 };
 
 }  // namespace hmoe::io

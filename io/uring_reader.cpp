@@ -6,7 +6,9 @@
 #include "io/uring_reader.h"
 
 #include <liburing.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -30,19 +33,44 @@ struct Pending {
   ReadRequest req;
 };
 
-// Completion bookkeeping shared by both readers.
+// Completion bookkeeping shared by both readers, and the groups held back
+// behind an earlier one (submit(reqs, after)): when a group completes, the
+// groups held behind it go to `dispatch` (or fail, once the reader closes).
 class GroupTracker {
  public:
-  void done_one(ReadGroup& g, const std::string& err) {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!err.empty() && g.error.empty()) g.error = err;
-    if (--g.remaining == 0) {
-      g.completed = Clock::now();
-      cv_.notify_all();
+  using Dispatch = std::function<void(const std::shared_ptr<ReadGroup>&)>;
+  explicit GroupTracker(Dispatch dispatch) : dispatch_(std::move(dispatch)) {}
+
+  // Starts g now (an empty group completes at once), or holds it behind `after`.
+  void start(const std::shared_ptr<ReadGroup>& g, const std::shared_ptr<ReadGroup>& after) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      g->submitted = Clock::now();
+      g->remaining = static_cast<int64_t>(g->reqs.size());
+      if (g->reqs.empty()) {
+        g->completed = g->submitted;
+        return;
+      }
+      if (after && after->remaining > 0 && !closing_) {
+        after->then.push_back(g);
+        return;
+      }
     }
+    dispatch_(g);
+  }
+  void done_one(ReadGroup& g, const std::string& err) {
+    std::vector<std::shared_ptr<ReadGroup>> released;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!err.empty() && g.error.empty()) g.error = err;
+      if (--g.remaining == 0) complete(g, Clock::now(), released);
+    }
+    cv_.notify_all();
+    release(released);
   }
   void done_many(std::vector<std::pair<std::shared_ptr<ReadGroup>, std::string>>& done) {
     if (done.empty()) return;
+    std::vector<std::shared_ptr<ReadGroup>> released;
     bool any = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -50,12 +78,13 @@ class GroupTracker {
       for (auto& [g, err] : done) {
         if (!err.empty() && g->error.empty()) g->error = err;
         if (--g->remaining == 0) {
-          g->completed = now;
+          complete(*g, now, released);
           any = true;
         }
       }
     }
     if (any) cv_.notify_all();
+    release(released);
   }
   int64_t wait(ReadGroup& g, const std::string& path) {
     const auto t0 = Clock::now();
@@ -65,8 +94,42 @@ class GroupTracker {
     if (!g.error.empty()) fail(ErrorKind::io, path + ": " + g.error);
     return ns;
   }
+  // From now on groups held behind others fail instead of being issued.
+  void close() {
+    std::lock_guard<std::mutex> lk(mu_);
+    closing_ = true;
+  }
+
+ private:
+  void complete(ReadGroup& g, Clock::time_point now, std::vector<std::shared_ptr<ReadGroup>>& released) {
+    g.completed = now;
+    for (auto& n : g.then) released.push_back(std::move(n));
+    g.then.clear();
+  }
+  void release(std::vector<std::shared_ptr<ReadGroup>>& released) {
+    while (!released.empty()) {
+      auto g = std::move(released.back());
+      released.pop_back();
+      bool closing;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        closing = closing_;
+        if (closing) {
+          g->error = "reader closed before the read was issued";
+          g->remaining = 0;
+          complete(*g, Clock::now(), released);
+        } else {
+          g->submitted = Clock::now();
+        }
+      }
+      if (closing) cv_.notify_all();
+      else dispatch_(g);
+    }
+  }
+  Dispatch dispatch_;
   std::mutex mu_;
   std::condition_variable cv_;
+  bool closing_ = false;
 };
 
 std::string read_error(const ReadRequest& r, int err) {
@@ -244,31 +307,31 @@ class UringRing {
 // group is issued in parallel, each ring taking every rings-th read.
 class UringReader final : public BlockReader {
  public:
-  UringReader(int fd, std::string path, unsigned qd, unsigned rings) : path_(std::move(path)) {
+  UringReader(int fd, std::string path, unsigned qd, unsigned rings)
+      : path_(std::move(path)), tracker_([this](const std::shared_ptr<ReadGroup>& g) { issue(g); }) {
     for (unsigned i = 0; i < rings; ++i) rings_.push_back(std::make_unique<UringRing>(fd, std::max(1u, qd / rings), tracker_));
   }
+  ~UringReader() override { tracker_.close(); }
   bool init(std::string* why) {
     for (auto& r : rings_)
       if (!r->init(why)) return false;
     return true;
   }
-  std::shared_ptr<ReadGroup> submit(std::vector<ReadRequest> reqs) override {
+  std::shared_ptr<ReadGroup> submit(std::vector<ReadRequest> reqs, const std::shared_ptr<ReadGroup>& after) override {
     auto g = std::make_shared<ReadGroup>();
     g->reqs = std::move(reqs);
-    g->submitted = Clock::now();
-    g->remaining = static_cast<int64_t>(g->reqs.size());
-    if (g->reqs.empty()) {
-      g->completed = g->submitted;
-      return g;
-    }
-    const size_t used = std::min(rings_.size(), g->reqs.size());
-    for (size_t i = 0; i < used; ++i) rings_[i]->enqueue(g, i, used);
+    tracker_.start(g, after);
     return g;
   }
   int64_t wait(ReadGroup& g) override { return tracker_.wait(g, path_); }
   const char* name() const override { return "io_uring"; }
 
  private:
+  void issue(const std::shared_ptr<ReadGroup>& g) {
+    const size_t used = std::min(rings_.size(), g->reqs.size());
+    for (size_t i = 0; i < used; ++i) rings_[i]->enqueue(g, i, used);
+  }
+
   std::string path_;
   GroupTracker tracker_;  // declared before the rings, which refer to it
   std::vector<std::unique_ptr<UringRing>> rings_;
@@ -291,10 +354,12 @@ std::string pread_one(int fd, const ReadRequest& r) {
 
 class PreadReader final : public BlockReader {
  public:
-  PreadReader(int fd, std::string path, int threads) : fd_(fd), path_(std::move(path)) {
+  PreadReader(int fd, std::string path, int threads)
+      : fd_(fd), path_(std::move(path)), tracker_([this](const std::shared_ptr<ReadGroup>& g) { issue(g); }) {
     for (int i = 0; i < std::max(1, threads); ++i) workers_.emplace_back([this] { work(); });
   }
   ~PreadReader() override {
+    tracker_.close();
     {
       std::lock_guard<std::mutex> lk(mu_);
       stop_ = true;
@@ -302,26 +367,23 @@ class PreadReader final : public BlockReader {
     cv_.notify_all();
     for (auto& t : workers_) t.join();
   }
-  std::shared_ptr<ReadGroup> submit(std::vector<ReadRequest> reqs) override {
+  std::shared_ptr<ReadGroup> submit(std::vector<ReadRequest> reqs, const std::shared_ptr<ReadGroup>& after) override {
     auto g = std::make_shared<ReadGroup>();
     g->reqs = std::move(reqs);
-    g->submitted = Clock::now();
-    g->remaining = static_cast<int64_t>(g->reqs.size());
-    if (g->reqs.empty()) {
-      g->completed = g->submitted;
-      return g;
-    }
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      for (const auto& r : g->reqs) queue_.push_back({g, r});
-    }
-    cv_.notify_all();
+    tracker_.start(g, after);
     return g;
   }
   int64_t wait(ReadGroup& g) override { return tracker_.wait(g, path_); }
   const char* name() const override { return "pread"; }
 
  private:
+  void issue(const std::shared_ptr<ReadGroup>& g) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (const auto& r : g->reqs) queue_.push_back({g, r});
+    }
+    cv_.notify_all();
+  }
   void work() {
     for (;;) {
       Pending p;
@@ -364,6 +426,23 @@ std::unique_ptr<BlockReader> make_uring_reader(int fd, const std::string& path, 
 
 std::unique_ptr<BlockReader> make_pread_reader(int fd, const std::string& path, int threads) {
   return std::make_unique<PreadReader>(fd, path, threads);
+}
+
+DirectIoAlign direct_io_align(int fd) {
+  DirectIoAlign a;
+#ifdef STATX_DIOALIGN
+  struct statx sx {};
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
+    auto pow2 = [](uint32_t v) { return v != 0 && (v & (v - 1)) == 0; };
+    if (pow2(sx.stx_dio_offset_align) && pow2(sx.stx_dio_mem_align)) {
+      a.offset = sx.stx_dio_offset_align;
+      a.memory = sx.stx_dio_mem_align;
+    }
+  }
+#else
+  (void)fd;
+#endif
+  return a;
 }
 
 void pread_all(int fd, const std::string& path, const std::vector<ReadRequest>& reqs) {

@@ -9,7 +9,12 @@
 // short. Destinations must stay valid until wait() returns. submit() and
 // wait() may be called from any thread; one group is waited for once.
 // With O_DIRECT files, offsets, lengths and destinations must be aligned to
-// kDirectAlign.
+// kDirectAlign (or the finer alignment direct_io_align() reports).
+//
+// Ordering: submit(reqs, after) holds the group's reads back until the group
+// `after` has completed (failed or not), then issues them. Reads needed
+// sooner are then not slowed by reads needed later sharing a saturated
+// device queue. A reader being destroyed fails held groups instead.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -34,12 +39,14 @@ struct ReadGroup {
   // Filled by the reader.
   int64_t remaining = 0;
   std::string error;
+  std::vector<std::shared_ptr<ReadGroup>> then;  // held until this group completes
 };
 
 class BlockReader {
  public:
   virtual ~BlockReader() = default;
-  virtual std::shared_ptr<ReadGroup> submit(std::vector<ReadRequest> reqs) = 0;
+  // `after` (may be null or already complete): issue these reads only once it has completed.
+  virtual std::shared_ptr<ReadGroup> submit(std::vector<ReadRequest> reqs, const std::shared_ptr<ReadGroup>& after = nullptr) = 0;
   // Returns nanoseconds spent blocked.
   virtual int64_t wait(ReadGroup& g) = 0;
   virtual const char* name() const = 0;
@@ -53,6 +60,14 @@ class BlockReader {
 std::unique_ptr<BlockReader> make_uring_reader(int fd, const std::string& path, unsigned queue_depth, std::string* why,
                                                unsigned rings = 1);
 std::unique_ptr<BlockReader> make_pread_reader(int fd, const std::string& path, int threads);
+
+// The offset/length and memory alignment O_DIRECT reads of fd need
+// (statx STATX_DIOALIGN, Linux 6.1+), each a power of two; 0 when the kernel
+// or filesystem does not say (then kDirectAlign is the safe choice).
+struct DirectIoAlign {
+  uint32_t offset = 0, memory = 0;
+};
+DirectIoAlign direct_io_align(int fd);
 
 // Reads one whole group synchronously with pread (used by tests and the
 // benchmark's raw baseline); throws Error(io).

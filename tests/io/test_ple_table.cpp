@@ -119,9 +119,43 @@ TEST_CASE("PLE table: every backend returns the source rows") {
     CHECK(st.steps == 15);
     CHECK(st.rows_unique < st.rows_requested);
     if (b != PleBackend::ram) {
-      CHECK(st.bytes_read % 4096 == 0);
+      CHECK(st.bytes_read % t->read_block() == 0);
       CHECK(st.bytes_read > 0);
+      int64_t reads = 0;
+      for (int k = 0; k < 3; ++k) reads += t->table_stats(k).reads;
+      CHECK(reads == st.reads);
     }
+  }
+  // Read blocks: automatic (the file's O_DIRECT alignment), 4096 and 512
+  // (where the file allows it), each with and without ordered reads; bad
+  // block sizes are refused naming the problem.
+  {
+    auto automatic = PleTable::open(rt.sources, options(path, PleBackend::io_uring));
+    const uint32_t fine = automatic->read_block();
+    CHECK(fine >= 512);
+    CHECK(fine <= 4096);
+    automatic.reset();
+    for (PleBackend b : {PleBackend::io_uring, PleBackend::pread})
+      for (uint32_t blk : {4096u, 512u})
+        for (bool ordered : {true, false}) {
+          CAPTURE(ple_backend_name(b));
+          CAPTURE(blk);
+          CAPTURE(ordered);
+          PleOptions o = options(path, b);
+          o.read_align = blk;
+          o.ordered = ordered;
+          if (blk < fine) {
+            CHECK_THROWS_WITH_AS(PleTable::open(rt.sources, o), doctest::Contains("finer than"), Error);
+            continue;
+          }
+          auto t = PleTable::open(rt.sources, o);
+          CHECK(t->read_block() == blk);
+          check_reads(*t, rt, 5 + blk);
+          CHECK(t->stats().bytes_read % blk == 0);
+        }
+    PleOptions o = options(path, PleBackend::io_uring);
+    o.read_align = 1000;
+    CHECK_THROWS_WITH_AS(PleTable::open(rt.sources, o), doctest::Contains("power of two"), Error);
   }
   // When io_uring cannot be set up (here: a queue depth it refuses) the
   // table falls back to pread workers and says so.
@@ -347,6 +381,41 @@ TEST_CASE("block readers: io_uring and pread agree with the file, errors are rep
     // An empty group is complete at once.
     auto empty = r->submit({});
     CHECK(r->wait(*empty) >= 0);
+    // Ordered groups: the second is issued only once the first has landed,
+    // even when the first fails; a chain of three keeps its order.
+    std::vector<ReadRequest> first(reqs.begin(), reqs.begin() + 32), second(reqs.begin() + 32, reqs.end());
+    auto g1 = r->submit(first);
+    auto g2 = r->submit(second, g1);
+    auto g3 = r->submit({{0, 4096, buf.get()}}, g2);
+    r->wait(*g3);
+    r->wait(*g2);
+    r->wait(*g1);
+    CHECK(g2->submitted >= g1->completed);
+    CHECK(g3->submitted >= g2->completed);
+    for (const auto& q : second) REQUIRE(std::memcmp(q.dst, bytes.data() + q.offset, q.len) == 0);
+    auto f1 = r->submit({{uint64_t{1} << 21, 4096, buf.get()}});
+    auto f2 = r->submit({{4096, 4096, buf.get() + 4096}}, f1);
+    CHECK_THROWS_AS(r->wait(*f1), Error);
+    r->wait(*f2);
+    CHECK(std::memcmp(buf.get() + 4096, bytes.data() + 4096, 4096) == 0);
+  }
+  // A reader closed with groups still held behind others completes them all
+  // (read or failed with "reader closed"), so nobody waits forever.
+  {
+    auto r = make_uring_reader(fd, path, 2, &why);
+    REQUIRE(r != nullptr);
+    void* mem = nullptr;
+    REQUIRE(::posix_memalign(&mem, 4096, 16 * 4096) == 0);
+    std::unique_ptr<uint8_t, decltype(&std::free)> buf(static_cast<uint8_t*>(mem), &std::free);
+    std::vector<std::shared_ptr<ReadGroup>> gs;
+    for (int i = 0; i < 8; ++i)
+      gs.push_back(r->submit({{static_cast<uint64_t>(i) * 4096, 4096, buf.get() + i * 4096}, {static_cast<uint64_t>(i + 8) * 4096, 4096, buf.get() + (i + 8) * 4096}},
+                             gs.empty() ? nullptr : gs.back()));
+    r.reset();
+    for (const auto& g : gs) {
+      CHECK(g->remaining == 0);
+      if (!g->error.empty()) CHECK(g->error.find("closed") != std::string::npos);
+    }
   }
   uring.reset();
   rings.reset();
