@@ -108,13 +108,16 @@ void kernel_benchmarks(numa::ThreadPool& pool, double bw) {
     gpu::copy_to_device(dm.data(), meta.data(), 8, s);
     gpu::memset_device(dq.data(), 0, dq.bytes(), s);
     gpu::memset_device(dql.data(), 0, dql.bytes(), s);
-    const double t = time_gpu(s, 20, [&] {
-      gpu::mla_attention_latent(dql.as<float>(), dq.as<float>() + nope, heads * qk, qk, 1, heads, r, rope, cache.as<bf16_t>(), dl.as<int32_t>(),
-                                dm.as<int32_t>(), dm.as<int32_t>() + 1, nullptr, 0.1f, dout.as<float>(), s);
-    });
-    const double bytes = static_cast<double>(ctx * lw * 2);
-    std::printf("| mla_attention_latent | 128 heads, context %lld (%.1f MB of latent cache) | %.1f | %.0f | %.2f |\n", static_cast<long long>(ctx),
-                bytes / 1e6, t * 1e6, bytes / t / 1e9, bytes / t / bw);
+    gpu::DeviceBuffer work(static_cast<size_t>(std::max<int64_t>(1, gpu::mla_attention_latent_workspace(1, heads, r, rope))) * 4);
+    for (bool split : {true, false}) {
+      const double t = time_gpu(s, 20, [&] {
+        gpu::mla_attention_latent(dql.as<float>(), dq.as<float>() + nope, heads * qk, qk, 1, heads, r, rope, cache.as<bf16_t>(), dl.as<int32_t>(),
+                                  dm.as<int32_t>(), dm.as<int32_t>() + 1, nullptr, 0.1f, dout.as<float>(), split ? work.as<float>() : nullptr, s);
+      });
+      const double bytes = static_cast<double>(ctx * lw * 2);
+      std::printf("| mla_attention_latent%s | 128 heads, context %lld (%.1f MB of latent cache) | %.1f | %.0f | %.2f |\n", split ? "" : " (no split-K)",
+                  static_cast<long long>(ctx), bytes / 1e6, t * 1e6, bytes / t / 1e9, bytes / t / bw);
+    }
   }
   {
     auto uk = random_device(static_cast<size_t>(heads * r * nope), 5, 0.05f, pool, s);

@@ -53,7 +53,7 @@ struct GpuMlaStack::Impl {
   gpu::MlaRopeArgs rope;
   std::vector<LayerW> layers;
   uint64_t weight_bytes = 0;
-  gpu::DeviceBuffer x, d, d2, hb, hf, a, qa_b, q, qlat, olat, attn, attn_f, exp_lat, exp_kv, gu, act_b, router_l, topk_ids, topk_w, route_off, pair_list,
+  gpu::DeviceBuffer x, d, d2, hb, hf, a, qa_b, q, qlat, olat, lat_work, attn, attn_f, exp_lat, exp_kv, gu, act_b, router_l, topk_ids, topk_w, route_off, pair_list,
       moe_act, moe_partial, logits_d, meta;
   gpu::PinnedBuffer meta_h, hf_h, ids_h, w_h, out_h, logits_h;
   std::vector<gpu::Event> events;  // 4 per layer: D2H start/end, H2D start/end
@@ -266,6 +266,7 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
   fit(m.q, n2 * nh * qk * 4);
   fit(m.qlat, n * nh * r * 4);
   fit(m.olat, n * nh * r * 4);
+  if (any_latent) fit(m.lat_work, gpu::mla_attention_latent_workspace(n, nh, r, rd) * 4);
   fit(m.attn, n2 * nh * vd * 2);
   if (m.split) fit(m.attn_f, n * nh * vd * 4);
   if (any_expanded) {
@@ -326,7 +327,7 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
     if (any_latent) {
       gpu::head_matmul(q, ldq, qk, n, nh, nope, r, w.uk_t.as<bf16_t>(), r * nope, m.qlat.as<float>(), nullptr, nh * r, r, s);
       gpu::mla_attention_latent(m.qlat.as<float>(), q + nope, ldq, qk, n, nh, r, rd, cache, d_lists, d_off, d_len, any_expanded ? d_exp : nullptr,
-                                scale, m.olat.as<float>(), s);
+                                scale, m.olat.as<float>(), m.lat_work.as<float>(), s);
       gpu::head_matmul(m.olat.as<float>(), nh * r, r, n, nh, r, vd, w.kv_b.as<bf16_t>() + nope * r, ew * r, m.split ? m.attn_f.as<float>() : nullptr,
                        m.split ? nullptr : m.attn.as<bf16_t>(), nh * vd, vd, s);
       if (m.split) gpu::split_bf16(m.attn_f.as<float>(), n * nh * vd, m.attn.as<bf16_t>(), m.attn.as<bf16_t>() + n * nh * vd, s);

@@ -1,7 +1,8 @@
-// Multi-head latent attention and DeepSeek routing kernels (see gpu/mla.h).
-// Version 1: one block per (token, head) for both attention paths, keys in
-// chunks of 64 (a warp per key for the scores, online softmax across
-// chunks); no split-K. head_matmul reads each weight row once per 4 tokens.
+// Multi-head latent attention and DeepSeek routing kernels (see gpu/mla.h);
+// the latent attention itself is gpu/mla_latent.cu. Expanded attention,
+// version 1: one block per (token, head), keys in chunks of 64 (a warp per
+// key for the scores, online softmax across chunks); no split-K.
+// head_matmul reads each weight row once per 4 tokens.
 #include <string>
 
 #include "configs/error.h"
@@ -110,71 +111,6 @@ __global__ void head_matmul_kernel(const float* x, int64_t ldx, int64_t hx, int 
           else yb[at] = f2bf(v);
         }
       }
-  }
-}
-
-// grid (n, heads), kAttnThreads threads; smem: lw query floats.
-__global__ void mla_attention_latent_kernel(const float* q_lat, const float* q_pe, int64_t ldpe, int64_t hpe, int heads, int r, int rope,
-                                            const uint16_t* cache, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens,
-                                            const int32_t* skip, float scale, float* o_lat) {
-  extern __shared__ float qs[];
-  __shared__ float sc[kKeyChunk];
-  const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int lw = r + rope, lw8 = lw / 8;
-  float* dst = o_lat + (static_cast<int64_t>(t) * heads + h) * r;
-  if (skip && skip[t]) {
-    for (int d = tid; d < r; d += kAttnThreads) dst[d] = 0;
-    return;
-  }
-  for (int i = tid; i < lw; i += kAttnThreads)
-    qs[i] = i < r ? q_lat[(static_cast<int64_t>(t) * heads + h) * r + i] : q_pe[static_cast<int64_t>(t) * ldpe + h * hpe + (i - r)];
-  __syncthreads();
-  const int len = lens[t];
-  const int32_t* sl = slot_lists + offsets[t];
-  float m = -INFINITY, l = 0, acc[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) acc[i] = 0;
-  for (int base = 0; base < len; base += kKeyChunk) {
-    const int cn = min(kKeyChunk, len - base);
-    for (int j = warp; j < cn; j += kAttnThreads / 32) {
-      const uint4* row = reinterpret_cast<const uint4*>(cache + static_cast<int64_t>(sl[base + j]) * lw);
-      float s = 0;
-      for (int c = lane; c < lw8; c += 32) {
-        float f[8];
-        unpack8(row[c], f);
-#pragma unroll
-        for (int q = 0; q < 8; ++q) s += qs[c * 8 + q] * f[q];
-      }
-      s = warp_sum(s);
-      if (lane == 0) sc[j] = s * scale;
-    }
-    __syncthreads();
-    float cmax = -INFINITY;
-    for (int j = 0; j < cn; ++j) cmax = fmaxf(cmax, sc[j]);
-    const float nm = fmaxf(m, cmax), corr = expf(m - nm);
-    float psum = 0, part[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) part[i] = 0;
-    for (int j = 0; j < cn; ++j) {
-      const float p = expf(sc[j] - nm);
-      psum += p;
-      const uint16_t* row = cache + static_cast<int64_t>(sl[base + j]) * lw;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int d = tid + i * kAttnThreads;
-        if (d < r) part[i] += p * bf2f(row[d]);
-      }
-    }
-    l = l * corr + psum;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = acc[i] * corr + part[i];
-    m = nm;
-    __syncthreads();
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int d = tid + i * kAttnThreads;
-    if (d < r) dst[d] = len > 0 ? acc[i] / l : 0.0f;
   }
 }
 
@@ -345,20 +281,6 @@ void head_matmul(const float* x, int64_t ldx, int64_t hx, int64_t n, int64_t hea
   const dim3 grid(static_cast<unsigned>((out + kHmRows - 1) / kHmRows), static_cast<unsigned>(heads));
   head_matmul_kernel<<<grid, kHmRows * 32, smem, cs(s)>>>(x, ldx, hx, static_cast<int>(n), static_cast<int>(in), static_cast<int>(out), w, hw, y,
                                                          yb, ldy, hy);
-  HMOE_CUDA_LAUNCHED();
-}
-
-void mla_attention_latent(const float* q_lat, const float* q_pe, int64_t ldpe, int64_t hpe, int64_t n, int64_t heads, int64_t r, int64_t rope,
-                          const bf16_t* cache, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, const int32_t* skip,
-                          float scale, float* o_lat, Stream& s) {
-  if (r % 8 != 0 || rope % 8 != 0 || r > 8 * kAttnThreads)
-    fail(ErrorKind::unsupported, "gpu::mla_attention_latent: kv_lora_rank " + std::to_string(r) + " / rope " + std::to_string(rope) +
-                                     " (need multiples of 8, kv_lora_rank <= 1024)");
-  if (n <= 0) return;
-  const size_t smem = static_cast<size_t>(r + rope) * sizeof(float);
-  mla_attention_latent_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), kAttnThreads, smem, cs(s)>>>(
-      q_lat, q_pe, ldpe, hpe, static_cast<int>(heads), static_cast<int>(r), static_cast<int>(rope), cache, slot_lists, offsets, lens, skip, scale,
-      o_lat);
   HMOE_CUDA_LAUNCHED();
 }
 

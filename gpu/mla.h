@@ -52,10 +52,14 @@ void head_matmul(const float* x, int64_t ldx, int64_t hx, int64_t n, int64_t hea
 // keys the cache rows slot_lists[offsets[t] + j], j < lens[t], values their
 // first r values; o_lat[(t*heads + h)*r ..] = softmax(scale * q.k) . c.
 // Tokens with skip[t] != 0 (skip may be null) get zeros. r, rope: multiples
-// of 8; r <= 1024.
+// of 8; r <= 1024. work: mla_attention_latent_workspace(n, ...) floats of
+// device memory for the split-K partials, or null (then each block takes a
+// token's whole context: correct, but slow for a few tokens).
 void mla_attention_latent(const float* q_lat, const float* q_pe, int64_t ldpe, int64_t hpe, int64_t n, int64_t heads, int64_t r, int64_t rope,
                           const bf16_t* cache, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, const int32_t* skip,
-                          float scale, float* o_lat, Stream& s);
+                          float scale, float* o_lat, float* work, Stream& s);
+// Floats of `work` mla_attention_latent needs for n tokens on the current device (0: none).
+int64_t mla_attention_latent_workspace(int64_t n, int64_t heads, int64_t r, int64_t rope);
 
 // cache rows slot_lists[i], first `cols` values, gathered: out[i] (bf16, rows of cols).
 void gather_rows(const bf16_t* cache, int64_t ld, const int32_t* slot_lists, int64_t rows, int64_t cols, bf16_t* out, Stream& s);

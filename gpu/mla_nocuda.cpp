@@ -18,9 +18,10 @@ void head_matmul(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int6
   no_cuda("head_matmul");
 }
 void mla_attention_latent(const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const bf16_t*, const int32_t*,
-                          const int32_t*, const int32_t*, const int32_t*, float, float*, Stream&) {
+                          const int32_t*, const int32_t*, const int32_t*, float, float*, float*, Stream&) {
   no_cuda("mla_attention_latent");
 }
+int64_t mla_attention_latent_workspace(int64_t, int64_t, int64_t, int64_t) { return 0; }
 void gather_rows(const bf16_t*, int64_t, const int32_t*, int64_t, int64_t, bf16_t*, Stream&) { no_cuda("gather_rows"); }
 void mla_attention_expanded(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, const bf16_t*, int64_t, int64_t,
                             const int32_t*, const int32_t*, const int32_t*, const int32_t*, float, bf16_t*, bf16_t*, Stream&) {

@@ -178,7 +178,13 @@ TEST_CASE("gpu MLA attention, latent and expanded paths, match scalar references
     gpu::DeviceBuffer dout(ref.size() * 4);
     gpu::memset_device(dout.data(), 0x7f, dout.bytes(), s);  // skipped tokens must be written (zeros)
     gpu::mla_attention_latent(dq.as<float>(), dpe.as<float>(), ldpe, hpe, n, heads, r, rope, dcache.as<uint16_t>(), dl.as<int32_t>(),
-                              doff.as<int32_t>(), dlen.as<int32_t>(), dskip.as<int32_t>(), scale, dout.as<float>(), s);
+                              doff.as<int32_t>(), dlen.as<int32_t>(), dskip.as<int32_t>(), scale, dout.as<float>(), nullptr, s);
+    CHECK(test::tol_ratio(test::to_host<float>(dout, ref.size(), s), ref, 1e-5, 1e-4) <= 1);
+    // With a workspace: split-K partials and their combination.
+    gpu::DeviceBuffer work(static_cast<size_t>(std::max<int64_t>(1, gpu::mla_attention_latent_workspace(n, heads, r, rope))) * 4);
+    gpu::memset_device(dout.data(), 0x7f, dout.bytes(), s);
+    gpu::mla_attention_latent(dq.as<float>(), dpe.as<float>(), ldpe, hpe, n, heads, r, rope, dcache.as<uint16_t>(), dl.as<int32_t>(),
+                              doff.as<int32_t>(), dlen.as<int32_t>(), dskip.as<int32_t>(), scale, dout.as<float>(), work.as<float>(), s);
     CHECK(test::tol_ratio(test::to_host<float>(dout, ref.size(), s), ref, 1e-5, 1e-4) <= 1);
   }
 
@@ -233,6 +239,74 @@ TEST_CASE("gpu MLA attention, latent and expanded paths, match scalar references
     CHECK(test::to_host<uint16_t>(dout, ref.size(), s) == hi);
     CHECK(test::tol_ratio(test::bf16_pair_sum(hi, test::to_host<uint16_t>(dlo, ref.size(), s)), ref, 1e-5, 1e-4) <= 1);
   }
+}
+
+// Latent attention at the shapes the kernel specialises on: DeepSeek-V3's
+// kv_lora 512 + rope 64 (16 heads per block) with a head count that is not a
+// multiple of 16, a long context (many splits) next to a short and an empty
+// one; and kv_lora 768 (8 heads per block, the narrow variant).
+TEST_CASE("gpu mla_attention_latent: head groups, split-K and long contexts match a scalar reference") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  struct Shape {
+    int64_t heads, r, rope;
+  };
+  for (const Shape& sh : {Shape{20, 512, 64}, Shape{9, 768, 64}}) {
+    CAPTURE(sh.heads);
+    CAPTURE(sh.r);
+    const int64_t heads = sh.heads, r = sh.r, rope = sh.rope, lw = r + rope, total = 2100;
+    const std::vector<int32_t> lens = {1777, 45, 0, 1}, offs = {0, 1777, 0, 1822};
+    const int64_t n = static_cast<int64_t>(lens.size());
+    const auto perm = shuffled_slots(total, 401);
+    std::vector<int32_t> lists(perm.begin(), perm.begin() + 1823);
+    auto cache = bf16_of(test::random_floats(static_cast<size_t>(total * lw), 402));
+    const auto cf = test::f32_of(cache);
+    const int64_t ldpe = heads * rope, hpe = rope;
+    auto qlat = test::random_floats(static_cast<size_t>(n * heads * r), 403, 0.05f);
+    auto qpe = test::random_floats(static_cast<size_t>(n * ldpe), 404, 0.05f);
+    const float scale = 0.08f;
+    std::vector<float> ref(static_cast<size_t>(n * heads * r), 0.0f);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t len = lens[static_cast<size_t>(t)];
+        if (len == 0) continue;
+        std::vector<double> p(static_cast<size_t>(len));
+        double mx = -1e300;
+        for (int64_t j = 0; j < len; ++j) {
+          const float* c = cf.data() + lists[static_cast<size_t>(offs[static_cast<size_t>(t)] + j)] * lw;
+          double sc = 0;
+          for (int64_t i = 0; i < r; ++i) sc += static_cast<double>(qlat[static_cast<size_t>((t * heads + h) * r + i)]) * c[i];
+          for (int64_t i = 0; i < rope; ++i) sc += static_cast<double>(qpe[static_cast<size_t>(t * ldpe + h * hpe + i)]) * c[r + i];
+          p[static_cast<size_t>(j)] = sc * scale;
+          mx = std::max(mx, p[static_cast<size_t>(j)]);
+        }
+        double sum = 0;
+        for (auto& v : p) sum += (v = std::exp(v - mx));
+        std::vector<double> o(static_cast<size_t>(r), 0.0);
+        for (int64_t j = 0; j < len; ++j) {
+          const float* c = cf.data() + lists[static_cast<size_t>(offs[static_cast<size_t>(t)] + j)] * lw;
+          for (int64_t i = 0; i < r; ++i) o[static_cast<size_t>(i)] += p[static_cast<size_t>(j)] * c[i];
+        }
+        for (int64_t i = 0; i < r; ++i) ref[static_cast<size_t>((t * heads + h) * r + i)] = static_cast<float>(o[static_cast<size_t>(i)] / sum);
+      }
+    auto dcache = test::to_device(cache, s), dl = test::to_device(lists, s), doff = test::to_device(offs, s), dlen = test::to_device(lens, s);
+    auto dq = test::to_device(qlat, s), dpe = test::to_device(qpe, s);
+    gpu::DeviceBuffer dout(ref.size() * 4);
+    const int64_t wf = gpu::mla_attention_latent_workspace(n, heads, r, rope);
+    CHECK(wf > 0);  // 4 tokens do not fill the GPU: the contexts are split
+    gpu::DeviceBuffer work(static_cast<size_t>(std::max<int64_t>(wf, 1)) * 4);
+    for (bool split : {true, false}) {
+      CAPTURE(split);
+      gpu::memset_device(dout.data(), 0x7f, dout.bytes(), s);  // every output must be written (the empty context: zeros)
+      gpu::mla_attention_latent(dq.as<float>(), dpe.as<float>(), ldpe, hpe, n, heads, r, rope, dcache.as<uint16_t>(), dl.as<int32_t>(),
+                                doff.as<int32_t>(), dlen.as<int32_t>(), nullptr, scale, dout.as<float>(), split ? work.as<float>() : nullptr, s);
+      CHECK(test::tol_ratio(test::to_host<float>(dout, ref.size(), s), ref, 1e-5, 1e-4) <= 1);
+    }
+  }
+  gpu::DeviceBuffer dummy(64);
+  CHECK_THROWS_AS(gpu::mla_attention_latent(nullptr, nullptr, 0, 0, 1, 4, 1032, 64, nullptr, nullptr, nullptr, nullptr, nullptr, 1.0f,
+                                            dummy.as<float>(), nullptr, s),
+                  Error);
 }
 
 TEST_CASE("gpu deepseek_topk matches deepseek_route (group-limited sigmoid routing with bias)") {
