@@ -15,9 +15,11 @@
 //    experts (704 MB) per cold layer per token from DRAM, far beyond any cache.
 //    Each placement runs with the attention projections' inputs split into
 //    bf16 hi + lo pairs (gpu_mla_split_inputs, the default) and/or not.
+//    With --stream-min-batch N, passes of >= N tokens (the prompt) stream the
+//    non-resident layers' routed experts to the GPU (ExpertStream).
 // Usage: bench_gpu_mla [--layers 61] [--resident 0,2,4] [--split 1,0]
-//   [--steps 8] [--prompt 16] [--skip-kernels] [--skip-model]. Never
-//   pass/fail on time.
+//   [--steps 8] [--prompt 16] [--stream-min-batch 0] [--skip-kernels]
+//   [--skip-model]. Never pass/fail on time.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -224,7 +226,7 @@ std::unique_ptr<SyntheticDeepseek> make_deepseek(const ModelConfig& c, numa::Thr
 }
 
 void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t prompt, const std::vector<int>& residents, const std::vector<int>& splits,
-                     double gpu_bw) {
+                     int64_t stream_min, double gpu_bw) {
   const ModelConfig c = deepseek_v3_config(layers);
   const MlaConfig& ml = c.mla;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, E = c.num_experts, I = c.moe_intermediate_size, K = c.num_experts_per_tok;
@@ -270,6 +272,11 @@ void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t 
       continue;
     }
     stack->set_split_inputs(split != 0);
+    if (stream_min > 0) {
+      ExpertStreamOptions o;
+      o.min_batch = stream_min;
+      stack->enable_expert_streaming(o);
+    }
     const double build_s = bench::now_seconds() - b0;
     const int64_t total = prompt + steps + 4;
     KvCache kv(KvLayout{layers, 1, ml.kv_token_floats(), ml.kv_token_floats(), 0}, (total + 15) / 16 + 1, 16);
@@ -304,8 +311,15 @@ void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t 
     std::printf("| %d of %lld | %d | 1 | %.2f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f |\n", nres, static_cast<long long>(moe_layers), split, 1.0 / step,
                 step * 1e3, t.gpu_s() / t.steps * 1e3, t.cpu_experts_s / t.steps * 1e3, t.transfer_s / t.steps * 1e3, gpu_bytes / 1e9, cpu_bytes / 1e9,
                 bound * 1e3, bound / step);
-    std::printf("  (stack built in %.1f s, %.1f GB of weights on the GPU; prefill of %lld tokens %.2f s)\n", build_s,
-                static_cast<double>(stack->weight_bytes()) / 1e9, static_cast<long long>(prompt), prefill_s);
+    std::printf("  (stack built in %.1f s, %.1f GB of weights on the GPU; prefill of %lld tokens %.2f s = %.0f tok/s%s)\n", build_s,
+                static_cast<double>(stack->weight_bytes()) / 1e9, static_cast<long long>(prompt), prefill_s, static_cast<double>(prompt) / prefill_s,
+                stack->expert_stream() ? ", non-resident experts streamed to the GPU" : ", non-resident experts on the CPU");
+    if (const ExpertStream* xs = stack->expert_stream(); xs && xs->stats().passes > 0) {
+      const ExpertStreamStats& st = xs->stats();
+      std::printf("  (streamed: %.1f GB over %lld pass(es), copy %.0f ms, expert products %.0f ms, stall %.0f ms, %.1f GB/s of %.1f pinned)\n",
+                  static_cast<double>(st.bytes) / 1e9, static_cast<long long>(st.passes), st.copy_s * 1e3, st.compute_s * 1e3, st.stall_s * 1e3,
+                  st.achieved_bandwidth() / 1e9, st.pinned_bandwidth / 1e9);
+    }
     std::fflush(stdout);
   }
   std::printf("\nbound = GPU bytes per token / device copy bandwidth + cold expert bytes per token / host DRAM bandwidth (serial: the step waits\n"
@@ -317,7 +331,7 @@ void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t 
 int main(int argc, char** argv) {
   bool skip_kernels = false, skip_model = false;
   int steps = 8;
-  int64_t layers = 61, prompt = 16;
+  int64_t layers = 61, prompt = 16, stream_min = 0;
   std::vector<int> residents = {0, 2, 4}, splits = {1, 0};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--skip-kernels")) skip_kernels = true;
@@ -325,6 +339,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--layers") && i + 1 < argc) layers = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--prompt") && i + 1 < argc) prompt = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--stream-min-batch") && i + 1 < argc) stream_min = std::atoll(argv[++i]);
     else if ((!std::strcmp(argv[i], "--resident") || !std::strcmp(argv[i], "--split")) && i + 1 < argc) {
       std::vector<int>& list = !std::strcmp(argv[i], "--resident") ? residents : splits;
       list.clear();
@@ -346,7 +361,7 @@ int main(int argc, char** argv) {
     gpu::Stream s;
     const double bw = copy_bandwidth(s);
     if (!skip_kernels) kernel_benchmarks(pools.pool(0), bw);
-    if (!skip_model) model_benchmark(pools, layers, steps, prompt, residents, splits, bw);
+    if (!skip_model) model_benchmark(pools, layers, steps, prompt, residents, splits, stream_min, bw);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu_mla: %s\n", e.what());
     return 1;

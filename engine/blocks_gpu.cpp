@@ -171,7 +171,13 @@ void GpuStack::enable_expert_streaming(const ExpertStreamOptions& o) {
   std::vector<ExpertStream::Layer> ls;
   for (size_t l = 0; l < m.layers.size(); ++l)
     if (m.layers[l].moe && !m.layers[l].resident) ls.push_back({static_cast<int64_t>(l), &m.layers[l].cpu_experts});
-  if (o.min_batch > 0 && !ls.empty()) m.xstream = std::make_unique<ExpertStream>(m.c, std::move(ls), o, m.stream, m.blas);
+  if (o.min_batch <= 0 || ls.empty()) return;
+  std::string why;
+  if (!expert_stream_fits(m.c, o, static_cast<int64_t>(ls.size()), &why)) {
+    if (!o.quiet) std::fprintf(stderr, "hmoe: notice: %s\n", why.c_str());
+    return;
+  }
+  m.xstream = std::make_unique<ExpertStream>(m.c, std::move(ls), o, m.stream, m.blas);
 }
 
 void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
@@ -464,6 +470,7 @@ std::unique_ptr<GpuStep> make_gpu_stack(const ModelConfig& c, const io::TensorSt
     auto mla = std::make_unique<GpuMlaStack>(c, plan.resident(), get, pools, parse_mla_mode(s.mla_attention), numa::EngineOptions::from_settings(s),
                                              s.gpu_quantized_experts);
     mla->set_split_inputs(s.gpu_mla_split_inputs);
+    if (store && plan.resident_moe_layers() < plan.moe_layers()) mla->enable_expert_streaming(expert_stream_options(c, s, &pools.pool(0), quiet));
     return mla;
   }
   auto stack = std::make_unique<GpuStack>(c, plan.resident(), get, pools, numa::EngineOptions::from_settings(s), s.gpu_quantized_experts);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
@@ -58,6 +59,7 @@ struct GpuMlaStack::Impl {
   gpu::PinnedBuffer meta_h, hf_h, ids_h, w_h, out_h, logits_h;
   std::vector<gpu::Event> events;  // 4 per layer: D2H start/end, H2D start/end
   GpuStepTimes times;
+  std::unique_ptr<ExpertStream> xstream;  // streamed non-resident experts for big passes (null: off)
 
   Impl(const ModelConfig& cfg, MlaMode m) : c(cfg), mode(m) {}
 };
@@ -174,6 +176,22 @@ GpuMlaStack::~GpuMlaStack() = default;
 const GpuStepTimes& GpuMlaStack::times() const { return impl_->times; }
 void GpuMlaStack::reset_times() { impl_->times = GpuStepTimes{}; }
 void GpuMlaStack::set_split_inputs(bool on) { impl_->split = on; }
+const ExpertStream* GpuMlaStack::expert_stream() const { return impl_->xstream.get(); }
+
+void GpuMlaStack::enable_expert_streaming(const ExpertStreamOptions& o) {
+  Impl& m = *impl_;
+  m.xstream.reset();
+  std::vector<ExpertStream::Layer> ls;
+  for (size_t l = 0; l < m.layers.size(); ++l)
+    if (m.layers[l].moe && !m.layers[l].resident) ls.push_back({static_cast<int64_t>(l), &m.layers[l].cpu_experts});
+  if (o.min_batch <= 0 || ls.empty()) return;
+  std::string why;
+  if (!expert_stream_fits(m.c, o, static_cast<int64_t>(ls.size()), &why)) {
+    if (!o.quiet) std::fprintf(stderr, "hmoe: notice: %s\n", why.c_str());
+    return;
+  }
+  m.xstream = std::make_unique<ExpertStream>(m.c, std::move(ls), o, m.stream, m.blas);
+}
 uint64_t GpuMlaStack::weight_bytes() const { return impl_->weight_bytes; }
 uint64_t GpuMlaStack::kv_bytes_per_token() const {
   return static_cast<uint64_t>(impl_->c.num_hidden_layers * impl_->c.mla.kv_token_floats()) * 2;
@@ -306,6 +324,9 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
     else m.blas.gemm(act, n, down.as<bf16_t>(), H, inter, out, H);
   };
 
+  // Passes of >= the prefill minimum stream the non-resident layers' experts to the GPU (no CPU experts).
+  const bool stream_pass = m.xstream && m.xstream->wants(n);
+  if (stream_pass) m.xstream->begin(n);  // the first window's copies start now
   gpu::embedding(m.embed.as<bf16_t>(), d_tok, n, H, x, s);
   for (size_t l = 0; l < m.layers.size(); ++l) {
     Impl::LayerW& w = m.layers[l];
@@ -355,6 +376,12 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
       if (S > 0) gpu::add(d, d2, n * H, d, s);
       continue;
     }
+    if (stream_pass) {
+      if (S > 0) mlp(w.sh_gate_up, w.sh_down, S, d2, false);
+      m.xstream->layer(static_cast<int64_t>(l), hb, n, m.topk_ids.as<int32_t>(), m.topk_w.as<float>(), d);
+      if (S > 0) gpu::add(d, d2, n * H, d, s);
+      continue;
+    }
     // Hybrid layer: normed hidden (fp32) and routing down; the GPU runs the
     // shared expert while the CPU runs the routed ones; their sum comes back.
     m.hf_h.reserve(static_cast<size_t>(n * H * 4));
@@ -386,6 +413,7 @@ void GpuMlaStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logit
   m.logits_h.reserve(static_cast<size_t>(std::max<int64_t>(mrows * V * 4, 16)));
   gpu::copy_to_host(m.logits_h.as<float>(), m.logits_d.as<float>(), static_cast<size_t>(mrows * V * 4), s);
   s.synchronize();
+  if (stream_pass) m.xstream->end();
   kvs.end_step();
   logits.assign(m.logits_h.as<float>(), m.logits_h.as<float>() + mrows * V);
 

@@ -5,7 +5,8 @@
 // first_k_dense_replace dense layers, resident routed experts and lm_head run
 // on the GPU; the routed experts of non-resident MoE layers stay in host
 // memory and run on the CPU (numa::ExpertEngine) through pinned buffers,
-// while the GPU computes that layer's shared expert.
+// while the GPU computes that layer's shared expert - or, for passes with
+// many tokens (enable_expert_streaming), are streamed to the GPU.
 //
 // Attention follows MlaMode (the mla_attention setting) as the CPU path
 // does: latent = kv_b absorbed into query and output, attention in the
@@ -54,6 +55,12 @@ class GpuMlaStack : public GpuStep {
   // o_proj and the dense down projection are a bf16 hi + lo pair (one
   // product over 2n rows, halves added), not one bf16 rounding.
   void set_split_inputs(bool on);
+  // Passes of >= o.min_batch tokens run the non-resident MoE layers' routed
+  // experts on the GPU, streamed from pinned host memory (ExpertStream, as
+  // GpuStack); the shared expert runs on the GPU as always. Off (with a
+  // notice) when the slots do not fit the GPU.
+  void enable_expert_streaming(const ExpertStreamOptions& o);
+  const ExpertStream* expert_stream() const;  // null when off
   const GpuStepTimes& times() const override;
   void reset_times() override;
   uint64_t weight_bytes() const override;

@@ -126,6 +126,23 @@ std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double 
   return out + buf;
 }
 
+uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers) {
+  const uint64_t slot = static_cast<uint64_t>(c.num_experts) * 3 * static_cast<uint64_t>(c.moe_intermediate_size) * static_cast<uint64_t>(c.hidden_size) * 2;
+  const int64_t slots = o.serial ? 1 : std::min<int64_t>(o.window + 1, std::max<int64_t>(layers, 1));
+  return slot * static_cast<uint64_t>(slots);
+}
+
+bool expert_stream_fits(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, std::string* why) {
+  const auto [free_b, total_b] = gpu::memory_info();
+  const uint64_t need = expert_stream_slot_bytes(c, o, layers), room = (uint64_t{1} << 30) + total_b / 20;
+  if (need + room <= free_b) return true;
+  if (why)
+    *why = "the expert slots need " + format_bytes(need) + " and the step " + format_bytes(room) + ", the GPU has " + format_bytes(free_b) +
+           " free: prefill runs the non-resident experts on the CPU (keep fewer layers resident, lower --gpu-prefetch-window, or set "
+           "--gpu-prefill-min-batch-size 0 to silence this)";
+  return false;
+}
+
 struct ExpertStream::Impl {
   struct L {
     int64_t layer = 0;

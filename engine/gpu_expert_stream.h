@@ -89,6 +89,14 @@ ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& 
 // present, else 25 GB/s assumed (each said so).
 std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double cpu_bandwidth, double pcie_bandwidth);
 
+// Device bytes of the slots an ExpertStream over `layers` streamed layers holds.
+uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers);
+// Whether those slots fit the current device's free memory with room left
+// for the step's activations (1 GiB + 5% of the device); else *why says
+// what is missing and what to change. The stacks leave streaming off (CPU
+// experts for every pass) rather than fail to load.
+bool expert_stream_fits(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, std::string* why);
+
 class ExpertStream {
  public:
   struct Layer {

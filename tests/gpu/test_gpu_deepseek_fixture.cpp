@@ -50,6 +50,28 @@ TEST_CASE("tiny-deepseekv3 on the GPU agrees with the reference top-1: expanded 
   if (test::have_gpu()) run_fixture("expanded_prefill");
 }
 
+// Every pass (min batch 1) or only the prompts (min batch 4) stream the
+// non-resident layers' routed experts to the GPU instead of the CPU.
+TEST_CASE("tiny-deepseekv3 on the GPU with streamed experts agrees with the reference top-1") {
+  if (!test::have_gpu()) return;
+  const std::string dir = test::fixture_model("tiny-deepseekv3");
+  REQUIRE(std::filesystem::exists(dir + "/config.json"));
+  const auto ref = nlohmann::json::parse(test::read_file(test::fixture_ref("tiny-deepseekv3/hf_reference.json")));
+  for (const std::string placement : {"none", "2"})
+    for (const std::string min_batch : {"1", "4"}) {
+      std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", placement, "--progress", "none", "--mla-attention", "latent",
+                                       "--gpu-prefill-min-batch-size", min_batch};
+      Settings s = Settings::load(args);
+      auto model = Model::load(dir, s);
+      auto* stack = dynamic_cast<GpuMlaStack*>(model->gpu());
+      REQUIRE(stack != nullptr);
+      REQUIRE(stack->expert_stream() != nullptr);
+      test::check_bf16_agreement(*model, ref, "GPU, streamed experts (min batch " + min_batch + "), placement " + placement, true);
+      CHECK(stack->expert_stream()->stats().passes > 0);
+      CHECK(stack->expert_stream()->stats().bytes > 0);
+    }
+}
+
 TEST_CASE("tiny-deepseekv3 on the GPU: latent and expanded attention give close logits, batched sequences as alone") {
   if (!test::have_gpu()) return;
   const std::string dir = test::fixture_model("tiny-deepseekv3");
