@@ -91,15 +91,22 @@ ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& 
   return o;
 }
 
-std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double cpu_bandwidth, double pcie_bandwidth) {
+std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double cpu_bandwidth, double pcie_bandwidth, int64_t streamed_layers,
+                                uint64_t gpu_left, uint64_t gpu_total) {
   const int window = parse_prefetch_window(s);
   const int64_t set = parse_prefill_min_batch(s);
   char buf[1024];
   std::string out;
-  const uint64_t slot = static_cast<uint64_t>(6 * c.num_experts * c.hidden_size * c.moe_intermediate_size);
-  std::snprintf(buf, sizeof buf, "prefill streaming of non-resident experts: window %d (%s), %d device slots of %s = %s on the GPU when on\n", window,
-                s.origin("gpu_prefetch_window").c_str(), window + 1, format_bytes(slot).c_str(), format_bytes(slot * static_cast<uint64_t>(window + 1)).c_str());
+  ExpertStreamOptions o;
+  o.window = window;
+  const uint64_t slots = expert_stream_slot_bytes(c, o, streamed_layers);
+  const int64_t nslots = std::min<int64_t>(window + 1, std::max<int64_t>(streamed_layers, 1));
+  std::snprintf(buf, sizeof buf, "prefill streaming of non-resident experts: window %d (%s), %lld device slots of %s = %s on the GPU when on\n", window,
+                s.origin("gpu_prefetch_window").c_str(), static_cast<long long>(nslots), format_bytes(slots / static_cast<uint64_t>(nslots)).c_str(),
+                format_bytes(slots).c_str());
   out += buf;
+  std::string why;
+  if (set != 0 && !expert_stream_fits_in(c, o, streamed_layers, gpu_left, gpu_total, &why)) out += "  NOT ON with this plan: " + why + "\n";
   if (set >= 0) {
     std::snprintf(buf, sizeof buf, "  passes of >= %lld tokens stream (%s)%s\n", static_cast<long long>(set), s.origin("gpu_prefill_min_batch_size").c_str(),
                   set == 0 ? ": never" : "");
@@ -134,6 +141,10 @@ uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOption
 
 bool expert_stream_fits(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, std::string* why) {
   const auto [free_b, total_b] = gpu::memory_info();
+  return expert_stream_fits_in(c, o, layers, free_b, total_b, why);
+}
+
+bool expert_stream_fits_in(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, uint64_t free_b, uint64_t total_b, std::string* why) {
   const uint64_t need = expert_stream_slot_bytes(c, o, layers), room = (uint64_t{1} << 30) + total_b / 20;
   if (need + room <= free_b) return true;
   if (why)

@@ -85,9 +85,12 @@ ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& 
 
 // Lines for `hmoe plan`: the minimum batch in effect (for auto the
 // break-even, with the CPU expert FLOP/s measured here), the window and the
-// device memory of the slots. pcie_bandwidth 0: measured when a GPU is
-// present, else 25 GB/s assumed (each said so).
-std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double cpu_bandwidth, double pcie_bandwidth);
+// device memory of the slots, and whether they fit the `gpu_left` bytes the
+// plan leaves of a `gpu_total`-byte GPU (the rule of expert_stream_fits).
+// pcie_bandwidth 0: measured when a GPU is present, else 25 GB/s assumed
+// (each said so).
+std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double cpu_bandwidth, double pcie_bandwidth, int64_t streamed_layers,
+                                uint64_t gpu_left, uint64_t gpu_total);
 
 // Device bytes of the slots an ExpertStream over `layers` streamed layers holds.
 uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers);
@@ -96,6 +99,9 @@ uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOption
 // what is missing and what to change. The stacks leave streaming off (CPU
 // experts for every pass) rather than fail to load.
 bool expert_stream_fits(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, std::string* why);
+// The same rule for a GPU with free_bytes of total_bytes free.
+bool expert_stream_fits_in(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, uint64_t free_bytes, uint64_t total_bytes,
+                           std::string* why);
 
 class ExpertStream {
  public:

@@ -155,6 +155,19 @@ TEST_CASE("hmoe plan takes a GGUF file and counts its CPU experts as stored (Q8_
   CHECK(bad.code != 0);
 }
 
+TEST_CASE("hmoe plan says when the prefill streaming slots would not fit the GPU the plan leaves") {
+  const std::string model = " " + test::fixture_model("tiny-deepseekv3") + " --cpu-bandwidth 50GB --gpu-resident-moe-layers none --pcie-bandwidth 25GB";
+  const Run roomy = run("plan" + model + " --gpu-memory 24GiB");
+  CHECK_MESSAGE(roomy.code == 0, roomy.out);
+  CHECK_MESSAGE(contains(roomy.out, "2 device slots of 192.0 KiB"), roomy.out);
+  CHECK_MESSAGE(!contains(roomy.out, "NOT ON"), roomy.out);
+  const Run tight = run("plan" + model + " --gpu-memory 1GiB");
+  CHECK_MESSAGE(tight.code == 0, tight.out);
+  CHECK_MESSAGE(contains(tight.out, "NOT ON with this plan: the expert slots need 384.0 KiB"), tight.out);
+  const Run off = run("plan" + model + " --gpu-memory 1GiB --gpu-prefill-min-batch-size 0");
+  CHECK_MESSAGE(!contains(off.out, "NOT ON"), off.out);
+}
+
 TEST_CASE("an HMOE_ environment variable that is no setting is named in a warning, with the nearest setting") {
   const Run r = run_env("HMOE_GPU_RESIDENT_MOE_LAYER=0-3 HMOE_ZZZ=1", "settings");
   CHECK(r.code == 0);

@@ -118,8 +118,14 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
   std::printf("  -> %.2f ms/token, about %.1f tokens/s (bandwidth bound; no overlap assumed)\n", t * 1e3, 1.0 / t);
   if (p.resident_moe_layers() < p.moe_layers() && is_gguf_path(args[0]))
     std::printf("prefill streaming of non-resident experts: off (GGUF checkpoints: their CPU experts stay in their own format)\n");
-  else if (p.resident_moe_layers() < p.moe_layers())
-    std::printf("%s", prefill_plan_report(c, s, cpu_bw, have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : 0).c_str());
+  else if (p.resident_moe_layers() < p.moe_layers()) {
+    // What the weights, resident experts and workspace leave on the GPU (the KV cache takes what the slots leave).
+    const uint64_t used = p.gpu_fixed_bytes + p.gpu_expert_bytes + p.gpu_workspace_bytes;
+    const uint64_t left = gpu.total_bytes > used ? gpu.total_bytes - used : 0;
+    std::printf("%s", prefill_plan_report(c, s, cpu_bw, have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : 0,
+                                          p.moe_layers() - p.resident_moe_layers(), left, gpu.total_bytes)
+                          .c_str());
+  }
   return 0;
 }
 
