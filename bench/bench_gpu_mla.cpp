@@ -18,8 +18,8 @@
 //    With --stream-min-batch N, passes of >= N tokens (the prompt) stream the
 //    non-resident layers' routed experts to the GPU (ExpertStream).
 // Usage: bench_gpu_mla [--layers 61] [--resident 0,2,4] [--split 1,0]
-//   [--steps 8] [--prompt 16] [--stream-min-batch 0] [--skip-kernels]
-//   [--skip-model]. Never pass/fail on time.
+//   [--steps 8] [--prompt 16] [--stream-min-batch 0] [--mla-attention latent]
+//   [--skip-kernels] [--skip-model]. Never pass/fail on time.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -226,7 +226,7 @@ std::unique_ptr<SyntheticDeepseek> make_deepseek(const ModelConfig& c, numa::Thr
 }
 
 void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t prompt, const std::vector<int>& residents, const std::vector<int>& splits,
-                     int64_t stream_min, double gpu_bw) {
+                     int64_t stream_min, MlaMode mode, double gpu_bw) {
   const ModelConfig c = deepseek_v3_config(layers);
   const MlaConfig& ml = c.mla;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, E = c.num_experts, I = c.moe_intermediate_size, K = c.num_experts_per_tok;
@@ -266,7 +266,7 @@ void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t 
     std::unique_ptr<GpuMlaStack> stack;
     const double b0 = bench::now_seconds();
     try {
-      stack = std::make_unique<GpuMlaStack>(c, resident, get, pools, MlaMode::latent, eopt);
+      stack = std::make_unique<GpuMlaStack>(c, resident, get, pools, mode, eopt);
     } catch (const Error& e) {
       std::printf("| %d | - | could not build: %s |\n", res, e.what());
       continue;
@@ -323,7 +323,8 @@ void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t 
     std::fflush(stdout);
   }
   std::printf("\nbound = GPU bytes per token / device copy bandwidth + cold expert bytes per token / host DRAM bandwidth (serial: the step waits\n"
-              "for the CPU experts); 'of bound' = bound / measured. Decode uses the latent (absorbed) attention path.\n");
+              "for the CPU experts); 'of bound' = bound / measured. Attention per mla_attention above\n"
+              "(latent: absorbed; expanded_prefill: expanded for prompts, latent for decode).\n");
 }
 
 }  // namespace
@@ -332,6 +333,8 @@ int main(int argc, char** argv) {
   bool skip_kernels = false, skip_model = false;
   int steps = 8;
   int64_t layers = 61, prompt = 16, stream_min = 0;
+  MlaMode mode = MlaMode::latent;
+  std::string mode_name = "latent";
   std::vector<int> residents = {0, 2, 4}, splits = {1, 0};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--skip-kernels")) skip_kernels = true;
@@ -340,6 +343,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--layers") && i + 1 < argc) layers = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--prompt") && i + 1 < argc) prompt = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--stream-min-batch") && i + 1 < argc) stream_min = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--mla-attention") && i + 1 < argc) mode = parse_mla_mode(mode_name = argv[++i]);
     else if ((!std::strcmp(argv[i], "--resident") || !std::strcmp(argv[i], "--split")) && i + 1 < argc) {
       std::vector<int>& list = !std::strcmp(argv[i], "--resident") ? residents : splits;
       list.clear();
@@ -361,7 +365,10 @@ int main(int argc, char** argv) {
     gpu::Stream s;
     const double bw = copy_bandwidth(s);
     if (!skip_kernels) kernel_benchmarks(pools.pool(0), bw);
-    if (!skip_model) model_benchmark(pools, layers, steps, prompt, residents, splits, stream_min, bw);
+    if (!skip_model) {
+      std::printf("\nmla_attention=%s\n", mode_name.c_str());
+      model_benchmark(pools, layers, steps, prompt, residents, splits, stream_min, mode, bw);
+    }
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu_mla: %s\n", e.what());
     return 1;
