@@ -15,7 +15,12 @@
 // have landed), then with both modules' reads at once, with 4 KiB blocks,
 // and with both changes; the raw test runs at the fine block and at 4 KiB.
 //
-// usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N] [--rounds N]
+// With --zipf S the token ids follow Zipf's law (rank k with weight
+// 1/(k+1)^S, as words in text) instead of being uniform, so that n-grams
+// repeat and the row cache (--ple-cache-mib, default on; the variant
+// "io_uring no cache" has none) serves some rows from memory.
+//
+// usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N] [--rounds N] [--zipf S]
 //   defaults: 2048 MiB of table (both modules), DIR ./bench-ple-data, 48 decode
 //   steps split over 3 rounds (the prefill runs rounds/3 times), a 2048-token
 //   prefill. DIR keeps the checkpoint and table file for later runs.
@@ -201,6 +206,7 @@ struct Synthetic {
 
 void add_stats(io::PleStats& a, const io::PleStats& b) {
   a.steps += b.steps;
+  a.rows_cached += b.rows_cached;
   a.reads += b.reads;
   a.bytes_read += b.bytes_read;
   a.wait_ns += b.wait_ns;
@@ -233,7 +239,31 @@ void step(EngramModules& e, const Synthetic& syn, const Batch& b, KvCache& kv, s
   }
 }
 
-Row run_scenario(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool, const std::string& backend, int64_t batch, int64_t steps,
+// Token ids: uniform over the vocabulary, or (zipf > 0) rank k drawn with
+// weight 1 / (k + 1)^zipf, as word frequencies in text go (s about 1); the
+// ranks are scattered over the ids.
+class TokenSource {
+ public:
+  explicit TokenSource(double zipf) {
+    if (zipf <= 0) return;
+    cdf_.resize(static_cast<size_t>(kVocab));
+    double acc = 0;
+    for (int64_t k = 0; k < kVocab; ++k) cdf_[static_cast<size_t>(k)] = acc += 1.0 / std::pow(static_cast<double>(k + 1), zipf);
+    for (auto& v : cdf_) v /= acc;
+  }
+  int32_t next(Rng& rng) const {
+    if (cdf_.empty()) return static_cast<int32_t>(rng.next() % kVocab);
+    const double u = static_cast<double>(rng.next() >> 11) / static_cast<double>(uint64_t{1} << 53);
+    const int64_t rank = std::min<int64_t>(kVocab - 1, std::lower_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin());
+    return static_cast<int32_t>((rank * 7919 + 13) % kVocab);
+  }
+
+ private:
+  std::vector<double> cdf_;
+};
+
+Row run_scenario(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool, const TokenSource& tokens, const std::string& backend, int64_t batch,
+                 int64_t steps,
                  int64_t prefill) {
   KvLayout layout{1, 1, 1};
   layout.seq_state_bytes = e.seq_state_bytes();
@@ -258,7 +288,7 @@ Row run_scenario(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool,
     }
     Batch b;
     for (int64_t s = 0; s < batch; ++s)
-      for (int64_t i = 0; i < 4; ++i) b.add(static_cast<int32_t>(rng.next() % kVocab), seqs[static_cast<size_t>(s)], pos[static_cast<size_t>(s)]++, false);
+      for (int64_t i = 0; i < 4; ++i) b.add(tokens.next(rng), seqs[static_cast<size_t>(s)], pos[static_cast<size_t>(s)]++, false);
     std::vector<float> xp(static_cast<size_t>(4 * batch * kHidden), 0.1f), tp(xp.size());
     step(e, syn, b, kv, xp, tp, pool);
   }
@@ -268,9 +298,9 @@ Row run_scenario(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool,
     Batch b;
     if (prefill > 0) {
       const int s = kv.add_sequence();
-      for (int64_t i = 0; i < prefill; ++i) b.add(static_cast<int32_t>(rng.next() % kVocab), s, i, false);
+      for (int64_t i = 0; i < prefill; ++i) b.add(tokens.next(rng), s, i, false);
     } else {
-      for (int64_t s = 0; s < batch; ++s) b.add(static_cast<int32_t>(rng.next() % kVocab), seqs[static_cast<size_t>(s)], pos[static_cast<size_t>(s)]++, false);
+      for (int64_t s = 0; s < batch; ++s) b.add(tokens.next(rng), seqs[static_cast<size_t>(s)], pos[static_cast<size_t>(s)]++, false);
     }
     fill_x();
     const auto t0 = Clock::now();
@@ -291,11 +321,12 @@ Row run_scenario(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool,
 int main(int argc, char** argv) {
   try {
     int64_t table_mib = 2048, decode_steps = 48, prefill = 2048, threads = 0, decode_rounds = 3;
+    double zipf = 0;
     std::string dir = "bench-ple-data";
     for (int i = 1; i < argc; i += 2) {
       const std::string a = argv[i];
       if (a == "--help" || a == "-h") {
-        std::printf("usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N] [--rounds N]\n"
+        std::printf("usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N] [--rounds N] [--zipf S]\n"
                     "  writes DIR/model.safetensors and DIR/ple-table.hmoe (N MiB of tables; default 2048 in ./bench-ple-data)\n");
         return 0;
       }
@@ -307,6 +338,7 @@ int main(int argc, char** argv) {
       else if (a == "--prefill") prefill = parse_int(a, v);
       else if (a == "--threads") threads = parse_int(a, v);
       else if (a == "--rounds") decode_rounds = std::max<int64_t>(1, parse_int(a, v));
+      else if (a == "--zipf") zipf = std::stod(v);
       else fail(ErrorKind::invalid_argument, "unknown option " + a);
     }
     const int64_t rows_per_module = table_mib * (int64_t{1} << 20) / 2 / (kHeadDim * 2);
@@ -323,14 +355,18 @@ int main(int argc, char** argv) {
       const char* backend;
       int64_t block;
       bool ordered;
+      int64_t cache_mib;  // -1: the default
     };
-    const Variant variants[] = {{"ram", "ram", 0, true},
-                                {"io_uring", "io_uring", 0, true},
-                                {"io_uring together", "io_uring", 0, false},
-                                {"io_uring 4k", "io_uring", 4096, true},
-                                {"io_uring 4k together", "io_uring", 4096, false},
-                                {"pread", "pread", 0, true},
-                                {"mmap", "mmap", 0, true}};
+    const Variant variants[] = {{"ram", "ram", 0, true, -1},
+                                {"io_uring", "io_uring", 0, true, -1},
+                                {"io_uring no cache", "io_uring", 0, true, 0},
+                                {"io_uring together", "io_uring", 0, false, -1},
+                                {"io_uring 4k", "io_uring", 4096, true, -1},
+                                {"io_uring 4k together", "io_uring", 4096, false, -1},
+                                {"pread", "pread", 0, true, -1},
+                                {"mmap", "mmap", 0, true, -1}};
+    const TokenSource tokens(zipf);
+    std::printf("token ids: %s\n", zipf > 0 ? ("Zipf, s = " + std::to_string(zipf)).c_str() : "uniform");
     std::vector<std::unique_ptr<io::TensorStore>> stores;
     std::vector<std::unique_ptr<EngramModules>> mods;
     for (const Variant& v : variants) {
@@ -340,6 +376,7 @@ int main(int argc, char** argv) {
       s.ple_table = table;
       s.ple_read_block = v.block;
       s.ple_ordered_reads = v.ordered;
+      if (v.cache_mib >= 0) s.ple_cache_mib = v.cache_mib;
       s.progress = "lines";
       stores.push_back(std::make_unique<io::TensorStore>(dir));
       WeightBinder bind(*stores.back());
@@ -378,15 +415,15 @@ int main(int argc, char** argv) {
           const size_t b = (k + static_cast<size_t>(round)) % std::size(variants);
           drop_cache(table);
           const int64_t steps = sc.prefill > 0 ? sc.steps : std::max<int64_t>(1, sc.steps / rounds);
-          Row r = run_scenario(*mods[b], syn, pool, variants[b].label, sc.batch, steps, sc.prefill);
+          Row r = run_scenario(*mods[b], syn, pool, tokens, variants[b].label, sc.batch, steps, sc.prefill);
           acc[b].backend = r.backend;
           acc[b].scenario = r.scenario;
           acc[b].add(r);
         }
       for (auto& r : acc) rows.push_back(r);
     }
-    std::printf("\n| scenario | backend | step ms | vs ram | I/O wait ms/step (module 1 + 2) | hidden | reads/step | KiB/step | IOPS | MB/s |\n");
-    std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("\n| scenario | backend | step ms | vs ram | I/O wait ms/step (module 1 + 2) | hidden | cached rows/step | reads/step | KiB/step | IOPS | MB/s |\n");
+    std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double ram_ms = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
@@ -403,10 +440,10 @@ int main(int argc, char** argv) {
         mbps = std::to_string(static_cast<int64_t>(static_cast<double>(r.io.bytes_read) / io_s / 1e6));
         hidden = std::to_string(static_cast<int>(r.io.hidden_fraction() * 100)) + "%";
       }
-      std::printf("| %s | %s | %.2f | %.2fx | %.3f (%.3f + %.3f) | %s | %.0f | %.0f | %s | %s |\n", r.scenario.c_str(), r.backend.c_str(), step_ms,
+      std::printf("| %s | %s | %.2f | %.2fx | %.3f (%.3f + %.3f) | %s | %.1f | %.0f | %.0f | %s | %s |\n", r.scenario.c_str(), r.backend.c_str(), step_ms,
                   ram_ms > 0 ? step_ms / ram_ms : 0.0, static_cast<double>(r.io.wait_ns) / 1e6 / per,
                   static_cast<double>(r.m0.wait_ns) / 1e6 / per, static_cast<double>(r.m1.wait_ns) / 1e6 / per, hidden.c_str(),
-                  static_cast<double>(r.io.reads) / per, static_cast<double>(r.io.bytes_read) / 1024.0 / per, iops.c_str(), mbps.c_str());
+                  static_cast<double>(r.io.rows_cached) / per, static_cast<double>(r.io.reads) / per, static_cast<double>(r.io.bytes_read) / 1024.0 / per, iops.c_str(), mbps.c_str());
     }
     std::printf("\n");
     for (const auto& [blk, raw] : raws)

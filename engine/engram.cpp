@@ -121,6 +121,9 @@ std::unique_ptr<EngramModules> EngramModules::load(WeightBinder& bind, const Mod
     fail(ErrorKind::invalid_argument, "--ple-read-block / HMOE_PLE_READ_BLOCK must be 0 or a power of two in 512..4096, got " + std::to_string(s.ple_read_block));
   opt.read_align = static_cast<uint32_t>(s.ple_read_block);
   opt.ordered = s.ple_ordered_reads;
+  if (s.ple_cache_mib < 0 || s.ple_cache_mib > (int64_t{1} << 22))
+    fail(ErrorKind::invalid_argument, "--ple-cache-mib / HMOE_PLE_CACHE_MIB must be in 0..4194304, got " + std::to_string(s.ple_cache_mib));
+  opt.cache_bytes = static_cast<size_t>(s.ple_cache_mib) << 20;
   opt.progress = s.progress;
   e->table_ = io::PleTable::open(sources, opt);
   return e;
@@ -132,9 +135,9 @@ std::string EngramModules::stats_line() const {
   char hidden[32] = "hidden n/a";  // mmap: the kernel reads ahead unseen; only the faults show as wait
   if (table_->backend() != io::PleBackend::mmap) std::snprintf(hidden, sizeof(hidden), "%.0f%% hidden", st.hidden_fraction() * 100);
   char buf[320];
-  std::snprintf(buf, sizeof(buf), "PLE table (%s, %u-byte blocks): %lld rows requested, %lld distinct, %lld reads, %.1f MiB read, I/O wait %.3f ms/step, %s",
+  std::snprintf(buf, sizeof(buf), "PLE table (%s, %u-byte blocks): %lld rows requested, %lld distinct, %lld from the row cache, %lld reads, %.1f MiB read, I/O wait %.3f ms/step, %s",
                 io::ple_backend_name(table_->backend()), table_->read_block(), static_cast<long long>(st.rows_requested), static_cast<long long>(st.rows_unique),
-                static_cast<long long>(st.reads), static_cast<double>(st.bytes_read) / (1 << 20), static_cast<double>(st.wait_ns) / 1e6 / steps,
+                static_cast<long long>(st.rows_cached), static_cast<long long>(st.reads), static_cast<double>(st.bytes_read) / (1 << 20), static_cast<double>(st.wait_ns) / 1e6 / steps,
                 hidden);
   return buf;
 }

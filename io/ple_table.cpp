@@ -18,6 +18,7 @@
 
 #include "configs/error.h"
 #include "io/mmap_file.h"
+#include "io/ple_row_cache.h"
 
 namespace hmoe::io {
 
@@ -351,6 +352,8 @@ struct PleTable::TableSlot {
   std::shared_ptr<ReadGroup> group;
   bool pending = false;
   PleStats stats;
+  std::vector<int64_t> pinned;                              // row-cache slots the last prefetch hands out
+  std::vector<std::pair<int64_t, const uint8_t*>> fresh;  // rows being read (staging), for the cache
 };
 
 struct PleTable::Impl {
@@ -361,6 +364,7 @@ struct PleTable::Impl {
   uint64_t block = kPage;                 // read granularity (see PleOptions::read_align)
   bool ordered = true;
   std::shared_ptr<ReadGroup> last_group;  // the latest submitted (PleOptions::ordered)
+  std::unique_ptr<PleRowCache> cache;     // io_uring/pread only
 };
 
 PleTable::~PleTable() {
@@ -450,6 +454,11 @@ std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, 
   }
   if (!im.reader) im.reader = make_pread_reader(im.fd.fd, opt.path, pread_threads);
   im.ordered = opt.ordered;
+  if (opt.cache_bytes > 0) {
+    size_t slot = 0;
+    for (const auto& t : pt->tables_) slot = std::max(slot, t->row_bytes);
+    im.cache = std::make_unique<PleRowCache>(opt.cache_bytes, slot);
+  }
   im.block = kPage;
   const DirectIoAlign dio = direct_io_align(im.fd.fd);
   const bool is_direct = (::fcntl(im.fd.fd, F_GETFL) & O_DIRECT) != 0;
@@ -479,6 +488,12 @@ void PleTable::prefetch(int t, const int64_t* rows, size_t n) {
   }
   s.pending = false;
   s.group.reset();
+  PleRowCache* cache = impl_->cache.get();
+  if (cache) {  // the previous prefetch's rows are no longer handed out
+    for (int64_t slot : s.pinned) cache->unpin(slot);
+    s.pinned.clear();
+  }
+  s.fresh.clear();
   for (size_t i = 0; i < n; ++i)
     if (rows[i] < 0 || rows[i] >= s.rows)
       fail(ErrorKind::internal, "PLE table " + std::to_string(t) + ": row " + std::to_string(rows[i]) + " outside 0.." + std::to_string(s.rows - 1));
@@ -493,6 +508,25 @@ void PleTable::prefetch(int t, const int64_t* rows, size_t n) {
     for (size_t i = 0; i < n; ++i) s.ptrs[i] = s.ram.get() + static_cast<size_t>(rows[i]) * s.row_bytes;
     s.pending = true;
     return;
+  }
+  // Rows in the row cache are served from it (pinned until the next
+  // prefetch of this table); the others are read.
+  std::vector<std::pair<int64_t, int64_t>> hits;  // (row, cache slot), sorted by row
+  if (cache) {
+    std::vector<int64_t> miss;
+    miss.reserve(uniq.size());
+    for (int64_t r : uniq) {
+      const int64_t slot = cache->find(t, r);
+      if (slot < 0) {
+        miss.push_back(r);
+        continue;
+      }
+      cache->pin(slot);
+      s.pinned.push_back(slot);
+      hits.push_back({r, slot});
+    }
+    uniq.swap(miss);
+    st.rows_cached += static_cast<int64_t>(hits.size());
   }
   // Block runs covering the distinct rows (uniq is sorted, so runs come out
   // sorted); mmap advises whole pages. Blocks less than a page apart join
@@ -529,12 +563,24 @@ void PleTable::prefetch(int t, const int64_t* rows, size_t n) {
     s.staging = aligned_alloc_bytes(staging);
     s.staging_cap = staging;
   }
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t off = s.data_offset + static_cast<uint64_t>(rows[i]) * s.row_bytes;
+  auto staged = [&](int64_t row) -> const uint8_t* {
+    const uint64_t off = s.data_offset + static_cast<uint64_t>(row) * s.row_bytes;
     auto it = std::upper_bound(s.runs.begin(), s.runs.end(), off, [](uint64_t o, const TableSlot::Run& run) { return o < run.begin; });
     --it;
-    s.ptrs[i] = s.staging.get() + it->staging_off + (off - it->begin);
+    return s.staging.get() + it->staging_off + (off - it->begin);
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (!hits.empty()) {
+      auto h = std::lower_bound(hits.begin(), hits.end(), std::make_pair(rows[i], int64_t{-1}));
+      if (h != hits.end() && h->first == rows[i]) {
+        s.ptrs[i] = cache->data(h->second);
+        continue;
+      }
+    }
+    s.ptrs[i] = staged(rows[i]);
   }
+  if (cache)
+    for (int64_t r : uniq) s.fresh.push_back({r, staged(r)});
   std::vector<ReadRequest> reqs;
   const uint64_t max_read = impl_->max_read_bytes;
   for (const auto& run : s.runs)
@@ -572,6 +618,9 @@ int64_t PleTable::wait(int t) {
   ns = impl_->reader->wait(*g);
   st.wait_ns += ns;
   st.io_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(g->completed - g->submitted).count();
+  if (PleRowCache* cache = impl_->cache.get())
+    for (const auto& [r, p] : s.fresh) cache->insert(t, r, p, s.row_bytes);
+  s.fresh.clear();
   return ns;
 }
 
@@ -582,6 +631,7 @@ PleStats PleTable::stats() const {
     sum.steps += s.steps;
     sum.rows_requested += s.rows_requested;
     sum.rows_unique += s.rows_unique;
+    sum.rows_cached += s.rows_cached;
     sum.reads += s.reads;
     sum.bytes_read += s.bytes_read;
     sum.wait_ns += s.wait_ns;

@@ -21,7 +21,9 @@
 //             table's reads are held until those of the table prefetched
 //             before it have landed: tables are prefetched in the order the
 //             step needs them, and the first is not slowed by the later ones
-//             on a device whose queue is already saturated.
+//             on a device whose queue is already saturated. Rows read are
+//             kept in a row cache (cache_bytes, io/ple_row_cache.h) and
+//             served from memory when asked for again.
 //   pread     the same with worker threads doing pread.
 //   mmap      the file mapped; madvise(WILLNEED) on the pages needed.
 //   ram       the tables copied into memory; no table file at all.
@@ -68,6 +70,7 @@ struct PleOptions {
   uint32_t max_read_bytes = 128 << 10;  // adjacent blocks are merged into reads up to this size
   uint32_t read_align = 0;            // read block size (512..4096, power of two); 0: the finest O_DIRECT allows
   bool ordered = true;                // hold a table's reads until the previous prefetch's have landed
+  size_t cache_bytes = 0;             // io_uring/pread: rows kept in memory once read (PleRowCache); 0: none
   std::string progress = "auto";      // Progress mode while writing the file
 };
 
@@ -76,6 +79,7 @@ struct PleStats {
   int64_t steps = 0;           // wait() calls
   int64_t rows_requested = 0;  // rows asked for, duplicates included
   int64_t rows_unique = 0;     // distinct rows among them
+  int64_t rows_cached = 0;     // distinct rows served from the row cache (not read)
   int64_t reads = 0;           // read requests issued (or pages advised for mmap)
   int64_t bytes_read = 0;      // bytes those reads cover
   int64_t wait_ns = 0;         // time the step thread spent blocked in wait()

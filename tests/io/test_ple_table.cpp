@@ -17,6 +17,7 @@
 
 #include "configs/error.h"
 #include "io/mmap_file.h"
+#include "io/ple_row_cache.h"
 #include "io/ple_table.h"
 #include "io/uring_reader.h"
 #include "tests/test_util.h"
@@ -175,6 +176,84 @@ TEST_CASE("PLE table: every backend returns the source rows") {
   auto t = PleTable::open(rt.sources, o);
   CHECK_FALSE(t->file_written());
   check_reads(*t, rt, 7);
+}
+
+TEST_CASE("PLE row cache: finds what it holds, CLOCK eviction spares pinned and recently used rows") {
+  PleRowCache none(0, 16);
+  CHECK(none.capacity() == 0);
+  uint8_t buf[16] = {};
+  CHECK(none.insert(0, 1, buf, 16) == -1);
+  CHECK(none.find(0, 1) == -1);
+
+  PleRowCache c(8 * 16, 16);
+  REQUIRE(c.capacity() == 8);
+  auto fill = [](int t, int64_t r, uint8_t* out) {
+    for (int i = 0; i < 16; ++i) out[i] = static_cast<uint8_t>(t * 31 + r * 7 + i);
+  };
+  // A model of which rows must be present: pinned ones always; checked data on every hit.
+  std::mt19937_64 rng(5);
+  std::vector<std::pair<int, int64_t>> pinned;
+  std::vector<int64_t> pinned_slots;
+  for (int step = 0; step < 4000; ++step) {
+    const int t = static_cast<int>(rng() % 3);
+    const int64_t r = static_cast<int64_t>(rng() % 20);
+    int64_t slot = c.find(t, r);
+    if (slot < 0) {
+      fill(t, r, buf);
+      slot = c.insert(t, r, buf, 16);
+    }
+    if (slot >= 0) {
+      uint8_t want[16];
+      fill(t, r, want);
+      REQUIRE(std::memcmp(c.data(slot), want, 16) == 0);
+      REQUIRE(c.find(t, r) == slot);
+    }
+    if (rng() % 4 == 0 && pinned.size() < 6 && slot >= 0) {
+      c.pin(slot);
+      pinned.push_back({t, r});
+      pinned_slots.push_back(slot);
+    } else if (!pinned.empty() && rng() % 3 == 0) {
+      c.unpin(pinned_slots.back());
+      pinned.pop_back();
+      pinned_slots.pop_back();
+    }
+    for (size_t i = 0; i < pinned.size(); ++i) REQUIRE(c.find(pinned[i].first, pinned[i].second) == pinned_slots[i]);
+    REQUIRE(c.size() <= c.capacity());
+  }
+  // Every slot pinned: an insert gives up instead of evicting.
+  PleRowCache full(2 * 16, 16);
+  fill(0, 1, buf);
+  const int64_t a = full.insert(0, 1, buf, 16), b = full.insert(0, 2, buf, 16);
+  REQUIRE(a >= 0);
+  REQUIRE(b >= 0);
+  full.pin(a);
+  full.pin(b);
+  CHECK(full.insert(0, 3, buf, 16) == -1);
+  CHECK(full.insert(0, 1, buf, 32) == -1);  // bigger than a slot
+  full.unpin(b);
+  CHECK(full.insert(0, 3, buf, 16) == b);
+  CHECK(full.find(0, 2) == -1);
+  CHECK(full.find(0, 1) == a);
+}
+
+TEST_CASE("PLE table with a row cache: repeated rows come from memory, byte for byte, with three tables in flight") {
+  RandomTables rt(17);
+  test::TempDir tmp("ple-cache");
+  const std::string path = tmp.str() + "/t.hmoe";
+  for (PleBackend b : {PleBackend::io_uring, PleBackend::pread})
+    for (size_t cache_bytes : {size_t{16} << 20, size_t{3} * 5000}) {  // room for every row (5000-byte slots); room for 3
+      CAPTURE(ple_backend_name(b));
+      CAPTURE(cache_bytes);
+      PleOptions o = options(path, b);
+      o.cache_bytes = cache_bytes;
+      auto t = PleTable::open(rt.sources, o);
+      check_reads(*t, rt, 99);
+      check_reads(*t, rt, 99);  // the same rows again
+      const PleStats st = t->stats();
+      CHECK(st.rows_cached <= st.rows_unique);
+      if (cache_bytes > 100000) CHECK_MESSAGE(st.rows_cached * 2 >= st.rows_unique, st.rows_cached << " of " << st.rows_unique);  // the second pass is all hits
+      else CHECK(st.rows_cached < st.rows_unique / 4);
+    }
 }
 
 TEST_CASE("PLE table file: header checks, stale and truncated files are rewritten") {

@@ -1,0 +1,98 @@
+#include "io/ple_row_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace hmoe::io {
+
+PleRowCache::PleRowCache(size_t bytes, size_t slot_bytes) : slot_bytes_(slot_bytes) {
+  capacity_ = slot_bytes > 0 ? static_cast<int64_t>(bytes / slot_bytes) : 0;
+  if (capacity_ == 0) return;
+  arena_.reset(new uint8_t[static_cast<size_t>(capacity_) * slot_bytes_]);  // not value-initialised: committed as written
+  slot_key_.assign(static_cast<size_t>(capacity_), kEmpty);
+  referenced_.assign(static_cast<size_t>(capacity_), 0);
+  pins_.assign(static_cast<size_t>(capacity_), 0);
+  size_t n = 16;
+  while (n < 2 * static_cast<size_t>(capacity_)) n *= 2;
+  idx_key_.assign(n, kEmpty);
+  idx_slot_.assign(n, -1);
+  mask_ = n - 1;
+}
+
+PleRowCache::~PleRowCache() = default;
+
+size_t PleRowCache::home(uint64_t key) const {
+  uint64_t h = key * 0x9E3779B97F4A7C15ull;
+  h ^= h >> 31;
+  return static_cast<size_t>(h) & mask_;
+}
+
+int64_t PleRowCache::lookup(uint64_t key) const {
+  if (capacity_ == 0) return -1;
+  for (size_t pos = home(key);; pos = (pos + 1) & mask_) {
+    if (idx_key_[pos] == key) return static_cast<int64_t>(pos);
+    if (idx_key_[pos] == kEmpty) return -1;
+  }
+}
+
+int64_t PleRowCache::find(int table, int64_t row) {
+  const int64_t pos = lookup(key_of(table, row));
+  if (pos < 0) return -1;
+  const int64_t slot = idx_slot_[static_cast<size_t>(pos)];
+  referenced_[static_cast<size_t>(slot)] = 1;
+  return slot;
+}
+
+// Linear probing's deletion: later entries of the probe run move back into
+// the hole unless their home lies cyclically after it.
+void PleRowCache::erase_at(size_t pos) {
+  idx_key_[pos] = kEmpty;
+  size_t hole = pos;
+  for (size_t j = (pos + 1) & mask_; idx_key_[j] != kEmpty; j = (j + 1) & mask_) {
+    const size_t h = home(idx_key_[j]);
+    const bool stays = hole <= j ? (hole < h && h <= j) : (hole < h || h <= j);
+    if (stays) continue;
+    idx_key_[hole] = idx_key_[j];
+    idx_slot_[hole] = idx_slot_[j];
+    idx_key_[j] = kEmpty;
+    hole = j;
+  }
+}
+
+int64_t PleRowCache::insert(int table, int64_t row, const uint8_t* src, size_t bytes) {
+  if (capacity_ == 0 || bytes > slot_bytes_) return -1;
+  const uint64_t key = key_of(table, row);
+  if (const int64_t pos = lookup(key); pos >= 0) return idx_slot_[static_cast<size_t>(pos)];
+  int64_t slot = -1;
+  if (used_ < capacity_) {
+    slot = used_++;
+  } else {
+    // CLOCK: clear reference bits until an unpinned, unreferenced slot comes
+    // round; give up after a bounded sweep (nearly everything pinned).
+    const size_t cap = static_cast<size_t>(capacity_), limit = std::min<size_t>(2 * cap, 4096);
+    for (size_t step = 0; step < limit; ++step) {
+      const size_t s = hand_;
+      hand_ = (hand_ + 1) % cap;
+      if (pins_[s] > 0) continue;
+      if (referenced_[s]) {
+        referenced_[s] = 0;
+        continue;
+      }
+      slot = static_cast<int64_t>(s);
+      break;
+    }
+    if (slot < 0) return -1;
+    erase_at(static_cast<size_t>(lookup(slot_key_[static_cast<size_t>(slot)])));
+  }
+  const size_t su = static_cast<size_t>(slot);
+  std::memcpy(arena_.get() + su * slot_bytes_, src, bytes);
+  slot_key_[su] = key;
+  referenced_[su] = 0;  // a second look earns the bit: rows read once (a prompt's) go first
+  size_t pos = home(key);
+  while (idx_key_[pos] != kEmpty) pos = (pos + 1) & mask_;
+  idx_key_[pos] = key;
+  idx_slot_[pos] = slot;
+  return slot;
+}
+
+}  // namespace hmoe::io
