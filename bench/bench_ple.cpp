@@ -262,15 +262,17 @@ class TokenSource {
   std::vector<double> cdf_;
 };
 
-Row run_scenario(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool, const TokenSource& tokens, const std::string& backend, int64_t batch,
-                 int64_t steps,
+// `round` seeds the tokens: every round draws new ones (a replayed sequence
+// would be served from the row cache of the round before).
+Row run_scenario(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool, const TokenSource& tokens, int64_t round, const std::string& backend,
+                 int64_t batch, int64_t steps,
                  int64_t prefill) {
   KvLayout layout{1, 1, 1};
   layout.seq_state_bytes = e.seq_state_bytes();
   KvCache kv(layout, 4, 16);
   std::vector<int> seqs;
   std::vector<int64_t> pos;
-  Rng rng{static_cast<uint64_t>(batch * 1000 + prefill + 7)};
+  Rng rng{static_cast<uint64_t>(batch * 1000 + prefill + 7 + round * 1000003)};
   const int64_t n = prefill > 0 ? prefill : batch;
   std::vector<float> x(static_cast<size_t>(n * kHidden)), tmp(x.size());
   auto fill_x = [&] {
@@ -415,7 +417,7 @@ int main(int argc, char** argv) {
           const size_t b = (k + static_cast<size_t>(round)) % std::size(variants);
           drop_cache(table);
           const int64_t steps = sc.prefill > 0 ? sc.steps : std::max<int64_t>(1, sc.steps / rounds);
-          Row r = run_scenario(*mods[b], syn, pool, tokens, variants[b].label, sc.batch, steps, sc.prefill);
+          Row r = run_scenario(*mods[b], syn, pool, tokens, round, variants[b].label, sc.batch, steps, sc.prefill);
           acc[b].backend = r.backend;
           acc[b].scenario = r.scenario;
           acc[b].add(r);
