@@ -20,7 +20,12 @@
 // repeat and the row cache (--ple-cache-mib, default on; the variant
 // "io_uring no cache" has none) serves some rows from memory.
 //
+// With --text FILE[,FILE...] it only decodes those files' tokens (tokenizer
+// of --tokenizer DIR, default fixtures/tiny-qwen3moe: Qwen3's) through the
+// io_uring backend and prints the row cache's hit rate per 1000 tokens.
+//
 // usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N] [--rounds N] [--zipf S]
+//                  [--text FILE,... [--tokenizer DIR]]
 //   defaults: 2048 MiB of table (both modules), DIR ./bench-ple-data, 48 decode
 //   steps split over 3 rounds (the prefill runs rounds/3 times), a 2048-token
 //   prefill. DIR keeps the checkpoint and table file for later runs.
@@ -33,6 +38,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -41,6 +48,7 @@
 #include "configs/settings.h"
 #include "engine/blocks.h"
 #include "engine/engram.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "io/uring_reader.h"
@@ -318,17 +326,48 @@ Row run_scenario(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool,
   return row;
 }
 
+// Text as a token stream: one sequence decoding the text's tokens one step
+// at a time on `e` (a file backend with its row cache), printing per window
+// of 1000 tokens how many of the distinct rows asked for came from the cache
+// (the cache starts empty and warms over the text).
+void text_hits(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool, const std::vector<int32_t>& ids, const std::string& what) {
+  KvLayout layout{1, 1, 1};
+  layout.seq_state_bytes = e.seq_state_bytes();
+  KvCache kv(layout, 4, 16);
+  const int seq = kv.add_sequence();
+  std::vector<float> x(static_cast<size_t>(kHidden), 0.01f), tmp(x.size());
+  e.table().reset_stats();
+  std::printf("\n%s: %zu tokens, decode batch 1\n| tokens | rows asked (distinct) | from the row cache | I/O wait ms/step |\n|---:|---:|---:|---:|\n",
+              what.c_str(), ids.size());
+  io::PleStats last;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Batch b;
+    b.add(ids[i], seq, static_cast<int64_t>(i), false);
+    step(e, syn, b, kv, x, tmp, pool);
+    if ((i + 1) % 1000 == 0 || i + 1 == ids.size()) {
+      const io::PleStats st = e.table().stats();
+      const int64_t uniq = st.rows_unique - last.rows_unique, hit = st.rows_cached - last.rows_cached;
+      const double steps = static_cast<double>(st.steps - last.steps) / static_cast<double>(e.modules());
+      std::printf("| %zu | %lld | %.1f%% | %.3f |\n", i + 1, static_cast<long long>(uniq), uniq > 0 ? 100.0 * static_cast<double>(hit) / static_cast<double>(uniq) : 0.0,
+                  steps > 0 ? static_cast<double>(st.wait_ns - last.wait_ns) / 1e6 / steps : 0.0);
+      std::fflush(stdout);
+      last = st;
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     int64_t table_mib = 2048, decode_steps = 48, prefill = 2048, threads = 0, decode_rounds = 3;
     double zipf = 0;
+    std::string text, tokenizer_dir = "fixtures/tiny-qwen3moe";
     std::string dir = "bench-ple-data";
     for (int i = 1; i < argc; i += 2) {
       const std::string a = argv[i];
       if (a == "--help" || a == "-h") {
-        std::printf("usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N] [--rounds N] [--zipf S]\n"
+        std::printf("usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N] [--rounds N] [--zipf S] [--text FILE,... [--tokenizer DIR]]\n"
                     "  writes DIR/model.safetensors and DIR/ple-table.hmoe (N MiB of tables; default 2048 in ./bench-ple-data)\n");
         return 0;
       }
@@ -341,6 +380,8 @@ int main(int argc, char** argv) {
       else if (a == "--threads") threads = parse_int(a, v);
       else if (a == "--rounds") decode_rounds = std::max<int64_t>(1, parse_int(a, v));
       else if (a == "--zipf") zipf = std::stod(v);
+      else if (a == "--text") text = v;
+      else if (a == "--tokenizer") tokenizer_dir = v;
       else fail(ErrorKind::invalid_argument, "unknown option " + a);
     }
     const int64_t rows_per_module = table_mib * (int64_t{1} << 20) / 2 / (kHeadDim * 2);
@@ -388,6 +429,26 @@ int main(int argc, char** argv) {
       std::printf("%-21s: opened in %.2f s, %u-byte read blocks%s%s\n", v.label, secs(t0), t.read_block(),
                   t.file_written() ? " (table file written)" : "", t.notice().empty() ? "" : (" notice: " + t.notice()).c_str());
       std::fflush(stdout);
+    }
+    if (!text.empty()) {  // only the text run: the row cache's hit rate on real token streams
+      std::vector<std::string> none;
+      const int64_t default_cache_mib = Settings::load(none).ple_cache_mib;
+      const auto tk = tok::Tokenizer::from_dir(tokenizer_dir);
+      std::vector<int32_t> ids;
+      std::string names;
+      for (size_t b = 0, e; b <= text.size(); b = e + 1) {
+        e = text.find(',', b);
+        if (e == std::string::npos) e = text.size();
+        const std::string f = text.substr(b, e - b);
+        std::ifstream in(f, std::ios::binary);
+        if (!in) fail(ErrorKind::io, "cannot read " + f);
+        const std::string body((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        for (int32_t id : tk->encode(body, false))
+          if (id >= 0 && id < kVocab) ids.push_back(id);
+        names += (names.empty() ? "" : " + ") + f;
+      }
+      text_hits(*mods[1], syn, pool, ids, names + " (tokenizer of " + tokenizer_dir + "), io_uring with the default " + std::to_string(default_cache_mib) + " MiB row cache");
+      return 0;
     }
     const uint32_t fine = mods[1]->table().read_block();
     std::vector<std::pair<uint32_t, RawResult>> raws;
