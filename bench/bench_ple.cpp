@@ -212,15 +212,6 @@ struct Synthetic {
   }
 };
 
-void add_stats(io::PleStats& a, const io::PleStats& b) {
-  a.steps += b.steps;
-  a.rows_cached += b.rows_cached;
-  a.reads += b.reads;
-  a.bytes_read += b.bytes_read;
-  a.wait_ns += b.wait_ns;
-  a.io_ns += b.io_ns;
-}
-
 struct Row {
   std::string backend, scenario;
   double seconds = 0;  // timed steps, summed
@@ -230,9 +221,9 @@ struct Row {
   void add(const Row& o) {
     seconds += o.seconds;
     steps += o.steps;
-    add_stats(io, o.io);
-    add_stats(m0, o.m0);
-    add_stats(m1, o.m1);
+    io += o.io;
+    m0 += o.m0;
+    m1 += o.m1;
   }
 };
 

@@ -171,13 +171,7 @@ void GpuStack::enable_expert_streaming(const ExpertStreamOptions& o) {
   std::vector<ExpertStream::Layer> ls;
   for (size_t l = 0; l < m.layers.size(); ++l)
     if (m.layers[l].moe && !m.layers[l].resident) ls.push_back({static_cast<int64_t>(l), &m.layers[l].cpu_experts});
-  if (o.min_batch <= 0 || ls.empty()) return;
-  std::string why;
-  if (!expert_stream_fits(m.c, o, static_cast<int64_t>(ls.size()), &why)) {
-    if (!o.quiet) std::fprintf(stderr, "hmoe: notice: %s\n", why.c_str());
-    return;
-  }
-  m.xstream = std::make_unique<ExpertStream>(m.c, std::move(ls), o, m.stream, m.blas);
+  m.xstream = make_expert_stream(m.c, std::move(ls), o, m.stream, m.blas);
 }
 
 void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {

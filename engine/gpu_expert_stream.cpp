@@ -154,6 +154,17 @@ bool expert_stream_fits_in(const ModelConfig& c, const ExpertStreamOptions& o, i
   return false;
 }
 
+std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
+                                                 gpu::Stream& step, gpu::Blas& blas) {
+  if (o.min_batch <= 0 || layers.empty()) return nullptr;
+  std::string why;
+  if (!expert_stream_fits(c, o, static_cast<int64_t>(layers.size()), &why)) {
+    if (!o.quiet) std::fprintf(stderr, "hmoe: notice: %s\n", why.c_str());
+    return nullptr;
+  }
+  return std::make_unique<ExpertStream>(c, std::move(layers), o, step, blas);
+}
+
 struct ExpertStream::Impl {
   struct L {
     int64_t layer = 0;

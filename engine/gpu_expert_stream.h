@@ -132,4 +132,10 @@ class ExpertStream {
   std::unique_ptr<Impl> impl_;
 };
 
+// A stack's stream over its non-resident MoE layers, or null when streaming
+// is off: min_batch 0, no such layers, or slots that do not fit the GPU
+// (expert_stream_fits; then a notice on stderr unless o.quiet).
+std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
+                                                 gpu::Stream& step, gpu::Blas& blas);
+
 }  // namespace hmoe

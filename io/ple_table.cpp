@@ -624,19 +624,21 @@ int64_t PleTable::wait(int t) {
   return ns;
 }
 
+PleStats& PleStats::operator+=(const PleStats& o) {
+  steps += o.steps;
+  rows_requested += o.rows_requested;
+  rows_unique += o.rows_unique;
+  rows_cached += o.rows_cached;
+  reads += o.reads;
+  bytes_read += o.bytes_read;
+  wait_ns += o.wait_ns;
+  io_ns += o.io_ns;
+  return *this;
+}
+
 PleStats PleTable::stats() const {
   PleStats sum;
-  for (const auto& t : tables_) {
-    const PleStats& s = t->stats;
-    sum.steps += s.steps;
-    sum.rows_requested += s.rows_requested;
-    sum.rows_unique += s.rows_unique;
-    sum.rows_cached += s.rows_cached;
-    sum.reads += s.reads;
-    sum.bytes_read += s.bytes_read;
-    sum.wait_ns += s.wait_ns;
-    sum.io_ns += s.io_ns;
-  }
+  for (const auto& t : tables_) sum += t->stats;
   return sum;
 }
 

@@ -86,6 +86,7 @@ struct PleStats {
   int64_t io_ns = 0;           // time from submit to the last completion, summed
   // Share of the I/O time that overlapped compute: 1 - wait/io (1 when no I/O).
   double hidden_fraction() const;
+  PleStats& operator+=(const PleStats& o);
 };
 
 enum class PleFileState { ok, missing, stale, truncated, foreign, not_a_file };

@@ -46,6 +46,42 @@ std::vector<int32_t> shuffled_slots(int64_t total, uint64_t seed) {
   return v;
 }
 
+// Latent attention in double precision: token t, head h attends with query
+// [q_lat[(t*heads + h)*r ..], q_pe[t*ldpe + h*hpe ..]] over the cache rows
+// lists[offs[t] + j], j < lens[t] (rows of r + rope floats), values their
+// first r floats. Tokens with skip[t] (skip may be empty) and empty contexts: zeros.
+std::vector<float> latent_reference(const std::vector<float>& qlat, const std::vector<float>& qpe, int64_t ldpe, int64_t hpe, int64_t heads,
+                                    int64_t r, int64_t rope, const std::vector<float>& cf, const std::vector<int32_t>& lists,
+                                    const std::vector<int32_t>& offs, const std::vector<int32_t>& lens, const std::vector<int32_t>& skip, float scale) {
+  const int64_t n = static_cast<int64_t>(lens.size()), lw = r + rope;
+  std::vector<float> ref(static_cast<size_t>(n * heads * r), 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t len = lens[static_cast<size_t>(t)];
+    if ((!skip.empty() && skip[static_cast<size_t>(t)]) || len == 0) continue;
+    for (int64_t h = 0; h < heads; ++h) {
+      std::vector<double> p(static_cast<size_t>(len));
+      double mx = -1e300;
+      for (int64_t j = 0; j < len; ++j) {
+        const float* c = cf.data() + lists[static_cast<size_t>(offs[static_cast<size_t>(t)] + j)] * lw;
+        double sc = 0;
+        for (int64_t i = 0; i < r; ++i) sc += static_cast<double>(qlat[static_cast<size_t>((t * heads + h) * r + i)]) * c[i];
+        for (int64_t i = 0; i < rope; ++i) sc += static_cast<double>(qpe[static_cast<size_t>(t * ldpe + h * hpe + i)]) * c[r + i];
+        p[static_cast<size_t>(j)] = sc * scale;
+        mx = std::max(mx, p[static_cast<size_t>(j)]);
+      }
+      double sum = 0;
+      for (auto& v : p) sum += (v = std::exp(v - mx));
+      std::vector<double> o(static_cast<size_t>(r), 0.0);
+      for (int64_t j = 0; j < len; ++j) {
+        const float* c = cf.data() + lists[static_cast<size_t>(offs[static_cast<size_t>(t)] + j)] * lw;
+        for (int64_t i = 0; i < r; ++i) o[static_cast<size_t>(i)] += p[static_cast<size_t>(j)] * c[i];
+      }
+      for (int64_t i = 0; i < r; ++i) ref[static_cast<size_t>((t * heads + h) * r + i)] = static_cast<float>(o[static_cast<size_t>(i)] / sum);
+    }
+  }
+  return ref;
+}
+
 }  // namespace
 
 TEST_CASE("gpu rms_norm_rows, mla_rope and mla_kv_store match the CPU (yarn, interleaved and not)") {
@@ -150,30 +186,7 @@ TEST_CASE("gpu MLA attention, latent and expanded paths, match scalar references
     auto qlat = test::random_floats(static_cast<size_t>(n * heads * r), 303, 0.3f);
     auto qpe = test::random_floats(static_cast<size_t>(n * ldpe), 304, 0.3f);
     std::vector<int32_t> skip = {0, 1, 0};
-    std::vector<float> ref(static_cast<size_t>(n * heads * r), 0.0f);
-    for (int64_t t = 0; t < n; ++t) {
-      if (skip[static_cast<size_t>(t)]) continue;
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t len = lens[static_cast<size_t>(t)];
-        std::vector<double> p(static_cast<size_t>(len));
-        double mx = -1e30;
-        for (int64_t j = 0; j < len; ++j) {
-          const float* c = cf.data() + lists[static_cast<size_t>(offs[static_cast<size_t>(t)] + j)] * lw;
-          double sc = 0;
-          for (int64_t i = 0; i < r; ++i) sc += static_cast<double>(qlat[static_cast<size_t>((t * heads + h) * r + i)]) * c[i];
-          for (int64_t i = 0; i < rope; ++i) sc += static_cast<double>(qpe[static_cast<size_t>(t * ldpe + h * hpe + i)]) * c[r + i];
-          p[static_cast<size_t>(j)] = sc * scale;
-          mx = std::max(mx, p[static_cast<size_t>(j)]);
-        }
-        double sum = 0;
-        for (auto& v : p) sum += (v = std::exp(v - mx));
-        for (int64_t i = 0; i < r; ++i) {
-          double o = 0;
-          for (int64_t j = 0; j < len; ++j) o += p[static_cast<size_t>(j)] * cf[static_cast<size_t>(lists[static_cast<size_t>(offs[static_cast<size_t>(t)] + j)] * lw + i)];
-          ref[static_cast<size_t>((t * heads + h) * r + i)] = static_cast<float>(o / sum);
-        }
-      }
-    }
+    const std::vector<float> ref = latent_reference(qlat, qpe, ldpe, hpe, heads, r, rope, cf, lists, offs, lens, skip, scale);
     auto dq = test::to_device(qlat, s), dpe = test::to_device(qpe, s), dskip = test::to_device(skip, s);
     gpu::DeviceBuffer dout(ref.size() * 4);
     gpu::memset_device(dout.data(), 0x7f, dout.bytes(), s);  // skipped tokens must be written (zeros)
@@ -265,30 +278,7 @@ TEST_CASE("gpu mla_attention_latent: head groups, split-K and long contexts matc
     auto qlat = test::random_floats(static_cast<size_t>(n * heads * r), 403, 0.05f);
     auto qpe = test::random_floats(static_cast<size_t>(n * ldpe), 404, 0.05f);
     const float scale = 0.08f;
-    std::vector<float> ref(static_cast<size_t>(n * heads * r), 0.0f);
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t len = lens[static_cast<size_t>(t)];
-        if (len == 0) continue;
-        std::vector<double> p(static_cast<size_t>(len));
-        double mx = -1e300;
-        for (int64_t j = 0; j < len; ++j) {
-          const float* c = cf.data() + lists[static_cast<size_t>(offs[static_cast<size_t>(t)] + j)] * lw;
-          double sc = 0;
-          for (int64_t i = 0; i < r; ++i) sc += static_cast<double>(qlat[static_cast<size_t>((t * heads + h) * r + i)]) * c[i];
-          for (int64_t i = 0; i < rope; ++i) sc += static_cast<double>(qpe[static_cast<size_t>(t * ldpe + h * hpe + i)]) * c[r + i];
-          p[static_cast<size_t>(j)] = sc * scale;
-          mx = std::max(mx, p[static_cast<size_t>(j)]);
-        }
-        double sum = 0;
-        for (auto& v : p) sum += (v = std::exp(v - mx));
-        std::vector<double> o(static_cast<size_t>(r), 0.0);
-        for (int64_t j = 0; j < len; ++j) {
-          const float* c = cf.data() + lists[static_cast<size_t>(offs[static_cast<size_t>(t)] + j)] * lw;
-          for (int64_t i = 0; i < r; ++i) o[static_cast<size_t>(i)] += p[static_cast<size_t>(j)] * c[i];
-        }
-        for (int64_t i = 0; i < r; ++i) ref[static_cast<size_t>((t * heads + h) * r + i)] = static_cast<float>(o[static_cast<size_t>(i)] / sum);
-      }
+    const std::vector<float> ref = latent_reference(qlat, qpe, ldpe, hpe, heads, r, rope, cf, lists, offs, lens, {}, scale);
     auto dcache = test::to_device(cache, s), dl = test::to_device(lists, s), doff = test::to_device(offs, s), dlen = test::to_device(lens, s);
     auto dq = test::to_device(qlat, s), dpe = test::to_device(qpe, s);
     gpu::DeviceBuffer dout(ref.size() * 4);
