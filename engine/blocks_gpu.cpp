@@ -168,10 +168,7 @@ void GpuStack::attach_engram(EngramModules& host, const WeightLookup& get) {
 void GpuStack::enable_expert_streaming(const ExpertStreamOptions& o) {
   Impl& m = *impl_;
   m.xstream.reset();
-  std::vector<ExpertStream::Layer> ls;
-  for (size_t l = 0; l < m.layers.size(); ++l)
-    if (m.layers[l].moe && !m.layers[l].resident) ls.push_back({static_cast<int64_t>(l), &m.layers[l].cpu_experts});
-  m.xstream = make_expert_stream(m.c, std::move(ls), o, m.stream, m.blas);
+  m.xstream = make_expert_stream(m.c, streamed_layers(m.layers), o, m.stream, m.blas);
 }
 
 void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {

@@ -132,6 +132,16 @@ class ExpertStream {
   std::unique_ptr<Impl> impl_;
 };
 
+// The non-resident MoE layers of a stack's layer list (elements with moe,
+// resident and cpu_experts), in order.
+template <class LayerList>
+std::vector<ExpertStream::Layer> streamed_layers(const LayerList& layers) {
+  std::vector<ExpertStream::Layer> ls;
+  for (size_t l = 0; l < layers.size(); ++l)
+    if (layers[l].moe && !layers[l].resident) ls.push_back({static_cast<int64_t>(l), &layers[l].cpu_experts});
+  return ls;
+}
+
 // A stack's stream over its non-resident MoE layers, or null when streaming
 // is off: min_batch 0, no such layers, or slots that do not fit the GPU
 // (expert_stream_fits; then a notice on stderr unless o.quiet).
