@@ -1,22 +1,52 @@
 #include "io/ple_row_cache.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <new>
+#include <string>
+
+#include "configs/error.h"
 
 namespace hmoe::io {
+
+namespace {
+size_t index_size(size_t capacity) {
+  size_t n = 16;
+  while (n < 2 * capacity) n *= 2;
+  return n;
+}
+}  // namespace
+
+size_t PleRowCache::footprint(size_t bytes, size_t slot_bytes) {
+  const size_t cap = slot_bytes > 0 ? bytes / slot_bytes : 0;
+  if (cap == 0) return 0;
+  return cap * (slot_bytes + sizeof(uint64_t) + 1 + sizeof(int32_t)) + index_size(cap) * (sizeof(uint64_t) + sizeof(int64_t));
+}
 
 PleRowCache::PleRowCache(size_t bytes, size_t slot_bytes) : slot_bytes_(slot_bytes) {
   capacity_ = slot_bytes > 0 ? static_cast<int64_t>(bytes / slot_bytes) : 0;
   if (capacity_ == 0) return;
-  arena_.reset(new uint8_t[static_cast<size_t>(capacity_) * slot_bytes_]);  // not value-initialised: committed as written
-  slot_key_.assign(static_cast<size_t>(capacity_), kEmpty);
-  referenced_.assign(static_cast<size_t>(capacity_), 0);
-  pins_.assign(static_cast<size_t>(capacity_), 0);
-  size_t n = 16;
-  while (n < 2 * static_cast<size_t>(capacity_)) n *= 2;
-  idx_key_.assign(n, kEmpty);
-  idx_slot_.assign(n, -1);
-  mask_ = n - 1;
+  const size_t need = footprint(bytes, slot_bytes);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  const size_t phys = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+  auto mib = [](size_t b) { return std::to_string(b >> 20) + " MiB"; };
+  if (phys > 0 && need > phys / 2)
+    fail(ErrorKind::out_of_memory, "PLE row cache of " + mib(bytes) + " (" + mib(need) + " with its index) is more than half of this machine's " +
+                                       mib(phys) + " of memory; lower --ple-cache-mib / HMOE_PLE_CACHE_MIB");
+  try {
+    arena_.reset(new uint8_t[static_cast<size_t>(capacity_) * slot_bytes_]);  // not value-initialised: committed as written
+    slot_key_.assign(static_cast<size_t>(capacity_), kEmpty);
+    referenced_.assign(static_cast<size_t>(capacity_), 0);
+    pins_.assign(static_cast<size_t>(capacity_), 0);
+    const size_t n = index_size(static_cast<size_t>(capacity_));
+    idx_key_.assign(n, kEmpty);
+    idx_slot_.assign(n, -1);
+    mask_ = n - 1;
+  } catch (const std::bad_alloc&) {
+    fail(ErrorKind::out_of_memory, "PLE row cache of " + mib(bytes) + ": cannot allocate " + mib(need) + "; lower --ple-cache-mib / HMOE_PLE_CACHE_MIB");
+  }
 }
 
 PleRowCache::~PleRowCache() = default;

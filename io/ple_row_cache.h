@@ -20,8 +20,13 @@ namespace hmoe::io {
 class PleRowCache {
  public:
   // Room for bytes / slot_bytes rows (0: a cache that holds nothing). The
-  // arena is reserved, not touched: memory is committed as rows arrive.
+  // arena is reserved, not touched: memory is committed as rows arrive; the
+  // index (about 45 bytes per row) is allocated at once. Throws
+  // Error(out_of_memory) when arena and index together would take more than
+  // half of the machine's physical memory, or cannot be allocated.
   PleRowCache(size_t bytes, size_t slot_bytes);
+  // Bytes of memory a cache of `bytes` with `slot_bytes` rows takes when full (arena and index).
+  static size_t footprint(size_t bytes, size_t slot_bytes);
   ~PleRowCache();
   PleRowCache(const PleRowCache&) = delete;
   PleRowCache& operator=(const PleRowCache&) = delete;

@@ -219,6 +219,17 @@ TEST_CASE("Engram model load: bad table paths give clear errors and the ram back
     CHECK(std::string(e.what()).find("HMOE_PLE_BACKEND=ram") != std::string::npos);
   }
   CHECK(std::filesystem::is_directory(as_dir));
+  // Read settings out of range, and a row cache bigger than the machine: errors naming the setting.
+  {
+    Settings s = settings_for("io_uring", tmp.str() + "/cache.hmoe");
+    s.ple_cache_mib = -1;
+    CHECK_THROWS_WITH_AS(Model::load(dir, s), doctest::Contains("HMOE_PLE_CACHE_MIB"), Error);
+    s.ple_cache_mib = int64_t{1} << 22;  // 4 TiB
+    CHECK_THROWS_WITH_AS(Model::load(dir, s), doctest::Contains("--ple-cache-mib"), Error);
+    s.ple_cache_mib = 1;
+    s.ple_read_block = 1000;
+    CHECK_THROWS_WITH_AS(Model::load(dir, s), doctest::Contains("HMOE_PLE_READ_BLOCK"), Error);
+  }
   // A foreign file is left alone.
   const std::string foreign = tmp.str() + "/foreign.bin";
   test::write_file(foreign, std::string(10000, 'x'));

@@ -220,6 +220,12 @@ TEST_CASE("PLE row cache: finds what it holds, CLOCK eviction spares pinned and 
     for (size_t i = 0; i < pinned.size(); ++i) REQUIRE(c.find(pinned[i].first, pinned[i].second) == pinned_slots[i]);
     REQUIRE(c.size() <= c.capacity());
   }
+  // A cache bigger than half the machine's memory is refused, naming the setting.
+  {
+    const size_t phys = static_cast<size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    CHECK(PleRowCache::footprint(phys, 128) > phys / 2);
+    CHECK_THROWS_WITH_AS(PleRowCache(phys, 128), doctest::Contains("--ple-cache-mib"), Error);
+  }
   // Every slot pinned: an insert gives up instead of evicting.
   PleRowCache full(2 * 16, 16);
   fill(0, 1, buf);
