@@ -117,9 +117,7 @@ std::unique_ptr<EngramModules> EngramModules::load(WeightBinder& bind, const Mod
   opt.uring_rings = static_cast<unsigned>(s.ple_uring_rings);
   opt.pread_threads = static_cast<int>(s.ple_pread_threads);
   opt.direct = s.ple_direct;
-  if (s.ple_read_block != 0 && (s.ple_read_block < 512 || s.ple_read_block > 4096 || (s.ple_read_block & (s.ple_read_block - 1)) != 0))
-    fail(ErrorKind::invalid_argument, "--ple-read-block / HMOE_PLE_READ_BLOCK must be 0 or a power of two in 512..4096, got " + std::to_string(s.ple_read_block));
-  opt.read_align = static_cast<uint32_t>(s.ple_read_block);
+  opt.read_align = s.ple_read_block;  // checked by PleTable::open
   opt.ordered = s.ple_ordered_reads;
   if (s.ple_cache_mib < 0 || s.ple_cache_mib > (int64_t{1} << 22))
     fail(ErrorKind::invalid_argument, "--ple-cache-mib / HMOE_PLE_CACHE_MIB must be in 0..4194304, got " + std::to_string(s.ple_cache_mib));

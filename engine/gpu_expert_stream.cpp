@@ -99,11 +99,9 @@ std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double 
   std::string out;
   ExpertStreamOptions o;
   o.window = window;
-  const uint64_t slots = expert_stream_slot_bytes(c, o, streamed_layers);
-  const int64_t nslots = std::min<int64_t>(window + 1, std::max<int64_t>(streamed_layers, 1));
   std::snprintf(buf, sizeof buf, "prefill streaming of non-resident experts: window %d (%s), %lld device slots of %s = %s on the GPU when on\n", window,
-                s.origin("gpu_prefetch_window").c_str(), static_cast<long long>(nslots), format_bytes(slots / static_cast<uint64_t>(nslots)).c_str(),
-                format_bytes(slots).c_str());
+                s.origin("gpu_prefetch_window").c_str(), static_cast<long long>(expert_stream_slots(o, streamed_layers)),
+                format_bytes(expert_stream_slot_size(c)).c_str(), format_bytes(expert_stream_slot_bytes(c, o, streamed_layers)).c_str());
   out += buf;
   std::string why;
   if (set != 0 && !expert_stream_fits_in(c, o, streamed_layers, gpu_left, gpu_total, &why)) out += "  NOT ON with this plan: " + why + "\n";
@@ -133,10 +131,16 @@ std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double 
   return out + buf;
 }
 
+uint64_t expert_stream_slot_size(const ModelConfig& c) {
+  return static_cast<uint64_t>(c.num_experts) * 3 * static_cast<uint64_t>(c.moe_intermediate_size) * static_cast<uint64_t>(c.hidden_size) * 2;
+}
+
+int64_t expert_stream_slots(const ExpertStreamOptions& o, int64_t layers) {
+  return o.serial ? 1 : std::min<int64_t>(o.window + 1, std::max<int64_t>(layers, 1));
+}
+
 uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers) {
-  const uint64_t slot = static_cast<uint64_t>(c.num_experts) * 3 * static_cast<uint64_t>(c.moe_intermediate_size) * static_cast<uint64_t>(c.hidden_size) * 2;
-  const int64_t slots = o.serial ? 1 : std::min<int64_t>(o.window + 1, std::max<int64_t>(layers, 1));
-  return slot * static_cast<uint64_t>(slots);
+  return expert_stream_slot_size(c) * static_cast<uint64_t>(expert_stream_slots(o, layers));
 }
 
 bool expert_stream_fits(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, std::string* why) {
@@ -224,8 +228,8 @@ ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, cons
   if (E <= 0 || layers.empty()) fail(ErrorKind::internal, "expert stream: no streamed MoE layers");
   std::sort(layers.begin(), layers.end(), [](const Layer& a, const Layer& b) { return a.layer < b.layer; });
   const int64_t N = static_cast<int64_t>(layers.size());
-  m.S = opt.serial ? 1 : std::min<int64_t>(opt.window + 1, N);
-  m.slot_bytes = static_cast<size_t>(E * 3 * I * H) * 2;
+  m.S = expert_stream_slots(opt, N);
+  m.slot_bytes = static_cast<size_t>(expert_stream_slot_size(c));
   m.down_off = static_cast<size_t>(E * 2 * I * H) * 2;
   const size_t mat_gu = static_cast<size_t>(I * H) * 2, mat_dn = static_cast<size_t>(H * I) * 2;
 

@@ -92,7 +92,11 @@ ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& 
 std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double cpu_bandwidth, double pcie_bandwidth, int64_t streamed_layers,
                                 uint64_t gpu_left, uint64_t gpu_total);
 
-// Device bytes of the slots an ExpertStream over `layers` streamed layers holds.
+// One slot: a layer's experts in bf16 (E x 3 matrices of I x H).
+uint64_t expert_stream_slot_size(const ModelConfig& c);
+// Slots an ExpertStream over `layers` streamed layers holds (window + 1, at most one per layer; serial: 1).
+int64_t expert_stream_slots(const ExpertStreamOptions& o, int64_t layers);
+// Device bytes of those slots.
 uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers);
 // Whether those slots fit the current device's free memory with room left
 // for the step's activations (1 GiB + 5% of the device); else *why says

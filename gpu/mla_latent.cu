@@ -296,7 +296,7 @@ int64_t mla_attention_latent_workspace(int64_t n, int64_t heads, int64_t r, int6
 void mla_attention_latent(const float* q_lat, const float* q_pe, int64_t ldpe, int64_t hpe, int64_t n, int64_t heads, int64_t r, int64_t rope,
                           const bf16_t* cache, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, const int32_t* skip,
                           float scale, float* o_lat, float* work, Stream& s) {
-  if (r % 8 != 0 || rope % 8 != 0 || r <= 0 || r > 4 * kMaxPairs * kThreads / 2)
+  if (r % 8 != 0 || rope % 8 != 0 || r <= 0 || r > 2 * kMaxPairs * kThreads)
     fail(ErrorKind::unsupported, "gpu::mla_attention_latent: kv_lora_rank " + std::to_string(r) + " / rope " + std::to_string(rope) +
                                      " (need multiples of 8, kv_lora_rank <= 1024)");
   if (n <= 0) return;

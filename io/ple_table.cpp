@@ -377,6 +377,9 @@ DType PleTable::dtype(int t) const { return tables_.at(static_cast<size_t>(t))->
 
 std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, const PleOptions& opt) {
   validate_sources(sources);
+  if (const int64_t a = opt.read_align; a != 0 && (a < 512 || a > static_cast<int64_t>(kPage) || (a & (a - 1)) != 0))
+    fail(ErrorKind::invalid_argument, "PLE read block (--ple-read-block / HMOE_PLE_READ_BLOCK) " + std::to_string(a) +
+                                          " bytes: must be 0 (automatic) or a power of two in 512..4096");
   std::unique_ptr<PleTable> pt(new PleTable());
   pt->backend_ = opt.backend;
   pt->path_ = opt.path;
@@ -463,14 +466,12 @@ std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, 
   const DirectIoAlign dio = direct_io_align(im.fd.fd);
   const bool is_direct = (::fcntl(im.fd.fd, F_GETFL) & O_DIRECT) != 0;
   if (opt.read_align != 0) {
-    const uint32_t a = opt.read_align;
-    if (a < 512 || a > kPage || (a & (a - 1)) != 0)
-      fail(ErrorKind::invalid_argument, "PLE read block " + std::to_string(a) + " bytes: must be a power of two in 512..4096 (0: automatic)");
-    if (is_direct && a < std::max(dio.offset, dio.memory))
+    const int64_t a = opt.read_align;
+    if (is_direct && static_cast<uint64_t>(a) < std::max(dio.offset, dio.memory))
       fail(ErrorKind::invalid_argument, "PLE read block " + std::to_string(a) + " bytes is finer than the " +
                                             std::to_string(std::max(dio.offset, dio.memory)) + " bytes O_DIRECT needs on " + opt.path +
-                                            " (set 0 for automatic)");
-    im.block = a;
+                                            " (set --ple-read-block / HMOE_PLE_READ_BLOCK to 0 for automatic)");
+    im.block = static_cast<uint64_t>(a);
   } else if (is_direct && dio.offset != 0) {
     const uint64_t a = std::max<uint64_t>({512, dio.offset, dio.memory});
     if (a <= kPage) im.block = a;

@@ -68,7 +68,7 @@ struct PleOptions {
   int pread_threads = 4;              // pread workers (and the io_uring fallback)
   bool direct = true;                 // O_DIRECT for io_uring and pread
   uint32_t max_read_bytes = 128 << 10;  // adjacent blocks are merged into reads up to this size
-  uint32_t read_align = 0;            // read block size (512..4096, power of two); 0: the finest O_DIRECT allows
+  int64_t read_align = 0;             // read block size (512..4096, power of two); 0: the finest O_DIRECT allows
   bool ordered = true;                // hold a table's reads until the previous prefetch's have landed
   size_t cache_bytes = 0;             // io_uring/pread: rows kept in memory once read (PleRowCache); 0: none
   std::string progress = "auto";      // Progress mode while writing the file
