@@ -30,8 +30,10 @@
 //   steps split over 3 rounds (the prefill runs rounds/3 times), a 2048-token
 //   prefill. DIR keeps the checkpoint and table file for later runs.
 #include <fcntl.h>
+#include <liburing.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -169,7 +171,7 @@ RawResult raw_uring(const std::string& path, double seconds, uint32_t block) {
   if (fd < 0) fail(ErrorKind::io, path + ": cannot open with O_DIRECT");
   const uint64_t pages = std::filesystem::file_size(path) / block;
   std::string why;
-  auto reader = io::make_uring_reader(fd, path, 64, &why, 4);
+  auto reader = io::make_uring_reader(fd, path, {.queue_depth = 64, .rings = 4}, &why);
   if (!reader) fail(ErrorKind::io, "raw test: io_uring unavailable: " + why);
   constexpr int kBatch = 1024;
   void* mem = nullptr;
@@ -189,7 +191,7 @@ RawResult raw_uring(const std::string& path, double seconds, uint32_t block) {
   r.iops = static_cast<double>(reads) / dt;
   r.mbps = r.iops * block / 1e6;
   reader.reset();
-  auto qd1 = io::make_uring_reader(fd, path, 1, &why);
+  auto qd1 = io::make_uring_reader(fd, path, {.queue_depth = 1}, &why);
   const auto t1 = Clock::now();
   for (int i = 0; i < 2000; ++i) {
     auto g = qd1->submit({{(rng.next() % pages) * block, block, buf.get()}});
@@ -199,6 +201,120 @@ RawResult raw_uring(const std::string& path, double seconds, uint32_t block) {
   qd1.reset();
   ::close(fd);
   return r;
+}
+
+// The latency of one module's reads at decode: a group of `n` random
+// `block`-byte O_DIRECT reads submitted, then `gap_us` of compute on the
+// submitting thread (the layers in front of the module), then wait(); then
+// `rest_us` more compute (the rest of the step) before the next group. Per
+// reader configuration: the median and 90th percentile of submit -> last
+// read issued, issued -> last read landed, submit -> landed, and the time
+// wait() blocked. `direct` is the floor: the submitting thread issues into
+// its own ring and polls for completions, no other thread involved.
+struct BurstConfig {
+  std::string label;
+  bool pread = false, direct = false;
+  io::UringOptions opt;
+};
+
+void spin_for(double us) {
+  const auto t0 = Clock::now();
+  while (secs(t0) * 1e6 < us) {
+  }
+}
+
+void burst_test(const std::string& path, uint32_t block, int n, double gap_us, double rest_us, int groups) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) fail(ErrorKind::io, path + ": cannot open with O_DIRECT");
+  const uint64_t blocks = std::filesystem::file_size(path) / block;
+  void* mem = nullptr;
+  if (::posix_memalign(&mem, 4096, static_cast<size_t>(n) * 4096) != 0) fail(ErrorKind::out_of_memory, "burst test buffer");
+  std::unique_ptr<uint8_t, decltype(&std::free)> buf(static_cast<uint8_t*>(mem), &std::free);
+  std::vector<BurstConfig> cfgs;
+  cfgs.push_back({"direct (floor)", false, true, {}});
+  for (unsigned rings : {1u, 4u, 16u}) cfgs.push_back({"driver x" + std::to_string(rings), false, false, {64, rings, io::UringIssue::driver, 0}});
+  for (unsigned spin : {100u, 1000u}) cfgs.push_back({"driver x4 spin " + std::to_string(spin), false, false, {64, 4, io::UringIssue::driver, spin}});
+  for (unsigned rings : {1u, 4u}) cfgs.push_back({"caller x" + std::to_string(rings), false, false, {64, rings, io::UringIssue::caller, 0}});
+  cfgs.push_back({"caller x1 spin 1000", false, false, {64, 1, io::UringIssue::caller, 1000}});
+  for (unsigned rings : {1u, 4u}) cfgs.push_back({"sqpoll x" + std::to_string(rings), false, false, {64, rings, io::UringIssue::sqpoll, 0}});
+  cfgs.push_back({"sqpoll x1 spin 1000", false, false, {64, 1, io::UringIssue::sqpoll, 1000}});
+  cfgs.push_back({"pread x16", true, false, {}});
+  std::printf("\nburst test: %d random %u-byte O_DIRECT reads, then %.0f us of compute, wait, %.0f us more; %d groups per configuration\n", n, block, gap_us,
+              rest_us, groups);
+  std::printf("| reader | issue us p50 / p90 | device us p50 / p90 | submit->landed us p50 / p90 | wait us p50 / p90 | mean wait us |\n|---|---:|---:|---:|---:|---:|\n");
+  Rng rng{777};
+  auto pct = [](std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+  };
+  for (const auto& c : cfgs) {
+    std::vector<double> issue, device, total, waited;
+    std::string why;
+    std::unique_ptr<io::BlockReader> r;
+    io_uring ring{};
+    if (c.direct) {
+      if (io_uring_queue_init(static_cast<unsigned>(n) + 2, &ring, 0) < 0) continue;
+    } else {
+      r = c.pread ? io::make_pread_reader(fd, path, 16) : io::make_uring_reader(fd, path, c.opt, &why);
+      if (!r) {
+        std::printf("| %s | unavailable: %s | | | | |\n", c.label.c_str(), why.c_str());
+        continue;
+      }
+    }
+    for (int gi = 0; gi < groups + 10; ++gi) {
+      std::vector<io::ReadRequest> reqs;
+      for (int i = 0; i < n; ++i) reqs.push_back({(rng.next() % blocks) * block, block, buf.get() + i * 4096});
+      if (c.direct) {
+        const auto t0 = Clock::now();
+        for (const auto& q : reqs) io_uring_prep_read(io_uring_get_sqe(&ring), fd, q.dst, q.len, q.offset);
+        io_uring_submit(&ring);
+        const auto t1 = Clock::now();
+        int left = n;
+        auto poll = [&] {
+          io_uring_cqe* cqe;
+          while (left > 0 && io_uring_peek_cqe(&ring, &cqe) == 0) {
+            if (cqe->res != static_cast<int>(block)) fail(ErrorKind::io, "burst test: direct read failed");
+            io_uring_cqe_seen(&ring, cqe);
+            --left;
+          }
+        };
+        Clock::time_point landed{};
+        const auto gap0 = Clock::now();
+        while (secs(gap0) * 1e6 < gap_us) {  // compute, checking now and then what landed
+          poll();
+          if (left == 0 && landed == Clock::time_point{}) landed = Clock::now();
+        }
+        const auto w0 = Clock::now();
+        while (left > 0) poll();
+        if (landed == Clock::time_point{}) landed = Clock::now();
+        const double w = secs(w0) * 1e6;
+        if (gi >= 10) {
+          issue.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+          device.push_back(std::chrono::duration<double, std::micro>(landed - t1).count());
+          total.push_back(std::chrono::duration<double, std::micro>(landed - t0).count());
+          waited.push_back(w);
+        }
+      } else {
+        auto g = r->submit(std::move(reqs));
+        spin_for(gap_us);
+        const double w = static_cast<double>(r->wait(*g)) / 1e3;
+        if (gi >= 10) {
+          issue.push_back(std::chrono::duration<double, std::micro>(g->issued - g->submitted).count());
+          device.push_back(std::chrono::duration<double, std::micro>(g->completed - g->issued).count());
+          total.push_back(std::chrono::duration<double, std::micro>(g->completed - g->submitted).count());
+          waited.push_back(w);
+        }
+      }
+      spin_for(rest_us);
+    }
+    if (c.direct) io_uring_queue_exit(&ring);
+    double mean = 0;
+    for (double w : waited) mean += w / static_cast<double>(waited.size());
+    std::printf("| %s | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.1f |\n", c.label.c_str(), pct(issue, 0.5), pct(issue, 0.9), pct(device, 0.5),
+                pct(device, 0.9), pct(total, 0.5), pct(total, 0.9), pct(waited, 0.5), pct(waited, 0.9), mean);
+    std::fflush(stdout);
+  }
+  ::close(fd);
 }
 
 struct Synthetic {
@@ -354,13 +470,20 @@ int main(int argc, char** argv) {
     int64_t table_mib = 2048, decode_steps = 48, prefill = 2048, threads = 0, decode_rounds = 3;
     double zipf = 0;
     std::string text, tokenizer_dir = "fixtures/tiny-qwen3moe";
-    std::string dir = "bench-ple-data";
+    std::string dir = "bench-ple-data", only;
+    bool burst = false;
     for (int i = 1; i < argc; i += 2) {
       const std::string a = argv[i];
       if (a == "--help" || a == "-h") {
         std::printf("usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N] [--rounds N] [--zipf S] [--text FILE,... [--tokenizer DIR]]\n"
+                    "                 [--variants LABEL,...] [--burst]\n"
                     "  writes DIR/model.safetensors and DIR/ple-table.hmoe (N MiB of tables; default 2048 in ./bench-ple-data)\n");
         return 0;
+      }
+      if (a == "--burst") {
+        burst = true;
+        --i;
+        continue;
       }
       if (i + 1 >= argc) fail(ErrorKind::invalid_argument, "option " + a + " needs a value");
       const std::string v = argv[i + 1];
@@ -373,6 +496,7 @@ int main(int argc, char** argv) {
       else if (a == "--zipf") zipf = std::stod(v);
       else if (a == "--text") text = v;
       else if (a == "--tokenizer") tokenizer_dir = v;
+      else if (a == "--variants") only = "," + v + ",";
       else fail(ErrorKind::invalid_argument, "unknown option " + a);
     }
     const int64_t rows_per_module = table_mib * (int64_t{1} << 20) / 2 / (kHeadDim * 2);
@@ -390,15 +514,24 @@ int main(int argc, char** argv) {
       int64_t block;
       bool ordered;
       int64_t cache_mib;  // -1: the default
+      const char* issue = "driver";
+      int64_t spin_us = 0;
     };
-    const Variant variants[] = {{"ram", "ram", 0, true, -1},
+    const Variant all_variants[] = {{"ram", "ram", 0, true, -1},
                                 {"io_uring", "io_uring", 0, true, -1},
                                 {"io_uring no cache", "io_uring", 0, true, 0},
                                 {"io_uring together", "io_uring", 0, false, -1},
                                 {"io_uring 4k", "io_uring", 4096, true, -1},
                                 {"io_uring 4k together", "io_uring", 4096, false, -1},
+                                {"io_uring spin", "io_uring", 0, true, -1, "driver", 1000},
+                                {"io_uring caller", "io_uring", 0, true, -1, "caller", 0},
+                                {"io_uring sqpoll", "io_uring", 0, true, -1, "sqpoll", 0},
+                                {"io_uring sqpoll spin", "io_uring", 0, true, -1, "sqpoll", 1000},
                                 {"pread", "pread", 0, true, -1},
                                 {"mmap", "mmap", 0, true, -1}};
+    std::vector<Variant> variants;
+    for (const Variant& v : all_variants)
+      if (only.empty() || v.label == std::string("ram") || only.find("," + std::string(v.label) + ",") != std::string::npos) variants.push_back(v);
     const TokenSource tokens(zipf);
     std::printf("token ids: %s\n", zipf > 0 ? ("Zipf, s = " + std::to_string(zipf)).c_str() : "uniform");
     std::vector<std::unique_ptr<io::TensorStore>> stores;
@@ -411,6 +544,8 @@ int main(int argc, char** argv) {
       s.ple_read_block = v.block;
       s.ple_ordered_reads = v.ordered;
       if (v.cache_mib >= 0) s.ple_cache_mib = v.cache_mib;
+      s.ple_uring_issue = v.issue;
+      s.ple_spin_us = v.spin_us;
       s.progress = "lines";
       stores.push_back(std::make_unique<io::TensorStore>(dir));
       WeightBinder bind(*stores.back());
@@ -441,7 +576,13 @@ int main(int argc, char** argv) {
       text_hits(*mods[1], syn, pool, ids, names + " (tokenizer of " + tokenizer_dir + "), io_uring with the default " + std::to_string(default_cache_mib) + " MiB row cache");
       return 0;
     }
-    const uint32_t fine = mods[1]->table().read_block();
+    const uint32_t fine = mods.size() > 1 ? mods[1]->table().read_block() : 512;
+    if (burst) {
+      drop_cache(table);
+      burst_test(table, fine, 16, 270, 800, 400);
+      burst_test(table, fine, 128, 1200, 4000, 100);
+      return 0;
+    }
     std::vector<std::pair<uint32_t, RawResult>> raws;
     for (uint32_t blk : {fine, 4096u}) {
       if (!raws.empty() && raws.back().first == blk) continue;
@@ -476,8 +617,8 @@ int main(int argc, char** argv) {
         }
       for (auto& r : acc) rows.push_back(r);
     }
-    std::printf("\n| scenario | backend | step ms | vs ram | I/O wait ms/step (module 1 + 2) | hidden | cached rows/step | reads/step | KiB/step | IOPS | MB/s |\n");
-    std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("\n| scenario | backend | step ms | vs ram | I/O wait ms/step (module 1 + 2) | module 1 reads us (issue + device) | hidden | cached rows/step | reads/step | KiB/step | IOPS | MB/s |\n");
+    std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double ram_ms = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
@@ -494,9 +635,13 @@ int main(int argc, char** argv) {
         mbps = std::to_string(static_cast<int64_t>(static_cast<double>(r.io.bytes_read) / io_s / 1e6));
         hidden = std::to_string(static_cast<int>(r.io.hidden_fraction() * 100)) + "%";
       }
-      std::printf("| %s | %s | %.2f | %.2fx | %.3f (%.3f + %.3f) | %s | %.1f | %.0f | %.0f | %s | %s |\n", r.scenario.c_str(), r.backend.c_str(), step_ms,
+      const double m0_us = static_cast<double>(r.m0.io_ns) / 1e3 / per, m0_issue = static_cast<double>(r.m0.issue_ns) / 1e3 / per;
+      const std::string m0 = r.m0.io_ns > 0 ? std::to_string(static_cast<int>(m0_us)) + " (" + std::to_string(static_cast<int>(m0_issue)) + " + " +
+                                                  std::to_string(static_cast<int>(m0_us - m0_issue)) + ")"
+                                            : "-";
+      std::printf("| %s | %s | %.2f | %.2fx | %.3f (%.3f + %.3f) | %s | %s | %.1f | %.0f | %.0f | %s | %s |\n", r.scenario.c_str(), r.backend.c_str(), step_ms,
                   ram_ms > 0 ? step_ms / ram_ms : 0.0, static_cast<double>(r.io.wait_ns) / 1e6 / per,
-                  static_cast<double>(r.m0.wait_ns) / 1e6 / per, static_cast<double>(r.m1.wait_ns) / 1e6 / per, hidden.c_str(),
+                  static_cast<double>(r.m0.wait_ns) / 1e6 / per, static_cast<double>(r.m1.wait_ns) / 1e6 / per, m0.c_str(), hidden.c_str(),
                   static_cast<double>(r.io.rows_cached) / per, static_cast<double>(r.io.reads) / per, static_cast<double>(r.io.bytes_read) / 1024.0 / per, iops.c_str(), mbps.c_str());
     }
     std::printf("\n");

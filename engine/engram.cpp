@@ -115,6 +115,10 @@ std::unique_ptr<EngramModules> EngramModules::load(WeightBinder& bind, const Mod
     fail(ErrorKind::invalid_argument, "--ple-uring-rings / HMOE_PLE_URING_RINGS must be in 1..64, got " + std::to_string(s.ple_uring_rings));
   opt.queue_depth = static_cast<unsigned>(s.ple_queue_depth);
   opt.uring_rings = static_cast<unsigned>(s.ple_uring_rings);
+  opt.uring_issue = io::parse_uring_issue("--ple-uring-issue / HMOE_PLE_URING_ISSUE", s.ple_uring_issue);
+  if (s.ple_spin_us < 0 || s.ple_spin_us > 100000)
+    fail(ErrorKind::invalid_argument, "--ple-spin-us / HMOE_PLE_SPIN_US must be in 0..100000, got " + std::to_string(s.ple_spin_us));
+  opt.spin_us = static_cast<unsigned>(s.ple_spin_us);
   opt.pread_threads = static_cast<int>(s.ple_pread_threads);
   opt.direct = s.ple_direct;
   opt.read_align = s.ple_read_block;  // checked by PleTable::open

@@ -447,7 +447,12 @@ std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, 
   const int pread_threads = std::max(1, opt.pread_threads);
   if (opt.backend == PleBackend::io_uring) {
     std::string no;
-    im.reader = make_uring_reader(im.fd.fd, opt.path, opt.queue_depth, &no, opt.uring_rings);
+    UringOptions uo;
+    uo.queue_depth = opt.queue_depth;
+    uo.rings = opt.uring_rings;
+    uo.issue = opt.uring_issue;
+    uo.spin_us = opt.spin_us;
+    im.reader = make_uring_reader(im.fd.fd, opt.path, uo, &no);
     if (!im.reader) {
       pt->backend_ = PleBackend::pread;
       pt->notice_ += std::string(pt->notice_.empty() ? "" : "; ") + "io_uring is unavailable (" + no + "): using " +
@@ -455,7 +460,7 @@ std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, 
       std::fprintf(stderr, "hmoe: notice: %s\n", pt->notice_.c_str());
     }
   }
-  if (!im.reader) im.reader = make_pread_reader(im.fd.fd, opt.path, pread_threads);
+  if (!im.reader) im.reader = make_pread_reader(im.fd.fd, opt.path, pread_threads, opt.spin_us);
   im.ordered = opt.ordered;
   if (opt.cache_bytes > 0) {
     size_t slot = 0;
@@ -619,6 +624,7 @@ int64_t PleTable::wait(int t) {
   ns = impl_->reader->wait(*g);
   st.wait_ns += ns;
   st.io_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(g->completed - g->submitted).count();
+  st.issue_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(g->issued - g->submitted).count();
   if (PleRowCache* cache = impl_->cache.get())
     for (const auto& [r, p] : s.fresh) cache->insert(t, r, p, s.row_bytes);
   s.fresh.clear();
@@ -634,6 +640,7 @@ PleStats& PleStats::operator+=(const PleStats& o) {
   bytes_read += o.bytes_read;
   wait_ns += o.wait_ns;
   io_ns += o.io_ns;
+  issue_ns += o.issue_ns;
   return *this;
 }
 

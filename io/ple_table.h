@@ -65,6 +65,8 @@ struct PleOptions {
   PleBackend backend = PleBackend::io_uring;
   unsigned queue_depth = 64;          // io_uring reads in flight (shared by the rings)
   unsigned uring_rings = 4;           // io_uring rings, each with a driver thread issuing reads
+  UringIssue uring_issue = UringIssue::driver;  // see io/uring_reader.h
+  unsigned spin_us = 0;               // readers and wait() busy-poll this long before sleeping
   int pread_threads = 4;              // pread workers (and the io_uring fallback)
   bool direct = true;                 // O_DIRECT for io_uring and pread
   uint32_t max_read_bytes = 128 << 10;  // adjacent blocks are merged into reads up to this size
@@ -84,6 +86,7 @@ struct PleStats {
   int64_t bytes_read = 0;      // bytes those reads cover
   int64_t wait_ns = 0;         // time the step thread spent blocked in wait()
   int64_t io_ns = 0;           // time from submit to the last completion, summed
+  int64_t issue_ns = 0;        // of which: submit to the last read handed to the kernel (or a worker)
   // Share of the I/O time that overlapped compute: 1 - wait/io (1 when no I/O).
   double hidden_fraction() const;
   PleStats& operator+=(const PleStats& o);

@@ -1,8 +1,10 @@
-// io_uring and pread implementations of BlockReader. Each io_uring ring's
-// driver thread owns it: submit() only queues the reads and pokes an eventfd
-// the ring polls, so the step thread pays neither for issuing reads (O_DIRECT
-// issue runs inline in io_uring_submit) nor for reaping them; several rings
-// issue one group's reads in parallel.
+// io_uring and pread implementations of BlockReader. By default each
+// io_uring ring's driver thread owns it: submit() only queues the reads and
+// pokes an eventfd the ring polls, so the step thread pays neither for
+// issuing reads (O_DIRECT issue runs inline in io_uring_submit) nor for
+// reaping them; several rings issue one group's reads in parallel. The
+// `caller` and `sqpoll` issue paths fill the submission queue from submit()
+// (under the ring's lock) and leave the driver only the reaping.
 #include "io/uring_reader.h"
 
 #include <liburing.h>
@@ -19,6 +21,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 
 #include "configs/error.h"
 
@@ -39,7 +42,7 @@ struct Pending {
 class GroupTracker {
  public:
   using Dispatch = std::function<void(const std::shared_ptr<ReadGroup>&)>;
-  explicit GroupTracker(Dispatch dispatch) : dispatch_(std::move(dispatch)) {}
+  GroupTracker(Dispatch dispatch, unsigned spin_us) : dispatch_(std::move(dispatch)), spin_(std::chrono::microseconds(spin_us)) {}
 
   // Starts g now (an empty group completes at once), or holds it behind `after`.
   void start(const std::shared_ptr<ReadGroup>& g, const std::shared_ptr<ReadGroup>& after) {
@@ -48,7 +51,8 @@ class GroupTracker {
       g->submitted = Clock::now();
       g->remaining = static_cast<int64_t>(g->reqs.size());
       if (g->reqs.empty()) {
-        g->completed = g->submitted;
+        g->issued = g->completed = g->submitted;
+        g->done.store(true, std::memory_order_release);
         return;
       }
       if (after && after->remaining > 0 && !closing_) {
@@ -86,8 +90,16 @@ class GroupTracker {
     if (any) cv_.notify_all();
     release(released);
   }
+  // Some of g's reads were handed to the kernel (or a worker) at `at`.
+  void issued(ReadGroup& g, Clock::time_point at) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (at > g.issued) g.issued = at;
+  }
   int64_t wait(ReadGroup& g, const std::string& path) {
     const auto t0 = Clock::now();
+    if (spin_.count() > 0)
+      while (!g.done.load(std::memory_order_acquire) && Clock::now() - t0 < spin_) {
+      }
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return g.remaining == 0; });
     const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
@@ -103,6 +115,8 @@ class GroupTracker {
  private:
   void complete(ReadGroup& g, Clock::time_point now, std::vector<std::shared_ptr<ReadGroup>>& released) {
     g.completed = now;
+    if (g.issued < g.submitted) g.issued = now;  // failed before being issued
+    g.done.store(true, std::memory_order_release);
     for (auto& n : g.then) released.push_back(std::move(n));
     g.then.clear();
   }
@@ -127,6 +141,7 @@ class GroupTracker {
     }
   }
   Dispatch dispatch_;
+  const Clock::duration spin_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool closing_ = false;
@@ -137,27 +152,44 @@ std::string read_error(const ReadRequest& r, int err) {
 }
 
 // One ring and its driver thread. Several rings share one GroupTracker, so a
-// group's reads can be spread over them.
+// group's reads can be spread over them. In the `driver` issue path only the
+// driver touches the submission queue; in `caller` and `sqpoll` enqueue()
+// fills it under mu_, and so does the driver (reads that waited for a free
+// slot, short-read remainders, its wake-up poll).
 class UringRing {
  public:
-  UringRing(int fd, unsigned qd, GroupTracker& tracker) : fd_(fd), qd_(qd), tracker_(tracker) {}
-  bool init(std::string* why) {
+  UringRing(int fd, unsigned qd, const UringOptions& opt, GroupTracker& tracker)
+      : fd_(fd), qd_(qd), issue_(opt.issue), spin_(std::chrono::microseconds(opt.spin_us)), tracker_(tracker) {}
+  // attach_to: in sqpoll, the ring whose kernel polling thread this one shares (null for the first).
+  bool init(std::string* why, const UringRing* attach_to) {
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
     if (wake_fd_ < 0) {
       if (why) *why = std::string("eventfd: ") + std::strerror(errno);
       return false;
     }
-    const int e = io_uring_queue_init(qd_ + 2, &ring_, 0);
+    io_uring_params p{};
+    if (issue_ == UringIssue::sqpoll) {
+      p.flags = IORING_SETUP_SQPOLL;
+      p.sq_thread_idle = 50;  // ms of polling after the last submission before the kernel thread sleeps
+      if (attach_to) {
+        p.flags |= IORING_SETUP_ATTACH_WQ;
+        p.wq_fd = static_cast<unsigned>(attach_to->ring_.ring_fd);
+      }
+    }
+    const int e = io_uring_queue_init_params(qd_ + 2, &ring_, &p);
     if (e < 0) {
-      if (why) *why = std::string("io_uring_queue_init: ") + std::strerror(-e);
+      if (why) *why = std::string("io_uring_queue_init") + (issue_ == UringIssue::sqpoll ? " with SQPOLL: " : ": ") + std::strerror(-e);
       ::close(wake_fd_);
       wake_fd_ = -1;
       return false;
     }
     ops_.resize(qd_);
     for (unsigned i = 0; i < qd_; ++i) free_ops_.push_back(i);
-    arm_wake();
-    io_uring_submit(&ring_);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      arm_wake();
+      io_uring_submit(&ring_);
+    }
     driver_ = std::thread([this] { drive(); });
     return true;
   }
@@ -178,11 +210,22 @@ class UringRing {
 
   // Queues reads i = first, first + step, ... of g (stride over the rings).
   void enqueue(const std::shared_ptr<ReadGroup>& g, size_t first, size_t step) {
+    if (issue_ == UringIssue::driver) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (size_t i = first; i < g->reqs.size(); i += step) pending_.push_back({g, g->reqs[i]});
+      }
+      wake();
+      return;
+    }
+    std::vector<ReadGroup*> issued;
     {
       std::lock_guard<std::mutex> lk(mu_);
       for (size_t i = first; i < g->reqs.size(); i += step) pending_.push_back({g, g->reqs[i]});
+      fill_sq_locked(issued);
+      io_uring_submit(&ring_);
     }
-    wake();
+    stamp(issued);
   }
 
  private:
@@ -194,19 +237,42 @@ class UringRing {
     }
   }
   // A poll on the eventfd: submit() and the destructor write to it to wake
-  // the driver out of io_uring_wait_cqe.
+  // the driver out of io_uring_wait_cqe. Needs mu_ (or the driver path).
   void arm_wake() {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     io_uring_prep_poll_add(sqe, wake_fd_, POLLIN);
     io_uring_sqe_set_data64(sqe, kWakeTag);
   }
+  // Moves pending reads into submission entries while slots are free;
+  // `issued` collects their groups. Needs mu_.
+  void fill_sq_locked(std::vector<ReadGroup*>& issued) {
+    while (!pending_.empty() && !free_ops_.empty()) {
+      const unsigned slot = free_ops_.back();
+      free_ops_.pop_back();
+      ops_[slot] = std::move(pending_.front());
+      pending_.pop_front();
+      const ReadRequest& r = ops_[slot].req;
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+      io_uring_prep_read(sqe, fd_, r.dst, r.len, r.offset);
+      io_uring_sqe_set_data64(sqe, slot);
+      if (issued.empty() || issued.back() != ops_[slot].group.get()) issued.push_back(ops_[slot].group.get());
+    }
+  }
+  void stamp(std::vector<ReadGroup*>& issued) {
+    if (issued.empty()) return;
+    const auto now = Clock::now();
+    for (ReadGroup* g : issued) tracker_.issued(*g, now);
+    issued.clear();
+  }
 
-  // The driver owns the ring: only it fills submission entries and reaps
-  // completions, so the step thread never pays for issuing the reads.
+  // The driver reaps completions; in the `driver` issue path it also fills
+  // the submission queue, so the step thread never pays for issuing reads.
   void drive() {
     std::vector<std::pair<uint64_t, int>> got;
     std::vector<std::pair<std::shared_ptr<ReadGroup>, std::string>> finished;
-    bool stopping = false;
+    std::vector<ReadGroup*> issued;
+    bool stopping = false, idle = true;
+    const bool owns_sq = issue_ == UringIssue::driver;
     for (;;) {
       finished.clear();
       {
@@ -216,22 +282,22 @@ class UringRing {
           for (auto& p : pending_) finished.push_back({std::move(p.group), "reader closed before the read was issued"});
           pending_.clear();
         }
-        while (!pending_.empty() && !free_ops_.empty()) {
-          const unsigned slot = free_ops_.back();
-          free_ops_.pop_back();
-          ops_[slot] = std::move(pending_.front());
-          pending_.pop_front();
-          const ReadRequest& r = ops_[slot].req;
-          io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-          io_uring_prep_read(sqe, fd_, r.dst, r.len, r.offset);
-          io_uring_sqe_set_data64(sqe, slot);
-        }
+        fill_sq_locked(issued);
+        if (!owns_sq) io_uring_submit(&ring_);
+        idle = free_ops_.size() == qd_;
       }
       tracker_.done_many(finished);
-      if (stopping && free_ops_.size() == qd_) return;
-      io_uring_submit(&ring_);
+      if (stopping && idle) return;
+      if (owns_sq) io_uring_submit(&ring_);
+      stamp(issued);
       io_uring_cqe* cqe = nullptr;
-      const int e = io_uring_wait_cqe(&ring_, &cqe);
+      int e = 0;
+      if (spin_.count() > 0 && !idle) {  // reads in flight: poll for a while before sleeping
+        const auto t0 = Clock::now();
+        while ((e = io_uring_peek_cqe(&ring_, &cqe)) == -EAGAIN && Clock::now() - t0 < spin_) {
+        }
+      }
+      if (!cqe) e = io_uring_wait_cqe(&ring_, &cqe);
       if (e == -EINTR) continue;
       if (e < 0) {
         fail_all(std::string("io_uring_wait_cqe: ") + std::strerror(-e));
@@ -244,17 +310,19 @@ class UringRing {
       io_uring_cq_advance(&ring_, k);
       finished.clear();
       std::vector<Pending> retry;
+      bool rearm = false;
+      std::vector<unsigned> freed;
       for (const auto& [tag, res] : got) {
         if (tag == kWakeTag) {
           uint64_t v;
           while (::read(wake_fd_, &v, sizeof(v)) < 0 && errno == EINTR) {
           }
-          arm_wake();
+          rearm = true;
           continue;
         }
         Pending op = std::move(ops_[tag]);
         ops_[tag] = {};
-        free_ops_.push_back(static_cast<unsigned>(tag));
+        freed.push_back(static_cast<unsigned>(tag));
         std::string err;
         if (res < 0) {
           err = read_error(op.req, -res);
@@ -268,9 +336,11 @@ class UringRing {
         }
         finished.push_back({std::move(op.group), std::move(err)});
       }
-      if (!retry.empty()) {
+      {
         std::lock_guard<std::mutex> lk(mu_);
+        for (unsigned f : freed) free_ops_.push_back(f);
         for (auto it = retry.rbegin(); it != retry.rend(); ++it) pending_.push_front(std::move(*it));
+        if (rearm) arm_wake();
       }
       tracker_.done_many(finished);
     }
@@ -290,31 +360,35 @@ class UringRing {
 
   int fd_;
   unsigned qd_;
+  UringIssue issue_;
+  Clock::duration spin_;
   int wake_fd_ = -1;
   io_uring ring_{};
-  std::mutex mu_;                // guards pending_ and stop_
+  std::mutex mu_;  // guards pending_, free_ops_, stop_, and the submission queue outside the `driver` path
   std::deque<Pending> pending_;
   bool stop_ = false;
-  std::vector<Pending> ops_;     // driver thread only
+  std::vector<Pending> ops_;  // slot -> read in flight; a slot is written by whoever holds it
   std::vector<unsigned> free_ops_;
   GroupTracker& tracker_;
   std::thread driver_;
 };
 
 // The kernel issues an O_DIRECT read inline in io_uring_submit (several
-// microseconds each on a virtio or NVMe queue), so one driver thread issues
-// a group's reads one after another; with `rings` rings and driver threads a
-// group is issued in parallel, each ring taking every rings-th read.
+// microseconds each on a virtio or NVMe queue), so one thread issues a
+// group's reads one after another; with several rings (and, in the `driver`
+// path, driver threads) a group is issued in parallel, each ring taking
+// every rings-th read.
 class UringReader final : public BlockReader {
  public:
-  UringReader(int fd, std::string path, unsigned qd, unsigned rings)
-      : path_(std::move(path)), tracker_([this](const std::shared_ptr<ReadGroup>& g) { issue(g); }) {
-    for (unsigned i = 0; i < rings; ++i) rings_.push_back(std::make_unique<UringRing>(fd, std::max(1u, qd / rings), tracker_));
+  UringReader(int fd, std::string path, const UringOptions& opt)
+      : path_(std::move(path)), tracker_([this](const std::shared_ptr<ReadGroup>& g) { issue(g); }, opt.spin_us) {
+    for (unsigned i = 0; i < opt.rings; ++i)
+      rings_.push_back(std::make_unique<UringRing>(fd, std::max(1u, opt.queue_depth / opt.rings), opt, tracker_));
   }
   ~UringReader() override { tracker_.close(); }
   bool init(std::string* why) {
     for (auto& r : rings_)
-      if (!r->init(why)) return false;
+      if (!r->init(why, r == rings_.front() ? nullptr : rings_.front().get())) return false;
     return true;
   }
   std::shared_ptr<ReadGroup> submit(std::vector<ReadRequest> reqs, const std::shared_ptr<ReadGroup>& after) override {
@@ -354,8 +428,8 @@ std::string pread_one(int fd, const ReadRequest& r) {
 
 class PreadReader final : public BlockReader {
  public:
-  PreadReader(int fd, std::string path, int threads)
-      : fd_(fd), path_(std::move(path)), tracker_([this](const std::shared_ptr<ReadGroup>& g) { issue(g); }) {
+  PreadReader(int fd, std::string path, int threads, unsigned spin_us)
+      : fd_(fd), path_(std::move(path)), tracker_([this](const std::shared_ptr<ReadGroup>& g) { issue(g); }, spin_us) {
     for (int i = 0; i < std::max(1, threads); ++i) workers_.emplace_back([this] { work(); });
   }
   ~PreadReader() override {
@@ -394,6 +468,7 @@ class PreadReader final : public BlockReader {
         p = std::move(queue_.front());
         queue_.pop_front();
       }
+      tracker_.issued(*p.group, Clock::now());
       tracker_.done_one(*p.group, pread_one(fd_, p.req));
     }
   }
@@ -409,23 +484,44 @@ class PreadReader final : public BlockReader {
 
 }  // namespace
 
-std::unique_ptr<BlockReader> make_uring_reader(int fd, const std::string& path, unsigned queue_depth, std::string* why,
-                                               unsigned rings) {
-  if (queue_depth == 0 || queue_depth > 4096) {
-    if (why) *why = "queue depth " + std::to_string(queue_depth) + " is outside 1..4096";
+UringIssue parse_uring_issue(const std::string& what, const std::string& s) {
+  if (s == "driver") return UringIssue::driver;
+  if (s == "caller") return UringIssue::caller;
+  if (s == "sqpoll") return UringIssue::sqpoll;
+  fail(ErrorKind::invalid_argument, what + ": unknown io_uring issue path '" + s + "' (expected driver, caller or sqpoll)");
+}
+
+const char* uring_issue_name(UringIssue i) {
+  switch (i) {
+    case UringIssue::driver: return "driver";
+    case UringIssue::caller: return "caller";
+    case UringIssue::sqpoll: return "sqpoll";
+  }
+  return "?";
+}
+
+std::unique_ptr<BlockReader> make_uring_reader(int fd, const std::string& path, const UringOptions& opt, std::string* why) {
+  if (opt.queue_depth == 0 || opt.queue_depth > 4096) {
+    if (why) *why = "queue depth " + std::to_string(opt.queue_depth) + " is outside 1..4096";
     return nullptr;
   }
-  if (rings == 0 || rings > 64) {
-    if (why) *why = "ring count " + std::to_string(rings) + " is outside 1..64";
+  if (opt.rings == 0 || opt.rings > 64) {
+    if (why) *why = "ring count " + std::to_string(opt.rings) + " is outside 1..64";
     return nullptr;
   }
-  auto r = std::make_unique<UringReader>(fd, path, queue_depth, std::min(rings, queue_depth));
+  if (opt.spin_us > 100000) {
+    if (why) *why = "spin of " + std::to_string(opt.spin_us) + " us is outside 0..100000";
+    return nullptr;
+  }
+  UringOptions o = opt;
+  o.rings = std::min(opt.rings, opt.queue_depth);
+  auto r = std::make_unique<UringReader>(fd, path, o);
   if (!r->init(why)) return nullptr;
   return r;
 }
 
-std::unique_ptr<BlockReader> make_pread_reader(int fd, const std::string& path, int threads) {
-  return std::make_unique<PreadReader>(fd, path, threads);
+std::unique_ptr<BlockReader> make_pread_reader(int fd, const std::string& path, int threads, unsigned spin_us) {
+  return std::make_unique<PreadReader>(fd, path, threads, spin_us);
 }
 
 DirectIoAlign direct_io_align(int fd) {

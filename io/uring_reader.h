@@ -11,11 +11,21 @@
 // With O_DIRECT files, offsets, lengths and destinations must be aligned to
 // kDirectAlign (or the finer alignment direct_io_align() reports).
 //
+// Issue paths (UringOptions::issue): `driver` (default) - a driver thread
+// per ring fills the submission queue and reaps, the submitter only queues;
+// `caller` - the submitting thread issues the reads itself (paying the
+// kernel's inline O_DIRECT issue) and the driver only reaps; `sqpoll` - the
+// submitting thread writes submission entries that a kernel thread, polling,
+// issues (one busy kernel thread shared by the rings). `spin_us` > 0 lets
+// driver threads and wait() busy-poll that long before sleeping, trading a
+// core for the wake-up latency of a sleeping thread.
+//
 // Ordering: submit(reqs, after) holds the group's reads back until the group
 // `after` has completed (failed or not), then issues them. Reads needed
 // sooner are then not slowed by reads needed later sharing a saturated
 // device queue. A reader being destroyed fails held groups instead.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -32,12 +42,15 @@ struct ReadRequest {
   void* dst = nullptr;
 };
 
-// One submitted group of reads. Times are steady_clock.
+// One submitted group of reads. Times are steady_clock: submitted (or
+// released from behind `after`), issued (the last read handed to the kernel
+// or a pread worker), completed (the last read landed).
 struct ReadGroup {
   std::vector<ReadRequest> reqs;
-  std::chrono::steady_clock::time_point submitted, completed;
+  std::chrono::steady_clock::time_point submitted, issued, completed;
   // Filled by the reader.
   int64_t remaining = 0;
+  std::atomic<bool> done{false};  // set with `completed`, for spinning waiters
   std::string error;
   std::vector<std::shared_ptr<ReadGroup>> then;  // held until this group completes
 };
@@ -52,14 +65,24 @@ class BlockReader {
   virtual const char* name() const = 0;
 };
 
+enum class UringIssue { driver, caller, sqpoll };
+// "driver", "caller" or "sqpoll"; throws Error(invalid_argument) naming `what`.
+UringIssue parse_uring_issue(const std::string& what, const std::string& s);
+const char* uring_issue_name(UringIssue i);
+
+struct UringOptions {
+  unsigned queue_depth = 64;  // reads in flight, shared by the rings (1..4096)
+  unsigned rings = 1;         // rings, each with a driver thread (1..64, at most queue_depth)
+  UringIssue issue = UringIssue::driver;
+  unsigned spin_us = 0;       // busy-poll before sleeping (0..100000)
+};
+
 // fd stays owned by the caller and must outlive the reader. Returns nullptr
 // and sets *why when io_uring cannot be set up (ENOSYS, EPERM under seccomp,
-// ENOMEM for locked memory) or the arguments are out of range. `rings`
-// (1..64, at most queue_depth) rings with a driver thread each share the
-// queue depth and issue a group's reads in parallel.
-std::unique_ptr<BlockReader> make_uring_reader(int fd, const std::string& path, unsigned queue_depth, std::string* why,
-                                               unsigned rings = 1);
-std::unique_ptr<BlockReader> make_pread_reader(int fd, const std::string& path, int threads);
+// ENOMEM for locked memory, SQPOLL refused) or the options are out of range.
+// A group's reads are spread over the rings and issued in parallel.
+std::unique_ptr<BlockReader> make_uring_reader(int fd, const std::string& path, const UringOptions& opt, std::string* why);
+std::unique_ptr<BlockReader> make_pread_reader(int fd, const std::string& path, int threads, unsigned spin_us = 0);
 
 // The offset/length and memory alignment O_DIRECT reads of fd need
 // (statx STATX_DIOALIGN, Linux 6.1+), each a power of two; 0 when the kernel

@@ -229,6 +229,12 @@ TEST_CASE("Engram model load: bad table paths give clear errors and the ram back
     s.ple_cache_mib = 1;
     s.ple_read_block = 1000;
     CHECK_THROWS_WITH_AS(Model::load(dir, s), doctest::Contains("HMOE_PLE_READ_BLOCK"), Error);
+    s.ple_read_block = 0;
+    s.ple_uring_issue = "kernel";
+    CHECK_THROWS_WITH_AS(Model::load(dir, s), doctest::Contains("HMOE_PLE_URING_ISSUE"), Error);
+    s.ple_uring_issue = "driver";
+    s.ple_spin_us = -5;
+    CHECK_THROWS_WITH_AS(Model::load(dir, s), doctest::Contains("HMOE_PLE_SPIN_US"), Error);
   }
   // A foreign file is left alone.
   const std::string foreign = tmp.str() + "/foreign.bin";

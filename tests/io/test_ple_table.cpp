@@ -433,12 +433,20 @@ TEST_CASE("block readers: io_uring and pread agree with the file, errors are rep
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
   REQUIRE(fd >= 0);
   std::string why;
-  auto uring = make_uring_reader(fd, path, 4, &why);
+  auto uring = make_uring_reader(fd, path, {.queue_depth = 4}, &why);
   REQUIRE_MESSAGE(uring != nullptr, why);
-  auto rings = make_uring_reader(fd, path, 8, &why, 3);  // a group spread over 3 rings
+  auto rings = make_uring_reader(fd, path, {.queue_depth = 8, .rings = 3}, &why);  // a group spread over 3 rings
   REQUIRE_MESSAGE(rings != nullptr, why);
+  // The step thread issues into 2 rings; the driver threads only reap and spin a little.
+  auto caller = make_uring_reader(fd, path, {.queue_depth = 4, .rings = 2, .issue = UringIssue::caller, .spin_us = 50}, &why);
+  REQUIRE_MESSAGE(caller != nullptr, why);
+  // A polling kernel thread issues (it may be refused in a container: then skipped).
+  auto sqpoll = make_uring_reader(fd, path, {.queue_depth = 8, .rings = 2, .issue = UringIssue::sqpoll}, &why);
+  if (!sqpoll) MESSAGE("io_uring SQPOLL unavailable here, not tested: " << why);
   auto pr = make_pread_reader(fd, path, 2);
-  for (BlockReader* r : {uring.get(), rings.get(), pr.get()}) {
+  auto pr_spin = make_pread_reader(fd, path, 3, 20);
+  for (BlockReader* r : {uring.get(), rings.get(), caller.get(), sqpoll.get(), pr.get(), pr_spin.get()}) {
+    if (!r) continue;
     CAPTURE(r->name());
     void* mem = nullptr;
     REQUIRE(::posix_memalign(&mem, 4096, 64 * 8192) == 0);
@@ -451,6 +459,9 @@ TEST_CASE("block readers: io_uring and pread agree with the file, errors are rep
     auto g = r->submit(reqs);
     r->wait(*g);
     for (const auto& q : reqs) REQUIRE(std::memcmp(q.dst, bytes.data() + q.offset, q.len) == 0);
+    CHECK(g->done.load());
+    CHECK(g->submitted <= g->issued);
+    CHECK(g->issued <= g->completed);
     // Past the end of the file.
     auto bad = r->submit({{uint64_t{1} << 21, 4096, buf.get()}});
     try {
@@ -487,7 +498,7 @@ TEST_CASE("block readers: io_uring and pread agree with the file, errors are rep
   // A reader closed with groups still held behind others completes them all
   // (read or failed with "reader closed"), so nobody waits forever.
   {
-    auto r = make_uring_reader(fd, path, 2, &why);
+    auto r = make_uring_reader(fd, path, {.queue_depth = 2}, &why);
     REQUIRE(r != nullptr);
     void* mem = nullptr;
     REQUIRE(::posix_memalign(&mem, 4096, 16 * 4096) == 0);
@@ -504,10 +515,17 @@ TEST_CASE("block readers: io_uring and pread agree with the file, errors are rep
   }
   uring.reset();
   rings.reset();
+  caller.reset();
+  sqpoll.reset();
   pr.reset();
+  pr_spin.reset();
   ::close(fd);
-  CHECK(make_uring_reader(0, path, 0, &why) == nullptr);
+  CHECK(make_uring_reader(0, path, {.queue_depth = 0}, &why) == nullptr);
   CHECK(why.find("queue depth") != std::string::npos);
-  CHECK(make_uring_reader(0, path, 4, &why, 0) == nullptr);
+  CHECK(make_uring_reader(0, path, {.queue_depth = 4, .rings = 0}, &why) == nullptr);
   CHECK(why.find("ring count") != std::string::npos);
+  CHECK(make_uring_reader(0, path, {.spin_us = 200000}, &why) == nullptr);
+  CHECK(why.find("spin") != std::string::npos);
+  CHECK(parse_uring_issue("x", "sqpoll") == UringIssue::sqpoll);
+  CHECK_THROWS_WITH_AS(parse_uring_issue("--ple-uring-issue", "kernel"), doctest::Contains("--ple-uring-issue"), Error);
 }
