@@ -31,6 +31,7 @@
 //   prefill. DIR keeps the checkpoint and table file for later runs.
 #include <fcntl.h>
 #include <liburing.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -328,14 +329,22 @@ struct Synthetic {
   }
 };
 
+double process_cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
 struct Row {
   std::string backend, scenario;
   double seconds = 0;  // timed steps, summed
+  double cpu_seconds = 0;  // CPU time of the whole process (all threads, io_uring's kernel threads too) over them
   int64_t steps = 0;
   io::PleStats io;      // summed over the rounds
   io::PleStats m0, m1;  // the first and second module alone
   void add(const Row& o) {
     seconds += o.seconds;
+    cpu_seconds += o.cpu_seconds;
     steps += o.steps;
     io += o.io;
     m0 += o.m0;
@@ -411,6 +420,7 @@ Row run_scenario(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool,
   }
   e.table().reset_stats();
   double total = 0;
+  const double cpu0 = process_cpu_seconds();
   for (int64_t it = 0; it < steps; ++it) {
     Batch b;
     if (prefill > 0) {
@@ -426,6 +436,7 @@ Row run_scenario(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool,
     if (prefill > 0) kv.free_sequence(b.slots[0].seq);
   }
   row.seconds = total;
+  row.cpu_seconds = process_cpu_seconds() - cpu0;
   row.steps = steps;
   row.io = e.table().stats();
   row.m0 = e.table().table_stats(0);
@@ -617,8 +628,8 @@ int main(int argc, char** argv) {
         }
       for (auto& r : acc) rows.push_back(r);
     }
-    std::printf("\n| scenario | backend | step ms | vs ram | I/O wait ms/step (module 1 + 2) | module 1 reads us (issue + device) | hidden | cached rows/step | reads/step | KiB/step | IOPS | MB/s |\n");
-    std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("\n| scenario | backend | step ms | vs ram | CPU cores busy | I/O wait ms/step (module 1 + 2) | module 1 reads us (issue + device) | hidden | cached rows/step | reads/step | KiB/step | IOPS | MB/s |\n");
+    std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double ram_ms = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
@@ -639,8 +650,8 @@ int main(int argc, char** argv) {
       const std::string m0 = r.m0.io_ns > 0 ? std::to_string(static_cast<int>(m0_us)) + " (" + std::to_string(static_cast<int>(m0_issue)) + " + " +
                                                   std::to_string(static_cast<int>(m0_us - m0_issue)) + ")"
                                             : "-";
-      std::printf("| %s | %s | %.2f | %.2fx | %.3f (%.3f + %.3f) | %s | %s | %.1f | %.0f | %.0f | %s | %s |\n", r.scenario.c_str(), r.backend.c_str(), step_ms,
-                  ram_ms > 0 ? step_ms / ram_ms : 0.0, static_cast<double>(r.io.wait_ns) / 1e6 / per,
+      std::printf("| %s | %s | %.2f | %.2fx | %.1f | %.3f (%.3f + %.3f) | %s | %s | %.1f | %.0f | %.0f | %s | %s |\n", r.scenario.c_str(), r.backend.c_str(), step_ms,
+                  ram_ms > 0 ? step_ms / ram_ms : 0.0, r.cpu_seconds / std::max(1e-9, r.seconds), static_cast<double>(r.io.wait_ns) / 1e6 / per,
                   static_cast<double>(r.m0.wait_ns) / 1e6 / per, static_cast<double>(r.m1.wait_ns) / 1e6 / per, m0.c_str(), hidden.c_str(),
                   static_cast<double>(r.io.rows_cached) / per, static_cast<double>(r.io.reads) / per, static_cast<double>(r.io.bytes_read) / 1024.0 / per, iops.c_str(), mbps.c_str());
     }

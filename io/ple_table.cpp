@@ -453,6 +453,17 @@ std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, 
     uo.issue = opt.uring_issue;
     uo.spin_us = opt.spin_us;
     im.reader = make_uring_reader(im.fd.fd, opt.path, uo, &no);
+    if (!im.reader && uo.issue == UringIssue::sqpoll) {  // SQPOLL refused (old kernel, seccomp): driver threads issue instead
+      std::string no2;
+      uo.issue = UringIssue::driver;
+      im.reader = make_uring_reader(im.fd.fd, opt.path, uo, &no2);
+      if (im.reader) {
+        pt->notice_ += std::string(pt->notice_.empty() ? "" : "; ") + "io_uring SQPOLL is unavailable (" + no + "): driver threads issue the reads";
+        std::fprintf(stderr, "hmoe: notice: %s\n", pt->notice_.c_str());
+      } else {
+        no = no2;
+      }
+    }
     if (!im.reader) {
       pt->backend_ = PleBackend::pread;
       pt->notice_ += std::string(pt->notice_.empty() ? "" : "; ") + "io_uring is unavailable (" + no + "): using " +

@@ -170,7 +170,7 @@ class UringRing {
     io_uring_params p{};
     if (issue_ == UringIssue::sqpoll) {
       p.flags = IORING_SETUP_SQPOLL;
-      p.sq_thread_idle = 50;  // ms of polling after the last submission before the kernel thread sleeps
+      p.sq_thread_idle = 10;  // ms of polling after the last submission before the kernel thread sleeps (a decode step is shorter)
       if (attach_to) {
         p.flags |= IORING_SETUP_ATTACH_WQ;
         p.wq_fd = static_cast<unsigned>(attach_to->ring_.ring_fd);
