@@ -14,6 +14,11 @@
 // O_DIRECT block the file allows, module 2's reads held until module 1's
 // have landed), then with both modules' reads at once, with 4 KiB blocks,
 // and with both changes; the raw test runs at the fine block and at 4 KiB.
+// Then the issue paths (--ple-uring-issue caller / sqpoll, and busy-polling
+// --ple-spin-us 1000), and the first module's table kept in memory
+// (--ple-ram-modules 0). --variants LABEL,... runs only those (and ram).
+// --burst instead times single groups of reads per reader configuration
+// (see burst_test), against a floor with no thread hand-off at all.
 //
 // With --zipf S the token ids follow Zipf's law (rank k with weight
 // 1/(k+1)^S, as words in text) instead of being uniform, so that n-grams
@@ -527,6 +532,7 @@ int main(int argc, char** argv) {
       int64_t cache_mib;  // -1: the default
       const char* issue = "driver";
       int64_t spin_us = 0;
+      const char* ram_modules = "none";
     };
     const Variant all_variants[] = {{"ram", "ram", 0, true, -1},
                                 {"io_uring", "io_uring", 0, true, -1},
@@ -538,6 +544,7 @@ int main(int argc, char** argv) {
                                 {"io_uring caller", "io_uring", 0, true, -1, "caller", 0},
                                 {"io_uring sqpoll", "io_uring", 0, true, -1, "sqpoll", 0},
                                 {"io_uring sqpoll spin", "io_uring", 0, true, -1, "sqpoll", 1000},
+                                {"io_uring module 1 in RAM", "io_uring", 0, true, -1, "driver", 0, "0"},
                                 {"pread", "pread", 0, true, -1},
                                 {"mmap", "mmap", 0, true, -1}};
     std::vector<Variant> variants;
@@ -557,13 +564,14 @@ int main(int argc, char** argv) {
       if (v.cache_mib >= 0) s.ple_cache_mib = v.cache_mib;
       s.ple_uring_issue = v.issue;
       s.ple_spin_us = v.spin_us;
+      s.ple_ram_modules = v.ram_modules;
       s.progress = "lines";
       stores.push_back(std::make_unique<io::TensorStore>(dir));
       WeightBinder bind(*stores.back());
       const auto t0 = Clock::now();
       mods.push_back(EngramModules::load(bind, c, dir, s, pool));
       const auto& t = mods.back()->table();
-      std::printf("%-21s: opened in %.2f s, %u-byte read blocks%s%s\n", v.label, secs(t0), t.read_block(),
+      std::printf("%-24s: opened in %.2f s, %u-byte read blocks%s%s\n", v.label, secs(t0), t.read_block(),
                   t.file_written() ? " (table file written)" : "", t.notice().empty() ? "" : (" notice: " + t.notice()).c_str());
       std::fflush(stdout);
     }

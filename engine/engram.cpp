@@ -10,6 +10,7 @@
 #include "configs/error.h"
 #include "engine/blocks.h"
 #include "engine/ops/cpu_ops.h"
+#include "engine/placement.h"
 
 namespace hmoe {
 
@@ -126,6 +127,13 @@ std::unique_ptr<EngramModules> EngramModules::load(WeightBinder& bind, const Mod
   if (s.ple_cache_mib < 0 || s.ple_cache_mib > (int64_t{1} << 22))
     fail(ErrorKind::invalid_argument, "--ple-cache-mib / HMOE_PLE_CACHE_MIB must be in 0..4194304, got " + std::to_string(s.ple_cache_mib));
   opt.cache_bytes = static_cast<size_t>(s.ple_cache_mib) << 20;
+  {
+    const LayerSpec ram = parse_layer_spec("--ple-ram-modules / HMOE_PLE_RAM_MODULES", s.ple_ram_modules, static_cast<int64_t>(sources.size()));
+    if (ram.mode == LayerSpec::Mode::automatic)
+      fail(ErrorKind::invalid_argument, "--ple-ram-modules / HMOE_PLE_RAM_MODULES: 'auto' is not supported; give module indices (e.g. 0 or 0-1), all or none");
+    opt.ram_tables.assign(sources.size(), ram.mode == LayerSpec::Mode::all);
+    for (int64_t m : ram.layers) opt.ram_tables[static_cast<size_t>(m)] = true;
+  }
   opt.progress = s.progress;
   e->table_ = io::PleTable::open(sources, opt);
   return e;

@@ -341,7 +341,7 @@ struct PleTable::TableSlot {
   DType dtype = DType::bf16;
   size_t row_bytes = 0;
   uint64_t data_offset = 0;
-  AlignedBuf ram;
+  AlignedBuf ram;  // the table, when it is kept in memory
   AlignedBuf staging;
   size_t staging_cap = 0;
   std::vector<const uint8_t*> ptrs;
@@ -427,6 +427,12 @@ std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, 
     const PleFileState again = check_ple_file(opt.path, sources, &why);
     if (again != PleFileState::ok) fail(ErrorKind::io, "PLE table file " + opt.path + " was just written but reads back " + ple_file_state_name(again) + ": " + why);
   }
+  for (size_t i = 0; i < sources.size() && i < opt.ram_tables.size(); ++i)
+    if (opt.ram_tables[i]) {
+      auto& slot = *pt->tables_[i];
+      slot.ram = aligned_alloc_bytes(sources[i].nbytes());
+      std::memcpy(slot.ram.get(), sources[i].data, sources[i].nbytes());
+    }
   const std::vector<uint8_t> header = make_header(sources, 0);
   for (size_t i = 0; i < sources.size(); ++i) pt->tables_[i]->data_offset = entry_of(header, i).data_offset;
 
@@ -521,7 +527,7 @@ void PleTable::prefetch(int t, const int64_t* rows, size_t n) {
   uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
   st.rows_unique += static_cast<int64_t>(uniq.size());
   s.ptrs.resize(n);
-  if (backend_ == PleBackend::ram) {
+  if (s.ram) {
     for (size_t i = 0; i < n; ++i) s.ptrs[i] = s.ram.get() + static_cast<size_t>(rows[i]) * s.row_bytes;
     s.pending = true;
     return;
@@ -619,7 +625,7 @@ int64_t PleTable::wait(int t) {
   s.pending = false;
   PleStats& st = s.stats;
   st.steps += 1;
-  if (backend_ == PleBackend::ram) return 0;
+  if (s.ram) return 0;
   int64_t ns = 0;
   if (backend_ == PleBackend::mmap) {
     // Touch each page: whatever WILLNEED has not brought in yet faults here.
@@ -641,6 +647,8 @@ int64_t PleTable::wait(int t) {
   s.fresh.clear();
   return ns;
 }
+
+bool PleTable::table_in_ram(int t) const { return static_cast<bool>(tables_.at(static_cast<size_t>(t))->ram); }
 
 PleStats& PleStats::operator+=(const PleStats& o) {
   steps += o.steps;

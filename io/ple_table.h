@@ -27,6 +27,8 @@
 //   pread     the same with worker threads doing pread.
 //   mmap      the file mapped; madvise(WILLNEED) on the pages needed.
 //   ram       the tables copied into memory; no table file at all.
+// With a file backend, PleOptions::ram_tables still keeps chosen tables in
+// memory (table_in_ram()); the file holds every table regardless.
 //
 // Contract: prefetch(t, rows) starts fetching the rows of table t for one
 // step (duplicates are read once); row(t, i) points at the i-th requested row
@@ -73,6 +75,11 @@ struct PleOptions {
   int64_t read_align = 0;             // read block size (512..4096, power of two); 0: the finest O_DIRECT allows
   bool ordered = true;                // hold a table's reads until the previous prefetch's have landed
   size_t cache_bytes = 0;             // io_uring/pread: rows kept in memory once read (PleRowCache); 0: none
+  // File backends: tables (by index; shorter than the table count is padded
+  // with false) copied into memory at open, as with the ram backend, while
+  // the others are read from the file. For the first modules of a step,
+  // whose reads have only a layer or two of compute to hide behind.
+  std::vector<bool> ram_tables;
   std::string progress = "auto";      // Progress mode while writing the file
 };
 
@@ -138,6 +145,8 @@ class PleTable {
   PleStats stats() const;
   const PleStats& table_stats(int t) const;
   void reset_stats();
+  // True when table t is served from memory (the ram backend, or ram_tables).
+  bool table_in_ram(int t) const;
   // Bytes per read block (io_uring/pread: see read_align; mmap: the page).
   uint32_t read_block() const;
 

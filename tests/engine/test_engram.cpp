@@ -68,9 +68,15 @@ TEST_CASE("tiny-qwen3moe-engram matches the Hugging Face fp32 reference with eve
   REQUIRE(ref["chats"].size() >= 1);
   test::TempDir tmp("engram-fixture");
   const std::string table = tmp.str() + "/table.hmoe";
-  for (const std::string backend : {"io_uring", "mmap", "pread", "ram"}) {
+  // Also: io_uring with the first module's table in memory, and io_uring
+  // reads issued by the step thread and by a polling kernel thread.
+  for (const std::string backend : {"io_uring", "mmap", "pread", "ram", "io_uring ram0", "io_uring caller", "io_uring sqpoll"}) {
     CAPTURE(backend);
-    auto model = Model::load(dir, settings_for(backend, table));
+    Settings s = settings_for(backend.substr(0, backend.find(' ')), table);
+    if (backend == "io_uring ram0") s.ple_ram_modules = "0";
+    if (backend == "io_uring caller") s.ple_uring_issue = "caller";
+    if (backend == "io_uring sqpoll") s.ple_uring_issue = "sqpoll";
+    auto model = Model::load(dir, s);
     REQUIRE(model->engram() != nullptr);
     INFO("backend in use: " << io::ple_backend_name(model->engram()->table().backend()) << " " << model->engram()->table().notice());
     if (backend != "ram") CHECK(io::file_exists(table));
@@ -112,6 +118,16 @@ TEST_CASE("tiny-qwen3moe-engram matches the Hugging Face fp32 reference with eve
     CHECK(model->engram()->stats_line().find(io::ple_backend_name(model->engram()->table().backend())) != std::string::npos);
     CHECK(st.rows_requested > 0);
     CHECK(st.rows_unique <= st.rows_requested);
+    const io::PleTable& t = model->engram()->table();
+    if (backend == "io_uring ram0") {
+      CHECK(t.table_in_ram(0));
+      CHECK_FALSE(t.table_in_ram(1));
+      CHECK(t.table_stats(0).reads == 0);
+      CHECK(t.table_stats(0).rows_requested > 0);
+      CHECK(t.table_stats(1).reads > 0);
+    } else {
+      CHECK(t.table_in_ram(0) == (backend == "ram"));
+    }
   }
 }
 
@@ -235,6 +251,15 @@ TEST_CASE("Engram model load: bad table paths give clear errors and the ram back
     s.ple_uring_issue = "driver";
     s.ple_spin_us = -5;
     CHECK_THROWS_WITH_AS(Model::load(dir, s), doctest::Contains("HMOE_PLE_SPIN_US"), Error);
+    s.ple_spin_us = 0;
+    for (const char* bad : {"2", "auto", "0-x", "1-0"}) {  // the fixture has modules 0 and 1
+      s.ple_ram_modules = bad;
+      CHECK_THROWS_WITH_AS(Model::load(dir, s), doctest::Contains("HMOE_PLE_RAM_MODULES"), Error);
+    }
+    s.ple_ram_modules = "all";  // every table in memory, the file still written and checked
+    auto all = Model::load(dir, s);
+    CHECK(all->engram()->table().table_in_ram(0));
+    CHECK(all->engram()->table().table_in_ram(1));
   }
   // A foreign file is left alone.
   const std::string foreign = tmp.str() + "/foreign.bin";

@@ -168,6 +168,22 @@ TEST_CASE("PLE table: every backend returns the source rows") {
     CHECK(t->notice().find("io_uring is unavailable") != std::string::npos);
     check_reads(*t, rt, 13);
   }
+  // Table 1 of 3 kept in memory, the others read (file backends): the same
+  // rows, and no reads for table 1; a list shorter than the tables pads with "read".
+  for (PleBackend b : {PleBackend::io_uring, PleBackend::pread, PleBackend::mmap}) {
+    CAPTURE(ple_backend_name(b));
+    PleOptions o = options(path, b);
+    o.ram_tables = {false, true};
+    auto t = PleTable::open(rt.sources, o);
+    CHECK_FALSE(t->table_in_ram(0));
+    CHECK(t->table_in_ram(1));
+    CHECK_FALSE(t->table_in_ram(2));
+    check_reads(*t, rt, 21);
+    CHECK(t->table_stats(1).reads == 0);
+    CHECK(t->table_stats(1).rows_requested > 0);
+    CHECK(t->table_stats(0).reads > 0);
+    CHECK(t->table_stats(2).reads > 0);
+  }
   // Non-O_DIRECT reads and a queue depth of one work too.
   PleOptions o = options(path, PleBackend::io_uring);
   o.direct = false;
