@@ -144,9 +144,16 @@ std::string EngramModules::stats_line() const {
   const double steps = static_cast<double>(std::max<int64_t>(1, st.steps / std::max<int64_t>(1, modules())));
   char hidden[32] = "hidden n/a";  // mmap: the kernel reads ahead unseen; only the faults show as wait
   if (table_->backend() != io::PleBackend::mmap) std::snprintf(hidden, sizeof(hidden), "%.0f%% hidden", st.hidden_fraction() * 100);
-  char buf[320];
+  int in_ram = 0;
+  for (int t = 0; t < static_cast<int>(table_->tables()); ++t) in_ram += table_->table_in_ram(t) ? 1 : 0;
+  char backend[96];
+  if (table_->backend() != io::PleBackend::ram && in_ram > 0)
+    std::snprintf(backend, sizeof(backend), "%s, %d of %lld modules in RAM", io::ple_backend_name(table_->backend()), in_ram, static_cast<long long>(table_->tables()));
+  else
+    std::snprintf(backend, sizeof(backend), "%s", io::ple_backend_name(table_->backend()));
+  char buf[384];
   std::snprintf(buf, sizeof(buf), "PLE table (%s, %u-byte blocks): %lld rows requested, %lld distinct, %lld from the row cache, %lld reads, %.1f MiB read, I/O wait %.3f ms/step, %s",
-                io::ple_backend_name(table_->backend()), table_->read_block(), static_cast<long long>(st.rows_requested), static_cast<long long>(st.rows_unique),
+                backend, table_->read_block(), static_cast<long long>(st.rows_requested), static_cast<long long>(st.rows_unique),
                 static_cast<long long>(st.rows_cached), static_cast<long long>(st.reads), static_cast<double>(st.bytes_read) / (1 << 20), static_cast<double>(st.wait_ns) / 1e6 / steps,
                 hidden);
   return buf;

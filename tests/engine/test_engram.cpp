@@ -125,6 +125,7 @@ TEST_CASE("tiny-qwen3moe-engram matches the Hugging Face fp32 reference with eve
       CHECK(t.table_stats(0).reads == 0);
       CHECK(t.table_stats(0).rows_requested > 0);
       CHECK(t.table_stats(1).reads > 0);
+      CHECK(model->engram()->stats_line().find("1 of 2 modules in RAM") != std::string::npos);
     } else {
       CHECK(t.table_in_ram(0) == (backend == "ram"));
     }
