@@ -246,7 +246,10 @@ class UringRing {
   // Moves pending reads into submission entries while slots are free;
   // `issued` collects their groups. Needs mu_.
   void fill_sq_locked(std::vector<ReadGroup*>& issued) {
-    while (!pending_.empty() && !free_ops_.empty()) {
+    // The ring has queue depth + 2 entries and at most queue depth reads plus
+    // one poll are ever unconsumed, so an entry is always free; should the
+    // kernel (SQPOLL) lag, the reads stay pending for the next round.
+    while (!pending_.empty() && !free_ops_.empty() && io_uring_sq_space_left(&ring_) > 1) {
       const unsigned slot = free_ops_.back();
       free_ops_.pop_back();
       ops_[slot] = std::move(pending_.front());
