@@ -4,6 +4,7 @@
 
 #include "configs/error.h"
 #include "engine/blocks_gpu.h"
+#include "engine/engram.h"
 #include "engine/model.h"
 
 namespace hmoe {
@@ -87,6 +88,7 @@ Scheduler::Scheduler(Model& model, const SchedulerConfig& cfg)
   if (cfg.max_num_seqs <= 0) fail(ErrorKind::invalid_argument, "--max-num-seqs must be >= 1");
   if (cfg.max_num_batched_tokens <= 0) fail(ErrorKind::invalid_argument, "--max-num-batched-tokens must be >= 1");
   if (cfg.max_queue < 0) fail(ErrorKind::invalid_argument, "--max-queue must be >= 0");
+  copy_ple_stats();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -128,7 +130,24 @@ SchedulerStats Scheduler::stats() const {
   std::lock_guard lk(kv_stats_mu_);
   s.kv = kv_stats_;
   s.stream = stream_;
+  s.ple = ple_;
   return s;
+}
+
+// Engine thread (or before it starts), under kv_stats_mu_.
+void Scheduler::copy_ple_stats() {
+  EngramModules* e = model_.engram();
+  if (!e) return;
+  const io::PleTable& t = e->table();
+  ple_.present = true;
+  ple_.backend = io::ple_backend_name(t.backend());
+  ple_.all = t.stats();
+  ple_.modules.resize(static_cast<size_t>(t.tables()));
+  ple_.in_ram.resize(static_cast<size_t>(t.tables()));
+  for (int m = 0; m < static_cast<int>(t.tables()); ++m) {
+    ple_.modules[static_cast<size_t>(m)] = t.table_stats(m);
+    ple_.in_ram[static_cast<size_t>(m)] = t.table_in_ram(m);
+  }
 }
 
 void Scheduler::finish(Seq& s, FinishReason r, const std::string& err) {
@@ -170,6 +189,7 @@ void Scheduler::run() {
       const ExpertStreamStats& x = g->expert_stream()->stats();
       stream_ = StreamTotals{x.passes, static_cast<int64_t>(x.layers.size()), x.bytes, x.copy_s, x.compute_s, x.stall_s, x.pinned_bandwidth};
     }
+    copy_ple_stats();
   }
   for (auto& s : running_) finish(*s, FinishReason::shutdown, "the server is shutting down");
   for (auto& s : waiting_) finish(*s, FinishReason::shutdown, "the server is shutting down");

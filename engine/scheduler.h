@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/kv_cache.h"
+#include "io/ple_table.h"
 #include "engine/sampler.h"
 
 namespace hmoe {
@@ -114,6 +115,16 @@ struct StreamTotals {
   double pinned_bandwidth = 0;  // measured at load, bytes/s
 };
 
+// The PLE n-gram table of an Engram model (io/ple_table.h), totals since
+// start; `present` false for other models.
+struct PleTotals {
+  bool present = false;
+  std::string backend;                // in use (io_uring may have fallen back to pread)
+  io::PleStats all;                   // every module
+  std::vector<io::PleStats> modules;  // per module, in layer order
+  std::vector<bool> in_ram;           // per module: table kept in memory
+};
+
 struct SchedulerStats {
   int64_t running = 0, queued = 0;
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
@@ -122,6 +133,7 @@ struct SchedulerStats {
   int64_t kv_host_blocks_total = 0;
   KvCacheStats kv;  // prefix cache and host tier counters
   StreamTotals stream;
+  PleTotals ple;
 };
 
 class Scheduler {
@@ -147,6 +159,7 @@ class Scheduler {
   bool step();
   void finish(Seq& s, FinishReason r, const std::string& err = {});
   void preempt(size_t index);
+  void copy_ple_stats();
 
   Model& model_;
   SchedulerConfig cfg_;
@@ -165,6 +178,7 @@ class Scheduler {
   mutable std::mutex kv_stats_mu_;
   KvCacheStats kv_stats_;  // copy of kv_.stats() after each step
   StreamTotals stream_;    // copy of the GPU expert stream's totals after each step (under kv_stats_mu_)
+  PleTotals ple_;          // copy of the PLE table's counters after each step (under kv_stats_mu_)
   std::atomic<int64_t> queued_{0}, running_count_{0}, kv_used_{0}, steps_{0}, batched_tokens_{0}, preemptions_{0};
 };
 

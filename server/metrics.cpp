@@ -35,6 +35,54 @@ void Metrics::request_done(const std::string& endpoint, int status) {
   ++requests_[{endpoint, status}];
 }
 
+namespace {
+
+// The PLE n-gram table of an Engram model: totals, then per module (label
+// module="0", ... in layer order) the figures that say whether its reads
+// are hidden (--ple-ram-modules keeps a module's table in memory).
+void render_ple(std::string& out, const PleTotals& p) {
+  auto head = [&](const char* name, const char* type, const char* help) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  };
+  auto num = [](double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.9g", v);
+    return std::string(b);
+  };
+  const std::string backend = "backend=\"" + p.backend + "\"";
+  struct Row {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*get)(const io::PleStats&);
+  };
+  static const Row rows[] = {
+      {"hmoe_ple_rows_requested_total", "counter", "PLE table rows asked for, duplicates included", [](const io::PleStats& s) { return static_cast<double>(s.rows_requested); }},
+      {"hmoe_ple_rows_distinct_total", "counter", "Distinct PLE table rows among them (per step and module)", [](const io::PleStats& s) { return static_cast<double>(s.rows_unique); }},
+      {"hmoe_ple_rows_cached_total", "counter", "Distinct rows served from the PLE row cache instead of read", [](const io::PleStats& s) { return static_cast<double>(s.rows_cached); }},
+      {"hmoe_ple_reads_total", "counter", "Read requests issued to the PLE table file (pages advised, for mmap)", [](const io::PleStats& s) { return static_cast<double>(s.reads); }},
+      {"hmoe_ple_read_bytes_total", "counter", "Bytes those reads covered", [](const io::PleStats& s) { return static_cast<double>(s.bytes_read); }},
+      {"hmoe_ple_io_wait_seconds_total", "counter", "Time forward steps sat blocked waiting for PLE rows", [](const io::PleStats& s) { return static_cast<double>(s.wait_ns) * 1e-9; }},
+      {"hmoe_ple_io_seconds_total", "counter", "Time PLE reads were in flight (submit to last completion)", [](const io::PleStats& s) { return static_cast<double>(s.io_ns) * 1e-9; }},
+      {"hmoe_ple_waits_total", "counter", "PLE row waits (one per module and forward step)", [](const io::PleStats& s) { return static_cast<double>(s.steps); }},
+  };
+  for (const Row& r : rows) {
+    head(r.name, r.type, r.help);
+    out += std::string(r.name) + "{" + backend + "} " + num(r.get(p.all)) + "\n";
+    for (size_t m = 0; m < p.modules.size(); ++m)
+      out += std::string(r.name) + "{" + backend + ",module=\"" + std::to_string(m) + "\"} " + num(r.get(p.modules[m])) + "\n";
+  }
+  head("hmoe_ple_hidden_fraction", "gauge", "Share of PLE read time overlapped with compute (1 - wait / in flight)");
+  out += "hmoe_ple_hidden_fraction{" + backend + "} " + num(p.all.hidden_fraction()) + "\n";
+  for (size_t m = 0; m < p.modules.size(); ++m)
+    out += "hmoe_ple_hidden_fraction{" + backend + ",module=\"" + std::to_string(m) + "\"} " + num(p.modules[m].hidden_fraction()) + "\n";
+  head("hmoe_ple_module_in_ram", "gauge", "1 when the module's PLE table is kept in memory (ram backend or --ple-ram-modules)");
+  for (size_t m = 0; m < p.in_ram.size(); ++m)
+    out += "hmoe_ple_module_in_ram{" + backend + ",module=\"" + std::to_string(m) + "\"} " + (p.in_ram[m] ? "1" : "0") + "\n";
+}
+
+}  // namespace
+
 std::string Metrics::render(const SchedulerStats& s, int64_t open_connections) const {
   std::string out;
   out += "# HELP hmoe_requests_total HTTP requests answered, by endpoint and status\n# TYPE hmoe_requests_total counter\n";
@@ -101,6 +149,7 @@ std::string Metrics::render(const SchedulerStats& s, int64_t open_connections) c
     real("hmoe_gpu_stream_copy_hidden_fraction", "gauge", "Fraction of copy time hidden under compute (1 - stall / copy)",
          x.copy_s > 0 ? std::max(0.0, 1.0 - x.stall_s / x.copy_s) : 0);
   }
+  if (const PleTotals& p = s.ple; p.present) render_ple(out, p);
   gauge("hmoe_open_connections", "gauge", "Open HTTP connections", open_connections);
   ttft.render(out, "hmoe_time_to_first_token_seconds", "Time from request arrival to its first generated token");
   tpot.render(out, "hmoe_time_per_output_token_seconds", "Time between consecutive generated tokens of a request");

@@ -1,7 +1,7 @@
 // Prometheus metrics of the server: requests by endpoint and status, prompt
 // and generated tokens, time to first token and time per output token
 // histograms, and (sampled at scrape time) running and queued sequences and
-// KV blocks in use.
+// KV blocks in use, and the PLE table counters of Engram models.
 //
 // Thread safety: every method may be called from any thread.
 #pragma once

@@ -17,8 +17,8 @@ struct RunningServer {
   std::unique_ptr<server::ServerStack> stack;
   std::thread thread;
   uint16_t port = 0;
-  explicit RunningServer(Settings s) {
-    stack = server::make_server(s, fixture_model("tiny-qwen3moe"));
+  explicit RunningServer(Settings s, const std::string& model = "tiny-qwen3moe") {
+    stack = server::make_server(s, fixture_model(model));
     port = stack->http->port();
     thread = std::thread([this] { stack->http->run(false); });
   }

@@ -182,6 +182,35 @@ TEST_CASE("http: routes, models, metrics") {
     CHECK(me.body.find(name) != std::string::npos);
 }
 
+TEST_CASE("http: /metrics of an Engram model show the PLE table per module") {
+  TempDir tmp("http-engram");
+  Settings s = test_settings();
+  s.ple_table = tmp.str() + "/t.hmoe";
+  s.ple_ram_modules = "0";  // module 0 in memory, module 1 read from the file
+  RunningServer srv(s, "tiny-qwen3moe-engram");
+  HttpReply r = post(srv.port, "/v1/completions", {{"prompt", "The n-gram memory"}, {"max_tokens", 4}, {"temperature", 0}});
+  REQUIRE(r.status == 200);
+  const std::string body = http(srv.port, "GET", "/metrics").body;
+  CAPTURE(body);
+  auto value = [&](const std::string& series) {
+    const size_t at = body.find("\n" + series + " ");
+    if (at == std::string::npos) return -1.0;
+    return std::stod(body.substr(at + series.size() + 2));
+  };
+  const std::string b = "backend=\"io_uring\"";
+  CHECK(value("hmoe_ple_rows_requested_total{" + b + "}") > 0);
+  CHECK(value("hmoe_ple_waits_total{" + b + "}") >= 2 * 4);  // 2 modules; the prompt pass (first token) and 3 decode steps at least
+  CHECK(value("hmoe_ple_module_in_ram{" + b + ",module=\"0\"}") == 1);
+  CHECK(value("hmoe_ple_module_in_ram{" + b + ",module=\"1\"}") == 0);
+  CHECK(value("hmoe_ple_reads_total{" + b + ",module=\"0\"}") == 0);
+  CHECK(value("hmoe_ple_reads_total{" + b + ",module=\"1\"}") > 0);
+  const double hidden = value("hmoe_ple_hidden_fraction{" + b + "}");
+  CHECK(hidden >= 0);
+  CHECK(hidden <= 1);
+  // The default server's model has no PLE table: no such series.
+  CHECK(http(default_server().port, "GET", "/metrics").body.find("hmoe_ple_") == std::string::npos);
+}
+
 TEST_CASE("http: bad inputs get the right status and an OpenAI error; /health keeps answering") {
   auto& srv = default_server();
   const json ok_msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
