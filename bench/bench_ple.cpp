@@ -52,15 +52,18 @@
 #include <string>
 #include <vector>
 
+#include "bench/synthetic_model.h"
 #include "configs/error.h"
 #include "configs/settings.h"
 #include "engine/blocks.h"
+#include "engine/blocks_gpu.h"
 #include "engine/engram.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "io/uring_reader.h"
 #include "numa/kernels.h"
+#include "numa/node_pools.h"
 
 using namespace hmoe;
 using Clock = std::chrono::steady_clock;
@@ -479,6 +482,92 @@ void text_hits(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool, c
   }
 }
 
+// --gpu: the same Engram modules inside a whole GPU step (GpuStack, engine/
+// engram_gpu.h) of a synthetic Qwen3-30B-A3B-shaped model with 8 layers,
+// all resident (random bf16 weights; the modules before layers 2 and 5, as
+// above). The window in front of module 1 is then two GPU layers, not two
+// CPU gemms. Decode at batch 1 and 8 per PLE variant (one GpuStack each),
+// the variants rotated over rounds: step time against the in-RAM table,
+// and the I/O wait of module 1 and 2.
+void gpu_decode(const std::vector<std::unique_ptr<EngramModules>>& mods, const std::vector<std::string>& labels, const io::TensorStore& engram_store,
+                int64_t steps, int64_t rounds, const TokenSource& tokens) {
+  const ModelConfig plain = bench::qwen3_30b_a3b_config(kLayers);  // the synthetic weights: the Qwen3-MoE graph
+  ModelConfig c = plain;
+  const ModelConfig e = make_config();
+  c.arch = e.arch;
+  c.model_type = e.model_type;
+  c.engram = e.engram;
+  numa::PoolOptions popt;
+  popt.threads = 8;           // fills the synthetic weights
+  popt.power_saving = true;  // every MoE layer is resident: the CPU expert pools stay idle
+  popt.quiet = true;
+  numa::NodePools pools(popt);
+  auto model = bench::make_synthetic_model(plain, pools.pool(0), 7);
+  const WeightLookup base = model->get();
+  const WeightLookup get = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    if (name.find(".engram.") == std::string::npos) return base(name, shape);
+    const io::TensorView& t = engram_store.get(name, shape);
+    return cpu::Mat{t.dtype, t.data, shape.empty() ? 1 : shape[0], shape.size() > 1 ? shape[1] : 1};
+  };
+  std::printf("\nGPU step: synthetic Qwen3-30B-A3B shapes, %lld layers, all resident (%.1f GB of bf16 weights), Engram modules before layers 2 and 5\n",
+              static_cast<long long>(kLayers), static_cast<double>(model->bytes()) / 1e9);
+  const std::vector<bool> resident(static_cast<size_t>(kLayers), true);
+  std::vector<std::unique_ptr<GpuStack>> stacks;
+  for (size_t v = 0; v < mods.size(); ++v) {
+    stacks.push_back(std::make_unique<GpuStack>(c, resident, get, pools));
+    stacks.back()->attach_engram(*mods[v], get);
+  }
+  const int64_t V = c.vocab_size;
+  std::printf("| batch | variant | step ms | vs ram | I/O wait ms/step (module 1 + 2) | module 1 reads us (issue + device) | reads/step |\n|---:|---|---:|---:|---:|---:|---:|\n");
+  for (int batch : {1, 8}) {
+    std::vector<double> secs_sum(mods.size(), 0);
+    std::vector<int64_t> nsteps(mods.size(), 0);
+    std::vector<io::PleStats> m0(mods.size()), m1(mods.size());
+    for (int64_t round = 0; round < rounds; ++round)
+      for (size_t k = 0; k < mods.size(); ++k) {
+        const size_t v = (k + static_cast<size_t>(round)) % mods.size();
+        Rng rng{static_cast<uint64_t>(batch * 7777 + round * 1000003 + 11)};
+        const int64_t prompt = 8, per = std::max<int64_t>(1, steps / rounds), total = prompt + per + 2;
+        KvLayout layout{kLayers, c.num_key_value_heads, c.head_dim};
+        layout.seq_state_bytes = mods[v]->seq_state_bytes();
+        KvCache kv(layout, batch * ((total + 15) / 16) + 1, 16);
+        std::vector<int> seqs;
+        Batch b;
+        for (int q = 0; q < batch; ++q) {
+          seqs.push_back(kv.add_sequence());
+          kv.reserve(seqs.back(), total);
+          for (int64_t i = 0; i < prompt; ++i) b.add(tokens.next(rng), seqs.back(), i, i + 1 == prompt);
+        }
+        std::vector<float> logits;
+        stacks[v]->forward(b, kv, logits);  // prompt, untimed
+        mods[v]->table().reset_stats();
+        for (int64_t i = 0; i < per; ++i) {
+          b.clear();
+          for (int q = 0; q < batch; ++q) b.add(tokens.next(rng), seqs[static_cast<size_t>(q)], prompt + i, true);
+          const auto t0 = Clock::now();
+          stacks[v]->forward(b, kv, logits);
+          secs_sum[v] += secs(t0);
+        }
+        (void)V;
+        nsteps[v] += per;
+        m0[v] += mods[v]->table().table_stats(0);
+        m1[v] += mods[v]->table().table_stats(1);
+      }
+    const double ram_ms = secs_sum[0] / static_cast<double>(nsteps[0]) * 1e3;
+    for (size_t v = 0; v < mods.size(); ++v) {
+      const double n = static_cast<double>(nsteps[v]), ms = secs_sum[v] / n * 1e3;
+      const std::string m0s = m0[v].io_ns > 0 ? std::to_string(static_cast<int>(static_cast<double>(m0[v].io_ns) / 1e3 / n)) + " (" +
+                                                    std::to_string(static_cast<int>(static_cast<double>(m0[v].issue_ns) / 1e3 / n)) + " + " +
+                                                    std::to_string(static_cast<int>(static_cast<double>(m0[v].io_ns - m0[v].issue_ns) / 1e3 / n)) + ")"
+                                              : "-";
+      std::printf("| %d | %s | %.3f | %.2fx | %.3f (%.3f + %.3f) | %s | %.0f |\n", batch, labels[v].c_str(), ms, ms / ram_ms,
+                  static_cast<double>(m0[v].wait_ns + m1[v].wait_ns) / 1e6 / n, static_cast<double>(m0[v].wait_ns) / 1e6 / n,
+                  static_cast<double>(m1[v].wait_ns) / 1e6 / n, m0s.c_str(), static_cast<double>(m0[v].reads + m1[v].reads) / n);
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -487,17 +576,17 @@ int main(int argc, char** argv) {
     double zipf = 0;
     std::string text, tokenizer_dir = "fixtures/tiny-qwen3moe";
     std::string dir = "bench-ple-data", only;
-    bool burst = false;
+    bool burst = false, gpu_mode = false;
     for (int i = 1; i < argc; i += 2) {
       const std::string a = argv[i];
       if (a == "--help" || a == "-h") {
         std::printf("usage: bench_ple [--table-mib N] [--dir DIR] [--decode-steps N] [--prefill N] [--threads N] [--rounds N] [--zipf S] [--text FILE,... [--tokenizer DIR]]\n"
-                    "                 [--variants LABEL,...] [--burst]\n"
+                    "                 [--variants LABEL,...] [--burst] [--gpu]\n"
                     "  writes DIR/model.safetensors and DIR/ple-table.hmoe (N MiB of tables; default 2048 in ./bench-ple-data)\n");
         return 0;
       }
-      if (a == "--burst") {
-        burst = true;
+      if (a == "--burst" || a == "--gpu") {
+        (a == "--burst" ? burst : gpu_mode) = true;
         --i;
         continue;
       }
@@ -593,6 +682,12 @@ int main(int argc, char** argv) {
         names += (names.empty() ? "" : " + ") + f;
       }
       text_hits(*mods[1], syn, pool, ids, names + " (tokenizer of " + tokenizer_dir + "), io_uring with the default " + std::to_string(default_cache_mib) + " MiB row cache");
+      return 0;
+    }
+    if (gpu_mode) {
+      std::vector<std::string> labels;
+      for (const Variant& v : variants) labels.push_back(v.label);
+      gpu_decode(mods, labels, *stores.front(), decode_steps, decode_rounds, tokens);
       return 0;
     }
     const uint32_t fine = mods.size() > 1 ? mods[1]->table().read_block() : 512;
