@@ -127,16 +127,58 @@ std::unique_ptr<EngramModules> EngramModules::load(WeightBinder& bind, const Mod
   if (s.ple_cache_mib < 0 || s.ple_cache_mib > (int64_t{1} << 22))
     fail(ErrorKind::invalid_argument, "--ple-cache-mib / HMOE_PLE_CACHE_MIB must be in 0..4194304, got " + std::to_string(s.ple_cache_mib));
   opt.cache_bytes = static_cast<size_t>(s.ple_cache_mib) << 20;
-  {
-    const LayerSpec ram = parse_layer_spec("--ple-ram-modules / HMOE_PLE_RAM_MODULES", s.ple_ram_modules, static_cast<int64_t>(sources.size()));
-    if (ram.mode == LayerSpec::Mode::automatic)
-      fail(ErrorKind::invalid_argument, "--ple-ram-modules / HMOE_PLE_RAM_MODULES: 'auto' is not supported; give module indices (e.g. 0 or 0-1), all or none");
-    opt.ram_tables.assign(sources.size(), ram.mode == LayerSpec::Mode::all);
-    for (int64_t m : ram.layers) opt.ram_tables[static_cast<size_t>(m)] = true;
-  }
+  opt.ram_tables = ple_ram_modules(s, static_cast<int64_t>(sources.size()));
   opt.progress = s.progress;
   e->table_ = io::PleTable::open(sources, opt);
   return e;
+}
+
+std::vector<bool> ple_ram_modules(const Settings& s, int64_t modules) {
+  const LayerSpec ram = parse_layer_spec("--ple-ram-modules / HMOE_PLE_RAM_MODULES", s.ple_ram_modules, modules);
+  if (ram.mode == LayerSpec::Mode::automatic)
+    fail(ErrorKind::invalid_argument, "--ple-ram-modules / HMOE_PLE_RAM_MODULES: 'auto' is not supported; give module indices (e.g. 0 or 0-1), all or none");
+  std::vector<bool> out(static_cast<size_t>(modules), ram.mode == LayerSpec::Mode::all);
+  for (int64_t m : ram.layers) out[static_cast<size_t>(m)] = true;
+  return out;
+}
+
+std::string ple_plan_report(const ModelConfig& c, const io::TensorStore& store, const Settings& s, double tokens_per_s) {
+  const EngramConfig& g = c.engram;
+  if (c.arch != Arch::qwen3_moe_engram || g.layer_ids.empty()) return {};
+  std::vector<int64_t> layers = g.layer_ids;
+  std::sort(layers.begin(), layers.end());
+  const int64_t modules = static_cast<int64_t>(layers.size());
+  const int64_t rows_per_token = (g.max_ngram_size - 1) * g.n_head_per_ngram;
+  const bool ram_backend = s.ple_backend == "ram";
+  const std::vector<bool> in_ram = ple_ram_modules(s, modules);
+  std::string out = "\nPLE n-gram tables (--ple-backend " + s.ple_backend + "): " + std::to_string(modules) + " modules, " + std::to_string(rows_per_token) +
+                    " table rows per token and module\n";
+  uint64_t ram_bytes = 0;
+  int64_t file_modules = 0;
+  std::vector<uint64_t> bytes(static_cast<size_t>(modules));
+  for (int64_t m = 0; m < modules; ++m) {
+    const std::string name = "model.layers." + std::to_string(layers[static_cast<size_t>(m)]) + ".engram.table.weight";
+    const io::TensorView* t = store.find(name);
+    if (!t) fail(ErrorKind::bad_model, "Engram checkpoint lacks " + name);
+    bytes[static_cast<size_t>(m)] = t->nbytes;
+    const bool mem = ram_backend || in_ram[static_cast<size_t>(m)];
+    if (mem) ram_bytes += t->nbytes;
+    else ++file_modules;
+    out += "  module " + std::to_string(m) + " before layer " + std::to_string(layers[static_cast<size_t>(m)]) + ": " + format_bytes(t->nbytes) + ", " +
+           (ram_backend ? "in RAM (ram backend)" : mem ? "in RAM (--ple-ram-modules)" : "read from the table file") + "\n";
+  }
+  const uint64_t cache = ram_backend ? 0 : static_cast<uint64_t>(std::max<int64_t>(0, s.ple_cache_mib)) << 20;
+  out += "  host memory: tables in RAM " + format_bytes(ram_bytes) + " + row cache " + format_bytes(cache) + " (--ple-cache-mib)\n";
+  if (file_modules > 0 && tokens_per_s > 0) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "  the table file serves up to %lld random reads per token (fewer as the row cache hits): %.0f reads/s at the estimated %.1f tokens/s (batch b: up to b times as many)\n",
+                  static_cast<long long>(file_modules * rows_per_token), static_cast<double>(file_modules * rows_per_token) * tokens_per_s, tokens_per_s);
+    out += buf;
+  }
+  if (!ram_backend && !in_ram[0] && layers[0] <= 2)
+    out += "  module 0 has " + std::to_string(layers[0]) + " layer(s) in front of it to hide its " + std::to_string(rows_per_token) +
+           " reads; on a disk slower than that, --ple-ram-modules 0 keeps its table (" + format_bytes(bytes[0]) + ") in memory (bench/README.md)\n";
+  return out;
 }
 
 std::string EngramModules::stats_line() const {

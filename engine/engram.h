@@ -25,10 +25,23 @@
 #include "configs/settings.h"
 #include "engine/model.h"
 #include "io/ple_table.h"
+#include "io/safetensors.h"
 
 namespace hmoe {
 
 class WeightBinder;
+
+// Per module (in layer order): whether --ple-ram-modules keeps its table in
+// memory. Throws Error(invalid_argument) naming the setting.
+std::vector<bool> ple_ram_modules(const Settings& s, int64_t modules);
+
+// `hmoe plan`'s lines on the PLE tables of an Engram checkpoint (store):
+// per module its layer, table bytes and where it is served from, the host
+// memory for tables kept in RAM and the row cache, and the random reads per
+// second the table file must serve at `tokens_per_s` decode tokens/s
+// (batch 1); a hint when the first module has only a layer or two in front
+// of it. Empty for models without modules.
+std::string ple_plan_report(const ModelConfig& c, const io::TensorStore& store, const Settings& s, double tokens_per_s);
 
 class EngramModules {
  public:

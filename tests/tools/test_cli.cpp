@@ -168,6 +168,24 @@ TEST_CASE("hmoe plan says when the prefill streaming slots would not fit the GPU
   CHECK_MESSAGE(!contains(off.out, "NOT ON"), off.out);
 }
 
+TEST_CASE("hmoe plan of an Engram checkpoint: where each PLE table is served from and the reads the file must serve") {
+  const std::string model = " " + test::fixture_model("tiny-qwen3moe-engram") + " --gpu-memory 24GiB --cpu-bandwidth 50GB";
+  const Run r = run("plan" + model);
+  CHECK_MESSAGE(r.code == 0, r.out);
+  CHECK_MESSAGE(contains(r.out, "PLE n-gram tables (--ple-backend io_uring): 2 modules"), r.out);
+  CHECK_MESSAGE(contains(r.out, "module 0 before layer 1: "), r.out);
+  CHECK_MESSAGE(contains(r.out, "read from the table file"), r.out);
+  CHECK_MESSAGE(contains(r.out, "random reads per token"), r.out);
+  CHECK_MESSAGE(contains(r.out, "--ple-ram-modules 0 keeps its table"), r.out);
+  const Run ram0 = run("plan" + model + " --ple-ram-modules 0");
+  CHECK_MESSAGE(ram0.code == 0, ram0.out);
+  CHECK_MESSAGE(contains(ram0.out, "in RAM (--ple-ram-modules)"), ram0.out);
+  CHECK_MESSAGE(!contains(ram0.out, "--ple-ram-modules 0 keeps its table"), ram0.out);
+  const Run bad = run("plan" + model + " --ple-ram-modules 7");
+  CHECK(bad.code != 0);
+  CHECK_MESSAGE(contains(bad.out, "HMOE_PLE_RAM_MODULES"), bad.out);
+}
+
 TEST_CASE("an HMOE_ environment variable that is no setting is named in a warning, with the nearest setting") {
   const Run r = run_env("HMOE_GPU_RESIDENT_MOE_LAYER=0-3 HMOE_ZZZ=1", "settings");
   CHECK(r.code == 0);

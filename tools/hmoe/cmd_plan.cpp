@@ -18,6 +18,7 @@
 #include "io/gguf.h"
 #include "engine/placement.h"
 #include "gpu/device.h"
+#include "engine/engram.h"
 #include "engine/gpu_expert_stream.h"
 #include "tools/hmoe/command.h"
 
@@ -126,6 +127,7 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
                                           p.moe_layers() - p.resident_moe_layers(), left, gpu.total_bytes)
                           .c_str());
   }
+  if (c.arch == Arch::qwen3_moe_engram && !is_gguf_path(args[0])) std::printf("%s", ple_plan_report(c, io::TensorStore(args[0]), s, 1.0 / t).c_str());
   return 0;
 }
 
