@@ -19,6 +19,8 @@
 // (--ple-ram-modules 0). --variants LABEL,... runs only those (and ram).
 // --burst instead times single groups of reads per reader configuration
 // (see burst_test), against a floor with no thread hand-off at all.
+// --gpu times decode with the modules inside a whole GPU step instead (see
+// gpu_decode; needs a CUDA GPU).
 //
 // With --zipf S the token ids follow Zipf's law (rank k with weight
 // 1/(k+1)^S, as words in text) instead of being uniform, so that n-grams
@@ -487,8 +489,9 @@ void text_hits(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool, c
 // all resident (random bf16 weights; the modules before layers 2 and 5, as
 // above). The window in front of module 1 is then two GPU layers, not two
 // CPU gemms. Decode at batch 1 and 8 per PLE variant (one GpuStack each),
-// the variants rotated over rounds: step time against the in-RAM table,
-// and the I/O wait of module 1 and 2.
+// plain launches and CUDA graphs (the layers between modules replayed), the
+// variants rotated over rounds: step time against the in-RAM table, and the
+// I/O wait of module 1 and 2.
 void gpu_decode(const std::vector<std::unique_ptr<EngramModules>>& mods, const std::vector<std::string>& labels, const io::TensorStore& engram_store,
                 int64_t steps, int64_t rounds, const TokenSource& tokens) {
   const ModelConfig plain = bench::qwen3_30b_a3b_config(kLayers);  // the synthetic weights: the Qwen3-MoE graph
@@ -518,8 +521,11 @@ void gpu_decode(const std::vector<std::unique_ptr<EngramModules>>& mods, const s
     stacks.back()->attach_engram(*mods[v], get);
   }
   const int64_t V = c.vocab_size;
-  std::printf("| batch | variant | step ms | vs ram | I/O wait ms/step (module 1 + 2) | module 1 reads us (issue + device) | reads/step |\n|---:|---|---:|---:|---:|---:|---:|\n");
+  std::printf("| CUDA graphs | batch | variant | step ms | vs ram | I/O wait ms/step (module 1 + 2) | module 1 reads us (issue + device) | reads/step |\n"
+              "|---|---:|---|---:|---:|---:|---:|---:|\n");
+  for (bool graphs : {false, true})
   for (int batch : {1, 8}) {
+    for (auto& st : stacks) st->set_cuda_graphs(graphs);
     std::vector<double> secs_sum(mods.size(), 0);
     std::vector<int64_t> nsteps(mods.size(), 0);
     std::vector<io::PleStats> m0(mods.size()), m1(mods.size());
@@ -560,7 +566,7 @@ void gpu_decode(const std::vector<std::unique_ptr<EngramModules>>& mods, const s
                                                     std::to_string(static_cast<int>(static_cast<double>(m0[v].issue_ns) / 1e3 / n)) + " + " +
                                                     std::to_string(static_cast<int>(static_cast<double>(m0[v].io_ns - m0[v].issue_ns) / 1e3 / n)) + ")"
                                               : "-";
-      std::printf("| %d | %s | %.3f | %.2fx | %.3f (%.3f + %.3f) | %s | %.0f |\n", batch, labels[v].c_str(), ms, ms / ram_ms,
+      std::printf("| %s | %d | %s | %.3f | %.2fx | %.3f (%.3f + %.3f) | %s | %.0f |\n", graphs ? "on" : "off", batch, labels[v].c_str(), ms, ms / ram_ms,
                   static_cast<double>(m0[v].wait_ns + m1[v].wait_ns) / 1e6 / n, static_cast<double>(m0[v].wait_ns) / 1e6 / n,
                   static_cast<double>(m1[v].wait_ns) / 1e6 / n, m0s.c_str(), static_cast<double>(m0[v].reads + m1[v].reads) / n);
       std::fflush(stdout);

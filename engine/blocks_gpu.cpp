@@ -261,15 +261,28 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   double cpu_s = 0;
 
-  // The step is GPU segments separated by host hand-offs (layers whose
-  // experts run on the CPU). Segment i covers layers (handoffs[i-1],
-  // handoffs[i]]: a hand-off layer's GPU part ends with its router.
-  // Passes of >= the prefill minimum stream those layers' experts to the GPU instead (no hand-offs).
+  // The step is GPU segments separated by host work: hand-offs (layers
+  // whose experts run on the CPU; such a layer's GPU part ends with its
+  // router) and Engram modules (the host waits for the module's table rows,
+  // then queues the module; engine/engram_gpu.h). Segment i covers layers
+  // (cuts[i-1].after, cuts[i].after]. Passes of >= the prefill minimum
+  // stream the CPU layers' experts to the GPU instead (no hand-offs).
   const bool stream_pass = m.xstream && m.xstream->wants(n);
   std::vector<size_t> handoffs;
   for (size_t l = 0; l < m.layers.size(); ++l)
     if (m.layers[l].moe && !m.layers[l].resident && !stream_pass) handoffs.push_back(l);
-  const size_t nseg = handoffs.size() + 1;
+  struct Cut {
+    size_t after;         // the segment ends after this layer
+    bool handoff;         // ... with this layer's CPU experts
+    int module;           // ... then Engram module `module` (before layer after + 1), or -1
+  };
+  std::vector<Cut> cuts;
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const bool h = m.layers[l].moe && !m.layers[l].resident && !stream_pass;
+    const int em = m.engram && l + 1 < m.layers.size() ? m.engram->module_before(static_cast<int64_t>(l + 1)) : -1;
+    if (h || em >= 0) cuts.push_back({l, h, em});
+  }
+  const size_t nseg = cuts.size() + 1;
   // Micro-batches of rows [r0, r0 + rn). Decode steps of >= 2 sequences with
   // hand-offs may run as two (sequence split), so that the CPU experts of one
   // overlap the GPU work of the other; per token the math is the same.
@@ -298,8 +311,10 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     bf16_t *hr = hb + r0 * H, *attn = m.attn.as<bf16_t>() + r0 * nh * hd;
     int32_t* ids = m.topk_ids.as<int32_t>() + r0 * K;
     float* wts = m.topk_w.as<float>() + r0 * K;
-    const int em = m.engram ? m.engram->module_before(static_cast<int64_t>(l)) : -1;  // Engram module: x += d, then x += its output
-    if (em >= 0) m.engram->apply(em, xr, l > 0 ? dr : nullptr, r0, rn, m.blas, s);
+    // Engram module before l: x += d, then x += its output. Before layer 0
+    // it runs here; before later layers, between segments (see cuts).
+    const int em = m.engram ? m.engram->module_before(static_cast<int64_t>(l)) : -1;
+    if (em >= 0 && l == 0) m.engram->apply(em, xr, nullptr, r0, rn, m.blas, s);
     gpu::add_rms_norm(xr, l > 0 && em < 0 ? dr : nullptr, nullptr, rn, H, w.in_norm.as<bf16_t>(), eps, hr, nullptr, s);
     m.blas.gemm(hr, rn, w.qkv.as<bf16_t>(), ld, H, qr, ld);
     gpu::qk_norm_rope(qr, rn, ld, nh, hd, w.q_norm.as<bf16_t>(), eps, d_pos + r0, m.inv_freq.as<float>(), s);
@@ -334,7 +349,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   };
   auto enqueue_segment = [&](size_t i, const Rows& r, bool tail) {
     if (i == 0) gpu::embedding(m.embed.as<bf16_t>(), d_tok + r.r0, r.rn, H, x + r.r0 * H, s);
-    const size_t first = i == 0 ? 0 : handoffs[i - 1] + 1, last = i + 1 < nseg ? handoffs[i] + 1 : m.layers.size();
+    const size_t first = i == 0 ? 0 : cuts[i - 1].after + 1, last = i + 1 < nseg ? cuts[i].after + 1 : m.layers.size();
     for (size_t l = first; l < last; ++l) enqueue_layer(l, r.r0, r.rn);
     if (i + 1 == nseg) gpu::add(x + r.r0 * H, d + r.r0 * H, r.rn * H, x + r.r0 * H, s);
     if (tail) enqueue_tail();
@@ -342,7 +357,9 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   // Decode-sized steps replay each segment as a CUDA graph while the shape
   // (tokens, logit rows, micro-batches, attention splits, hand-offs) and
   // every buffer address hold.
-  const bool graphs = m.use_graphs && n <= Impl::kGraphMaxTokens && !stream_pass && !m.engram;
+  // With Engram modules the segments end at each module (its host wait and
+  // kernels run between graphs), except for a module before layer 0.
+  const bool graphs = m.use_graphs && n <= Impl::kGraphMaxTokens && !stream_pass && !(m.engram && m.engram->module_before(0) >= 0);
   if (stream_pass) m.xstream->begin(n);  // the first window's copies start now
   std::vector<const void*> key;
   if (graphs) {
@@ -355,7 +372,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
       key.push_back(kvs.keys(static_cast<int64_t>(l)));
       key.push_back(kvs.values(static_cast<int64_t>(l)));
     }
-    for (size_t h : handoffs) key.push_back(v(static_cast<int64_t>(h)));
+    for (const Cut& c : cuts) key.push_back(v(static_cast<int64_t>(c.after) * 2 + (c.handoff ? 1 : 0)));
   }
   auto run_segment = [&](size_t i, size_t mb, bool tail) {
     if (!graphs) return enqueue_segment(i, mbs[mb], tail);
@@ -393,13 +410,15 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   const bool one = mbs.size() == 1;
   for (size_t mb = 0; mb < mbs.size(); ++mb) {
     run_segment(0, mb, one && nseg == 1);
-    if (nseg > 1) down(handoffs[0], mb);
+    if (nseg > 1 && cuts[0].handoff) down(cuts[0].after, mb);
   }
   for (size_t i = 1; i < nseg; ++i)
     for (size_t mb = 0; mb < mbs.size(); ++mb) {
-      cpu_and_up(handoffs[i - 1], mb);
+      const Cut& c = cuts[i - 1];
+      if (c.handoff) cpu_and_up(c.after, mb);
+      if (c.module >= 0) m.engram->apply(c.module, x + mbs[mb].r0 * H, d + mbs[mb].r0 * H, mbs[mb].r0, mbs[mb].rn, m.blas, s);
       run_segment(i, mb, one && i + 1 == nseg);
-      if (i + 1 < nseg) down(handoffs[i], mb);
+      if (i + 1 < nseg && cuts[i].handoff) down(cuts[i].after, mb);
     }
   if (!one) enqueue_tail();
   if (m.engram) m.engram->end_step(b, kv, s);  // history rows for the next steps

@@ -75,7 +75,9 @@ class GpuStack : public GpuStep {
   // qwen3_moe_engram: uploads the Engram modules' weights and runs each
   // module before its layer (engine/engram_gpu.h); `host` (the model's
   // EngramModules: hashing, PLE table, recorded ids) must outlive the stack.
-  // Steps then launch plainly (no CUDA graphs: the table rows come from the host).
+  // With CUDA graphs on, decode steps replay the layers between modules as
+  // graphs; each module (host wait for its rows, upload, kernels) runs
+  // between them. A module before layer 0 turns graphs off.
   void attach_engram(EngramModules& host, const WeightLookup& get);
   const GpuStepTimes& times() const override;
   void reset_times() override;
