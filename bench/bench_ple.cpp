@@ -521,8 +521,8 @@ void gpu_decode(const std::vector<std::unique_ptr<EngramModules>>& mods, const s
     stacks.back()->attach_engram(*mods[v], get);
   }
   const int64_t V = c.vocab_size;
-  std::printf("| CUDA graphs | batch | variant | step ms | vs ram | I/O wait ms/step (module 1 + 2) | module 1 reads us (issue + device) | reads/step |\n"
-              "|---|---:|---|---:|---:|---:|---:|---:|\n");
+  std::printf("| CUDA graphs | batch | variant | step ms | vs ram | I/O wait ms/step (module 1 + 2) | module 1 reads us (issue + device) | reads/step | cached rows/step |\n"
+              "|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
   for (bool graphs : {false, true})
   for (int batch : {1, 8}) {
     for (auto& st : stacks) st->set_cuda_graphs(graphs);
@@ -532,7 +532,8 @@ void gpu_decode(const std::vector<std::unique_ptr<EngramModules>>& mods, const s
     for (int64_t round = 0; round < rounds; ++round)
       for (size_t k = 0; k < mods.size(); ++k) {
         const size_t v = (k + static_cast<size_t>(round)) % mods.size();
-        Rng rng{static_cast<uint64_t>(batch * 7777 + round * 1000003 + 11)};
+        // New tokens for every round, batch and graph setting: replayed ones would come from the row cache.
+        Rng rng{static_cast<uint64_t>(batch * 7777 + round * 1000003 + (graphs ? 500009 : 0) + 11)};
         const int64_t prompt = 8, per = std::max<int64_t>(1, steps / rounds), total = prompt + per + 2;
         KvLayout layout{kLayers, c.num_key_value_heads, c.head_dim};
         layout.seq_state_bytes = mods[v]->seq_state_bytes();
@@ -566,9 +567,10 @@ void gpu_decode(const std::vector<std::unique_ptr<EngramModules>>& mods, const s
                                                     std::to_string(static_cast<int>(static_cast<double>(m0[v].issue_ns) / 1e3 / n)) + " + " +
                                                     std::to_string(static_cast<int>(static_cast<double>(m0[v].io_ns - m0[v].issue_ns) / 1e3 / n)) + ")"
                                               : "-";
-      std::printf("| %s | %d | %s | %.3f | %.2fx | %.3f (%.3f + %.3f) | %s | %.0f |\n", graphs ? "on" : "off", batch, labels[v].c_str(), ms, ms / ram_ms,
+      std::printf("| %s | %d | %s | %.3f | %.2fx | %.3f (%.3f + %.3f) | %s | %.0f | %.1f |\n", graphs ? "on" : "off", batch, labels[v].c_str(), ms, ms / ram_ms,
                   static_cast<double>(m0[v].wait_ns + m1[v].wait_ns) / 1e6 / n, static_cast<double>(m0[v].wait_ns) / 1e6 / n,
-                  static_cast<double>(m1[v].wait_ns) / 1e6 / n, m0s.c_str(), static_cast<double>(m0[v].reads + m1[v].reads) / n);
+                  static_cast<double>(m1[v].wait_ns) / 1e6 / n, m0s.c_str(), static_cast<double>(m0[v].reads + m1[v].reads) / n,
+                  static_cast<double>(m0[v].rows_cached + m1[v].rows_cached) / n);
       std::fflush(stdout);
     }
   }
