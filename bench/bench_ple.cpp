@@ -362,6 +362,13 @@ struct Row {
   }
 };
 
+// "total (issue + device)" microseconds per step of one table's reads, "-" when it read nothing.
+std::string reads_cell(const io::PleStats& st, double steps) {
+  if (st.io_ns <= 0) return "-";
+  const double total = static_cast<double>(st.io_ns) / 1e3 / steps, issue = static_cast<double>(st.issue_ns) / 1e3 / steps;
+  return std::to_string(static_cast<int>(total)) + " (" + std::to_string(static_cast<int>(issue)) + " + " + std::to_string(static_cast<int>(total - issue)) + ")";
+}
+
 void step(EngramModules& e, const Synthetic& syn, const Batch& b, KvCache& kv, std::vector<float>& x, std::vector<float>& tmp,
           numa::ThreadPool& pool) {
   const int64_t n = static_cast<int64_t>(b.tokens.size());
@@ -563,10 +570,7 @@ void gpu_decode(const std::vector<std::unique_ptr<EngramModules>>& mods, const s
     const double ram_ms = secs_sum[0] / static_cast<double>(nsteps[0]) * 1e3;
     for (size_t v = 0; v < mods.size(); ++v) {
       const double n = static_cast<double>(nsteps[v]), ms = secs_sum[v] / n * 1e3;
-      const std::string m0s = m0[v].io_ns > 0 ? std::to_string(static_cast<int>(static_cast<double>(m0[v].io_ns) / 1e3 / n)) + " (" +
-                                                    std::to_string(static_cast<int>(static_cast<double>(m0[v].issue_ns) / 1e3 / n)) + " + " +
-                                                    std::to_string(static_cast<int>(static_cast<double>(m0[v].io_ns - m0[v].issue_ns) / 1e3 / n)) + ")"
-                                              : "-";
+      const std::string m0s = reads_cell(m0[v], n);
       std::printf("| %s | %d | %s | %.3f | %.2fx | %.3f (%.3f + %.3f) | %s | %.0f | %.1f |\n", graphs ? "on" : "off", batch, labels[v].c_str(), ms, ms / ram_ms,
                   static_cast<double>(m0[v].wait_ns + m1[v].wait_ns) / 1e6 / n, static_cast<double>(m0[v].wait_ns) / 1e6 / n,
                   static_cast<double>(m1[v].wait_ns) / 1e6 / n, m0s.c_str(), static_cast<double>(m0[v].reads + m1[v].reads) / n,
@@ -757,10 +761,7 @@ int main(int argc, char** argv) {
         mbps = std::to_string(static_cast<int64_t>(static_cast<double>(r.io.bytes_read) / io_s / 1e6));
         hidden = std::to_string(static_cast<int>(r.io.hidden_fraction() * 100)) + "%";
       }
-      const double m0_us = static_cast<double>(r.m0.io_ns) / 1e3 / per, m0_issue = static_cast<double>(r.m0.issue_ns) / 1e3 / per;
-      const std::string m0 = r.m0.io_ns > 0 ? std::to_string(static_cast<int>(m0_us)) + " (" + std::to_string(static_cast<int>(m0_issue)) + " + " +
-                                                  std::to_string(static_cast<int>(m0_us - m0_issue)) + ")"
-                                            : "-";
+      const std::string m0 = reads_cell(r.m0, per);
       std::printf("| %s | %s | %.2f | %.2fx | %.1f | %.3f (%.3f + %.3f) | %s | %s | %.1f | %.0f | %.0f | %s | %s |\n", r.scenario.c_str(), r.backend.c_str(), step_ms,
                   ram_ms > 0 ? step_ms / ram_ms : 0.0, r.cpu_seconds / std::max(1e-9, r.seconds), static_cast<double>(r.io.wait_ns) / 1e6 / per,
                   static_cast<double>(r.m0.wait_ns) / 1e6 / per, static_cast<double>(r.m1.wait_ns) / 1e6 / per, m0.c_str(), hidden.c_str(),
