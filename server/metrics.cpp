@@ -64,6 +64,7 @@ void render_ple(std::string& out, const PleTotals& p) {
       {"hmoe_ple_read_bytes_total", "counter", "Bytes those reads covered", [](const io::PleStats& s) { return static_cast<double>(s.bytes_read); }},
       {"hmoe_ple_io_wait_seconds_total", "counter", "Time forward steps sat blocked waiting for PLE rows", [](const io::PleStats& s) { return static_cast<double>(s.wait_ns) * 1e-9; }},
       {"hmoe_ple_io_seconds_total", "counter", "Time PLE reads were in flight (submit to last completion)", [](const io::PleStats& s) { return static_cast<double>(s.io_ns) * 1e-9; }},
+      {"hmoe_ple_issue_seconds_total", "counter", "Of that, time from submit until the last read was handed to the kernel", [](const io::PleStats& s) { return static_cast<double>(s.issue_ns) * 1e-9; }},
       {"hmoe_ple_waits_total", "counter", "PLE row waits (one per module and forward step)", [](const io::PleStats& s) { return static_cast<double>(s.steps); }},
   };
   for (const Row& r : rows) {

@@ -204,6 +204,8 @@ TEST_CASE("http: /metrics of an Engram model show the PLE table per module") {
   CHECK(value("hmoe_ple_module_in_ram{" + b + ",module=\"1\"}") == 0);
   CHECK(value("hmoe_ple_reads_total{" + b + ",module=\"0\"}") == 0);
   CHECK(value("hmoe_ple_reads_total{" + b + ",module=\"1\"}") > 0);
+  CHECK(value("hmoe_ple_issue_seconds_total{" + b + ",module=\"1\"}") >= 0);
+  CHECK(value("hmoe_ple_issue_seconds_total{" + b + ",module=\"1\"}") <= value("hmoe_ple_io_seconds_total{" + b + ",module=\"1\"}"));
   const double hidden = value("hmoe_ple_hidden_fraction{" + b + "}");
   CHECK(hidden >= 0);
   CHECK(hidden <= 1);
