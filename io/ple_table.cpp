@@ -393,12 +393,13 @@ std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, 
     slot->row_bytes = s.row_bytes();
     pt->tables_.push_back(std::move(slot));
   }
+  // Tables kept in memory: all of them (ram backend) or those of ram_tables.
+  auto keep_in_ram = [&](size_t i) {
+    pt->tables_[i]->ram = aligned_alloc_bytes(sources[i].nbytes());
+    std::memcpy(pt->tables_[i]->ram.get(), sources[i].data, sources[i].nbytes());
+  };
   if (opt.backend == PleBackend::ram) {
-    for (size_t i = 0; i < sources.size(); ++i) {
-      auto& slot = *pt->tables_[i];
-      slot.ram = aligned_alloc_bytes(sources[i].nbytes());
-      std::memcpy(slot.ram.get(), sources[i].data, sources[i].nbytes());
-    }
+    for (size_t i = 0; i < sources.size(); ++i) keep_in_ram(i);
     return pt;
   }
   if (opt.path.empty()) fail(ErrorKind::invalid_argument, "PLE table: no table file path given (--ple-table / HMOE_PLE_TABLE)");
@@ -428,11 +429,7 @@ std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, 
     if (again != PleFileState::ok) fail(ErrorKind::io, "PLE table file " + opt.path + " was just written but reads back " + ple_file_state_name(again) + ": " + why);
   }
   for (size_t i = 0; i < sources.size() && i < opt.ram_tables.size(); ++i)
-    if (opt.ram_tables[i]) {
-      auto& slot = *pt->tables_[i];
-      slot.ram = aligned_alloc_bytes(sources[i].nbytes());
-      std::memcpy(slot.ram.get(), sources[i].data, sources[i].nbytes());
-    }
+    if (opt.ram_tables[i]) keep_in_ram(i);
   const std::vector<uint8_t> header = make_header(sources, 0);
   for (size_t i = 0; i < sources.size(); ++i) pt->tables_[i]->data_offset = entry_of(header, i).data_offset;
 
