@@ -5,6 +5,7 @@
 #include "engine/blocks_gpu.h"
 #include "engine/blocks_gpu_mla.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -268,9 +269,6 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
   // (cuts[i-1].after, cuts[i].after]. Passes of >= the prefill minimum
   // stream the CPU layers' experts to the GPU instead (no hand-offs).
   const bool stream_pass = m.xstream && m.xstream->wants(n);
-  std::vector<size_t> handoffs;
-  for (size_t l = 0; l < m.layers.size(); ++l)
-    if (m.layers[l].moe && !m.layers[l].resident && !stream_pass) handoffs.push_back(l);
   struct Cut {
     size_t after;         // the segment ends after this layer
     bool handoff;         // ... with this layer's CPU experts
@@ -283,6 +281,7 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     if (h || em >= 0) cuts.push_back({l, h, em});
   }
   const size_t nseg = cuts.size() + 1;
+  const bool handoffs = std::any_of(cuts.begin(), cuts.end(), [](const Cut& c) { return c.handoff; });
   // Micro-batches of rows [r0, r0 + rn). Decode steps of >= 2 sequences with
   // hand-offs may run as two (sequence split), so that the CPU experts of one
   // overlap the GPU work of the other; per token the math is the same.
@@ -290,12 +289,12 @@ void GpuStack::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) 
     int64_t r0, rn;
   };
   std::vector<Rows> mbs = {{0, n}};
-  if (m.overlap && !handoffs.empty() && n >= 2 && static_cast<int64_t>(seq_list.size()) == n) {
+  if (m.overlap && handoffs && n >= 2 && static_cast<int64_t>(seq_list.size()) == n) {
     const int64_t nb = m.overlap_b_rows > 0 ? std::min(m.overlap_b_rows, n - 1) : n / 2;
     mbs = {{0, n - nb}, {n - nb, nb}};
   }
   for (const Rows& r : mbs) fit(m.attn_scratch, gpu::attention_scratch_floats(r.rn, nh, hd, max_len) * 4);
-  if (!handoffs.empty()) {
+  if (handoffs) {
     m.hf_h.reserve(static_cast<size_t>(n * H * 4));
     m.out_h.reserve(static_cast<size_t>(n * H * 4));
     m.ids_h.reserve(static_cast<size_t>(n * K * 4));
