@@ -185,6 +185,18 @@ TEST_CASE("PLE table: every backend returns the source rows") {
     CHECK(t->table_stats(0).reads > 0);
     CHECK(t->table_stats(2).reads > 0);
   }
+  // Tables to keep in memory that exceed the machine's memory are refused
+  // before any allocation or copy (the source here is far smaller than it claims).
+  {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    REQUIRE(pages > 0);
+    std::vector<PleSource> huge = rt.sources;
+    huge[1].rows = static_cast<int64_t>(static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / huge[1].row_bytes()) + 1;
+    CHECK_THROWS_WITH_AS(PleTable::open(huge, options(path, PleBackend::ram)), doctest::Contains("HMOE_PLE_BACKEND=io_uring"), Error);
+    PleOptions o = options(path, PleBackend::io_uring);
+    o.ram_tables = {false, true};
+    CHECK_THROWS_WITH_AS(PleTable::open(huge, o), doctest::Contains("--ple-ram-modules"), Error);
+  }
   // Non-O_DIRECT reads and a queue depth of one work too.
   PleOptions o = options(path, PleBackend::io_uring);
   o.direct = false;
