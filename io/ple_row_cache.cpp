@@ -25,12 +25,16 @@ size_t PleRowCache::footprint(size_t bytes, size_t slot_bytes) {
   return cap * (slot_bytes + sizeof(uint64_t) + 1 + sizeof(int32_t)) + index_size(cap) * (sizeof(uint64_t) + sizeof(int64_t));
 }
 
+uint64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
 PleRowCache::PleRowCache(size_t bytes, size_t slot_bytes) : slot_bytes_(slot_bytes) {
   capacity_ = slot_bytes > 0 ? static_cast<int64_t>(bytes / slot_bytes) : 0;
   if (capacity_ == 0) return;
   const size_t need = footprint(bytes, slot_bytes);
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  const size_t phys = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+  const size_t phys = physical_memory_bytes();
   auto mib = [](size_t b) { return std::to_string(b >> 20) + " MiB"; };
   if (phys > 0 && need > phys / 2)
     fail(ErrorKind::out_of_memory, "PLE row cache of " + mib(bytes) + " (" + mib(need) + " with its index) is more than half of this machine's " +

@@ -17,6 +17,10 @@
 
 namespace hmoe::io {
 
+// Bytes of physical memory of this machine (sysconf); 0 when unknown. The
+// PLE memory checks (row cache, tables kept in memory) measure against it.
+uint64_t physical_memory_bytes();
+
 class PleRowCache {
  public:
   // Room for bytes / slot_bytes rows (0: a cache that holds nothing). The

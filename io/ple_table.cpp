@@ -384,8 +384,7 @@ std::unique_ptr<PleTable> PleTable::open(const std::vector<PleSource>& sources, 
     uint64_t in_ram = 0;
     for (size_t i = 0; i < sources.size(); ++i)
       if (opt.backend == PleBackend::ram || (i < opt.ram_tables.size() && opt.ram_tables[i])) in_ram += sources[i].nbytes();
-    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-    const uint64_t phys = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+    const uint64_t phys = physical_memory_bytes();
     if (phys > 0 && in_ram > phys / 10 * 9)
       fail(ErrorKind::out_of_memory, "PLE tables kept in memory need " + std::to_string(in_ram >> 20) + " MiB, more than 90% of this machine's " +
                                          std::to_string(phys >> 20) + " MiB: read them from a file (HMOE_PLE_BACKEND=io_uring) or keep fewer in memory "
