@@ -63,6 +63,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
+#include "io/read_probe.h"
 #include "io/uring_reader.h"
 #include "numa/kernels.h"
 #include "numa/node_pools.h"
@@ -170,48 +171,14 @@ void drop_cache(const std::string& path) {
   ::close(fd);
 }
 
-struct RawResult {
-  double iops = 0, mbps = 0, qd1_us = 0;
-};
-
 // Random `block`-byte O_DIRECT reads over the table file's data with
-// io_uring at queue depth 64, for about `seconds`; then QD 1 latency.
-RawResult raw_uring(const std::string& path, double seconds, uint32_t block) {
-  RawResult r;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
-  if (fd < 0) fail(ErrorKind::io, path + ": cannot open with O_DIRECT");
-  const uint64_t pages = std::filesystem::file_size(path) / block;
-  std::string why;
-  auto reader = io::make_uring_reader(fd, path, {.queue_depth = 64, .rings = 4}, &why);
-  if (!reader) fail(ErrorKind::io, "raw test: io_uring unavailable: " + why);
-  constexpr int kBatch = 1024;
-  void* mem = nullptr;
-  if (::posix_memalign(&mem, 4096, kBatch * 4096) != 0) fail(ErrorKind::out_of_memory, "raw test buffer");
-  std::unique_ptr<uint8_t, decltype(&std::free)> buf(static_cast<uint8_t*>(mem), &std::free);
-  Rng rng{12345};
-  int64_t reads = 0;
-  const auto t0 = Clock::now();
-  while (secs(t0) < seconds) {
-    std::vector<io::ReadRequest> reqs;
-    for (int i = 0; i < kBatch; ++i) reqs.push_back({(rng.next() % pages) * block, block, buf.get() + i * 4096});
-    auto g = reader->submit(std::move(reqs));
-    reader->wait(*g);
-    reads += kBatch;
-  }
-  const double dt = secs(t0);
-  r.iops = static_cast<double>(reads) / dt;
-  r.mbps = r.iops * block / 1e6;
-  reader.reset();
-  auto qd1 = io::make_uring_reader(fd, path, {.queue_depth = 1}, &why);
-  const auto t1 = Clock::now();
-  for (int i = 0; i < 2000; ++i) {
-    auto g = qd1->submit({{(rng.next() % pages) * block, block, buf.get()}});
-    qd1->wait(*g);
-  }
-  r.qd1_us = secs(t1) / 2000 * 1e6;
-  qd1.reset();
-  ::close(fd);
-  return r;
+// io_uring at queue depth 64 over 4 rings for about `seconds`; then QD 1
+// latency and 16-read groups (io/read_probe.h).
+io::ReadProbeResult raw_uring(const std::string& path, double seconds, uint32_t block) {
+  io::ReadProbeOptions o;
+  o.block = block;
+  o.seconds = seconds;
+  return io::probe_random_reads(path, o);
 }
 
 // The latency of one module's reads at decode: a group of `n` random
@@ -709,12 +676,12 @@ int main(int argc, char** argv) {
       burst_test(table, fine, 128, 1200, 4000, 100);
       return 0;
     }
-    std::vector<std::pair<uint32_t, RawResult>> raws;
+    std::vector<std::pair<uint32_t, io::ReadProbeResult>> raws;
     for (uint32_t blk : {fine, 4096u}) {
       if (!raws.empty() && raws.back().first == blk) continue;
       drop_cache(table);
       raws.push_back({blk, raw_uring(table, 3.0, blk)});
-      const RawResult& raw = raws.back().second;
+      const io::ReadProbeResult& raw = raws.back().second;
       std::printf("raw io_uring, O_DIRECT random %u-byte reads of %s (%.0f MiB): QD64 over 4 rings %.0f IOPS, %.1f MB/s; QD1 %.1f us per read\n", blk,
                   table.c_str(), static_cast<double>(std::filesystem::file_size(table)) / (1 << 20), raw.iops, raw.mbps, raw.qd1_us);
       std::fflush(stdout);

@@ -186,6 +186,48 @@ TEST_CASE("hmoe plan of an Engram checkpoint: where each PLE table is served fro
   CHECK_MESSAGE(contains(bad.out, "HMOE_PLE_RAM_MODULES"), bad.out);
 }
 
+TEST_CASE("hmoe bench disk probes a file's random reads; bad paths and options are errors naming them") {
+  test::TempDir tmp("bench-disk");
+  const std::string file = tmp.str() + "/data.bin";
+  std::string bytes(4 << 20, '\0');
+  uint64_t x = 88172645463325252ull;
+  for (auto& c : bytes) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  test::write_file(file, bytes);
+  const Run r = run("bench disk " + file + " --seconds 0.3");
+  CHECK_MESSAGE(r.code == 0, r.out);
+  CHECK_MESSAGE(contains(r.out, "queue depth 64 over 4 rings: "), r.out);
+  CHECK_MESSAGE(contains(r.out, "16 reads at once (one PLE module's rows for one token)"), r.out);
+  const Run j = run("bench disk " + file + " --seconds 0.2 --group 8 --block 4096 --json");
+  REQUIRE_MESSAGE(j.code == 0, j.out);
+  const auto js = nlohmann::json::parse(j.out.substr(j.out.find('{')));
+  CHECK(js["bytes"] == 4 << 20);
+  CHECK(js["block"] == 4096);
+  CHECK(js["group"] == 8);
+  CHECK(js["iops"].get<double>() > 0);
+  CHECK(js["group_p50_us"].get<double>() > 0);
+  CHECK(js["group_p90_us"].get<double>() >= js["group_p50_us"].get<double>());
+  struct Bad {
+    std::string args, says;
+  };
+  for (const Bad& b : {Bad{"bench disk " + tmp.str(), "is a directory"}, Bad{"bench disk " + tmp.str() + "/missing.bin", "missing.bin"},
+                       Bad{"bench disk " + file + " --block 1000", "power of two"}, Bad{"bench disk " + file + " --group 0", "group"},
+                       Bad{"bench disk " + file + " --seconds 0", "seconds"}, Bad{"bench disk", "one FILE"}, Bad{"bench floppy", "'disk'"}}) {
+    const Run e = run(b.args);
+    CHECK_MESSAGE(e.code != 0, b.args << ": " << e.out);
+    CHECK_MESSAGE(contains(e.out, b.says), b.args << ": " << e.out);
+  }
+  // A file smaller than one block.
+  test::write_file(tmp.str() + "/tiny.bin", "abc");
+  const Run t = run("bench disk " + tmp.str() + "/tiny.bin");
+  CHECK(t.code != 0);
+  CHECK_MESSAGE(contains(t.out, "less than one 512-byte block"), t.out);
+}
+
 TEST_CASE("an HMOE_ environment variable that is no setting is named in a warning, with the nearest setting") {
   const Run r = run_env("HMOE_GPU_RESIDENT_MOE_LAYER=0-3 HMOE_ZZZ=1", "settings");
   CHECK(r.code == 0);

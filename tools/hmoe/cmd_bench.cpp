@@ -3,11 +3,17 @@
 // one JSON object (--json) or a line; --sweep prints the full tables (every
 // shape, dtype and token count at all threads, then thread scaling at one
 // token) in one call.
+// hmoe bench disk FILE: the random-read probe of io/read_probe.h on a file
+// of the disk that would hold a PLE table, against the reads/s `hmoe plan`
+// says an Engram model needs.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "configs/error.h"
+#include "io/read_probe.h"
 #include "numa/expert_bench.h"
 #include "numa/kernels.h"
 #include "numa/onednn_matmul.h"
@@ -35,8 +41,45 @@ void print_row(const numa::ExpertBenchResult& r, bool json) {
   std::fflush(stdout);
 }
 
+int run_bench_disk(std::vector<std::string>& args) {
+  std::string block_s = "512", secs_s = "3", group_s = "16";
+  take_option(args, "--block", block_s);
+  take_option(args, "--seconds", secs_s);
+  take_option(args, "--group", group_s);
+  const bool json = take_flag(args, "--json");
+  reject_unknown_flags(args, "bench disk");
+  if (args.size() != 1) fail(ErrorKind::invalid_argument, "bench disk takes one FILE (a PLE table file, or any large file on the disk to probe)");
+  io::ReadProbeOptions o;
+  const int64_t block = parse_int("--block", block_s);
+  if (block < 512 || block > (1 << 20)) fail(ErrorKind::invalid_argument, "--block must be a power of two in 512..1048576, got " + block_s);
+  o.block = static_cast<uint32_t>(block);
+  o.seconds = parse_float("--seconds", secs_s);
+  o.group = static_cast<int>(std::clamp<int64_t>(parse_int("--group", group_s), -1, 1 << 20));
+  const io::ReadProbeResult r = io::probe_random_reads(args[0], o);
+  if (json) {
+    const nlohmann::json j = {{"file", args[0]}, {"bytes", r.file_bytes}, {"block", o.block}, {"direct", r.direct}, {"reader", r.reader},
+                              {"iops", r.iops}, {"mb_per_s", r.mbps}, {"qd1_us", r.qd1_us}, {"group", o.group}, {"group_p50_us", r.group_p50_us},
+                              {"group_p90_us", r.group_p90_us}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("%s: %.1f MiB, random %u-byte reads %s, %s\n", args[0].c_str(), static_cast<double>(r.file_bytes) / (1 << 20), o.block,
+              r.direct ? "with O_DIRECT" : "through the page cache (no O_DIRECT on this filesystem: cached pages flatter the figures)", r.reader.c_str());
+  std::printf("  queue depth %u over %u rings: %.0f reads/s, %.1f MB/s\n", o.queue_depth, o.rings, r.iops, r.mbps);
+  std::printf("  one at a time: %.1f us per read\n", r.qd1_us);
+  std::printf("  %d reads at once (one PLE module's rows for one token): %.0f us p50, %.0f us p90 until the last lands\n", o.group, r.group_p50_us,
+              r.group_p90_us);
+  std::printf("compare: `hmoe plan MODEL` prints the reads/s an Engram model's table file must serve; a module hides its reads when the layers\n"
+              "in front of it take longer than the group time (else --ple-ram-modules keeps its table in memory)\n");
+  return 0;
+}
+
 int run_bench(const Settings& s, std::vector<std::string>& args) {
-  if (args.empty() || args[0] != "experts") fail(ErrorKind::invalid_argument, "bench: the only benchmark is 'experts' (hmoe bench experts --help)");
+  if (!args.empty() && args[0] == "disk") {
+    args.erase(args.begin());
+    return run_bench_disk(args);
+  }
+  if (args.empty() || args[0] != "experts") fail(ErrorKind::invalid_argument, "bench: the benchmarks are 'experts' and 'disk' (hmoe bench experts|disk ...)");
   args.erase(args.begin());
   std::string shape = "qwen3-30b-a3b", dtype = "bf16", tokens_s = "1", held_s = "0", secs_s = "1", stream_s = "256";
   std::string shapes_s = "qwen3-30b-a3b,deepseek-v3", dtypes_s = "bf16,int8,int4", tokens_list = "1,4,16,64,512", threads_list;
@@ -154,7 +197,7 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
 HMOE_COMMAND(bench_cmd, "bench",
              "bench experts [--shape qwen3-30b-a3b|deepseek-v3] [--dtype bf16|int8|int4] [--tokens N] [--threads T] [--json] "
              "[--experts-held N] [--seconds S] [--stream-mib M] | bench experts --sweep [--shapes a,b] [--dtypes a,b] "
-             "[--tokens-list 1,4,..] [--threads-list 1,2,..] [--json]",
-             "routed-expert layer and STREAM triad benchmark (weight GB/s against the machine's bandwidth)", run_bench);
+             "[--tokens-list 1,4,..] [--threads-list 1,2,..] [--json] | bench disk FILE [--block 512] [--seconds 3] [--group 16] [--json]",
+             "routed-expert layer and STREAM triad benchmark (weight GB/s against the machine's bandwidth); random-read probe of a disk for PLE tables", run_bench);
 
 }  // namespace hmoe::cli
