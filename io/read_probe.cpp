@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "configs/error.h"
@@ -22,16 +23,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-struct Xorshift {
-  uint64_t s;
-  uint64_t next() {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return s;
-  }
-};
 
 }  // namespace
 
@@ -70,10 +61,10 @@ ReadProbeResult probe_random_reads(const std::string& path, const ReadProbeOptio
   void* mem = nullptr;
   if (::posix_memalign(&mem, 4096, slots * block) != 0) fail(ErrorKind::out_of_memory, "read probe: cannot allocate its buffer");
   std::unique_ptr<uint8_t, decltype(&std::free)> buf(static_cast<uint8_t*>(mem), &std::free);
-  Xorshift rng{0x9E3779B97F4A7C15ull};
+  std::mt19937_64 rng(0x9E3779B97F4A7C15ull);
   auto random_reads = [&](size_t n) {
     std::vector<ReadRequest> reqs;
-    for (size_t i = 0; i < n; ++i) reqs.push_back({(rng.next() % blocks) * block, block, buf.get() + i * block});
+    for (size_t i = 0; i < n; ++i) reqs.push_back({(rng() % blocks) * block, block, buf.get() + i * block});
     return reqs;
   };
   auto make_reader = [&](unsigned qd, unsigned rings) {
