@@ -494,7 +494,6 @@ void gpu_decode(const std::vector<std::unique_ptr<EngramModules>>& mods, const s
     stacks.push_back(std::make_unique<GpuStack>(c, resident, get, pools));
     stacks.back()->attach_engram(*mods[v], get);
   }
-  const int64_t V = c.vocab_size;
   std::printf("| CUDA graphs | batch | variant | step ms | vs ram | I/O wait ms/step (module 1 + 2) | module 1 reads us (issue + device) | reads/step | cached rows/step |\n"
               "|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
   for (bool graphs : {false, true})
@@ -529,7 +528,6 @@ void gpu_decode(const std::vector<std::unique_ptr<EngramModules>>& mods, const s
           stacks[v]->forward(b, kv, logits);
           secs_sum[v] += secs(t0);
         }
-        (void)V;
         nsteps[v] += per;
         m0[v] += mods[v]->table().table_stats(0);
         m1[v] += mods[v]->table().table_stats(1);
