@@ -18,7 +18,7 @@
 //    implementation (v0: one job per (token, query head), scalar; kept here
 //    to compare) and the current one.
 //
-// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km]
+// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km] [--batch N (only this batch)] [--no-attention]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -220,14 +220,17 @@ void bench_attention(numa::ThreadPool& pool, double min_seconds) {
 
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false, all = true;
+  bool quick = false, all = true, attn = true;
+  int64_t only_batch = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
     else if (a == "--quick") quick = true;
     else if (a == "--formats" && i + 1 < argc) all = std::string(argv[++i]) == "all";
+    else if (a == "--batch" && i + 1 < argc) only_batch = std::stoll(argv[++i]);
+    else if (a == "--no-attention") attn = false;
     else {
-      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km]\n");
+      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km] [--batch N] [--no-attention]\n");
       return 2;
     }
   }
@@ -261,6 +264,7 @@ int main(int argc, char** argv) {
     numa::ExpertEngine eq(set.w, pools, on), ee(set.w, pools, off);
     for (int64_t n : {int64_t{1}, int64_t{64}, int64_t{512}}) {
       if (quick && n == 512 && &f != &fmts[0]) continue;
+      if (only_batch && n != only_batch) continue;
       const double se = time_forward(ee, n, E, min_s), sq = time_forward(eq, n, E, min_s);
       // bytes: distinct experts touched per step (all K at batch 1; at most E)
       const double touched = static_cast<double>(std::min<int64_t>(E, n * K));
@@ -272,6 +276,6 @@ int main(int argc, char** argv) {
   }
   std::printf("\n(GB/s: stored bytes of the distinct experts a step touches / step time; GOP/s: 2 x 3 x H x I per (token, expert)\n"
               " pair, integer multiply-adds for int8, fp32 FMAs for exact.)\n");
-  bench_attention(pool, min_s);
+  if (attn) bench_attention(pool, min_s);
   return 0;
 }

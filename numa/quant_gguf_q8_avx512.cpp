@@ -31,7 +31,14 @@ bool q8_has_vnni() {
 
 namespace {
 
-constexpr int64_t kPrefetch = 768;  // bytes ahead in each weight row
+// Prefetch distance: the same place in the next tile's rows (R rows on)
+// when rows are short, so that several KB are in flight per stream; at most
+// kPrefetchMax bytes ahead for long rows.
+constexpr int64_t kPrefetchMax = 4096;
+inline int64_t prefetch_ahead(const Mat& w, int R) {
+  const int64_t rb = static_cast<int64_t>(w.row_bytes());
+  return rb * R <= kPrefetchMax ? rb * R : kPrefetchMax;
+}
 
 HMOE_V512 inline float half_at(const uint8_t* p) {
   uint16_t h;
@@ -137,6 +144,7 @@ template <ExtType T, int R, int NT>
 HMOE_V512 void tile_k(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* y, int64_t ldy, const ScaleIdx& ix) {
   constexpr int BB = kBlockBytes<T>;
   const int64_t nb = w.cols / 256;
+  const int64_t ahead = prefetch_ahead(w, R);
   const uint8_t* rows[R];
   for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
   const int8_t* xq[NT];
@@ -153,9 +161,10 @@ HMOE_V512 void tile_k(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, flo
   for (int64_t bi = 0; bi < nb; ++bi) {
     for (int i = 0; i < R; ++i) {
       const uint8_t* b = rows[i] + bi * BB;
-      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetch), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetch + 64), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetch + 128), _MM_HINT_T0);
+      const char* pf = reinterpret_cast<const char*>(b + ahead);
+      _mm_prefetch(pf, _MM_HINT_T0);
+      _mm_prefetch(pf + 64, _MM_HINT_T0);
+      _mm_prefetch(pf + 128, _MM_HINT_T0);
       KBlock k;
       unpack_k<T>(b, ix, k);
       for (int j = 0; j < NT; ++j) acc[i][j] = dot_k<T>(k, xq[j] + bi * 256, xb[j] + bi * 16, xd[j][bi], acc[i][j]);
@@ -197,6 +206,7 @@ HMOE_V512 void tile_b(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, flo
   constexpr int BB = kBlockBytes<T>;
   constexpr __mmask16 bmask = T == ExtType::q8_0 ? 0xFF00 : 0xF0F0;
   const int64_t np = w.cols / 64;
+  const int64_t ahead = prefetch_ahead(w, R);
   const uint8_t* rows[R];
   for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
   const int8_t* xq[NT];
@@ -213,7 +223,8 @@ HMOE_V512 void tile_b(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, flo
   for (int64_t p = 0; p < np; ++p) {
     for (int i = 0; i < R; ++i) {
       const uint8_t* pa = rows[i] + 2 * p * BB;
-      _mm_prefetch(reinterpret_cast<const char*>(pa + kPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(pa + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(pa + ahead + 64), _MM_HINT_T0);
       const __m512 dw = _mm512_mask_blend_ps(bmask, _mm512_set1_ps(half_at(pa)), _mm512_set1_ps(half_at(pa + BB)));
       const __m512i c = unpack_pair<T>(pa);
       for (int j = 0; j < NT; ++j) {

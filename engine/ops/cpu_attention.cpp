@@ -14,7 +14,9 @@
 //    chunks of each (token, head) by their log-sum-exp (flash-decoding);
 //  - per page tile of up to 16 positions the dot products, the exp and the
 //    V accumulation are AVX-512 (scalar loops where the CPU lacks it or the
-//    head dimension is not a multiple of 16).
+//    head dimension is not a multiple of 16); for head dims 64 and 128 two
+//    query heads are done at once with q and the outputs in registers, so
+//    each K/V load serves both.
 // Results equal attention_reference up to float summation order.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -67,8 +69,65 @@ HMOE_A512 inline __m512 exp_neg(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// Scores and V accumulation for two query heads at once (HP = 2, or 1 for
+// an odd last head), with hd = 16 * NV held in registers: every K and V
+// load serves both heads.
+template <int NV, int HP>
+HMOE_A512 inline void heads_fixed(const float* q, int64_t hd, const float* const* krow, const float* const* vrow, int64_t T, float scale,
+                                  float* m, float* l, float* o) {
+  const __mmask16 live = static_cast<__mmask16>((1u << T) - 1);
+  alignas(64) float sc[HP][kTile];
+  {
+    __m512 qr[HP][NV];
+    for (int h = 0; h < HP; ++h)
+      for (int i = 0; i < NV; ++i) qr[h][i] = _mm512_loadu_ps(q + h * hd + 16 * i);
+    for (int64_t p = 0; p < T; ++p) {
+      __m512 acc[HP];
+      for (int h = 0; h < HP; ++h) acc[h] = _mm512_mul_ps(qr[h][0], _mm512_loadu_ps(krow[p]));
+      for (int i = 1; i < NV; ++i) {
+        const __m512 k = _mm512_loadu_ps(krow[p] + 16 * i);
+        for (int h = 0; h < HP; ++h) acc[h] = _mm512_fmadd_ps(qr[h][i], k, acc[h]);
+      }
+      for (int h = 0; h < HP; ++h) sc[h][p] = _mm512_reduce_add_ps(acc[h]);
+    }
+  }
+  __m512 pv[HP], corr[HP];
+  for (int h = 0; h < HP; ++h) {
+    const __m512 sv = _mm512_mul_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), live, sc[h]), _mm512_set1_ps(scale));
+    const float mnew = std::max(m[h], _mm512_reduce_max_ps(sv));
+    corr[h] = _mm512_set1_ps(std::exp(m[h] - mnew));
+    pv[h] = _mm512_maskz_mov_ps(live, exp_neg(_mm512_sub_ps(sv, _mm512_set1_ps(mnew))));
+    l[h] = l[h] * std::exp(m[h] - mnew) + _mm512_reduce_add_ps(pv[h]);
+    m[h] = mnew;
+    _mm512_store_ps(sc[h], pv[h]);
+  }
+  __m512 acc[HP][NV];
+  for (int h = 0; h < HP; ++h)
+    for (int i = 0; i < NV; ++i) acc[h][i] = _mm512_mul_ps(_mm512_loadu_ps(o + h * hd + 16 * i), corr[h]);
+  for (int64_t p = 0; p < T; ++p) {
+    __m512 pb[HP];
+    for (int h = 0; h < HP; ++h) pb[h] = _mm512_set1_ps(sc[h][p]);
+    for (int i = 0; i < NV; ++i) {
+      const __m512 v = _mm512_loadu_ps(vrow[p] + 16 * i);
+      for (int h = 0; h < HP; ++h) acc[h][i] = _mm512_fmadd_ps(pb[h], v, acc[h][i]);
+    }
+  }
+  for (int h = 0; h < HP; ++h)
+    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + h * hd + 16 * i, acc[h][i]);
+}
+
+template <int NV>
+HMOE_A512 void chunk_fixed(const float* q, int64_t G, int64_t hd, const float* const* krow, const float* const* vrow, int64_t T, float scale,
+                           float* m, float* l, float* o) {
+  int64_t h = 0;
+  for (; h + 2 <= G; h += 2) heads_fixed<NV, 2>(q + h * hd, hd, krow, vrow, T, scale, m + h, l + h, o + h * hd);
+  if (h < G) heads_fixed<NV, 1>(q + h * hd, hd, krow, vrow, T, scale, m + h, l + h, o + h * hd);
+}
+
 HMOE_A512 void chunk_avx512(const float* q, int64_t G, int64_t hd, const float* const* krow, const float* const* vrow, int64_t T,
                             float scale, float* m, float* l, float* o, float* s) {
+  if (hd == 128) return chunk_fixed<8>(q, G, hd, krow, vrow, T, scale, m, l, o);
+  if (hd == 64) return chunk_fixed<4>(q, G, hd, krow, vrow, T, scale, m, l, o);
   const int64_t nv = hd / 16;
   for (int64_t h = 0; h < G; ++h) {
     const float* qh = q + h * hd;
@@ -146,17 +205,33 @@ void run_item(const Item& it, const float* q, int64_t heads, int64_t kv_heads, i
   const float* krow[kTile];
   const float* vrow[kTile];
   const int64_t bs = kv.block_size();
+  const int64_t kw = kv.layout().k_floats(), vw = kv.layout().v_floats();
+  // a tile stays within one page, where rows are contiguous
+  auto tile_end = [&](int64_t j) { return std::min({it.j1, (j / bs + 1) * bs, j + kTile}); };
+  // The next tile's K/V rows are prefetched while this one computes: rows of
+  // one kv head are hd floats every kw, a stride the hardware does not follow.
+  auto prefetch = [&](int64_t j) {
+    if (j >= it.j1) return;
+    const int64_t T = tile_end(j) - j;
+    const char* k0 = reinterpret_cast<const char*>(kv.k(layer, seq, j) + it.g * hd);
+    const char* v0 = reinterpret_cast<const char*>(kv.v(layer, seq, j) + it.g * hd);
+    for (int64_t p = 0; p < T; ++p)
+      for (int64_t b = 0; b < hd * 4; b += 64) {
+        __builtin_prefetch(k0 + p * kw * 4 + b);
+        __builtin_prefetch(v0 + p * vw * 4 + b);
+      }
+  };
+  prefetch(it.j0);
   for (int64_t j = it.j0; j < it.j1;) {
-    // a tile stays within one page, where rows are contiguous
-    const int64_t end = std::min({it.j1, (j / bs + 1) * bs, j + kTile});
+    const int64_t end = tile_end(j);
     const int64_t T = end - j;
     const float* k0 = kv.k(layer, seq, j) + it.g * hd;
     const float* v0 = kv.v(layer, seq, j) + it.g * hd;
-    const int64_t kw = kv.layout().k_floats(), vw = kv.layout().v_floats();
     for (int64_t p = 0; p < T; ++p) {
       krow[p] = k0 + p * kw;
       vrow[p] = v0 + p * vw;
     }
+    prefetch(end);
     if (simd) chunk_avx512(qg, G, hd, krow, vrow, T, scale, m, l, o, s.data());
     else chunk_scalar(qg, G, hd, krow, vrow, T, scale, m, l, o, s.data());
     j = end;
