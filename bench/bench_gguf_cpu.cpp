@@ -18,7 +18,7 @@
 //    implementation (v0: one job per (token, query head), scalar; kept here
 //    to compare) and the current one.
 //
-// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km] [--batch N (only this batch)] [--no-attention]
+// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N (only this batch)] [--no-attention]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -216,21 +216,94 @@ void bench_attention(numa::ThreadPool& pool, double min_seconds) {
   std::printf("\ndecode attention 4096 vs 512 (new): %.2fx the time\n", decode_ms[1] / decode_ms[0]);
 }
 
+// One decode step of a whole Qwen3-30B-A3B-shaped layer on the CPU at
+// context 512 and 4096: q/k/v/o projections (Q4_K, through cpu::gemm),
+// attention over the fp32 KV cache, top-8 routed experts (Q4_K_M mix).
+void bench_layer(numa::NodePools& pools, double min_seconds) {
+  numa::ThreadPool& pool = pools.pool(0);
+  const int64_t heads = 32, kvh = 4, hd = 128, maxctx = 4096, E = 64;
+  const int64_t NQ = heads * hd, NK = kvh * hd;
+  std::vector<std::vector<uint8_t>> wb;
+  std::vector<cpu::Mat> proj;
+  const int64_t shapes[4][2] = {{NQ, H}, {NK, H}, {NK, H}, {H, NQ}};
+  for (int m = 0; m < 4; ++m) {
+    const auto f = randn(static_cast<size_t>(shapes[m][0] * shapes[m][1]), 20 + static_cast<uint32_t>(m), 0.02f);
+    wb.push_back(qtools::quant_rows(ExtType::q4_k, f.data(), shapes[m][0], shapes[m][1]));
+    proj.push_back(cpu::ext_view(ExtType::q4_k, wb.back().data(), shapes[m][0], shapes[m][1], "proj"));
+  }
+  ExpertSet set = make_experts(ExtType::q4_k, ExtType::q6_k, E);
+  numa::EngineOptions eo;
+  eo.print_memory = false;
+  numa::ExpertEngine eng(set.w, pools, eo);
+  KvCache kv(KvLayout{1, kvh, hd}, maxctx / 16 + 4, 16);
+  const int seq = kv.add_sequence();
+  kv.reserve(seq, maxctx);
+  for (int64_t p = 0; p < maxctx; ++p) {
+    const auto k = randn(static_cast<size_t>(NK), 100 + static_cast<uint32_t>(p), 1.0f);
+    std::copy(k.begin(), k.end(), kv.k(0, seq, p));
+    std::copy(k.rbegin(), k.rend(), kv.v(0, seq, p));
+  }
+  const auto x = randn(static_cast<size_t>(H), 9, 1.0f);
+  std::vector<float> q(static_cast<size_t>(NQ)), kk(static_cast<size_t>(NK)), vv(static_cast<size_t>(NK)), att(static_cast<size_t>(NQ)),
+      o(static_cast<size_t>(H)), out(static_cast<size_t>(H));
+  std::vector<int32_t> ids(K);
+  std::vector<float> wts(K, 1.0f / K);
+  int64_t step = 0;
+  std::printf("\n## one decode step of a layer (q/k/v/o Q4_K, attention fp32 KV, top-8 Q4_K_M experts of 64 cycled), %d threads\n\n", pool.size());
+  std::printf("| context | ms/layer | of which attention ms |\n|---|---|---|\n");
+  double at[2] = {0, 0};
+  for (int64_t ctx : {int64_t{512}, int64_t{4096}}) {
+    ops::TokenSlot slot{seq, ctx - 1};
+    double total = 0, attn = 0;
+    int reps = 0;
+    auto one = [&](bool timed) {
+      for (int64_t j = 0; j < K; ++j) ids[static_cast<size_t>(j)] = static_cast<int32_t>((step * K + j) % E);
+      ++step;
+      auto t0 = clk::now();
+      cpu::gemm(x.data(), 1, proj[0], q.data(), &pool);
+      cpu::gemm(x.data(), 1, proj[1], kk.data(), &pool);
+      cpu::gemm(x.data(), 1, proj[2], vv.data(), &pool);
+      auto t1 = clk::now();
+      ops::attention(q.data(), 1, heads, kvh, hd, &slot, kv, 0, 0.088f, att.data(), &pool);
+      auto t2 = clk::now();
+      cpu::gemm(att.data(), 1, proj[3], o.data(), &pool);
+      std::fill(out.begin(), out.end(), 0.0f);
+      eng.forward(o.data(), 1, ids.data(), wts.data(), K, out.data());
+      auto t3 = clk::now();
+      if (timed) {
+        total += std::chrono::duration<double>(t3 - t0).count();
+        attn += std::chrono::duration<double>(t2 - t1).count();
+        ++reps;
+      }
+    };
+    one(false);
+    while (total < min_seconds || reps < 5) one(true);
+    at[ctx == 4096] = total / reps;
+    std::printf("| %ld | %.3f | %.3f |\n", ctx, total / reps * 1e3, attn / reps * 1e3);
+  }
+  std::printf("\ndecode step of a layer, 4096 vs 512: %.2fx the time (goal <= 1.15x)\n", at[1] / at[0]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 0;
   bool quick = false, all = true, attn = true;
   int64_t only_batch = 0;
+  std::string only_fmt;  // one format by name (Q8_0, Q4_K, ...)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
     else if (a == "--quick") quick = true;
-    else if (a == "--formats" && i + 1 < argc) all = std::string(argv[++i]) == "all";
+    else if (a == "--formats" && i + 1 < argc) {
+      const std::string f = argv[++i];
+      all = f != "q4km";
+      only_fmt = f == "all" || f == "q4km" ? "" : f;
+    }
     else if (a == "--batch" && i + 1 < argc) only_batch = std::stoll(argv[++i]);
     else if (a == "--no-attention") attn = false;
     else {
-      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km] [--batch N] [--no-attention]\n");
+      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N] [--no-attention]\n");
       return 2;
     }
   }
@@ -257,6 +330,7 @@ int main(int argc, char** argv) {
       fmts.push_back(f);
   const int64_t E = 64;
   for (const Fmt& f : fmts) {
+    if (!only_fmt.empty() && only_fmt != f.name) continue;
     ExpertSet set = make_experts(f.up, f.down, E);
     numa::EngineOptions on, off;
     on.print_memory = off.print_memory = false;
@@ -276,6 +350,9 @@ int main(int argc, char** argv) {
   }
   std::printf("\n(GB/s: stored bytes of the distinct experts a step touches / step time; GOP/s: 2 x 3 x H x I per (token, expert)\n"
               " pair, integer multiply-adds for int8, fp32 FMAs for exact.)\n");
-  if (attn) bench_attention(pool, min_s);
+  if (attn) {
+    bench_attention(pool, min_s);
+    bench_layer(pools, min_s);
+  }
   return 0;
 }

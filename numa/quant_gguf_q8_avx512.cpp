@@ -245,7 +245,7 @@ HMOE_V512 inline void tile(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r
 
 template <ExtType T>
 HMOE_V512 void rows(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  const ScaleIdx ix = make_idx();
+  static const ScaleIdx ix = make_idx();  // built once (thread-safe static)
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) {
     int64_t t = 0;
