@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "configs/error.h"
 
@@ -79,7 +80,11 @@ void Q8Acts::quantize(int64_t t, const float* x) {
     const float* xb = x + b * block;
     float amax = 0;
     for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xb[i]));
-    const float db = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+    // A block holding inf or NaN gets scale NaN and codes 0: its products
+    // come out NaN, as on the exact path, without converting NaN to int8.
+    const bool finite = amax <= std::numeric_limits<float>::max();
+    const float db = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    const float id = finite && amax > 0 ? 127.0f / amax : 0.0f;
     dt[b] = db;
     for (int64_t i = 0; i < block; ++i) tmp[i] = static_cast<int8_t>(std::clamp(std::nearbyint(xb[i] * id), -127.0f, 127.0f));
     if (is_k(type)) {

@@ -184,6 +184,19 @@ TEST_CASE("gemm_q8 over 1, 2 and 3 threads equals one thread; cpu::gemm follows 
   }
 }
 
+TEST_CASE("Q8Acts: a block with inf or NaN gives NaN products, not garbage codes") {
+  QW q = make(ExtType::q4_k, 4, 512, 3);
+  auto x = randn(512, 4);
+  x[300] = INFINITY;
+  cpu::Q8Acts a;
+  a.reset(1, q.w);
+  a.quantize(0, x.data());
+  for (int64_t k = 256; k < 512; ++k) CHECK(a.q[static_cast<size_t>(a.pos(k))] == 0);
+  std::vector<float> y(4);
+  cpu::gemm_rows_q8(a, 0, 1, q.w, 0, 4, y.data(), 4);
+  for (float v : y) CHECK(std::isnan(v));
+}
+
 TEST_CASE("gemm_rows_q8 refuses activations quantized for another type or width") {
   QW a = make(ExtType::q4_k, 4, 512, 1), b = make(ExtType::q6_k, 4, 512, 2), c = make(ExtType::q4_k, 4, 256, 3);
   cpu::Q8Acts xa;
