@@ -34,7 +34,7 @@ namespace hmoe::ops {
 
 namespace {
 
-constexpr int64_t kMinChunk = 256;  // positions: below this a split costs more than it gains
+constexpr int64_t kMinChunk = 128;  // positions: below this a split costs more than it gains
 constexpr int kTile = 16;
 
 struct Item {
