@@ -87,8 +87,7 @@ class GqaAttention : public AttentionBlock {
     for (int64_t t = 0; t < n; ++t) {
       rope_.apply(q + t * nh * hd, nh, slots[t].pos);
       rope_.apply(k + t * kvh * hd, kvh, slots[t].pos);
-      std::copy(k + t * kvh * hd, k + (t + 1) * kvh * hd, kv.k(layer_, slots[t].seq, slots[t].pos));
-      std::copy(v + t * kvh * hd, v + (t + 1) * kvh * hd, kv.v(layer_, slots[t].seq, slots[t].pos));
+      kv.store(layer_, slots[t].seq, slots[t].pos, k + t * kvh * hd, v + t * kvh * hd);
     }
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
     ops::attention(q, n, nh, kvh, hd, slots, kv, layer_, scale, ws.attn.data(), &pool_);

@@ -21,7 +21,9 @@
 //
 // Storage (engine/kv_storage.h): the bytes live in a KvStorage that the
 // cache calls to copy, offload and restore blocks. By default that is
-// CpuKvStorage (fp32 arrays for both tiers, read through k()/v()); the GPU
+// CpuKvStorage (arrays for both tiers in the layout's KvDtype: fp32, bf16
+// or q8_0; written through store(), read as rows through k_row()/v_row(),
+// and as fp32 pointers through k()/v() when the dtype is fp32); the GPU
 // path binds a GpuKvStorage (bf16 blocks on the GPU, pinned host pool), and
 // then k()/v() must not be used.
 //
@@ -55,6 +57,7 @@ struct KvLayout {
   int64_t k_token_floats = -1;
   int64_t v_token_floats = -1;
   int64_t seq_state_bytes = 0;  // per-sequence state kept beside the KV (Engram windows), zeroed by add_sequence
+  KvDtype dtype = KvDtype::f32;  // element format of the CPU storage (the GPU storage is bf16 whatever this says)
   int64_t k_floats() const { return k_token_floats >= 0 ? k_token_floats : kv_heads * head_dim; }
   int64_t v_floats() const { return v_token_floats >= 0 ? v_token_floats : kv_heads * head_dim; }
 };
@@ -109,9 +112,21 @@ class KvCache {
   void truncate(int seq, int64_t len);
 
   // Pointer to layout().k_floats() / v_floats() floats for (layer, seq, pos);
-  // pos < capacity. v() must not be used when v_floats() is 0. CPU storage only.
-  float* k(int64_t layer, int seq, int64_t pos) { return cpu_->k(layer, block_of(seq, pos), pos % block_size_); }
-  float* v(int64_t layer, int seq, int64_t pos) { return cpu_->v(layer, block_of(seq, pos), pos % block_size_); }
+  // pos < capacity. v() must not be used when v_floats() is 0. CPU storage
+  // with dtype fp32 only (other dtypes: store() and k_row()/v_row()).
+  float* k(int64_t layer, int seq, int64_t pos) { return reinterpret_cast<float*>(k_row(layer, seq, pos)); }
+  float* v(int64_t layer, int seq, int64_t pos) { return reinterpret_cast<float*>(v_row(layer, seq, pos)); }
+  // The stored row of (layer, seq, pos) in the layout's dtype
+  // (kv_row_bytes(dtype, k_floats()) bytes; engine/kv_storage.h). CPU storage only.
+  uint8_t* k_row(int64_t layer, int seq, int64_t pos) { return cpu_->k_row(layer, block_of(seq, pos), pos % block_size_); }
+  uint8_t* v_row(int64_t layer, int seq, int64_t pos) { return cpu_->v_row(layer, block_of(seq, pos), pos % block_size_); }
+  // Writes one token's keys (k_floats() values) and values (v_floats(); v may
+  // be null when that is 0), converted once to the dtype. CPU storage only.
+  void store(int64_t layer, int seq, int64_t pos, const float* k, const float* v) {
+    kv_encode_row(layout_.dtype, k, k_floats_, k_row(layer, seq, pos));
+    if (v_floats_ > 0) kv_encode_row(layout_.dtype, v, v_floats_, v_row(layer, seq, pos));
+  }
+  KvDtype dtype() const { return layout_.dtype; }
 
   // The layout's seq_state_bytes of per-sequence state (nullptr when 0).
   uint8_t* seq_state(int seq) { return layout_.seq_state_bytes ? seq_state_.at(static_cast<size_t>(seq)).data() : nullptr; }
@@ -128,9 +143,9 @@ class KvCache {
   // Cached-but-unreferenced blocks (a subset of free_blocks()).
   int64_t cached_free_blocks() const { return static_cast<int64_t>(lru_.size()); }
   const KvLayout& layout() const { return layout_; }
-  // Bytes of one block in the CPU storage (fp32).
+  // Bytes of one block in the CPU storage (in the layout's dtype).
   static int64_t bytes_per_block(const KvLayout& l, int64_t block_size) {
-    return l.layers * block_size * (l.k_floats() + l.v_floats()) * static_cast<int64_t>(sizeof(float));
+    return l.layers * block_size * (kv_row_bytes(l.dtype, l.k_floats()) + kv_row_bytes(l.dtype, l.v_floats()));
   }
 
  private:

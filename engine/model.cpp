@@ -30,6 +30,7 @@ KvLayout Model::kv_layout() const {
   if (config_.arch == Arch::deepseek_v3) return mla_kv_layout(config_);
   KvLayout l{config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim};
   if (engram_) l.seq_state_bytes = engram_->seq_state_bytes();
+  l.dtype = kv_dtype_;
   return l;
 }
 
@@ -40,6 +41,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   if (is_gguf_path(dir)) m->source_ = open_gguf_source(dir, m->config_);
   else m->config_ = ModelConfig::from_dir(dir);
   const ModelConfig& c = m->config_;
+  m->kv_dtype_ = resolve_kv_dtype(settings.kv_cache_dtype, is_gguf_path(dir), c.arch == Arch::deepseek_v3);
   if (c.arch != Arch::qwen3_moe && c.arch != Arch::qwen3_moe_engram && c.arch != Arch::deepseek_v3)
     fail(ErrorKind::unsupported, dir + "/config.json: model_type '" + c.model_type + "' is recognised but its graph is not implemented yet");
   if (!m->source_) {

@@ -88,6 +88,7 @@ class Model {
   Model() = default;
   std::string dir_;
   ModelConfig config_;
+  KvDtype kv_dtype_ = KvDtype::f32;  // CPU KV cache format (setting kv_cache_dtype)
   std::unique_ptr<io::TensorStore> store_;  // null for a GGUF file
   std::unique_ptr<WeightSource> source_;    // GGUF or quantized HF checkpoint; null for plain safetensors
   std::unique_ptr<numa::NodePools> pools_;  // one worker pool per NUMA node

@@ -17,7 +17,12 @@
 //    head dimension is not a multiple of 16); for head dims 64 and 128 two
 //    query heads are done at once with q and the outputs in registers, so
 //    each K/V load serves both.
-// Results equal attention_reference up to float summation order.
+//  - the cache's dtype (KvDtype: fp32, bf16, q8_0) is read as stored: the
+//    hd 64/128 loops widen bf16 to fp32 by a 16-bit shift and int8 by a
+//    sign extension times the block's scale, in registers; other head dims
+//    (or no AVX-512) decode a tile's rows into an fp32 scratch first.
+// Results equal attention_reference (which decodes the stored rows) up to
+// float summation order.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
@@ -69,12 +74,30 @@ HMOE_A512 inline __m512 exp_neg(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// 16 values [16 i, 16 i + 16) of a stored row slice, widened to fp32
+// (sc: the slice's q8_0 scales, one per 32 values).
+template <KvDtype D>
+HMOE_A512 inline __m512 load16(const uint8_t* r, const float* sc, int i) {
+  if constexpr (D == KvDtype::f32) {
+    (void)sc;
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(r) + 16 * i);
+  } else if constexpr (D == KvDtype::bf16) {
+    (void)sc;
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r) + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r) + i);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_set1_ps(sc[i >> 1]));
+  }
+}
+
 // Scores and V accumulation for two query heads at once (HP = 2, or 1 for
 // an odd last head), with hd = 16 * NV held in registers: every K and V
-// load serves both heads.
-template <int NV, int HP>
-HMOE_A512 inline void heads_fixed(const float* q, int64_t hd, const float* const* krow, const float* const* vrow, int64_t T, float scale,
-                                  float* m, float* l, float* o) {
+// load serves both heads. krow/vrow: the tile's row slices in dtype D
+// (ksc/vsc: their q8_0 scales).
+template <int NV, int HP, KvDtype D>
+HMOE_A512 inline void heads_fixed(const float* q, int64_t hd, const uint8_t* const* krow, const float* const* ksc, const uint8_t* const* vrow,
+                                  const float* const* vsc, int64_t T, float scale, float* m, float* l, float* o) {
   const __mmask16 live = static_cast<__mmask16>((1u << T) - 1);
   alignas(64) float sc[HP][kTile];
   {
@@ -83,9 +106,10 @@ HMOE_A512 inline void heads_fixed(const float* q, int64_t hd, const float* const
       for (int i = 0; i < NV; ++i) qr[h][i] = _mm512_loadu_ps(q + h * hd + 16 * i);
     for (int64_t p = 0; p < T; ++p) {
       __m512 acc[HP];
-      for (int h = 0; h < HP; ++h) acc[h] = _mm512_mul_ps(qr[h][0], _mm512_loadu_ps(krow[p]));
+      const __m512 k0 = load16<D>(krow[p], ksc[p], 0);
+      for (int h = 0; h < HP; ++h) acc[h] = _mm512_mul_ps(qr[h][0], k0);
       for (int i = 1; i < NV; ++i) {
-        const __m512 k = _mm512_loadu_ps(krow[p] + 16 * i);
+        const __m512 k = load16<D>(krow[p], ksc[p], i);
         for (int h = 0; h < HP; ++h) acc[h] = _mm512_fmadd_ps(qr[h][i], k, acc[h]);
       }
       for (int h = 0; h < HP; ++h) sc[h][p] = _mm512_reduce_add_ps(acc[h]);
@@ -108,7 +132,7 @@ HMOE_A512 inline void heads_fixed(const float* q, int64_t hd, const float* const
     __m512 pb[HP];
     for (int h = 0; h < HP; ++h) pb[h] = _mm512_set1_ps(sc[h][p]);
     for (int i = 0; i < NV; ++i) {
-      const __m512 v = _mm512_loadu_ps(vrow[p] + 16 * i);
+      const __m512 v = load16<D>(vrow[p], vsc[p], i);
       for (int h = 0; h < HP; ++h) acc[h][i] = _mm512_fmadd_ps(pb[h], v, acc[h][i]);
     }
   }
@@ -116,18 +140,23 @@ HMOE_A512 inline void heads_fixed(const float* q, int64_t hd, const float* const
     for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + h * hd + 16 * i, acc[h][i]);
 }
 
-template <int NV>
-HMOE_A512 void chunk_fixed(const float* q, int64_t G, int64_t hd, const float* const* krow, const float* const* vrow, int64_t T, float scale,
-                           float* m, float* l, float* o) {
+template <int NV, KvDtype D>
+HMOE_A512 void chunk_fixed(const float* q, int64_t G, int64_t hd, const uint8_t* const* krow, const float* const* ksc, const uint8_t* const* vrow,
+                           const float* const* vsc, int64_t T, float scale, float* m, float* l, float* o) {
   int64_t h = 0;
-  for (; h + 2 <= G; h += 2) heads_fixed<NV, 2>(q + h * hd, hd, krow, vrow, T, scale, m + h, l + h, o + h * hd);
-  if (h < G) heads_fixed<NV, 1>(q + h * hd, hd, krow, vrow, T, scale, m + h, l + h, o + h * hd);
+  for (; h + 2 <= G; h += 2) heads_fixed<NV, 2, D>(q + h * hd, hd, krow, ksc, vrow, vsc, T, scale, m + h, l + h, o + h * hd);
+  if (h < G) heads_fixed<NV, 1, D>(q + h * hd, hd, krow, ksc, vrow, vsc, T, scale, m + h, l + h, o + h * hd);
+}
+
+template <KvDtype D>
+void chunk_fixed_hd(const float* q, int64_t G, int64_t hd, const uint8_t* const* krow, const float* const* ksc, const uint8_t* const* vrow,
+                    const float* const* vsc, int64_t T, float scale, float* m, float* l, float* o) {
+  if (hd == 128) chunk_fixed<8, D>(q, G, hd, krow, ksc, vrow, vsc, T, scale, m, l, o);
+  else chunk_fixed<4, D>(q, G, hd, krow, ksc, vrow, vsc, T, scale, m, l, o);
 }
 
 HMOE_A512 void chunk_avx512(const float* q, int64_t G, int64_t hd, const float* const* krow, const float* const* vrow, int64_t T,
                             float scale, float* m, float* l, float* o, float* s) {
-  if (hd == 128) return chunk_fixed<8>(q, G, hd, krow, vrow, T, scale, m, l, o);
-  if (hd == 64) return chunk_fixed<4>(q, G, hd, krow, vrow, T, scale, m, l, o);
   const int64_t nv = hd / 16;
   for (int64_t h = 0; h < G; ++h) {
     const float* qh = q + h * hd;
@@ -199,41 +228,76 @@ void run_item(const Item& it, const float* q, int64_t heads, int64_t kv_heads, i
   std::fill(o, o + G * hd, 0.0f);
   const float* qg = q + (it.t * heads + it.g * G) * hd;
   const int seq = slots[it.t].seq;
+  const KvDtype dt = kv.dtype();
   const bool simd = use_avx512(hd);
-  thread_local std::vector<float> s;
+  // hd 64/128 on AVX-512 read the stored dtype in registers; otherwise the
+  // fp32 loops run on rows decoded into a scratch (fp32: no copy).
+  const bool fused = simd && (hd == 64 || hd == 128);
+  const bool decode = !fused && dt != KvDtype::f32;
+  thread_local std::vector<float> s, kdec, vdec;
   if (s.size() < static_cast<size_t>(G * kTile)) s.resize(static_cast<size_t>(G * kTile));
-  const float* krow[kTile];
-  const float* vrow[kTile];
+  if (decode && kdec.size() < static_cast<size_t>(kTile * hd)) kdec.resize(static_cast<size_t>(kTile * hd)), vdec.resize(static_cast<size_t>(kTile * hd));
+  const uint8_t* krow[kTile];
+  const uint8_t* vrow[kTile];
+  const float* ksc[kTile];
+  const float* vsc[kTile];
+  const float* kf[kTile];
+  const float* vf[kTile];
   const int64_t bs = kv.block_size();
   const int64_t kw = kv.layout().k_floats(), vw = kv.layout().v_floats();
+  const int64_t kb = kv_row_bytes(dt, kw), vb = kv_row_bytes(dt, vw);
+  // Byte offset of head g's values in a row, and of its q8_0 scales.
+  const int64_t esz = dt == KvDtype::f32 ? 4 : dt == KvDtype::bf16 ? 2 : 1;
+  const int64_t hoff = it.g * hd * esz, hbytes = hd * esz;
+  const int64_t ksoff = kv_q8_scale_offset(kw) + it.g * hd / 32 * 4, vsoff = kv_q8_scale_offset(vw) + it.g * hd / 32 * 4;
   // a tile stays within one page, where rows are contiguous
   auto tile_end = [&](int64_t j) { return std::min({it.j1, (j / bs + 1) * bs, j + kTile}); };
   // The next tile's K/V rows are prefetched while this one computes: rows of
-  // one kv head are hd floats every kw, a stride the hardware does not follow.
+  // one kv head are hd values every row, a stride the hardware does not follow.
   auto prefetch = [&](int64_t j) {
     if (j >= it.j1) return;
     const int64_t T = tile_end(j) - j;
-    const char* k0 = reinterpret_cast<const char*>(kv.k(layer, seq, j) + it.g * hd);
-    const char* v0 = reinterpret_cast<const char*>(kv.v(layer, seq, j) + it.g * hd);
+    const uint8_t* k0 = kv.k_row(layer, seq, j) + hoff;
+    const uint8_t* v0 = kv.v_row(layer, seq, j) + hoff;
     for (int64_t p = 0; p < T; ++p)
-      for (int64_t b = 0; b < hd * 4; b += 64) {
-        __builtin_prefetch(k0 + p * kw * 4 + b);
-        __builtin_prefetch(v0 + p * vw * 4 + b);
+      for (int64_t b = 0; b < hbytes; b += 64) {
+        __builtin_prefetch(k0 + p * kb + b);
+        __builtin_prefetch(v0 + p * vb + b);
       }
   };
   prefetch(it.j0);
   for (int64_t j = it.j0; j < it.j1;) {
     const int64_t end = tile_end(j);
     const int64_t T = end - j;
-    const float* k0 = kv.k(layer, seq, j) + it.g * hd;
-    const float* v0 = kv.v(layer, seq, j) + it.g * hd;
+    const uint8_t* k0 = kv.k_row(layer, seq, j);
+    const uint8_t* v0 = kv.v_row(layer, seq, j);
     for (int64_t p = 0; p < T; ++p) {
-      krow[p] = k0 + p * kw;
-      vrow[p] = v0 + p * vw;
+      krow[p] = k0 + p * kb + hoff;
+      vrow[p] = v0 + p * vb + hoff;
+      ksc[p] = dt == KvDtype::q8_0 ? reinterpret_cast<const float*>(k0 + p * kb + ksoff) : nullptr;
+      vsc[p] = dt == KvDtype::q8_0 ? reinterpret_cast<const float*>(v0 + p * vb + vsoff) : nullptr;
+      if (decode) {
+        kv_decode_row(dt, k0 + p * kb, kw, it.g * hd, hd, kdec.data() + p * hd);
+        kv_decode_row(dt, v0 + p * vb, vw, it.g * hd, hd, vdec.data() + p * hd);
+        kf[p] = kdec.data() + p * hd;
+        vf[p] = vdec.data() + p * hd;
+      } else {
+        kf[p] = reinterpret_cast<const float*>(krow[p]);
+        vf[p] = reinterpret_cast<const float*>(vrow[p]);
+      }
     }
     prefetch(end);
-    if (simd) chunk_avx512(qg, G, hd, krow, vrow, T, scale, m, l, o, s.data());
-    else chunk_scalar(qg, G, hd, krow, vrow, T, scale, m, l, o, s.data());
+    if (fused) {
+      switch (dt) {
+        case KvDtype::f32: chunk_fixed_hd<KvDtype::f32>(qg, G, hd, krow, ksc, vrow, vsc, T, scale, m, l, o); break;
+        case KvDtype::bf16: chunk_fixed_hd<KvDtype::bf16>(qg, G, hd, krow, ksc, vrow, vsc, T, scale, m, l, o); break;
+        case KvDtype::q8_0: chunk_fixed_hd<KvDtype::q8_0>(qg, G, hd, krow, ksc, vrow, vsc, T, scale, m, l, o); break;
+      }
+    } else if (simd) {
+      chunk_avx512(qg, G, hd, kf, vf, T, scale, m, l, o, s.data());
+    } else {
+      chunk_scalar(qg, G, hd, kf, vf, T, scale, m, l, o, s.data());
+    }
     j = end;
   }
 }
@@ -306,7 +370,9 @@ void attention(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64
 void attention_reference(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const TokenSlot* slots, KvCache& kv,
                          int64_t layer, float scale, float* out) {
   const int64_t group = heads / kv_heads;
+  const int64_t kw = kv.layout().k_floats(), vw = kv.layout().v_floats();
   std::vector<double> scores;
+  std::vector<float> kd, vd;  // the stored rows of head g, decoded to fp32
   for (int64_t t = 0; t < n; ++t)
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t g = h / group;
@@ -314,9 +380,15 @@ void attention_reference(const float* q, int64_t n, int64_t heads, int64_t kv_he
       const int seq = slots[t].seq;
       const int64_t len = slots[t].pos + 1;
       scores.assign(static_cast<size_t>(len), 0.0);
+      kd.resize(static_cast<size_t>(len * hd));
+      vd.resize(static_cast<size_t>(len * hd));
+      for (int64_t j = 0; j < len; ++j) {
+        kv_decode_row(kv.dtype(), kv.k_row(layer, seq, j), kw, g * hd, hd, kd.data() + j * hd);
+        kv_decode_row(kv.dtype(), kv.v_row(layer, seq, j), vw, g * hd, hd, vd.data() + j * hd);
+      }
       double mx = -INFINITY;
       for (int64_t j = 0; j < len; ++j) {
-        const float* kj = kv.k(layer, seq, j) + g * hd;
+        const float* kj = kd.data() + j * hd;
         double s = 0;
         for (int64_t i = 0; i < hd; ++i) s += static_cast<double>(qv[i]) * kj[i];
         scores[static_cast<size_t>(j)] = s * scale;
@@ -327,7 +399,7 @@ void attention_reference(const float* q, int64_t n, int64_t heads, int64_t kv_he
       float* o = out + (t * heads + h) * hd;
       for (int64_t i = 0; i < hd; ++i) {
         double acc = 0;
-        for (int64_t j = 0; j < len; ++j) acc += scores[static_cast<size_t>(j)] * kv.v(layer, seq, j)[g * hd + i];
+        for (int64_t j = 0; j < len; ++j) acc += scores[static_cast<size_t>(j)] * vd[static_cast<size_t>(j * hd + i)];
         o[i] = static_cast<float>(acc / sum);
       }
     }

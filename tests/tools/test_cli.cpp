@@ -102,6 +102,9 @@ TEST_CASE("hmoe generate: bad arguments are errors naming the problem") {
       {"generate /nonexistent/model --ids 1", "config.json"},
       {"generate " + model, "--ids is required"},
       {"generate " + model + " --ids 1 --threads many", "--threads"},
+      {"generate " + model + " --ids 1 --progress none --kv-cache-dtype fp8", "--kv-cache-dtype 'fp8' is not supported; use auto, fp32, bf16 or q8_0"},
+      {"generate " + model + " --ids 1 --progress none --kv-cache-dtype bogus", "--kv-cache-dtype 'bogus'"},
+      {"generate " + test::fixture_model("tiny-deepseekv3") + " --ids 1 --progress none --kv-cache-dtype bf16", "multi-head-latent KV cache is kept in fp32"},
   };
   for (const auto& c : cases) {
     Run r = run(c.args);
