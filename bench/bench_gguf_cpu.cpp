@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -171,54 +172,73 @@ void attention_v0(const float* q, int64_t n, int64_t heads, int64_t kv_heads, in
   else body(0, n * heads, 0);
 }
 
+// A one-layer cache of maxctx positions in dtype d, K and V random.
+std::unique_ptr<KvCache> filled_cache(KvDtype d, int64_t kvh, int64_t hd, int64_t maxctx, uint32_t seed) {
+  KvLayout l{1, kvh, hd};
+  l.dtype = d;
+  auto kv = std::make_unique<KvCache>(l, maxctx / 16 + 4, 16);
+  const int seq = kv->add_sequence();
+  kv->reserve(seq, maxctx);
+  for (int64_t p = 0; p < maxctx; ++p) {
+    const auto k = randn(static_cast<size_t>(kvh * hd), seed + static_cast<uint32_t>(p), 1.0f);
+    const std::vector<float> v(k.rbegin(), k.rend());
+    kv->store(0, seq, p, k.data(), v.data());
+  }
+  return kv;
+}
+
+constexpr KvDtype kKvDtypes[] = {KvDtype::f32, KvDtype::bf16, KvDtype::q8_0};
+
 void bench_attention(numa::ThreadPool& pool, double min_seconds) {
   const int64_t heads = 32, kvh = 4, hd = 128, maxctx = 4096;
-  KvCache kv(KvLayout{1, kvh, hd}, maxctx / 16 + 4, 16);
-  const int seq = kv.add_sequence();
-  kv.reserve(seq, maxctx);
-  for (int64_t p = 0; p < maxctx; ++p) {
-    const auto k = randn(static_cast<size_t>(kvh * hd), static_cast<uint32_t>(p), 1.0f);
-    std::copy(k.begin(), k.end(), kv.k(0, seq, p));
-    std::copy(k.rbegin(), k.rend(), kv.v(0, seq, p));
-  }
-  std::printf("\n## attention (32 q heads / 4 kv heads, dim 128, fp32 KV), ms per layer, %d threads\n\n", pool.size());
-  std::printf("| rows | context | KV MB read | v0 ms | new ms | speed-up | new KV GB/s |\n|---|---|---|---|---|---|---|\n");
+  std::printf("\n## attention (32 q heads / 4 kv heads, dim 128), ms per layer (min over repetitions), %d threads\n\n", pool.size());
+  std::printf("| KV dtype | rows | context | KV MB read | v0 ms (fp32) | new ms | speed-up | new KV GB/s |\n|---|---|---|---|---|---|---|---|\n");
   struct Case {
     int64_t n, ctx;
   };
-  double decode_ms[2] = {0, 0};
-  for (Case c : {Case{1, 512}, Case{1, 4096}, Case{64, 4096}}) {
-    std::vector<ops::TokenSlot> slots;
-    for (int64_t t = 0; t < c.n; ++t) slots.push_back({seq, c.ctx - c.n + t});
-    const auto q = randn(static_cast<size_t>(c.n * heads * hd), 5, 1.0f);
-    std::vector<float> out(q.size());
-    auto run = [&](bool v0) {
-      if (v0) attention_v0(q.data(), c.n, heads, kvh, hd, slots.data(), kv, 0, 0.088f, out.data(), &pool);
-      else ops::attention(q.data(), c.n, heads, kvh, hd, slots.data(), kv, 0, 0.088f, out.data(), &pool);
-    };
-    double ms[2];
-    for (int v = 0; v < 2; ++v) {
-      run(v == 0);
-      double total = 0;
-      int reps = 0;
-      while (total < min_seconds || reps < 3) {
-        auto t0 = clk::now();
+  for (KvDtype d : kKvDtypes) {
+    auto kvp = filled_cache(d, kvh, hd, maxctx, 0);
+    KvCache& kv = *kvp;
+    const int seq = 0;
+    double decode_ms[2] = {0, 0};
+    for (Case c : {Case{1, 512}, Case{1, 4096}, Case{64, 4096}}) {
+      std::vector<ops::TokenSlot> slots;
+      for (int64_t t = 0; t < c.n; ++t) slots.push_back({seq, c.ctx - c.n + t});
+      const auto q = randn(static_cast<size_t>(c.n * heads * hd), 5, 1.0f);
+      std::vector<float> out(q.size());
+      auto run = [&](bool v0) {
+        if (v0) attention_v0(q.data(), c.n, heads, kvh, hd, slots.data(), kv, 0, 0.088f, out.data(), &pool);
+        else ops::attention(q.data(), c.n, heads, kvh, hd, slots.data(), kv, 0, 0.088f, out.data(), &pool);
+      };
+      double ms[2] = {NAN, NAN};
+      for (int v = 0; v < 2; ++v) {
+        if (v == 0 && d != KvDtype::f32) continue;  // v0 reads fp32 rows only
         run(v == 0);
-        total += std::chrono::duration<double>(clk::now() - t0).count();
-        ++reps;
+        double total = 0, best = 1e30;
+        int reps = 0;
+        while (total < min_seconds || reps < 3) {
+          auto t0 = clk::now();
+          run(v == 0);
+          const double sec = std::chrono::duration<double>(clk::now() - t0).count();
+          total += sec;
+          best = std::min(best, sec);
+          ++reps;
+        }
+        ms[v] = best * 1e3;
       }
-      ms[v] = total / reps * 1e3;
+      const double kv_mb = static_cast<double>(c.ctx * 2 * kv_row_bytes(d, kvh * hd)) / 1e6;  // K and V of the longest row, once
+      if (c.n == 1) decode_ms[c.ctx == 4096] = ms[1];
+      std::printf("| %s | %ld | %ld | %.1f | %.3f | %.3f | %.1fx | %.1f |\n", kv_dtype_name(d), c.n, c.ctx, kv_mb, ms[0], ms[1], ms[0] / ms[1],
+                  kv_mb / ms[1]);
     }
-    const double kv_mb = static_cast<double>(c.ctx * kvh * hd * 2 * 4) / 1e6;  // K and V of the longest row, once
-    if (c.n == 1) decode_ms[c.ctx == 4096] = ms[1];
-    std::printf("| %ld | %ld | %.1f | %.3f | %.3f | %.1fx | %.1f |\n", c.n, c.ctx, kv_mb, ms[0], ms[1], ms[0] / ms[1], kv_mb / ms[1]);
+    std::printf("\n%s: decode attention 4096 vs 512: %.2fx the time\n\n", kv_dtype_name(d), decode_ms[1] / decode_ms[0]);
   }
-  std::printf("\ndecode attention 4096 vs 512 (new): %.2fx the time\n", decode_ms[1] / decode_ms[0]);
 }
 
 // One decode step of a whole Qwen3-30B-A3B-shaped layer on the CPU at
 // context 512 and 4096: q/k/v/o projections (Q4_K, through cpu::gemm),
-// attention over the fp32 KV cache, top-8 routed experts (Q4_K_M mix).
+// attention over the KV cache in each dtype, top-8 routed experts (Q4_K_M
+// mix). Times are the min over repetitions (the dev box is shared).
 void bench_layer(numa::NodePools& pools, double min_seconds) {
   numa::ThreadPool& pool = pools.pool(0);
   const int64_t heads = 32, kvh = 4, hd = 128, maxctx = 4096, E = 64;
@@ -235,60 +255,74 @@ void bench_layer(numa::NodePools& pools, double min_seconds) {
   numa::EngineOptions eo;
   eo.print_memory = false;
   numa::ExpertEngine eng(set.w, pools, eo);
-  KvCache kv(KvLayout{1, kvh, hd}, maxctx / 16 + 4, 16);
-  const int seq = kv.add_sequence();
-  kv.reserve(seq, maxctx);
-  for (int64_t p = 0; p < maxctx; ++p) {
-    const auto k = randn(static_cast<size_t>(NK), 100 + static_cast<uint32_t>(p), 1.0f);
-    std::copy(k.begin(), k.end(), kv.k(0, seq, p));
-    std::copy(k.rbegin(), k.rend(), kv.v(0, seq, p));
-  }
   const auto x = randn(static_cast<size_t>(H), 9, 1.0f);
   std::vector<float> q(static_cast<size_t>(NQ)), kk(static_cast<size_t>(NK)), vv(static_cast<size_t>(NK)), att(static_cast<size_t>(NQ)),
       o(static_cast<size_t>(H)), out(static_cast<size_t>(H));
   std::vector<int32_t> ids(K);
   std::vector<float> wts(K, 1.0f / K);
   int64_t step = 0;
-  std::printf("\n## one decode step of a layer (q/k/v/o Q4_K, attention fp32 KV, top-8 Q4_K_M experts of 64 cycled), %d threads\n\n", pool.size());
-  std::printf("| context | ms/layer | of which attention ms |\n|---|---|---|\n");
-  double at[2] = {0, 0};
-  for (int64_t ctx : {int64_t{512}, int64_t{4096}}) {
-    ops::TokenSlot slot{seq, ctx - 1};
-    double total = 0, attn = 0;
-    int reps = 0;
-    auto one = [&](bool timed) {
-      for (int64_t j = 0; j < K; ++j) ids[static_cast<size_t>(j)] = static_cast<int32_t>((step * K + j) % E);
-      ++step;
-      auto t0 = clk::now();
-      cpu::gemm(x.data(), 1, proj[0], q.data(), &pool);
-      cpu::gemm(x.data(), 1, proj[1], kk.data(), &pool);
-      cpu::gemm(x.data(), 1, proj[2], vv.data(), &pool);
-      auto t1 = clk::now();
-      ops::attention(q.data(), 1, heads, kvh, hd, &slot, kv, 0, 0.088f, att.data(), &pool);
-      auto t2 = clk::now();
-      cpu::gemm(att.data(), 1, proj[3], o.data(), &pool);
-      std::fill(out.begin(), out.end(), 0.0f);
-      eng.forward(o.data(), 1, ids.data(), wts.data(), K, out.data());
-      auto t3 = clk::now();
-      if (timed) {
-        total += std::chrono::duration<double>(t3 - t0).count();
-        attn += std::chrono::duration<double>(t2 - t1).count();
-        ++reps;
-      }
-    };
-    one(false);
-    while (total < min_seconds || reps < 5) one(true);
-    at[ctx == 4096] = total / reps;
-    std::printf("| %ld | %.3f | %.3f |\n", ctx, total / reps * 1e3, attn / reps * 1e3);
+  std::printf("\n## one decode step of a layer (q/k/v/o Q4_K, attention over the KV cache, top-8 Q4_K_M experts of 64 cycled), %d threads, "
+              "min over repetitions\n\n", pool.size());
+  std::printf("| KV dtype | KV bytes/token/layer | context | KV MB read | ms/layer | of which attention ms |\n|---|---|---|---|---|---|\n");
+  double ratio[3] = {0, 0, 0};
+  for (size_t di = 0; di < 3; ++di) {
+    const KvDtype d = kKvDtypes[di];
+    auto kvp = filled_cache(d, kvh, hd, maxctx, 100);
+    KvCache& kv = *kvp;
+    const int seq = 0;
+    const int64_t tok_bytes = 2 * kv_row_bytes(d, NK);
+    double at[2] = {0, 0};
+    for (int64_t ctx : {int64_t{512}, int64_t{4096}}) {
+      ops::TokenSlot slot{seq, ctx - 1};
+      double total = 0, best = 1e30, best_attn = 1e30;
+      int reps = 0;
+      auto one = [&](bool timed) {
+        for (int64_t j = 0; j < K; ++j) ids[static_cast<size_t>(j)] = static_cast<int32_t>((step * K + j) % E);
+        ++step;
+        auto t0 = clk::now();
+        cpu::gemm(x.data(), 1, proj[0], q.data(), &pool);
+        cpu::gemm(x.data(), 1, proj[1], kk.data(), &pool);
+        cpu::gemm(x.data(), 1, proj[2], vv.data(), &pool);
+        auto t1 = clk::now();
+        ops::attention(q.data(), 1, heads, kvh, hd, &slot, kv, 0, 0.088f, att.data(), &pool);
+        auto t2 = clk::now();
+        cpu::gemm(att.data(), 1, proj[3], o.data(), &pool);
+        std::fill(out.begin(), out.end(), 0.0f);
+        eng.forward(o.data(), 1, ids.data(), wts.data(), K, out.data());
+        auto t3 = clk::now();
+        if (timed) {
+          const double sec = std::chrono::duration<double>(t3 - t0).count();
+          total += sec;
+          best = std::min(best, sec);
+          best_attn = std::min(best_attn, std::chrono::duration<double>(t2 - t1).count());
+          ++reps;
+        }
+      };
+      one(false);
+      while (total < min_seconds || reps < 5) one(true);
+      at[ctx == 4096] = best;
+      std::printf("| %s | %ld | %ld | %.2f | %.3f | %.3f |\n", kv_dtype_name(d), tok_bytes, ctx, static_cast<double>(ctx * tok_bytes) / 1e6,
+                  best * 1e3, best_attn * 1e3);
+    }
+    ratio[di] = at[1] / at[0];
   }
-  std::printf("\ndecode step of a layer, 4096 vs 512: %.2fx the time (goal <= 1.15x)\n", at[1] / at[0]);
+  std::printf("\n| KV dtype | decode step 4096 / 512 (goal <= 1.15x) | KV bytes per token per layer | host memory, 48 layers x 32768 tokens | saved vs fp32 |\n"
+              "|---|---|---|---|---|\n");
+  const int64_t f32_bytes = 2 * kv_row_bytes(KvDtype::f32, NK);
+  for (size_t di = 0; di < 3; ++di) {
+    const int64_t b = 2 * kv_row_bytes(kKvDtypes[di], NK);
+    const double gib = static_cast<double>(b) * 48 * 32768 / double(int64_t{1} << 30);
+    const double saved = static_cast<double>(f32_bytes - b) * 48 * 32768 / double(int64_t{1} << 30);
+    std::printf("| %s | %.2fx | %ld | %.2f GiB | %.2f GiB (%.0f%%) |\n", kv_dtype_name(kKvDtypes[di]), ratio[di], b, gib, saved,
+                100.0 * static_cast<double>(f32_bytes - b) / static_cast<double>(f32_bytes));
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false, all = true, attn = true;
+  bool quick = false, all = true, attn = true, experts = true;
   int64_t only_batch = 0;
   std::string only_fmt;  // one format by name (Q8_0, Q4_K, ...)
   for (int i = 1; i < argc; ++i) {
@@ -302,8 +336,9 @@ int main(int argc, char** argv) {
     }
     else if (a == "--batch" && i + 1 < argc) only_batch = std::stoll(argv[++i]);
     else if (a == "--no-attention") attn = false;
+    else if (a == "--attention-only") experts = false;
     else {
-      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N] [--no-attention]\n");
+      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N] [--no-attention | --attention-only]\n");
       return 2;
     }
   }
@@ -316,9 +351,9 @@ int main(int argc, char** argv) {
   const double min_s = quick ? 0.2 : 1.0;
   std::printf("# bench_gguf_cpu: %d threads, ISA %s%s, read bandwidth %.2f GB/s (256 MiB, same threads)\n", pool.size(),
               cpu::isa_name(cpu::best_isa()), cpu::detail::q8_has_vnni() ? " +VNNI" : "", bw / 1e9);
-  std::printf("\n## routed experts (ExpertEngine, hidden %ld, intermediate %ld, top-%ld, 64 experts cycled)\n\n", H, I, K);
-  std::printf("| format (gate,up / down) | MB/expert | batch | exact ms | int8 ms | speed-up | exact GB/s | int8 GB/s | int8 / read bw | exact GOP/s | int8 GOP/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  if (experts) std::printf("\n## routed experts (ExpertEngine, hidden %ld, intermediate %ld, top-%ld, 64 experts cycled)\n\n", H, I, K);
+  if (experts) std::printf("| format (gate,up / down) | MB/expert | batch | exact ms | int8 ms | speed-up | exact GB/s | int8 GB/s | int8 / read bw | exact GOP/s | int8 GOP/s |\n");
+  if (experts) std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   struct Fmt {
     const char* name;
     ExtType up, down;
@@ -329,6 +364,7 @@ int main(int argc, char** argv) {
                   Fmt{"Q8_0", ExtType::q8_0, ExtType::q8_0}, Fmt{"Q4_0", ExtType::q4_0, ExtType::q4_0}, Fmt{"Q5_0", ExtType::q5_0, ExtType::q5_0}})
       fmts.push_back(f);
   const int64_t E = 64;
+  if (!experts) fmts.clear();
   for (const Fmt& f : fmts) {
     if (!only_fmt.empty() && only_fmt != f.name) continue;
     ExpertSet set = make_experts(f.up, f.down, E);
@@ -348,7 +384,8 @@ int main(int argc, char** argv) {
                   sq * 1e3, se / sq, bytes / se / 1e9, bytes / sq / 1e9, bytes / sq / bw, ops / se / 1e9, ops / sq / 1e9);
     }
   }
-  std::printf("\n(GB/s: stored bytes of the distinct experts a step touches / step time; GOP/s: 2 x 3 x H x I per (token, expert)\n"
+  if (experts)
+    std::printf("\n(GB/s: stored bytes of the distinct experts a step touches / step time; GOP/s: 2 x 3 x H x I per (token, expert)\n"
               " pair, integer multiply-adds for int8, fp32 FMAs for exact.)\n");
   if (attn) {
     bench_attention(pool, min_s);
