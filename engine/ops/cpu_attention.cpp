@@ -148,6 +148,13 @@ HMOE_A512 void chunk_fixed(const float* q, int64_t G, int64_t hd, const uint8_t*
   if (h < G) heads_fixed<NV, 1, D>(q + h * hd, hd, krow, ksc, vrow, vsc, T, scale, m + h, l + h, o + h * hd);
 }
 
+// The tile's rows widened to fp32 once, 16 values at a time (out: T rows of hd).
+template <KvDtype D>
+HMOE_A512 void widen_tile(const uint8_t* const* rows, const float* const* sc, int64_t T, int64_t hd, float* out) {
+  for (int64_t p = 0; p < T; ++p)
+    for (int i = 0; i < static_cast<int>(hd / 16); ++i) _mm512_storeu_ps(out + p * hd + 16 * i, load16<D>(rows[p], sc[p], i));
+}
+
 template <KvDtype D>
 void chunk_fixed_hd(const float* q, int64_t G, int64_t hd, const uint8_t* const* krow, const float* const* ksc, const uint8_t* const* vrow,
                     const float* const* vsc, int64_t T, float scale, float* m, float* l, float* o) {
@@ -230,13 +237,17 @@ void run_item(const Item& it, const float* q, int64_t heads, int64_t kv_heads, i
   const int seq = slots[it.t].seq;
   const KvDtype dt = kv.dtype();
   const bool simd = use_avx512(hd);
-  // hd 64/128 on AVX-512 read the stored dtype in registers; otherwise the
-  // fp32 loops run on rows decoded into a scratch (fp32: no copy).
+  // hd 64/128 on AVX-512 read the stored dtype in registers. With more
+  // than two query heads per kv head every row would be widened once per
+  // pair of heads, so the tile is widened once into an L1 scratch and the
+  // fp32 loops run on it (still reading the stored bytes from memory).
+  // Other head dims: rows decoded into the scratch (fp32: no copy).
   const bool fused = simd && (hd == 64 || hd == 128);
+  const bool widen = fused && dt != KvDtype::f32 && G > 2;
   const bool decode = !fused && dt != KvDtype::f32;
   thread_local std::vector<float> s, kdec, vdec;
   if (s.size() < static_cast<size_t>(G * kTile)) s.resize(static_cast<size_t>(G * kTile));
-  if (decode && kdec.size() < static_cast<size_t>(kTile * hd)) kdec.resize(static_cast<size_t>(kTile * hd)), vdec.resize(static_cast<size_t>(kTile * hd));
+  if ((decode || widen) && kdec.size() < static_cast<size_t>(kTile * hd)) kdec.resize(static_cast<size_t>(kTile * hd)), vdec.resize(static_cast<size_t>(kTile * hd));
   const uint8_t* krow[kTile];
   const uint8_t* vrow[kTile];
   const float* ksc[kTile];
@@ -287,7 +298,22 @@ void run_item(const Item& it, const float* q, int64_t heads, int64_t kv_heads, i
       }
     }
     prefetch(end);
-    if (fused) {
+    if (widen) {
+      if (dt == KvDtype::bf16) {
+        widen_tile<KvDtype::bf16>(krow, ksc, T, hd, kdec.data());
+        widen_tile<KvDtype::bf16>(vrow, vsc, T, hd, vdec.data());
+      } else {
+        widen_tile<KvDtype::q8_0>(krow, ksc, T, hd, kdec.data());
+        widen_tile<KvDtype::q8_0>(vrow, vsc, T, hd, vdec.data());
+      }
+      const uint8_t* kw8[kTile];
+      const uint8_t* vw8[kTile];
+      for (int64_t p = 0; p < T; ++p) {
+        kw8[p] = reinterpret_cast<const uint8_t*>(kdec.data() + p * hd);
+        vw8[p] = reinterpret_cast<const uint8_t*>(vdec.data() + p * hd);
+      }
+      chunk_fixed_hd<KvDtype::f32>(qg, G, hd, kw8, ksc, vw8, vsc, T, scale, m, l, o);
+    } else if (fused) {
       switch (dt) {
         case KvDtype::f32: chunk_fixed_hd<KvDtype::f32>(qg, G, hd, krow, ksc, vrow, vsc, T, scale, m, l, o); break;
         case KvDtype::bf16: chunk_fixed_hd<KvDtype::bf16>(qg, G, hd, krow, ksc, vrow, vsc, T, scale, m, l, o); break;

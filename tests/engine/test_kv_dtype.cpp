@@ -68,10 +68,12 @@ TEST_CASE("KV rows: each dtype decodes within its rounding bound; q8_0 blocks of
 
 TEST_CASE("attention on each KV dtype: split chunks, GQA, paging and threads equal the scalar reference") {
   // Three sequences written interleaved (pages not contiguous), contexts 1..2100,
-  // decode and mixed rows. hd 128/64 take the fused AVX-512 loops; 24 and 16
-  // the decoded-tile path (hd 24: q8_0 blocks straddle two kv heads).
+  // decode and mixed rows. hd 128/64 take the AVX-512 loops (groups of 8
+  // and 4: tiles widened once; groups of 2 and 1: widened in registers);
+  // 24 and 16 the decoded-tile path (hd 24: q8_0 blocks straddle two kv heads).
   double worst_storage[3] = {0, 0, 0}, worst_kernel[3] = {0, 0, 0};
-  for (auto [heads, kvh, hd, bs] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{32, 4, 128, 16}, {8, 2, 64, 32}, {6, 3, 24, 16}, {4, 4, 16, 16}}) {
+  for (auto [heads, kvh, hd, bs] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{32, 4, 128, 16}, {8, 2, 64, 32}, {4, 2, 128, 16}, {3, 3, 64, 16},
+                                    {6, 3, 24, 16}, {4, 4, 16, 16}}) {
     const std::vector<int64_t> lens = {2100, 1, 613};
     const int64_t blocks = 2100 / bs * 3 + 16;
     KvCache exact(KvLayout{2, kvh, hd}, blocks, bs);
