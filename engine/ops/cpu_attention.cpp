@@ -136,9 +136,10 @@ HMOE_A512 inline void heads_fixed(const float* q, int64_t hd, const uint8_t* con
   for (int h = 0; h < HP; ++h) {
     const __m512 sv = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, hsum16(dots[h]), _mm512_set1_ps(scale));
     const float mnew = std::max(m[h], _mm512_reduce_max_ps(sv));
-    corr[h] = _mm512_set1_ps(std::exp(m[h] - mnew));
+    // the correction in the vector exp (no libm call per tile and head; -inf - x clamps to 0)
+    corr[h] = exp_neg(_mm512_set1_ps(m[h] - mnew));
     pv[h] = _mm512_maskz_mov_ps(live, exp_neg(_mm512_sub_ps(sv, _mm512_set1_ps(mnew))));
-    l[h] = l[h] * std::exp(m[h] - mnew) + _mm512_reduce_add_ps(pv[h]);
+    l[h] = l[h] * _mm512_cvtss_f32(corr[h]) + _mm512_reduce_add_ps(pv[h]);
     m[h] = mnew;
     _mm512_store_ps(sc[h], pv[h]);
   }
@@ -293,7 +294,9 @@ void run_item(const Item& it, const float* q, int64_t heads, int64_t kv_heads, i
         __builtin_prefetch(v0 + p * vb + b);
       }
   };
+  // Two tiles ahead: one tile's compute is shorter than a strided miss.
   prefetch(it.j0);
+  prefetch(tile_end(it.j0));
   for (int64_t j = it.j0; j < it.j1;) {
     const int64_t end = tile_end(j);
     const int64_t T = end - j;
@@ -314,7 +317,7 @@ void run_item(const Item& it, const float* q, int64_t heads, int64_t kv_heads, i
         vf[p] = reinterpret_cast<const float*>(vrow[p]);
       }
     }
-    prefetch(end);
+    if (end < it.j1) prefetch(tile_end(end));
     if (widen) {
       if (dt == KvDtype::bf16) {
         widen_tile<KvDtype::bf16>(krow, ksc, T, hd, kdec.data());
