@@ -1,7 +1,8 @@
 // slice_gguf: writes a GGUF file of the shapes of Qwen3-30B-A3B cut to N
 // layers (default 8), with random F16 weights and the real Qwen3 tokenizer
 // embedded, for benchmarks that run hmoe and llama.cpp on the same file
-// (bench/side_by_side.sh quantizes it with llama-quantize).
+// (bench/side_by_side.sh quantizes it with llama-quantize; the binary is
+// build/bin/slice_gguf).
 //
 // Why our own writer: the file is ~1.4 GiB per layer plus 1.2 GiB of
 // embedding and lm_head, so it is streamed (header, key/values, tensor
