@@ -26,7 +26,9 @@
 #   --llama-src PATH    llama.cpp source tree or .tar.xz to build (default: ../shared/peers/llama.cpp-*.tar.xz)
 #   --llama-cpu DIR     prebuilt CPU-only llama.cpp: DIR holds llama-bench and llama-quantize,
 #                       or is a device-bundle folder (DIR/run PROGRAM); skips the build
-#   --llama-cuda DIR    prebuilt CUDA llama.cpp, likewise
+#   --llama-cuda DIR    prebuilt CUDA llama.cpp, likewise; 'none': the gpu and hybrid rows run hmoe only
+#   --llama-label TEXT  what the tables call the llama.cpp build (default: DIR/VERSION of a prebuilt
+#                       folder, the source's name when built here, else llama-bench's build_commit)
 #   --hmoe DIR          hmoe binaries (hmoe, slice_gguf) or a device-bundle folder of them
 #                       (default: build-gpu/bin when there is a GPU, else build/bin)
 #   --tokenizer DIR     Qwen3 tokenizer.json + tokenizer_config.json for the slice (default: slice_gguf's,
@@ -42,7 +44,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 die() { echo "side_by_side: error: $*" >&2; exit 2; }
 
-llama_src="" llama_cpu="" llama_cuda="" hmoe_dir="" tokenizer="" work=/tmp/hmoe-side-by-side out=""
+llama_src="" llama_cpu="" llama_cuda="" hmoe_dir="" tokenizer="" llama_label="" work=/tmp/hmoe-side-by-side out=""
 layers=8 threads=$(nproc) types=Q4_K_M,Q8_0 prompts=512,4096 gen=64 depths=0 reps=3 batch=1,8 rows="" cpu_reps="" deadline=0
 while (($#)); do
   opt=$1
@@ -51,7 +53,7 @@ while (($#)); do
   val=$2; shift 2
   case $opt in
     --llama-src) llama_src=$val ;; --llama-cpu) llama_cpu=$val ;; --llama-cuda) llama_cuda=$val ;;
-    --hmoe) hmoe_dir=$val ;; --tokenizer) tokenizer=$val ;; --work) work=$val ;; --out) out=$val ;;
+    --llama-label) llama_label=$val ;; --hmoe) hmoe_dir=$val ;; --tokenizer) tokenizer=$val ;; --work) work=$val ;; --out) out=$val ;;
     --layers) layers=$val ;; --threads) threads=$val ;; --types) types=$val ;; --prompts) prompts=$val ;;
     --gen) gen=$val ;; --depths) depths=$val ;; --reps) reps=$val ;; --batch) batch=$val ;; --rows) rows=$val ;;
     --cpu-reps) cpu_reps=$val ;; --deadline) deadline=$val ;;
@@ -115,8 +117,11 @@ build_llama() {  # kind (cpu|cuda) -> prints the bin dir
   fi
   echo "$b/bin"
 }
+if [[ -z $llama_label && -n $llama_cpu ]]; then llama_label=$(cat "$llama_cpu/VERSION" 2>/dev/null || true); fi
+if [[ -z $llama_label && -z $llama_cpu ]]; then llama_label="built here from $(basename "${llama_src:-$(ls "$root"/../shared/peers/llama.cpp-*.tar.xz 2>/dev/null | tail -1)}")"; fi
 [[ -n $llama_cpu ]] || llama_cpu=$(build_llama cpu)
-if [[ $rows =~ gpu|hybrid ]]; then [[ -n $llama_cuda ]] || llama_cuda=$(build_llama cuda); fi
+if [[ $rows =~ gpu|hybrid && -z $llama_cuda ]]; then llama_cuda=$(build_llama cuda); fi
+[[ $llama_cuda == none ]] && llama_cuda=""
 if [[ -z $hmoe_dir ]]; then hmoe_dir=$root/build/bin; ((have_gpu)) && hmoe_dir=$root/build-gpu/bin; fi
 HMOE=$(tool "$hmoe_dir" hmoe) SLICE=$(tool "$hmoe_dir" slice_gguf) QUANT=$(tool "$llama_cpu" llama-quantize)
 BENCH_CPU=$(tool "$llama_cpu" llama-bench)
@@ -157,6 +162,7 @@ run_llama() {  # row file json
     hybrid) cmd=("${BENCH_GPU[@]}" -ngl 99 -ot exps=CPU) ;;
     cpu) cmd=("${BENCH_CPU[@]}" -ngl 0) ;;
   esac
+  if [[ $row != cpu && -z $BENCH_GPU ]]; then echo "side_by_side: no CUDA llama.cpp (--llama-cuda none): no llama.cpp $row row" >&2; return; fi
   if past_deadline; then skipped+=("llama.cpp $row $(basename "$f")"); return; fi
   echo "side_by_side: llama-bench $row $(basename "$f")" >&2
   # shellcheck disable=SC2068
@@ -178,9 +184,9 @@ run_hmoe() {  # row file json
 }
 
 report() {  # type file
-  python3 - "$out" "$1" "$2" "$rows" "$machine" "$hmoe_commit" <<'EOF'
+  python3 - "$out" "$1" "$2" "$rows" "$machine" "$hmoe_commit" "$llama_label" <<'EOF'
 import json, os, sys
-out, qtype, path, rows, machine, commit = sys.argv[1:7]
+out, qtype, path, rows, machine, commit, label = sys.argv[1:8]
 names = {"gpu": "all on the GPU (`-ngl 99`; `--gpu-resident-moe-layers all`)",
          "hybrid": "experts on the CPU (`-ngl 99 -ot exps=CPU`; `--gpu-resident-moe-layers none`)",
          "cpu": "CPU only (CPU-only llama.cpp build; `--device cpu`)"}
@@ -195,7 +201,7 @@ builds = set()
 for row in rows.split(","):
     lj = load(f"{out}/{qtype}-{row}-llama.json") or []
     for r in lj: builds.add(f"{r.get('build_commit','?')} ({r.get('backends','?')})")
-print(", ".join(sorted(builds)) or "-")
+print(label or ", ".join(sorted(builds)) or "-")
 print("\n| placement | test | batch | llama.cpp tok/s | hmoe tok/s | hmoe / llama.cpp | hmoe GPU / CPU experts / transfers |")
 print("|---|---|---|---|---|---|---|")
 for row in rows.split(","):

@@ -19,8 +19,10 @@ rm -rf "$dest" && mkdir -p "$dest"
 "$bundle" --pack "$hmoe_build/bin/hmoe" "$hmoe_build/bin/slice_gguf" "$dest/hmoe"
 git -C "$root" rev-parse --short HEAD >"$dest/hmoe/COMMIT"
 "$bundle" --pack "$llama_cpu/llama-bench" "$llama_cpu/llama-quantize" "$dest/llama-cpu"
+cp "$llama_cpu/VERSION" "$dest/llama-cpu/" 2>/dev/null || true  # what the tables call this build
 if [[ -x $llama_cuda/llama-bench ]]; then
   "$bundle" --pack "$llama_cuda/llama-bench" "$dest/llama-cuda"
+  cp "$llama_cuda/VERSION" "$dest/llama-cuda/" 2>/dev/null || true
 else
   echo "side_by_side_pack: no CUDA llama.cpp at $llama_cuda: the gpu and hybrid rows will have no llama.cpp figures" >&2
 fi
@@ -33,7 +35,7 @@ size=$(du -sb "$dest" | cut -f1)
 echo "side_by_side_pack: $dest: $((size >> 20)) MiB (limit 64 MiB for a device call's carry)" >&2
 ((size < 64 << 20)) || { echo "side_by_side_pack: too large for one device call" >&2; exit 1; }
 rel=$1
-cuda_opt=""; [[ -d $dest/llama-cuda ]] && cuda_opt=" --llama-cuda $rel/llama-cuda"
+cuda_opt=" --llama-cuda none"; [[ -d $dest/llama-cuda ]] && cuda_opt=" --llama-cuda $rel/llama-cuda"
 cat >&2 <<MSG
 on the device (carry $rel):
   xz -dk $rel/tokenizer/*.xz && bash $rel/side_by_side.sh --hmoe $rel/hmoe --llama-cpu $rel/llama-cpu$cuda_opt --tokenizer $rel/tokenizer --threads 16 --out \$OUT
