@@ -16,12 +16,17 @@ dest=${1:?usage: bench/side_by_side_pack.sh DEST (a git-ignored folder)}
 hmoe_build=${HMOE_BUILD:-$root/build-gpu}
 llama_cpu=${LLAMA_CPU:-$root/.peer-build/cpu/bin}
 llama_cuda=${LLAMA_CUDA:-$root/.peer-build/cuda/bin}
+llama_noamx=${LLAMA_CPU_NOAMX:-$root/.peer-build/cpu-noamx/bin}  # optional: the same without AMX (a fallback)
 bundle=$root/../shared/tools/device-bundle
 rm -rf "$dest" && mkdir -p "$dest"
 "$bundle" --pack "$hmoe_build/bin/hmoe" "$hmoe_build/bin/slice_gguf" "$dest/hmoe"
 git -C "$root" rev-parse --short HEAD >"$dest/hmoe/COMMIT"
 "$bundle" --pack "$llama_cpu/llama-bench" "$llama_cpu/llama-quantize" "$dest/llama-cpu"
 cp "$llama_cpu/VERSION" "$dest/llama-cpu/" 2>/dev/null || true  # what the tables call this build
+if [[ -x $llama_noamx/llama-bench ]]; then
+  "$bundle" --pack "$llama_noamx/llama-bench" "$llama_noamx/llama-quantize" "$dest/llama-cpu-noamx"
+  cp "$llama_noamx/VERSION" "$dest/llama-cpu-noamx/" 2>/dev/null || true
+fi
 if [[ -x $llama_cuda/llama-bench ]]; then
   "$bundle" --pack "$llama_cuda/llama-bench" "$dest/llama-cuda"
   cp "$llama_cuda/VERSION" "$dest/llama-cuda/" 2>/dev/null || true
@@ -47,4 +52,7 @@ MSG
 if [[ -n $src && -f $src ]]; then
   echo "  or, building the CPU-only llama.cpp natively there first (a few minutes on 16 cores):" >&2
   echo "  ... --llama-src $rel/$(basename "$src") --llama-cuda none ... (instead of --llama-cpu)" >&2
+fi
+if [[ -d $dest/llama-cpu-noamx ]]; then
+  echo "  or with the build without AMX: --llama-cpu $rel/llama-cpu-noamx" >&2
 fi
