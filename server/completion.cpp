@@ -41,9 +41,8 @@ std::string CompletionBuilder::finish_reason(FinishReason r) const {
   switch (r) {
     case FinishReason::eos: return parser_.tool_call_count() > 0 ? "tool_calls" : "stop";
     case FinishReason::length: return "length";
-    case FinishReason::shutdown:
-    case FinishReason::cancelled: return "abort";
-    default: return "error";
+    // Only OpenAI's values: an interrupted generation ends with an error event instead (on_finish).
+    default: return "stop";
   }
 }
 
@@ -181,6 +180,9 @@ std::string CompletionBuilder::on_finish(FinishReason reason, const std::string&
   std::string out = on_tokens({});
   if (reason == FinishReason::error) {
     out += "data: " + error_body(500, "generation failed: " + error, "", "generation_error") + "\n\n";
+  } else if (reason == FinishReason::shutdown || reason == FinishReason::cancelled) {
+    // OpenAI has no finish_reason for this ("abort" is vLLM's): clients see an error event.
+    out += "data: " + error_body(503, "the server is shutting down; the generation was interrupted", "", "shutting_down") + "\n\n";
   } else {
     ParsedDelta d = stop_.stopped() ? ParsedDelta{} : flush();
     std::vector<const TokenEvent*> none;

@@ -30,7 +30,9 @@ class CompletionBuilder {
 
   // Streaming: SSE text ("data: ...\n\n" events) for these tokens; may be empty.
   std::string on_tokens(const std::vector<TokenEvent>& tokens);
-  // Streaming: the final events (finish chunk, usage chunk, [DONE]).
+  // Streaming: the final events (finish chunk, usage chunk, [DONE]). A
+  // generation ended by an error or shutdown gets an error event instead of
+  // a finish chunk: finish_reason only takes OpenAI's values.
   std::string on_finish(FinishReason reason, const std::string& error);
   // Non-streaming: feed everything, then body().
   void add_tokens(const std::vector<TokenEvent>& tokens);

@@ -5,9 +5,11 @@
 
 #include "configs/error.h"
 #include "engine/chat/chat_template.h"
+#include "engine/json_guard.h"
 #include "engine/output_parser.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/api_error.h"
+#include "server/json_body.h"
 
 namespace hmoe::server {
 
@@ -87,12 +89,14 @@ bool get_bool(const ojson& j, const char* key, bool def) {
 }
 
 ojson parse_body(std::string_view body) {
+  // Depth, NUL bytes and duplicate keys are checked on the raw bytes: no deep value is ever built.
+  check_json_body(body);
   ojson j;
   try {
     j = ojson::parse(body.begin(), body.end());
-  } catch (const ojson::parse_error& e) {
-    // nlohmann reports invalid UTF-8 inside strings as a parse error too.
-    throw ApiError(400, std::string("request body is not valid JSON: ") + e.what(), "", "invalid_json");
+  } catch (const ojson::exception& e) {
+    // Syntax errors, invalid UTF-8, lone surrogates, numbers out of range (1e999).
+    throw ApiError(400, std::string("request body is not valid JSON: ") + e.what(), json_error_path(body), "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, std::string("request body must be a JSON object, got ") + type_name(j), "", "invalid_json");
   return j;
@@ -256,6 +260,9 @@ void render_chat(const ojson& j, const ModelInfo& m, GenSpec& g) {
         if (!fn || !fn->is_object() || !field(*fn, "name") || !(*fn)["name"].is_string())
           bad(p + ".tool_calls", "each tool call needs function.name");
       }
+    } else if (r == "tool" && (!field(msg, "tool_call_id") || !msg["tool_call_id"].is_string())) {
+      bad(p + ".tool_call_id", "'" + p + ".tool_call_id' (a string: the id of the call this message answers) is required for role tool",
+          "missing_required_parameter");
     } else if ((r == "user" || r == "system") && (c == msg.end() || c->is_null())) {
       bad(p + ".content", "'" + p + ".content' is required for role " + r, "missing_required_parameter");
     }
@@ -305,6 +312,9 @@ void render_chat(const ojson& j, const ModelInfo& m, GenSpec& g) {
     bad("tool_choice", "tool_choice \"" + (tool_choice == "named" ? forced_name : tool_choice) + "\" needs a non-empty 'tools' list");
   if (const ojson* kw = field(j, "chat_template_kwargs")) {
     if (!kw->is_object()) wrong_type("chat_template_kwargs", "an object", *kw);
+    for (auto it = kw->begin(); it != kw->end(); ++it)
+      if (chat::ChatTemplate::reserved_variable(it.key()))
+        bad("chat_template_kwargs." + it.key(), "'chat_template_kwargs' may not set '" + it.key() + "': the server sets it from the request");
     req["chat_template_kwargs"] = *kw;
   }
   req["add_generation_prompt"] = get_bool(j, "add_generation_prompt", true);

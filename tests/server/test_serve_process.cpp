@@ -127,7 +127,8 @@ TEST_CASE("hmoe serve: openai npm client, curl, and SIGTERM with an open stream"
     CHECK(code == "400");
   }
 
-  // An open stream, then SIGTERM: the stream ends with a final chunk and
+  // An open stream, then SIGTERM: the stream ends with an error event
+  // (code shutting_down; finish_reason only takes OpenAI's values) and
   // [DONE], and the process exits 0.
   json b = chat_body(0, 3000);
   b["stream"] = true;
@@ -146,7 +147,8 @@ TEST_CASE("hmoe serve: openai npm client, curl, and SIGTERM with an open stream"
   HttpReply r = parse_reply(got);
   StreamResult s = collect_stream(r);
   CHECK(s.done);
-  CHECK(s.finish_reason == "abort");
+  CHECK(s.finish_reason.empty());
+  CHECK(s.error_code == "shutting_down");
   CHECK(srv.wait_exit(30) == 0);
   CHECK(srv.err.find("stopped") != std::string::npos);
 }
