@@ -139,7 +139,9 @@ std::string json_error_path(std::string_view text) {
         break;
       case E::value: done_value(); break;
     }
-    return false;  // keep nothing: only the position matters
+    // Containers are kept (their end events are only reported for kept ones; the
+    // text is at most kMaxJsonDepth deep); scalar values are dropped.
+    return ev != E::value;
   };
   try {
     const nlohmann::json ignored = nlohmann::json::parse(text.begin(), text.end(), cb);

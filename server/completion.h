@@ -38,6 +38,11 @@ class CompletionBuilder {
   void add_tokens(const std::vector<TokenEvent>& tokens);
   nlohmann::ordered_json body(FinishReason reason);
 
+  // Completions with echo and logprobs: the prompt's scores (SeqChannel's
+  // prompt events, all of them before the first token), reported ahead of the
+  // generated tokens' with a null first entry, as OpenAI and vLLM do.
+  void add_prompt_logprobs(std::vector<TokenEvent>&& evs);
+
   bool stop_hit() const { return stop_.stopped(); }
   int64_t completion_tokens() const { return completion_tokens_; }
   int64_t prompt_tokens() const { return static_cast<int64_t>(spec_.prompt.size()); }
@@ -53,6 +58,7 @@ class CompletionBuilder {
   nlohmann::ordered_json usage() const;
   nlohmann::ordered_json chat_logprobs(const std::vector<const TokenEvent*>& evs) const;
   nlohmann::ordered_json completion_logprobs(const std::vector<const TokenEvent*>& evs, size_t text_offset) const;
+  nlohmann::ordered_json echo_logprobs(const std::vector<const TokenEvent*>& evs) const;
   std::string sse(const nlohmann::ordered_json& j) const;
   std::string stream_delta(ParsedDelta&& d, const std::vector<const TokenEvent*>& evs, const char* finish);
 
@@ -71,6 +77,7 @@ class CompletionBuilder {
   // Non-streaming accumulation.
   ParsedDelta all_;
   std::vector<TokenEvent> all_events_;
+  std::vector<TokenEvent> prompt_events_;
 };
 
 }  // namespace hmoe::server

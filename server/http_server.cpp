@@ -400,6 +400,7 @@ class Session : public std::enable_shared_from_this<Session> {
     req->max_tokens = spec_.max_tokens;
     req->sampling = spec_.sampling;
     req->stop_ids = spec_.stop_ids;
+    if (!spec_.chat && spec_.echo && spec_.sampling.logprobs) req->prompt_logprobs = spec_.sampling.top_logprobs;  // echo scores the prompt
     req->channel = chan_;
     (void)seq;
     builder_ = std::make_unique<CompletionBuilder>(spec_, srv_.model, random_id(chat ? "chatcmpl-" : "cmpl-"),
@@ -467,6 +468,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!chan_ || state_ != State::generating) return;
     SeqChannel::Drained d = chan_->drain();
     builder_->set_cached_tokens(chan_->cached_tokens());
+    if (!d.prompt.empty()) builder_->add_prompt_logprobs(std::move(d.prompt));
     const auto now = Clock::now();
     if (!d.tokens.empty()) {
       if (first_token_) {

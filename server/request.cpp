@@ -1,5 +1,6 @@
 #include "server/request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -137,7 +138,9 @@ void parse_common(const ojson& j, const ModelInfo& m, uint64_t request_seq, GenS
     if (lb->size() > 1024) bad("logit_bias", "'logit_bias' has more than 1024 entries");
     for (auto it = lb->begin(); it != lb->end(); ++it) {
       int64_t id = -1;
-      try {
+      const bool digits = !it.key().empty() && it.key().size() <= 10 &&
+                          std::all_of(it.key().begin(), it.key().end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (digits) try {
         size_t used = 0;
         id = std::stoll(it.key(), &used);
         if (used != it.key().size()) id = -1;
@@ -255,10 +258,16 @@ void render_chat(const ojson& j, const ModelInfo& m, GenSpec& g) {
     if (const ojson* tc = field(msg, "tool_calls")) {
       if (r != "assistant") bad(p + ".tool_calls", "only assistant messages carry tool_calls");
       if (!tc->is_array()) wrong_type(p + ".tool_calls", "an array", *tc);
-      for (const auto& call : *tc) {
+      for (size_t k = 0; k < tc->size(); ++k) {
+        const ojson& call = (*tc)[k];
         const ojson* fn = call.is_object() ? field(call, "function") : nullptr;
         if (!fn || !fn->is_object() || !field(*fn, "name") || !(*fn)["name"].is_string())
           bad(p + ".tool_calls", "each tool call needs function.name");
+        // The template parses a JSON arguments string: it must nest no deeper than a body may.
+        const ojson* args = field(*fn, "arguments");
+        if (args && args->is_string() && !json_depth_ok(args->get_ref<const std::string&>(), kMaxJsonDepth))
+          bad(p + ".tool_calls[" + std::to_string(k) + "].function.arguments",
+              "the arguments JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels", "json_too_deep");
       }
     } else if (r == "tool" && (!field(msg, "tool_call_id") || !msg["tool_call_id"].is_string())) {
       bad(p + ".tool_call_id", "'" + p + ".tool_call_id' (a string: the id of the call this message answers) is required for role tool",
