@@ -23,6 +23,7 @@
 #include "server/api_error.h"
 #include "server/completion.h"
 #include "server/http_headers.h"
+#include "server/worker_pool.h"
 
 namespace hmoe::server {
 
@@ -45,7 +46,7 @@ class Session;
 struct HttpServer::Impl {
   Impl(const HttpOptions& o, Scheduler& s, const ModelInfo& m)
       : opt(o), sched(s), model(m), cors(o.cors_origins), acceptor(ioc), signals(ioc), grace(ioc),
-        pool(std::make_unique<net::thread_pool>(static_cast<size_t>(std::max<int64_t>(o.worker_threads, 1)))) {}
+        pool(std::make_unique<WorkerPool>(static_cast<int>(std::max<int64_t>(o.worker_threads, 1)), static_cast<int>(o.worker_nice))) {}
   HttpOptions opt;
   Scheduler& sched;
   const ModelInfo& model;
@@ -65,7 +66,7 @@ struct HttpServer::Impl {
   Clock::time_point shutdown_at;
 
   // Declared last: destroyed (stopped and joined) first, while the rest is alive.
-  std::unique_ptr<net::thread_pool> pool;  // request parsing, templates, tokenization
+  std::unique_ptr<WorkerPool> pool;  // request parsing, templates, tokenization
 
   void do_accept();
   // Makes room for a connection from ip: closes the oldest idle connection
@@ -273,7 +274,7 @@ class Session : public std::enable_shared_from_this<Session> {
     disarm();
     auto body = std::make_shared<std::string>(std::move(req_.body()));
     const uint64_t seq = ++srv_.request_seq;
-    net::post(*srv_.pool, [self = shared_from_this(), body, work, seq] {
+    net::post(srv_.pool->executor(), [self = shared_from_this(), body, work, seq] {
       auto p = std::make_shared<Parsed>();
       p->work = work;
       p->seq = seq;

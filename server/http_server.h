@@ -5,7 +5,8 @@
 //
 // Threads: the I/O thread only moves bytes and runs bounded per-event work.
 // Request bodies are parsed, chat templates rendered and prompts tokenized
-// on a worker pool (--http-worker-threads), so a 7 MB prompt does not delay
+// on a worker pool (--http-worker-threads, at --http-worker-nice), so a 7 MB
+// prompt does not delay
 // /health or other streams; the result comes back to the I/O thread, which
 // submits it to the Scheduler (engine thread). Each request's tokens come
 // back through its SeqChannel, whose notify posts to the I/O thread, which
@@ -63,6 +64,7 @@ struct HttpOptions {
   int64_t max_connections = 1024;
   int64_t max_connections_per_client = 256;  // 0: no per-address cap
   int64_t worker_threads = 2;                // request parsing / tokenization pool
+  int64_t worker_nice = 10;                  // its threads' nice value (server/worker_pool.h)
   std::string cors_origins;                  // empty: CORS off
 };
 

@@ -107,6 +107,7 @@ HttpOptions http_options(const Settings& s) {
   o.max_connections = s.max_connections;
   o.max_connections_per_client = s.max_connections_per_client;
   o.worker_threads = s.http_worker_threads;
+  o.worker_nice = s.http_worker_nice;
   o.cors_origins = s.cors_origins;
   auto seconds = [](double v, const char* flag) {
     if (!(v > 0) || v > 86400) fail(ErrorKind::invalid_argument, std::string(flag) + " must be in (0, 86400] seconds, got " + std::to_string(v));
@@ -120,6 +121,7 @@ HttpOptions http_options(const Settings& s) {
     fail(ErrorKind::invalid_argument, "--max-connections-per-client must be >= 0 (0: no cap), got " + std::to_string(o.max_connections_per_client));
   if (o.worker_threads < 1 || o.worker_threads > 64)
     fail(ErrorKind::invalid_argument, "--http-worker-threads must be in 1..64, got " + std::to_string(o.worker_threads));
+  if (o.worker_nice < 0 || o.worker_nice > 19) fail(ErrorKind::invalid_argument, "--http-worker-nice must be in 0..19, got " + std::to_string(o.worker_nice));
   Cors check(o.cors_origins);  // throws for a malformed origin
   if (s.port < 0 || s.port > 65535) fail(ErrorKind::invalid_argument, "--port must be in 0..65535, got " + std::to_string(s.port));
   return o;
