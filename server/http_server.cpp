@@ -6,6 +6,7 @@
 
 #include <sys/socket.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -573,6 +574,28 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!writing_) do_write();
   }
 
+  // After the last reply: shut our sending side and read (and drop) what the
+  // client still sends for up to a second, so that a client whose request
+  // was refused mid-upload (413, 431) reads its error instead of a reset.
+  void linger_close() {
+    state_ = State::closing;
+    hold_.reset();
+    release_slot();
+    boost::system::error_code ig;
+    sock_.cancel(ig);
+    sock_.shutdown(tcp::socket::shutdown_send, ig);
+    if (ig) return close();
+    arm(1.0);  // then the socket is closed
+    if (!drain_buf_) drain_buf_ = std::make_unique<std::array<char, 16384>>();
+    drain(0);
+  }
+  void drain(size_t total) {
+    sock_.async_read_some(net::buffer(*drain_buf_), [self = shared_from_this(), total](boost::system::error_code ec, size_t n) {
+      if (ec || total + n > (16u << 20)) return self->close();
+      self->drain(total + n);
+    });
+  }
+
   void do_write() {
     if (queue_.empty()) {
       writing_ = false;
@@ -584,7 +607,7 @@ class Session : public std::enable_shared_from_this<Session> {
           endpoint_.clear();
           return net::post(srv_.ioc, [self = shared_from_this()] { self->read_request(false); });
         }
-        return close();
+        return linger_close();
       }
       return;
     }
@@ -616,7 +639,8 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t queued_bytes_ = 0;
   std::string endpoint_;
   std::string ip_, request_id_, cors_;
-  std::shared_ptr<Session> hold_;  // self-reference of a half-closed connection while it generates
+  std::shared_ptr<Session> hold_;
+  std::unique_ptr<std::array<char, 16384>> drain_buf_;  // self-reference of a half-closed connection while it generates
   bool has_slot_ = false, http10_ = false;
   Clock::time_point idle_since_ = Clock::now();
   GenSpec spec_;

@@ -490,7 +490,7 @@ TEST_CASE("hostile: tool call ids are call_ + 24 random characters, never repeat
 TEST_CASE("hostile: --max-model-len above the trained context or negative is an error; bad connection settings too") {
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
            {"--max-model-len", "5000"}, {"--max-model-len", "-5"}, {"--max-connections-per-client", "-1"}, {"--http-worker-threads", "0"},
-           {"--cors-origins", "not an origin"}, {"--idle-timeout", "0"}}) {
+           {"--cors-origins", "not an origin"}, {"--idle-timeout", "0"}, {"--http-worker-nice", "20"}}) {
     CAPTURE(args[0] + " " + args[1]);
     ServeProcess p(args);
     CHECK(p.port == 0);
