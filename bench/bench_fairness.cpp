@@ -15,9 +15,9 @@
 //
 // Usage: bench_fairness [MODEL] [--streams 32] [--gen-tokens 64]
 //                       [--idle-sockets 2000] [--big-mb 7] [--reps 3]
-// MODEL defaults to the built-in demo model; settings flags apply
-// (--max-connections defaults to 4096 here so that the idle sockets are held,
-// not evicted; pass it to see the eviction path instead).
+// MODEL defaults to the built-in demo model; settings flags apply (with
+// --max-connections below the idle sockets, the server evicts idle ones and
+// the flood reopens them as fast as it can: a connection-rate flood).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -258,7 +258,6 @@ int main(int argc, char** argv) {
                                             " descriptors this run needs (client and server ends of every socket); lower --idle-sockets");
     s.port = 0;
     s.progress = "none";
-    if (s.origin("max_connections") == "default") s.max_connections = 4096;
     if (s.max_body_bytes < static_cast<uint64_t>(big_mb + 1) << 20) s.max_body_bytes = static_cast<uint64_t>(big_mb + 1) << 20;
     if (s.kv_cache_memory_bytes == 0) s.kv_cache_memory_bytes = 256ull << 20;
     const std::string dir = args.empty() ? ensure_demo_model(s) : args[0];

@@ -61,7 +61,7 @@ struct HttpOptions {
   double header_timeout_s = 10;
   double body_timeout_s = 60;
   double idle_timeout_s = 60;
-  int64_t max_connections = 1024;
+  int64_t max_connections = 4096;
   int64_t max_connections_per_client = 256;  // 0: no per-address cap
   int64_t worker_threads = 2;                // request parsing / tokenization pool
   int64_t worker_nice = 10;                  // its threads' nice value (server/worker_pool.h)
