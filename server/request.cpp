@@ -173,6 +173,7 @@ void parse_common(const ojson& j, const ModelInfo& m, uint64_t request_seq, GenS
   if (!ignore_eos) g.stop_ids = m.eos_ids;
   if (const ojson* st = field(j, "stop_token_ids")) {
     if (!st->is_array()) wrong_type("stop_token_ids", "an array of token ids", *st);
+    if (st->size() > 1024) bad("stop_token_ids", "'stop_token_ids' has more than 1024 entries");
     for (const auto& e : *st) {
       if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= m.vocab)
         bad("stop_token_ids", "'stop_token_ids' entries must be token ids in [0, " + std::to_string(m.vocab) + ")");

@@ -264,6 +264,7 @@ TEST_CASE("hostile: 10,000 tools, 10,000 stop strings, huge stop strings, bad lo
     expect_4xx(post("/v1/chat/completions", chat_with("logit_bias", json{{id, 1}}.dump())), std::string("logit_bias"), false);
   }
   expect_4xx(post("/v1/chat/completions", chat_with("logit_bias", R"({"5":101})")), "logit_bias");
+  expect_4xx(post("/v1/completions", completion_with("stop_token_ids", json(std::vector<int>(100000, 5)).dump())), "stop_token_ids");
   json many = json::object();
   for (int i = 0; i < 2000; ++i) many[std::to_string(i)] = 1;
   expect_4xx(post("/v1/chat/completions", chat_with("logit_bias", many.dump())), "logit_bias");

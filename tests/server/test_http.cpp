@@ -190,7 +190,15 @@ TEST_CASE("http: /metrics of an Engram model show the PLE table per module") {
   RunningServer srv(s, "tiny-qwen3moe-engram");
   HttpReply r = post(srv.port, "/v1/completions", {{"prompt", "The n-gram memory"}, {"max_tokens", 4}, {"temperature", 0}});
   REQUIRE(r.status == 200);
-  const std::string body = http(srv.port, "GET", "/metrics").body;
+  // The engine thread copies its counters after the step that sent the last
+  // token: wait for that copy (running back to 0) before reading them.
+  std::string body = http(srv.port, "GET", "/metrics").body;
+  for (int i = 0; i < 250 && body.find("\nhmoe_num_requests_running 0\n") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    body = http(srv.port, "GET", "/metrics").body;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the PLE counters are copied just after
+  body = http(srv.port, "GET", "/metrics").body;
   CAPTURE(body);
   auto value = [&](const std::string& series) {
     const size_t at = body.find("\n" + series + " ");
