@@ -1,4 +1,4 @@
-// DeepSeek-V3 on the GPU (GpuMlaStack), two parts.
+// DeepSeek-V3 on the GPU (GpuRuntime), two parts.
 // 1. Kernels of gpu/mla.h at DeepSeek-V3 decode shapes (128 heads, kv_lora
 //    512 + rope 64, 256 experts) against the measured device copy
 //    bandwidth: latent attention (GB/s of latent cache read), the absorbed
@@ -6,7 +6,7 @@
 // 2. A DeepSeek-V3-shaped layer set (hidden 7168, 128 heads, q_lora 1536,
 //    kv_lora 512, nope 128, rope 64, v 128, 256 experts of 2048, top-8, one
 //    shared expert, first 3 layers dense, vocab 129280; random bf16 weights)
-//    run through GpuMlaStack (latent attention) with 0 and some MoE layers
+//    run through GpuRuntime (latent attention) with 0 and some MoE layers
 //    resident: decode tok/s at batch 1, the time split, and the bandwidth
 //    bound (GPU weight bytes per token / device bandwidth + cold expert bytes
 //    / host DRAM bandwidth; the step waits for the CPU, so serial). To fit
@@ -31,7 +31,7 @@
 
 #include "bench/synthetic_model.h"
 #include "configs/error.h"
-#include "engine/blocks_gpu_mla.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "gpu/device.h"
 #include "gpu/mla.h"
 #include "io/dtype.h"
@@ -263,15 +263,19 @@ void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t 
     numa::EngineOptions eopt;
     eopt.copy_to_nodes = 0;
     eopt.print_memory = false;
-    std::unique_ptr<GpuMlaStack> stack;
+    std::unique_ptr<GpuRuntime> stack;
     const double b0 = bench::now_seconds();
     try {
-      stack = std::make_unique<GpuMlaStack>(c, resident, get, pools, mode, eopt);
+      GpuRuntimeOptions o;
+      o.resident = resident;
+      o.experts.engine = eopt;
+      o.mla_mode = mode;
+      o.split_inputs = split != 0;
+      stack = GpuRuntime::from_lookup(c, get, pools, o);
     } catch (const Error& e) {
       std::printf("| %d | - | could not build: %s |\n", res, e.what());
       continue;
     }
-    stack->set_split_inputs(split != 0);
     if (stream_min > 0) {
       ExpertStreamOptions o;
       o.min_batch = stream_min;

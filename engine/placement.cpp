@@ -84,7 +84,7 @@ LayerSpec parse_layer_spec(const std::string& what, const std::string& value, in
 // DeepSeek-V3 (multi-head latent attention): one layer's attention weights
 // on the GPU in bf16 - q_a + norm + q_b (or q_proj), kv_a + norm, kv_b, the
 // per-head transposed W_UK the latent path keeps beside it, o_proj, the two
-// layer norms (engine/blocks_gpu_mla.cpp).
+// layer norms (engine/layers/mla_attention_gpu.cpp).
 uint64_t mla_attention_bytes(const ModelConfig& c, bool latent_path) {
   const MlaConfig& m = c.mla;
   const uint64_t H = static_cast<uint64_t>(c.hidden_size), nh = static_cast<uint64_t>(c.num_attention_heads);

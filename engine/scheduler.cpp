@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "configs/error.h"
-#include "engine/blocks_gpu.h"
-#include "engine/engram.h"
+#include "engine/runtime/gpu_runtime.h"
+#include "engine/layers/engram.h"
 #include "engine/model.h"
 
 namespace hmoe {
@@ -185,7 +185,7 @@ void Scheduler::run() {
     kv_used_ = kv_.num_blocks() - kv_.free_blocks();
     std::lock_guard lk(kv_stats_mu_);
     kv_stats_ = kv_.stats();
-    if (const auto* g = dynamic_cast<const GpuStack*>(model_.gpu()); g && g->expert_stream()) {
+    if (const GpuRuntime* g = model_.gpu(); g && g->expert_stream()) {
       const ExpertStreamStats& x = g->expert_stream()->stats();
       stream_ = StreamTotals{x.passes, static_cast<int64_t>(x.layers.size()), x.bytes, x.copy_s, x.compute_s, x.stall_s, x.pinned_bandwidth};
     }

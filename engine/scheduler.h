@@ -107,7 +107,7 @@ struct SchedulerConfig {
   int64_t host_kv_blocks = 0;  // second KV tier, in blocks
 };
 
-// Expert streaming of big passes (engine/gpu_expert_stream.h), totals since start; zero when off.
+// Expert streaming of big passes (engine/layers/expert_stream.h), totals since start; zero when off.
 struct StreamTotals {
   int64_t passes = 0, layers = 0;  // streamed passes; streamed layers per pass
   uint64_t bytes = 0;              // host -> device bytes copied

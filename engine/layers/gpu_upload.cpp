@@ -1,5 +1,5 @@
 // Host weights to the GPU (see gpu_upload.h).
-#include "engine/gpu_upload.h"
+#include "engine/layers/gpu_upload.h"
 
 #include <algorithm>
 #include <cstring>
@@ -41,6 +41,27 @@ gpu::DeviceBuffer upload_bf16(const std::vector<cpu::Mat>& parts, gpu::Stream& s
   std::vector<uint16_t> host;
   for (const cpu::Mat& m : parts) append_bf16(host, m);
   return upload(host.data(), host.size() * 2, s);
+}
+
+gpu::DeviceBuffer GpuUploader::bf16(const std::vector<cpu::Mat>& parts) {
+  gpu::DeviceBuffer b = upload_bf16(parts, s_);
+  bytes_ += b.bytes();
+  for (const auto& m : parts) bind_.release(m);
+  return b;
+}
+
+gpu::DeviceBuffer GpuUploader::f32(const cpu::Mat& m) {
+  const std::vector<float> v = mat_f32(m);
+  gpu::DeviceBuffer b = upload(v.data(), v.size() * sizeof(float), s_);
+  bytes_ += b.bytes();
+  bind_.release(m);
+  return b;
+}
+
+gpu::DeviceBuffer GpuUploader::raw(const void* src, size_t bytes) {
+  gpu::DeviceBuffer b = upload(src, bytes, s_);
+  bytes_ += b.bytes();
+  return b;
 }
 
 }  // namespace hmoe

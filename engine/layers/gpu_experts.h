@@ -1,5 +1,5 @@
 // One MoE layer's routed experts resident on the GPU, shared by the Qwen3-MoE
-// and DeepSeek-V3 GPU steps (engine/blocks_gpu.cpp, blocks_gpu_mla.cpp).
+// and DeepSeek-V3 MoE layers (engine/layers/routed_experts.h).
 //
 // Contract:
 //  - Plain checkpoints: bf16 [E][2I][H] (gate rows, then up rows, per expert)

@@ -1,5 +1,5 @@
-// GpuEngram: the Engram n-gram memory modules (engine/engram.h) inside the
-// GPU step (GpuStack) of a qwen3_moe_engram model.
+// GpuEngram: the Engram n-gram memory modules (engine/layers/engram.h) inside the
+// GPU step (engine/runtime/gpu_runtime.h) of a qwen3_moe_engram model.
 //
 // The host side stays with EngramModules: hashing, the PLE table's row reads
 // (begin_step starts every module's reads as soon as the step's tokens are
@@ -25,8 +25,9 @@
 #include <cstdint>
 #include <memory>
 
-#include "engine/blocks_gpu.h"
-#include "engine/engram.h"
+#include "engine/layers/weights.h"
+#include "engine/runtime/batch.h"
+#include "engine/layers/engram.h"
 #include "gpu/kernels.h"
 
 namespace hmoe {

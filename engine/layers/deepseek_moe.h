@@ -14,7 +14,8 @@
 #include <memory>
 #include <string>
 
-#include "engine/blocks.h"
+#include "engine/layers/cpu_layers.h"
+#include "engine/layers/routed_experts.h"
 
 namespace hmoe {
 
@@ -31,7 +32,7 @@ void deepseek_route(const float* logits, const float* bias, const DeepseekRoutin
 
 // Routed experts run on numa::ExpertEngine across the pools' nodes; the
 // router and the shared experts on node 0's pool.
-std::unique_ptr<FfnBlock> make_deepseek_moe(WeightBinder& bind, const ModelConfig& c, const std::string& prefix, numa::NodePools& pools,
-                                            const numa::EngineOptions& opt);
+std::unique_ptr<FfnBlock> make_deepseek_moe(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix,
+                                            numa::NodePools& pools, ExpertHomeOptions& opt);
 
 }  // namespace hmoe

@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/blocks.h"
+#include "engine/layers/cpu_layers.h"
 
 namespace hmoe {
 

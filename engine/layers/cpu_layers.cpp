@@ -1,46 +1,13 @@
 // Qwen3-style blocks: GQA attention with per-head q/k RMSNorm and rotary
 // embeddings, routed experts with softmax top-k, dense SwiGLU MLP.
-#include "engine/blocks.h"
+#include "engine/layers/cpu_layers.h"
+#include "engine/layers/routed_experts.h"
 
 #include <cmath>
 
 #include "configs/error.h"
 
 namespace hmoe {
-
-// ---- WeightBinder -------------------------------------------------------------
-cpu::Mat WeightBinder::mat(const std::string& name, int64_t rows, int64_t cols) {
-  if (source_) return source_->mat(name, rows, cols);
-  const io::TensorView& t = store_->get(name, {rows, cols});
-  if (t.dtype != DType::bf16 && t.dtype != DType::f16 && t.dtype != DType::f32)
-    fail(ErrorKind::bad_model, *t.file + ": tensor '" + name + "' has dtype " + dtype_name(t.dtype) + "; supported: BF16, F16, F32");
-  used_.insert(name);
-  return cpu::Mat{t.dtype, t.data, rows, cols};
-}
-
-cpu::Mat WeightBinder::vec(const std::string& name, int64_t n) {
-  if (source_) return source_->vec(name, n);
-  const io::TensorView& t = store_->get(name, {n});
-  if (t.dtype != DType::bf16 && t.dtype != DType::f16 && t.dtype != DType::f32)
-    fail(ErrorKind::bad_model, *t.file + ": tensor '" + name + "' has dtype " + dtype_name(t.dtype) + "; supported: BF16, F16, F32");
-  used_.insert(name);
-  return cpu::Mat{t.dtype, t.data, 1, n};
-}
-
-const io::TensorView& WeightBinder::tensor(const std::string& name, const std::vector<int64_t>& shape, DType dtype) {
-  if (!store_) fail(ErrorKind::unsupported, "tensor '" + name + "': this checkpoint format has no such tensor table (GGUF)");
-  const io::TensorView& t = store_->get(name, shape);
-  if (t.dtype != dtype)
-    fail(ErrorKind::bad_model, *t.file + ": tensor '" + name + "' has dtype " + dtype_name(t.dtype) + ", expected " + dtype_name(dtype));
-  used_.insert(name);
-  return t;
-}
-
-void WeightBinder::check_all_used(const std::string& dir) const {
-  if (source_) return source_->check_all_used(dir);
-  for (const auto& [name, t] : store_->all())
-    if (!used_.count(name)) fail(ErrorKind::bad_model, *t->file + ": unexpected tensor '" + name + "' (not part of this architecture in " + dir + ")");
-}
 
 void Workspace::resize(int64_t n, const ModelConfig& c) {
   auto fit = [](auto& v, int64_t size) {
@@ -105,16 +72,10 @@ class GqaAttention : public AttentionBlock {
 
 class MoeBlock : public FfnBlock {
  public:
-  MoeBlock(WeightBinder& bind, const ModelConfig& c, const std::string& p, numa::NodePools& pools, const numa::EngineOptions& opt)
+  MoeBlock(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& p, numa::NodePools& pools, ExpertHomeOptions& opt)
       : c_(c), pool_(pools.pool(0)) {
-    const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
-    router_ = bind.mat(p + "gate.weight", c.num_experts, H);
-    for (int64_t e = 0; e < c.num_experts; ++e) {
-      const std::string ep = p + "experts." + std::to_string(e) + ".";
-      experts_.push_back({bind.mat(ep + "gate_proj.weight", I, H), bind.mat(ep + "up_proj.weight", I, H),
-                          bind.mat(ep + "down_proj.weight", H, I)});
-    }
-    engine_ = std::make_unique<numa::ExpertEngine>(experts_, pools, opt);
+    router_ = bind.mat(p + "gate.weight", c.num_experts, c.hidden_size);
+    experts_ = std::make_unique<RoutedExperts>(bind, c, layer, p, RoutedExperts::Home::host, pools, opt);
   }
   bool is_moe() const override { return true; }
 
@@ -124,15 +85,14 @@ class MoeBlock : public FfnBlock {
     for (int64_t t = 0; t < n; ++t)
       ops::softmax_topk(ws.router.data() + t * E, E, K, c_.norm_topk_prob, ws.topk_ids.data() + t * K, ws.topk_w.data() + t * K);
     std::fill(out, out + n * c_.hidden_size, 0.0f);
-    engine_->forward(x, n, ws.topk_ids.data(), ws.topk_w.data(), K, out);
+    experts_->run_host(x, n, ws.topk_ids.data(), ws.topk_w.data(), K, out);
   }
 
  private:
   const ModelConfig& c_;
   numa::ThreadPool& pool_;
   cpu::Mat router_;
-  std::vector<numa::ExpertWeights> experts_;
-  std::unique_ptr<numa::ExpertEngine> engine_;
+  std::unique_ptr<RoutedExperts> experts_;
 };
 
 class DenseMlp : public FfnBlock {
@@ -154,9 +114,9 @@ std::unique_ptr<AttentionBlock> make_gqa_attention(WeightBinder& bind, const Mod
                                                    numa::ThreadPool& pool) {
   return std::make_unique<GqaAttention>(bind, c, layer, prefix, pool);
 }
-std::unique_ptr<FfnBlock> make_moe_block(WeightBinder& bind, const ModelConfig& c, const std::string& prefix, numa::NodePools& pools,
-                                         const numa::EngineOptions& opt) {
-  return std::make_unique<MoeBlock>(bind, c, prefix, pools, opt);
+std::unique_ptr<FfnBlock> make_moe_block(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix, numa::NodePools& pools,
+                                         ExpertHomeOptions& opt) {
+  return std::make_unique<MoeBlock>(bind, c, layer, prefix, pools, opt);
 }
 std::unique_ptr<FfnBlock> make_dense_mlp(WeightBinder& bind, int64_t hidden, int64_t intermediate, const std::string& prefix,
                                          numa::ThreadPool& pool) {

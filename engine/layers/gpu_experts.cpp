@@ -1,12 +1,12 @@
-#include "engine/gpu_experts.h"
+#include "engine/layers/gpu_experts.h"
 
 #include <algorithm>
 #include <optional>
 
 #include "configs/error.h"
-#include "engine/blocks.h"
+#include "engine/layers/cpu_layers.h"
 #include "engine/model_config.h"
-#include "engine/gpu_upload.h"
+#include "engine/layers/gpu_upload.h"
 #include "gpu/kernels.h"
 #include "gpu/moe_stream.h"
 #include "gpu/quant.h"

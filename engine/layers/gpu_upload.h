@@ -1,5 +1,5 @@
-// Host weights to the GPU, for the GPU steps (engine/blocks_gpu.cpp,
-// engine/blocks_gpu_mla.cpp, engine/engram_gpu.cpp).
+// Host weights to the GPU, for the CUDA layer implementations
+// (engine/layers/*_gpu.cpp).
 //
 // Contract: append_bf16 and mat_f32 take any weight view the CPU kernels
 // take - bf16/f16/f32, int8/int4 and the GGUF/FP8 block formats - and
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/layers/weights.h"
 #include "gpu/memory.h"
 #include "numa/kernels.h"
 
@@ -27,5 +28,25 @@ std::vector<float> mat_f32(const cpu::Mat& m);
 gpu::DeviceBuffer upload(const void* src, size_t bytes, gpu::Stream& s);
 // The parts, each converted by append_bf16, one after another in one buffer.
 gpu::DeviceBuffer upload_bf16(const std::vector<cpu::Mat>& parts, gpu::Stream& s);
+
+// What a GPU layer uploads, counted, with the host pages of each uploaded
+// view released afterwards (WeightBinder::release): the GPU layers' uploads.
+class GpuUploader {
+ public:
+  GpuUploader(WeightBinder& bind, gpu::Stream& s) : bind_(bind), s_(s) {}
+  WeightBinder& bind() { return bind_; }
+  gpu::Stream& stream() { return s_; }
+  // The parts as bf16, one after another.
+  gpu::DeviceBuffer bf16(const std::vector<cpu::Mat>& parts);
+  // As fp32 (routers that must not round).
+  gpu::DeviceBuffer f32(const cpu::Mat& m);
+  gpu::DeviceBuffer raw(const void* src, size_t bytes);
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  WeightBinder& bind_;
+  gpu::Stream& s_;
+  uint64_t bytes_ = 0;
+};
 
 }  // namespace hmoe

@@ -1,6 +1,6 @@
 // Multi-head latent attention: projections, yarn rope, the latent KV cache
 // and its two attention paths (see blocks_mla.h).
-#include "engine/blocks_mla.h"
+#include "engine/layers/mla_attention.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "engine/gpu_graphs.h"
+#include "engine/runtime/segment_graphs.h"
 
 namespace hmoe {
 

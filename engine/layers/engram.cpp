@@ -1,5 +1,5 @@
 // Engram modules: binding, n-gram hashing, and the CPU forward of each module.
-#include "engine/engram.h"
+#include "engine/layers/engram.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "configs/error.h"
-#include "engine/blocks.h"
+#include "engine/layers/cpu_layers.h"
 #include "engine/ops/cpu_ops.h"
 #include "engine/placement.h"
 

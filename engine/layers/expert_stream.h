@@ -1,5 +1,5 @@
 // ExpertStream: the prefetch-window scheduler. For forward passes with many
-// tokens, the non-resident MoE layers of GpuStack compute their experts on
+// tokens, the host-memory MoE layers of a GPU step (engine/runtime/gpu_runtime.h) compute their experts on
 // the GPU, the weights streamed from pinned host memory through a ring of
 // device slots (each holds one layer's E experts in the layout of
 // gpu::moe_experts: [E][2I][H] gate/up rows, then [E][H][I] down).
@@ -136,17 +136,7 @@ class ExpertStream {
   std::unique_ptr<Impl> impl_;
 };
 
-// The non-resident MoE layers of a stack's layer list (elements with moe,
-// resident and cpu_experts), in order.
-template <class LayerList>
-std::vector<ExpertStream::Layer> streamed_layers(const LayerList& layers) {
-  std::vector<ExpertStream::Layer> ls;
-  for (size_t l = 0; l < layers.size(); ++l)
-    if (layers[l].moe && !layers[l].resident) ls.push_back({static_cast<int64_t>(l), &layers[l].cpu_experts});
-  return ls;
-}
-
-// A stack's stream over its non-resident MoE layers, or null when streaming
+// A step's stream over its host-memory MoE layers, or null when streaming
 // is off: min_batch 0, no such layers, or slots that do not fit the GPU
 // (expert_stream_fits; then a notice on stderr unless o.quiet).
 std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,

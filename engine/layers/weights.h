@@ -1,13 +1,19 @@
-// The building blocks a Model is composed of, and the binder that checks
-// each weight as it is taken from the checkpoint. Private to engine/.
+// Where layers take their weights from: the binder checks each tensor's
+// shape and dtype as it is taken from the checkpoint (plain safetensors, a
+// WeightSource for GGUF and quantized Hugging Face checkpoints, or a plain
+// lookup function for synthetic benchmark models) and remembers what was
+// taken, so that leftovers are reported as unexpected. Layers of both
+// devices bind through it; a GPU layer drops the host pages of what it
+// uploaded (release), so that an all-GPU run holds no host copy.
 #pragma once
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "engine/model.h"
-#include "numa/expert_engine.h"
+#include "io/safetensors.h"
+#include "numa/kernels.h"
 
 namespace hmoe {
 
@@ -28,43 +34,37 @@ class WeightSource {
   virtual void touch(const std::string& label, const std::string& progress_mode) const = 0;
 };
 
-// Takes tensors from a store (or a WeightSource, which then answers mat, vec,
-// has and check_all_used), checking shape and dtype, and remembers which
-// were taken so that leftovers can be reported as unexpected.
+// Host view of a tensor with the given shape (throws when absent): what
+// synthetic models (bench/) hand out.
+using WeightLookup = std::function<cpu::Mat(const std::string& name, const std::vector<int64_t>& shape)>;
+
 class WeightBinder {
  public:
   explicit WeightBinder(const io::TensorStore& store) : store_(&store) {}
   // store may be null (GGUF); source may be null (plain safetensors).
   WeightBinder(const io::TensorStore* store, WeightSource* source) : store_(store), source_(source) {}
+  explicit WeightBinder(WeightLookup lookup) : lookup_(std::move(lookup)) {}
   cpu::Mat mat(const std::string& name, int64_t rows, int64_t cols);
   cpu::Mat vec(const std::string& name, int64_t n);
-  bool has(const std::string& name) const { return source_ ? source_->has(name) : store_->find(name) != nullptr; }
+  bool has(const std::string& name) const;
   // Any tensor of exactly this shape and dtype (integer tables, lookups).
   const io::TensorView& tensor(const std::string& name, const std::vector<int64_t>& shape, DType dtype);
   // Throws bad_model naming the first tensor nobody took.
   void check_all_used(const std::string& dir) const;
+  // The host pages of m (a view from this binder) are no longer needed:
+  // dropped from this process when they are a file mapping (plain
+  // safetensors), so that GPU-resident weights leave no host copy behind.
+  void release(const cpu::Mat& m);
+  bool released(const void* data) const { return released_.count(data) > 0; }
+  // Names taken so far.
+  const std::set<std::string>& used() const { return used_; }
 
  private:
   const io::TensorStore* store_ = nullptr;
   WeightSource* source_ = nullptr;
+  WeightLookup lookup_;
   std::set<std::string> used_;
+  std::set<const void*> released_;
 };
-
-struct Workspace {
-  std::vector<float> hidden, normed, block_out;
-  std::vector<float> q, k, v, attn;
-  std::vector<float> router;
-  std::vector<int32_t> topk_ids;
-  std::vector<float> topk_w;
-  void resize(int64_t n, const ModelConfig& c);
-};
-
-std::unique_ptr<AttentionBlock> make_gqa_attention(WeightBinder& bind, const ModelConfig& c, int64_t layer,
-                                                   const std::string& prefix, numa::ThreadPool& pool);
-// Routed experts run on numa::ExpertEngine (placed across the pools' nodes).
-std::unique_ptr<FfnBlock> make_moe_block(WeightBinder& bind, const ModelConfig& c, const std::string& prefix,
-                                         numa::NodePools& pools, const numa::EngineOptions& opt);
-std::unique_ptr<FfnBlock> make_dense_mlp(WeightBinder& bind, int64_t hidden, int64_t intermediate, const std::string& prefix,
-                                         numa::ThreadPool& pool);
 
 }  // namespace hmoe

@@ -1,6 +1,6 @@
 // GpuEngram (see engram_gpu.h): weights, pinned staging of the table rows,
 // the GPU history rows, and the per-module launches.
-#include "engine/engram_gpu.h"
+#include "engine/layers/engram_gpu.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "configs/error.h"
-#include "engine/gpu_upload.h"
+#include "engine/layers/gpu_upload.h"
 #include "gpu/engram.h"
 #include "io/dtype.h"
 

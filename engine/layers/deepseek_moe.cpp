@@ -1,5 +1,6 @@
 // DeepSeek-V3 routed + shared experts (see blocks_deepseek_moe.h).
-#include "engine/blocks_deepseek_moe.h"
+#include "engine/layers/deepseek_moe.h"
+#include "engine/layers/routed_experts.h"
 
 #include <algorithm>
 #include <cmath>
@@ -67,7 +68,7 @@ namespace {
 
 class DeepseekMoe : public FfnBlock {
  public:
-  DeepseekMoe(WeightBinder& bind, const ModelConfig& c, const std::string& p, numa::NodePools& pools, const numa::EngineOptions& opt)
+  DeepseekMoe(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& p, numa::NodePools& pools, ExpertHomeOptions& opt)
       : pool_(pools.pool(0)), hidden_(c.hidden_size) {
     const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
     route_ = {c.num_experts, c.num_experts_per_tok, c.mla.n_group, c.mla.topk_group, c.norm_topk_prob, c.mla.routed_scaling_factor};
@@ -75,18 +76,13 @@ class DeepseekMoe : public FfnBlock {
     const cpu::Mat b = bind.vec(p + "gate.e_score_correction_bias", c.num_experts);
     bias_.resize(static_cast<size_t>(c.num_experts));
     cpu::to_f32(b.dtype, b.data, bias_.data(), c.num_experts);
-    for (int64_t e = 0; e < c.num_experts; ++e) {
-      const std::string ep = p + "experts." + std::to_string(e) + ".";
-      experts_.push_back({bind.mat(ep + "gate_proj.weight", I, H), bind.mat(ep + "up_proj.weight", I, H),
-                          bind.mat(ep + "down_proj.weight", H, I)});
-    }
     if (c.mla.n_shared_experts > 0) {
       const int64_t S = I * c.mla.n_shared_experts;
       const std::string sp = p + "shared_experts.";
       shared_ = {bind.mat(sp + "gate_proj.weight", S, H), bind.mat(sp + "up_proj.weight", S, H), bind.mat(sp + "down_proj.weight", H, S)};
       has_shared_ = true;
     }
-    engine_ = std::make_unique<numa::ExpertEngine>(experts_, pools, opt);
+    experts_ = std::make_unique<RoutedExperts>(bind, c, layer, p, RoutedExperts::Home::host, pools, opt);
   }
   bool is_moe() const override { return true; }
 
@@ -99,7 +95,7 @@ class DeepseekMoe : public FfnBlock {
     for (int64_t t = 0; t < n; ++t) deepseek_route(logits_.data() + t * E, bias_.data(), route_, ids_.data() + t * K, w_.data() + t * K);
     if (has_shared_) numa::mlp_forward(x, n, shared_, out, &pool_);
     else std::fill(out, out + n * hidden_, 0.0f);
-    engine_->forward(x, n, ids_.data(), w_.data(), K, out);
+    experts_->run_host(x, n, ids_.data(), w_.data(), K, out);
   }
 
  private:
@@ -108,8 +104,7 @@ class DeepseekMoe : public FfnBlock {
   DeepseekRouting route_;
   cpu::Mat router_;
   std::vector<float> bias_;
-  std::vector<numa::ExpertWeights> experts_;
-  std::unique_ptr<numa::ExpertEngine> engine_;  // after experts_: it may keep views of them
+  std::unique_ptr<RoutedExperts> experts_;
   numa::ExpertWeights shared_;
   bool has_shared_ = false;
   std::vector<float> logits_, w_;
@@ -118,9 +113,9 @@ class DeepseekMoe : public FfnBlock {
 
 }  // namespace
 
-std::unique_ptr<FfnBlock> make_deepseek_moe(WeightBinder& bind, const ModelConfig& c, const std::string& prefix, numa::NodePools& pools,
-                                            const numa::EngineOptions& opt) {
-  return std::make_unique<DeepseekMoe>(bind, c, prefix, pools, opt);
+std::unique_ptr<FfnBlock> make_deepseek_moe(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix,
+                                            numa::NodePools& pools, ExpertHomeOptions& opt) {
+  return std::make_unique<DeepseekMoe>(bind, c, layer, prefix, pools, opt);
 }
 
 }  // namespace hmoe

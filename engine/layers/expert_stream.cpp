@@ -1,7 +1,7 @@
 // The prefetch-window scheduler (see gpu_expert_stream.h and gpu/README.md).
-#include "engine/gpu_expert_stream.h"
+#include "engine/layers/expert_stream.h"
 
-#include "engine/gpu_experts.h"
+#include "engine/layers/gpu_experts.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <map>
 
 #include "configs/error.h"
-#include "engine/gpu_upload.h"
+#include "engine/layers/gpu_upload.h"
 #include "engine/placement.h"
 #include "engine/prefill_cost.h"
 #include "gpu/device.h"

@@ -23,7 +23,10 @@
 #include <vector>
 
 #include "configs/settings.h"
-#include "engine/model.h"
+#include "engine/runtime/batch.h"
+#include "engine/kv_cache.h"
+#include "engine/model_config.h"
+#include "configs/settings.h"
 #include "io/ple_table.h"
 #include "io/safetensors.h"
 
@@ -65,7 +68,7 @@ class EngramModules {
   // x[n, hidden] += module m's output (after waiting for its rows).
   void apply(int m, float* x, const Batch& b, KvCache& kv);
 
-  // For a GPU step (engine/engram_gpu.h), which does apply()'s math itself
+  // For a GPU step (engine/layers/engram_gpu.h), which does apply()'s math itself
   // between begin_step() and record_ids():
   const EngramConfig& config() const { return cfg_; }
   int64_t layer_of(int m) const;
