@@ -77,7 +77,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
     m->source_ = open_hf_quant_source(dir, *m->store_);  // null unless config.json has a quantization_config
     if (m->source_) set_expert_bytes_from(m->config_, *m->source_);
   }
-  WeightBinder bind(m->store_.get(), m->source_.get());
+  m->binder_ = std::make_unique<WeightBinder>(m->store_.get(), m->source_.get());
+  WeightBinder& bind = *m->binder_;
+  bind.set_dtype(parse_weight_dtype(settings.origin("weight_dtype"), settings.weight_dtype));
   const ModelGraph graph = model_graph(c, [&bind](const std::string& name) { return bind.has(name); });
 
   cpu::set_round_activations_bf16(settings.cpu_emulate_gpu_bf16);
@@ -128,8 +130,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   }
   if (settings.progress != "none") {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "hmoe: loaded in %.1f s on the %s; %s of weights on the GPU; peak RSS %s\n", s, m->gpu_ ? "GPU" : "CPU",
-                 format_bytes(m->gpu_ ? m->gpu_->weight_bytes() : 0).c_str(), format_bytes(peak_rss_bytes()).c_str());
+    std::fprintf(stderr, "hmoe: loaded in %.1f s on the %s; weights: %s on the GPU, %s in host memory (dtype %s); peak RSS %s\n", s,
+                 m->gpu_ ? "GPU" : "CPU", format_bytes(m->gpu_ ? m->gpu_->weight_bytes() : 0).c_str(), format_bytes(bind.host_bytes()).c_str(),
+                 settings.weight_dtype.c_str(), format_bytes(peak_rss_bytes()).c_str());
   }
   return m;
 }

@@ -29,6 +29,7 @@
 namespace hmoe {
 
 class WeightSource;   // engine/layers/weights.h
+class WeightBinder;
 class GpuRuntime;     // engine/runtime/gpu_runtime.h
 class CpuRuntime;     // engine/runtime/cpu_runtime.h
 class EngramModules;  // engine/layers/engram.h
@@ -60,6 +61,7 @@ class Model {
   KvLayout kv_layout_;
   std::unique_ptr<io::TensorStore> store_;  // null for a GGUF file
   std::unique_ptr<WeightSource> source_;    // GGUF or quantized HF checkpoint; null for plain safetensors
+  std::unique_ptr<WeightBinder> binder_;    // owns the --dtype copies the layers view
   std::unique_ptr<numa::NodePools> pools_;  // one worker pool per NUMA node
   numa::ThreadPool* pool_ = nullptr;
   std::unique_ptr<EngramModules> engram_;   // before the runtimes: they keep a pointer to it

@@ -160,6 +160,7 @@ class Scheduler {
   void finish(Seq& s, FinishReason r, const std::string& err = {});
   void preempt(size_t index);
   void copy_ple_stats();
+  void copy_step_stats();  // streamed-expert and PLE counters (kv_stats_mu_ held)
 
   Model& model_;
   SchedulerConfig cfg_;

@@ -7,7 +7,9 @@
 // uploaded (release), so that an all-GPU run holds no host copy.
 #pragma once
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -44,6 +46,13 @@ class WeightBinder {
   // store may be null (GGUF); source may be null (plain safetensors).
   WeightBinder(const io::TensorStore* store, WeightSource* source) : store_(store), source_(source) {}
   explicit WeightBinder(WeightLookup lookup) : lookup_(std::move(lookup)) {}
+  // Setting weight_dtype (--dtype): plain float tensors of another float
+  // dtype are converted into host buffers of `dtype` as they are taken (and
+  // the checkpoint's pages of them released); nullopt ("auto"): views of the
+  // checkpoint as stored. Quantized and GGUF tensors stay as stored.
+  void set_dtype(std::optional<DType> dtype) { dtype_ = dtype; }
+  // Bytes of the views taken and not released: what the host holds for the model.
+  uint64_t host_bytes() const;
   cpu::Mat mat(const std::string& name, int64_t rows, int64_t cols);
   cpu::Mat vec(const std::string& name, int64_t n);
   bool has(const std::string& name) const;
@@ -65,6 +74,16 @@ class WeightBinder {
   WeightLookup lookup_;
   std::set<std::string> used_;
   std::set<const void*> released_;
+  std::optional<DType> dtype_;
+  std::map<const void*, size_t> live_;                     // views handed out -> bytes
+  std::map<const void*, std::vector<uint8_t>> converted_;  // --dtype copies
+  cpu::Mat convert(const io::TensorView& t, int64_t rows, int64_t cols);
+  static void drop_pages(const void* p, size_t bytes);  // of a read-only file mapping
+  cpu::Mat taken(const cpu::Mat& m);
 };
+
+// The weight_dtype setting: "auto" -> nullopt, "bf16", "f32"; else
+// Error(invalid_argument) naming `what` (the flag or variable).
+std::optional<DType> parse_weight_dtype(const std::string& what, const std::string& s);
 
 }  // namespace hmoe

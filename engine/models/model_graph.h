@@ -37,6 +37,14 @@ struct ModelGraph {
 // has(name): whether the checkpoint holds a tensor (for optional weights).
 using HasTensor = std::function<bool(const std::string&)>;
 
+// The Hugging Face decoder layout the architectures share: model.embed_tokens,
+// model.norm, lm_head (tied to the embedding when the config says so and the
+// checkpoint has none); block l's norms and attention under model.layers.l.
+ModelGraph hf_decoder_graph(const ModelConfig& c, const HasTensor& has);
+BlockDesc hf_decoder_block(int64_t layer, AttentionKind attention);
+// "model.layers.l.mlp."
+std::string hf_mlp_prefix(int64_t layer);
+
 ModelGraph qwen3_moe_graph(const ModelConfig& c, const HasTensor& has);    // qwen3_moe.cpp (and qwen3_moe_engram)
 ModelGraph deepseek_v3_graph(const ModelConfig& c, const HasTensor& has);  // deepseek_v3.cpp
 
