@@ -60,7 +60,7 @@
 #include "engine/layers/cpu_layers.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "engine/layers/engram.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/tokenizer/tokenizer.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "io/read_probe.h"

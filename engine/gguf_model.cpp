@@ -13,7 +13,7 @@
 
 #include "configs/error.h"
 #include "engine/layers/cpu_layers.h"
-#include "engine/chat/chat_template.h"
+#include "engine/text/chat/chat_template.h"
 #include "engine/progress.h"
 #include "io/gguf.h"
 #include "numa/quant_gguf.h"

@@ -29,7 +29,7 @@
 
 #include "engine/kv_cache.h"
 #include "io/ple_table.h"
-#include "engine/sampler.h"
+#include "engine/text/sampler.h"
 
 namespace hmoe {
 

@@ -2,14 +2,14 @@
 // for-loops and macros get their own scope, if/set do not; undefined values
 // print as "" but fail when used as objects; attribute lookup tries the
 // Python attribute first and the item second (subscripts the other way).
-#include "engine/chat/interpreter.h"
+#include "engine/text/chat/interpreter.h"
 
 #include <algorithm>
 #include <cmath>
 #include <optional>
 
 #include "configs/error.h"
-#include "engine/chat/parser.h"
+#include "engine/text/chat/parser.h"
 
 namespace hmoe::chat {
 

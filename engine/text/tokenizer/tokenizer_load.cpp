@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "configs/error.h"
-#include "engine/tokenizer/tokenizer_impl.h"
-#include "engine/tokenizer/unicode.h"
+#include "engine/text/tokenizer/tokenizer_impl.h"
+#include "engine/text/tokenizer/unicode.h"
 #include "io/gguf.h"
 
 namespace hmoe::tok {

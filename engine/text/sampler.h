@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/json_constraint.h"
+#include "engine/text/json_constraint.h"
 
 namespace hmoe {
 

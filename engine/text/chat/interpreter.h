@@ -10,9 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/chat/ast.h"
-#include "engine/chat/chat_template.h"
-#include "engine/chat/value.h"
+#include "engine/text/chat/ast.h"
+#include "engine/text/chat/chat_template.h"
+#include "engine/text/chat/value.h"
 
 namespace hmoe::chat {
 

@@ -1,10 +1,10 @@
-#include "engine/json_constraint.h"
+#include "engine/text/json_constraint.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/tokenizer/tokenizer.h"
 
 namespace hmoe {
 

@@ -2,12 +2,12 @@
 // (unicode_nfc_tables.h). NFC only touches the spans around code points that
 // can change (combining marks, decomposables, composition seconds), so
 // already-normalized text costs one table probe per non-ASCII code point.
-#include "engine/tokenizer/unicode.h"
+#include "engine/text/tokenizer/unicode.h"
 
 #include <algorithm>
 #include <vector>
 
-#include "engine/tokenizer/unicode_nfc_tables.h"
+#include "engine/text/tokenizer/unicode_nfc_tables.h"
 
 namespace hmoe::tok {
 namespace {

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/chat/value.h"
+#include "engine/text/chat/value.h"
 
 namespace hmoe::chat {
 

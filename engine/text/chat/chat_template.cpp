@@ -1,7 +1,7 @@
 // ChatTemplate: reads the template from a model directory, builds the
 // variables transformers passes (messages, tools, documents,
 // add_generation_prompt, special tokens, chat_template_kwargs) and renders.
-#include "engine/chat/chat_template.h"
+#include "engine/text/chat/chat_template.h"
 
 #include <fstream>
 #include <sstream>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "configs/error.h"
-#include "engine/chat/interpreter.h"
+#include "engine/text/chat/interpreter.h"
 
 namespace hmoe::chat {
 

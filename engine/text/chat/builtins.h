@@ -2,7 +2,7 @@
 #pragma once
 #include <string>
 
-#include "engine/chat/interpreter.h"
+#include "engine/text/chat/interpreter.h"
 
 namespace hmoe::chat {
 

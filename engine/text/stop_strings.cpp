@@ -1,4 +1,4 @@
-#include "engine/stop_strings.h"
+#include "engine/text/stop_strings.h"
 
 #include <algorithm>
 #include <utility>

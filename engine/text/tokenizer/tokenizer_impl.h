@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/tokenizer/tokenizer.h"
 
 namespace hmoe::tok {
 

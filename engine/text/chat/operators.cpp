@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "engine/chat/interpreter.h"
+#include "engine/text/chat/interpreter.h"
 
 namespace hmoe::chat {
 namespace {

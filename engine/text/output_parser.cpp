@@ -1,4 +1,4 @@
-#include "engine/output_parser.h"
+#include "engine/text/output_parser.h"
 
 #include <array>
 #include <nlohmann/json.hpp>

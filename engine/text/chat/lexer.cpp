@@ -1,12 +1,12 @@
 // Jinja2 tokenization, following jinja2/lexer.py's rules for whitespace
 // control (lstrip_blocks applies to block and comment tags, not to {{ }};
 // trim_blocks removes one newline after %} and #}).
-#include "engine/chat/lexer.h"
+#include "engine/text/chat/lexer.h"
 
 #include <cctype>
 
 #include "configs/error.h"
-#include "engine/chat/value.h"
+#include "engine/text/chat/value.h"
 
 namespace hmoe::chat {
 namespace {

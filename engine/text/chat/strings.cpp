@@ -1,11 +1,11 @@
 // Python str methods. Strip, split and whitespace follow Python on code
 // points; case mapping is ASCII-only, which is what chat templates use it for
 // (role names, keywords).
-#include "engine/chat/strings.h"
+#include "engine/text/chat/strings.h"
 
 #include <algorithm>
 
-#include "engine/chat/value.h"
+#include "engine/text/chat/value.h"
 
 namespace hmoe::chat {
 

@@ -1,5 +1,5 @@
 // Python semantics for interpreter values: str(), repr(), json.dumps, ==, <.
-#include "engine/chat/value.h"
+#include "engine/text/chat/value.h"
 
 #include <algorithm>
 #include <charconv>

@@ -1,13 +1,13 @@
 // Jinja2 filters, tests and global functions, with transformers' additions
 // (tojson with json.dumps options, raise_exception, strftime_now).
-#include "engine/chat/builtins.h"
+#include "engine/text/chat/builtins.h"
 
 #include <algorithm>
 #include <cmath>
 #include <ctime>
 
 #include "configs/error.h"
-#include "engine/chat/strings.h"
+#include "engine/text/chat/strings.h"
 
 namespace hmoe::chat {
 

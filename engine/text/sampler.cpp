@@ -1,4 +1,4 @@
-#include "engine/sampler.h"
+#include "engine/text/sampler.h"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 #pragma once
 #include <string>
 
-#include "engine/chat/ast.h"
+#include "engine/text/chat/ast.h"
 
 namespace hmoe::chat {
 

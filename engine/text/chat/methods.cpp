@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <array>
 
-#include "engine/chat/builtins.h"
-#include "engine/chat/strings.h"
+#include "engine/text/chat/builtins.h"
+#include "engine/text/chat/strings.h"
 
 namespace hmoe::chat {
 namespace {

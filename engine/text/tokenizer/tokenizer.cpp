@@ -7,8 +7,8 @@
 #include <functional>
 
 #include "configs/error.h"
-#include "engine/tokenizer/tokenizer_impl.h"
-#include "engine/tokenizer/unicode.h"
+#include "engine/text/tokenizer/tokenizer_impl.h"
+#include "engine/text/tokenizer/unicode.h"
 
 namespace hmoe::tok {
 

@@ -1,13 +1,13 @@
 // Recursive-descent parser following jinja2/parser.py's grammar and operator
 // precedence (or < and < not < compare < + - < ~ < * / // % < ** < unary <
 // postfix/filters/tests).
-#include "engine/chat/parser.h"
+#include "engine/text/chat/parser.h"
 
 #include <cstdlib>
 
 #include "configs/error.h"
-#include "engine/chat/builtins.h"
-#include "engine/chat/lexer.h"
+#include "engine/text/chat/builtins.h"
+#include "engine/text/chat/lexer.h"
 
 namespace hmoe::chat {
 namespace {
