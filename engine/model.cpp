@@ -64,6 +64,8 @@ int64_t Model::weight_bytes() const {
   return static_cast<int64_t>(store_ ? store_->total_bytes() : source_->total_bytes());
 }
 
+uint64_t Model::host_weight_bytes() const { return binder_->host_bytes(); }
+
 std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& settings) {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<Model> m(new Model());

@@ -45,6 +45,9 @@ class Model {
   KvLayout kv_layout() const { return kv_layout_; }
   numa::ThreadPool& pool() { return *pool_; }
   int64_t weight_bytes() const;
+  // Bytes of weights the host holds for this model (views of the checkpoint
+  // or --dtype copies; not what went to the GPU).
+  uint64_t host_weight_bytes() const;
 
   // Runs one step. logits receives [batch.logit_rows.size(), vocab_size].
   void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits);
