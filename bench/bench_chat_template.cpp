@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "engine/chat/chat_template.h"
+#include "engine/text/chat/chat_template.h"
 
 using nlohmann::ordered_json;
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "configs/error.h"
-#include "engine/blocks_gpu.h"
-#include "engine/engram.h"
+#include "engine/runtime/gpu_runtime.h"
+#include "engine/layers/engram.h"
 #include "engine/logits.h"
 #include "engine/model.h"
 
@@ -145,6 +145,14 @@ SchedulerStats Scheduler::stats() const {
 }
 
 // Engine thread (or before it starts), under kv_stats_mu_.
+void Scheduler::copy_step_stats() {
+  if (const GpuRuntime* g = model_.gpu(); g && g->expert_stream()) {
+    const ExpertStreamStats& x = g->expert_stream()->stats();
+    stream_ = StreamTotals{x.passes, static_cast<int64_t>(x.layers.size()), x.bytes, x.copy_s, x.compute_s, x.stall_s, x.pinned_bandwidth};
+  }
+  copy_ple_stats();
+}
+
 void Scheduler::copy_ple_stats() {
   EngramModules* e = model_.engram();
   if (!e) return;
@@ -195,11 +203,7 @@ void Scheduler::run() {
     kv_used_ = kv_.num_blocks() - kv_.free_blocks();
     std::lock_guard lk(kv_stats_mu_);
     kv_stats_ = kv_.stats();
-    if (const auto* g = dynamic_cast<const GpuStack*>(model_.gpu()); g && g->expert_stream()) {
-      const ExpertStreamStats& x = g->expert_stream()->stats();
-      stream_ = StreamTotals{x.passes, static_cast<int64_t>(x.layers.size()), x.bytes, x.copy_s, x.compute_s, x.stall_s, x.pinned_bandwidth};
-    }
-    copy_ple_stats();
+    copy_step_stats();
   }
   for (auto& s : running_) finish(*s, FinishReason::shutdown, "the server is shutting down");
   for (auto& s : waiting_) finish(*s, FinishReason::shutdown, "the server is shutting down");
@@ -336,6 +340,10 @@ bool Scheduler::step() {
     for (const Item& it : plan) finish(*it.s, FinishReason::error, e.what());
     std::erase_if(running_, [](const auto& s) { return s->done; });
     return true;
+  }
+  {  // before this step's requests are answered: a client that reads /metrics after its reply sees the step
+    std::lock_guard lk(kv_stats_mu_);
+    copy_step_stats();
   }
   ++steps_;
   batched_tokens_ += static_cast<int64_t>(batch.tokens.size());

@@ -29,7 +29,7 @@
 
 #include "engine/kv_cache.h"
 #include "io/ple_table.h"
-#include "engine/sampler.h"
+#include "engine/text/sampler.h"
 
 namespace hmoe {
 
@@ -115,7 +115,7 @@ struct SchedulerConfig {
   int64_t host_kv_blocks = 0;  // second KV tier, in blocks
 };
 
-// Expert streaming of big passes (engine/gpu_expert_stream.h), totals since start; zero when off.
+// Expert streaming of big passes (engine/layers/expert_stream.h), totals since start; zero when off.
 struct StreamTotals {
   int64_t passes = 0, layers = 0;  // streamed passes; streamed layers per pass
   uint64_t bytes = 0;              // host -> device bytes copied
@@ -172,6 +172,7 @@ class Scheduler {
   void finish(Seq& s, FinishReason r, const std::string& err = {});
   void preempt(size_t index);
   void copy_ple_stats();
+  void copy_step_stats();  // streamed-expert and PLE counters (kv_stats_mu_ held)
 
   Model& model_;
   SchedulerConfig cfg_;

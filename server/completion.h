@@ -16,10 +16,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/output_parser.h"
+#include "engine/text/output_parser.h"
 #include "engine/scheduler.h"
-#include "engine/stop_strings.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/stop_strings.h"
+#include "engine/text/tokenizer/tokenizer.h"
 #include "server/request.h"
 
 namespace hmoe::server {

@@ -5,10 +5,10 @@
 #include <limits>
 
 #include "configs/error.h"
-#include "engine/chat/chat_template.h"
 #include "engine/json_guard.h"
-#include "engine/output_parser.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/chat/chat_template.h"
+#include "engine/text/output_parser.h"
+#include "engine/text/tokenizer/tokenizer.h"
 #include "server/api_error.h"
 #include "server/json_body.h"
 

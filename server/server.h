@@ -11,10 +11,10 @@
 #include <string>
 
 #include "configs/settings.h"
-#include "engine/chat/chat_template.h"
+#include "engine/text/chat/chat_template.h"
 #include "engine/model.h"
 #include "engine/scheduler.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/tokenizer/tokenizer.h"
 #include "server/http_server.h"
 #include "server/request.h"
 

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "configs/error.h"
-#include "engine/engram.h"
+#include "engine/layers/engram.h"
 #include "engine/logits.h"
 #include "engine/model.h"
 #include "engine/model_config.h"

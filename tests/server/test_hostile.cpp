@@ -17,7 +17,7 @@
 #include <set>
 #include <thread>
 
-#include "engine/output_parser.h"
+#include "engine/text/output_parser.h"
 #include "tests/server/serve_process.h"
 #include "tests/server/server_fixture.h"
 

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "configs/error.h"
-#include "engine/gpu_step.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "engine/model.h"
 #include "engine/placement.h"
 #include "tools/hmoe/command.h"
