@@ -1,4 +1,4 @@
-// Engram module on the GPU (engine/engram_gpu.h): its kernels against the
+// Engram module on the GPU (engine/layers/engram_gpu.h): its kernels against the
 // device's measured copy bandwidth, at decode (1, 8 tokens) and prefill
 // (2048 tokens) shapes of a hidden-2048 model with d_mem 1024 (3-grams, two
 // n-gram orders of 512), kernel size 4, two modules: the key/value product

@@ -5,14 +5,14 @@
 //    cuBLAS prefill products (TFLOP/s).
 // 2. A Qwen3-30B-A3B-shaped model (48 layers, 128 experts of 768, top-8,
 //    hidden 2048, 32/4 heads of 128; random bf16 weights made in place) run
-//    through GpuStack with 0/25/50/100% of MoE layers resident: decode tok/s
+//    through GpuRuntime with 0/25/50/100% of MoE layers resident: decode tok/s
 //    at batch 1 and 8, the time split (GPU, CPU experts, transfers) and the
 //    bounds: cold expert bytes per step / measured host DRAM bandwidth plus
 //    (serial) or overlapped with (max) the step's GPU time; plain launches,
 //    CUDA graphs, and graphs with the GPU/CPU overlap of two micro-batches.
 // 3. With --experts TYPE (q8_0, q4_k, q4_0, q5_k, q6_k): the same model
 //    with every MoE layer resident and its experts kept in that GGUF type on
-//    the GPU (engine/gpu_experts.h), beside the bf16 run: decode tok/s and
+//    the GPU (engine/layers/gpu_experts.h), beside the bf16 run: decode tok/s and
 //    GPU bytes. One quantized copy of each expert matrix is made on the host
 //    and uploaded per expert (the GPU holds distinct copies), so only 100%
 //    resident is measured for these.
@@ -31,7 +31,7 @@
 
 #include "configs/error.h"
 #include "bench/synthetic_model.h"
-#include "engine/blocks_gpu.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
 #include "numa/node_pools.h"
@@ -264,9 +264,11 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
       resident[static_cast<size_t>(l)] = (l + 1) * pct / 100 > l * pct / 100;  // spread evenly
       nres += resident[static_cast<size_t>(l)];
     }
-    std::unique_ptr<GpuStack> stack;
+    std::unique_ptr<GpuRuntime> stack;
     try {
-      stack = std::make_unique<GpuStack>(c, resident, get, pools);
+      GpuRuntimeOptions o;
+      o.resident = resident;
+      stack = GpuRuntime::from_lookup(c, get, pools, o);
       std::printf("| %d%% | GPU weights %.2f GB |\n", pct, static_cast<double>(stack->weight_bytes()) / 1e9);
     } catch (const Error& e) {
       std::printf("| %d%% | - | could not build: %s |\n", pct, e.what());

@@ -1,4 +1,4 @@
-// DeepSeek-V3 on the GPU (GpuMlaStack), two parts.
+// DeepSeek-V3 on the GPU (GpuRuntime), two parts.
 // 1. Kernels of gpu/mla.h at DeepSeek-V3 decode shapes (128 heads, kv_lora
 //    512 + rope 64, 256 experts) against the measured device copy
 //    bandwidth: latent attention (GB/s of latent cache read), the absorbed
@@ -6,7 +6,7 @@
 // 2. A DeepSeek-V3-shaped layer set (hidden 7168, 128 heads, q_lora 1536,
 //    kv_lora 512, nope 128, rope 64, v 128, 256 experts of 2048, top-8, one
 //    shared expert, first 3 layers dense, vocab 129280; random bf16 weights)
-//    run through GpuMlaStack (latent attention) with 0 and some MoE layers
+//    run through GpuRuntime (latent attention) with 0 and some MoE layers
 //    resident: decode tok/s at batch 1, the time split, and the bandwidth
 //    bound (GPU weight bytes per token / device bandwidth + cold expert bytes
 //    / host DRAM bandwidth; the step waits for the CPU, so serial). To fit
@@ -19,7 +19,8 @@
 //    non-resident layers' routed experts to the GPU (ExpertStream).
 // Usage: bench_gpu_mla [--layers 61] [--resident 0,2,4] [--split 1,0]
 //   [--steps 8] [--prompt 16] [--stream-min-batch 0] [--mla-attention latent]
-//   [--skip-kernels] [--skip-model]. Never pass/fail on time.
+//   [--skip-kernels] [--skip-model] [--cuda-graphs] (decode steps replay
+//   their GPU segments as CUDA graphs). Never pass/fail on time.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -31,7 +32,7 @@
 
 #include "bench/synthetic_model.h"
 #include "configs/error.h"
-#include "engine/blocks_gpu_mla.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "gpu/device.h"
 #include "gpu/mla.h"
 #include "io/dtype.h"
@@ -225,7 +226,7 @@ std::unique_ptr<SyntheticDeepseek> make_deepseek(const ModelConfig& c, numa::Thr
   return m;
 }
 
-void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t prompt, const std::vector<int>& residents, const std::vector<int>& splits,
+void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t prompt, const std::vector<int>& residents, const std::vector<int>& splits, bool graphs,
                      int64_t stream_min, MlaMode mode, double gpu_bw) {
   const ModelConfig c = deepseek_v3_config(layers);
   const MlaConfig& ml = c.mla;
@@ -263,15 +264,20 @@ void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t 
     numa::EngineOptions eopt;
     eopt.copy_to_nodes = 0;
     eopt.print_memory = false;
-    std::unique_ptr<GpuMlaStack> stack;
+    std::unique_ptr<GpuRuntime> stack;
     const double b0 = bench::now_seconds();
     try {
-      stack = std::make_unique<GpuMlaStack>(c, resident, get, pools, mode, eopt);
+      GpuRuntimeOptions o;
+      o.resident = resident;
+      o.experts.engine = eopt;
+      o.mla_mode = mode;
+      o.split_inputs = split != 0;
+      o.cuda_graphs = graphs;
+      stack = GpuRuntime::from_lookup(c, get, pools, o);
     } catch (const Error& e) {
       std::printf("| %d | - | could not build: %s |\n", res, e.what());
       continue;
     }
-    stack->set_split_inputs(split != 0);
     if (stream_min > 0) {
       ExpertStreamOptions o;
       o.min_batch = stream_min;
@@ -330,7 +336,7 @@ void model_benchmark(numa::NodePools& pools, int64_t layers, int steps, int64_t 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool skip_kernels = false, skip_model = false;
+  bool skip_kernels = false, skip_model = false, graphs = false;
   int steps = 8;
   int64_t layers = 61, prompt = 16, stream_min = 0;
   MlaMode mode = MlaMode::latent;
@@ -339,6 +345,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--skip-kernels")) skip_kernels = true;
     else if (!std::strcmp(argv[i], "--skip-model")) skip_model = true;
+    else if (!std::strcmp(argv[i], "--cuda-graphs")) graphs = true;
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--layers") && i + 1 < argc) layers = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--prompt") && i + 1 < argc) prompt = std::atoll(argv[++i]);
@@ -367,7 +374,7 @@ int main(int argc, char** argv) {
     if (!skip_kernels) kernel_benchmarks(pools.pool(0), bw);
     if (!skip_model) {
       std::printf("\nmla_attention=%s\n", mode_name.c_str());
-      model_benchmark(pools, layers, steps, prompt, residents, splits, stream_min, mode, bw);
+      model_benchmark(pools, layers, steps, prompt, residents, splits, graphs, stream_min, mode, bw);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu_mla: %s\n", e.what());

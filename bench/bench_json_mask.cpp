@@ -1,4 +1,4 @@
-// JSON mode's per-step cost (engine/json_constraint.h): json_mask over a
+// JSON mode's per-step cost (engine/text/json_constraint.h): json_mask over a
 // tokenizer's whole vocabulary from a few typical states, against the
 // decode step it is added to (one mask per generated token, on the CPU,
 // while the GPU or the expert engine computes the next step elsewhere).
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "configs/error.h"
-#include "engine/json_constraint.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/json_constraint.h"
+#include "engine/text/tokenizer/tokenizer.h"
 
 using namespace hmoe;
 

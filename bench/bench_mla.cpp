@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/blocks_mla.h"
+#include "engine/layers/mla_attention.h"
 #include "io/dtype.h"
 #include "numa/expert_bench.h"
 #include "numa/node_pools.h"

@@ -4,7 +4,7 @@
 // the backends achieved against a raw io_uring random-read test of the same
 // file in the same run. Prints figures; never fails on time.
 //
-// The synthetic model: two real Engram modules (engine/engram.h: hashing,
+// The synthetic model: two real Engram modules (engine/layers/engram.h: hashing,
 // table rows, key/value projections, gates, conv) before layers 2 and 5 of
 // 8 synthetic dense layers (a bf16 [hidden, hidden] gemm each), hidden 2048,
 // 3-grams, 16 heads of 64 bf16 per token and module (128-byte rows). The
@@ -57,10 +57,10 @@
 #include "bench/synthetic_model.h"
 #include "configs/error.h"
 #include "configs/settings.h"
-#include "engine/blocks.h"
-#include "engine/blocks_gpu.h"
-#include "engine/engram.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/layers/cpu_layers.h"
+#include "engine/runtime/gpu_runtime.h"
+#include "engine/layers/engram.h"
+#include "engine/text/tokenizer/tokenizer.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "io/read_probe.h"
@@ -458,11 +458,11 @@ void text_hits(EngramModules& e, const Synthetic& syn, numa::ThreadPool& pool, c
   }
 }
 
-// --gpu: the same Engram modules inside a whole GPU step (GpuStack, engine/
+// --gpu: the same Engram modules inside a whole GPU step (GpuRuntime, engine/
 // engram_gpu.h) of a synthetic Qwen3-30B-A3B-shaped model with 8 layers,
 // all resident (random bf16 weights; the modules before layers 2 and 5, as
 // above). The window in front of module 1 is then two GPU layers, not two
-// CPU gemms. Decode at batch 1 and 8 per PLE variant (one GpuStack each),
+// CPU gemms. Decode at batch 1 and 8 per PLE variant (one GpuRuntime each),
 // plain launches and CUDA graphs (the layers between modules replayed), the
 // variants rotated over rounds: step time against the in-RAM table, and the
 // I/O wait of module 1 and 2.
@@ -489,11 +489,10 @@ void gpu_decode(const std::vector<std::unique_ptr<EngramModules>>& mods, const s
   std::printf("\nGPU step: synthetic Qwen3-30B-A3B shapes, %lld layers, all resident (%.1f GB of bf16 weights), Engram modules before layers 2 and 5\n",
               static_cast<long long>(kLayers), static_cast<double>(model->bytes()) / 1e9);
   const std::vector<bool> resident(static_cast<size_t>(kLayers), true);
-  std::vector<std::unique_ptr<GpuStack>> stacks;
-  for (size_t v = 0; v < mods.size(); ++v) {
-    stacks.push_back(std::make_unique<GpuStack>(c, resident, get, pools));
-    stacks.back()->attach_engram(*mods[v], get);
-  }
+  std::vector<std::unique_ptr<GpuRuntime>> stacks;
+  GpuRuntimeOptions ro;
+  ro.resident = resident;
+  for (size_t v = 0; v < mods.size(); ++v) stacks.push_back(GpuRuntime::from_lookup(c, get, pools, ro, mods[v].get()));
   std::printf("| CUDA graphs | batch | variant | step ms | vs ram | I/O wait ms/step (module 1 + 2) | module 1 reads us (issue + device) | reads/step | cached rows/step |\n"
               "|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
   for (bool graphs : {false, true})

@@ -1,9 +1,9 @@
 // Prefill with streamed experts (issue 7): a Qwen3-30B-A3B-shaped synthetic
 // model (bench/synthetic_model.h) with no resident MoE layers, one prompt of
-// 512 / 2k / 8k tokens per pass, through GpuStack with
+// 512 / 2k / 8k tokens per pass, through GpuRuntime with
 //   (a) CPU experts (numa::ExpertEngine; the hybrid path),
 //   (b) serial upload then compute (each layer's copy starts when the step reaches it),
-//   (c) the prefetch window (engine/gpu_expert_stream.h) with W = 1, 2, 3,
+//   (c) the prefetch window (engine/layers/expert_stream.h) with W = 1, 2, 3,
 //   and a compute-only pass (no copies; slots zeroed) for the GPU time.
 // Per layer: the PCIe copy time (from (b)), the expert products' time and the
 // whole step's GPU time (compute-only pass). Bound: a pass cannot beat the
@@ -21,8 +21,8 @@
 
 #include "bench/synthetic_model.h"
 #include "configs/error.h"
-#include "engine/blocks_gpu.h"
-#include "engine/gpu_expert_stream.h"
+#include "engine/runtime/gpu_runtime.h"
+#include "engine/layers/expert_stream.h"
 #include "gpu/device.h"
 #include "gpu/moe_stream.h"
 #include "numa/node_pools.h"
@@ -89,7 +89,10 @@ int main(int argc, char** argv) {
     const double pcie = measure_pinned_h2d_bandwidth(256u << 20);
     std::printf("pinned host->device bandwidth: %.1f GB/s (256 MiB, best of 3) -> %.1f ms per layer of experts\n", pcie / 1e9, layer_bytes / pcie * 1e3);
 
-    GpuStack stack(c, std::vector<bool>(static_cast<size_t>(layers), false), model->get(), pools);
+    GpuRuntimeOptions ro;
+    ro.resident.assign(static_cast<size_t>(layers), false);
+    const auto runtime = GpuRuntime::from_lookup(c, model->get(), pools, ro);
+    GpuRuntime& stack = *runtime;
     using O = ExpertStreamOptions;
     auto opt = [](int window, bool serial, bool skip, O::Fill fill = O::Fill::automatic, O::Compute comp = O::Compute::automatic) {
       O o;

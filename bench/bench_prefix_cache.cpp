@@ -8,7 +8,7 @@
 //   host hit  - the prefix's blocks were evicted to the pinned host pool
 //               (GpuKvStorage): they are copied back, then the tail computed.
 // The prompt is prefix + a distinct --tail-token tail per request. The
-// benchmark drives KvCache + GpuStack as the scheduler does (attach_prefix,
+// benchmark drives KvCache + GpuRuntime as the scheduler does (attach_prefix,
 // reserve, chunked forward, commit). Eviction to the host pool is done by
 // another sequence taking every GPU block; its offload copies are waited for
 // before the host-hit request starts (they belong to earlier steps).
@@ -28,7 +28,7 @@
 
 #include "bench/synthetic_model.h"
 #include "configs/error.h"
-#include "engine/blocks_gpu.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "engine/kv_cache.h"
 #include "engine/kv_storage_gpu.h"
 #include "gpu/device.h"
@@ -48,7 +48,7 @@ struct Request {
 };
 
 // One request through the cache as the scheduler runs it.
-Request run_request(GpuStack& stack, KvCache& kv, GpuKvStorage& st, const std::vector<int32_t>& prompt, int64_t chunk, double budget_s) {
+Request run_request(GpuRuntime& stack, KvCache& kv, GpuKvStorage& st, const std::vector<int32_t>& prompt, int64_t chunk, double budget_s) {
   Request r;
   const auto restored0 = kv.stats().restored_blocks;
   const double copy0 = st.copy_seconds();
@@ -102,8 +102,11 @@ void run(numa::NodePools& pools, int64_t layers, const std::vector<int64_t>& pre
               static_cast<double>(model->bytes()) / 1e9, model->build_seconds());
   const double t0 = bench::now_seconds();
   std::vector<bool> resident(static_cast<size_t>(layers), true);
-  GpuStack stack(c, resident, model->get(), pools);
-  std::printf("GpuStack: all %lld MoE layers resident, %.1f GB of weights on the GPU, uploaded in %.1f s\n", static_cast<long long>(layers),
+  GpuRuntimeOptions ro;
+  ro.resident = resident;
+  const auto runtime = GpuRuntime::from_lookup(c, model->get(), pools, ro);
+  GpuRuntime& stack = *runtime;
+  std::printf("GpuRuntime: all %lld MoE layers resident, %.1f GB of weights on the GPU, uploaded in %.1f s\n", static_cast<long long>(layers),
               static_cast<double>(stack.weight_bytes()) / 1e9, bench::now_seconds() - t0);
   const int64_t bs = 16, kvw = c.num_key_value_heads * c.head_dim;
   const KvLayout layout{c.num_hidden_layers, c.num_key_value_heads, c.head_dim};

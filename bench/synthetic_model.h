@@ -1,7 +1,7 @@
 // Synthetic models for the GPU benchmarks: random bf16 weights made in host
 // memory for a ModelConfig (Qwen3-MoE graph: attention with q/k norms,
 // routed experts or a dense MLP per layer), handed out through a
-// WeightLookup that GpuStack (and the CPU expert engine) can use directly.
+// WeightLookup that GpuRuntime::from_lookup (and the CPU expert engine) can use directly.
 //
 // Contract: the weights live as long as the SyntheticModel; `get` returns
 // views into them and throws Error(bad_model) for a name the model lacks.
@@ -21,7 +21,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/blocks_gpu.h"
+#include "engine/layers/weights.h"
 #include "engine/model_config.h"
 #include "numa/thread_pool.h"
 

@@ -15,7 +15,7 @@
 #include <optional>
 #include <string>
 
-#include "engine/sampler.h"
+#include "engine/text/sampler.h"
 
 namespace hmoe {
 

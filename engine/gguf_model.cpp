@@ -3,7 +3,7 @@
 // GGUF model and its Hugging Face twin are checked by one piece of code.
 #include "engine/gguf_model.h"
 
-#include "engine/gpu_experts.h"
+#include "engine/layers/gpu_experts.h"
 
 #include <algorithm>
 #include <cctype>
@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 
 #include "configs/error.h"
-#include "engine/blocks.h"
-#include "engine/chat/chat_template.h"
+#include "engine/layers/cpu_layers.h"
+#include "engine/text/chat/chat_template.h"
 #include "engine/progress.h"
 #include "io/gguf.h"
 #include "numa/quant_gguf.h"

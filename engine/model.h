@@ -1,8 +1,11 @@
-// Model: a decoder-only transformer composed from ModelConfig — embedding,
-// a stack of (norm, attention block, norm, FFN block) layers, final norm and
-// lm_head. Blocks are chosen per layer from the config (GQA attention with
-// q/k norm; dense SwiGLU MLP or routed experts), so other architectures add
-// blocks rather than new models.
+// Model: a checkpoint loaded on its placement plan. load() reads config.json
+// (or a GGUF file), takes the architecture's graph (engine/models/), asks
+// the placement plan where each part lives (engine/placement.h) and
+// instantiates the graph once, on the runtime the plan names: the GPU step
+// executor (engine/runtime/gpu_runtime.h; routed experts of non-resident
+// layers in host memory) or the CPU one (engine/runtime/cpu_runtime.h). Only
+// what the plan places on the CPU is built there: an all-GPU run keeps no
+// host copy of its weights.
 //
 // Contract: load() validates the checkpoint fully (every tensor present with
 // the right shape and a supported dtype, nothing unexpected) before any
@@ -19,51 +22,17 @@
 #include "configs/settings.h"
 #include "engine/kv_cache.h"
 #include "engine/model_config.h"
-#include "engine/ops/cpu_ops.h"
+#include "engine/runtime/batch.h"
 #include "io/safetensors.h"
 #include "numa/node_pools.h"
 
 namespace hmoe {
 
-class WeightSource;  // engine/blocks.h
-
-struct Batch {
-  std::vector<int32_t> tokens;
-  std::vector<ops::TokenSlot> slots;  // same length as tokens
-  std::vector<int64_t> logit_rows;    // rows (indices into tokens) that need logits
-  void add(int32_t token, int seq, int64_t pos, bool want_logits) {
-    tokens.push_back(token);
-    slots.push_back({seq, pos});
-    if (want_logits) logit_rows.push_back(static_cast<int64_t>(tokens.size()) - 1);
-  }
-  void clear() { tokens.clear(); slots.clear(); logit_rows.clear(); }
-};
-
-// Scratch buffers reused across steps (sized for the largest batch seen).
-struct Workspace;
-class GpuStep;  // engine/gpu_step.h
-class EngramModules;  // engine/engram.h
-
-class AttentionBlock {
- public:
-  virtual ~AttentionBlock() = default;
-  // x: normed hidden [n, hidden]; out: [n, hidden] (overwritten).
-  virtual void forward(const float* x, int64_t n, const ops::TokenSlot* slots, KvCache& kv, float* out, Workspace& ws) = 0;
-};
-
-class FfnBlock {
- public:
-  virtual ~FfnBlock() = default;
-  // x: normed hidden [n, hidden]; out: [n, hidden] (overwritten).
-  virtual void forward(const float* x, int64_t n, float* out, Workspace& ws) = 0;
-  virtual bool is_moe() const = 0;
-};
-
-struct Layer {
-  cpu::Mat input_norm, post_attention_norm;
-  std::unique_ptr<AttentionBlock> attn;
-  std::unique_ptr<FfnBlock> ffn;
-};
+class WeightSource;   // engine/layers/weights.h
+class WeightBinder;
+class GpuRuntime;     // engine/runtime/gpu_runtime.h
+class CpuRuntime;     // engine/runtime/cpu_runtime.h
+class EngramModules;  // engine/layers/engram.h
 
 class Model {
  public:
@@ -73,14 +42,18 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const std::string& dir() const { return dir_; }
-  KvLayout kv_layout() const;
+  KvLayout kv_layout() const { return kv_layout_; }
   numa::ThreadPool& pool() { return *pool_; }
   int64_t weight_bytes() const;
+  // Bytes of weights the host holds for this model (views of the checkpoint
+  // or --dtype copies; not what went to the GPU).
+  uint64_t host_weight_bytes() const;
 
   // Runs one step. logits receives [batch.logit_rows.size(), vocab_size].
   void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits);
-  // The GPU path when --device chose it (times, placement), else nullptr.
-  GpuStep* gpu() { return gpu_.get(); }
+  // The GPU runtime when the placement chose the GPU, else nullptr.
+  GpuRuntime* gpu() { return gpu_.get(); }
+  const GpuRuntime* gpu() const { return gpu_.get(); }
   // The n-gram memory modules of qwen3_moe_engram models (nullptr otherwise).
   EngramModules* engram() { return engram_.get(); }
 
@@ -88,16 +61,15 @@ class Model {
   Model() = default;
   std::string dir_;
   ModelConfig config_;
-  KvDtype kv_dtype_ = KvDtype::f32;  // CPU KV cache format (setting kv_cache_dtype)
+  KvLayout kv_layout_;
   std::unique_ptr<io::TensorStore> store_;  // null for a GGUF file
   std::unique_ptr<WeightSource> source_;    // GGUF or quantized HF checkpoint; null for plain safetensors
+  std::unique_ptr<WeightBinder> binder_;    // owns the --dtype copies the layers view
   std::unique_ptr<numa::NodePools> pools_;  // one worker pool per NUMA node
-  numa::ThreadPool* pool_ = nullptr;         // node 0's: attention, dense layers, lm_head
-  std::unique_ptr<Workspace> ws_;
-  cpu::Mat embed_, final_norm_, lm_head_;
-  std::vector<Layer> layers_;
-  std::unique_ptr<GpuStep> gpu_;  // the GPU path (--device); null on the CPU path
-  std::unique_ptr<EngramModules> engram_;
+  numa::ThreadPool* pool_ = nullptr;
+  std::unique_ptr<EngramModules> engram_;   // before the runtimes: they keep a pointer to it
+  std::unique_ptr<CpuRuntime> cpu_;         // one of cpu_, gpu_
+  std::unique_ptr<GpuRuntime> gpu_;
 };
 
 }  // namespace hmoe

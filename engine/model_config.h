@@ -17,7 +17,7 @@ namespace hmoe {
 enum class Arch { qwen3_moe, qwen3_moe_engram, deepseek_v3 };
 
 // The `engram` block of a qwen3_moe_engram config.json: n-gram memory (PLE)
-// modules inserted before the layers in layer_ids (see engine/engram.h).
+// modules inserted before the layers in layer_ids (see engine/layers/engram.h).
 struct EngramConfig {
   std::vector<int64_t> layer_ids;  // empty: no modules
   int64_t max_ngram_size = 3;
@@ -89,7 +89,7 @@ struct ModelConfig {
   // its *_exps tensors, e.g. 1.0625 for Q8_0); 0: from torch_dtype.
   double expert_bytes_per_weight = 0;
   // Device bytes per routed-expert weight when resident experts stay
-  // quantized on the GPU (engine/gpu_experts.h); 0: bf16 (2).
+  // quantized on the GPU (engine/layers/gpu_experts.h); 0: bf16 (2).
   double gpu_expert_bytes_per_weight = 0;
   EngramConfig engram;  // qwen3_moe_engram only
   MlaConfig mla;        // deepseek_v3 only (num_experts holds n_routed_experts)

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "configs/error.h"
+#include "engine/layers/weights.h"
 #include "gpu/device.h"
 
 namespace hmoe {
@@ -84,7 +85,7 @@ LayerSpec parse_layer_spec(const std::string& what, const std::string& value, in
 // DeepSeek-V3 (multi-head latent attention): one layer's attention weights
 // on the GPU in bf16 - q_a + norm + q_b (or q_proj), kv_a + norm, kv_b, the
 // per-head transposed W_UK the latent path keeps beside it, o_proj, the two
-// layer norms (engine/blocks_gpu_mla.cpp).
+// layer norms (engine/layers/mla_attention_gpu.cpp).
 uint64_t mla_attention_bytes(const ModelConfig& c, bool latent_path) {
   const MlaConfig& m = c.mla;
   const uint64_t H = static_cast<uint64_t>(c.hidden_size), nh = static_cast<uint64_t>(c.num_attention_heads);
@@ -135,8 +136,13 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
                  hd = static_cast<uint64_t>(c.head_dim);
   const uint64_t K = static_cast<uint64_t>(c.num_experts_per_tok), E = static_cast<uint64_t>(std::max<int64_t>(c.num_experts, 1));
   const uint64_t I = static_cast<uint64_t>(c.moe_intermediate_size);
-  // Host experts stay in the checkpoint's format (GGUF blocks, or bf16/f32).
-  const double cpu_dtype = c.expert_bytes_per_weight > 0 ? c.expert_bytes_per_weight : c.torch_dtype == "float32" ? 4 : 2;
+  // Host experts stay in the checkpoint's format (GGUF blocks, quantized), or
+  // plain ones in --dtype when it says (engine/layers/weights.h).
+  const std::optional<DType> wd = parse_weight_dtype(s.origin("weight_dtype"), s.weight_dtype);
+  const double cpu_dtype = c.expert_bytes_per_weight > 0 ? c.expert_bytes_per_weight
+                           : wd                         ? static_cast<double>(dtype_size(*wd))
+                           : c.torch_dtype == "float32" ? 4
+                                                        : 2;
   // Resident experts: bf16, or (quantized checkpoints) their GPU format.
   const double gpu_dtype = s.gpu_quantized_experts && c.gpu_expert_bytes_per_weight > 0 ? c.gpu_expert_bytes_per_weight : 2;
 
@@ -238,6 +244,7 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
                         " fewer resident, or use 'auto'.");
   }
   p.kv_bytes = s.kv_cache_memory_bytes > 0 ? s.kv_cache_memory_bytes : p.gpu_budget - p.gpu_fixed_bytes - p.gpu_workspace_bytes - p.gpu_expert_bytes;
+  p.kv_tier = "GPU 0";
   p.kv_tokens = static_cast<int64_t>(p.kv_bytes / std::max<uint64_t>(p.kv_bytes_per_token, 1));
   return p;
 }

@@ -37,6 +37,7 @@ struct GpuTarget {
 
 struct LayerPlacement {
   int64_t layer = 0;
+  int device = 0;          // the GPU that runs the layer's attention and dense parts (the seam pipeline parallel fills)
   bool moe = false;        // has routed experts
   bool resident = false;   // experts on the GPU (dense layers always are)
   uint64_t expert_bytes = 0;
@@ -55,6 +56,7 @@ struct Plan {
   uint64_t gpu_bytes_per_token = 0;    // weights the GPU reads per decode token (batch 1)
   uint64_t cpu_bytes_per_token = 0;    // cold expert bytes the CPU reads per decode token (batch 1)
   std::string spec;                    // the value the plan was made from
+  std::string kv_tier;                 // where the KV cache lives ("GPU 0", "GPU 0 + N host blocks")
 
   std::vector<bool> resident() const;  // per layer
   int64_t resident_moe_layers() const;

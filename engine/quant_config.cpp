@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "configs/error.h"
-#include "engine/blocks.h"
+#include "engine/layers/cpu_layers.h"
 #include "engine/progress.h"
 #include "io/safetensors.h"
 #include "numa/quant_hf.h"

@@ -29,7 +29,7 @@
 
 #include "engine/kv_cache.h"
 #include "io/ple_table.h"
-#include "engine/sampler.h"
+#include "engine/text/sampler.h"
 
 namespace hmoe {
 
@@ -61,6 +61,7 @@ class SeqChannel {
   void set_cached_tokens(int64_t n) { cached_tokens_.store(n, std::memory_order_relaxed); }
 
   struct Drained {
+    std::vector<TokenEvent> prompt;  // scores of prompt tokens 1.. (SeqRequest::prompt_logprobs), in order
     std::vector<TokenEvent> tokens;
     FinishReason finish = FinishReason::none;  // none: more to come
     std::string error;
@@ -72,13 +73,14 @@ class SeqChannel {
 
   // Engine thread.
   void push(TokenEvent&& ev);
+  void push_prompt(std::vector<TokenEvent>&& evs);
   void finish(FinishReason reason, std::string error = {});
 
  private:
   void signal(std::unique_lock<std::mutex>& lk);
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<TokenEvent> events_;
+  std::vector<TokenEvent> events_, prompt_events_;
   FinishReason finish_ = FinishReason::none;
   std::string error_;
   bool notified_ = false;
@@ -92,6 +94,12 @@ struct SeqRequest {
   int64_t max_tokens = 16;
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // EOS ids and stop_token_ids (the token is sent, then the sequence ends)
+  // >= 0: score the prompt (completions echo + logprobs): every prompt token
+  // after the first gets its logprob given the tokens before it, with this
+  // many top alternatives, pushed as prompt events before the first token.
+  // Such a prompt is computed from the start (no prefix cache reuse), at most
+  // kPromptLogprobRows positions per step. -1: off.
+  int prompt_logprobs = -1;
   std::shared_ptr<SeqChannel> channel;
 };
 
@@ -107,7 +115,7 @@ struct SchedulerConfig {
   int64_t host_kv_blocks = 0;  // second KV tier, in blocks
 };
 
-// Expert streaming of big passes (engine/gpu_expert_stream.h), totals since start; zero when off.
+// Expert streaming of big passes (engine/layers/expert_stream.h), totals since start; zero when off.
 struct StreamTotals {
   int64_t passes = 0, layers = 0;  // streamed passes; streamed layers per pass
   uint64_t bytes = 0;              // host -> device bytes copied
@@ -144,6 +152,10 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
+  // Prompt positions scored per step in all (SeqRequest::prompt_logprobs):
+  // each needs a vocabulary-sized logits row.
+  static constexpr int64_t kPromptLogprobRows = 128;
+
   enum class Submit { ok, queue_full, shutting_down };
   // Thread-safe. Rejects when max_queue requests are already waiting.
   Submit submit(std::unique_ptr<SeqRequest> req);
@@ -160,6 +172,7 @@ class Scheduler {
   void finish(Seq& s, FinishReason r, const std::string& err = {});
   void preempt(size_t index);
   void copy_ple_stats();
+  void copy_step_stats();  // streamed-expert and PLE counters (kv_stats_mu_ held)
 
   Model& model_;
   SchedulerConfig cfg_;

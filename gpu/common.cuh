@@ -20,7 +20,7 @@ __device__ __forceinline__ uint16_t f2bf(float f) {
 
 // hi[i] = bf16(v) and, when lo is given, lo[i] = bf16(v - hi[i]): the pair
 // keeps v to about 16 significant bits for products run on both (a split
-// bf16 input, see GpuMlaStack).
+// bf16 input, see engine/layers/mla_attention_gpu.cpp).
 __device__ __forceinline__ void store_bf16_pair(uint16_t* hi, uint16_t* lo, int64_t i, float v) {
   const uint16_t h = f2bf(v);
   hi[i] = h;

@@ -1,4 +1,4 @@
-// CUDA kernels of the Engram n-gram memory modules (engine/engram_gpu.h),
+// CUDA kernels of the Engram n-gram memory modules (engine/layers/engram_gpu.h),
 // as plain launchers on device pointers; fp32 arithmetic throughout (the
 // key/value products themselves are gpu::Blas bf16 products). Each launcher
 // is asynchronous on `s` and throws Error(device) when the launch fails; in a

@@ -14,7 +14,7 @@
 
 namespace hmoe::gpu {
 
-// Rotary tables of engine/blocks_mla.h's MlaRope: inv_freq[dim/2] on the
+// Rotary tables of engine/layers/mla_attention.h's MlaRope: inv_freq[dim/2] on the
 // device; with `interleave` the pairs (2i, 2i+1) are permuted to rotate-half
 // order first; cos and sin are multiplied by attention_factor.
 struct MlaRopeArgs {
@@ -75,7 +75,7 @@ void mla_attention_expanded(const float* q, int64_t ldq, int64_t n, int64_t head
                             const bf16_t* cache, int64_t lw, int64_t r, const int32_t* slot_lists, const int32_t* offsets,
                             const int32_t* lens, const int32_t* only, float scale, bf16_t* out, bf16_t* out_lo, Stream& s);
 
-// DeepSeek-V3 routing (engine/blocks_deepseek_moe.h's deepseek_route) for n
+// DeepSeek-V3 routing (engine/layers/deepseek_moe.h's deepseek_route) for n
 // tokens: logits [n, experts], bias [experts] fp32; ids/weights [n, k].
 // experts <= 4096, n_group <= 64.
 void deepseek_topk(const float* logits, const float* bias, int64_t n, int64_t experts, int64_t k, int64_t n_group, int64_t topk_group,

@@ -1,5 +1,5 @@
 // Device pieces of the prefetch-window expert scheduler
-// (engine/gpu_expert_stream.h): host memory pinned in place, and the two
+// (engine/layers/expert_stream.h): host memory pinned in place, and the two
 // kernels around the per-expert products of a streamed MoE layer (gather the
 // routed token rows in expert order; weighted sum of the expert outputs back
 // in token order). Same conventions as gpu/kernels.h: asynchronous on `s`,

@@ -16,10 +16,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/output_parser.h"
+#include "engine/text/output_parser.h"
 #include "engine/scheduler.h"
-#include "engine/stop_strings.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/stop_strings.h"
+#include "engine/text/tokenizer/tokenizer.h"
 #include "server/request.h"
 
 namespace hmoe::server {
@@ -30,11 +30,18 @@ class CompletionBuilder {
 
   // Streaming: SSE text ("data: ...\n\n" events) for these tokens; may be empty.
   std::string on_tokens(const std::vector<TokenEvent>& tokens);
-  // Streaming: the final events (finish chunk, usage chunk, [DONE]).
+  // Streaming: the final events (finish chunk, usage chunk, [DONE]). A
+  // generation ended by an error or shutdown gets an error event instead of
+  // a finish chunk: finish_reason only takes OpenAI's values.
   std::string on_finish(FinishReason reason, const std::string& error);
   // Non-streaming: feed everything, then body().
   void add_tokens(const std::vector<TokenEvent>& tokens);
   nlohmann::ordered_json body(FinishReason reason);
+
+  // Completions with echo and logprobs: the prompt's scores (SeqChannel's
+  // prompt events, all of them before the first token), reported ahead of the
+  // generated tokens' with a null first entry, as OpenAI and vLLM do.
+  void add_prompt_logprobs(std::vector<TokenEvent>&& evs);
 
   bool stop_hit() const { return stop_.stopped(); }
   int64_t completion_tokens() const { return completion_tokens_; }
@@ -51,6 +58,7 @@ class CompletionBuilder {
   nlohmann::ordered_json usage() const;
   nlohmann::ordered_json chat_logprobs(const std::vector<const TokenEvent*>& evs) const;
   nlohmann::ordered_json completion_logprobs(const std::vector<const TokenEvent*>& evs, size_t text_offset) const;
+  nlohmann::ordered_json echo_logprobs(const std::vector<const TokenEvent*>& evs) const;
   std::string sse(const nlohmann::ordered_json& j) const;
   std::string stream_delta(ParsedDelta&& d, const std::vector<const TokenEvent*>& evs, const char* finish);
 
@@ -69,6 +77,7 @@ class CompletionBuilder {
   // Non-streaming accumulation.
   ParsedDelta all_;
   std::vector<TokenEvent> all_events_;
+  std::vector<TokenEvent> prompt_events_;
 };
 
 }  // namespace hmoe::server

@@ -15,7 +15,7 @@
 #pragma once
 #include <memory>
 
-#include "engine/json_constraint.h"
+#include "engine/text/json_constraint.h"
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/sampler.h"
+#include "engine/text/sampler.h"
 
 namespace hmoe::tok {
 class Tokenizer;

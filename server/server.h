@@ -11,10 +11,10 @@
 #include <string>
 
 #include "configs/settings.h"
-#include "engine/chat/chat_template.h"
+#include "engine/text/chat/chat_template.h"
 #include "engine/model.h"
 #include "engine/scheduler.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/tokenizer/tokenizer.h"
 #include "server/http_server.h"
 #include "server/request.h"
 
@@ -31,6 +31,9 @@ struct ServerStack {
   ~ServerStack();
 };
 
+// --max-model-len checked against the model: negative or above
+// max_position_embeddings is an error (as in vLLM); 0 means the model's.
+int64_t context_length(const Settings& s, const ModelConfig& c);
 SchedulerConfig scheduler_config(const Settings& s, const Model& m);
 HttpOptions http_options(const Settings& s);
 // Loads model_dir and binds the listener (port 0: a free port).

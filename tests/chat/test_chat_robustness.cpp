@@ -7,7 +7,7 @@
 #include <string>
 
 #include "configs/error.h"
-#include "engine/chat/chat_template.h"
+#include "engine/text/chat/chat_template.h"
 
 using hmoe::Error;
 using hmoe::ErrorKind;

@@ -1,5 +1,5 @@
 // Real chat templates (Qwen3, DeepSeek-V3, Llama-3) against outside
-// references: transformers' renders in the shared fixtures, @lenml/tokenizers'
+// references: transformers' renders in tests/fixtures, @lenml/tokenizers'
 // apply_chat_template run by node, and jinja2 in transformers' environment
 // for the Qwen3 template (which @lenml cannot parse).
 #include <doctest/doctest.h>
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "configs/error.h"
-#include "engine/chat/chat_template.h"
+#include "engine/text/chat/chat_template.h"
 
 using hmoe::Error;
 using hmoe::ErrorKind;

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "configs/error.h"
-#include "engine/chat/interpreter.h"
+#include "engine/text/chat/interpreter.h"
 
 using hmoe::Error;
 using hmoe::ErrorKind;

@@ -9,8 +9,8 @@
 #include <numeric>
 
 #include "configs/error.h"
-#include "engine/blocks_deepseek_moe.h"
-#include "engine/blocks_mla.h"
+#include "engine/layers/deepseek_moe.h"
+#include "engine/layers/mla_attention.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;

@@ -8,11 +8,11 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "engine/chat/chat_template.h"
+#include "engine/text/chat/chat_template.h"
 #include "engine/gguf_model.h"
 #include "engine/logits.h"
 #include "engine/model.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/tokenizer/tokenizer.h"
 #include "io/gguf.h"
 #include "io/mmap_file.h"
 #include "tests/test_util.h"

@@ -1,11 +1,11 @@
-// engine/gpu_upload.h's host side: every weight view the CPU kernels take,
+// engine/layers/gpu_upload.h's host side: every weight view the CPU kernels take,
 // quantized ones included, becomes the bf16 / fp32 values of its
 // dequantized rows (what a GGUF or quantized checkpoint sends to the GPU).
 #include <doctest/doctest.h>
 
 #include <vector>
 
-#include "engine/gpu_upload.h"
+#include "engine/layers/gpu_upload.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;

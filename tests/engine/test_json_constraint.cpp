@@ -1,4 +1,4 @@
-// JSON mode (engine/json_constraint.h): the byte automaton against valid and
+// JSON mode (engine/text/json_constraint.h): the byte automaton against valid and
 // invalid documents, the token mask against a walk of every token, and the
 // Sampler in JSON mode on random logits with the real Qwen3 tokenizer: every
 // run ends in one parseable JSON object.
@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "engine/json_constraint.h"
-#include "engine/sampler.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/json_constraint.h"
+#include "engine/text/sampler.h"
+#include "engine/text/tokenizer/tokenizer.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;

@@ -1,4 +1,4 @@
-// The tiny DeepSeek-V3 fixture on the GPU (GpuMlaStack): for each way of
+// The tiny DeepSeek-V3 fixture on the GPU (GpuRuntime): for each way of
 // attending over the latent cache (latent/absorbed everywhere, expanded
 // everywhere, expanded prefill + latent decode) and three placements (all
 // MoE layers resident, none, a mixed one), every prompt position and every
@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/blocks_gpu_mla.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "engine/logits.h"
 #include "engine/model.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -37,7 +37,6 @@ void run_fixture(const std::string& mode) {
       Settings s = Settings::load(args);
       auto model = Model::load(dir, s);
       REQUIRE(model->gpu() != nullptr);
-      REQUIRE(dynamic_cast<GpuMlaStack*>(model->gpu()) != nullptr);
       test::check_bf16_agreement(*model, ref, "GPU, mla_attention=" + mode + ", placement " + placement + ", split inputs " + split, split == "1");
     }
 }
@@ -60,10 +59,10 @@ TEST_CASE("tiny-deepseekv3 on the GPU with streamed experts agrees with the refe
   for (const std::string placement : {"none", "2"})
     for (const std::string min_batch : {"1", "4"}) {
       std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", placement, "--progress", "none", "--mla-attention", "latent",
-                                       "--gpu-prefill-min-batch-size", min_batch};
+                                       "--gpu-prefill-min-batch-size", min_batch, "--cuda-graphs", "1", "--gpu-cpu-overlap", "1"};
       Settings s = Settings::load(args);
       auto model = Model::load(dir, s);
-      auto* stack = dynamic_cast<GpuMlaStack*>(model->gpu());
+      GpuRuntime* stack = model->gpu();
       REQUIRE(stack != nullptr);
       REQUIRE(stack->expert_stream() != nullptr);
       test::check_bf16_agreement(*model, ref, "GPU, streamed experts (min batch " + min_batch + "), placement " + placement, true);
@@ -128,7 +127,7 @@ TEST_CASE("tiny-deepseekv3 on the GPU: latent and expanded attention give close 
 
 // A 120-token prompt with every MoE layer resident in one step: more than 64
 // tokens, so the routed experts run as per-expert cuBLAS products
-// (engine/gpu_experts.h). The same prompt in two steps of 60 tokens (the
+// (engine/layers/gpu_experts.h). The same prompt in two steps of 60 tokens (the
 // grouped kernel) and the fp32 CPU path are the controls: on this tiny
 // random model bf16 noise alone moves the GPU logits by 10-20% (near-tied
 // expert choices flip), so the one-step GPU run may not be further from the

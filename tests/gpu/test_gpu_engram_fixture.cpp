@@ -11,8 +11,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "engine/engram.h"
-#include "engine/gpu_step.h"
+#include "engine/layers/engram.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "engine/logits.h"
 #include "engine/model.h"
 #include "io/mmap_file.h"

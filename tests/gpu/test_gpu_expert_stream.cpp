@@ -1,4 +1,4 @@
-// The prefetch-window scheduler (engine/gpu_expert_stream.h): its two
+// The prefetch-window scheduler (engine/layers/expert_stream.h): its two
 // kernels against scalar references on random data, and the tiny-qwen3moe
 // fixture with no resident MoE layers and a minimum batch of 1 (every pass
 // streamed: prompts and single-token steps), under each window fill, expert
@@ -15,7 +15,7 @@
 #include <numeric>
 #include <random>
 
-#include "engine/blocks_gpu.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "engine/logits.h"
 #include "engine/model.h"
 #include "gpu/moe_stream.h"
@@ -85,7 +85,7 @@ TEST_CASE("tiny-qwen3moe with every MoE layer streamed agrees with the reference
                                    "1", "--gpu-prefetch-window", "2"};
   Settings st = Settings::load(args);
   auto model = Model::load(dir, st);
-  auto* stack = dynamic_cast<GpuStack*>(model->gpu());
+  GpuRuntime* stack = model->gpu();
   REQUIRE(stack != nullptr);
   REQUIRE_MESSAGE(stack->expert_stream() != nullptr, "the settings did not enable streaming");
   CHECK(stack->expert_stream()->options().min_batch == 1);

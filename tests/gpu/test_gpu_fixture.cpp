@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/blocks_gpu.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "engine/logits.h"
 #include "engine/model.h"
 #include "tests/gpu/gpu_test_util.h"

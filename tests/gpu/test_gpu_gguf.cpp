@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/logits.h"
-#include "engine/gpu_step.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "engine/model.h"
 #include "numa/quant_gguf.h"
 #include "tests/bf16_agreement.h"

@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "engine/gpu_step.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "engine/model.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/quant_tools/hf_pairs.h"

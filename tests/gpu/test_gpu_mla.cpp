@@ -1,6 +1,6 @@
 // The MLA and DeepSeek routing kernels (gpu/mla.h) against plain scalar
 // references on random data: rms_norm_rows, mla_rope and mla_kv_store
-// against MlaRope (engine/blocks_mla.h), head_matmul, both attention paths
+// against MlaRope (engine/layers/mla_attention.h), head_matmul, both attention paths
 // over a paged latent cache with scattered slots and contexts that cross key
 // chunks, gather_rows, and deepseek_topk against deepseek_route. Inputs the
 // GPU takes as bf16 are rounded for the reference too. Skips without a GPU.
@@ -12,8 +12,8 @@
 #include <random>
 
 #include "configs/error.h"
-#include "engine/blocks_deepseek_moe.h"
-#include "engine/blocks_mla.h"
+#include "engine/layers/deepseek_moe.h"
+#include "engine/layers/mla_attention.h"
 #include "engine/ops/cpu_ops.h"
 #include "gpu/mla.h"
 #include "tests/gpu/gpu_test_util.h"

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/blocks_gpu.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "engine/logits.h"
 #include "engine/model.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -28,12 +28,12 @@ struct DecodeRun {
 constexpr int64_t kHead = 4096;
 
 DecodeRun decode_four_chats(const std::string& dir, const nlohmann::json& ref, const std::string& graphs, const std::string& overlap,
-                            const std::string& second_rows) {
-  std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", "1-2", "--progress", "none",
+                            const std::string& second_rows, const std::string& resident = "1-2") {
+  std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", resident, "--progress", "none",
                                    "--cuda-graphs", graphs, "--gpu-cpu-overlap", overlap};
   Settings s = Settings::load(args);
   auto model = Model::load(dir, s);
-  auto* stack = dynamic_cast<GpuStack*>(model->gpu());
+  GpuRuntime* stack = model->gpu();
   REQUIRE(stack != nullptr);
   if (overlap == "1" && !second_rows.empty()) stack->set_cpu_overlap(true, std::stoll(second_rows));
   const int64_t V = model->config().vocab_size;
@@ -86,27 +86,24 @@ DecodeRun decode_four_chats(const std::string& dir, const nlohmann::json& ref, c
   return run;
 }
 
-}  // namespace
-
-TEST_CASE("hybrid decode at batch 4: segment graphs and two micro-batches agree with plain launches and the reference") {
-  if (!test::have_gpu()) return;
-  const std::string dir = test::fixture_model("tiny-qwen3moe");
+void check_graphs_and_overlap(const std::string& fixture, const std::string& resident) {
+  const std::string dir = test::fixture_model(fixture);
   REQUIRE_MESSAGE(std::filesystem::exists(dir + "/config.json"), "fixture missing in " << dir << ": run scripts/make-fixtures");
-  const auto ref = nlohmann::json::parse(test::read_file(test::fixture_ref("tiny-qwen3moe/hf_reference.json")));
-  const DecodeRun plain = decode_four_chats(dir, ref, "0", "0", "");
-  MESSAGE("plain: " << plain.agree << "/" << plain.checked << " rows with margin > 0.5 agree");
+  const auto ref = nlohmann::json::parse(test::read_file(test::fixture_ref(fixture + "/hf_reference.json")));
+  const DecodeRun plain = decode_four_chats(dir, ref, "0", "0", "", resident);
+  MESSAGE(fixture << " plain: " << plain.agree << "/" << plain.checked << " rows with margin > 0.5 agree");
   CHECK(plain.checked > 20);
   CHECK(plain.captures == 0);
   size_t graph_only_captures = 0;
   for (const auto& [graphs, overlap, second] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"1", "0", ""}, {"0", "1", ""}, {"1", "1", ""}, {"1", "1", "1"}}) {
-    const DecodeRun r = decode_four_chats(dir, ref, graphs, overlap, second);
+    const DecodeRun r = decode_four_chats(dir, ref, graphs, overlap, second, resident);
     REQUIRE(r.head.size() == plain.head.size());
     double worst = 0;
     for (size_t i = 0; i < r.head.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(r.head[i] - plain.head[i])));
-    MESSAGE("graphs " << graphs << " overlap " << overlap << (second.empty() ? "" : " (second micro-batch " + second + " row)") << ": "
-                      << r.agree << "/" << r.checked << " agree with the reference; max |logit - plain| " << worst << "; graphs captured "
-                      << r.captures);
+    MESSAGE(fixture << " graphs " << graphs << " overlap " << overlap << (second.empty() ? "" : " (second micro-batch " + second + " row)") << ": "
+                    << r.agree << "/" << r.checked << " agree with the reference; max |logit - plain| " << worst << "; graphs captured "
+                    << r.captures);
     CHECK(r.checked == plain.checked);
     CHECK(worst <= 0.05);
     if (graphs == "1") CHECK(r.captures > 0);
@@ -114,4 +111,16 @@ TEST_CASE("hybrid decode at batch 4: segment graphs and two micro-batches agree 
     // Two micro-batches replay one graph per segment each: more graphs than one batch.
     if (graphs == "1" && overlap == "1") CHECK(r.captures > graph_only_captures);
   }
+}
+
+}  // namespace
+
+TEST_CASE("hybrid decode at batch 4: segment graphs and two micro-batches agree with plain launches and the reference") {
+  if (test::have_gpu()) check_graphs_and_overlap("tiny-qwen3moe", "1-2");
+}
+
+// The same runtime features on the other architecture (one MoE layer on the
+// GPU, the others handed off to the CPU with the shared expert on the GPU).
+TEST_CASE("tiny-deepseekv3 hybrid decode at batch 4: segment graphs and two micro-batches agree with plain launches and the reference") {
+  if (test::have_gpu()) check_graphs_and_overlap("tiny-deepseekv3", "2");
 }

@@ -14,7 +14,7 @@
 #include <random>
 #include <thread>
 
-#include "engine/blocks_gpu.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "engine/kv_storage_gpu.h"
 #include "engine/model.h"
 #include "engine/scheduler.h"
@@ -167,7 +167,7 @@ TEST_CASE("tiny-qwen3moe on the GPU: logits after a host-pool restore match a ru
 }
 
 TEST_CASE("tiny-deepseekv3 on the GPU: the latent cache restored from the host pool gives the logits of a GPU prefix hit") {
-  // GpuMlaStack keeps its latent cache in the KvCache's GpuKvStorage (no
+  // The DeepSeek-V3 GPU step keeps its latent cache in the KvCache's GpuKvStorage (no
   // values), so offload/restore must move it: b's 9 uncached tokens after a
   // restore of its 32-token prefix must give the logits they give when the
   // same prefix is still on the GPU (same batch shapes, so no bf16 routing

@@ -6,7 +6,7 @@
 
 #include <random>
 
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/tokenizer/tokenizer.h"
 #include "server/completion.h"
 #include "tests/test_util.h"
 

@@ -9,9 +9,9 @@
 #include <random>
 #include <set>
 
-#include "engine/output_parser.h"
-#include "engine/sampler.h"
-#include "engine/stop_strings.h"
+#include "engine/text/output_parser.h"
+#include "engine/text/sampler.h"
+#include "engine/text/stop_strings.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;

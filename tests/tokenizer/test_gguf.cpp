@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "configs/error.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/tokenizer/tokenizer.h"
 #include "io/gguf.h"
 
 namespace fs = std::filesystem;

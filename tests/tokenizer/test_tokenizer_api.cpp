@@ -7,8 +7,8 @@
 #include <fstream>
 
 #include "configs/error.h"
-#include "engine/tokenizer/tokenizer.h"
-#include "engine/tokenizer/unicode.h"
+#include "engine/text/tokenizer/tokenizer.h"
+#include "engine/text/tokenizer/unicode.h"
 
 namespace fs = std::filesystem;
 using hmoe::Error;

@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/tokenizer/tokenizer.h"
-#include "engine/tokenizer/unicode.h"
+#include "engine/text/tokenizer/tokenizer.h"
+#include "engine/text/tokenizer/unicode.h"
 #include "tests/tokenizer/data/corpus.h"
 
 namespace fs = std::filesystem;

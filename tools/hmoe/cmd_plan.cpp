@@ -10,16 +10,16 @@
 
 #include "configs/error.h"
 #include "engine/gguf_model.h"
-#include "engine/blocks.h"
-#include "engine/gpu_experts.h"
+#include "engine/layers/cpu_layers.h"
+#include "engine/layers/gpu_experts.h"
 #include "engine/quant_config.h"
 #include "io/safetensors.h"
 #include "engine/model_config.h"
 #include "io/gguf.h"
 #include "engine/placement.h"
 #include "gpu/device.h"
-#include "engine/engram.h"
-#include "engine/gpu_expert_stream.h"
+#include "engine/layers/engram.h"
+#include "engine/layers/expert_stream.h"
 #include "tools/hmoe/command.h"
 
 namespace hmoe::cli {
@@ -95,10 +95,10 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
               s.gpu_memory_utilization);
   std::printf("resident MoE layers: '%s' (%s) -> %lld of %lld\n\n", p.spec.c_str(), s.origin("gpu_resident_moe_layers").c_str(),
               static_cast<long long>(p.resident_moe_layers()), static_cast<long long>(p.moe_layers()));
-  std::printf("layer  ffn    experts   bytes\n");
+  std::printf("layer  device  ffn    experts   bytes\n");
   for (const auto& l : p.layers)
-    std::printf("%5lld  %-5s  %-8s  %s\n", static_cast<long long>(l.layer), l.moe ? "moe" : "dense", !l.moe ? "-" : (l.resident ? "GPU 0" : "CPU"),
-                l.moe ? format_bytes(l.expert_bytes).c_str() : "-");
+    std::printf("%5lld  GPU %-3d %-5s  %-8s  %s\n", static_cast<long long>(l.layer), l.device, l.moe ? "moe" : "dense",
+                !l.moe ? "-" : (l.resident ? ("GPU " + std::to_string(l.device)).c_str() : "CPU"), l.moe ? format_bytes(l.expert_bytes).c_str() : "-");
   std::printf("\nGPU 0: weights %s (attention, embeddings, routers, dense) + experts %s + workspace %s + KV %s = %s of %s\n",
               format_bytes(p.gpu_fixed_bytes).c_str(), format_bytes(p.gpu_expert_bytes).c_str(), format_bytes(p.gpu_workspace_bytes).c_str(),
               format_bytes(p.kv_bytes).c_str(),
@@ -111,7 +111,8 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
                                                                                    : std::string("bf16)")))
                         .c_str()
                   : "");
-  std::printf("KV cache: %s per token, %lld tokens\n", format_bytes(p.kv_bytes_per_token).c_str(), static_cast<long long>(p.kv_tokens));
+  std::printf("KV cache: %s per token, %lld tokens, on %s\n", format_bytes(p.kv_bytes_per_token).c_str(), static_cast<long long>(p.kv_tokens),
+              p.kv_tier.c_str());
   const double t = p.decode_seconds(gpu.bandwidth, cpu_bw);
   std::printf("decode estimate (batch 1): GPU reads %s/token at %.0f GB/s (%s), CPU reads %s/token of cold experts at %.1f GB/s (%s)\n",
               format_bytes(p.gpu_bytes_per_token).c_str(), gpu.bandwidth / 1e9, gbw_note.c_str(), format_bytes(p.cpu_bytes_per_token).c_str(),

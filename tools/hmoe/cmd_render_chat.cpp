@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "configs/error.h"
-#include "engine/chat/chat_template.h"
+#include "engine/text/chat/chat_template.h"
 #include "tools/hmoe/command.h"
 
 namespace hmoe::cli {

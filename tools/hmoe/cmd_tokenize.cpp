@@ -7,7 +7,7 @@
 #include <string>
 
 #include "configs/error.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "engine/text/tokenizer/tokenizer.h"
 #include "tools/hmoe/command.h"
 
 namespace hmoe::cli {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-# Generates engine/tokenizer/unicode_nfc_tables.h from Python's unicodedata
-# (Debian 12: Unicode 14.0). Run: python3 tests/tokenizer/data/gen_nfc_tables.py > engine/tokenizer/unicode_nfc_tables.h
+# Generates engine/text/tokenizer/unicode_nfc_tables.h from Python's unicodedata
+# (Debian 12: Unicode 14.0). Run: python3 tests/tokenizer/data/gen_nfc_tables.py > engine/text/tokenizer/unicode_nfc_tables.h
 import unicodedata as ud
 
 ccc, decomp, comp, sus = [], [], [], set()

@@ -1,0 +1,453 @@
+// The prefetch-window scheduler (see gpu_expert_stream.h and gpu/README.md).
+#include "engine/layers/expert_stream.h"
+
+#include "engine/layers/gpu_experts.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "configs/error.h"
+#include "engine/layers/gpu_upload.h"
+#include "engine/placement.h"
+#include "engine/prefill_cost.h"
+#include "gpu/device.h"
+#include "gpu/moe_stream.h"
+#include "io/dtype.h"
+#include "numa/kernels.h"
+
+namespace hmoe {
+
+namespace {
+
+struct CopyOp {
+  size_t dst;       // byte offset in a slot
+  const void* src;  // pinned host memory
+  size_t bytes;
+};
+
+// Sorted by destination; neighbours contiguous on both sides become one copy.
+void coalesce(std::vector<CopyOp>& ops) {
+  std::sort(ops.begin(), ops.end(), [](const CopyOp& a, const CopyOp& b) { return a.dst < b.dst; });
+  std::vector<CopyOp> out;
+  for (const CopyOp& op : ops) {
+    if (!out.empty() && out.back().dst + out.back().bytes == op.dst &&
+        static_cast<const char*>(out.back().src) + out.back().bytes == static_cast<const char*>(op.src)) {
+      out.back().bytes += op.bytes;
+    } else {
+      out.push_back(op);
+    }
+  }
+  ops = std::move(out);
+}
+
+bool plain_bf16(const cpu::Mat& m) { return m.dtype == DType::bf16 && m.quant == cpu::Quant::none; }
+
+}  // namespace
+
+double measure_pinned_h2d_bandwidth(size_t bytes) {
+  gpu::PinnedBuffer h(bytes);
+  std::memset(h.as<char>(), 1, bytes);
+  gpu::DeviceBuffer d(bytes);
+  gpu::Stream s;
+  gpu::Event a, b;
+  gpu::copy_to_device(d.data(), h.as<char>(), bytes, s);  // warm-up
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    a.record(s);
+    gpu::copy_to_device(d.data(), h.as<char>(), bytes, s);
+    b.record(s);
+    b.synchronize();
+    best = std::max(best, static_cast<double>(bytes) / (b.elapsed_ms(a) * 1e-3));
+  }
+  return best;
+}
+
+ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& s, numa::ThreadPool* pool, bool quiet) {
+  ExpertStreamOptions o;
+  o.window = parse_prefetch_window(s);
+  o.quiet = quiet;
+  const int64_t mb = parse_prefill_min_batch(s);
+  if (mb >= 0) {
+    o.min_batch = mb;
+    return o;
+  }
+  PrefillCost cost;
+  cost.cpu_expert_flops = measure_cpu_expert_flops(c, pool);
+  cost.cpu_bandwidth = measure_host_read_bandwidth(pool);
+  cost.pcie_bandwidth = measure_pinned_h2d_bandwidth(64u << 20);
+  cost.gpu_expert_flops = kAssumedGpuExpertFlops;
+  const int64_t be = prefill_break_even(c, cost);
+  o.min_batch = be > 0 ? std::max(be, kAutoMinBatchFloor) : 0;
+  if (!quiet)
+    std::fprintf(stderr,
+                 "hmoe: --gpu-prefill-min-batch-size auto -> %lld tokens (break-even %lld, floor %lld; CPU experts %.0f GFLOP/s and %.1f GB/s measured, pinned PCIe %.1f GB/s measured, GPU experts %.0f "
+                 "TFLOP/s assumed)\n",
+                 static_cast<long long>(o.min_batch), static_cast<long long>(be),
+                 static_cast<long long>(kAutoMinBatchFloor), cost.cpu_expert_flops / 1e9,
+                 cost.cpu_bandwidth / 1e9, cost.pcie_bandwidth / 1e9, cost.gpu_expert_flops / 1e12);
+  return o;
+}
+
+std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double cpu_bandwidth, double pcie_bandwidth, int64_t streamed_layers,
+                                uint64_t gpu_left, uint64_t gpu_total) {
+  const int window = parse_prefetch_window(s);
+  const int64_t set = parse_prefill_min_batch(s);
+  char buf[1024];
+  std::string out;
+  ExpertStreamOptions o;
+  o.window = window;
+  std::snprintf(buf, sizeof buf, "prefill streaming of non-resident experts: window %d (%s), %lld device slots of %s = %s on the GPU when on\n", window,
+                s.origin("gpu_prefetch_window").c_str(), static_cast<long long>(expert_stream_slots(o, streamed_layers)),
+                format_bytes(expert_stream_slot_size(c)).c_str(), format_bytes(expert_stream_slot_bytes(c, o, streamed_layers)).c_str());
+  out += buf;
+  std::string why;
+  if (set != 0 && !expert_stream_fits_in(c, o, streamed_layers, gpu_left, gpu_total, &why)) out += "  NOT ON with this plan: " + why + "\n";
+  if (set >= 0) {
+    std::snprintf(buf, sizeof buf, "  passes of >= %lld tokens stream (%s)%s\n", static_cast<long long>(set), s.origin("gpu_prefill_min_batch_size").c_str(),
+                  set == 0 ? ": never" : "");
+    return out + buf;
+  }
+  std::string pcie_note = "given";
+  if (pcie_bandwidth <= 0) {
+    if (gpu::device_count() > 0) {
+      pcie_bandwidth = measure_pinned_h2d_bandwidth(64u << 20);
+      pcie_note = "measured here";
+    } else {
+      pcie_bandwidth = 25e9;
+      pcie_note = "assumed (PCIe 4.0 x16); pass --pcie-bandwidth";
+    }
+  }
+  numa::ThreadPool pool(0);
+  PrefillCost cost{measure_cpu_expert_flops(c, &pool), cpu_bandwidth, pcie_bandwidth, kAssumedGpuExpertFlops};
+  const int64_t be = prefill_break_even(c, cost);
+  std::snprintf(buf, sizeof buf,
+                "  auto: break-even %lld tokens -> passes of >= %lld tokens stream (CPU experts %.0f GFLOP/s measured here, host %.1f GB/s, "
+                "pinned PCIe %.1f GB/s %s, GPU experts %.0f TFLOP/s assumed; floor %lld)\n",
+                static_cast<long long>(be), static_cast<long long>(be > 0 ? std::max(be, kAutoMinBatchFloor) : 0), cost.cpu_expert_flops / 1e9,
+                cpu_bandwidth / 1e9, pcie_bandwidth / 1e9, pcie_note.c_str(), cost.gpu_expert_flops / 1e12, static_cast<long long>(kAutoMinBatchFloor));
+  return out + buf;
+}
+
+uint64_t expert_stream_slot_size(const ModelConfig& c) {
+  return static_cast<uint64_t>(c.num_experts) * 3 * static_cast<uint64_t>(c.moe_intermediate_size) * static_cast<uint64_t>(c.hidden_size) * 2;
+}
+
+int64_t expert_stream_slots(const ExpertStreamOptions& o, int64_t layers) {
+  return o.serial ? 1 : std::min<int64_t>(o.window + 1, std::max<int64_t>(layers, 1));
+}
+
+uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers) {
+  return expert_stream_slot_size(c) * static_cast<uint64_t>(expert_stream_slots(o, layers));
+}
+
+bool expert_stream_fits(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, std::string* why) {
+  const auto [free_b, total_b] = gpu::memory_info();
+  return expert_stream_fits_in(c, o, layers, free_b, total_b, why);
+}
+
+bool expert_stream_fits_in(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, uint64_t free_b, uint64_t total_b, std::string* why) {
+  const uint64_t need = expert_stream_slot_bytes(c, o, layers), room = (uint64_t{1} << 30) + total_b / 20;
+  if (need + room <= free_b) return true;
+  if (why)
+    *why = "the expert slots need " + format_bytes(need) + " and the step " + format_bytes(room) + ", the GPU has " + format_bytes(free_b) +
+           " free: prefill runs the non-resident experts on the CPU (keep fewer layers resident, lower --gpu-prefetch-window, or set "
+           "--gpu-prefill-min-batch-size 0 to silence this)";
+  return false;
+}
+
+std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
+                                                 gpu::Stream& step, gpu::Blas& blas) {
+  if (o.min_batch <= 0 || layers.empty()) return nullptr;
+  std::string why;
+  if (!expert_stream_fits(c, o, static_cast<int64_t>(layers.size()), &why)) {
+    if (!o.quiet) std::fprintf(stderr, "hmoe: notice: %s\n", why.c_str());
+    return nullptr;
+  }
+  return std::make_unique<ExpertStream>(c, std::move(layers), o, step, blas);
+}
+
+struct ExpertStream::Impl {
+  struct L {
+    int64_t layer = 0;
+    std::vector<CopyOp> all;                     // every expert, coalesced
+    std::vector<std::vector<CopyOp>> by_expert;  // per expert (routed fill)
+    gpu::PinnedBuffer pinned;                    // the pinned copy, when not pinned in place
+  };
+  ModelConfig c;
+  ExpertStreamOptions opt;
+  gpu::Stream& step;
+  gpu::Blas& blas;
+  gpu::Stream copy;
+  int64_t H, I, E, K, S = 1;
+  size_t slot_bytes = 0, down_off = 0;
+  std::vector<L> layers;
+  std::map<int64_t, int64_t> index;
+  std::vector<gpu::HostRegistration> pins;
+  uint64_t pinned_copy_bytes = 0;
+  std::vector<gpu::DeviceBuffer> slots;
+  std::vector<gpu::Event> c0, c1, w0, k0, k1;  // per streamed layer
+  gpu::Event offs_ev;
+  std::vector<char> copied;
+  std::vector<uint64_t> pass_bytes;
+  gpu::DeviceBuffer route_off, pair_list;
+  MoeGemmScratch gemm;  // per-expert cuBLAS passes; its act and ys also serve the grouped kernel
+  gpu::PinnedBuffer offs_h;
+  int64_t n = 0, next = 0;
+  bool fill_all = true, use_gemm = false, in_pass = false;
+  ExpertStreamStats stats;
+
+  Impl(const ModelConfig& cfg, const ExpertStreamOptions& o, gpu::Stream& st, gpu::Blas& b)
+      : c(cfg), opt(o), step(st), blas(b), H(cfg.hidden_size), I(cfg.moe_intermediate_size), E(cfg.num_experts), K(cfg.num_experts_per_tok) {}
+
+  gpu::bf16_t* slot_gu(int64_t j) { return slots[static_cast<size_t>(j % S)].as<gpu::bf16_t>(); }
+  gpu::bf16_t* slot_dn(int64_t j) { return reinterpret_cast<gpu::bf16_t*>(slots[static_cast<size_t>(j % S)].as<char>() + down_off); }
+
+  void enqueue_copy(int64_t j, const std::vector<CopyOp>& ops, const gpu::Event* wait) {
+    if (wait) copy.wait(*wait);
+    c0[static_cast<size_t>(j)].record(copy);
+    char* base = slots[static_cast<size_t>(j % S)].as<char>();
+    uint64_t bytes = 0;
+    for (const CopyOp& op : ops) {
+      gpu::copy_to_device(base + op.dst, op.src, op.bytes, copy);
+      bytes += op.bytes;
+    }
+    c1[static_cast<size_t>(j)].record(copy);
+    copied[static_cast<size_t>(j)] = 1;
+    pass_bytes[static_cast<size_t>(j)] = bytes;
+  }
+};
+
+ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas)
+    : impl_(std::make_unique<Impl>(c, opt, step, blas)) {
+  Impl& m = *impl_;
+  const int64_t H = m.H, I = m.I, E = m.E;
+  if (opt.window < 1 || opt.window > 8) fail(ErrorKind::invalid_argument, "expert stream: window " + std::to_string(opt.window) + " (1 to 8)");
+  if (E <= 0 || layers.empty()) fail(ErrorKind::internal, "expert stream: no streamed MoE layers");
+  std::sort(layers.begin(), layers.end(), [](const Layer& a, const Layer& b) { return a.layer < b.layer; });
+  const int64_t N = static_cast<int64_t>(layers.size());
+  m.S = expert_stream_slots(opt, N);
+  m.slot_bytes = static_cast<size_t>(expert_stream_slot_size(c));
+  m.down_off = static_cast<size_t>(E * 2 * I * H) * 2;
+  const size_t mat_gu = static_cast<size_t>(I * H) * 2, mat_dn = static_cast<size_t>(H * I) * 2;
+
+  bool all_bf16 = true;
+  for (const Layer& l : layers) {
+    if (static_cast<int64_t>(l.experts->size()) != E) fail(ErrorKind::internal, "expert stream: layer " + std::to_string(l.layer) + " has the wrong expert count");
+    for (const auto& e : *l.experts) all_bf16 = all_bf16 && plain_bf16(e.gate) && plain_bf16(e.up) && plain_bf16(e.down);
+  }
+  // Pin in place: page-rounded ranges of every expert matrix, merged where they touch.
+  bool in_place = !opt.skip_copies && opt.source != ExpertStreamOptions::Source::copy && all_bf16;
+  std::string why = all_bf16 ? "" : "experts are not plain bf16";
+  if (opt.source == ExpertStreamOptions::Source::copy) why = "a copy was asked for";
+  if (in_place) {
+    const uintptr_t page = 4096;
+    std::vector<std::pair<uintptr_t, uintptr_t>> r;
+    for (const Layer& l : layers)
+      for (const auto& e : *l.experts)
+        for (const cpu::Mat* mt : {&e.gate, &e.up, &e.down}) {
+          const uintptr_t a = reinterpret_cast<uintptr_t>(mt->data);
+          r.push_back({a / page * page, (a + mt->bytes() + page - 1) / page * page});
+        }
+    std::sort(r.begin(), r.end());
+    std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+    for (const auto& x : r) {
+      if (!merged.empty() && x.first <= merged.back().second) merged.back().second = std::max(merged.back().second, x.second);
+      else merged.push_back(x);
+    }
+    for (const auto& x : merged) {
+      gpu::HostRegistration reg = gpu::HostRegistration::try_pin(reinterpret_cast<const void*>(x.first), x.second - x.first, &why);
+      if (!reg.ok()) {
+        in_place = false;
+        m.pins.clear();
+        break;
+      }
+      m.pins.push_back(std::move(reg));
+    }
+  }
+  for (int64_t j = 0; j < N; ++j) {
+    const Layer& src = layers[static_cast<size_t>(j)];
+    Impl::L l;
+    l.layer = src.layer;
+    m.index[src.layer] = j;
+    l.by_expert.resize(static_cast<size_t>(E));
+    if (!in_place && !opt.skip_copies) {
+      l.pinned = gpu::PinnedBuffer(m.slot_bytes);
+      m.pinned_copy_bytes += m.slot_bytes;
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      const numa::ExpertWeights& w = (*src.experts)[static_cast<size_t>(e)];
+      const size_t gu_off = static_cast<size_t>(e) * 2 * mat_gu, dn_off = m.down_off + static_cast<size_t>(e) * mat_dn;
+      const void *g = w.gate.data, *u = w.up.data, *d = w.down.data;
+      if (!in_place && !opt.skip_copies) {
+        char* base = l.pinned.as<char>();
+        write_bf16(w.gate, reinterpret_cast<uint16_t*>(base + gu_off));
+        write_bf16(w.up, reinterpret_cast<uint16_t*>(base + gu_off + mat_gu));
+        write_bf16(w.down, reinterpret_cast<uint16_t*>(base + dn_off));
+        g = base + gu_off;
+        u = base + gu_off + mat_gu;
+        d = base + dn_off;
+      }
+      std::vector<CopyOp>& ops = l.by_expert[static_cast<size_t>(e)];
+      ops = {{gu_off, g, mat_gu}, {gu_off + mat_gu, u, mat_gu}, {dn_off, d, mat_dn}};
+      coalesce(ops);
+      l.all.insert(l.all.end(), ops.begin(), ops.end());
+    }
+    coalesce(l.all);
+    m.layers.push_back(std::move(l));
+  }
+  for (int64_t s = 0; s < m.S; ++s) {
+    m.slots.emplace_back(m.slot_bytes);
+    if (opt.skip_copies) gpu::memset_device(m.slots.back().data(), 0, m.slot_bytes, m.copy);
+  }
+  for (int64_t j = 0; j < N; ++j) {
+    m.c0.emplace_back();
+    m.c1.emplace_back();
+    m.w0.emplace_back();
+    m.k0.emplace_back();
+    m.k1.emplace_back();
+  }
+  m.offs_h.reserve(static_cast<size_t>(E + 1) * 4);
+  m.copy.synchronize();
+  m.stats.pinned_bandwidth = measure_pinned_h2d_bandwidth(std::min<size_t>(m.slot_bytes, 64u << 20) + (1u << 20));
+  m.stats.layers.resize(static_cast<size_t>(N));
+  for (int64_t j = 0; j < N; ++j) m.stats.layers[static_cast<size_t>(j)].layer = m.layers[static_cast<size_t>(j)].layer;
+  if (!opt.quiet) {
+    std::fprintf(stderr,
+                 "hmoe: streaming experts of %lld non-resident MoE layers to the GPU for passes of >= %lld tokens: %lld slots of %s on the GPU, "
+                 "window %d, pinned H2D %.1f GB/s; host experts %s\n",
+                 static_cast<long long>(N), static_cast<long long>(opt.min_batch), static_cast<long long>(m.S), format_bytes(m.slot_bytes).c_str(),
+                 opt.window, m.stats.pinned_bandwidth / 1e9,
+                 opt.skip_copies ? "not read (timing mode)"
+                 : in_place      ? "pinned in place (no copy)"
+                                 : ("copied to pinned memory (" + format_bytes(m.pinned_copy_bytes) + " more host memory: " + why + ")").c_str());
+  }
+}
+
+ExpertStream::~ExpertStream() {
+  if (impl_) {
+    try {
+      impl_->copy.synchronize();
+    } catch (...) {
+    }
+  }
+}
+
+const ExpertStreamOptions& ExpertStream::options() const { return impl_->opt; }
+bool ExpertStream::wants(int64_t tokens) const { return impl_->opt.min_batch > 0 && tokens >= impl_->opt.min_batch; }
+bool ExpertStream::streams(int64_t layer) const { return impl_->index.count(layer) != 0; }
+const ExpertStreamStats& ExpertStream::stats() const { return impl_->stats; }
+uint64_t ExpertStream::pinned_copy_bytes() const { return impl_->pinned_copy_bytes; }
+void ExpertStream::reset_stats() {
+  Impl& m = *impl_;
+  const double bw = m.stats.pinned_bandwidth;
+  std::vector<StreamLayerStats> ls = m.stats.layers;
+  for (auto& l : ls) l = StreamLayerStats{l.layer};
+  m.stats = ExpertStreamStats{};
+  m.stats.pinned_bandwidth = bw;
+  m.stats.layers = std::move(ls);
+}
+uint64_t ExpertStream::device_bytes() const {
+  const Impl& m = *impl_;
+  uint64_t b = static_cast<uint64_t>(m.S) * m.slot_bytes;
+  for (const gpu::DeviceBuffer* d : {&m.route_off, &m.pair_list, &m.gemm.xs, &m.gemm.gu, &m.gemm.act, &m.gemm.ys, &m.gemm.inv})
+    b += d->bytes();
+  return b;
+}
+
+void ExpertStream::begin(int64_t tokens) {
+  Impl& m = *impl_;
+  const ExpertStreamOptions& o = m.opt;
+  m.copy.synchronize();  // a pass that threw may have left copies in flight
+  m.n = tokens;
+  const int64_t P = tokens * m.K, E = m.E, N = static_cast<int64_t>(m.layers.size());
+  const double covered = 1.0 - std::pow(std::max(0.0, 1.0 - static_cast<double>(m.K) / static_cast<double>(E)), static_cast<double>(tokens));
+  m.fill_all = o.fill == ExpertStreamOptions::Fill::all || (o.fill == ExpertStreamOptions::Fill::automatic && covered >= 0.5);
+  m.use_gemm = o.compute == ExpertStreamOptions::Compute::gemm || (o.compute == ExpertStreamOptions::Compute::automatic && P >= 16 * E);
+  auto fit = [](gpu::DeviceBuffer& b, int64_t bytes) { b.reserve(static_cast<size_t>(std::max<int64_t>(bytes, 16))); };
+  fit(m.route_off, (E + 1) * 4);
+  fit(m.pair_list, P * 4);
+  fit(m.gemm.act, P * m.I * 2);
+  fit(m.gemm.ys, P * m.H * 4);
+  m.copied.assign(static_cast<size_t>(N), 0);
+  m.pass_bytes.assign(static_cast<size_t>(N), 0);
+  m.next = 0;
+  m.in_pass = true;
+  if (!o.serial && !o.skip_copies && m.fill_all)
+    for (int64_t j = 0; j < m.S; ++j) m.enqueue_copy(j, m.layers[static_cast<size_t>(j)].all, nullptr);
+}
+
+void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const int32_t* ids, const float* weights, float* out) {
+  Impl& m = *impl_;
+  const ExpertStreamOptions& o = m.opt;
+  auto it = m.index.find(layer);
+  if (!m.in_pass || it == m.index.end() || it->second != m.next || n != m.n)
+    fail(ErrorKind::internal, "expert stream: layer " + std::to_string(layer) + " out of order or outside begin()/end()");
+  const int64_t j = m.next++, N = static_cast<int64_t>(m.layers.size()), E = m.E, K = m.K, H = m.H, I = m.I, P = n * K;
+  const size_t ju = static_cast<size_t>(j);
+  gpu::Stream& s = m.step;
+  gpu::moe_route(ids, P, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
+  const bool routed = !o.serial && !o.skip_copies && !m.fill_all;
+  const int32_t* offs = m.offs_h.as<int32_t>();
+  if (m.use_gemm || routed) {
+    gpu::copy_to_host(m.offs_h.as<int32_t>(), m.route_off.as<int32_t>(), static_cast<size_t>(E + 1) * 4, s);
+    m.offs_ev.record(s);
+    m.offs_ev.synchronize();
+  }
+  if (o.serial && !o.skip_copies) {
+    m.w0[ju].record(s);
+    m.copy.wait(m.w0[ju]);
+    m.enqueue_copy(j, m.layers[ju].all, nullptr);
+  } else if (routed) {
+    std::vector<CopyOp> ops;
+    for (int64_t e = 0; e < E; ++e)
+      if (offs[e + 1] > offs[e]) ops.insert(ops.end(), m.layers[ju].by_expert[static_cast<size_t>(e)].begin(), m.layers[ju].by_expert[static_cast<size_t>(e)].end());
+    coalesce(ops);
+    m.enqueue_copy(j, ops, j >= m.S ? &m.k1[static_cast<size_t>(j - m.S)] : nullptr);
+  }
+  if (!o.serial || o.skip_copies) m.w0[ju].record(s);
+  if (!o.skip_copies) s.wait(m.c1[ju]);
+  m.k0[ju].record(s);
+  gpu::bf16_t *wgu = m.slot_gu(j), *wdn = m.slot_dn(j);
+  if (m.use_gemm) {
+    moe_experts_gemm(m.blas, x, n, H, I, E, K, offs, m.pair_list.as<int32_t>(), weights,
+                     [&](int64_t e, bool down) -> const gpu::bf16_t* { return down ? wdn + e * H * I : wgu + e * 2 * I * H; }, m.gemm, out, s);
+  } else {
+    gpu::moe_experts(x, n, H, I, E, K, ids, weights, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), wgu, wdn, m.gemm.act.as<gpu::bf16_t>(),
+                     m.gemm.ys.as<float>(), out, s);
+  }
+  m.k1[ju].record(s);
+  if (!o.serial && !o.skip_copies && m.fill_all && j + m.S < N) m.enqueue_copy(j + m.S, m.layers[static_cast<size_t>(j + m.S)].all, &m.k1[ju]);
+}
+
+void ExpertStream::end() {
+  Impl& m = *impl_;
+  if (!m.in_pass) return;
+  m.in_pass = false;
+  const int64_t N = static_cast<int64_t>(m.layers.size());
+  if (m.next != N) fail(ErrorKind::internal, "expert stream: a pass ended after " + std::to_string(m.next) + " of " + std::to_string(N) + " layers");
+  m.copy.synchronize();
+  for (int64_t j = 0; j < N; ++j) {
+    const size_t ju = static_cast<size_t>(j);
+    StreamLayerStats& st = m.stats.layers[ju];
+    const double compute = m.k1[ju].elapsed_ms(m.k0[ju]) * 1e-3;
+    double copy_s = 0, stall = 0;
+    if (m.copied[ju]) {
+      copy_s = m.c1[ju].elapsed_ms(m.c0[ju]) * 1e-3;
+      stall = std::max(0.0, static_cast<double>(m.k0[ju].elapsed_ms(m.w0[ju])) * 1e-3);
+    }
+    st.bytes += m.pass_bytes[ju];
+    st.copy_s += copy_s;
+    st.compute_s += compute;
+    st.stall_s += stall;
+    m.stats.bytes += m.pass_bytes[ju];
+    m.stats.copy_s += copy_s;
+    m.stats.compute_s += compute;
+    m.stats.stall_s += stall;
+  }
+  m.stats.passes += 1;
+}
+
+}  // namespace hmoe

@@ -1,0 +1,145 @@
+// ExpertStream: the prefetch-window scheduler. For forward passes with many
+// tokens, the host-memory MoE layers of a GPU step (engine/runtime/gpu_runtime.h) compute their experts on
+// the GPU, the weights streamed from pinned host memory through a ring of
+// device slots (each holds one layer's E experts in the layout of
+// gpu::moe_experts: [E][2I][H] gate/up rows, then [E][H][I] down).
+//
+// Timeline (gpu/README.md has the picture): a copy stream runs ahead of the
+// step's stream by `window` layers. Streamed layer j uses slot j % S
+// (S = window + 1). Its copy waits for the compute of layer j - S (event
+// "slot free"), then records "arrived"; the step stream waits for "arrived"
+// right before the expert products of layer j, then records "slot free".
+// Window fill: with Fill::all every expert of the next layers is copied (the
+// router of layer j is only known once layer j-1 is done, and a big batch
+// routes to nearly all experts anyway); Fill::routed copies, after the
+// router, only the experts the batch chose (no prefetch; for small batches).
+//
+// Expert products: Compute::gemm groups the pairs by expert, reads the
+// group sizes back to the host (one sync per layer) and runs one cuBLAS
+// product per expert and matrix (tensor cores; for many tokens per expert);
+// Compute::kernel runs gpu::moe_experts (no host sync; for few tokens).
+//
+// Host memory: the experts are pinned where they are when they are bf16 and
+// the driver allows it (no copy); otherwise (other dtypes, file mappings the
+// driver refuses) one pinned bf16 copy per layer is made - announced on
+// stderr with its size, as it doubles the experts' host memory.
+//
+// Contract: the host experts must outlive the stream. One pass at a time:
+// begin(), then layer() for each streamed layer in ascending order (all of
+// them), then end() after the step stream was synchronized. layer()
+// enqueues on the step stream and may block the host until the router's
+// results are on the host (Compute::gemm, Fill::routed).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "configs/settings.h"
+#include "engine/model_config.h"
+#include "gpu/kernels.h"
+#include "gpu/memory.h"
+#include "numa/expert_engine.h"
+
+namespace hmoe {
+
+struct ExpertStreamOptions {
+  int64_t min_batch = 0;  // passes with at least this many tokens stream; 0: never
+  int window = 1;         // layers in flight ahead of the computing one (slots = window + 1)
+  enum class Fill { automatic, all, routed } fill = Fill::automatic;  // automatic: routed when a batch is expected to use < half the experts
+  enum class Compute { automatic, gemm, kernel } compute = Compute::automatic;  // automatic: gemm from 8 pairs per expert on average
+  enum class Source { automatic, in_place, copy } source = Source::automatic;   // how host experts are pinned
+  bool serial = false;       // benchmark (b): each layer's copy starts when the step reaches it (no overlap)
+  bool skip_copies = false;  // benchmark: no copies at all, slots zeroed (compute time only; results meaningless)
+  bool quiet = false;        // no stderr lines
+};
+
+struct StreamLayerStats {
+  int64_t layer = 0;
+  uint64_t bytes = 0;     // copied
+  double copy_s = 0;      // copy stream, first copy start to arrival
+  double compute_s = 0;   // expert products on the step stream
+  double stall_s = 0;     // step stream waiting for the copy
+};
+
+struct ExpertStreamStats {
+  int64_t passes = 0;
+  uint64_t bytes = 0;
+  double copy_s = 0, compute_s = 0, stall_s = 0;
+  double pinned_bandwidth = 0;  // measured pinned host->device bytes/s at start
+  std::vector<StreamLayerStats> layers;  // per streamed layer, summed over passes
+  double achieved_bandwidth() const { return copy_s > 0 ? static_cast<double>(bytes) / copy_s : 0; }
+  // Fraction of copy time the step stream did not wait for.
+  double hidden_fraction() const { return copy_s > 0 ? std::max(0.0, 1.0 - stall_s / copy_s) : 0; }
+};
+
+// Pinned host -> device bandwidth (bytes/s): `bytes` copied 3 times, best.
+double measure_pinned_h2d_bandwidth(size_t bytes = 128u << 20);
+
+// Options from --gpu-prefill-min-batch-size and --gpu-prefetch-window (bad
+// values: Error naming the flag or variable). "auto" measures the CPU expert
+// FLOP/s on `pool`, host read bandwidth and pinned PCIe bandwidth, and takes
+// the break-even of engine/prefill_cost.h; a line on stderr says what it
+// found unless `quiet`.
+ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& s, numa::ThreadPool* pool, bool quiet);
+
+// Lines for `hmoe plan`: the minimum batch in effect (for auto the
+// break-even, with the CPU expert FLOP/s measured here), the window and the
+// device memory of the slots, and whether they fit the `gpu_left` bytes the
+// plan leaves of a `gpu_total`-byte GPU (the rule of expert_stream_fits).
+// pcie_bandwidth 0: measured when a GPU is present, else 25 GB/s assumed
+// (each said so).
+std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double cpu_bandwidth, double pcie_bandwidth, int64_t streamed_layers,
+                                uint64_t gpu_left, uint64_t gpu_total);
+
+// One slot: a layer's experts in bf16 (E x 3 matrices of I x H).
+uint64_t expert_stream_slot_size(const ModelConfig& c);
+// Slots an ExpertStream over `layers` streamed layers holds (window + 1, at most one per layer; serial: 1).
+int64_t expert_stream_slots(const ExpertStreamOptions& o, int64_t layers);
+// Device bytes of those slots.
+uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers);
+// Whether those slots fit the current device's free memory with room left
+// for the step's activations (1 GiB + 5% of the device); else *why says
+// what is missing and what to change. The stacks leave streaming off (CPU
+// experts for every pass) rather than fail to load.
+bool expert_stream_fits(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, std::string* why);
+// The same rule for a GPU with free_bytes of total_bytes free.
+bool expert_stream_fits_in(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, uint64_t free_bytes, uint64_t total_bytes,
+                           std::string* why);
+
+class ExpertStream {
+ public:
+  struct Layer {
+    int64_t layer;
+    const std::vector<numa::ExpertWeights>* experts;
+  };
+  ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas);
+  ~ExpertStream();
+  ExpertStream(const ExpertStream&) = delete;
+  ExpertStream& operator=(const ExpertStream&) = delete;
+
+  const ExpertStreamOptions& options() const;
+  bool wants(int64_t tokens) const;   // tokens >= min_batch > 0
+  bool streams(int64_t layer) const;  // one of the layers given
+  void begin(int64_t tokens);
+  // Layer `layer`'s routed experts for n tokens: x [n, H] bf16 (normed),
+  // ids/weights [n, k] from gpu::router_topk; out [n, H] fp32 overwritten.
+  void layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const int32_t* ids, const float* weights, float* out);
+  void end();
+  const ExpertStreamStats& stats() const;
+  void reset_stats();
+  uint64_t device_bytes() const;  // slots and scratch
+  uint64_t pinned_copy_bytes() const;  // host bytes of pinned copies (0 when pinned in place)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A step's stream over its host-memory MoE layers, or null when streaming
+// is off: min_batch 0, no such layers, or slots that do not fit the GPU
+// (expert_stream_fits; then a notice on stderr unless o.quiet).
+std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
+                                                 gpu::Stream& step, gpu::Blas& blas);
+
+}  // namespace hmoe

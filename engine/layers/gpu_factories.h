@@ -1,0 +1,35 @@
+// The CUDA implementations of the layer kinds (engine/layers/*_gpu.cpp),
+// made from the checkpoint through a GpuUploader. Each checks that the
+// config fits its kernels (Error(unsupported) naming what does not).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "engine/layers/gpu_layer.h"
+#include "engine/layers/kinds.h"
+#include "engine/layers/gpu_upload.h"
+#include "engine/layers/mla_attention.h"
+#include "engine/layers/routed_experts.h"
+#include "engine/model_config.h"
+
+namespace hmoe {
+
+// GQA attention with per-head q/k RMSNorm and rotary embeddings (Qwen3).
+// Steps with query tiles (GpuStepInfo::ntiles) attend on tensor cores for head_dim 64 and 128.
+std::unique_ptr<GpuAttention> make_gqa_attention_gpu(GpuUploader& up, const ModelConfig& c, int64_t layer, const std::string& prefix);
+// Multi-head latent attention (DeepSeek-V3); split: the inputs of the big
+// products are a bf16 hi + lo pair (setting gpu_mla_split_inputs).
+std::unique_ptr<GpuAttention> make_mla_attention_gpu(GpuUploader& up, const ModelConfig& c, int64_t layer, const std::string& prefix, MlaMode mode,
+                                                     bool split);
+
+// Dense SwiGLU MLP; split_down: the down product's input is split.
+std::unique_ptr<GpuFfn> make_dense_mlp_gpu(GpuUploader& up, const ModelConfig& c, const std::string& prefix, int64_t inter, bool split_down);
+
+// A MoE layer: router (softmax top-k, or DeepSeek's grouped sigmoid with
+// its correction bias, in fp32), an optional shared expert of
+// shared_inter, and the routed experts in their home.
+
+std::unique_ptr<GpuFfn> make_moe_gpu(GpuUploader& up, const ModelConfig& c, int64_t layer, const std::string& prefix, RouterKind router,
+                                     int64_t shared_inter, RoutedExperts::Home home, numa::NodePools& pools, ExpertHomeOptions& opt);
+
+}  // namespace hmoe

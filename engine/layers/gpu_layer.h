@@ -1,0 +1,122 @@
+// The CUDA side of the layer kinds: what a GPU implementation of an
+// attention or feed-forward layer gets from the step executor
+// (engine/runtime/gpu_runtime.h) and what it must provide.
+//
+// A step runs the blocks' device work in segments between host hand-offs
+// (routed experts in host memory, Engram modules), possibly as two
+// micro-batches of rows, each segment possibly replayed as a CUDA graph.
+// So a layer:
+//  - sizes its scratch in reserve() (GpuScratch: named buffers shared by
+//    all layers, grown before any work is enqueued, never during capture);
+//  - enqueues only device work on ctx.s in enqueue() (no synchronisation,
+//    no host reads) for the rows given, reading and writing the step's
+//    activations at those rows; scratch used only inside the layer may
+//    start at row 0 (micro-batches run one after the other on one stream);
+//  - adds to key() every host value its launches depend on beyond the
+//    step's shape (GpuStepInfo), so that graphs are captured again when one
+//    changes.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/kv_storage_gpu.h"
+#include "gpu/kernels.h"
+#include "gpu/memory.h"
+#include "numa/expert_engine.h"
+
+namespace hmoe {
+
+class ExpertStream;        // engine/layers/expert_stream.h
+struct ExpertScratch;      // engine/layers/gpu_experts.h
+
+// The step's shape and metadata on the device (set by the executor).
+struct GpuStepInfo {
+  int64_t n = 0, mrows = 0;          // tokens, logit rows
+  int64_t list_len = 0, max_len = 0; // KV slot lists of the step's sequences: total and longest
+  int64_t ntiles = 0;                // prefill query tiles (gpu::attention_tile_list), 0: none
+  int64_t multi_tokens = 0;          // tokens of sequences with more than one token in the step
+  const int32_t *tok = nullptr, *pos = nullptr, *slot = nullptr, *off = nullptr, *len = nullptr, *multi = nullptr, *rows = nullptr,
+                *lists = nullptr, *tiles = nullptr;
+  std::vector<int64_t> mb_rows;     // rows of each micro-batch
+  GpuKvStorage* kv = nullptr;
+  bool stream_pass = false;  // host experts stream to the GPU this pass (no hand-offs)
+};
+
+struct Rows {
+  int64_t r0 = 0, rn = 0;
+};
+
+// Named device buffers the layers of a step share; grown, never shrunk.
+class GpuScratch {
+ public:
+  void fit(const std::string& name, int64_t bytes) { bufs_[name].reserve(static_cast<size_t>(bytes < 16 ? 16 : bytes)); }
+  template <class T>
+  T* get(const std::string& name) const { return bufs_.at(name).as<T>(); }
+  void key(std::vector<const void*>& k) const {
+    for (const auto& [name, b] : bufs_) k.push_back(b.data());
+  }
+
+ private:
+  std::map<std::string, gpu::DeviceBuffer> bufs_;
+};
+
+// The step's activations (device pointers at row 0): residual stream x,
+// the pending block output d (added to x by the next norm), the normed
+// input of a block's part as bf16 (hb) and fp32 (hf), and the routing.
+struct GpuActs {
+  float *x = nullptr, *d = nullptr, *hf = nullptr;
+  gpu::bf16_t* hb = nullptr;
+  int32_t* ids = nullptr;
+  float* wts = nullptr;
+};
+
+struct GpuCtx {
+  gpu::Stream& s;
+  gpu::Blas& blas;
+  GpuScratch& scratch;
+  ExpertScratch& expert_scratch;
+  ExpertStream* stream;  // null: streaming off
+  const GpuStepInfo& step;
+  GpuActs a;
+};
+
+class GpuAttention {
+ public:
+  virtual ~GpuAttention() = default;
+  virtual bool fp32_input() const { return false; }  // wants hf beside hb
+  virtual void reserve(GpuCtx& ctx) = 0;
+  virtual void key(const GpuStepInfo&, std::vector<int64_t>&) const {}
+  // Normed input rows (hb, and hf when fp32_input) -> d rows (overwritten);
+  // stores the rows' keys/values for layer `layer` of ctx.step.kv.
+  virtual void enqueue(GpuCtx& ctx, const Rows& r) = 0;
+  virtual uint64_t bytes() const = 0;
+};
+
+class GpuFfn {
+ public:
+  virtual ~GpuFfn() = default;
+  // Whether the block's normed input is also wanted in fp32 (hf).
+  virtual bool fp32_input() const { return false; }
+  // Routed experts in host memory: this layer hands off to the CPU unless
+  // the pass streams them.
+  virtual bool host_experts() const { return false; }
+  virtual const std::vector<numa::ExpertWeights>* host_expert_weights() const { return nullptr; }
+  virtual int64_t topk() const { return 0; }
+  virtual void reserve(GpuCtx& ctx) = 0;
+  // Normed input rows -> d rows. With `handoff`, stops once the routing is
+  // in ctx.a.ids / ctx.a.wts (the executor copies hf and the routing down,
+  // runs run_host and copies the expert sums into d).
+  virtual void enqueue(GpuCtx& ctx, const Rows& r, bool handoff) = 0;
+  // During a hand-off: device work queued after the copies down, running
+  // while the host computes (a shared expert).
+  virtual void enqueue_during_handoff(GpuCtx&, const Rows&) {}
+  // After it: device work once the expert sums are in d.
+  virtual void enqueue_after_handoff(GpuCtx&, const Rows&) {}
+  // Host: the routed experts for n rows; out [n, hidden] overwritten.
+  virtual void run_host(const float*, int64_t, const int32_t*, const float*, float*) {}
+  virtual uint64_t bytes() const = 0;
+};
+
+}  // namespace hmoe

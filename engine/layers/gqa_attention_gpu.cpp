@@ -1,0 +1,81 @@
+// GQA attention on the GPU: fused QKV product, q/k RMSNorm + rotary, KV
+// store into the paged cache, attention (per token and head, or, when the
+// step has prefill query tiles, on tensor cores), o_proj.
+#include <cmath>
+
+#include "configs/error.h"
+#include "engine/layers/gpu_factories.h"
+#include "engine/ops/cpu_ops.h"
+
+namespace hmoe {
+
+namespace {
+
+using gpu::bf16_t;
+
+class GqaAttentionGpu : public GpuAttention {
+ public:
+  GqaAttentionGpu(GpuUploader& up, const ModelConfig& c, int64_t layer, const std::string& p)
+      : layer_(layer), H_(c.hidden_size), nh_(c.num_attention_heads), kvh_(c.num_key_value_heads), hd_(c.head_dim),
+        eps_(static_cast<float>(c.rms_norm_eps)) {
+    if (c.attention_bias) fail(ErrorKind::unsupported, "GPU path: attention_bias=true is not supported");
+    if (hd_ % 32 != 0 || hd_ > 128) fail(ErrorKind::unsupported, "GPU path: head_dim " + std::to_string(hd_) + " (supported: 32, 64, 96, 128)");
+    if (H_ % 8 != 0) fail(ErrorKind::unsupported, "GPU path: hidden and expert sizes must be multiples of 8");
+    WeightBinder& b = up.bind();
+    const uint64_t before = up.bytes();
+    qkv_ = up.bf16({b.mat(p + "q_proj.weight", nh_ * hd_, H_), b.mat(p + "k_proj.weight", kvh_ * hd_, H_), b.mat(p + "v_proj.weight", kvh_ * hd_, H_)});
+    o_ = up.bf16({b.mat(p + "o_proj.weight", H_, nh_ * hd_)});
+    q_norm_ = up.bf16({b.vec(p + "q_norm.weight", hd_)});
+    k_norm_ = up.bf16({b.vec(p + "k_norm.weight", hd_)});
+    const ops::Rope rope(hd_, c.rope_theta);
+    inv_freq_ = upload(rope.inv_freq.data(), rope.inv_freq.size() * sizeof(float), up.stream());
+    bytes_ = up.bytes() - before;
+  }
+
+  void reserve(GpuCtx& ctx) override {
+    const int64_t n = ctx.step.n;
+    ctx.scratch.fit("gqa.qkv", n * ld() * 4);
+    ctx.scratch.fit("gqa.attn", n * nh_ * hd_ * 2);
+    ctx.scratch.fit("gqa.scratch", gpu::attention_scratch_floats(n, nh_, hd_, ctx.step.max_len) * 4);
+  }
+  void key(const GpuStepInfo& st, std::vector<int64_t>& k) const override {
+    for (int64_t rn : st.mb_rows) k.push_back(gpu::attention_splits(rn, nh_, st.max_len));
+  }
+  uint64_t bytes() const override { return bytes_; }
+
+  void enqueue(GpuCtx& ctx, const Rows& r) override {
+    const GpuStepInfo& st = ctx.step;
+    gpu::Stream& s = ctx.s;
+    const int64_t ld = this->ld(), kvw = kvh_ * hd_;
+    bf16_t *kc = st.kv->keys(layer_), *vc = st.kv->values(layer_);
+    float* q = ctx.scratch.get<float>("gqa.qkv");
+    bf16_t* attn = ctx.scratch.get<bf16_t>("gqa.attn");
+    const int32_t* pos = st.pos + r.r0;
+    ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, qkv_.as<bf16_t>(), ld, H_, q, ld);
+    gpu::qk_norm_rope(q, r.rn, ld, nh_, hd_, q_norm_.as<bf16_t>(), eps_, pos, inv_freq_.as<float>(), s);
+    gpu::qk_norm_rope(q + nh_ * hd_, r.rn, ld, kvh_, hd_, k_norm_.as<bf16_t>(), eps_, pos, inv_freq_.as<float>(), s);
+    gpu::kv_store(q + nh_ * hd_, q + (nh_ + kvh_) * hd_, ld, r.rn, kvw, st.slot + r.r0, kc, vc, s);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd_)));
+    if ((hd_ == 64 || hd_ == 128) && st.ntiles > 0 && r.r0 == 0 && r.rn == st.n)
+      gpu::attention_tiles(q, ld, st.ntiles, st.tiles, nh_, kvh_, hd_, kc, vc, st.lists, st.off, st.len, scale, attn, s);
+    else
+      gpu::attention(q, ld, r.rn, nh_, kvh_, hd_, kc, vc, st.lists, st.off + r.r0, st.len + r.r0, st.max_len, scale,
+                     ctx.scratch.get<float>("gqa.scratch"), attn, s);
+    ctx.blas.gemm(attn, r.rn, o_.as<bf16_t>(), H_, nh_ * hd_, ctx.a.d + r.r0 * H_, H_);
+  }
+
+ private:
+  int64_t ld() const { return (nh_ + 2 * kvh_) * hd_; }
+  int64_t layer_, H_, nh_, kvh_, hd_;
+  float eps_;
+  gpu::DeviceBuffer qkv_, o_, q_norm_, k_norm_, inv_freq_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<GpuAttention> make_gqa_attention_gpu(GpuUploader& up, const ModelConfig& c, int64_t layer, const std::string& prefix) {
+  return std::make_unique<GqaAttentionGpu>(up, c, layer, prefix);
+}
+
+}  // namespace hmoe

@@ -1,0 +1,67 @@
+// RoutedExperts (see routed_experts.h).
+#include "engine/layers/routed_experts.h"
+
+#include "configs/error.h"
+#include "engine/layers/expert_stream.h"
+#include "engine/layers/gpu_experts.h"
+
+namespace hmoe {
+
+RoutedExperts::RoutedExperts(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix, Home home,
+                             numa::NodePools& pools, ExpertHomeOptions& opt, gpu::Stream* s)
+    : home_(home), layer_(layer), experts_(c.num_experts), hidden_(c.hidden_size), inter_(c.moe_intermediate_size) {
+  const int64_t H = hidden_, I = inter_;
+  std::vector<numa::ExpertWeights> ex;
+  for (int64_t e = 0; e < experts_; ++e) {
+    const std::string ep = prefix + "experts." + std::to_string(e) + ".";
+    ex.push_back({bind.mat(ep + "gate_proj.weight", I, H), bind.mat(ep + "up_proj.weight", I, H), bind.mat(ep + "down_proj.weight", H, I)});
+  }
+  const std::string what = "layer " + std::to_string(layer) + " routed experts";
+  if (home == Home::gpu) {
+    if (!s) fail(ErrorKind::internal, what + ": GPU home without a stream");
+    gpu_ = std::make_unique<GpuResidentExperts>(ex, opt.keep_quantized, *s, what);
+    for (const auto& w : ex) {
+      bind.release(w.gate);
+      bind.release(w.up);
+      bind.release(w.down);
+    }
+    return;
+  }
+  host_ = std::move(ex);
+  opt.engine.name = what + (s ? " (CPU)" : "");
+  engine_ = std::make_unique<numa::ExpertEngine>(host_, pools, opt.engine);
+  opt.engine.print_memory = false;  // the first host layer speaks for all
+}
+
+RoutedExperts::~RoutedExperts() = default;
+
+uint64_t RoutedExperts::gpu_bytes() const { return gpu_ ? gpu_->bytes() : 0; }
+
+void RoutedExperts::run_host(const float* x, int64_t n, const int32_t* ids, const float* w, int64_t k, float* out) {
+  if (!engine_) fail(ErrorKind::internal, "layer " + std::to_string(layer_) + ": routed experts are not in host memory");
+  engine_->forward(x, n, ids, w, k, out);
+}
+
+void RoutedExperts::reserve(GpuCtx& ctx, int64_t k) const {
+  const int64_t n = ctx.step.n;
+  ctx.scratch.fit("moe.route_off", (experts_ + 1) * 4);
+  ctx.scratch.fit("moe.pair_list", n * k * 4);
+  ctx.scratch.fit("moe.act", n * k * inter_ * 2);
+  ctx.scratch.fit("moe.partial", n * k * hidden_ * 4);
+}
+
+void RoutedExperts::enqueue(GpuCtx& ctx, const gpu::bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* w, float* out) {
+  if (gpu_) {
+    int32_t* off = ctx.scratch.get<int32_t>("moe.route_off");
+    int32_t* pairs = ctx.scratch.get<int32_t>("moe.pair_list");
+    gpu::moe_route(ids, n * k, experts_, off, pairs, ctx.s);
+    gpu_->run(x, n, k, ids, w, off, pairs, ctx.scratch.get<gpu::bf16_t>("moe.act"), ctx.scratch.get<float>("moe.partial"), out, ctx.blas,
+              ctx.expert_scratch, ctx.s);
+    return;
+  }
+  if (!ctx.stream || !ctx.step.stream_pass)
+    fail(ErrorKind::internal, "layer " + std::to_string(layer_) + ": host experts enqueued on the GPU outside a streamed pass");
+  ctx.stream->layer(layer_, x, n, ids, w, out);
+}
+
+}  // namespace hmoe

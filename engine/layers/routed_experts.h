@@ -1,0 +1,65 @@
+// RoutedExperts: one MoE layer's routed experts, in one of their homes,
+// behind one interface for the CPU and the GPU step:
+//  - gpu: resident on the GPU (GpuResidentExperts: bf16, or the checkpoint's
+//    quantized format where the GPU kernels take it); the host pages of the
+//    weights are released after the upload;
+//  - host: in host memory, run by the NUMA expert engine (numa::ExpertEngine)
+//    on the CPU - from the CPU step directly, from the GPU step through a
+//    hand-off - or, for GPU passes of many tokens, streamed to the GPU
+//    through the step's ExpertStream (engine/layers/expert_stream.h).
+// The binding of the E x 3 matrices from the checkpoint lives here only.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/layers/gpu_layer.h"
+#include "engine/layers/weights.h"
+#include "engine/model_config.h"
+#include "numa/expert_engine.h"
+#include "numa/node_pools.h"
+
+namespace hmoe {
+
+class GpuResidentExperts;
+
+// How the homes are made; print_memory is turned off after the first host
+// layer (the first speaks for all).
+struct ExpertHomeOptions {
+  numa::EngineOptions engine;
+  bool keep_quantized = true;  // setting gpu_quantized_experts
+};
+
+class RoutedExperts {
+ public:
+  enum class Home { gpu, host };
+  // Binds `prefix`experts.{e}.{gate,up,down}_proj.weight for every expert of
+  // layer `layer` (intermediate c.moe_intermediate_size). gpu: uploads on s.
+  RoutedExperts(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix, Home home, numa::NodePools& pools,
+                ExpertHomeOptions& opt, gpu::Stream* s = nullptr);
+  ~RoutedExperts();
+  RoutedExperts(const RoutedExperts&) = delete;
+  RoutedExperts& operator=(const RoutedExperts&) = delete;
+
+  Home home() const { return home_; }
+  int64_t layer() const { return layer_; }
+  // Host: out[t] += sum_j w[t*k+j] * expert_{ids[t*k+j]}(x[t]).
+  void run_host(const float* x, int64_t n, const int32_t* ids, const float* w, int64_t k, float* out);
+  // GPU: resident experts, or (host home, ctx.step.stream_pass) streamed;
+  // x: normed rows in bf16, out overwritten with the weighted sum.
+  void enqueue(GpuCtx& ctx, const gpu::bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* w, float* out);
+  // Scratch enqueue needs for the step.
+  void reserve(GpuCtx& ctx, int64_t k) const;
+  const std::vector<numa::ExpertWeights>& host_weights() const { return host_; }
+  uint64_t gpu_bytes() const;
+
+ private:
+  Home home_;
+  int64_t layer_, experts_, hidden_, inter_;
+  std::vector<numa::ExpertWeights> host_;  // host home
+  std::unique_ptr<numa::ExpertEngine> engine_;
+  std::unique_ptr<GpuResidentExperts> gpu_;
+};
+
+}  // namespace hmoe

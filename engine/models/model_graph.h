@@ -1,0 +1,54 @@
+// ModelGraph: an architecture written once, as a composition of layer kinds
+// (engine/layers/kinds.h) with the checkpoint names of their weights. The
+// runtimes (engine/runtime/) instantiate it on the CPU or the GPU as the
+// placement plan says and run it: embedding, then per block
+// x += attention(norm(x)); x += ffn(norm(x)) (Engram modules before the
+// blocks that have one), then the final norm and lm_head.
+//
+// Adding an architecture = one file here (a function below and its case in
+// model_graph()) plus any new layer kind.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/layers/kinds.h"
+#include "engine/model_config.h"
+
+namespace hmoe {
+
+struct BlockDesc {
+  int64_t layer = 0;
+  std::string input_norm, post_norm;
+  AttentionKind attention = AttentionKind::gqa;
+  std::string attention_prefix;
+  FfnDesc ffn;
+};
+
+struct ModelGraph {
+  std::string embed, final_norm, lm_head;  // lm_head == embed when tied
+  std::vector<BlockDesc> blocks;
+  bool engram = false;  // n-gram memory modules (engine/layers/engram.h) before some blocks
+  KvLayout kv;          // without the Engram state (the modules add theirs)
+};
+
+// has(name): whether the checkpoint holds a tensor (for optional weights).
+using HasTensor = std::function<bool(const std::string&)>;
+
+// The Hugging Face decoder layout the architectures share: model.embed_tokens,
+// model.norm, lm_head (tied to the embedding when the config says so and the
+// checkpoint has none); block l's norms and attention under model.layers.l.
+ModelGraph hf_decoder_graph(const ModelConfig& c, const HasTensor& has);
+BlockDesc hf_decoder_block(int64_t layer, AttentionKind attention);
+// "model.layers.l.mlp."
+std::string hf_mlp_prefix(int64_t layer);
+
+ModelGraph qwen3_moe_graph(const ModelConfig& c, const HasTensor& has);    // qwen3_moe.cpp (and qwen3_moe_engram)
+ModelGraph deepseek_v3_graph(const ModelConfig& c, const HasTensor& has);  // deepseek_v3.cpp
+
+// The graph of c.arch; Error(unsupported) for an architecture without one.
+ModelGraph model_graph(const ModelConfig& c, const HasTensor& has);
+
+}  // namespace hmoe

@@ -1,0 +1,62 @@
+// The CPU step executor (see cpu_runtime.h).
+#include "engine/runtime/cpu_runtime.h"
+
+#include "engine/layers/deepseek_moe.h"
+#include "engine/layers/engram.h"
+
+namespace hmoe {
+
+CpuRuntime::CpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& bind, numa::NodePools& pools, const CpuRuntimeOptions& o,
+                       EngramModules* engram)
+    : c_(c), pool_(pools.pool(0)), engram_(engram) {
+  const int64_t H = c.hidden_size;
+  embed_ = bind.mat(g.embed, c.vocab_size, H);
+  final_norm_ = bind.vec(g.final_norm, H);
+  lm_head_ = g.lm_head == g.embed ? embed_ : bind.mat(g.lm_head, c.vocab_size, H);
+  ExpertHomeOptions homes = o.experts;
+  for (const BlockDesc& d : g.blocks) {
+    Block b;
+    b.input_norm = bind.vec(d.input_norm, H);
+    b.post_norm = bind.vec(d.post_norm, H);
+    if (d.attention == AttentionKind::gqa) b.attn = make_gqa_attention(bind, c, d.layer, d.attention_prefix, pool_);
+    else b.attn = make_mla_attention(bind_mla_weights(bind, c, d.attention_prefix), c, d.layer, pool_, o.mla_mode);
+    if (!d.ffn.moe) b.ffn = make_dense_mlp(bind, H, d.ffn.inter, d.ffn.prefix, pool_);
+    else if (d.ffn.router == RouterKind::deepseek_grouped) b.ffn = make_deepseek_moe(bind, c, d.layer, d.ffn.prefix, pools, homes);
+    else b.ffn = make_moe_block(bind, c, d.layer, d.ffn.prefix, pools, homes);
+    blocks_.push_back(std::move(b));
+  }
+}
+
+CpuRuntime::~CpuRuntime() = default;
+
+void CpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
+  const int64_t n = static_cast<int64_t>(b.tokens.size()), H = c_.hidden_size;
+  ws_.resize(n, c_);
+  float* x = ws_.hidden.data();
+  float* h = ws_.normed.data();
+  float* o = ws_.block_out.data();
+  for (int64_t i = 0; i < n; ++i) cpu::row_to_f32(embed_, b.tokens[static_cast<size_t>(i)], x + i * H);
+  if (engram_) engram_->begin_step(b, kv);  // starts the PLE row reads for every module
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Block& blk = blocks_[l];
+    if (engram_)
+      if (int em = engram_->module_before(static_cast<int64_t>(l)); em >= 0) engram_->apply(em, x, b, kv);
+    ops::rms_norm(x, n, H, blk.input_norm, c_.rms_norm_eps, h);
+    blk.attn->forward(h, n, b.slots.data(), kv, o, ws_);
+    for (int64_t i = 0; i < n * H; ++i) x[i] += o[i];
+    ops::rms_norm(x, n, H, blk.post_norm, c_.rms_norm_eps, h);
+    blk.ffn->forward(h, n, o, ws_);
+    for (int64_t i = 0; i < n * H; ++i) x[i] += o[i];
+  }
+  const int64_t m = static_cast<int64_t>(b.logit_rows.size());
+  std::vector<float> last(static_cast<size_t>(m * H));
+  for (int64_t i = 0; i < m; ++i) {
+    const float* src = x + b.logit_rows[static_cast<size_t>(i)] * H;
+    std::copy(src, src + H, last.begin() + i * H);
+  }
+  ops::rms_norm(last.data(), m, H, final_norm_, c_.rms_norm_eps, last.data());
+  logits.resize(static_cast<size_t>(m * c_.vocab_size));
+  cpu::gemm(last.data(), m, lm_head_, logits.data(), &pool_);
+}
+
+}  // namespace hmoe

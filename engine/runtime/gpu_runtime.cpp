@@ -1,0 +1,395 @@
+// The GPU step executor (see gpu_runtime.h). Host code only: the layers'
+// device work is in engine/layers/*_gpu.cpp, kernels in gpu/*.cu.
+#include "engine/runtime/gpu_runtime.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+
+#include "configs/error.h"
+#include "engine/kv_storage_gpu.h"
+#include "engine/layers/engram.h"
+#include "engine/layers/engram_gpu.h"
+#include "engine/layers/gpu_experts.h"
+#include "engine/layers/gpu_factories.h"
+#include "engine/runtime/segment_graphs.h"
+#include "gpu/device.h"
+
+namespace hmoe {
+
+using gpu::bf16_t;
+
+GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
+  GpuRuntimeOptions o;
+  o.experts.engine = numa::EngineOptions::from_settings(s);
+  o.experts.keep_quantized = s.gpu_quantized_experts;
+  o.mla_mode = parse_mla_mode(s.mla_attention);
+  o.split_inputs = s.gpu_mla_split_inputs;
+  o.cuda_graphs = s.cuda_graphs;
+  o.cpu_overlap = s.gpu_cpu_overlap;
+  o.tiled_attention = s.gpu_tiled_attention;
+  return o;
+}
+
+struct GpuRuntime::Impl {
+  struct Block {
+    gpu::DeviceBuffer in_norm, post_norm;
+    std::unique_ptr<GpuAttention> attn;
+    std::unique_ptr<GpuFfn> ffn;
+  };
+  const ModelConfig& c;
+  KvLayout kv_layout;
+  gpu::Stream stream;
+  gpu::Blas blas{stream};
+  gpu::DeviceBuffer embed, lm_head, final_norm;
+  std::vector<Block> blocks;
+  uint64_t weight_bytes = 0;
+  int64_t topk = 1;
+  GpuScratch scratch;
+  ExpertScratch expert_scratch;  // big passes of the resident layers, shared
+  gpu::DeviceBuffer meta;
+  gpu::PinnedBuffer meta_h, hf_h, ids_h, w_h, out_h, logits_h;
+  std::vector<gpu::Event> events;  // 8 per layer: per micro-batch D2H start/end, H2D start/end
+  GpuStepTimes times;
+  static constexpr int64_t kGraphMaxTokens = 64;  // larger steps are launched plainly
+  bool use_graphs = false, overlap = false, tiled_attention = true;
+  int64_t overlap_b_rows = 0;
+  SegmentGraphs seg_graphs;
+  std::unique_ptr<ExpertStream> xstream;  // streamed host experts for big passes (null: off)
+  std::unique_ptr<GpuEngram> engram;      // n-gram memory modules (null: none)
+
+  explicit Impl(const ModelConfig& cfg) : c(cfg) {}
+};
+
+GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& bind, numa::NodePools& pools, const GpuRuntimeOptions& o,
+                       EngramModules* engram)
+    : impl_(std::make_unique<Impl>(c)) {
+  Impl& m = *impl_;
+  const int64_t H = c.hidden_size;
+  if (static_cast<int64_t>(o.resident.size()) != c.num_hidden_layers) fail(ErrorKind::internal, "placement has the wrong number of layers");
+  m.kv_layout = g.kv;
+  m.use_graphs = o.cuda_graphs;
+  m.overlap = o.cpu_overlap;
+  m.overlap_b_rows = std::max<int64_t>(o.overlap_second_rows, 0);
+  m.tiled_attention = o.tiled_attention;
+  GpuUploader up(bind, m.stream);
+  m.embed = up.bf16({bind.mat(g.embed, c.vocab_size, H)});
+  m.final_norm = up.bf16({bind.vec(g.final_norm, H)});
+  m.lm_head = up.bf16({bind.mat(g.lm_head, c.vocab_size, H)});
+  ExpertHomeOptions homes = o.experts;
+  uint64_t expert_bytes = 0;
+  for (const BlockDesc& d : g.blocks) {
+    Impl::Block b;
+    b.in_norm = up.bf16({bind.vec(d.input_norm, H)});
+    b.post_norm = up.bf16({bind.vec(d.post_norm, H)});
+    const bool split = o.split_inputs && d.ffn.precise;
+    if (d.attention == AttentionKind::gqa) b.attn = make_gqa_attention_gpu(up, c, d.layer, d.attention_prefix);
+    else b.attn = make_mla_attention_gpu(up, c, d.layer, d.attention_prefix, o.mla_mode, split);
+    if (!d.ffn.moe) {
+      b.ffn = make_dense_mlp_gpu(up, c, d.ffn.prefix, d.ffn.inter, split);
+    } else {
+      const auto home = o.resident[static_cast<size_t>(d.layer)] ? RoutedExperts::Home::gpu : RoutedExperts::Home::host;
+      b.ffn = make_moe_gpu(up, c, d.layer, d.ffn.prefix, d.ffn.router, d.ffn.shared_inter, home, pools, homes);
+      m.topk = std::max(m.topk, b.ffn->topk());
+      if (home == RoutedExperts::Home::gpu) expert_bytes += b.ffn->bytes();
+    }
+    m.blocks.push_back(std::move(b));
+  }
+  m.weight_bytes = up.bytes() + expert_bytes;
+  if (engram) {
+    WeightLookup get = [&bind](const std::string& name, const std::vector<int64_t>& shape) {
+      return shape.size() == 1 ? bind.vec(name, shape[0]) : bind.mat(name, shape[0], shape[1]);
+    };
+    m.engram = std::make_unique<GpuEngram>(c, *engram, get, m.stream);
+    m.weight_bytes += m.engram->weight_bytes();
+  }
+  for (int64_t i = 0; i < 8 * c.num_hidden_layers; ++i) m.events.emplace_back();
+}
+
+std::unique_ptr<GpuRuntime> GpuRuntime::from_lookup(const ModelConfig& c, const WeightLookup& get, numa::NodePools& pools, const GpuRuntimeOptions& o,
+                                                    EngramModules* engram) {
+  WeightBinder bind(get);
+  const ModelGraph g = model_graph(c, [&bind](const std::string& name) { return bind.has(name); });
+  return std::make_unique<GpuRuntime>(c, g, bind, pools, o, engram);
+}
+
+GpuRuntime::~GpuRuntime() = default;
+const GpuStepTimes& GpuRuntime::times() const { return impl_->times; }
+void GpuRuntime::reset_times() { impl_->times = GpuStepTimes{}; }
+void GpuRuntime::set_cuda_graphs(bool on) {
+  impl_->use_graphs = on;
+  impl_->seg_graphs.clear();
+}
+void GpuRuntime::set_tiled_attention(bool on) { impl_->tiled_attention = on; }
+void GpuRuntime::set_cpu_overlap(bool on, int64_t second_rows) {
+  impl_->overlap = on;
+  impl_->overlap_b_rows = std::max<int64_t>(second_rows, 0);
+}
+size_t GpuRuntime::graph_captures() const { return impl_->seg_graphs.captures(); }
+uint64_t GpuRuntime::weight_bytes() const { return impl_->weight_bytes; }
+uint64_t GpuRuntime::kv_bytes_per_token() const {
+  const KvLayout& l = impl_->kv_layout;
+  return static_cast<uint64_t>(l.layers * (l.k_floats() + l.v_floats())) * 2;
+}
+const ExpertStream* GpuRuntime::expert_stream() const { return impl_->xstream.get(); }
+ExpertStream* GpuRuntime::expert_stream() { return impl_->xstream.get(); }
+
+void GpuRuntime::enable_expert_streaming(const ExpertStreamOptions& o) {
+  Impl& m = *impl_;
+  m.xstream.reset();
+  std::vector<ExpertStream::Layer> layers;
+  for (size_t l = 0; l < m.blocks.size(); ++l)
+    if (const auto* w = m.blocks[l].ffn->host_expert_weights()) layers.push_back({static_cast<int64_t>(l), w});
+  m.xstream = make_expert_stream(m.c, std::move(layers), o, m.stream, m.blas);
+}
+
+void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.c;
+  gpu::Stream& s = m.stream;
+  const auto t_start = std::chrono::steady_clock::now();
+  const int64_t n = static_cast<int64_t>(b.tokens.size()), mrows = static_cast<int64_t>(b.logit_rows.size());
+  const int64_t H = c.hidden_size, V = c.vocab_size, K = m.topk;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (kv.layout().k_floats() != m.kv_layout.k_floats() || kv.layout().v_floats() != m.kv_layout.v_floats() ||
+      kv.layout().layers != c.num_hidden_layers)
+    fail(ErrorKind::internal, "KV cache layout does not fit this model (build it with Model::kv_layout())");
+  // The KV cache on the GPU: the cache's GpuKvStorage ([layer][slot][width] bf16 keys, and values where the layout has them).
+  GpuKvStorage& kvs = gpu_kv_storage(kv, m.kv_layout.k_floats(), m.kv_layout.v_floats());
+
+  // Sequences of the step: (list offset, context length, tokens in the step).
+  struct SeqInfo {
+    int32_t off = 0;
+    int64_t len = 0, tokens = 0;
+  };
+  std::map<int, SeqInfo> seqs;
+  GpuStepInfo st;
+  st.n = n;
+  st.mrows = mrows;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& sl = b.slots[static_cast<size_t>(i)];
+    auto& e = seqs[sl.seq];
+    e.len = std::max(e.len, sl.pos + 1);
+    ++e.tokens;
+    st.max_len = std::max(st.max_len, sl.pos + 1);
+  }
+  for (auto& [seq, e] : seqs) {
+    e.off = static_cast<int32_t>(st.list_len);
+    st.list_len += e.len;
+  }
+  // Step metadata in one upload: tokens, pos, slot, list offset, length, multi-token flag, logit rows, slot lists, query tiles.
+  std::vector<int32_t> meta(static_cast<size_t>(6 * n + mrows + st.list_len));
+  int32_t* mt = meta.data();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& sl = b.slots[static_cast<size_t>(i)];
+    const SeqInfo& e = seqs[sl.seq];
+    mt[i] = b.tokens[static_cast<size_t>(i)];
+    mt[n + i] = static_cast<int32_t>(sl.pos);
+    mt[2 * n + i] = static_cast<int32_t>(kv.slot_index(sl.seq, sl.pos));
+    mt[3 * n + i] = e.off;
+    mt[4 * n + i] = static_cast<int32_t>(sl.pos + 1);
+    mt[5 * n + i] = e.tokens > 1;
+    st.multi_tokens += e.tokens > 1;
+  }
+  for (int64_t r = 0; r < mrows; ++r) mt[6 * n + r] = static_cast<int32_t>(b.logit_rows[static_cast<size_t>(r)]);
+  for (const auto& [seq, e] : seqs)
+    for (int64_t p = 0; p < e.len; ++p) mt[6 * n + mrows + e.off + p] = static_cast<int32_t>(kv.slot_index(seq, p));
+  // Prefill-sized steps (never captured as graphs) may attend in query tiles on tensor cores.
+  if (m.tiled_attention && n > Impl::kGraphMaxTokens) {
+    const std::vector<int32_t> tiles = gpu::attention_tile_list(mt + 3 * n, n);
+    st.ntiles = static_cast<int64_t>(tiles.size() / 2);
+    meta.insert(meta.end(), tiles.begin(), tiles.end());
+    mt = meta.data();
+  }
+  const size_t meta_bytes = meta.size() * sizeof(int32_t);
+  if (meta_bytes > m.meta.bytes()) {  // with headroom: a replayed graph needs the same address
+    m.meta_h.reserve(meta_bytes * 2);
+    m.meta.reserve(meta_bytes * 2);
+  }
+  s.synchronize();  // the previous step no longer reads meta_h
+  if (m.engram) m.engram->begin_step(b, kv, s);  // hashes the n-grams, starts the PLE row reads
+  std::memcpy(m.meta_h.as<int32_t>(), meta.data(), meta_bytes);
+  gpu::copy_to_device(m.meta.data(), m.meta_h.as<int32_t>(), meta_bytes, s);
+  kvs.begin_step(s);  // queued block copies and restores from the host pool, before this step's work
+  st.tok = m.meta.as<int32_t>();
+  st.pos = st.tok + n;
+  st.slot = st.tok + 2 * n;
+  st.off = st.tok + 3 * n;
+  st.len = st.tok + 4 * n;
+  st.multi = st.tok + 5 * n;
+  st.rows = st.tok + 6 * n;
+  st.lists = st.rows + mrows;
+  st.tiles = st.lists + st.list_len;
+  st.kv = &kvs;
+  st.stream_pass = m.xstream && m.xstream->wants(n);
+
+  // The step is GPU segments separated by host work: hand-offs (blocks
+  // whose routed experts are in host memory; such a block's GPU part ends
+  // with its router) and Engram modules (the host waits for the module's
+  // table rows, then queues it). Segment i covers layers
+  // (cuts[i-1].after, cuts[i].after]. Streamed passes have no hand-offs.
+  struct Cut {
+    size_t after;  // the segment ends after this layer
+    bool handoff;  // ... with this layer's CPU experts
+    int module;    // ... then Engram module `module` (before layer after + 1), or -1
+  };
+  const size_t L = m.blocks.size();
+  std::vector<Cut> cuts;
+  for (size_t l = 0; l < L; ++l) {
+    const bool h = m.blocks[l].ffn->host_experts() && !st.stream_pass;
+    const int em = m.engram && l + 1 < L ? m.engram->module_before(static_cast<int64_t>(l + 1)) : -1;
+    if (h || em >= 0) cuts.push_back({l, h, em});
+  }
+  const size_t nseg = cuts.size() + 1;
+  const bool handoffs = std::any_of(cuts.begin(), cuts.end(), [](const Cut& x) { return x.handoff; });
+  // Micro-batches of rows [r0, r0 + rn): decode steps of >= 2 sequences with
+  // hand-offs may run as two, so that the CPU experts of one overlap the GPU
+  // work of the other; per token the math is the same.
+  std::vector<Rows> mbs = {{0, n}};
+  if (m.overlap && handoffs && n >= 2 && static_cast<int64_t>(seqs.size()) == n) {
+    const int64_t nb = m.overlap_b_rows > 0 ? std::min(m.overlap_b_rows, n - 1) : n / 2;
+    mbs = {{0, n - nb}, {n - nb, nb}};
+  }
+  for (const Rows& r : mbs) st.mb_rows.push_back(r.rn);
+
+  // Activations and scratch, grown to this step's size before anything is enqueued.
+  GpuScratch& sc = m.scratch;
+  sc.fit("act.x", n * H * 4);
+  sc.fit("act.d", n * H * 4);
+  sc.fit("act.hb", n * H * 2);
+  sc.fit("act.hf", n * H * 4);
+  sc.fit("act.ids", n * K * 4);
+  sc.fit("act.wts", n * K * 4);
+  sc.fit("act.logits", mrows * V * 4);
+  GpuCtx ctx{s, m.blas, sc, m.expert_scratch, m.xstream.get(), st, {}};
+  for (auto& blk : m.blocks) {
+    blk.attn->reserve(ctx);
+    blk.ffn->reserve(ctx);
+  }
+  ctx.a = {sc.get<float>("act.x"), sc.get<float>("act.d"), sc.get<float>("act.hf"), sc.get<bf16_t>("act.hb"), sc.get<int32_t>("act.ids"),
+           sc.get<float>("act.wts")};
+  const GpuActs& a = ctx.a;
+  if (handoffs) {
+    m.hf_h.reserve(static_cast<size_t>(n * H * 4));
+    m.out_h.reserve(static_cast<size_t>(n * H * 4));
+    m.ids_h.reserve(static_cast<size_t>(n * K * 4));
+    m.w_h.reserve(static_cast<size_t>(n * K * 4));
+  }
+
+  // Block l's GPU work for rows r (up to its router when it hands off).
+  auto enqueue_block = [&](size_t l, const Rows& r) {
+    Impl::Block& blk = m.blocks[l];
+    float *xr = a.x + r.r0 * H, *dr = a.d + r.r0 * H, *hfr = a.hf + r.r0 * H;
+    bf16_t* hr = a.hb + r.r0 * H;
+    // Engram module before l: x += d, then x += its output. Before layer 0
+    // it runs here; before later layers, between segments (see cuts).
+    const int em = m.engram ? m.engram->module_before(static_cast<int64_t>(l)) : -1;
+    if (em >= 0 && l == 0) m.engram->apply(em, xr, nullptr, r.r0, r.rn, m.blas, s);
+    gpu::add_rms_norm(xr, l > 0 && em < 0 ? dr : nullptr, nullptr, r.rn, H, blk.in_norm.as<bf16_t>(), eps, hr, blk.attn->fp32_input() ? hfr : nullptr, s);
+    blk.attn->enqueue(ctx, r);
+    gpu::add_rms_norm(xr, dr, nullptr, r.rn, H, blk.post_norm.as<bf16_t>(), eps, hr, blk.ffn->fp32_input() ? hfr : nullptr, s);
+    blk.ffn->enqueue(ctx, r, blk.ffn->host_experts() && !st.stream_pass);
+  };
+  auto enqueue_tail = [&] {
+    gpu::add_rms_norm(a.x, nullptr, st.rows, mrows, H, m.final_norm.as<bf16_t>(), eps, a.hb, nullptr, s);
+    m.blas.gemm(a.hb, mrows, m.lm_head.as<bf16_t>(), V, H, sc.get<float>("act.logits"), V);
+  };
+  auto enqueue_segment = [&](size_t i, const Rows& r, bool tail) {
+    if (i == 0) gpu::embedding(m.embed.as<bf16_t>(), st.tok + r.r0, r.rn, H, a.x + r.r0 * H, s);
+    if (i > 0 && cuts[i - 1].handoff) m.blocks[cuts[i - 1].after].ffn->enqueue_after_handoff(ctx, r);
+    const size_t first = i == 0 ? 0 : cuts[i - 1].after + 1, last = i + 1 < nseg ? cuts[i].after + 1 : L;
+    for (size_t l = first; l < last; ++l) enqueue_block(l, r);
+    if (i + 1 == nseg) gpu::add(a.x + r.r0 * H, a.d + r.r0 * H, r.rn * H, a.x + r.r0 * H, s);
+    if (tail) enqueue_tail();
+  };
+  // Decode-sized steps replay each segment as a CUDA graph while the key
+  // (shape, micro-batches, hand-offs, every buffer address and what the
+  // layers' launches depend on) holds. A module before layer 0 runs inside
+  // the first segment: no graphs then.
+  const bool graphs = m.use_graphs && n <= Impl::kGraphMaxTokens && !st.stream_pass && !(m.engram && m.engram->module_before(0) >= 0);
+  if (st.stream_pass) m.xstream->begin(n);  // the first window's copies start now
+  std::vector<const void*> key;
+  if (graphs) {
+    auto v = [](int64_t i) { return reinterpret_cast<const void*>(i); };
+    key = {v(n), v(mrows), v(static_cast<int64_t>(mbs.size())), v(mbs.back().r0), m.meta.data()};
+    sc.key(key);
+    for (size_t l = 0; l < L; ++l) {
+      key.push_back(kvs.keys(static_cast<int64_t>(l)));
+      key.push_back(kvs.values(static_cast<int64_t>(l)));
+    }
+    for (const Cut& x : cuts) key.push_back(v(static_cast<int64_t>(x.after) * 2 + (x.handoff ? 1 : 0)));
+    std::vector<int64_t> lk;
+    for (const auto& blk : m.blocks) blk.attn->key(st, lk);
+    for (int64_t x : lk) key.push_back(v(x));
+  }
+  auto run_segment = [&](size_t i, size_t mb, bool tail) {
+    if (!graphs) return enqueue_segment(i, mbs[mb], tail);
+    m.seg_graphs.run(key, i * 2 + mb, s, [&] { enqueue_segment(i, mbs[mb], tail); });
+  };
+  // Hand-off of layer l for micro-batch mb: normed hidden (fp32) and routing
+  // down, then the GPU work that overlaps the host's (a shared expert); then
+  // (host) wait, CPU experts, expert sums back into d.
+  double cpu_s = 0;
+  std::vector<std::pair<size_t, size_t>> handed;  // (layer, micro-batch), for the transfer times
+  auto down = [&](size_t l, size_t mb) {
+    const Rows& r = mbs[mb];
+    gpu::Event* ev = &m.events[8 * l + 4 * mb];
+    ev[0].record(s);
+    gpu::copy_to_host(m.hf_h.as<float>() + r.r0 * H, a.hf + r.r0 * H, static_cast<size_t>(r.rn * H * 4), s);
+    gpu::copy_to_host(m.ids_h.as<int32_t>() + r.r0 * K, a.ids + r.r0 * K, static_cast<size_t>(r.rn * K * 4), s);
+    gpu::copy_to_host(m.w_h.as<float>() + r.r0 * K, a.wts + r.r0 * K, static_cast<size_t>(r.rn * K * 4), s);
+    ev[1].record(s);
+    m.blocks[l].ffn->enqueue_during_handoff(ctx, r);
+  };
+  auto cpu_and_up = [&](size_t l, size_t mb) {
+    const Rows& r = mbs[mb];
+    gpu::Event* ev = &m.events[8 * l + 4 * mb];
+    ev[1].synchronize();
+    const auto c0 = std::chrono::steady_clock::now();
+    float* out = m.out_h.as<float>() + r.r0 * H;
+    std::memset(out, 0, static_cast<size_t>(r.rn * H * 4));
+    m.blocks[l].ffn->run_host(m.hf_h.as<float>() + r.r0 * H, r.rn, m.ids_h.as<int32_t>() + r.r0 * K, m.w_h.as<float>() + r.r0 * K, out);
+    cpu_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+    ev[2].record(s);
+    gpu::copy_to_device(a.d + r.r0 * H, out, static_cast<size_t>(r.rn * H * 4), s);
+    ev[3].record(s);
+    handed.emplace_back(l, mb);
+  };
+  // With two micro-batches A, B the stream holds seg_i(A), down(A), seg_i(B),
+  // down(B); the host runs A's CPU experts while the GPU runs seg_i(B), then
+  // B's while the GPU runs seg_i+1(A).
+  const bool one = mbs.size() == 1;
+  for (size_t mb = 0; mb < mbs.size(); ++mb) {
+    run_segment(0, mb, one && nseg == 1);
+    if (nseg > 1 && cuts[0].handoff) down(cuts[0].after, mb);
+  }
+  for (size_t i = 1; i < nseg; ++i)
+    for (size_t mb = 0; mb < mbs.size(); ++mb) {
+      const Cut& x = cuts[i - 1];
+      if (x.handoff) cpu_and_up(x.after, mb);
+      if (x.module >= 0) m.engram->apply(x.module, a.x + mbs[mb].r0 * H, a.d + mbs[mb].r0 * H, mbs[mb].r0, mbs[mb].rn, m.blas, s);
+      run_segment(i, mb, one && i + 1 == nseg);
+      if (i + 1 < nseg && cuts[i].handoff) down(cuts[i].after, mb);
+    }
+  if (!one) enqueue_tail();
+  if (m.engram) m.engram->end_step(b, kv, s);  // history rows for the next steps
+  m.logits_h.reserve(static_cast<size_t>(std::max<int64_t>(mrows * V * 4, 16)));
+  gpu::copy_to_host(m.logits_h.as<float>(), sc.get<float>("act.logits"), static_cast<size_t>(mrows * V * 4), s);
+  s.synchronize();
+  if (st.stream_pass) m.xstream->end();
+  kvs.end_step();
+  logits.assign(m.logits_h.as<float>(), m.logits_h.as<float>() + mrows * V);
+
+  double transfer_s = 0;
+  for (const auto& [l, mb] : handed) {
+    gpu::Event* ev = &m.events[8 * l + 4 * mb];
+    transfer_s += (ev[1].elapsed_ms(ev[0]) + ev[3].elapsed_ms(ev[2])) * 1e-3;
+  }
+  m.times.total_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  m.times.cpu_experts_s += cpu_s;
+  m.times.transfer_s += transfer_s;
+  m.times.steps += 1;
+}
+
+}  // namespace hmoe

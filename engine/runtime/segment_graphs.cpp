@@ -1,0 +1,32 @@
+#include "engine/runtime/segment_graphs.h"
+
+namespace hmoe {
+
+void SegmentGraphs::run(const std::vector<const void*>& key, size_t index, gpu::Stream& s, const std::function<void()>& enqueue) {
+  auto it = sets_.find(key);
+  if (it == sets_.end()) {
+    if (sets_.size() >= kMaxKeys) sets_.clear();
+    it = sets_.emplace(key, std::vector<std::unique_ptr<gpu::Graph>>{}).first;
+  }
+  auto& graphs = it->second;
+  if (graphs.size() <= index) graphs.resize(index + 1);
+  if (!graphs[index]) {
+    auto g = std::make_unique<gpu::Graph>();
+    g->begin_capture(s);
+    try {
+      enqueue();
+    } catch (...) {
+      try {
+        g->end_capture(s);  // leaves capture mode; the partial graph is dropped
+      } catch (...) {
+      }
+      throw;
+    }
+    g->end_capture(s);
+    graphs[index] = std::move(g);
+    ++captures_;
+  }
+  graphs[index]->launch(s);
+}
+
+}  // namespace hmoe
