@@ -80,7 +80,18 @@ int32_t Grammar::any() {
   return any_node;
 }
 
-GrammarState::GrammarState(const Grammar* g) : g_(g) { stacks_.emplace_back(); }
+GrammarState::GrammarState(const Grammar* g) : g_(g), n_(1) { stacks_.emplace_back(); }
+
+GrammarState::GrammarState(const GrammarState& o) : g_(o.g_), stacks_(o.stacks_.begin(), o.stacks_.begin() + static_cast<std::ptrdiff_t>(o.n_)), n_(o.n_) {}
+
+GrammarState& GrammarState::operator=(const GrammarState& o) {
+  if (this == &o) return *this;
+  g_ = o.g_;
+  if (stacks_.size() < o.n_) stacks_.resize(o.n_);
+  for (size_t i = 0; i < o.n_; ++i) stacks_[i] = o.stacks_[i];  // element-wise: frame buffers are reused
+  n_ = o.n_;
+  return *this;
+}
 
 bool GrammarState::start_value(Stack& s, int32_t id, uint8_t c, std::vector<Stack>& forks) const {
   const GrammarNode& n = g_->nodes[static_cast<size_t>(id)];
@@ -328,25 +339,30 @@ bool GrammarState::feed(uint8_t c) {
   if (!g_) return false;
   std::vector<Stack> forks;
   size_t w = 0;
-  for (size_t i = 0; i < stacks_.size(); ++i) {
-    if (!feed_stack(stacks_[i], c, forks)) continue;
+  for (size_t i = 0; i < n_; ++i) {
+    if (!feed_stack(stacks_[i], c, forks)) continue;  // a dead stack keeps its buffers past n_
     if (w != i) std::swap(stacks_[w], stacks_[i]);
     ++w;
   }
-  stacks_.resize(w);
+  n_ = w;
   for (Stack& f : forks) {
-    if (stacks_.size() >= kMaxStacks) break;
-    if (std::find(stacks_.begin(), stacks_.end(), f) == stacks_.end()) stacks_.push_back(std::move(f));
+    if (n_ >= kMaxStacks) break;
+    if (std::find(stacks_.begin(), stacks_.begin() + static_cast<std::ptrdiff_t>(n_), f) != stacks_.begin() + static_cast<std::ptrdiff_t>(n_)) continue;
+    if (stacks_.size() <= n_) stacks_.emplace_back();
+    std::swap(stacks_[n_++], f);
   }
-  if (!forks.empty() || stacks_.size() > 1) {  // alternatives that met again
-    for (size_t i = 1; i < stacks_.size();) {
-      if (std::find(stacks_.begin(), stacks_.begin() + static_cast<std::ptrdiff_t>(i), stacks_[i]) != stacks_.begin() + static_cast<std::ptrdiff_t>(i))
-        stacks_.erase(stacks_.begin() + static_cast<std::ptrdiff_t>(i));
-      else
+  if (n_ > 1) {  // alternatives that met again
+    for (size_t i = 1; i < n_;) {
+      const auto begin = stacks_.begin(), at = begin + static_cast<std::ptrdiff_t>(i);
+      if (std::find(begin, at, stacks_[i]) != at) {
+        std::swap(stacks_[i], stacks_[n_ - 1]);
+        --n_;
+      } else {
         ++i;
+      }
     }
   }
-  return !stacks_.empty();
+  return n_ > 0;
 }
 
 bool GrammarState::feed(std::string_view s) {
@@ -366,13 +382,13 @@ bool GrammarState::stack_complete(const Stack& s) const {
 }
 
 bool GrammarState::complete() const {
-  for (const Stack& s : stacks_)
-    if (stack_complete(s)) return true;
+  for (size_t i = 0; i < n_; ++i)
+    if (stack_complete(stacks_[i])) return true;
   return false;
 }
 
 int64_t GrammarState::free_string_room() const {
-  if (stacks_.size() != 1 || stacks_[0].frames.empty()) return -1;
+  if (n_ != 1 || stacks_[0].frames.empty()) return -1;
   const Frame& f = stacks_[0].frames.back();
   if (f.phase != str || f.sub != 0) return -1;
   const GrammarNode& n = g_->nodes[static_cast<size_t>(f.node)];
@@ -399,16 +415,24 @@ int64_t grammar_mask(const JsonVocab& v, const GrammarState& state, const std::v
   if (state.dead()) return apply(allowed, n_ok, logits, vocab);
   const int64_t room = state.free_string_room();
   if (room >= 0) {
-    // One stack in a free string: a plain token stays inside it, so only its length matters.
-    const int64_t n = std::min<int64_t>(vocab, v.size());
-    for (int32_t id = 0; id < n; ++id)
-      if (!v.special(id) && v.clean(id) && static_cast<int64_t>(v.chars(id)) <= room) allow(id);
+    // One stack in a free string: a clean token stays inside it, so only its length matters;
+    // the few others are fed. One pass writes the row.
+    GrammarState s = state;  // assigned, not constructed, per token: its buffers are reused
     for (int32_t id : v.not_clean()) {
       if (id >= vocab) continue;
-      GrammarState s = state;
+      s = state;
       if (s.feed(v.bytes(id))) allow(id);
     }
-    return apply(allowed, n_ok, logits, vocab);
+    const int64_t n = std::min<int64_t>(vocab, v.size());
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (int32_t id = 0; id < n; ++id) {
+      if (allowed[static_cast<size_t>(id)]) continue;
+      if (v.clean(id) && static_cast<int64_t>(v.chars(id)) <= room && !v.special(id)) ++n_ok;
+      else logits[id] = ninf;
+    }
+    for (int64_t id = n; id < vocab; ++id)
+      if (!allowed[static_cast<size_t>(id)]) logits[id] = ninf;
+    return n_ok;  // never 0: a string can always take a clean character or its closing quote
   }
   // The flattened trie: st[d] = the state after the first d bytes of the current token.
   const std::vector<int32_t>& sorted = v.sorted();

@@ -82,12 +82,16 @@ class GrammarState {
   static constexpr size_t kMaxStacks = 32, kMaxDepth = 64;
   GrammarState() = default;
   explicit GrammarState(const Grammar* g);
+  // Copies take the live stacks; assignment reuses this state's buffers
+  // (the mask assigns states per trie node and per token).
+  GrammarState(const GrammarState& o);
+  GrammarState& operator=(const GrammarState& o);
   // False when the byte cannot continue the output (the state is then dead).
   bool feed(uint8_t c);
   bool feed(std::string_view s);
   // The output so far is a whole sentence of the grammar.
   bool complete() const;
-  bool dead() const { return stacks_.empty(); }
+  bool dead() const { return n_ == 0; }
   // One stack, inside a free (non-key, non-literal) string: the number of
   // code points it may still take (UINT32_MAX: no limit); -1 otherwise.
   int64_t free_string_room() const;
@@ -118,8 +122,8 @@ class GrammarState {
   bool stack_complete(const Stack& s) const;
 
   const Grammar* g_ = nullptr;
-  std::vector<Stack> stacks_;
-  std::vector<Stack> scratch_;
+  std::vector<Stack> stacks_;  // [0, n_) are live; the rest keep their buffers for reuse
+  size_t n_ = 0;
 };
 
 // Sets logits of the tokens `state` cannot take to -infinity; end_ids are

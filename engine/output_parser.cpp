@@ -129,8 +129,7 @@ ParsedDelta OutputParser::finish() {
   ParsedDelta d;
   emit_text(d, pending_);
   pending_.clear();
-  if (mode_ == Mode::tool) {
-    d.content += std::string(kTool) + tool_buf_;
+  if (mode_ == Mode::tool) {  // a call cut off (max_tokens): not content, and no call
     tool_buf_.clear();
     mode_ = Mode::content;
   }
