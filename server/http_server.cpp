@@ -14,10 +14,14 @@
 #include <ctime>
 #include <list>
 #include <optional>
+#include <algorithm>
+#include <cctype>
 
 #include "configs/error.h"
 #include "server/api_error.h"
 #include "server/completion.h"
+#include "server/reply.h"
+#include "server/responses_api.h"
 
 namespace hmoe::server {
 
@@ -41,6 +45,19 @@ bool const_time_equal(const std::string& a, const std::string& b) {
     diff |= static_cast<unsigned char>(x ^ y);
   }
   return diff == 0;
+}
+// %XX escapes of a path segment (/v1/models/{id}).
+std::string url_decode(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() + 0 && std::isxdigit(static_cast<unsigned char>(s[i + 1])) && std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
 }
 std::string random_id(const char* prefix, uint64_t n) {
   static std::atomic<uint64_t> salt{static_cast<uint64_t>(Clock::now().time_since_epoch().count())};
@@ -251,17 +268,29 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (!target.starts_with("/v1/")) throw ApiError(404, "no route " + endpoint_, "", "not_found");
     check_auth();
-    if (target == "/v1/models") {
+    if (target == "/v1/models" || target.starts_with("/v1/models/")) {
       need(get, "GET");
       nlohmann::ordered_json m{{"id", srv_.model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "hmoe"}, {"max_model_len", srv_.model.context}};
-      return send(200, "application/json", nlohmann::ordered_json{{"object", "list"}, {"data", nlohmann::ordered_json::array({m})}}.dump());
+      if (target == "/v1/models")
+        return send(200, "application/json", nlohmann::ordered_json{{"object", "list"}, {"data", nlohmann::ordered_json::array({m})}}.dump());
+      const std::string id = url_decode(target.substr(11));
+      if (id != srv_.model.name)
+        throw ApiError(404, "The model '" + id + "' does not exist; this server serves '" + srv_.model.name + "'", "model", "model_not_found");
+      return send(200, "application/json", m.dump());
     }
-    const bool chat = target == "/v1/chat/completions";
-    if (!chat && target != "/v1/completions") throw ApiError(404, "no route " + endpoint_, "", "not_found");
+    const bool chat = target == "/v1/chat/completions", responses = target == "/v1/responses";
+    if (!chat && !responses && target != "/v1/completions") throw ApiError(404, "no route " + endpoint_, "", "not_found");
     need(post, "POST");
     const uint64_t seq = ++srv_.request_seq;
-    spec_ = chat ? parse_chat_request(req_.body(), srv_.model, seq) : parse_completion_request(req_.body(), srv_.model, seq);
-    start_generation(chat, seq);
+    if (responses) {
+      ResponsesRequest r = parse_responses_request(req_.body(), srv_.model, seq);
+      spec_ = r.spec;
+      responses_ = std::make_unique<ResponsesRequest>(std::move(r));
+    } else {
+      spec_ = chat ? parse_chat_request(req_.body(), srv_.model, seq) : parse_completion_request(req_.body(), srv_.model, seq);
+      responses_.reset();
+    }
+    start_generation(chat || responses, seq);
   }
 
   void check_auth() {
@@ -276,33 +305,40 @@ class Session : public std::enable_shared_from_this<Session> {
     const uint64_t gen = ++gen_id_;
     std::weak_ptr<Session> weak = weak_from_this();
     net::io_context& ioc = srv_.ioc;
-    chan_ = std::make_shared<SeqChannel>([weak, gen, &ioc] {
-      net::post(ioc, [weak, gen] {
-        if (auto s = weak.lock(); s && s->gen_id_ == gen) {
-          try {
-            s->on_events();
-          } catch (const std::exception& e) {
-            s->generation_failed(e.what());
+    const size_t n = responses_ ? 1 : static_cast<size_t>(std::max<int64_t>(spec_.n, 1));
+    const int64_t created = static_cast<int64_t>(std::time(nullptr));
+    if (responses_) builder_ = std::make_unique<ResponsesReply>(*responses_, srv_.model, random_id("resp_", seq), created);
+    else builder_ = std::make_unique<ChatReply>(spec_, srv_.model, random_id(chat ? "chatcmpl-" : "cmpl-", seq), created);
+    chans_.clear();
+    fins_.assign(n, FinishReason::none);
+    errors_.assign(n, std::string());
+    for (size_t i = 0; i < n; ++i) {
+      chans_.push_back(std::make_shared<SeqChannel>([weak, gen, &ioc] {
+        net::post(ioc, [weak, gen] {
+          if (auto s = weak.lock(); s && s->gen_id_ == gen) {
+            try {
+              s->on_events();
+            } catch (const std::exception& e) {
+              s->generation_failed(e.what());
+            }
           }
-        }
-      });
-    });
-    auto req = std::make_unique<SeqRequest>();
-    req->prompt = spec_.prompt;
-    req->max_tokens = spec_.max_tokens;
-    req->sampling = spec_.sampling;
-    req->stop_ids = spec_.stop_ids;
-    req->channel = chan_;
-    builder_ = std::make_unique<CompletionBuilder>(spec_, srv_.model, random_id(chat ? "chatcmpl-" : "cmpl-", seq),
-                                                   static_cast<int64_t>(std::time(nullptr)));
-    switch (srv_.sched.submit(std::move(req))) {
-      case Scheduler::Submit::ok: break;
-      case Scheduler::Submit::queue_full:
-        chan_.reset();
-        throw ApiError(503, "the server is busy: the request queue is full; retry later", "", "queue_full");
-      case Scheduler::Submit::shutting_down:
-        chan_.reset();
-        throw ApiError(503, "the server is shutting down", "", "shutting_down");
+        });
+      }));
+      auto req = std::make_unique<SeqRequest>();
+      req->prompt = spec_.prompt;
+      req->max_tokens = spec_.max_tokens;
+      req->sampling = spec_.sampling;
+      req->sampling.seed += i * 0x9e3779b97f4a7c15ull;  // choices differ, reproducibly under a seed
+      req->stop_ids = spec_.stop_ids;
+      req->channel = chans_.back();
+      if (i > 0) req->after = chans_[0];
+      Scheduler::Submit r = srv_.sched.submit(std::move(req));
+      if (r == Scheduler::Submit::ok) continue;
+      for (auto& c : chans_) c->cancel();
+      chans_.clear();
+      builder_.reset();
+      if (r == Scheduler::Submit::queue_full) throw ApiError(503, "the server is busy: the request queue is full; retry later", "", "queue_full");
+      throw ApiError(503, "the server is shutting down", "", "shutting_down");
     }
     state_ = State::generating;
     first_token_ = true;
@@ -332,7 +368,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void client_gone() {
-    if (chan_) chan_->cancel();
+    for (auto& c : chans_) c->cancel();
     srv_.metrics.request_done(endpoint_, 499);
     end_generation();
     close();
@@ -340,36 +376,48 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void end_generation() {
     ++gen_id_;
-    chan_.reset();
+    chans_.clear();
     builder_.reset();
   }
 
   void on_events() {
-    if (!chan_ || state_ != State::generating) return;
-    SeqChannel::Drained d = chan_->drain();
-    builder_->set_cached_tokens(chan_->cached_tokens());
+    if (chans_.empty() || state_ != State::generating) return;
     const auto now = Clock::now();
-    if (!d.tokens.empty()) {
+    std::string out;
+    size_t new_tokens = 0;
+    for (size_t i = 0; i < chans_.size(); ++i) {
+      if (fins_[i] != FinishReason::none) continue;
+      SeqChannel::Drained d = chans_[i]->drain();
+      if (i == 0) builder_->set_cached_tokens(chans_[0]->cached_tokens());
+      new_tokens += d.tokens.size();
+      FinishReason fin = d.finish;
+      if (spec_.stream) out += builder_->on_tokens(i, d.tokens);
+      else builder_->add_tokens(i, d.tokens);
+      if (builder_->stop_hit(i) && fin == FinishReason::none) {
+        chans_[i]->cancel();
+        fin = FinishReason::eos;
+      }
+      if (fin == FinishReason::none) continue;
+      fins_[i] = fin;
+      errors_[i] = d.error;
+      if (spec_.stream) out += builder_->on_choice_finish(i, fin, d.error);
+    }
+    if (new_tokens > 0) {
       if (first_token_) {
         srv_.metrics.ttft.observe(std::chrono::duration<double>(now - arrival_).count());
         first_token_ = false;
       } else {
-        const double dt = std::chrono::duration<double>(now - last_token_).count() / static_cast<double>(d.tokens.size());
-        for (size_t i = 0; i < d.tokens.size(); ++i) srv_.metrics.tpot.observe(dt);
+        const double dt = std::chrono::duration<double>(now - last_token_).count() / static_cast<double>(new_tokens);
+        for (size_t i = 0; i < new_tokens; ++i) srv_.metrics.tpot.observe(dt);
       }
       last_token_ = now;
     }
-    FinishReason fin = d.finish;
+    const bool all_done = std::none_of(fins_.begin(), fins_.end(), [](FinishReason f) { return f == FinishReason::none; });
     if (spec_.stream) {
-      std::string out = builder_->on_tokens(d.tokens);
-      if (builder_->stop_hit() && fin == FinishReason::none) {
-        chan_->cancel();
-        fin = FinishReason::eos;
-      }
-      if (fin != FinishReason::none) out += builder_->on_finish(fin, d.error);
+      if (all_done) out += builder_->on_end();
       if (!out.empty()) write(fmt_hex(out.size()) + "\r\n" + out + "\r\n");
       if (state_ != State::generating) return;  // the client was dropped
-      if (fin != FinishReason::none) {
+      if (all_done) {
         write("0\r\n\r\n");
         finish_metrics(200);
         end_generation();
@@ -378,22 +426,19 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       return;
     }
-    builder_->add_tokens(d.tokens);
-    if (builder_->stop_hit() && fin == FinishReason::none) {
-      chan_->cancel();
-      fin = FinishReason::eos;
-    }
-    if (fin == FinishReason::none) return;
-    if (fin == FinishReason::error) {
-      end_generation();
-      return send_error(ApiError(500, "generation failed: " + d.error, "", "generation_error"));
-    }
-    if (fin == FinishReason::shutdown || fin == FinishReason::cancelled) {
-      end_generation();
-      keep_alive_ = false;
-      return send_error(ApiError(503, "the server is shutting down", "", "shutting_down"));
-    }
-    std::string body = builder_->body(fin).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    if (!all_done) return;
+    for (size_t i = 0; i < fins_.size(); ++i)
+      if (fins_[i] == FinishReason::error) {
+        end_generation();
+        return send_error(ApiError(500, "generation failed: " + errors_[i], "", "generation_error"));
+      }
+    for (FinishReason f : fins_)
+      if (f == FinishReason::shutdown || f == FinishReason::cancelled) {
+        end_generation();
+        keep_alive_ = false;
+        return send_error(ApiError(503, "the server is shutting down", "", "shutting_down"));
+      }
+    std::string body = builder_->body(fins_).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     finish_metrics(200);
     end_generation();
     send(200, "application/json", body, {}, false);
@@ -401,7 +446,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // An exception while turning tokens into a reply: end this request only.
   void generation_failed(const std::string& what) {
-    if (chan_) chan_->cancel();
+    for (auto& c : chans_) c->cancel();
     const bool streaming = spec_.stream;
     end_generation();
     keep_alive_ = false;
@@ -492,8 +537,11 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t queued_bytes_ = 0;
   std::string endpoint_;
   GenSpec spec_;
-  std::shared_ptr<SeqChannel> chan_;
-  std::unique_ptr<CompletionBuilder> builder_;
+  std::vector<std::shared_ptr<SeqChannel>> chans_;  // one per choice
+  std::vector<FinishReason> fins_;
+  std::vector<std::string> errors_;
+  std::unique_ptr<ResponsesRequest> responses_;  // /v1/responses: its fields beyond the GenSpec
+  std::unique_ptr<ReplyBuilder> builder_;
   Clock::time_point arrival_, last_token_;
 };
 
