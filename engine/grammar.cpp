@@ -98,6 +98,7 @@ bool GrammarState::start_value(Stack& s, int32_t id, uint8_t c, std::vector<Stac
   s.ws = 0;
   if (n.kind == GrammarNode::Kind::any_of) {
     for (size_t i = 1; i < n.alts.size(); ++i) {
+      if (forks.size() + 1 >= kMaxStacks) break;  // nested alternatives: at most kMaxStacks are followed
       Stack copy = s;
       if (start_value(copy, n.alts[i], c, forks)) forks.push_back(std::move(copy));
     }

@@ -244,6 +244,29 @@ std::shared_ptr<const Grammar> json_schema_grammar(const nlohmann::ordered_json&
 
 std::shared_ptr<const Grammar> tool_call_grammar(const std::vector<ToolSchema>& tools) {
   auto g = std::make_shared<Grammar>();
+  if (tools.size() > kMaxAlts) {
+    // More tools than alternatives the state follows at once: the name is one of them, the
+    // arguments any object (still a parseable call of an offered tool).
+    GrammarNode names;
+    names.kind = GrammarNode::Kind::literal;
+    for (const ToolSchema& t : tools) names.literals.push_back(compact(ojson(t.name)));
+    std::sort(names.literals.begin(), names.literals.end());
+    names.literals.erase(std::unique(names.literals.begin(), names.literals.end()), names.literals.end());
+    const int32_t name_id = g->add(std::move(names));
+    GrammarNode any_object;
+    any_object.types = GrammarNode::t_object;
+    any_object.additional = g->any();
+    any_object.items = g->any();
+    const int32_t args = g->add(std::move(any_object));
+    GrammarNode call;
+    call.types = GrammarNode::t_object;
+    call.prop_names = {"name", "arguments"};
+    call.prop_nodes = {name_id, args};
+    call.required = 3;
+    g->items.push_back(Grammar::Item{false, {}, g->add(std::move(call))});
+    g->items.push_back(Grammar::Item{true, "\n</tool_call>", -1});
+    return g;
+  }
   GrammarNode calls;
   calls.kind = GrammarNode::Kind::any_of;
   for (const ToolSchema& t : tools) {

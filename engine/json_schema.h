@@ -53,7 +53,8 @@ struct ToolSchema {
 };
 // A Hermes tool call body and its end: {"name": NAME, "arguments": ARGS}
 // for one of `tools`, then "\n</tool_call>" (the "<tool_call>" before it is
-// in the prompt or already generated).
+// in the prompt or already generated). With more than 16 tools only the
+// name is held to the list and the arguments to any object.
 std::shared_ptr<const Grammar> tool_call_grammar(const std::vector<ToolSchema>& tools);
 
 }  // namespace hmoe

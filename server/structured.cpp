@@ -36,6 +36,16 @@ void constrain_tool_calls(const ojson& tools, const std::string& choice, const s
     if (choice == "named" && t.name != forced_name) continue;
     if (auto p = fn.find("parameters"); p != fn.end()) t.parameters = *p;
     if (auto s = fn.find("strict"); s != fn.end() && s->is_boolean()) t.strict = s->get<bool>();
+    if (!t.strict && !t.parameters.is_null()) {
+      // A tool not marked strict whose schema cannot be compiled at all (a broken $ref, an
+      // unknown type) still gets calls: its arguments are then any object.
+      try {
+        Grammar scratch;
+        compile_json_schema(scratch, t.parameters, false);
+      } catch (const SchemaError&) {
+        t.parameters = nullptr;
+      }
+    }
     list.push_back(std::move(t));
   }
   if (list.empty()) return;

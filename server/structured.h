@@ -21,7 +21,10 @@ void apply_json_schema(const nlohmann::ordered_json& spec, const ModelInfo& m, G
 // The request's tools (chat format: [{"type":"function","function":{...}}])
 // under tool_choice "required"/"named" (forced: the output is exactly one
 // call, the prompt already opened it) or "auto" (a call the model starts
-// with <tool_call> is constrained until it is closed).
+// with <tool_call> is constrained until it is closed). A tool marked
+// "strict" must have an enforceable schema (400 otherwise); for the others
+// unenforceable keywords are left out, and a schema that cannot be
+// compiled at all leaves the arguments as any object.
 void constrain_tool_calls(const nlohmann::ordered_json& tools, const std::string& choice, const std::string& forced_name, const ModelInfo& m,
                           GenSpec& g);
 

@@ -243,3 +243,24 @@ TEST_CASE("grammar: the sampler on random logits writes documents that validate,
   CHECK(body["name"] == "f");
   CHECK(body["arguments"]["x"].is_boolean());
 }
+
+TEST_CASE("grammar: nested anyOf and many tools stay bounded") {
+  // 40 levels of 16-way anyOf would be 16^40 stacks if every alternative were followed.
+  ojson leaf = {{"type", "integer"}};
+  for (int d = 0; d < 40; ++d) {
+    ojson alts = ojson::array();
+    for (int a = 0; a < 16; ++a) alts.push_back(a == 0 ? leaf : ojson{{"type", "array"}, {"items", leaf}});
+    leaf = {{"anyOf", alts}};
+  }
+  auto g = json_schema_grammar(leaf);
+  GrammarState st(g.get());
+  CHECK(st.feed(std::string("[[[")));
+  // More than 16 tools: the name is one of them, the arguments any object.
+  std::vector<ToolSchema> tools;
+  for (int i = 0; i < 40; ++i) tools.push_back({"tool_" + std::to_string(i), ojson{{"type", "object"}}, false});
+  auto tg = tool_call_grammar(tools);
+  bool complete = false;
+  CHECK(accepts(*tg, "{\"name\": \"tool_37\", \"arguments\": {\"x\": [1, {}]}}\n</tool_call>", &complete));
+  CHECK(complete);
+  CHECK(!accepts(*tg, "{\"name\": \"tool_40\""));
+}

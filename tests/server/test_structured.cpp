@@ -187,6 +187,24 @@ TEST_CASE("structured: schemas with keywords that cannot be enforced are a 400 n
   strict_tool["function"]["strict"] = false;
   req["tools"] = json::array({strict_tool});
   CHECK(post(srv.port, "/v1/chat/completions", req).status == 200);
+  // A non-strict tool whose schema does not compile at all still gets calls (any-object arguments).
+  json broken = {{"type", "function"}, {"function", {{"name", "g"}, {"parameters", {{"$ref", "#/nowhere"}}}}}};
+  req = {{"messages", chat("x")}, {"tools", json::array({broken})}, {"tool_choice", "required"}, {"max_tokens", 60}, {"temperature", 0}};
+  HttpReply br = post(srv.port, "/v1/chat/completions", req);
+  CAPTURE(br.body);
+  CHECK(br.status == 200);
+  // Many tools: the call names one of them.
+  json many = json::array();
+  for (int i = 0; i < 40; ++i)
+    many.push_back(json::parse(R"({"type": "function", "function": {"name": "tool_)" + std::to_string(i) +
+                               R"(", "parameters": {"type": "object", "properties": {"a": {"type": "boolean"}}}}})"));
+  req = {{"messages", chat("x")}, {"tools", many}, {"tool_choice", "required"}, {"max_tokens", 80}, {"temperature", 1.0}, {"seed", 4}};
+  HttpReply mr = post(srv.port, "/v1/chat/completions", req);
+  CAPTURE(mr.body);
+  REQUIRE(mr.status == 200);
+  const json mc = json::parse(mr.body)["choices"][0]["message"];
+  REQUIRE(mc.contains("tool_calls"));
+  CHECK(mc["tool_calls"][0]["function"]["name"].get<std::string>().rfind("tool_", 0) == 0);
   json both = {{"messages", chat("x")}, {"tools", kTools}, {"tool_choice", "required"},
                {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}}}};
   CHECK(expect_error(post(srv.port, "/v1/chat/completions", both), 400)["param"] == "response_format");
