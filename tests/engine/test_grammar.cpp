@@ -245,13 +245,16 @@ TEST_CASE("grammar: the sampler on random logits writes documents that validate,
 }
 
 TEST_CASE("grammar: nested anyOf and many tools stay bounded") {
-  // 40 levels of 16-way anyOf would be 16^40 stacks if every alternative were followed.
-  ojson leaf = {{"type", "integer"}};
-  for (int d = 0; d < 40; ++d) {
-    ojson alts = ojson::array();
-    for (int a = 0; a < 16; ++a) alts.push_back(a == 0 ? leaf : ojson{{"type", "array"}, {"items", leaf}});
-    leaf = {{"anyOf", alts}};
+  // 15 levels of 16-way anyOf ($defs, so the schema itself stays small) would be 16^15 stacks
+  // if every alternative were followed.
+  ojson defs = {{"l0", {{"type", "integer"}}}};
+  for (int d = 1; d <= 15; ++d) {
+    const ojson ref = {{"$ref", "#/$defs/l" + std::to_string(d - 1)}};
+    ojson alts = ojson::array({ref});
+    for (int a = 1; a < 16; ++a) alts.push_back(ojson{{"type", "array"}, {"items", ref}, {"maxItems", a}});
+    defs["l" + std::to_string(d)] = {{"anyOf", alts}};
   }
+  const ojson leaf = {{"$defs", defs}, {"$ref", "#/$defs/l15"}};
   auto g = json_schema_grammar(leaf);
   GrammarState st(g.get());
   CHECK(st.feed(std::string("[[[")));
