@@ -1,6 +1,8 @@
 // HttpServer: the OpenAI-compatible HTTP front end (Boost.Beast over one
 // Asio io_context thread). Routes: GET /health, GET /metrics, GET /v1/models,
-// POST /v1/chat/completions, POST /v1/completions.
+// GET /v1/models/{id}, POST /v1/chat/completions, POST /v1/completions,
+// POST /v1/responses (server/responses_api.h). A request with n choices
+// runs n sequences (server/reply.h).
 //
 // Requests are parsed and tokenized on the io thread and handed to the
 // Scheduler (engine thread); each request's tokens come back through its
