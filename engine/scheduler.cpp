@@ -319,7 +319,12 @@ bool Scheduler::step() {
     kv_.commit(it.s->kv_seq, it.s->tokens, it.s->computed);
   }
 
-  // (5) sample
+  // (5) sample. The PLE counters of this step are published first, so a client that reads
+  // /metrics after its reply sees the steps that made it.
+  {
+    std::lock_guard lk(kv_stats_mu_);
+    copy_ple_stats();
+  }
   const int64_t V = model_.config().vocab_size;
   for (size_t r = 0; r < logit_seqs.size(); ++r) {
     Seq& s = *logit_seqs[r];
