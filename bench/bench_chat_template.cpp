@@ -25,9 +25,8 @@ static void bench(const char* label, const hmoe::chat::ChatTemplate& t, const or
 }
 
 int main(int argc, char** argv) {
-  // Default: the shared fixture beside the source tree (bench/ -> ../../shared/fixtures).
-  std::string src = __FILE__;
-  std::string dir = argc > 1 ? argv[1] : src.substr(0, src.rfind("/bench/")) + "/../shared/fixtures/tiny-qwen3moe";
+  // Default: the fixture scripts/make-fixtures writes under the build directory (run from there).
+  std::string dir = argc > 1 ? argv[1] : "fixtures/tiny-qwen3moe";
   auto t = hmoe::chat::ChatTemplate::from_dir(dir);
   ordered_json tool = ordered_json::parse(R"({"type": "function", "function": {"name": "get_weather",
     "description": "Current weather for a city", "parameters": {"type": "object", "properties":

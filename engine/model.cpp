@@ -15,6 +15,7 @@
 #include "engine/engram.h"
 #include "engine/gguf_model.h"
 #include "engine/quant_config.h"
+#include "numa/quant_gguf_q8.h"
 #include "engine/progress.h"
 
 namespace hmoe {
@@ -54,6 +55,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   else m->lm_head_ = bind.mat("lm_head.weight", c.vocab_size, c.hidden_size);
 
   cpu::set_round_activations_bf16(settings.cpu_emulate_gpu_bf16);
+  cpu::set_gguf_int8(settings.cpu_gguf_int8);
   cpu::set_split_inputs_bf16(settings.gpu_mla_split_inputs);
   m->pools_ = std::make_unique<numa::NodePools>(numa::PoolOptions::from_settings(settings));
   m->pool_ = &m->pools_->pool(0);

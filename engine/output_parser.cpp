@@ -3,6 +3,9 @@
 #include <array>
 #include <nlohmann/json.hpp>
 
+#include "engine/json_guard.h"
+#include "engine/random_id.h"
+
 namespace hmoe {
 
 namespace {
@@ -29,9 +32,10 @@ bool prompt_opens_think(std::string_view p) {
 OutputParser::OutputParser(bool parse_tools, bool parse_reasoning, bool start_in_reasoning, uint64_t id_seed)
     : tools_(parse_tools), reasoning_(parse_reasoning),
       mode_(parse_reasoning && start_in_reasoning ? Mode::reasoning : Mode::content),
-      id_state_(id_seed ? id_seed : reinterpret_cast<uintptr_t>(this) ^ 0x9e3779b97f4a7c15ull) {}
+      id_state_(id_seed), seeded_(id_seed != 0) {}
 
 std::string OutputParser::next_id() {
+  if (!seeded_) return "call_" + random_alnum(24);
   static constexpr char kAlpha[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
   std::string id = "call_";
   for (int i = 0; i < 24; ++i) {
@@ -50,7 +54,8 @@ void OutputParser::emit_text(ParsedDelta& d, std::string_view s) {
 
 void OutputParser::close_tool(ParsedDelta& d) {
   mode_ = Mode::content;
-  nlohmann::json j = nlohmann::json::parse(tool_buf_, nullptr, false);
+  // Model output can nest without limit: deeper than this stays text (no deep value is built).
+  nlohmann::json j = json_depth_ok(tool_buf_, 64) ? nlohmann::json::parse(tool_buf_, nullptr, false) : nlohmann::json();
   if (j.is_object() && j.contains("name") && j["name"].is_string() && j["name"].get<std::string>().size() > 0) {
     std::string args = "{}";
     if (j.contains("arguments")) {

@@ -38,7 +38,8 @@ struct ParsedDelta {
 
 class OutputParser {
  public:
-  // id_seed makes the tool call ids reproducible in tests.
+  // Tool call ids are "call_" + 24 random [A-Za-z0-9] from the kernel's
+  // CSPRNG (engine/random_id.h); a nonzero id_seed makes them reproducible (tests).
   OutputParser(bool parse_tools, bool parse_reasoning, bool start_in_reasoning = false, uint64_t id_seed = 0);
   ParsedDelta push(std::string_view text);
   ParsedDelta finish();
@@ -56,6 +57,7 @@ class OutputParser {
   std::string tool_buf_;  // body of the open <tool_call>
   int tool_calls_ = 0;
   uint64_t id_state_;
+  bool seeded_;
 };
 
 // True if the rendered prompt ends inside an open <think> block.

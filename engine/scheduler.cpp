@@ -5,6 +5,7 @@
 #include "configs/error.h"
 #include "engine/blocks_gpu.h"
 #include "engine/engram.h"
+#include "engine/logits.h"
 #include "engine/model.h"
 
 namespace hmoe {
@@ -46,9 +47,16 @@ void SeqChannel::finish(FinishReason reason, std::string error) {
   signal(lk);
 }
 
+void SeqChannel::push_prompt(std::vector<TokenEvent>&& evs) {
+  std::unique_lock lk(mu_);
+  for (auto& e : evs) prompt_events_.push_back(std::move(e));
+  signal(lk);
+}
+
 SeqChannel::Drained SeqChannel::drain() {
   std::lock_guard lk(mu_);
   Drained d;
+  d.prompt.swap(prompt_events_);
   d.tokens.swap(events_);
   d.finish = finish_;
   d.error = error_;
@@ -60,6 +68,7 @@ SeqChannel::Drained SeqChannel::wait_all() {
   std::unique_lock lk(mu_);
   cv_.wait(lk, [&] { return finish_ != FinishReason::none; });
   Drained d;
+  d.prompt.swap(prompt_events_);
   d.tokens.swap(events_);
   d.finish = finish_;
   d.error = error_;
@@ -74,6 +83,7 @@ struct Scheduler::Seq {
   std::vector<int32_t> tokens;  // prompt + generated
   int64_t generated = 0;
   int64_t computed = 0;  // tokens whose K/V are in the cache
+  int64_t prompt_scored = 0;  // prompt_logprobs: positions whose logits have scored the next prompt token
   int kv_seq = -1;
   bool done = false;
   bool admitted_once = false;
@@ -234,7 +244,10 @@ bool Scheduler::step() {
     s.kv_seq = kv_.add_sequence();
     // Reuse cached full blocks of the prefix; the last token is always
     // computed (its logits pick the next token).
-    s.computed = kv_.attach_prefix(s.kv_seq, s.tokens, static_cast<int64_t>(s.tokens.size()) - 1);
+    // A prompt to score is computed from where its scoring stands.
+    const int64_t reuse = s.req->prompt_logprobs >= 0 ? std::min<int64_t>(s.prompt_scored, static_cast<int64_t>(s.tokens.size()) - 1)
+                                                       : static_cast<int64_t>(s.tokens.size()) - 1;
+    s.computed = kv_.attach_prefix(s.kv_seq, s.tokens, reuse);
     if (!s.admitted_once) s.req->channel->set_cached_tokens(std::min<int64_t>(s.computed, static_cast<int64_t>(s.req->prompt.size())));
     s.admitted_once = true;
     running_.push_back(std::move(waiting_[w]));
@@ -251,6 +264,10 @@ bool Scheduler::step() {
   };
   std::vector<Item> plan;
   int64_t budget = cfg_.max_num_batched_tokens;
+  int64_t score_rows = kPromptLogprobRows;  // prompt positions scored this step (a logits row each)
+  auto scoring = [](const Seq& s) {
+    return s.req->prompt_logprobs >= 0 && s.prompt_scored + 1 < static_cast<int64_t>(s.req->prompt.size());
+  };
   for (int pass = 0; pass < 2; ++pass) {
     std::vector<Seq*> order;
     for (auto& r : running_) order.push_back(r.get());
@@ -260,6 +277,11 @@ bool Scheduler::step() {
       const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->computed;
       if ((pass == 0) != (remaining == 1) || remaining <= 0) continue;
       int64_t chunk = std::min(remaining, budget);
+      if (scoring(*s)) {
+        chunk = std::min(chunk, score_rows);
+        if (chunk <= 0) continue;
+        score_rows -= chunk;
+      }
       for (;;) {
         const int64_t room = kv_.capacity(s->kv_seq) - s->computed + kv_.free_blocks() * bs;
         if (room >= chunk || (pass == 1 && room > 0)) {
@@ -296,13 +318,23 @@ bool Scheduler::step() {
   kv_used_ = kv_.num_blocks() - kv_.free_blocks();  // before any token of this step is sent
 
   Batch batch;
-  std::vector<Seq*> logit_seqs;
+  struct Row {
+    Seq* s;
+    int64_t pos;  // >= 0: scores prompt token pos + 1; -1: samples the next token
+  };
+  std::vector<Row> rows;  // one per logits row, in batch order
   for (const Item& it : plan) {
     Seq& s = *it.s;
     const bool last = s.computed + it.chunk == static_cast<int64_t>(s.tokens.size());
-    for (int64_t p = s.computed; p < s.computed + it.chunk; ++p)
-      batch.add(s.tokens[static_cast<size_t>(p)], s.kv_seq, p, last && p + 1 == s.computed + it.chunk);
-    if (last) logit_seqs.push_back(&s);
+    const int64_t plen = static_cast<int64_t>(s.req->prompt.size());
+    const bool score = scoring(s);
+    for (int64_t p = s.computed; p < s.computed + it.chunk; ++p) {
+      const bool sample = last && p + 1 == s.computed + it.chunk;
+      const bool scored = score && p >= s.prompt_scored && p + 1 < plen;
+      batch.add(s.tokens[static_cast<size_t>(p)], s.kv_seq, p, sample || scored);
+      if (scored) rows.push_back({&s, p});
+      if (sample) rows.push_back({&s, -1});
+    }
   }
   std::vector<float> logits;
   try {
@@ -319,16 +351,33 @@ bool Scheduler::step() {
     kv_.commit(it.s->kv_seq, it.s->tokens, it.s->computed);
   }
 
-  // (5) sample. The PLE counters of this step are published first, so a client that reads
-  // /metrics after its reply sees the steps that made it.
+  // (5) score prompt positions, sample. The PLE counters of this step are published first,
+  // so a client that reads /metrics after its reply sees the steps that made it.
   {
     std::lock_guard lk(kv_stats_mu_);
     copy_ple_stats();
   }
   const int64_t V = model_.config().vocab_size;
-  for (size_t r = 0; r < logit_seqs.size(); ++r) {
-    Seq& s = *logit_seqs[r];
-    SampleResult res = s.sampler.sample(logits.data() + static_cast<int64_t>(r) * V, V, s.prompt(), s.output());
+  std::vector<TokenEvent> scored;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    Seq& s = *rows[r].s;
+    const float* row = logits.data() + static_cast<int64_t>(r) * V;
+    if (rows[r].pos >= 0) {
+      const int32_t next = s.req->prompt[static_cast<size_t>(rows[r].pos + 1)];
+      const double lse = logsumexp(row, V);
+      TokenEvent ev{next, static_cast<float>(static_cast<double>(row[next]) - lse), {}};
+      if (s.req->prompt_logprobs > 0) {
+        std::vector<int32_t> ids;
+        std::vector<float> vals;
+        top_k(row, V, s.req->prompt_logprobs, ids, vals);
+        for (size_t i = 0; i < ids.size(); ++i) ev.top.push_back({ids[i], static_cast<float>(static_cast<double>(vals[i]) - lse)});
+      }
+      scored.push_back(std::move(ev));
+      s.prompt_scored = rows[r].pos + 1;
+      if (r + 1 == rows.size() || rows[r + 1].s != &s || rows[r + 1].pos < 0) s.req->channel->push_prompt(std::move(scored)), scored.clear();
+      continue;
+    }
+    SampleResult res = s.sampler.sample(row, V, s.prompt(), s.output());
     s.tokens.push_back(res.token);
     ++s.generated;
     s.req->channel->push(TokenEvent{res.token, res.logprob, std::move(res.top)});

@@ -63,6 +63,7 @@ class SeqChannel {
   bool started() const { return started_.load(std::memory_order_acquire); }
 
   struct Drained {
+    std::vector<TokenEvent> prompt;  // scores of prompt tokens 1.. (SeqRequest::prompt_logprobs), in order
     std::vector<TokenEvent> tokens;
     FinishReason finish = FinishReason::none;  // none: more to come
     std::string error;
@@ -74,13 +75,14 @@ class SeqChannel {
 
   // Engine thread.
   void push(TokenEvent&& ev);
+  void push_prompt(std::vector<TokenEvent>&& evs);
   void finish(FinishReason reason, std::string error = {});
 
  private:
   void signal(std::unique_lock<std::mutex>& lk);
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<TokenEvent> events_;
+  std::vector<TokenEvent> events_, prompt_events_;
   FinishReason finish_ = FinishReason::none;
   std::string error_;
   bool notified_ = false;
@@ -95,6 +97,12 @@ struct SeqRequest {
   int64_t max_tokens = 16;
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // EOS ids and stop_token_ids (the token is sent, then the sequence ends)
+  // >= 0: score the prompt (completions echo + logprobs): every prompt token
+  // after the first gets its logprob given the tokens before it, with this
+  // many top alternatives, pushed as prompt events before the first token.
+  // Such a prompt is computed from the start (no prefix cache reuse), at most
+  // kPromptLogprobRows positions per step. -1: off.
+  int prompt_logprobs = -1;
   std::shared_ptr<SeqChannel> channel;
   // Several choices of one prompt (n > 1): the other choices wait for the
   // first one's prompt to be computed and then attach its cached blocks
@@ -150,6 +158,10 @@ class Scheduler {
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
+
+  // Prompt positions scored per step in all (SeqRequest::prompt_logprobs):
+  // each needs a vocabulary-sized logits row.
+  static constexpr int64_t kPromptLogprobRows = 128;
 
   enum class Submit { ok, queue_full, shutting_down };
   // Thread-safe. Rejects when max_queue requests are already waiting.

@@ -67,6 +67,7 @@ EngineOptions EngineOptions::from_settings(const Settings& s) {
   EngineOptions o;
   o.bf16_dot = s.cpu_bf16_dot;
   o.int8_act = s.cpu_int8_act;
+  o.gguf_int8 = s.cpu_gguf_int8;
   if (s.cpu_onednn_min_tokens < 0)
     fail(ErrorKind::invalid_argument, "HMOE_CPU_ONEDNN_MIN_TOKENS / --cpu-onednn-min-tokens must be >= 0, got " + std::to_string(s.cpu_onednn_min_tokens));
   o.onednn_min_tokens = s.cpu_onednn_min_tokens;
@@ -82,6 +83,7 @@ struct ExpertEngine::Scratch {
   std::vector<float> xs, act;                // [pairs, hidden], [pairs, inter]
   std::vector<uint16_t> xs_bf16;
   cpu::QActs xt, xq, aq;                     // int8_act: quantized tokens, xs and act
+  cpu::Q8Acts gxt, gxq, gaq;                 // gguf_int8: the same for ggml block weights
   std::vector<int32_t> big;                  // oneDNN experts, ascending
   std::vector<int64_t> big_off;              // per big expert: first row in ybig
   std::vector<float> ybig, ubuf;             // [big pairs, hidden], [max m, inter]
@@ -122,6 +124,18 @@ ExpertEngine::ExpertEngine(const std::vector<ExpertWeights>& experts, NodePools&
           same_q([](const ExpertWeights& w) -> const cpu::Mat& { return w.up; }) && experts[0].gate.quant == experts[0].up.quant &&
           experts[0].gate.group == experts[0].up.group;
   q_down_ = same_q([](const ExpertWeights& w) -> const cpu::Mat& { return w.down; });
+  // The GGUF path: one ggml type (one activation layout) per projection.
+  auto same_g = [&](auto get) {
+    const cpu::Mat& m0 = get(experts[0]);
+    if (!opt.gguf_int8 || !cpu::gguf_q8_applies(m0)) return false;
+    for (const auto& w : experts)
+      if (!cpu::gguf_q8_same_layout(get(w), m0)) return false;
+    return true;
+  };
+  g_up_ = same_g([](const ExpertWeights& w) -> const cpu::Mat& { return w.gate; }) &&
+          same_g([](const ExpertWeights& w) -> const cpu::Mat& { return w.up; }) &&
+          cpu::gguf_q8_same_layout(experts[0].gate, experts[0].up);
+  g_down_ = same_g([](const ExpertWeights& w) -> const cpu::Mat& { return w.down; });
   if (opt.onednn_min_tokens > 0) {
     bool all_bf16 = true;
     for (const auto& w : experts)
@@ -232,12 +246,26 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
     if (n * H >= (1 << 16)) pools_.pool(0).parallel_for(n, quant, 4);
     else quant(0, n, 0);
   }
+  if (g_up_) {
+    sc.gxt.reset(n, q_up_like_);
+    sc.gxq.reset(P, q_up_like_);
+    auto quant = [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t) sc.gxt.quantize(t, x + t * H);
+    };
+    if (n * H >= (1 << 16)) pools_.pool(0).parallel_for(n, quant, 4);
+    else quant(0, n, 0);
+  }
   if (q_down_) sc.aq.reset(P, q_down_like_);
+  if (g_down_) sc.gaq.reset(P, q_down_like_);
   auto gather = [&](int64_t b, int64_t e, int) {
     for (int64_t p = b; p < e; ++p) {
       const float* src = x + sc.pair_token[static_cast<size_t>(p)] * H;
       if (q_up_) {
         sc.xq.copy_row(p, sc.xt, sc.pair_token[static_cast<size_t>(p)]);
+        continue;
+      }
+      if (g_up_) {
+        sc.gxq.copy_row(p, sc.gxt, sc.pair_token[static_cast<size_t>(p)]);
         continue;
       }
       std::memcpy(sc.xs.data() + p * H, src, static_cast<size_t>(H) * sizeof(float));
@@ -310,6 +338,9 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
       if (q_up_) {
         cpu::gemm_rows_q(sc.xq, off, m, gs, 0, nr, g.data(), nr);
         cpu::gemm_rows_q(sc.xq, off, m, us, 0, nr, u.data(), nr);
+      } else if (g_up_) {
+        cpu::gemm_rows_q8(sc.gxq, off, m, gs, 0, nr, g.data(), nr);
+        cpu::gemm_rows_q8(sc.gxq, off, m, us, 0, nr, u.data(), nr);
       } else if (bf16dot && gs.dtype == DType::bf16 && gs.quant == cpu::Quant::none) {
         cpu::gemm_rows_bf16dot(sc.xs_bf16.data() + off * H, H, m, gs, 0, nr, g.data(), nr);
         cpu::gemm_rows_bf16dot(sc.xs_bf16.data() + off * H, H, m, us, 0, nr, u.data(), nr);
@@ -326,9 +357,12 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
   }, 1, 1);  // chunks of one item: a decode step is only ~20 items per thread
 
   // int8_act: quantize act once per pair (its groups span the nodes' slices).
-  if (q_down_) {
+  if (q_down_ || g_down_) {
     auto quant = [&](int64_t b, int64_t e, int) {
-      for (int64_t p = b; p < e; ++p) sc.aq.quantize(p, sc.act.data() + p * I);
+      for (int64_t p = b; p < e; ++p) {
+        if (q_down_) sc.aq.quantize(p, sc.act.data() + p * I);
+        else sc.gaq.quantize(p, sc.act.data() + p * I);
+      }
     };
     if (P * I >= (1 << 16)) pools_.pool(0).parallel_for(P, quant, 4);
     else quant(0, P, 0);
@@ -348,6 +382,7 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
         const int64_t m = sc.count[static_cast<size_t>(ex)], off = sc.offset[static_cast<size_t>(ex)];
         if (y.size() < static_cast<size_t>(m * nr)) y.resize(static_cast<size_t>(m * nr));
         if (q_down_) cpu::gemm_rows_q(sc.aq, off, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
+        else if (g_down_) cpu::gemm_rows_q8(sc.gaq, off, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
         else cpu::gemm_rows(sc.act.data() + off * I, I, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
         const int64_t h0 = hidden_split_[static_cast<size_t>(j)] + r0;
         for (int64_t t = 0; t < m; ++t) {

@@ -25,6 +25,12 @@
 // output are quantized once per step. Used where cpu::int8_act_applies (else
 // the fp32 path); bf16/f16/f32 weights are never affected.
 //
+// gguf_int8 (HMOE_CPU_GGUF_INT8, default on): ggml block weights (Q4_K,
+// Q5_K, Q6_K, Q8_0, Q4_0, Q5_0) multiply activations quantized to 8 bits per
+// weight block, as llama.cpp does (numa/quant_gguf_q8.h): the gathered token
+// rows and the SwiGLU output are quantized once per step. Off: the exact
+// fp32 dequantize path.
+//
 // onednn_min_tokens (HMOE_CPU_ONEDNN_MIN_TOKENS, 0 = off): with bf16
 // weights, experts that get at least this many tokens in a step (prefill)
 // run as oneDNN bf16 matmuls on oneDNN's threads (numa/onednn_matmul.h:
@@ -43,6 +49,7 @@
 #include "numa/kernels.h"
 #include "numa/node_pools.h"
 #include "numa/onednn_matmul.h"
+#include "numa/quant_gguf_q8.h"
 #include "numa/thread_pool.h"
 
 namespace hmoe {
@@ -59,6 +66,7 @@ struct ExpertWeights {
 struct EngineOptions {
   bool bf16_dot = false;      // see the file comment
   bool int8_act = true;       // see the file comment
+  bool gguf_int8 = true;      // see the file comment
   int64_t onednn_min_tokens = 0;  // see the file comment
   int copy_to_nodes = -1;     // -1: copy when more than one node; 0: views; 1: always copy
   bool print_memory = true;   // memory per node on stderr at load
@@ -89,6 +97,8 @@ class ExpertEngine {
   std::string memory_report() const;
   // Whether the int8-activation path serves gate/up or down.
   bool int8_act_used() const { return q_up_ || q_down_; }
+  // Whether the 8-bit-activation GGUF path serves gate/up or down.
+  bool gguf_int8_used() const { return g_up_ || g_down_; }
   // Steps so far in which at least one expert went through oneDNN.
   int64_t onednn_steps() const { return onednn_steps_; }
   // Where node `node` starts its intermediate and hidden slices.
@@ -108,6 +118,7 @@ class ExpertEngine {
   bool copied_ = false;
   bool q_up_ = false, q_down_ = false;  // gate/up, down through the int8-activation path
   cpu::Mat q_up_like_, q_down_like_;    // the (shared) type the activations are quantized for
+  bool g_up_ = false, g_down_ = false;  // gate/up, down through the GGUF 8-bit-activation path
   std::unique_ptr<OnednnBf16> onednn_;  // when onednn_min_tokens > 0 and every weight is bf16
   int64_t onednn_steps_ = 0;
   std::vector<int64_t> inter_split_, hidden_split_;  // nodes + 1 boundaries

@@ -10,6 +10,7 @@
 #include "configs/error.h"
 #include "numa/detail/kernels_impl.h"
 #include "numa/quant_gguf.h"
+#include "numa/quant_gguf_q8.h"
 
 namespace hmoe::cpu {
 
@@ -195,6 +196,10 @@ void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* p
     std::vector<float> xr(static_cast<size_t>(n * w.cols));
     for (size_t i = 0; i < xr.size(); ++i) xr[i] = round_bf16(x[i]);
     gemm_exact(xr.data(), n, w, y, pool);
+    return;
+  }
+  if (gguf_int8() && gguf_q8_applies(w)) {
+    gemm_q8(x, n, w, y, pool);
     return;
   }
   gemm_exact(x, n, w, y, pool);

@@ -88,6 +88,8 @@ void gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0,
 void gemm_rows_bf16dot(const uint16_t* xb, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 // Same over all rows, split across the pool's threads by row blocks. Under
 // set_round_activations_bf16(true) x is first rounded to bf16 (on a copy).
+// Otherwise ggml block weights go through the 8-bit-activation integer path
+// while cpu::gguf_int8() is on (numa/quant_gguf_q8.h; setting cpu_gguf_int8).
 void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool);
 // gemm that never rounds x (routers: the GPU path computes them in fp32 too).
 void gemm_exact(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool);

@@ -8,9 +8,11 @@
 // is a run of 144-byte super-blocks), so they cannot be repacked into the
 // int4 view without losing the file's bytes-per-weight; they are computed on
 // as stored, dequantizing one block at a time in registers, with fp32
-// activations and fp32 accumulation (llama.cpp instead quantizes the
-// activations to 8 bits; we do not, so results are closer to the fp32
-// dequantized model).
+// activations and fp32 accumulation: the exact path. By default the ggml
+// types with integer kernels (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0) instead
+// quantize the activations to 8 bits as llama.cpp does and multiply in
+// integers (numa/quant_gguf_q8.h, setting cpu_gguf_int8); gemm_rows here
+// stays exact.
 //
 // Layout of a Mat with quant == Quant::ext (cpu::Mat::ext holds the ExtType):
 //  - ggml types: data is [rows][cols / block_elems] blocks of block_bytes,

@@ -41,9 +41,8 @@ std::string CompletionBuilder::finish_reason(FinishReason r) const {
   switch (r) {
     case FinishReason::eos: return parser_.tool_call_count() > 0 ? "tool_calls" : "stop";
     case FinishReason::length: return "length";
-    case FinishReason::shutdown:
-    case FinishReason::cancelled: return "abort";
-    default: return "error";
+    // Only OpenAI's values: an interrupted generation ends with an error event instead (on_finish).
+    default: return "stop";
   }
 }
 
@@ -123,6 +122,34 @@ ojson CompletionBuilder::completion_logprobs(const std::vector<const TokenEvent*
   return ojson{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
 }
 
+void CompletionBuilder::add_prompt_logprobs(std::vector<TokenEvent>&& evs) {
+  for (auto& e : evs) prompt_events_.push_back(std::move(e));
+}
+
+// The prompt's tokens (the first with null scores), then evs.
+ojson CompletionBuilder::echo_logprobs(const std::vector<const TokenEvent*>& evs) const {
+  ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
+  size_t off = 0;
+  for (size_t i = 0; i < spec_.prompt.size(); ++i) {
+    std::string t = token_text(*m_.tokenizer, spec_.prompt[i]);
+    tokens.push_back(t);
+    offs.push_back(off);
+    off += t.size();
+    const TokenEvent* ev = i > 0 && i - 1 < prompt_events_.size() ? &prompt_events_[i - 1] : nullptr;
+    lps.push_back(ev ? ojson(ev->logprob) : ojson(nullptr));
+    ojson top = ojson::object();
+    if (ev)
+      for (const auto& x : ev->top) top[token_text(*m_.tokenizer, x.id)] = x.logprob;
+    tops.push_back(ev && spec_.sampling.top_logprobs > 0 ? top : ojson(nullptr));
+  }
+  ojson gen = completion_logprobs(evs, spec_.prompt_text.size());
+  for (auto& x : gen["tokens"]) tokens.push_back(x);
+  for (auto& x : gen["token_logprobs"]) lps.push_back(x);
+  for (auto& x : gen["top_logprobs"]) tops.push_back(x);
+  for (auto& x : gen["text_offset"]) offs.push_back(x);
+  return ojson{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
 std::string CompletionBuilder::sse(const ojson& j) const {
   return "data: " + j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n\n";
 }
@@ -168,7 +195,15 @@ std::string CompletionBuilder::on_tokens(const std::vector<TokenEvent>& tokens) 
   if (!spec_.chat && spec_.echo && !sent_role_) {
     sent_role_ = true;
     std::vector<const TokenEvent*> none;
-    out += stream_delta(ParsedDelta{spec_.prompt_text, {}, {}}, none, nullptr);
+    if (spec_.sampling.logprobs) {  // the echoed prompt with its scores (text_offset from 0)
+      ojson j = chunk_base();
+      j["choices"] = ojson::array({ojson{{"index", index_}, {"text", spec_.prompt_text}, {"logprobs", echo_logprobs(none)}, {"finish_reason", nullptr}}});
+      if (spec_.include_usage) j["usage"] = nullptr;
+      out += sse(j);
+      text_len_ = spec_.prompt_text.size();
+    } else {
+      out += stream_delta(ParsedDelta{spec_.prompt_text, {}, {}}, none, nullptr);
+    }
   }
   std::vector<const TokenEvent*> used;
   ParsedDelta d = feed(tokens, used);
@@ -181,6 +216,9 @@ std::string CompletionBuilder::on_finish_choice(FinishReason reason, const std::
   std::string out = on_tokens({});
   if (reason == FinishReason::error) {
     out += "data: " + error_body(500, "generation failed: " + error, "", "generation_error") + "\n\n";
+  } else if (reason == FinishReason::shutdown || reason == FinishReason::cancelled) {
+    // OpenAI has no finish_reason for this ("abort" is vLLM's): clients see an error event.
+    out += "data: " + error_body(503, "the server is shutting down; the generation was interrupted", "", "shutting_down") + "\n\n";
   } else {
     ParsedDelta d = stop_.stopped() ? ParsedDelta{} : flush();
     std::vector<const TokenEvent*> none;
@@ -243,7 +281,7 @@ ojson CompletionBuilder::body(FinishReason reason) {
     choice["logprobs"] = spec_.sampling.logprobs ? chat_logprobs(evs) : ojson(nullptr);
   } else {
     choice["text"] = (spec_.echo ? spec_.prompt_text : std::string()) + all_.content;
-    choice["logprobs"] = spec_.sampling.logprobs ? completion_logprobs(evs, spec_.echo ? spec_.prompt_text.size() : 0) : ojson(nullptr);
+    choice["logprobs"] = !spec_.sampling.logprobs ? ojson(nullptr) : spec_.echo ? echo_logprobs(evs) : completion_logprobs(evs, 0);
   }
   choice["finish_reason"] = finish_reason(reason);
   j["choices"] = ojson::array({std::move(choice)});

@@ -30,7 +30,9 @@ class CompletionBuilder {
 
   // Streaming: SSE text ("data: ...\n\n" events) for these tokens; may be empty.
   std::string on_tokens(const std::vector<TokenEvent>& tokens);
-  // Streaming: the final events (finish chunk, usage chunk, [DONE]).
+  // Streaming: the final events (finish chunk, usage chunk, [DONE]). A
+  // generation ended by an error or shutdown gets an error event instead of
+  // a finish chunk: finish_reason only takes OpenAI's values.
   std::string on_finish(FinishReason reason, const std::string& error);
   // Streaming with several choices: this choice's last events (its finish
   // chunk, or an error event), then once for the request on_end(usage).
@@ -45,6 +47,11 @@ class CompletionBuilder {
   // Non-streaming: feed everything, then body().
   void add_tokens(const std::vector<TokenEvent>& tokens);
   nlohmann::ordered_json body(FinishReason reason);
+
+  // Completions with echo and logprobs: the prompt's scores (SeqChannel's
+  // prompt events, all of them before the first token), reported ahead of the
+  // generated tokens' with a null first entry, as OpenAI and vLLM do.
+  void add_prompt_logprobs(std::vector<TokenEvent>&& evs);
 
   bool stop_hit() const { return stop_.stopped(); }
   int64_t completion_tokens() const { return completion_tokens_; }
@@ -65,6 +72,7 @@ class CompletionBuilder {
  private:
   nlohmann::ordered_json chat_logprobs(const std::vector<const TokenEvent*>& evs) const;
   nlohmann::ordered_json completion_logprobs(const std::vector<const TokenEvent*>& evs, size_t text_offset) const;
+  nlohmann::ordered_json echo_logprobs(const std::vector<const TokenEvent*>& evs) const;
   std::string sse(const nlohmann::ordered_json& j) const;
   std::string stream_delta(ParsedDelta&& d, const std::vector<const TokenEvent*>& evs, const char* finish);
 
@@ -84,6 +92,7 @@ class CompletionBuilder {
   // Non-streaming accumulation.
   ParsedDelta all_;
   std::vector<TokenEvent> all_events_;
+  std::vector<TokenEvent> prompt_events_;
 };
 
 }  // namespace hmoe::server

@@ -6,6 +6,7 @@
 
 #include <sys/socket.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -17,11 +18,17 @@
 #include <algorithm>
 #include <cctype>
 
+#include <sys/resource.h>
+#include <unordered_map>
+
 #include "configs/error.h"
+#include "engine/random_id.h"
 #include "server/api_error.h"
 #include "server/completion.h"
+#include "server/http_headers.h"
 #include "server/reply.h"
 #include "server/responses_api.h"
+#include "server/worker_pool.h"
 
 namespace hmoe::server {
 
@@ -36,16 +43,6 @@ std::string fmt_hex(size_t n) {
   std::snprintf(b, sizeof b, "%zx", n);
   return b;
 }
-bool const_time_equal(const std::string& a, const std::string& b) {
-  const size_t n = std::max(a.size(), b.size());
-  unsigned char diff = static_cast<unsigned char>(a.size() != b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= static_cast<unsigned char>(x ^ y);
-  }
-  return diff == 0;
-}
 // %XX escapes of a path segment (/v1/models/{id}).
 std::string url_decode(std::string_view s) {
   std::string out;
@@ -59,20 +56,15 @@ std::string url_decode(std::string_view s) {
   }
   return out;
 }
-std::string random_id(const char* prefix, uint64_t n) {
-  static std::atomic<uint64_t> salt{static_cast<uint64_t>(Clock::now().time_since_epoch().count())};
-  uint64_t x = (salt.load() + n) * 0x9e3779b97f4a7c15ull;
-  x ^= x >> 31;
-  char b[40];
-  std::snprintf(b, sizeof b, "%s%016llx", prefix, static_cast<unsigned long long>(x));
-  return b;
-}
+std::string random_id(const char* prefix) { return prefix + random_alnum(24); }
 }  // namespace
 
 class Session;
 
 struct HttpServer::Impl {
-  Impl(const HttpOptions& o, Scheduler& s, const ModelInfo& m) : opt(o), sched(s), model(m), acceptor(ioc), signals(ioc), grace(ioc) {}
+  Impl(const HttpOptions& o, Scheduler& s, const ModelInfo& m)
+      : opt(o), sched(s), model(m), cors(o.cors_origins), acceptor(ioc), signals(ioc), grace(ioc),
+        pool(std::make_unique<WorkerPool>(static_cast<int>(std::max<int64_t>(o.worker_threads, 1)), static_cast<int>(o.worker_nice))) {}
   HttpOptions opt;
   Scheduler& sched;
   const ModelInfo& model;
@@ -81,40 +73,72 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor;
   net::signal_set signals;
   net::steady_timer grace;
+  Cors cors;
   std::list<std::weak_ptr<Session>> sessions;
-  int64_t open = 0;
+  int64_t open = 0;   // Session objects alive (shutdown waits for 0)
+  int64_t slots = 0;  // connections counted against --max-connections
+  std::unordered_map<std::string, int64_t> per_client;  // slots by client address
   uint64_t request_seq = 0;
   bool shutting_down = false;
   uint16_t port = 0;
   Clock::time_point shutdown_at;
 
+  // Declared last: destroyed (stopped and joined) first, while the rest is alive.
+  std::unique_ptr<WorkerPool> pool;  // request parsing, templates, tokenization
+
   void do_accept();
+  // Makes room for a connection from ip: closes the oldest idle connection
+  // (that client's when it is at its cap); false when none can be closed.
+  bool admit(const std::string& ip, std::string& why);
   void begin_shutdown();
   void check_done();
 };
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket sock, HttpServer::Impl& srv) : sock_(std::move(sock)), srv_(srv), timer_(srv.ioc) {}
-  ~Session() { --srv_.open; }
-
-  void start(bool over_limit) {
+  Session(tcp::socket sock, HttpServer::Impl& srv, std::string ip) : sock_(std::move(sock)), srv_(srv), timer_(srv.ioc), ip_(std::move(ip)) {
     ++srv_.open;
-    if (over_limit) {
+  }
+  ~Session() {
+    for (auto& c : chans_) c->cancel();
+    release_slot();
+    --srv_.open;
+  }
+
+  // rejected: the reason the connection is over a limit (503), or empty.
+  void start(const std::string& rejected) {
+    if (!rejected.empty()) {
       keep_alive_ = false;
-      send_error(ApiError(503, "too many open connections; retry later", "", "too_many_connections"), "1");
+      send_error(ApiError(503, rejected, "", "too_many_connections"), "1");
       return;
     }
+    has_slot_ = true;
+    ++srv_.slots;
+    ++srv_.per_client[ip_];
     read_request(true);
   }
 
   // Shutdown: close connections that are between requests.
   void on_shutdown() {
-    if (state_ == State::idle || state_ == State::header) close();
+    if (evictable()) close();
   }
+  // Idle (between requests) or still sending its request header: what the
+  // connection caps may close to make room for a new connection.
+  bool evictable() const { return has_slot_ && (state_ == State::idle || state_ == State::header); }
+  Clock::time_point idle_since() const { return idle_since_; }
+  const std::string& ip() const { return ip_; }
+  void evict() { close(); }
 
  private:
-  enum class State { idle, header, body, generating, closing };
+  enum class State { idle, header, body, parsing, generating, closing };
+
+  void release_slot() {
+    if (!has_slot_) return;
+    has_slot_ = false;
+    --srv_.slots;
+    auto it = srv_.per_client.find(ip_);
+    if (it != srv_.per_client.end() && --it->second <= 0) srv_.per_client.erase(it);
+  }
 
   void arm(double seconds) {
     const uint64_t gen = ++arm_gen_;
@@ -133,6 +157,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   void close() {
     state_ = State::closing;
+    hold_.reset();
+    release_slot();
     disarm();
     boost::system::error_code ig;
     sock_.shutdown(tcp::socket::shutdown_both, ig);
@@ -144,7 +170,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_request(bool first) {
     if (srv_.shutting_down && !first) return close();
     state_ = State::idle;
+    idle_since_ = Clock::now();
     timed_out_ = false;
+    request_id_.clear();
     if (buf_.size() == 0) {
       arm(first ? srv_.opt.header_timeout_s : srv_.opt.idle_timeout_s);
       sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](boost::system::error_code ec) {
@@ -224,9 +252,20 @@ class Session : public std::enable_shared_from_this<Session> {
     req_ = parser_->release();
     parser_.reset();
     keep_alive_ = req_.keep_alive() && !srv_.shutting_down;
+    http10_ = req_.version() < 11;
     arrival_ = Clock::now();
+    auto rid = req_.find("x-request-id");
+    request_id_ = request_id(rid == req_.end() ? std::string_view() : std::string_view(rid->value()));
+    auto origin = req_.find(http::field::origin);
+    cors_ = origin == req_.end() ? std::string() : srv_.cors.response_headers(std::string_view(origin->value()));
+    guarded([&] { route(); });
+  }
+
+  // Runs f; an exception becomes this request's error reply.
+  template <class F>
+  void guarded(F&& f) {
     try {
-      route();
+      f();
     } catch (const ApiError& e) {
       send_error(e);
     } catch (const Error& e) {
@@ -236,10 +275,76 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  // What a worker thread made of a request body.
+  enum class Work { tokenize, detokenize, chat, completion, responses };
+  struct Parsed {
+    Work work;
+    uint64_t seq = 0;
+    GenSpec spec;
+    std::string reply;  // tokenize/detokenize: the JSON body
+    std::unique_ptr<ResponsesRequest> responses;  // /v1/responses: its fields beyond the GenSpec
+    std::optional<ApiError> error;
+  };
+
+  // Parsing, chat template rendering and tokenization of a body run on the
+  // worker pool; the I/O thread keeps serving every other connection.
+  void parse_off_thread(Work work) {
+    state_ = State::parsing;
+    disarm();
+    auto body = std::make_shared<std::string>(std::move(req_.body()));
+    const uint64_t seq = ++srv_.request_seq;
+    net::post(srv_.pool->executor(), [self = shared_from_this(), body, work, seq] {
+      auto p = std::make_shared<Parsed>();
+      p->work = work;
+      p->seq = seq;
+      const ModelInfo& m = self->srv_.model;
+      try {
+        switch (work) {
+          case Work::tokenize: {
+            const std::vector<int32_t> ids = parse_tokenize_request(*body, m);
+            p->reply = nlohmann::ordered_json{{"count", ids.size()}, {"max_model_len", m.context}, {"tokens", ids}}.dump();
+            break;
+          }
+          case Work::detokenize:
+            p->reply = nlohmann::ordered_json{{"prompt", parse_detokenize_request(*body, m)}}.dump(-1, ' ', false,
+                                                                                                  nlohmann::ordered_json::error_handler_t::replace);
+            break;
+          case Work::chat: p->spec = parse_chat_request(*body, m, seq); break;
+          case Work::completion: p->spec = parse_completion_request(*body, m, seq); break;
+          case Work::responses:
+            p->responses = std::make_unique<ResponsesRequest>(parse_responses_request(*body, m, seq));
+            p->spec = p->responses->spec;
+            break;
+        }
+      } catch (const ApiError& e) {
+        p->error = e;
+      } catch (const Error& e) {
+        p->error = ApiError(e.kind() == ErrorKind::invalid_argument ? 400 : 500, e.what());
+      } catch (const std::exception& e) {
+        p->error = ApiError(500, std::string("internal error: ") + e.what());
+      }
+      body->clear();
+      body->shrink_to_fit();
+      net::post(self->srv_.ioc, [self, p] { self->on_parsed(*p); });
+    });
+  }
+
+  void on_parsed(Parsed& p) {
+    if (state_ != State::parsing) return;  // closed meanwhile
+    guarded([&] {
+      if (p.error) throw *p.error;
+      if (p.work == Work::tokenize || p.work == Work::detokenize) return send(200, "application/json", p.reply);
+      spec_ = std::move(p.spec);
+      responses_ = std::move(p.responses);
+      start_generation(p.work == Work::chat || p.work == Work::responses);
+    });
+  }
+
   void route() {
     std::string_view target = req_.target();
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
     endpoint_ = std::string(target);
+    if (req_.method() == http::verb::options && srv_.cors.enabled()) return preflight();
     const bool get = req_.method() == http::verb::get, post = req_.method() == http::verb::post;
     auto need = [&](bool ok, const char* allow) {
       if (!ok) throw ApiError(405, "method " + std::string(req_.method_string()) + " is not allowed on " + endpoint_ + " (allowed: " + allow + ")", "",
@@ -257,14 +362,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (target == "/tokenize" || target == "/detokenize") {  // vLLM's (and llama.cpp's) tokenizer endpoints
       check_auth();
       need(post, "POST");
-      nlohmann::ordered_json out;
-      if (target == "/tokenize") {
-        const std::vector<int32_t> ids = parse_tokenize_request(req_.body(), srv_.model);
-        out = {{"count", ids.size()}, {"max_model_len", srv_.model.context}, {"tokens", ids}};
-      } else {
-        out = {{"prompt", parse_detokenize_request(req_.body(), srv_.model)}};
-      }
-      return send(200, "application/json", out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+      return parse_off_thread(target == "/tokenize" ? Work::tokenize : Work::detokenize);
     }
     if (!target.starts_with("/v1/")) throw ApiError(404, "no route " + endpoint_, "", "not_found");
     check_auth();
@@ -281,34 +379,45 @@ class Session : public std::enable_shared_from_this<Session> {
     const bool chat = target == "/v1/chat/completions", responses = target == "/v1/responses";
     if (!chat && !responses && target != "/v1/completions") throw ApiError(404, "no route " + endpoint_, "", "not_found");
     need(post, "POST");
-    const uint64_t seq = ++srv_.request_seq;
-    if (responses) {
-      ResponsesRequest r = parse_responses_request(req_.body(), srv_.model, seq);
-      spec_ = r.spec;
-      responses_ = std::make_unique<ResponsesRequest>(std::move(r));
-    } else {
-      spec_ = chat ? parse_chat_request(req_.body(), srv_.model, seq) : parse_completion_request(req_.body(), srv_.model, seq);
-      responses_.reset();
-    }
-    start_generation(chat || responses, seq);
+    parse_off_thread(responses ? Work::responses : chat ? Work::chat : Work::completion);
+  }
+
+  // OPTIONS with CORS on: a preflight from an allowed origin gets 204 and
+  // the Access-Control-Allow-* headers; others 403. No API key (browsers
+  // send none on preflights).
+  void preflight() {
+    auto origin = req_.find(http::field::origin);
+    auto hdrs = req_.find(http::field::access_control_request_headers);
+    const std::string h = origin == req_.end() ? std::string()
+                                               : srv_.cors.preflight_headers(std::string_view(origin->value()), hdrs == req_.end() ? std::string_view() : std::string_view(hdrs->value()));
+    if (h.empty()) throw ApiError(403, "CORS: origin not allowed (--cors-origins)", "", "cors_origin_not_allowed");
+    cors_.clear();  // preflight headers already carry Access-Control-Allow-Origin
+    send(204, "", "", h);
   }
 
   void check_auth() {
     if (srv_.opt.api_key.empty()) return;
     auto it = req_.find(http::field::authorization);
-    const std::string got = it == req_.end() ? std::string() : std::string(it->value());
     if (it == req_.end()) throw ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", "", "invalid_api_key");
-    if (!const_time_equal(got, "Bearer " + srv_.opt.api_key)) throw ApiError(401, "invalid API key", "", "invalid_api_key");
+    if (!bearer_matches(std::string_view(it->value()), srv_.opt.api_key)) throw ApiError(401, "invalid API key", "", "invalid_api_key");
   }
 
-  void start_generation(bool chat, uint64_t seq) {
+  // Streamed body bytes: a chunk of chunked transfer encoding, or raw for an
+  // HTTP/1.0 client (its reply is delimited by closing the connection).
+  std::string frame(const std::string& data) const {
+    if (http10_) return data;
+    return fmt_hex(data.size()) + "\r\n" + data + "\r\n";
+  }
+  std::string common_headers() const { return "X-Request-Id: " + (request_id_.empty() ? request_id(std::string_view()) : request_id_) + "\r\n" + cors_; }
+
+  void start_generation(bool chat) {
     const uint64_t gen = ++gen_id_;
     std::weak_ptr<Session> weak = weak_from_this();
     net::io_context& ioc = srv_.ioc;
     const size_t n = responses_ ? 1 : static_cast<size_t>(std::max<int64_t>(spec_.n, 1));
     const int64_t created = static_cast<int64_t>(std::time(nullptr));
-    if (responses_) builder_ = std::make_unique<ResponsesReply>(*responses_, srv_.model, random_id("resp_", seq), created);
-    else builder_ = std::make_unique<ChatReply>(spec_, srv_.model, random_id(chat ? "chatcmpl-" : "cmpl-", seq), created);
+    if (responses_) builder_ = std::make_unique<ResponsesReply>(*responses_, srv_.model, random_id("resp_"), created);
+    else builder_ = std::make_unique<ChatReply>(spec_, srv_.model, random_id(chat ? "chatcmpl-" : "cmpl-"), created);
     chans_.clear();
     fins_.assign(n, FinishReason::none);
     errors_.assign(n, std::string());
@@ -330,6 +439,7 @@ class Session : public std::enable_shared_from_this<Session> {
       req->sampling = spec_.sampling;
       req->sampling.seed += i * 0x9e3779b97f4a7c15ull;  // choices differ, reproducibly under a seed
       req->stop_ids = spec_.stop_ids;
+      if (!spec_.chat && spec_.echo && spec_.sampling.logprobs) req->prompt_logprobs = spec_.sampling.top_logprobs;  // echo scores the prompt (each choice its own)
       req->channel = chans_.back();
       if (i > 0) req->after = chans_[0];
       Scheduler::Submit r = srv_.sched.submit(std::move(req));
@@ -343,8 +453,9 @@ class Session : public std::enable_shared_from_this<Session> {
     state_ = State::generating;
     first_token_ = true;
     if (spec_.stream) {
-      write("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: " +
-            std::string(keep_alive_ ? "keep-alive" : "close") + "\r\n\r\n");
+      if (http10_) keep_alive_ = false;
+      write("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" + common_headers() +
+            (http10_ ? "" : "Transfer-Encoding: chunked\r\n") + "Connection: " + std::string(keep_alive_ ? "keep-alive" : "close") + "\r\n\r\n");
     }
     watch_disconnect(gen);
   }
@@ -362,6 +473,14 @@ class Session : public std::enable_shared_from_this<Session> {
         const ssize_t n = ::recv(self->sock_.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
         if (n > 0) return;  // pipelined request: read after this response
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->watch_disconnect(gen);
+        if (n == 0) {
+          // End of stream: the client shut its write side (half-close) and may
+          // still read the reply; it is not cancelled. A client that is really
+          // gone makes a later write fail (streams) or gets the reply dropped.
+          self->keep_alive_ = false;
+          self->hold_ = self;  // no read pending now: stay alive until the reply is done
+          return;
+        }
       }
       self->client_gone();
     });
@@ -375,6 +494,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void end_generation() {
+    hold_.reset();
     ++gen_id_;
     chans_.clear();
     builder_.reset();
@@ -389,6 +509,9 @@ class Session : public std::enable_shared_from_this<Session> {
       if (fins_[i] != FinishReason::none) continue;
       SeqChannel::Drained d = chans_[i]->drain();
       if (i == 0) builder_->set_cached_tokens(chans_[0]->cached_tokens());
+      if (!d.prompt.empty()) builder_->add_prompt_logprobs(i, std::move(d.prompt));
+      // Prompt scores alone (echo + logprobs, 128 positions a step): nothing to send until its first token.
+      if (d.tokens.empty() && d.finish == FinishReason::none) continue;
       new_tokens += d.tokens.size();
       FinishReason fin = d.finish;
       if (spec_.stream) out += builder_->on_tokens(i, d.tokens);
@@ -415,10 +538,10 @@ class Session : public std::enable_shared_from_this<Session> {
     const bool all_done = std::none_of(fins_.begin(), fins_.end(), [](FinishReason f) { return f == FinishReason::none; });
     if (spec_.stream) {
       if (all_done) out += builder_->on_end();
-      if (!out.empty()) write(fmt_hex(out.size()) + "\r\n" + out + "\r\n");
+      if (!out.empty()) write(frame(out));
       if (state_ != State::generating) return;  // the client was dropped
       if (all_done) {
-        write("0\r\n\r\n");
+        if (!http10_) write("0\r\n\r\n");
         finish_metrics(200);
         end_generation();
         state_ = State::closing;  // until the writes drain
@@ -454,7 +577,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string ev = "data: " + error_body(500, "internal error: " + what, "", "internal_error") + "\n\ndata: [DONE]\n\n";
     srv_.metrics.request_done(endpoint_, 500);
     state_ = State::closing;
-    write(fmt_hex(ev.size()) + "\r\n" + ev + "\r\n0\r\n\r\n");
+    write(frame(ev) + (http10_ ? "" : "0\r\n\r\n"));
     after_writes_ = true;
   }
 
@@ -468,14 +591,16 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string extra;
     if (e.status == 503 || e.status == 429) extra = "Retry-After: " + (retry_after.empty() ? std::string("1") : retry_after) + "\r\n";
     if (e.status == 401) extra += "WWW-Authenticate: Bearer\r\n";
+    if (e.status == 405) extra += "Allow: " + std::string(srv_.cors.enabled() ? "GET, POST, OPTIONS" : "GET, POST") + "\r\n";
     send(e.status, "application/json", error_body(e), extra);
   }
 
   void send(int status, const std::string& type, const std::string& body, const std::string& extra = {}, bool count = true) {
     if (count) srv_.metrics.request_done(endpoint_.empty() ? "-" : endpoint_, status);
-    if (status >= 400 && status != 404 && status != 401 && status != 405 && status != 400 && status != 503) keep_alive_ = false;
+    if (status >= 400 && status != 404 && status != 401 && status != 403 && status != 405 && status != 400 && status != 503) keep_alive_ = false;
     std::string head = "HTTP/1.1 " + std::to_string(status) + " " + std::string(http::obsolete_reason(static_cast<http::status>(status))) + "\r\n";
-    head += "Content-Type: " + type + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" + extra;
+    if (!type.empty()) head += "Content-Type: " + type + "\r\n";
+    head += "Content-Length: " + std::to_string(body.size()) + "\r\n" + common_headers() + extra;
     head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     if (state_ == State::generating) ++gen_id_;  // no more events for this response
     state_ = State::closing;
@@ -494,6 +619,28 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!writing_) do_write();
   }
 
+  // After the last reply: shut our sending side and read (and drop) what the
+  // client still sends for up to a second, so that a client whose request
+  // was refused mid-upload (413, 431) reads its error instead of a reset.
+  void linger_close() {
+    state_ = State::closing;
+    hold_.reset();
+    release_slot();
+    boost::system::error_code ig;
+    sock_.cancel(ig);
+    sock_.shutdown(tcp::socket::shutdown_send, ig);
+    if (ig) return close();
+    arm(1.0);  // then the socket is closed
+    if (!drain_buf_) drain_buf_ = std::make_unique<std::array<char, 16384>>();
+    drain(0);
+  }
+  void drain(size_t total) {
+    sock_.async_read_some(net::buffer(*drain_buf_), [self = shared_from_this(), total](boost::system::error_code ec, size_t n) {
+      if (ec || total + n > (16u << 20)) return self->close();
+      self->drain(total + n);
+    });
+  }
+
   void do_write() {
     if (queue_.empty()) {
       writing_ = false;
@@ -505,7 +652,7 @@ class Session : public std::enable_shared_from_this<Session> {
           endpoint_.clear();
           return net::post(srv_.ioc, [self = shared_from_this()] { self->read_request(false); });
         }
-        return close();
+        return linger_close();
       }
       return;
     }
@@ -536,6 +683,11 @@ class Session : public std::enable_shared_from_this<Session> {
   std::deque<std::string> queue_;
   size_t queued_bytes_ = 0;
   std::string endpoint_;
+  std::string ip_, request_id_, cors_;
+  std::shared_ptr<Session> hold_;
+  std::unique_ptr<std::array<char, 16384>> drain_buf_;  // self-reference of a half-closed connection while it generates
+  bool has_slot_ = false, http10_ = false;
+  Clock::time_point idle_since_ = Clock::now();
   GenSpec spec_;
   std::vector<std::shared_ptr<SeqChannel>> chans_;  // one per choice
   std::vector<FinishReason> fins_;
@@ -556,13 +708,45 @@ void HttpServer::Impl::do_accept() {
     }
     boost::system::error_code ig;
     sock.set_option(tcp::no_delay(true), ig);
-    auto s = std::make_shared<Session>(std::move(sock), *this);
-    const bool over = open >= opt.max_connections;
+    const auto remote = sock.remote_endpoint(ig);
+    std::string ip = ig ? std::string("?") : remote.address().to_string();
     std::erase_if(sessions, [](const std::weak_ptr<Session>& w) { return w.expired(); });
+    std::string why;
+    const bool ok = admit(ip, why);
+    auto s = std::make_shared<Session>(std::move(sock), *this, std::move(ip));
     sessions.push_back(s);
-    s->start(over);
+    s->start(ok ? std::string() : why);
     do_accept();
   });
+}
+
+bool HttpServer::Impl::admit(const std::string& ip, std::string& why) {
+  auto oldest_idle = [&](const std::string* only) {
+    std::shared_ptr<Session> best;
+    for (auto& w : sessions)
+      if (auto s = w.lock(); s && s->evictable() && (!only || s->ip() == *only) && (!best || s->idle_since() < best->idle_since())) best = s;
+    return best;
+  };
+  if (opt.max_connections_per_client > 0) {
+    auto it = per_client.find(ip);
+    if (it != per_client.end() && it->second >= opt.max_connections_per_client) {
+      auto victim = oldest_idle(&ip);
+      if (!victim) {
+        why = "too many open connections from " + ip + " (" + std::to_string(it->second) + ", --max-connections-per-client); retry later";
+        return false;
+      }
+      victim->evict();
+    }
+  }
+  if (slots >= opt.max_connections) {
+    auto victim = oldest_idle(nullptr);
+    if (!victim) {
+      why = "too many open connections (" + std::to_string(slots) + " busy, --max-connections); retry later";
+      return false;
+    }
+    victim->evict();
+  }
+  return true;
 }
 
 void HttpServer::Impl::begin_shutdown() {
@@ -606,6 +790,17 @@ HttpServer::HttpServer(const HttpOptions& opt, Scheduler& scheduler, const Model
   if (!ec) a.listen(net::socket_base::max_listen_connections, ec);
   if (ec) fail(ErrorKind::io, "cannot listen on " + opt.host + ":" + std::to_string(opt.port) + ": " + ec.message());
   impl_->port = a.local_endpoint().port();
+  // Each connection is a descriptor: make room for the caps (plus the
+  // model's files and a margin) when the soft limit is lower.
+  rlimit rl{};
+  const rlim_t want = static_cast<rlim_t>(opt.max_connections) + 256;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < want) {
+    rl.rlim_cur = std::min(want, rl.rlim_max);
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur < want)
+      std::fprintf(stderr, "hmoe serve: warning: --max-connections %lld needs about %llu open files, but the limit is %llu (ulimit -n)\n",
+                   static_cast<long long>(opt.max_connections), static_cast<unsigned long long>(want), static_cast<unsigned long long>(rl.rlim_cur));
+  }
 }
 
 HttpServer::~HttpServer() = default;

@@ -30,9 +30,33 @@ void Histogram::render(std::string& out, const std::string& name, const std::str
   out += name + "_sum " + buf + "\n" + name + "_count " + std::to_string(n_) + "\n";
 }
 
+std::string route_label(std::string_view path) {
+  static constexpr std::string_view kRoutes[] = {"/health", "/metrics", "/tokenize", "/detokenize", "/v1/models",
+                                                 "/v1/chat/completions", "/v1/completions", "/v1/responses"};
+  for (std::string_view r : kRoutes)
+    if (path == r) return std::string(r);
+  if (path.starts_with("/v1/models/")) return "/v1/models/{id}";
+  if (path.starts_with("/v1/responses/")) return "/v1/responses/{id}";
+  return "other";
+}
+
+std::string escape_label(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
 void Metrics::request_done(const std::string& endpoint, int status) {
+  std::string label = route_label(endpoint);
+  if (status < 100 || status > 599) status = 0;
   std::lock_guard lk(mu_);
-  ++requests_[{endpoint, status}];
+  ++requests_[{std::move(label), status}];
 }
 
 namespace {
@@ -90,7 +114,7 @@ std::string Metrics::render(const SchedulerStats& s, int64_t open_connections) c
   {
     std::lock_guard lk(mu_);
     for (const auto& [k, v] : requests_)
-      out += "hmoe_requests_total{endpoint=\"" + k.first + "\",status=\"" + std::to_string(k.second) + "\"} " + std::to_string(v) + "\n";
+      out += "hmoe_requests_total{endpoint=\"" + escape_label(k.first) + "\",status=\"" + std::to_string(k.second) + "\"} " + std::to_string(v) + "\n";
   }
   auto gauge = [&](const char* name, const char* type, const char* help, int64_t v) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + std::to_string(v) + "\n";

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "engine/scheduler.h"
 
@@ -29,8 +30,16 @@ class Histogram {
   uint64_t n_ = 0;
 };
 
+// The endpoint label of a request path: the known routes by name
+// ("/v1/models/{id}" for any model id), every other path "other", so that
+// clients cannot create series (the label set stays bounded).
+std::string route_label(std::string_view path);
+// A label value escaped for the Prometheus text format (\\, \", \n).
+std::string escape_label(std::string_view v);
+
 class Metrics {
  public:
+  // endpoint: the request path (mapped by route_label).
   void request_done(const std::string& endpoint, int status);
   void add_tokens(int64_t prompt, int64_t generated, int64_t cached = 0) {
     prompt_tokens_ += prompt;

@@ -35,6 +35,8 @@ class ReplyBuilder {
   // A stop string matched in choice i: the caller cancels its sequence.
   virtual bool stop_hit(size_t i) const = 0;
   virtual void set_cached_tokens(int64_t n) = 0;
+  // Completions with echo + logprobs: choice i's prompt scores (SeqChannel's prompt events).
+  virtual void add_prompt_logprobs(size_t i, std::vector<TokenEvent>&& evs) = 0;
   virtual int64_t prompt_tokens() const = 0;
   virtual int64_t completion_tokens() const = 0;
   virtual int64_t cached_tokens() const = 0;
@@ -51,6 +53,7 @@ class ChatReply : public ReplyBuilder {
   nlohmann::ordered_json body(const std::vector<FinishReason>& reasons) override;
   bool stop_hit(size_t i) const override { return b_[i]->stop_hit(); }
   void set_cached_tokens(int64_t n) override { b_[0]->set_cached_tokens(n); }
+  void add_prompt_logprobs(size_t i, std::vector<TokenEvent>&& evs) override { b_[i]->add_prompt_logprobs(std::move(evs)); }
   int64_t prompt_tokens() const override { return b_[0]->prompt_tokens(); }
   int64_t completion_tokens() const override;
   int64_t cached_tokens() const override { return b_[0]->cached_tokens(); }

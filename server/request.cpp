@@ -1,13 +1,16 @@
 #include "server/request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "configs/error.h"
 #include "engine/chat/chat_template.h"
+#include "engine/json_guard.h"
 #include "engine/output_parser.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/api_error.h"
+#include "server/json_body.h"
 #include "server/structured.h"
 
 namespace hmoe::server {
@@ -88,12 +91,14 @@ bool get_bool(const ojson& j, const char* key, bool def) {
 }
 
 ojson parse_body(std::string_view body) {
+  // Depth, NUL bytes and duplicate keys are checked on the raw bytes: no deep value is ever built.
+  check_json_body(body);
   ojson j;
   try {
     j = ojson::parse(body.begin(), body.end());
-  } catch (const ojson::parse_error& e) {
-    // nlohmann reports invalid UTF-8 inside strings as a parse error too.
-    throw ApiError(400, std::string("request body is not valid JSON: ") + e.what(), "", "invalid_json");
+  } catch (const ojson::exception& e) {
+    // Syntax errors, invalid UTF-8, lone surrogates, numbers out of range (1e999).
+    throw ApiError(400, std::string("request body is not valid JSON: ") + e.what(), json_error_path(body), "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, std::string("request body must be a JSON object, got ") + type_name(j), "", "invalid_json");
   return j;
@@ -134,7 +139,9 @@ void parse_common(const ojson& j, const ModelInfo& m, uint64_t request_seq, GenS
     if (lb->size() > 1024) bad("logit_bias", "'logit_bias' has more than 1024 entries");
     for (auto it = lb->begin(); it != lb->end(); ++it) {
       int64_t id = -1;
-      try {
+      const bool digits = !it.key().empty() && it.key().size() <= 10 &&
+                          std::all_of(it.key().begin(), it.key().end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (digits) try {
         size_t used = 0;
         id = std::stoll(it.key(), &used);
         if (used != it.key().size()) id = -1;
@@ -167,6 +174,7 @@ void parse_common(const ojson& j, const ModelInfo& m, uint64_t request_seq, GenS
   if (!ignore_eos) g.stop_ids = m.eos_ids;
   if (const ojson* st = field(j, "stop_token_ids")) {
     if (!st->is_array()) wrong_type("stop_token_ids", "an array of token ids", *st);
+    if (st->size() > 1024) bad("stop_token_ids", "'stop_token_ids' has more than 1024 entries");
     for (const auto& e : *st) {
       if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= m.vocab)
         bad("stop_token_ids", "'stop_token_ids' entries must be token ids in [0, " + std::to_string(m.vocab) + ")");
@@ -255,11 +263,20 @@ void render_chat(const ojson& j, const ModelInfo& m, GenSpec& g) {
     if (const ojson* tc = field(msg, "tool_calls")) {
       if (r != "assistant") bad(p + ".tool_calls", "only assistant messages carry tool_calls");
       if (!tc->is_array()) wrong_type(p + ".tool_calls", "an array", *tc);
-      for (const auto& call : *tc) {
+      for (size_t k = 0; k < tc->size(); ++k) {
+        const ojson& call = (*tc)[k];
         const ojson* fn = call.is_object() ? field(call, "function") : nullptr;
         if (!fn || !fn->is_object() || !field(*fn, "name") || !(*fn)["name"].is_string())
           bad(p + ".tool_calls", "each tool call needs function.name");
+        // The template parses a JSON arguments string: it must nest no deeper than a body may.
+        const ojson* args = field(*fn, "arguments");
+        if (args && args->is_string() && !json_depth_ok(args->get_ref<const std::string&>(), kMaxJsonDepth))
+          bad(p + ".tool_calls[" + std::to_string(k) + "].function.arguments",
+              "the arguments JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels", "json_too_deep");
       }
+    } else if (r == "tool" && (!field(msg, "tool_call_id") || !msg["tool_call_id"].is_string())) {
+      bad(p + ".tool_call_id", "'" + p + ".tool_call_id' (a string: the id of the call this message answers) is required for role tool",
+          "missing_required_parameter");
     } else if ((r == "user" || r == "system") && (c == msg.end() || c->is_null())) {
       bad(p + ".content", "'" + p + ".content' is required for role " + r, "missing_required_parameter");
     }
@@ -309,6 +326,9 @@ void render_chat(const ojson& j, const ModelInfo& m, GenSpec& g) {
     bad("tool_choice", "tool_choice \"" + (tool_choice == "named" ? forced_name : tool_choice) + "\" needs a non-empty 'tools' list");
   if (const ojson* kw = field(j, "chat_template_kwargs")) {
     if (!kw->is_object()) wrong_type("chat_template_kwargs", "an object", *kw);
+    for (auto it = kw->begin(); it != kw->end(); ++it)
+      if (chat::ChatTemplate::reserved_variable(it.key()))
+        bad("chat_template_kwargs." + it.key(), "'chat_template_kwargs' may not set '" + it.key() + "': the server sets it from the request");
     req["chat_template_kwargs"] = *kw;
   }
   req["add_generation_prompt"] = get_bool(j, "add_generation_prompt", true);

@@ -1,8 +1,9 @@
 #include "server/responses_api.h"
 
-#include <random>
-
+#include "engine/json_guard.h"
+#include "engine/random_id.h"
 #include "server/api_error.h"
+#include "server/json_body.h"
 
 namespace hmoe::server {
 
@@ -103,11 +104,13 @@ ojson chat_messages(const ojson& j) {
 }  // namespace
 
 ResponsesRequest parse_responses_request(std::string_view body, const ModelInfo& m, uint64_t request_seq) {
+  // Depth, NUL bytes and duplicate keys are checked on the raw bytes: no deep value is ever built.
+  check_json_body(body);
   ojson j;
   try {
     j = ojson::parse(body.begin(), body.end());
-  } catch (const ojson::parse_error& e) {
-    throw ApiError(400, std::string("request body is not valid JSON: ") + e.what(), "", "invalid_json");
+  } catch (const ojson::exception& e) {
+    throw ApiError(400, std::string("request body is not valid JSON: ") + e.what(), json_error_path(body), "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, "request body must be a JSON object", "", "invalid_json");
   if (field(j, "previous_response_id"))
@@ -186,18 +189,10 @@ ResponsesRequest parse_responses_request(std::string_view body, const ModelInfo&
 }
 
 ResponsesReply::ResponsesReply(const ResponsesRequest& req, const ModelInfo& m, std::string id, int64_t created)
-    : req_(req), m_(m), b_(req.spec, m, id, created), id_(std::move(id)), created_(created), streaming_(req.spec.stream),
-      ids_(std::random_device{}() ^ static_cast<uint64_t>(created) * 0x9e3779b97f4a7c15ull) {}
+    : req_(req), m_(m), b_(req.spec, m, id, created), id_(std::move(id)), created_(created), streaming_(req.spec.stream) {}
 
-std::string ResponsesReply::item_id(const char* prefix) {
-  static constexpr char kAlpha[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-  std::string s = prefix;
-  for (int i = 0; i < 24; ++i) {
-    ids_ = ids_ * 6364136223846793005ull + 1442695040888963407ull;
-    s += kAlpha[(ids_ >> 33) % 36];
-  }
-  return s;
-}
+// Item ids (msg_, fc_, rs_) from the kernel's CSPRNG, like every other id (engine/random_id.h).
+std::string ResponsesReply::item_id(const char* prefix) { return prefix + random_alnum(24); }
 
 std::string ResponsesReply::event(const char* type, ojson j) {
   ojson e{{"type", type}, {"sequence_number", seq_++}};
@@ -317,6 +312,10 @@ std::string ResponsesReply::on_choice_finish(size_t, FinishReason reason, const 
     ojson r = response("failed", "");
     r["error"] = ojson{{"code", "server_error"}, {"message", "generation failed: " + error}};
     return out + event("response.failed", ojson{{"response", std::move(r)}});
+  }
+  if (reason == FinishReason::shutdown || reason == FinishReason::cancelled) {
+    // Interrupted, not finished: no response.completed / finish reason, an error event (as chat streams get).
+    return out + event("error", ojson{{"code", "shutting_down"}, {"message", "the server is shutting down; the generation was interrupted"}, {"param", nullptr}});
   }
   out += process(b_.take_rest());
   out += close_reasoning();

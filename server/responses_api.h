@@ -20,7 +20,8 @@
 // content_part.added, output_text.delta / .done, content_part.done,
 // function_call_arguments.delta / .done, output_item.done and
 // response.completed (response.incomplete when max_output_tokens ran out,
-// response.failed on an error), each "event: TYPE" + "data: JSON" with a
+// response.failed on an error; an "error" event, code shutting_down, when
+// the server shuts down mid-generation), each "event: TYPE" + "data: JSON" with a
 // sequence_number; no [DONE].
 //
 // Not thread-safe: one reply per request, on its connection's thread.
@@ -57,6 +58,7 @@ class ResponsesReply : public ReplyBuilder {
   nlohmann::ordered_json body(const std::vector<FinishReason>& reasons) override;
   bool stop_hit(size_t) const override { return b_.stop_hit(); }
   void set_cached_tokens(int64_t n) override { b_.set_cached_tokens(n); }
+  void add_prompt_logprobs(size_t, std::vector<TokenEvent>&&) override {}  // chat prompts are not scored
   int64_t prompt_tokens() const override { return b_.prompt_tokens(); }
   int64_t completion_tokens() const override { return b_.completion_tokens(); }
   int64_t cached_tokens() const override { return b_.cached_tokens(); }
@@ -78,7 +80,6 @@ class ResponsesReply : public ReplyBuilder {
   bool streaming_;
   bool started_ = false;
   int64_t seq_ = 0;
-  uint64_t ids_ = 0;
   std::vector<nlohmann::ordered_json> items_;  // finished output items
   std::string reasoning_;                     // open reasoning text
   bool msg_open_ = false;

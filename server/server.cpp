@@ -9,6 +9,7 @@
 #include "configs/error.h"
 #include "engine/generation_config.h"
 #include "engine/gguf_model.h"
+#include "server/http_headers.h"
 
 namespace hmoe::server {
 
@@ -29,6 +30,26 @@ int64_t available_ram() {
 }
 }  // namespace
 
+int64_t context_length(const Settings& s, const ModelConfig& c) {
+  if (s.max_model_len < 0)
+    fail(ErrorKind::invalid_argument, "--max-model-len must be >= 0 (0: the model's " + std::to_string(c.max_position_embeddings) + " tokens), got " +
+                                          std::to_string(s.max_model_len));
+  // As vLLM derives it: max_position_embeddings, or yarn's original length times its factor when larger.
+  int64_t trained = c.max_position_embeddings;
+  std::string how = "max_position_embeddings in config.json";
+  if (c.mla.rope_scaling_type == "yarn" && c.mla.yarn_factor > 1) {
+    const auto scaled = static_cast<int64_t>(static_cast<double>(c.mla.yarn_original_max_position_embeddings) * c.mla.yarn_factor);
+    if (scaled > trained) {
+      trained = scaled;
+      how = "yarn rope scaling: original_max_position_embeddings x factor";
+    }
+  }
+  if (trained > 0 && s.max_model_len > trained)
+    fail(ErrorKind::invalid_argument, "--max-model-len " + std::to_string(s.max_model_len) + " is larger than the context the model was trained for (" +
+                                          std::to_string(trained) + " tokens, " + how + ")");
+  return s.max_model_len > 0 ? s.max_model_len : c.max_position_embeddings;
+}
+
 SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
   SchedulerConfig c;
   c.max_num_seqs = s.max_num_seqs;
@@ -38,7 +59,7 @@ SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
     fail(ErrorKind::invalid_argument, "--block-size must be a power of two, got " + std::to_string(s.block_size));
   c.block_size = s.block_size;
   c.prefix_caching = s.enable_prefix_caching;
-  const int64_t ctx = s.max_model_len > 0 ? s.max_model_len : m.config().max_position_embeddings;
+  const int64_t ctx = context_length(s, m.config());
   const int64_t block_bytes = KvCache::bytes_per_block(m.kv_layout(), c.block_size);
   const int64_t ctx_blocks = (ctx + c.block_size - 1) / c.block_size + 1;
   int64_t blocks;
@@ -84,9 +105,24 @@ HttpOptions http_options(const Settings& s) {
   o.body_timeout_s = s.body_timeout;
   o.idle_timeout_s = s.idle_timeout;
   o.max_connections = s.max_connections;
-  if (o.header_timeout_s <= 0 || o.body_timeout_s <= 0 || o.idle_timeout_s <= 0)
-    fail(ErrorKind::invalid_argument, "--header-timeout, --body-timeout and --idle-timeout must be > 0");
-  if (o.max_connections < 1) fail(ErrorKind::invalid_argument, "--max-connections must be >= 1");
+  o.max_connections_per_client = s.max_connections_per_client;
+  o.worker_threads = s.http_worker_threads;
+  o.worker_nice = s.http_worker_nice;
+  o.cors_origins = s.cors_origins;
+  auto seconds = [](double v, const char* flag) {
+    if (!(v > 0) || v > 86400) fail(ErrorKind::invalid_argument, std::string(flag) + " must be in (0, 86400] seconds, got " + std::to_string(v));
+  };
+  seconds(o.header_timeout_s, "--header-timeout");
+  seconds(o.body_timeout_s, "--body-timeout");
+  seconds(o.idle_timeout_s, "--idle-timeout");
+  if (o.max_connections < 1 || o.max_connections > 1000000)
+    fail(ErrorKind::invalid_argument, "--max-connections must be in 1..1000000, got " + std::to_string(o.max_connections));
+  if (o.max_connections_per_client < 0)
+    fail(ErrorKind::invalid_argument, "--max-connections-per-client must be >= 0 (0: no cap), got " + std::to_string(o.max_connections_per_client));
+  if (o.worker_threads < 1 || o.worker_threads > 64)
+    fail(ErrorKind::invalid_argument, "--http-worker-threads must be in 1..64, got " + std::to_string(o.worker_threads));
+  if (o.worker_nice < 0 || o.worker_nice > 19) fail(ErrorKind::invalid_argument, "--http-worker-nice must be in 0..19, got " + std::to_string(o.worker_nice));
+  Cors check(o.cors_origins);  // throws for a malformed origin
   if (s.port < 0 || s.port > 65535) fail(ErrorKind::invalid_argument, "--port must be in 0..65535, got " + std::to_string(s.port));
   return o;
 }
@@ -111,7 +147,7 @@ std::unique_ptr<ServerStack> make_server(const Settings& s, const std::string& m
     if (name.empty()) name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
   }
   mi.name = name;
-  mi.context = s.max_model_len > 0 ? s.max_model_len : c.max_position_embeddings;
+  mi.context = context_length(s, c);
   mi.vocab = c.vocab_size;
   for (auto e : c.eos_token_ids) mi.eos_ids.push_back(static_cast<int32_t>(e));
   if (auto e = st->tokenizer->eos_id(); e && std::find(mi.eos_ids.begin(), mi.eos_ids.end(), *e) == mi.eos_ids.end()) mi.eos_ids.push_back(*e);

@@ -31,6 +31,9 @@ struct ServerStack {
   ~ServerStack();
 };
 
+// --max-model-len checked against the model: negative or above
+// max_position_embeddings is an error (as in vLLM); 0 means the model's.
+int64_t context_length(const Settings& s, const ModelConfig& c);
 SchedulerConfig scheduler_config(const Settings& s, const Model& m);
 HttpOptions http_options(const Settings& s);
 // Loads model_dir and binds the listener (port 0: a free port).

@@ -1,5 +1,7 @@
 // Helpers shared by the tests: temporary directories, file writing, and
-// locating the fixtures (made by scripts/make-fixtures under HMOE_BINARY_DIR).
+// locating the fixtures (scripts/make-fixtures assembles them in
+// HMOE_FIXTURES_DIR = BUILD_DIR/fixtures from tests/fixtures: reference data
+// checked in, checkpoints generated bit for bit).
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -36,7 +38,8 @@ inline std::string read_file(const std::string& path) {
 }
 
 // Directory of a generated fixture checkpoint ("tiny-qwen3moe", ...).
-inline std::string fixture_model(const std::string& name) { return std::string(HMOE_BINARY_DIR) + "/fixtures/" + name; }
+inline std::string fixture_model(const std::string& name) { return std::string(HMOE_FIXTURES_DIR) + "/" + name; }
+// A reference file or directory of the fixtures ("tiny-qwen3moe/hf_reference.json", ...).
 inline std::string fixture_ref(const std::string& rel) { return std::string(HMOE_FIXTURES_DIR) + "/" + rel; }
 
 inline std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {

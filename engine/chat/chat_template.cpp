@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/json_guard.h"
+
 #include "configs/error.h"
 #include "engine/chat/interpreter.h"
 
@@ -97,6 +99,15 @@ std::string ChatTemplate::render(const nlohmann::json& request) const {
   return render_impl(nlohmann::ordered_json(request), true);
 }
 
+bool ChatTemplate::reserved_variable(const std::string& name) {
+  static const char* const kNames[] = {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token",
+                                       "range", "namespace", "dict", "raise_exception", "strftime_now", "lipsum", "zip",
+                                       "loop", "true", "false", "none", "True", "False", "None"};
+  for (const char* n : kNames)
+    if (name == n) return true;
+  return false;
+}
+
 std::string ChatTemplate::render_verbatim(const nlohmann::ordered_json& request) const {
   return render_impl(request, false);
 }
@@ -122,6 +133,7 @@ std::string ChatTemplate::render_impl(const nlohmann::ordered_json& request, boo
         auto& fn = call["function"];
         auto args = fn.find("arguments");
         if (args == fn.end() || !args->is_string()) continue;
+        if (!json_depth_ok(args->get<std::string>(), limits_.max_value_depth / 2)) continue;  // stays a string: never build a deep value
         ojson parsed = ojson::parse(args->get<std::string>(), nullptr, false);
         if (!parsed.is_discarded()) *args = std::move(parsed);
       }
@@ -138,7 +150,11 @@ std::string ChatTemplate::render_impl(const nlohmann::ordered_json& request, boo
   auto kwargs = request.find("chat_template_kwargs");
   if (kwargs != request.end() && !kwargs->is_null()) {
     if (!kwargs->is_object()) fail(ErrorKind::invalid_argument, "chat request: 'chat_template_kwargs' must be an object");
-    for (auto it = kwargs->begin(); it != kwargs->end(); ++it) ctx[it.key()] = it.value();
+    for (auto it = kwargs->begin(); it != kwargs->end(); ++it) {
+      if (reserved_variable(it.key()))
+        fail(ErrorKind::invalid_argument, "chat request: 'chat_template_kwargs' may not set '" + it.key() + "' (the renderer sets it)");
+      ctx[it.key()] = it.value();
+    }
   }
   try {
     return program_->render(ctx, limits_);

@@ -56,6 +56,10 @@ class ChatTemplate {
   // function.arguments given as a JSON string is parsed into an object.
   std::string render(const nlohmann::ordered_json& request) const;
   std::string render(const nlohmann::json& request) const;
+  // Variables chat_template_kwargs may not set (render() refuses them):
+  // those the renderer sets itself (messages, tools, documents,
+  // add_generation_prompt, bos_token, eos_token) and the global functions.
+  static bool reserved_variable(const std::string& name);
 
   // As render() but without the normalization: exactly what transformers'
   // apply_chat_template renders for these messages (tests compare with it).

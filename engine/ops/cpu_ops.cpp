@@ -53,46 +53,6 @@ void Rope::apply(float* x, int64_t heads, int64_t pos) const {
   }
 }
 
-void attention(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const TokenSlot* slots,
-               KvCache& kv, int64_t layer, float scale, float* out, numa::ThreadPool* pool) {
-  const int64_t group = heads / kv_heads;
-  auto body = [&](int64_t b, int64_t e, int) {
-    std::vector<float> scores;
-    for (int64_t job = b; job < e; ++job) {
-      const int64_t t = job / heads, h = job % heads, g = h / group;
-      const float* qv = q + (t * heads + h) * hd;
-      const int seq = slots[t].seq;
-      const int64_t len = slots[t].pos + 1;
-      scores.resize(static_cast<size_t>(len));
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < len; ++j) {
-        const float* kj = kv.k(layer, seq, j) + g * hd;
-        float s = 0;
-        for (int64_t i = 0; i < hd; ++i) s += qv[i] * kj[i];
-        s *= scale;
-        scores[static_cast<size_t>(j)] = s;
-        mx = std::max(mx, s);
-      }
-      double sum = 0;
-      for (int64_t j = 0; j < len; ++j) {
-        const float p = std::exp(scores[static_cast<size_t>(j)] - mx);
-        scores[static_cast<size_t>(j)] = p;
-        sum += p;
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      float* o = out + (t * heads + h) * hd;
-      std::fill(o, o + hd, 0.0f);
-      for (int64_t j = 0; j < len; ++j) {
-        const float p = scores[static_cast<size_t>(j)] * inv;
-        const float* vj = kv.v(layer, seq, j) + g * hd;
-        for (int64_t i = 0; i < hd; ++i) o[i] += p * vj[i];
-      }
-    }
-  };
-  if (pool) pool->parallel_for(n * heads, body);
-  else body(0, n * heads, 0);
-}
-
 void silu_mul(const float* g, const float* u, int64_t n, float* h) {
   for (int64_t i = 0; i < n; ++i) h[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }

@@ -34,8 +34,14 @@ struct TokenSlot {
 // Causal grouped-query attention over the paged cache. q: [n, heads, hd];
 // the keys/values of every token in the batch must already be in `kv`.
 // out: [n, heads, hd]. Token t attends to positions 0..slots[t].pos of its sequence.
+// Threaded over (token, kv head, chunk of positions) with a log-sum-exp
+// merge of the chunks (engine/ops/cpu_attention.cpp); AVX-512 where the CPU
+// has it and hd % 16 == 0. Pool null: the calling thread.
 void attention(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const TokenSlot* slots,
                KvCache& kv, int64_t layer, float scale, float* out, numa::ThreadPool* pool);
+// Plain reference of the same (one (token, head) at a time, double sums): tests.
+void attention_reference(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const TokenSlot* slots,
+                         KvCache& kv, int64_t layer, float scale, float* out);
 
 // h[i] = silu(g[i]) * u[i]
 void silu_mul(const float* g, const float* u, int64_t n, float* h);

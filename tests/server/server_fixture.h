@@ -67,6 +67,7 @@ inline nlohmann::json chat_body(size_t i, int max_tokens = 32) {
 // Concatenated delta content of an SSE chat stream; usage from its last chunk.
 struct StreamResult {
   std::string content, finish_reason;
+  std::string error_code;  // an error event's error.code
   nlohmann::json usage;
   bool done = false;
   int chunks = 0;
@@ -80,7 +81,9 @@ inline StreamResult collect_stream(const HttpReply& r) {
     }
     auto j = nlohmann::json::parse(e);
     ++s.chunks;
+    if (j.contains("error") && j["error"].is_object() && j["error"]["code"].is_string()) s.error_code = j["error"]["code"];
     if (j.contains("usage") && !j["usage"].is_null()) s.usage = j["usage"];
+    if (!j.contains("choices")) continue;
     for (const auto& ch : j["choices"]) {
       if (ch.contains("delta") && ch["delta"].contains("content") && ch["delta"]["content"].is_string()) s.content += ch["delta"]["content"].get<std::string>();
       if (ch.contains("text")) s.content += ch["text"].get<std::string>();

@@ -190,7 +190,15 @@ TEST_CASE("http: /metrics of an Engram model show the PLE table per module") {
   RunningServer srv(s, "tiny-qwen3moe-engram");
   HttpReply r = post(srv.port, "/v1/completions", {{"prompt", "The n-gram memory"}, {"max_tokens", 4}, {"temperature", 0}});
   REQUIRE(r.status == 200);
-  const std::string body = http(srv.port, "GET", "/metrics").body;
+  // The engine thread copies its counters after the step that sent the last
+  // token: wait for that copy (running back to 0) before reading them.
+  std::string body = http(srv.port, "GET", "/metrics").body;
+  for (int i = 0; i < 250 && body.find("\nhmoe_num_requests_running 0\n") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    body = http(srv.port, "GET", "/metrics").body;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the PLE counters are copied just after
+  body = http(srv.port, "GET", "/metrics").body;
   CAPTURE(body);
   auto value = [&](const std::string& series) {
     const size_t at = body.find("\n" + series + " ");
@@ -416,12 +424,23 @@ TEST_CASE("http: max connections, Expect: 100-continue, keep-alive") {
   s.header_timeout = 5;
   s.idle_timeout = 1;
   RunningServer srv(s);
+  // Idle connections at the cap: a new client closes the oldest idle one instead of getting 503.
   std::vector<int> idle;
   for (int i = 0; i < 3; ++i) idle.push_back(connect_raw(srv.port));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(healthy(srv.port));
+  CHECK(recv_all(idle[0], 3000).empty());  // the oldest was closed (EOF, no reply)
+  for (int fd : idle) ::close(fd);
+  // Busy connections (each in the middle of sending its body) are never closed for a newcomer: 503.
+  std::vector<int> busy;
+  for (int i = 0; i < 3; ++i) {
+    busy.push_back(connect_raw(srv.port));
+    send_all(busy.back(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"");
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   json e = expect_error(http(srv.port, "GET", "/health"), 503);
   CHECK(e["code"] == "too_many_connections");
-  for (int fd : idle) ::close(fd);
+  for (int fd : busy) ::close(fd);
   bool ok = false;
   for (int i = 0; i < 100 && !ok; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

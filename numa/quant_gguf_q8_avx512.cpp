@@ -1,0 +1,278 @@
+// AVX-512 VNNI kernels of the integer GGUF path (numa/quant_gguf_q8.h).
+//
+// v1: an R-row by NT-token tile walks the row one block (K types: 256
+// columns; 32-blocks: a pair, 64 columns) at a time. Each row's block is
+// unpacked once into four (K) or one (32-blocks) 64-byte code vectors and
+// then multiplied into every token of the tile, so the weights are read
+// once per token block; four rows keep four weight streams in flight at
+// batch 1. Per row and block: K types decode their sub-block scales with a
+// few integer ops and spread them over s16 lanes with vpermw.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "configs/error.h"
+#include "numa/detail/gguf_block_util.h"
+#include "numa/quant_gguf_q8.h"
+
+#define HMOE_V512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+
+namespace hmoe::cpu::detail {
+
+bool q8_has_vnni() {
+  static const bool v = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+  }();
+  return v;
+}
+
+namespace {
+
+// Prefetch distance: the same place in the next tile's rows (R rows on)
+// when rows are short, so that several KB are in flight per stream; at most
+// kPrefetchMax bytes ahead for long rows.
+constexpr int64_t kPrefetchMax = 4096;
+inline int64_t prefetch_ahead(const Mat& w, int R) {
+  const int64_t rb = static_cast<int64_t>(w.row_bytes());
+  return rb * R <= kPrefetchMax ? rb * R : kPrefetchMax;
+}
+
+HMOE_V512 inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+template <ExtType T> constexpr int kBlockBytes = T == ExtType::q4_k ? 144 : T == ExtType::q5_k ? 176 : T == ExtType::q6_k ? 210
+                                                 : T == ExtType::q8_0 ? 34 : T == ExtType::q4_0 ? 18 : 22;
+template <ExtType T> constexpr bool kIsK = T == ExtType::q4_k || T == ExtType::q5_k || T == ExtType::q6_k;
+
+// s16 lane j of code vector v takes scale index idx[v][j].
+struct ScaleIdx {
+  __m512i k4[4], k6[4], bits5[4], shift6[2];
+};
+HMOE_V512 ScaleIdx make_idx() {
+  ScaleIdx s;
+  alignas(64) int16_t a[32];
+  alignas(64) uint8_t b[64];
+  const int pa[4] = {0, 1, 4, 5}, pb[4] = {2, 3, 6, 7};
+  for (int v = 0; v < 4; ++v) {
+    for (int j = 0; j < 32; ++j) a[j] = static_cast<int16_t>(j < 16 ? pa[v] : pb[v]);
+    s.k4[v] = _mm512_load_si512(a);
+    for (int j = 0; j < 32; ++j) a[j] = static_cast<int16_t>(4 * v + j / 8);
+    s.k6[v] = _mm512_load_si512(a);
+    for (int j = 0; j < 64; ++j) b[j] = static_cast<uint8_t>(1u << (j < 32 ? pa[v] : pb[v]));
+    s.bits5[v] = _mm512_load_si512(b);
+  }
+  for (int h = 0; h < 2; ++h) {
+    for (int j = 0; j < 32; ++j) a[j] = static_cast<int16_t>(j < 16 ? 4 * h : 4 * h + 2);
+    s.shift6[h] = _mm512_load_si512(a);
+  }
+  return s;
+}
+
+// One row's super-block unpacked: codes, per-lane s16 scales, and the
+// scalars that scale its integer sums.
+struct KBlock {
+  __m512i c[4], s[4];
+  __m128i mn;  // Q4_K/Q5_K: the 8 mins as s16
+  __m256i sc;  // Q6_K: the 16 scales as s16
+  float d, dmin;
+};
+
+template <ExtType T>
+HMOE_V512 inline void unpack_k(const uint8_t* b, const ScaleIdx& ix, KBlock& k) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  if constexpr (T == ExtType::q4_k || T == ExtType::q5_k) {
+    k.d = half_at(b);
+    k.dmin = half_at(b + 2);
+    uint64_t sc, mn;
+    gguf_scales_mins_k4(b + 4, sc, mn);
+    const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+    k.mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(mn)));
+    for (int v = 0; v < 4; ++v) k.s[v] = _mm512_permutexvar_epi16(ix.k4[v], sc16);
+    const uint8_t* qs = b + (T == ExtType::q4_k ? 16 : 48);
+    const __m512i l0 = _mm512_loadu_si512(qs), l1 = _mm512_loadu_si512(qs + 64);
+    k.c[0] = _mm512_and_si512(l0, m4);
+    k.c[1] = _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4);
+    k.c[2] = _mm512_and_si512(l1, m4);
+    k.c[3] = _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4);
+    if constexpr (T == ExtType::q5_k) {
+      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));
+      const __m512i sixteen = _mm512_set1_epi8(16);
+      for (int v = 0; v < 4; ++v) k.c[v] = _mm512_mask_add_epi8(k.c[v], _mm512_test_epi8_mask(qh, ix.bits5[v]), k.c[v], sixteen);
+    }
+  } else {  // q6_k
+    k.d = half_at(b + 208);
+    k.sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+    const __m512i sc16 = _mm512_castsi256_si512(k.sc);
+    for (int v = 0; v < 4; ++v) k.s[v] = _mm512_permutexvar_epi16(ix.k6[v], sc16);
+    const __m512i m3 = _mm512_set1_epi8(3);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = _mm512_loadu_si512(b + 64 * h);
+      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h)));
+      const __m512i hlo = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, ix.shift6[0]), m3), 4);
+      const __m512i hhi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, ix.shift6[1]), m3), 4);
+      k.c[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), hlo);
+      k.c[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), hhi);
+    }
+  }
+}
+
+// acc += this super-block's contribution for one token (xq: its 256 codes,
+// bs: its 16 block sums, dx: its scale).
+template <ExtType T>
+HMOE_V512 inline __m512 dot_k(const KBlock& k, const int8_t* xq, const int16_t* bs, float dx, __m512 acc) {
+  __m512i a = _mm512_setzero_si512();
+  for (int v = 0; v < 4; ++v) a = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(k.c[v], _mm512_loadu_si512(xq + 64 * v)), k.s[v]);
+  if constexpr (T == ExtType::q6_k) {
+    // codes carry +32: take 32 * sum_r sc_r * bsum_r off in integers
+    const __m256i corr = _mm256_madd_epi16(k.sc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs)));
+    a = _mm512_sub_epi32(a, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(k.d * dx), acc);
+  } else {
+    const __m128i ms = _mm_madd_epi16(k.mn, _mm_loadu_si128(reinterpret_cast<const __m128i*>(bs)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(k.d * dx), acc);
+    return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi128_si512(ms)), _mm512_set1_ps(k.dmin * dx), acc);
+  }
+}
+
+template <ExtType T, int R, int NT>
+HMOE_V512 void tile_k(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* y, int64_t ldy, const ScaleIdx& ix) {
+  constexpr int BB = kBlockBytes<T>;
+  const int64_t nb = w.cols / 256;
+  const int64_t ahead = prefetch_ahead(w, R);
+  const uint8_t* rows[R];
+  for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
+  const int8_t* xq[NT];
+  const float* xd[NT];
+  const int16_t* xb[NT];
+  for (int j = 0; j < NT; ++j) {
+    xq[j] = xa.q.data() + (tx + j) * xa.cols;
+    xd[j] = xa.d.data() + (tx + j) * nb;
+    xb[j] = xa.bsum.data() + (tx + j) * nb * 16;
+  }
+  __m512 acc[R][NT];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* b = rows[i] + bi * BB;
+      const char* pf = reinterpret_cast<const char*>(b + ahead);
+      _mm_prefetch(pf, _MM_HINT_T0);
+      _mm_prefetch(pf + 64, _MM_HINT_T0);
+      _mm_prefetch(pf + 128, _MM_HINT_T0);
+      KBlock k;
+      unpack_k<T>(b, ix, k);
+      for (int j = 0; j < NT; ++j) acc[i][j] = dot_k<T>(k, xq[j] + bi * 256, xb[j] + bi * 16, xd[j][bi], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NT; ++j) y[j * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+// 32-blocks: the code vector of block pair p of a row (see the file comment
+// of quant_gguf_q8.cpp for the byte order).
+template <ExtType T>
+HMOE_V512 inline __m512i unpack_pair(const uint8_t* pa) {
+  constexpr int BB = kBlockBytes<T>;
+  const uint8_t* pb = pa + BB;
+  if constexpr (T == ExtType::q8_0) {
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pa + 2))),
+                                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 2)), 1);
+    return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80)));
+  } else {
+    constexpr int off = T == ExtType::q4_0 ? 2 : 6;
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pa + off))),
+                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + off)), 1);
+    __m512i c = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), _mm512_set1_epi8(0x0F));
+    if constexpr (T == ExtType::q5_0) {
+      uint32_t qa, qb;
+      std::memcpy(&qa, pa + 2, 4);
+      std::memcpy(&qb, pb + 2, 4);
+      const uint64_t m = (qa & 0xFFFFull) | (static_cast<uint64_t>(qb & 0xFFFFu) << 16) | (static_cast<uint64_t>(qa >> 16) << 32) |
+                         (static_cast<uint64_t>(qb >> 16) << 48);
+      c = _mm512_mask_add_epi8(c, m, c, _mm512_set1_epi8(16));
+    }
+    return c;
+  }
+}
+
+template <ExtType T, int R, int NT>
+HMOE_V512 void tile_b(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* y, int64_t ldy) {
+  constexpr int BB = kBlockBytes<T>;
+  constexpr __mmask16 bmask = T == ExtType::q8_0 ? 0xFF00 : 0xF0F0;
+  const int64_t np = w.cols / 64;
+  const int64_t ahead = prefetch_ahead(w, R);
+  const uint8_t* rows[R];
+  for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
+  const int8_t* xq[NT];
+  const int32_t* xi[NT];
+  const float* xv[NT];
+  for (int j = 0; j < NT; ++j) {
+    xq[j] = xa.q.data() + (tx + j) * xa.cols;
+    xi[j] = xa.init.data() + (tx + j) * np * 16;
+    xv[j] = xa.dv.data() + (tx + j) * np * 16;
+  }
+  __m512 acc[R][NT];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < np; ++p) {
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* pa = rows[i] + 2 * p * BB;
+      _mm_prefetch(reinterpret_cast<const char*>(pa + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(pa + ahead + 64), _MM_HINT_T0);
+      const __m512 dw = _mm512_mask_blend_ps(bmask, _mm512_set1_ps(half_at(pa)), _mm512_set1_ps(half_at(pa + BB)));
+      const __m512i c = unpack_pair<T>(pa);
+      for (int j = 0; j < NT; ++j) {
+        const __m512i a = _mm512_dpbusd_epi32(_mm512_loadu_si512(xi[j] + 16 * p), c, _mm512_loadu_si512(xq[j] + 64 * p));
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(dw, _mm512_loadu_ps(xv[j] + 16 * p)), acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NT; ++j) y[j * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+template <ExtType T, int R, int NT>
+HMOE_V512 inline void tile(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* y, int64_t ldy, const ScaleIdx& ix) {
+  if constexpr (kIsK<T>) tile_k<T, R, NT>(xa, tx, w, r, y, ldy, ix);
+  else tile_b<T, R, NT>(xa, tx, w, r, y, ldy);
+}
+
+template <ExtType T>
+HMOE_V512 void rows(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  static const ScaleIdx ix = make_idx();  // built once (thread-safe static)
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) tile<T, 4, 4>(xa, t0 + t, w, r, y + t * ldy, ldy, ix);
+    for (; t + 2 <= n; t += 2) tile<T, 4, 2>(xa, t0 + t, w, r, y + t * ldy, ldy, ix);
+    for (; t < n; ++t) tile<T, 4, 1>(xa, t0 + t, w, r, y + t * ldy, ldy, ix);
+  }
+  for (; r < r1; ++r) {
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) tile<T, 1, 4>(xa, t0 + t, w, r, y + t * ldy, ldy, ix);
+    for (; t < n; ++t) tile<T, 1, 1>(xa, t0 + t, w, r, y + t * ldy, ldy, ix);
+  }
+}
+
+}  // namespace
+
+void q8_rows_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  switch (static_cast<ExtType>(w.ext)) {
+    case ExtType::q4_k: return rows<ExtType::q4_k>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q5_k: return rows<ExtType::q5_k>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q6_k: return rows<ExtType::q6_k>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q8_0: return rows<ExtType::q8_0>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q4_0: return rows<ExtType::q4_0>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q5_0: return rows<ExtType::q5_0>(xa, t0, n, w, r0, r1, y, ldy);
+    default: break;
+  }
+  fail(ErrorKind::internal, "q8_rows_avx512: type " + std::to_string(w.ext) + " has no integer kernel");
+}
+
+}  // namespace hmoe::cpu::detail

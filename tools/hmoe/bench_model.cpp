@@ -1,0 +1,330 @@
+// hmoe bench MODEL (contract and exact definitions in bench_model.h).
+#include "tools/hmoe/bench_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "configs/error.h"
+#include "engine/gpu_step.h"
+#include "engine/model.h"
+#include "engine/placement.h"
+#include "tools/hmoe/command.h"
+
+namespace hmoe::cli {
+namespace {
+
+struct Options {
+  std::vector<int64_t> prompts, gens, depths, batches;
+  int64_t reps = 3;
+  bool json = false;
+  std::string model;
+};
+
+std::vector<int64_t> parse_list(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
+  std::vector<int64_t> v = parse_id_list(flag, s);
+  for (int64_t x : v)
+    if (x < lo || x > hi)
+      fail(ErrorKind::invalid_argument, flag + ": " + std::to_string(x) + " is out of range (" + std::to_string(lo) + ".." + std::to_string(hi) + ")");
+  return v;
+}
+
+// Takes the first of several spellings of one option ("-p", "--n-prompt").
+bool take_any(std::vector<std::string>& args, std::initializer_list<const char*> names, std::string& value, std::string& used) {
+  bool found = false;
+  for (const char* n : names) {
+    std::string v;
+    if (take_option(args, n, v)) {
+      if (found) fail(ErrorKind::invalid_argument, std::string(n) + ": given twice (also as " + used + ")");
+      found = true;
+      value = v;
+      used = n;
+    }
+  }
+  return found;
+}
+
+Options parse_options(std::vector<std::string>& args) {
+  Options o;
+  std::string p = "512,4096", n = "64", d = "0", b = "1,8", r = "3", used;
+  take_any(args, {"-p", "--n-prompt"}, p, used);
+  take_any(args, {"-n", "--n-gen"}, n, used);
+  take_any(args, {"-d", "--n-depth"}, d, used);
+  take_any(args, {"--batch"}, b, used);
+  take_any(args, {"-r", "--repetitions"}, r, used);
+  o.json = take_flag(args, "--json");
+  reject_unknown_flags(args, "bench");
+  if (args.size() != 1)
+    fail(ErrorKind::invalid_argument, "bench takes one MODEL (a model directory or .gguf file), or 'experts' or 'disk'; got " +
+                                          std::to_string(args.size()) + " positional arguments");
+  o.model = args[0];
+  constexpr int64_t kMaxTokens = int64_t{1} << 20;
+  o.prompts = parse_list("-p/--n-prompt", p, 0, kMaxTokens);
+  o.gens = parse_list("-n/--n-gen", n, 0, kMaxTokens);
+  o.depths = parse_list("-d/--n-depth", d, 0, kMaxTokens);
+  o.batches = parse_list("--batch", b, 1, 1024);
+  o.reps = parse_int("-r/--repetitions", r);
+  if (o.reps < 1 || o.reps > 1000) fail(ErrorKind::invalid_argument, "-r/--repetitions must be in 1..1000, got " + r);
+  std::erase(o.prompts, 0);  // 0 = no prefill test, as in llama-bench
+  std::erase(o.gens, 0);
+  if (o.prompts.empty() && o.gens.empty()) fail(ErrorKind::invalid_argument, "nothing to measure: -p and -n are both 0");
+  return o;
+}
+
+struct Sample {
+  double seconds = 0;
+  GpuStepTimes times;  // zero on the CPU path
+};
+
+struct Result {
+  std::string kind;  // "prefill" or "decode"
+  int64_t prompt = 0, gen = 0, depth = 0, batch = 1;
+  std::vector<Sample> samples;
+  int64_t tokens() const { return kind == "prefill" ? prompt : gen * batch; }
+  std::string name() const {
+    std::string t = kind == "prefill" ? "pp" + std::to_string(prompt) : "tg" + std::to_string(gen);
+    if (depth > 0) t += " @ d" + std::to_string(depth);
+    return t;
+  }
+  std::vector<double> rates() const {
+    std::vector<double> r;
+    for (const auto& s : samples) r.push_back(static_cast<double>(tokens()) / s.seconds);
+    return r;
+  }
+  double mean() const {
+    const auto r = rates();
+    double m = 0;
+    for (double x : r) m += x;
+    return m / static_cast<double>(r.size());
+  }
+  double sd() const {
+    const auto r = rates();
+    if (r.size() < 2) return 0;
+    const double m = mean();
+    double v = 0;
+    for (double x : r) v += (x - m) * (x - m);
+    return std::sqrt(v / static_cast<double>(r.size() - 1));
+  }
+  double wall() const {
+    double w = 0;
+    for (const auto& s : samples) w += s.seconds;
+    return w;
+  }
+  GpuStepTimes summed() const {
+    GpuStepTimes t;
+    for (const auto& s : samples) {
+      t.total_s += s.times.total_s;
+      t.cpu_experts_s += s.times.cpu_experts_s;
+      t.transfer_s += s.times.transfer_s;
+      t.steps += s.times.steps;
+    }
+    return t;
+  }
+};
+
+class Bench {
+ public:
+  Bench(Model& m, const Settings& s) : m_(m), s_(s), rng_(static_cast<uint64_t>(s.seed)) {}
+
+  Result prefill(int64_t prompt, int64_t depth, int64_t reps) {
+    Result r{"prefill", prompt, 0, depth, 1, {}};
+    KvCache kv(m_.kv_layout(), blocks_for(1, depth + prompt), block_);
+    const int seq = kv.add_sequence();
+    kv.reserve(seq, depth + prompt);
+    run_prompt(kv, seq, 0, depth);
+    for (int64_t i = 0; i <= reps; ++i) {  // i == 0: warm-up
+      kv.truncate(seq, depth);
+      kv.reserve(seq, depth + prompt);
+      begin();
+      run_prompt(kv, seq, depth, prompt);
+      Sample smp = end();
+      if (i > 0) r.samples.push_back(smp);
+    }
+    return r;
+  }
+
+  Result decode(int64_t gen, int64_t depth, int64_t batch, int64_t reps) {
+    Result r{"decode", 0, gen, depth, batch, {}};
+    KvCache kv(m_.kv_layout(), blocks_for(batch, depth + gen), block_);
+    std::vector<int> seqs;
+    for (int64_t b = 0; b < batch; ++b) {
+      seqs.push_back(kv.add_sequence());
+      kv.reserve(seqs.back(), depth + gen);
+      run_prompt(kv, seqs.back(), 0, depth);
+    }
+    Batch step;
+    for (int64_t i = 0; i <= reps; ++i) {
+      for (int q : seqs) {
+        kv.truncate(q, depth);
+        kv.reserve(q, depth + gen);
+      }
+      begin();
+      for (int64_t t = 0; t < gen; ++t) {
+        step.clear();
+        for (int q : seqs) step.add(token(), q, depth + t, true);
+        m_.forward(step, kv, logits_);
+      }
+      Sample smp = end();
+      if (i > 0) r.samples.push_back(smp);
+    }
+    return r;
+  }
+
+  int64_t chunk() const { return chunk_; }
+
+ private:
+  int64_t blocks_for(int64_t seqs, int64_t tokens) const { return seqs * ((tokens + block_ - 1) / block_) + 1; }
+  int32_t token() { return static_cast<int32_t>(rng_() % static_cast<uint64_t>(m_.config().vocab_size)); }
+
+  // Positions [from, from + n) of seq with random ids, in chunks of --max-num-batched-tokens;
+  // logits for the last position only.
+  void run_prompt(KvCache& kv, int seq, int64_t from, int64_t n) {
+    Batch b;
+    for (int64_t off = 0; off < n; off += chunk_) {
+      const int64_t len = std::min(chunk_, n - off);
+      b.clear();
+      for (int64_t i = 0; i < len; ++i) b.add(token(), seq, from + off + i, off + i + 1 == n);
+      m_.forward(b, kv, logits_);
+    }
+  }
+  void begin() {
+    if (m_.gpu()) m_.gpu()->reset_times();
+    t0_ = std::chrono::steady_clock::now();
+  }
+  Sample end() {
+    Sample smp;
+    smp.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    if (m_.gpu()) smp.times = m_.gpu()->times();
+    return smp;
+  }
+
+  Model& m_;
+  const Settings& s_;
+  int64_t block_ = s_.block_size;
+  int64_t chunk_ = s_.max_num_batched_tokens;
+  std::mt19937_64 rng_;
+  std::vector<float> logits_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+std::string share(double part, double whole) {
+  if (whole <= 0) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.0f%%", 100.0 * std::max(part, 0.0) / whole);
+  return buf;
+}
+
+nlohmann::json result_json(const Result& r) {
+  const GpuStepTimes t = r.summed();
+  nlohmann::json samples_s = nlohmann::json::array(), samples_ts = nlohmann::json::array();
+  for (const auto& s : r.samples) samples_s.push_back(s.seconds);
+  for (double x : r.rates()) samples_ts.push_back(x);
+  nlohmann::json j = {{"test", r.name()},
+                      {"kind", r.kind},
+                      {"n_prompt", r.prompt},
+                      {"n_gen", r.gen},
+                      {"n_depth", r.depth},
+                      {"batch", r.batch},
+                      {"context_start", r.depth},
+                      {"context_end", r.depth + (r.kind == "prefill" ? r.prompt : r.gen)},
+                      {"tokens", r.tokens()},
+                      {"samples_s", samples_s},
+                      {"samples_ts", samples_ts},
+                      {"avg_ts", r.mean()},
+                      {"stddev_ts", r.sd()},
+                      {"wall_s", r.wall()}};
+  if (t.steps > 0)
+    j["gpu_times"] = {{"forward_s", t.total_s}, {"gpu_s", t.gpu_s()}, {"cpu_experts_s", t.cpu_experts_s}, {"transfer_s", t.transfer_s}, {"steps", t.steps}};
+  return j;
+}
+
+}  // namespace
+
+int run_bench_model(const Settings& s, std::vector<std::string>& args) {
+  const Options o = parse_options(args);
+  if (s.max_num_batched_tokens < 1) fail(ErrorKind::invalid_argument, "--max-num-batched-tokens must be >= 1");
+  if (s.block_size <= 0 || (s.block_size & (s.block_size - 1)) != 0)
+    fail(ErrorKind::invalid_argument, "--block-size must be a power of two, got " + std::to_string(s.block_size));
+
+  auto model = Model::load(o.model, s);
+  const ModelConfig& c = model->config();
+  const int64_t ctx = s.max_model_len > 0 ? s.max_model_len : c.max_position_embeddings;
+  const int64_t dmax = *std::max_element(o.depths.begin(), o.depths.end());
+  int64_t longest = 0;
+  for (int64_t p : o.prompts) longest = std::max(longest, p);
+  for (int64_t n : o.gens) longest = std::max(longest, n);
+  if (dmax + longest > ctx)
+    fail(ErrorKind::invalid_argument, "depth " + std::to_string(dmax) + " + " + std::to_string(longest) + " tokens exceeds the context length " +
+                                          std::to_string(ctx) + " (--max-model-len or the model's max_position_embeddings)");
+
+  const bool on_gpu = model->gpu() != nullptr;
+  const uint64_t gpu_bytes = on_gpu ? model->gpu()->weight_bytes() : 0;
+  const int threads = model->pool().size();
+  std::string header = "hmoe bench " + o.model + ": " + std::to_string(c.num_hidden_layers) + " layers, " + std::to_string(c.num_experts) +
+                       " experts (top-" + std::to_string(c.num_experts_per_tok) + "), weights " + format_bytes(static_cast<uint64_t>(model->weight_bytes())) +
+                       "; device " + (on_gpu ? "cuda (" + format_bytes(gpu_bytes) + " of weights on the GPU, --gpu-resident-moe-layers " + s.gpu_resident_moe_layers + ")" : std::string("cpu")) +
+                       "; --threads " + std::to_string(s.threads) + " (" + std::to_string(threads) + " in the main pool); prefill in chunks of " +
+                       std::to_string(s.max_num_batched_tokens) + " tokens (--max-num-batched-tokens, as serve); KV blocks of " + std::to_string(s.block_size) +
+                       "; random token ids (--seed " + std::to_string(s.seed) + "); " + std::to_string(o.reps) + " repetitions after one warm-up";
+  std::fprintf(stderr, "%s\n", header.c_str());
+
+  Bench bench(*model, s);
+  std::vector<Result> results;
+  auto progress = [&](const Result& r) {
+    std::fprintf(stderr, "hmoe bench: %s batch %lld: %.2f +- %.2f tok/s\n", r.name().c_str(), static_cast<long long>(r.batch), r.mean(), r.sd());
+  };
+  for (int64_t d : o.depths) {
+    for (int64_t p : o.prompts) {
+      results.push_back(bench.prefill(p, d, o.reps));
+      progress(results.back());
+    }
+    for (int64_t n : o.gens)
+      for (int64_t b : o.batches) {
+        results.push_back(bench.decode(n, d, b, o.reps));
+        progress(results.back());
+      }
+  }
+
+  if (o.json) {
+    nlohmann::json j = {{"model", o.model},
+                        {"layers", c.num_hidden_layers},
+                        {"experts", c.num_experts},
+                        {"experts_per_token", c.num_experts_per_tok},
+                        {"vocab", c.vocab_size},
+                        {"weight_bytes", model->weight_bytes()},
+                        {"device", on_gpu ? "cuda" : "cpu"},
+                        {"gpu_weight_bytes", gpu_bytes},
+                        {"gpu_resident_moe_layers", s.gpu_resident_moe_layers},
+                        {"threads_setting", s.threads},
+                        {"main_pool_threads", threads},
+                        {"prefill_chunk", s.max_num_batched_tokens},
+                        {"block_size", s.block_size},
+                        {"seed", s.seed},
+                        {"repetitions", o.reps},
+                        {"warmup_runs", 1},
+                        {"results", nlohmann::json::array()}};
+    for (const auto& r : results) j["results"].push_back(result_json(r));
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("<!-- %s -->\n\n", header.c_str());
+  std::printf("| test | batch | context | tok/s | +- sd | ms per %s | GPU | CPU experts | transfers |\n|---|---|---|---|---|---|---|---|---|\n",
+              "prompt / step");
+  for (const auto& r : results) {
+    const GpuStepTimes t = r.summed();
+    const double w = r.wall();
+    const int64_t per = r.kind == "prefill" ? 1 : r.gen;
+    const double ms = 1e3 * w / static_cast<double>(r.samples.size() * static_cast<size_t>(per));
+    const bool split = on_gpu && t.steps > 0;
+    std::printf("| %s | %lld | %lld-%lld | %.2f | %.2f | %.2f | %s | %s | %s |\n", r.name().c_str(), static_cast<long long>(r.batch),
+                static_cast<long long>(r.depth), static_cast<long long>(r.depth + (r.kind == "prefill" ? r.prompt : r.gen)), r.mean(), r.sd(), ms,
+                split ? share(t.gpu_s(), w).c_str() : "-", split ? share(t.cpu_experts_s, w).c_str() : "-", split ? share(t.transfer_s, w).c_str() : "-");
+  }
+  if (!on_gpu) std::printf("\nCPU path: no GPU/CPU split (all of the time is CPU work).\n");
+  return 0;
+}
+
+}  // namespace hmoe::cli

@@ -1,0 +1,34 @@
+// hmoe bench MODEL: the model benchmark (tools/hmoe/bench_model.cpp), the
+// llama-bench of hmoe. What it times, exactly:
+//   prefill "ppP": one prompt of P random token ids through Model::forward
+//     in the chunks `serve` uses (--max-num-batched-tokens tokens per step),
+//     logits of the last token only, from the first chunk's call until the
+//     last chunk's logits are on the host. tok/s = P / seconds.
+//   decode "tgN": N steps of B sequences (one token each per step, random
+//     ids, logits of every token copied to the host, no sampling), from the
+//     first step's call until the last step's logits are on the host.
+//     tok/s = B * N / seconds (summed over the batch).
+//   "@ dD": the test runs after a context of D random tokens per sequence,
+//     computed once per test (untimed) and kept: each repetition truncates
+//     the KV cache back to D, as llama-bench restores its depth state.
+// Each test runs once untimed (warm-up: CUDA graphs, page faults, caches)
+// and then --repetitions times; tok/s is the mean over repetitions with the
+// sample standard deviation. Token ids come from a generator seeded by
+// --seed; no tokenizer runs. The model is loaded, placed and threaded
+// exactly as `serve` does it (the settings table: --device, --threads,
+// --gpu-resident-moe-layers, ...). On the GPU path the time is split as
+// GpuStepTimes reports it (GPU work, CPU experts, host<->device transfers).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "configs/settings.h"
+
+namespace hmoe::cli {
+
+// args: MODEL and the benchmark's own options (settings already consumed).
+// Prints the markdown table (or one JSON object with --json) on stdout,
+// progress on stderr; bad options throw Error(invalid_argument).
+int run_bench_model(const Settings& s, std::vector<std::string>& args);
+
+}  // namespace hmoe::cli
