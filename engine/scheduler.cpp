@@ -32,12 +32,14 @@ void SeqChannel::signal(std::unique_lock<std::mutex>& lk) {
 }
 
 void SeqChannel::push(TokenEvent&& ev) {
+  started_.store(true, std::memory_order_release);
   std::unique_lock lk(mu_);
   events_.push_back(std::move(ev));
   signal(lk);
 }
 
 void SeqChannel::finish(FinishReason reason, std::string error) {
+  started_.store(true, std::memory_order_release);
   std::unique_lock lk(mu_);
   if (finish_ != FinishReason::none) return;
   finish_ = reason;
@@ -226,14 +228,19 @@ bool Scheduler::step() {
     }
   std::erase_if(waiting_, [](const auto& s) { return s->done; });
 
-  // (2) admission
-  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs) {
-    Seq& s = *waiting_.front();
+  // (2) admission, oldest first; a later choice of a prompt whose first choice has not
+  // computed it yet is passed over (it then attaches the cached prompt).
+  for (size_t w = 0; w < waiting_.size() && static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs;) {
+    Seq& s = *waiting_[w];
+    if (s.req->after && kv_.prefix_caching() && !s.admitted_once && !s.req->after->started()) {
+      ++w;
+      continue;
+    }
     const int64_t need = (static_cast<int64_t>(s.tokens.size()) + 1 + bs - 1) / bs;
     if (need > kv_.num_blocks()) {
       finish(s, FinishReason::error,
              "the sequence needs " + std::to_string(need) + " KV blocks but the cache has " + std::to_string(kv_.num_blocks()));
-      waiting_.pop_front();
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
       --queued_;
       continue;
     }
@@ -247,8 +254,8 @@ bool Scheduler::step() {
     s.computed = kv_.attach_prefix(s.kv_seq, s.tokens, reuse);
     if (!s.admitted_once) s.req->channel->set_cached_tokens(std::min<int64_t>(s.computed, static_cast<int64_t>(s.req->prompt.size())));
     s.admitted_once = true;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(waiting_[w]));
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
     running_count_ = static_cast<int64_t>(running_.size());  // before queued_ drops: submit() never over-admits
     --queued_;
   }
@@ -352,7 +359,12 @@ bool Scheduler::step() {
     kv_.commit(it.s->kv_seq, it.s->tokens, it.s->computed);
   }
 
-  // (5) score prompt positions, sample
+  // (5) score prompt positions, sample. The PLE counters of this step are published first,
+  // so a client that reads /metrics after its reply sees the steps that made it.
+  {
+    std::lock_guard lk(kv_stats_mu_);
+    copy_ple_stats();
+  }
   const int64_t V = model_.config().vocab_size;
   std::vector<TokenEvent> scored;
   for (size_t r = 0; r < rows.size(); ++r) {

@@ -59,6 +59,8 @@ class SeqChannel {
   // the engine thread before the first token is pushed).
   int64_t cached_tokens() const { return cached_tokens_.load(std::memory_order_relaxed); }
   void set_cached_tokens(int64_t n) { cached_tokens_.store(n, std::memory_order_relaxed); }
+  // The engine pushed a token or finished (the prompt's K/V are in the cache).
+  bool started() const { return started_.load(std::memory_order_acquire); }
 
   struct Drained {
     std::vector<TokenEvent> prompt;  // scores of prompt tokens 1.. (SeqRequest::prompt_logprobs), in order
@@ -86,6 +88,7 @@ class SeqChannel {
   bool notified_ = false;
   std::atomic<bool> cancelled_{false};
   std::atomic<int64_t> cached_tokens_{0};
+  std::atomic<bool> started_{false};
   Notify notify_;
 };
 
@@ -101,6 +104,10 @@ struct SeqRequest {
   // kPromptLogprobRows positions per step. -1: off.
   int prompt_logprobs = -1;
   std::shared_ptr<SeqChannel> channel;
+  // Several choices of one prompt (n > 1): the other choices wait for the
+  // first one's prompt to be computed and then attach its cached blocks
+  // (with prefix caching on), instead of computing the prompt n times.
+  std::shared_ptr<const SeqChannel> after;
 };
 
 struct SchedulerConfig {

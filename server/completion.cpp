@@ -159,7 +159,7 @@ std::string CompletionBuilder::stream_delta(ParsedDelta&& d, const std::vector<c
   if (d.empty() && !lp && !finish) return {};
   ojson j = chunk_base();
   ojson choice;
-  choice["index"] = 0;
+  choice["index"] = index_;
   if (spec_.chat) {
     ojson delta = ojson::object();
     if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
@@ -188,7 +188,7 @@ std::string CompletionBuilder::on_tokens(const std::vector<TokenEvent>& tokens) 
   if (spec_.chat && !sent_role_) {
     sent_role_ = true;
     ojson j = chunk_base();
-    j["choices"] = ojson::array({ojson{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+    j["choices"] = ojson::array({ojson{{"index", index_}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
     if (spec_.include_usage) j["usage"] = nullptr;
     out += sse(j);
   }
@@ -197,7 +197,7 @@ std::string CompletionBuilder::on_tokens(const std::vector<TokenEvent>& tokens) 
     std::vector<const TokenEvent*> none;
     if (spec_.sampling.logprobs) {  // the echoed prompt with its scores (text_offset from 0)
       ojson j = chunk_base();
-      j["choices"] = ojson::array({ojson{{"index", 0}, {"text", spec_.prompt_text}, {"logprobs", echo_logprobs(none)}, {"finish_reason", nullptr}}});
+      j["choices"] = ojson::array({ojson{{"index", index_}, {"text", spec_.prompt_text}, {"logprobs", echo_logprobs(none)}, {"finish_reason", nullptr}}});
       if (spec_.include_usage) j["usage"] = nullptr;
       out += sse(j);
       text_len_ = spec_.prompt_text.size();
@@ -212,7 +212,7 @@ std::string CompletionBuilder::on_tokens(const std::vector<TokenEvent>& tokens) 
   return out;
 }
 
-std::string CompletionBuilder::on_finish(FinishReason reason, const std::string& error) {
+std::string CompletionBuilder::on_finish_choice(FinishReason reason, const std::string& error) {
   std::string out = on_tokens({});
   if (reason == FinishReason::error) {
     out += "data: " + error_body(500, "generation failed: " + error, "", "generation_error") + "\n\n";
@@ -225,14 +225,28 @@ std::string CompletionBuilder::on_finish(FinishReason reason, const std::string&
     std::string fr = finish_reason(reason);
     out += stream_delta(std::move(d), none, fr.c_str());
   }
+  return out;
+}
+
+std::string CompletionBuilder::on_end(const ojson& usage) const {
+  std::string out;
   if (spec_.include_usage) {
     ojson j = chunk_base();
     j["choices"] = ojson::array();
-    j["usage"] = usage();
+    j["usage"] = usage;
     out += sse(j);
   }
-  out += "data: [DONE]\n\n";
-  return out;
+  return out + "data: [DONE]\n\n";
+}
+
+std::string CompletionBuilder::on_finish(FinishReason reason, const std::string& error) {
+  std::string out = on_finish_choice(reason, error);
+  return out + on_end(usage());
+}
+
+ParsedDelta CompletionBuilder::take(const std::vector<TokenEvent>& tokens) {
+  std::vector<const TokenEvent*> used;
+  return feed(tokens, used);
 }
 
 void CompletionBuilder::add_tokens(const std::vector<TokenEvent>& tokens) {
@@ -251,7 +265,7 @@ ojson CompletionBuilder::body(FinishReason reason) {
   j["created"] = created_;
   j["model"] = m_.name;
   ojson choice;
-  choice["index"] = 0;
+  choice["index"] = index_;
   if (spec_.chat) {
     ojson msg;
     msg["role"] = "assistant";

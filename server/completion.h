@@ -34,6 +34,16 @@ class CompletionBuilder {
   // generation ended by an error or shutdown gets an error event instead of
   // a finish chunk: finish_reason only takes OpenAI's values.
   std::string on_finish(FinishReason reason, const std::string& error);
+  // Streaming with several choices: this choice's last events (its finish
+  // chunk, or an error event), then once for the request on_end(usage).
+  std::string on_finish_choice(FinishReason reason, const std::string& error);
+  std::string on_end(const nlohmann::ordered_json& usage) const;
+  // Choice index of the chunks and body (n > 1).
+  void set_index(int i) { index_ = i; }
+  // Parsed text without OpenAI chat framing (the Responses API): the delta
+  // of these tokens, and what is left at the end.
+  ParsedDelta take(const std::vector<TokenEvent>& tokens);
+  ParsedDelta take_rest() { return flush(); }
   // Non-streaming: feed everything, then body().
   void add_tokens(const std::vector<TokenEvent>& tokens);
   nlohmann::ordered_json body(FinishReason reason);
@@ -55,7 +65,11 @@ class CompletionBuilder {
   ParsedDelta feed(const std::vector<TokenEvent>& tokens, std::vector<const TokenEvent*>& used);
   ParsedDelta flush();
   nlohmann::ordered_json chunk_base() const;
+
+ public:
   nlohmann::ordered_json usage() const;
+
+ private:
   nlohmann::ordered_json chat_logprobs(const std::vector<const TokenEvent*>& evs) const;
   nlohmann::ordered_json completion_logprobs(const std::vector<const TokenEvent*>& evs, size_t text_offset) const;
   nlohmann::ordered_json echo_logprobs(const std::vector<const TokenEvent*>& evs) const;
@@ -72,6 +86,7 @@ class CompletionBuilder {
   int64_t completion_tokens_ = 0;
   int64_t cached_tokens_ = 0;
   bool sent_role_ = false;
+  int index_ = 0;
   int tool_index_ = 0;
   size_t text_len_ = 0;  // completions: bytes of text sent so far (logprobs text_offset)
   // Non-streaming accumulation.

@@ -15,6 +15,8 @@
 #include <ctime>
 #include <list>
 #include <optional>
+#include <algorithm>
+#include <cctype>
 
 #include <sys/resource.h>
 #include <unordered_map>
@@ -24,6 +26,8 @@
 #include "server/api_error.h"
 #include "server/completion.h"
 #include "server/http_headers.h"
+#include "server/reply.h"
+#include "server/responses_api.h"
 #include "server/worker_pool.h"
 
 namespace hmoe::server {
@@ -38,6 +42,19 @@ std::string fmt_hex(size_t n) {
   char b[32];
   std::snprintf(b, sizeof b, "%zx", n);
   return b;
+}
+// %XX escapes of a path segment (/v1/models/{id}).
+std::string url_decode(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() + 0 && std::isxdigit(static_cast<unsigned char>(s[i + 1])) && std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
 }
 std::string random_id(const char* prefix) { return prefix + random_alnum(24); }
 }  // namespace
@@ -83,7 +100,7 @@ class Session : public std::enable_shared_from_this<Session> {
     ++srv_.open;
   }
   ~Session() {
-    if (chan_) chan_->cancel();
+    for (auto& c : chans_) c->cancel();
     release_slot();
     --srv_.open;
   }
@@ -259,12 +276,13 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // What a worker thread made of a request body.
-  enum class Work { tokenize, detokenize, chat, completion };
+  enum class Work { tokenize, detokenize, chat, completion, responses };
   struct Parsed {
     Work work;
     uint64_t seq = 0;
     GenSpec spec;
     std::string reply;  // tokenize/detokenize: the JSON body
+    std::unique_ptr<ResponsesRequest> responses;  // /v1/responses: its fields beyond the GenSpec
     std::optional<ApiError> error;
   };
 
@@ -293,6 +311,10 @@ class Session : public std::enable_shared_from_this<Session> {
             break;
           case Work::chat: p->spec = parse_chat_request(*body, m, seq); break;
           case Work::completion: p->spec = parse_completion_request(*body, m, seq); break;
+          case Work::responses:
+            p->responses = std::make_unique<ResponsesRequest>(parse_responses_request(*body, m, seq));
+            p->spec = p->responses->spec;
+            break;
         }
       } catch (const ApiError& e) {
         p->error = e;
@@ -313,7 +335,8 @@ class Session : public std::enable_shared_from_this<Session> {
       if (p.error) throw *p.error;
       if (p.work == Work::tokenize || p.work == Work::detokenize) return send(200, "application/json", p.reply);
       spec_ = std::move(p.spec);
-      start_generation(p.work == Work::chat, p.seq);
+      responses_ = std::move(p.responses);
+      start_generation(p.work == Work::chat || p.work == Work::responses);
     });
   }
 
@@ -343,15 +366,20 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (!target.starts_with("/v1/")) throw ApiError(404, "no route " + endpoint_, "", "not_found");
     check_auth();
-    if (target == "/v1/models") {
+    if (target == "/v1/models" || target.starts_with("/v1/models/")) {
       need(get, "GET");
       nlohmann::ordered_json m{{"id", srv_.model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "hmoe"}, {"max_model_len", srv_.model.context}};
-      return send(200, "application/json", nlohmann::ordered_json{{"object", "list"}, {"data", nlohmann::ordered_json::array({m})}}.dump());
+      if (target == "/v1/models")
+        return send(200, "application/json", nlohmann::ordered_json{{"object", "list"}, {"data", nlohmann::ordered_json::array({m})}}.dump());
+      const std::string id = url_decode(target.substr(11));
+      if (id != srv_.model.name)
+        throw ApiError(404, "The model '" + id + "' does not exist; this server serves '" + srv_.model.name + "'", "model", "model_not_found");
+      return send(200, "application/json", m.dump());
     }
-    const bool chat = target == "/v1/chat/completions";
-    if (!chat && target != "/v1/completions") throw ApiError(404, "no route " + endpoint_, "", "not_found");
+    const bool chat = target == "/v1/chat/completions", responses = target == "/v1/responses";
+    if (!chat && !responses && target != "/v1/completions") throw ApiError(404, "no route " + endpoint_, "", "not_found");
     need(post, "POST");
-    parse_off_thread(chat ? Work::chat : Work::completion);
+    parse_off_thread(responses ? Work::responses : chat ? Work::chat : Work::completion);
   }
 
   // OPTIONS with CORS on: a preflight from an allowed origin gets 204 and
@@ -382,39 +410,45 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   std::string common_headers() const { return "X-Request-Id: " + (request_id_.empty() ? request_id(std::string_view()) : request_id_) + "\r\n" + cors_; }
 
-  void start_generation(bool chat, uint64_t seq) {
+  void start_generation(bool chat) {
     const uint64_t gen = ++gen_id_;
     std::weak_ptr<Session> weak = weak_from_this();
     net::io_context& ioc = srv_.ioc;
-    chan_ = std::make_shared<SeqChannel>([weak, gen, &ioc] {
-      net::post(ioc, [weak, gen] {
-        if (auto s = weak.lock(); s && s->gen_id_ == gen) {
-          try {
-            s->on_events();
-          } catch (const std::exception& e) {
-            s->generation_failed(e.what());
+    const size_t n = responses_ ? 1 : static_cast<size_t>(std::max<int64_t>(spec_.n, 1));
+    const int64_t created = static_cast<int64_t>(std::time(nullptr));
+    if (responses_) builder_ = std::make_unique<ResponsesReply>(*responses_, srv_.model, random_id("resp_"), created);
+    else builder_ = std::make_unique<ChatReply>(spec_, srv_.model, random_id(chat ? "chatcmpl-" : "cmpl-"), created);
+    chans_.clear();
+    fins_.assign(n, FinishReason::none);
+    errors_.assign(n, std::string());
+    for (size_t i = 0; i < n; ++i) {
+      chans_.push_back(std::make_shared<SeqChannel>([weak, gen, &ioc] {
+        net::post(ioc, [weak, gen] {
+          if (auto s = weak.lock(); s && s->gen_id_ == gen) {
+            try {
+              s->on_events();
+            } catch (const std::exception& e) {
+              s->generation_failed(e.what());
+            }
           }
-        }
-      });
-    });
-    auto req = std::make_unique<SeqRequest>();
-    req->prompt = spec_.prompt;
-    req->max_tokens = spec_.max_tokens;
-    req->sampling = spec_.sampling;
-    req->stop_ids = spec_.stop_ids;
-    if (!spec_.chat && spec_.echo && spec_.sampling.logprobs) req->prompt_logprobs = spec_.sampling.top_logprobs;  // echo scores the prompt
-    req->channel = chan_;
-    (void)seq;
-    builder_ = std::make_unique<CompletionBuilder>(spec_, srv_.model, random_id(chat ? "chatcmpl-" : "cmpl-"),
-                                                   static_cast<int64_t>(std::time(nullptr)));
-    switch (srv_.sched.submit(std::move(req))) {
-      case Scheduler::Submit::ok: break;
-      case Scheduler::Submit::queue_full:
-        chan_.reset();
-        throw ApiError(503, "the server is busy: the request queue is full; retry later", "", "queue_full");
-      case Scheduler::Submit::shutting_down:
-        chan_.reset();
-        throw ApiError(503, "the server is shutting down", "", "shutting_down");
+        });
+      }));
+      auto req = std::make_unique<SeqRequest>();
+      req->prompt = spec_.prompt;
+      req->max_tokens = spec_.max_tokens;
+      req->sampling = spec_.sampling;
+      req->sampling.seed += i * 0x9e3779b97f4a7c15ull;  // choices differ, reproducibly under a seed
+      req->stop_ids = spec_.stop_ids;
+      if (!spec_.chat && spec_.echo && spec_.sampling.logprobs) req->prompt_logprobs = spec_.sampling.top_logprobs;  // echo scores the prompt (each choice its own)
+      req->channel = chans_.back();
+      if (i > 0) req->after = chans_[0];
+      Scheduler::Submit r = srv_.sched.submit(std::move(req));
+      if (r == Scheduler::Submit::ok) continue;
+      for (auto& c : chans_) c->cancel();
+      chans_.clear();
+      builder_.reset();
+      if (r == Scheduler::Submit::queue_full) throw ApiError(503, "the server is busy: the request queue is full; retry later", "", "queue_full");
+      throw ApiError(503, "the server is shutting down", "", "shutting_down");
     }
     state_ = State::generating;
     first_token_ = true;
@@ -453,7 +487,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void client_gone() {
-    if (chan_) chan_->cancel();
+    for (auto& c : chans_) c->cancel();
     srv_.metrics.request_done(endpoint_, 499);
     end_generation();
     close();
@@ -462,37 +496,51 @@ class Session : public std::enable_shared_from_this<Session> {
   void end_generation() {
     hold_.reset();
     ++gen_id_;
-    chan_.reset();
+    chans_.clear();
     builder_.reset();
   }
 
   void on_events() {
-    if (!chan_ || state_ != State::generating) return;
-    SeqChannel::Drained d = chan_->drain();
-    builder_->set_cached_tokens(chan_->cached_tokens());
-    if (!d.prompt.empty()) builder_->add_prompt_logprobs(std::move(d.prompt));
+    if (chans_.empty() || state_ != State::generating) return;
     const auto now = Clock::now();
-    if (!d.tokens.empty()) {
+    std::string out;
+    size_t new_tokens = 0;
+    for (size_t i = 0; i < chans_.size(); ++i) {
+      if (fins_[i] != FinishReason::none) continue;
+      SeqChannel::Drained d = chans_[i]->drain();
+      if (i == 0) builder_->set_cached_tokens(chans_[0]->cached_tokens());
+      if (!d.prompt.empty()) builder_->add_prompt_logprobs(i, std::move(d.prompt));
+      // Prompt scores alone (echo + logprobs, 128 positions a step): nothing to send until its first token.
+      if (d.tokens.empty() && d.finish == FinishReason::none) continue;
+      new_tokens += d.tokens.size();
+      FinishReason fin = d.finish;
+      if (spec_.stream) out += builder_->on_tokens(i, d.tokens);
+      else builder_->add_tokens(i, d.tokens);
+      if (builder_->stop_hit(i) && fin == FinishReason::none) {
+        chans_[i]->cancel();
+        fin = FinishReason::eos;
+      }
+      if (fin == FinishReason::none) continue;
+      fins_[i] = fin;
+      errors_[i] = d.error;
+      if (spec_.stream) out += builder_->on_choice_finish(i, fin, d.error);
+    }
+    if (new_tokens > 0) {
       if (first_token_) {
         srv_.metrics.ttft.observe(std::chrono::duration<double>(now - arrival_).count());
         first_token_ = false;
       } else {
-        const double dt = std::chrono::duration<double>(now - last_token_).count() / static_cast<double>(d.tokens.size());
-        for (size_t i = 0; i < d.tokens.size(); ++i) srv_.metrics.tpot.observe(dt);
+        const double dt = std::chrono::duration<double>(now - last_token_).count() / static_cast<double>(new_tokens);
+        for (size_t i = 0; i < new_tokens; ++i) srv_.metrics.tpot.observe(dt);
       }
       last_token_ = now;
     }
-    FinishReason fin = d.finish;
+    const bool all_done = std::none_of(fins_.begin(), fins_.end(), [](FinishReason f) { return f == FinishReason::none; });
     if (spec_.stream) {
-      std::string out = builder_->on_tokens(d.tokens);
-      if (builder_->stop_hit() && fin == FinishReason::none) {
-        chan_->cancel();
-        fin = FinishReason::eos;
-      }
-      if (fin != FinishReason::none) out += builder_->on_finish(fin, d.error);
+      if (all_done) out += builder_->on_end();
       if (!out.empty()) write(frame(out));
       if (state_ != State::generating) return;  // the client was dropped
-      if (fin != FinishReason::none) {
+      if (all_done) {
         if (!http10_) write("0\r\n\r\n");
         finish_metrics(200);
         end_generation();
@@ -501,22 +549,19 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       return;
     }
-    builder_->add_tokens(d.tokens);
-    if (builder_->stop_hit() && fin == FinishReason::none) {
-      chan_->cancel();
-      fin = FinishReason::eos;
-    }
-    if (fin == FinishReason::none) return;
-    if (fin == FinishReason::error) {
-      end_generation();
-      return send_error(ApiError(500, "generation failed: " + d.error, "", "generation_error"));
-    }
-    if (fin == FinishReason::shutdown || fin == FinishReason::cancelled) {
-      end_generation();
-      keep_alive_ = false;
-      return send_error(ApiError(503, "the server is shutting down", "", "shutting_down"));
-    }
-    std::string body = builder_->body(fin).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    if (!all_done) return;
+    for (size_t i = 0; i < fins_.size(); ++i)
+      if (fins_[i] == FinishReason::error) {
+        end_generation();
+        return send_error(ApiError(500, "generation failed: " + errors_[i], "", "generation_error"));
+      }
+    for (FinishReason f : fins_)
+      if (f == FinishReason::shutdown || f == FinishReason::cancelled) {
+        end_generation();
+        keep_alive_ = false;
+        return send_error(ApiError(503, "the server is shutting down", "", "shutting_down"));
+      }
+    std::string body = builder_->body(fins_).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     finish_metrics(200);
     end_generation();
     send(200, "application/json", body, {}, false);
@@ -524,7 +569,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // An exception while turning tokens into a reply: end this request only.
   void generation_failed(const std::string& what) {
-    if (chan_) chan_->cancel();
+    for (auto& c : chans_) c->cancel();
     const bool streaming = spec_.stream;
     end_generation();
     keep_alive_ = false;
@@ -644,8 +689,11 @@ class Session : public std::enable_shared_from_this<Session> {
   bool has_slot_ = false, http10_ = false;
   Clock::time_point idle_since_ = Clock::now();
   GenSpec spec_;
-  std::shared_ptr<SeqChannel> chan_;
-  std::unique_ptr<CompletionBuilder> builder_;
+  std::vector<std::shared_ptr<SeqChannel>> chans_;  // one per choice
+  std::vector<FinishReason> fins_;
+  std::vector<std::string> errors_;
+  std::unique_ptr<ResponsesRequest> responses_;  // /v1/responses: its fields beyond the GenSpec
+  std::unique_ptr<ReplyBuilder> builder_;
   Clock::time_point arrival_, last_token_;
 };
 

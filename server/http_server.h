@@ -1,7 +1,9 @@
 // HttpServer: the OpenAI-compatible HTTP front end (Boost.Beast over one
 // Asio io_context thread). Routes: GET /health, GET /metrics, GET /v1/models,
-// POST /v1/chat/completions, POST /v1/completions, POST /tokenize,
-// POST /detokenize; OPTIONS preflights when CORS is on.
+// GET /v1/models/{id}, POST /v1/chat/completions, POST /v1/completions,
+// POST /v1/responses (server/responses_api.h), POST /tokenize,
+// POST /detokenize; OPTIONS preflights when CORS is on. A request with n
+// choices runs n sequences (server/reply.h).
 //
 // Threads: the I/O thread only moves bytes and runs bounded per-event work.
 // Request bodies are parsed, chat templates rendered and prompts tokenized

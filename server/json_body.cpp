@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "engine/json_guard.h"
+#include "engine/text/json_guard.h"
 #include "server/api_error.h"
 
 namespace hmoe::server {

@@ -5,12 +5,13 @@
 #include <limits>
 
 #include "configs/error.h"
-#include "engine/json_guard.h"
+#include "engine/text/json_guard.h"
 #include "engine/text/chat/chat_template.h"
 #include "engine/text/output_parser.h"
 #include "engine/text/tokenizer/tokenizer.h"
 #include "server/api_error.h"
 #include "server/json_body.h"
+#include "server/structured.h"
 
 namespace hmoe::server {
 
@@ -115,7 +116,7 @@ void check_model(const ojson& j, const ModelInfo& m) {
 // Fields shared by both endpoints.
 void parse_common(const ojson& j, const ModelInfo& m, uint64_t request_seq, GenSpec& g) {
   check_model(j, m);
-  if (get_int(j, "n", 1, 1, 1 << 20) != 1) bad("n", "only n=1 is supported");
+  g.n = get_int(j, "n", 1, 1, kMaxChoices);
   if (get_int(j, "best_of", 1, 1, 1 << 20) != 1) bad("best_of", "only best_of=1 is supported");
   g.stream = get_bool(j, "stream", false);
   if (const ojson* so = field(j, "stream_options")) {
@@ -189,9 +190,12 @@ void parse_common(const ojson& j, const ModelInfo& m, uint64_t request_seq, GenS
       if (!m.json_vocab) bad("response_format", "JSON mode is not available on this server", "unsupported_value");
       g.sampling.json = m.json_vocab->get();
       g.sampling.json_end_ids = g.stop_ids;
+    } else if (type == "json_schema") {
+      const ojson* js = field(*rf, "json_schema");
+      if (!js) bad("response_format", "response_format json_schema needs a 'json_schema' object", "missing_required_parameter");
+      apply_json_schema(*js, m, g, "response_format");
     } else if (type != "text") {
-      bad("response_format", "response_format type must be \"text\" or \"json_object\" (json_schema is not supported yet), got '" + type + "'",
-          "unsupported_value");
+      bad("response_format", "response_format type must be \"text\", \"json_object\" or \"json_schema\", got '" + type + "'", "unsupported_value");
     }
   }
 }
@@ -337,8 +341,10 @@ void render_chat(const ojson& j, const ModelInfo& m, GenSpec& g) {
   g.parse_reasoning = true;
   g.start_in_reasoning = prompt_opens_think(g.prompt_text);
   const bool forced_call = tool_choice == "required" || tool_choice == "named";
-  if (g.sampling.json) {  // JSON mode constrains the reply from its first token: no reasoning block
-    if (forced_call) bad("response_format", "response_format json_object cannot be combined with tool_choice \"" + tool_choice + "\"");
+  const bool structured = g.sampling.json != nullptr;
+  if (structured) {  // JSON mode constrains the reply from its first token: no reasoning block
+    if (forced_call) bad("response_format", "response_format " + std::string(g.sampling.grammar ? "json_schema" : "json_object") +
+                                                " cannot be combined with tool_choice \"" + tool_choice + "\"");
     if (g.start_in_reasoning) {
       g.forced_prefix = "\n</think>\n\n";
       g.prompt_text += g.forced_prefix;
@@ -353,9 +359,12 @@ void render_chat(const ojson& j, const ModelInfo& m, GenSpec& g) {
           "unsupported_value");
     if (g.start_in_reasoning) g.forced_prefix = "\n</think>\n\n";
     g.forced_prefix += "<tool_call>\n";
-    if (tool_choice == "named") g.forced_prefix += "{\"name\": " + ojson(forced_name).dump() + ", \"arguments\": ";
     g.prompt_text += g.forced_prefix;
   }
+  // The call itself (forced) or one the model starts (auto) is constrained to an offered
+  // tool's name and its parameters' schema (server/structured.h).
+  if (g.parse_tools && !structured && (forced_call || g.prompt_text.find("<tool_call>") != std::string::npos))
+    constrain_tool_calls(*field(j, "tools"), tool_choice, forced_name, m, g);
   g.prompt = m.tokenizer->encode(g.prompt_text, true);
 }
 

@@ -2,13 +2,16 @@
 // GenSpec the scheduler can run. Every problem throws ApiError naming the
 // field (param) with status 400 (404 for an unknown model). Unknown fields
 // are ignored, as vLLM and OpenAI do, so clients that send vendor fields
-// keep working; known-but-unsupported options (n > 1, response_format
-// json_schema) are refused rather than silently ignored; response_format
-// json_object constrains sampling to one JSON object (engine/json_constraint.h)
-// from the reply's first token (a think block the prompt opened is closed
-// first, so reasoning models answer without reasoning). tool_choice
-// "required" or a named function opens the Hermes <tool_call> block at the
-// end of the prompt (templates that do not use it refuse them).
+// keep working; known-but-unsupported options (best_of > 1) are refused
+// rather than silently ignored; response_format json_object constrains
+// sampling to one JSON object (engine/json_constraint.h) and json_schema to
+// the schema (server/structured.h) from the reply's first token (a think
+// block the prompt opened is closed first, so reasoning models answer
+// without reasoning). tool_choice "required" or a named function opens the
+// Hermes <tool_call> block at the end of the prompt (templates that do not
+// use it refuse them) and constrains the call to an offered tool and its
+// parameters' schema; under "auto" a call the model opens is constrained
+// the same way. n (1..16) asks for several choices.
 //
 // Thread safety: the functions are pure given a const ModelInfo; the
 // tokenizer and chat template are thread-safe.
@@ -46,8 +49,11 @@ struct ModelInfo {
   std::shared_ptr<JsonVocabCache> json_vocab;  // JSON mode (null: response_format json_object is refused)
 };
 
+constexpr int64_t kMaxChoices = 16;  // n
+
 struct GenSpec {
   bool chat = true;
+  int64_t n = 1;  // choices
   bool stream = false;
   bool include_usage = false;
   std::vector<int32_t> prompt;
@@ -59,7 +65,7 @@ struct GenSpec {
   bool parse_tools = false;
   // Text appended to the prompt and already consumed by the output parser:
   // tool_choice "required" or a named function opens the tool call
-  // ("<tool_call>\n" [+ "{\"name\": \"NAME\", \"arguments\": "]); either
+  // ("<tool_call>\n"; the grammar then forces the name and arguments); either
   // that or JSON mode first closes a think block the prompt opened.
   std::string forced_prefix;
   bool parse_reasoning = false;

@@ -8,10 +8,39 @@
 
 namespace hmoe {
 
+namespace {
+// Well-formed UTF-8 (RFC 3629: no overlongs, surrogates or code points past U+10FFFF), whole characters only.
+bool utf8_whole(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c < 0x80) n = 0;
+    else if (c >= 0xC2 && c < 0xE0) n = 1;
+    else if (c == 0xE0) n = 2, lo = 0xA0;
+    else if (c == 0xED) n = 2, hi = 0x9F;
+    else if (c > 0xE0 && c < 0xF0) n = 2;
+    else if (c == 0xF0) n = 3, lo = 0x90;
+    else if (c > 0xF0 && c < 0xF4) n = 3;
+    else if (c == 0xF4) n = 3, hi = 0x8F;
+    else return false;
+    if (i + n + 1 > s.size()) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if (d < (k == 1 ? lo : 0x80) || d > (k == 1 ? hi : 0xBF)) return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+}  // namespace
+
 JsonVocab::JsonVocab(const tok::Tokenizer& t) {
   const int32_t n = t.vocab_size();
   bytes_.resize(static_cast<size_t>(n));
   special_.assign(static_cast<size_t>(n), 0);
+  clean_.assign(static_cast<size_t>(n), 0);
+  chars_.assign(static_cast<size_t>(n), 0);
   for (int32_t id = 0; id < n; ++id) {
     std::string b;
     try {
@@ -29,6 +58,10 @@ JsonVocab::JsonVocab(const tok::Tokenizer& t) {
     bool plain = true;
     for (unsigned char c : b) plain = plain && c != '"' && c != '\\' && c >= 0x20;
     if (!plain) not_plain_.push_back(id);
+    for (unsigned char c : b) chars_[static_cast<size_t>(id)] += (c & 0xC0) != 0x80 ? 1 : 0;
+    const bool clean = plain && utf8_whole(b);
+    clean_[static_cast<size_t>(id)] = clean ? 1 : 0;
+    if (!clean) not_clean_.push_back(id);
     max_len_ = std::max(max_len_, b.size());
     bytes_[static_cast<size_t>(id)] = std::move(b);
     sorted_.push_back(id);

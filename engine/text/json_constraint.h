@@ -50,6 +50,12 @@ class JsonVocab {
   // other token is valid and keeps the string open).
   const std::vector<int32_t>& specials() const { return specials_; }
   const std::vector<int32_t>& not_plain() const { return not_plain_; }
+  // Per id: clean (plain and whole, well-formed UTF-8: inside a string it
+  // can follow any complete character) and its code points; the non-special
+  // tokens that are not clean.
+  bool clean(int32_t id) const { return clean_[static_cast<size_t>(id)] != 0; }
+  uint32_t chars(int32_t id) const { return chars_[static_cast<size_t>(id)]; }
+  const std::vector<int32_t>& not_clean() const { return not_clean_; }
 
  private:
   std::vector<std::string> bytes_;
@@ -57,6 +63,9 @@ class JsonVocab {
   std::vector<int32_t> sorted_;
   std::vector<uint16_t> lcp_;
   std::vector<int32_t> specials_, not_plain_;
+  std::vector<uint8_t> clean_;
+  std::vector<uint32_t> chars_;
+  std::vector<int32_t> not_clean_;
   size_t max_len_ = 0;
 };
 

@@ -3,7 +3,7 @@
 #include <array>
 #include <nlohmann/json.hpp>
 
-#include "engine/json_guard.h"
+#include "engine/text/json_guard.h"
 #include "engine/random_id.h"
 
 namespace hmoe {
@@ -134,8 +134,7 @@ ParsedDelta OutputParser::finish() {
   ParsedDelta d;
   emit_text(d, pending_);
   pending_.clear();
-  if (mode_ == Mode::tool) {
-    d.content += std::string(kTool) + tool_buf_;
+  if (mode_ == Mode::tool) {  // a call cut off (max_tokens): not content, and no call
     tool_buf_.clear();
     mode_ = Mode::content;
   }

@@ -10,7 +10,8 @@
 //   After the first tool call, whitespace-only content is dropped.
 // - A tag split across pushes is held back until it is complete, so no
 //   partial tag is ever emitted; finish() flushes what is left (an
-//   unterminated <tool_call> is returned as content).
+//   unterminated <tool_call>, cut off by max_tokens, is dropped: raw call
+//   text never reaches content).
 //
 // One parser per stream; not thread-safe.
 #pragma once

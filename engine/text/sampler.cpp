@@ -8,7 +8,34 @@
 
 namespace hmoe {
 
-Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {
+  if (p_.grammar && p_.json && p_.grammar_trigger.empty()) {
+    grammar_ = GrammarState(p_.grammar.get());
+    grammar_on_ = true;
+  }
+}
+
+void Sampler::grammar_feed(int32_t token) {
+  if (!p_.grammar || !p_.json || token >= p_.json->size() || p_.json->special(token)) return;
+  const std::string& b = p_.json->bytes(token);
+  if (grammar_on_) {
+    if (std::find(p_.json_end_ids.begin(), p_.json_end_ids.end(), token) != p_.json_end_ids.end()) return;
+    grammar_.feed(b);
+    if (!p_.grammar_trigger.empty() && grammar_.complete()) grammar_on_ = false;  // the call is closed: free again
+    return;
+  }
+  if (p_.grammar_trigger.empty()) return;
+  const size_t keep = p_.grammar_trigger.size() - 1;
+  const size_t from = tail_.size() > keep ? tail_.size() - keep : 0;
+  tail_.erase(0, from);
+  const size_t start = tail_.size();
+  tail_ += b;
+  const size_t at = tail_.find(p_.grammar_trigger);
+  if (at == std::string::npos || at + p_.grammar_trigger.size() <= start) return;
+  grammar_ = GrammarState(p_.grammar.get());
+  grammar_on_ = grammar_.feed(std::string_view(tail_).substr(at + p_.grammar_trigger.size()));
+  tail_.clear();
+}
 
 SampleResult Sampler::sample(const float* logits, int64_t vocab, std::span<const int32_t> prompt, std::span<const int32_t> output) {
   SampleResult res;
@@ -39,7 +66,12 @@ SampleResult Sampler::sample(const float* logits, int64_t vocab, std::span<const
     }
     row = work_.data();
   }
-  if (p_.json) {
+  if (p_.json && grammar_on_) {
+    if (!penalties) work_.assign(logits, logits + vocab);
+    static const std::vector<int32_t> kNone;  // a triggered grammar never ends the sequence
+    grammar_mask(*p_.json, grammar_, p_.grammar_trigger.empty() ? p_.json_end_ids : kNone, work_.data(), vocab);
+    row = work_.data();
+  } else if (p_.json && !p_.grammar) {
     if (!penalties) work_.assign(logits, logits + vocab);
     json_mask(*p_.json, json_, p_.json_end_ids, work_.data(), vocab);  // nothing allowed: the row stays as it was
     row = work_.data();
@@ -110,7 +142,8 @@ SampleResult Sampler::sample(const float* logits, int64_t vocab, std::span<const
     }
   }
 
-  if (p_.json && res.token < p_.json->size() &&
+  if (p_.grammar) grammar_feed(res.token);
+  else if (p_.json && res.token < p_.json->size() &&
       std::find(p_.json_end_ids.begin(), p_.json_end_ids.end(), res.token) == p_.json_end_ids.end())
     json_.feed(p_.json->bytes(res.token));
   if (p_.logprobs || p_.top_logprobs > 0) {

@@ -19,10 +19,12 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "engine/text/grammar.h"
 #include "engine/text/json_constraint.h"
 
 namespace hmoe {
@@ -43,6 +45,14 @@ struct SamplingParams {
   // cannot continue one JSON object are masked; json_end_ids may end it.
   std::shared_ptr<const JsonVocab> json;
   std::vector<int32_t> json_end_ids;
+  // Structured output (engine/grammar.h; needs `json` for the token bytes):
+  // tokens that cannot continue the grammar are masked (instead of JSON
+  // mode), json_end_ids only once it is complete. With a trigger, sampling
+  // is free until the output ends with the trigger text; the grammar then
+  // runs from there and sampling is free again once it is complete (a tool
+  // call the model starts on its own under tool_choice "auto").
+  std::shared_ptr<const Grammar> grammar;
+  std::string grammar_trigger;
 };
 
 struct TokenLogprob {
@@ -72,6 +82,10 @@ class Sampler {
   std::vector<int32_t> cand_;
   std::vector<double> probs_;
   JsonState json_;  // JSON mode: the output so far
+  GrammarState grammar_;
+  bool grammar_on_ = false;
+  std::string tail_;  // trigger mode: the last bytes of the output
+  void grammar_feed(int32_t token);
 };
 
 }  // namespace hmoe

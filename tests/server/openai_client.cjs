@@ -1,6 +1,7 @@
 // Drives a running hmoe server with the official `openai` npm package (v4):
 // non-streaming and streaming chat against the fixture's greedy_text, a
-// tool-call round trip, completions, an error, and an abort mid-stream.
+// tool-call round trip, completions, an error, an abort mid-stream, and the
+// Responses API (openai_responses.cjs).
 // Usage: node openai_client.cjs BASE_URL HF_REFERENCE_JSON OPENAI_MODULE_DIR
 // Prints one line per check; exits 1 on the first failure.
 const [baseURL, refPath, openaiDir] = process.argv.slice(2);
@@ -106,6 +107,7 @@ async function main() {
     if (running !== 0) await new Promise((r) => setTimeout(r, 25));
   }
   check(running === 0, 'abort: sequence cancelled on the server');
+  await require('./openai_responses.cjs')(client, check);
   console.log('ALL OK');
 }
 

@@ -122,6 +122,12 @@ TEST_CASE("hostile: JSON nested 100,000 deep anywhere is a 400 naming the field;
       {"response_format", "/v1/chat/completions", chat_with("response_format", d), "response_format"},
       {"message content parts", "/v1/chat/completions", R"({"messages":[{"role":"user","content":[)" + d + "]}]}", "messages[0].content"},
       {"top level array", "/v1/chat/completions", deep(100000, "1").substr(5), ""},
+      {"/v1/responses input item", "/v1/responses", R"({"input":[{"role":"user","content":"hi","extra":)" + d + "}]}", "input[0].extra"},
+      {"/v1/responses tool parameters", "/v1/responses", R"({"input":"hi","tools":[{"type":"function","name":"f","parameters":)" + d + "}]}",
+       "tools[0].parameters"},
+      {"/v1/responses text.format", "/v1/responses", R"({"input":"hi","text":{"format":)" + d + "}}", "text.format"},
+      {"/v1/responses top level array", "/v1/responses", deep(100000, "1").substr(5), ""},
+      {"n > 1 chat", "/v1/chat/completions", R"({"n":2,"messages":[{"role":"user","content":"hi","extra":)" + d + "}]}", "messages[0].extra"},
       {"unclosed, 1,000,000 brackets", "/v1/chat/completions", std::string(1000000, '['), ""},
   };
   for (const Case& c : cases) {
@@ -354,6 +360,48 @@ TEST_CASE("hostile: small protocol items (HTTP/1.0, half-close, NUL, tool_call_i
     CHECK(s.content == hf_reference()["chats"][1]["greedy_text"].get<std::string>().substr(0, s.content.size()));
     CHECK(!s.content.empty());
   }
+  // HTTP/1.0 with n = 2 choices and on /v1/responses: close-delimited too, every choice ends.
+  {
+    json b = chat_body(1, 8);
+    b["stream"] = true;
+    b["n"] = 2;
+    json rb{{"input", b["messages"]}, {"max_output_tokens", 8}, {"temperature", 0}, {"stream", true}};
+    for (const auto& [path, body] : {std::pair<std::string, std::string>{"/v1/chat/completions", b.dump()}, {"/v1/responses", rb.dump()}}) {
+      CAPTURE(path);
+      int fd = connect_raw(port);
+      send_all(fd, "POST " + path + " HTTP/1.0\r\n" + kAuth + "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                       "\r\n\r\n" + body);
+      const std::string raw = recv_all(fd, 30000);
+      ::close(fd);
+      CAPTURE(raw.substr(0, 400));
+      HttpReply r = parse_reply(raw);
+      CHECK(r.status == 200);
+      CHECK(raw.find("Transfer-Encoding") == std::string::npos);
+      CHECK(r.headers["connection"] == "close");
+      REQUIRE(!r.events.empty());
+      if (path == "/v1/responses") {
+        const json last = json::parse(r.events.back());
+        CHECK(last["type"] == "response.incomplete");
+        CHECK(last["response"]["usage"]["output_tokens"] == 8);
+        const std::string id = last["response"]["id"];
+        CHECK(id.size() == 5 + 24);
+        CHECK(id.rfind("resp_", 0) == 0);
+      } else {
+        CHECK(r.events.back() == "[DONE]");
+        std::set<int> finished;
+        for (const auto& e : r.events) {
+          if (e == "[DONE]") continue;
+          const json chunk = json::parse(e);
+          for (const auto& ch : chunk["choices"])
+            if (!ch["finish_reason"].is_null()) finished.insert(ch["index"].get<int>());
+        }
+        CHECK(finished == std::set<int>{0, 1});
+        const std::string id = json::parse(r.events[0])["id"];
+        CHECK(id.size() == 9 + 24);
+        CHECK(id.rfind("chatcmpl-", 0) == 0);
+      }
+    }
+  }
   // Half-closed request: the client shuts its write side after the body and still gets the whole reply.
   for (bool stream : {false, true}) {
     CAPTURE(stream);
@@ -367,6 +415,16 @@ TEST_CASE("hostile: small protocol items (HTTP/1.0, half-close, NUL, tool_call_i
     CHECK(r.status == 200);
     if (stream) CHECK(collect_stream(r).done);
     else CHECK(json::parse(r.body)["usage"]["completion_tokens"] == 8);
+  }
+  {
+    json rb{{"input", "hi"}, {"max_output_tokens", 8}, {"temperature", 0}};
+    int fd = connect_raw(port);
+    send_all(fd, make_request("POST", "/v1/responses", rb.dump(), kAuth));
+    ::shutdown(fd, SHUT_WR);
+    HttpReply r = parse_reply(recv_all(fd, 30000));
+    ::close(fd);
+    CHECK(r.status == 200);
+    CHECK(json::parse(r.body)["usage"]["output_tokens"] == 8);
   }
   // A tool message must name its call; chat_template_kwargs cannot replace the template's variables.
   expect_4xx(post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"},{"role":"tool","content":"r"}]})"), "messages[1].tool_call_id");

@@ -64,28 +64,67 @@ TEST_CASE("hmoe serve: openai npm client, curl, and SIGTERM with an open stream"
     CHECK(code == "400");
   }
 
-  // An open stream, then SIGTERM: the stream ends with an error event
+  // Open streams, then SIGTERM: a chat stream ends with an error event
   // (code shutting_down; finish_reason only takes OpenAI's values) and
-  // [DONE], and the process exits 0.
+  // [DONE]; so does every choice of an n = 2 stream; a /v1/responses stream
+  // ends with an "error" event (no response.completed). The process exits 0.
+  auto read_until = [](int fd, std::string& got, auto&& done) {
+    char buf[4096];
+    while (!done(got)) {
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      REQUIRE(n > 0);
+      got.append(buf, static_cast<size_t>(n));
+    }
+  };
   json b = chat_body(0, 3000);
   b["stream"] = true;
   int fd = connect_raw(srv.port);
   send_all(fd, make_request("POST", "/v1/chat/completions", b.dump()));
   std::string got;
-  char buf[4096];
-  while (got.find("motifs") == std::string::npos) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    REQUIRE(n > 0);
-    got.append(buf, static_cast<size_t>(n));
-  }
+  read_until(fd, got, [](const std::string& g) { return g.find("motifs") != std::string::npos; });
+  json bn = b;
+  bn["n"] = 2;
+  int fdn = connect_raw(srv.port);
+  send_all(fdn, make_request("POST", "/v1/chat/completions", bn.dump()));
+  std::string gotn;
+  read_until(fdn, gotn, [](const std::string& g) { return g.find("\"index\":0") != std::string::npos && g.find("\"index\":1") != std::string::npos; });
+  json rb{{"input", b["messages"]}, {"max_output_tokens", 3000}, {"temperature", 0}, {"stream", true}};
+  int fdr = connect_raw(srv.port);
+  send_all(fdr, make_request("POST", "/v1/responses", rb.dump()));
+  std::string gotr;
+  read_until(fdr, gotr, [](const std::string& g) { return g.find("response.in_progress") != std::string::npos; });
   REQUIRE(::kill(srv.pid, SIGTERM) == 0);
   got += recv_all(fd, 20000);
+  gotn += recv_all(fdn, 20000);
+  gotr += recv_all(fdr, 20000);
   ::close(fd);
+  ::close(fdn);
+  ::close(fdr);
   HttpReply r = parse_reply(got);
   StreamResult s = collect_stream(r);
   CHECK(s.done);
   CHECK(s.finish_reason.empty());
   CHECK(s.error_code == "shutting_down");
+  HttpReply rn = parse_reply(gotn);
+  StreamResult sn = collect_stream(rn);
+  CHECK(sn.done);
+  CHECK(sn.finish_reason.empty());
+  int errors = 0;
+  for (const auto& e : rn.events)
+    if (e != "[DONE]" && json::parse(e).contains("error")) {
+      CHECK(json::parse(e)["error"]["code"] == "shutting_down");
+      ++errors;
+    }
+  CHECK(errors == 2);
+  HttpReply rr = parse_reply(gotr);
+  REQUIRE(!rr.events.empty());
+  const json last = json::parse(rr.events.back());
+  CAPTURE(rr.events.back());
+  CHECK(last["type"] == "error");
+  CHECK(last["code"] == "shutting_down");
+  for (const auto& e : rr.events) CHECK(json::parse(e)["type"] != "response.completed");
+  CHECK(gotr.find("abort") == std::string::npos);
+  CHECK(gotn.find("abort") == std::string::npos);
   CHECK(srv.wait_exit(30) == 0);
   CHECK(srv.err.find("stopped") != std::string::npos);
 }

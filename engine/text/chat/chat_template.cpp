@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/json_guard.h"
+#include "engine/text/json_guard.h"
 
 #include "configs/error.h"
 #include "engine/text/chat/interpreter.h"

@@ -1,4 +1,4 @@
-#include "engine/json_guard.h"
+#include "engine/text/json_guard.h"
 
 #include <unordered_set>
 #include <vector>
