@@ -435,28 +435,7 @@ int64_t grammar_mask(const JsonVocab& v, const GrammarState& state, const std::v
       if (!allowed[static_cast<size_t>(id)]) logits[id] = ninf;
     return n_ok;  // never 0: a string can always take a clean character or its closing quote
   }
-  // The flattened trie: st[d] = the state after the first d bytes of the current token.
-  const std::vector<int32_t>& sorted = v.sorted();
-  const std::vector<uint16_t>& lcp = v.lcp();
-  std::vector<GrammarState> st(v.max_len() + 1);
-  st[0] = state;
-  size_t have = 0, dead = SIZE_MAX;
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    const size_t l = lcp[i];
-    if (dead <= l) continue;  // starts with a refused prefix
-    dead = SIZE_MAX;
-    const std::string& b = v.bytes(sorted[i]);
-    size_t d = std::min(have, l);
-    for (; d < b.size(); ++d) {
-      st[d + 1] = st[d];
-      if (!st[d + 1].feed(static_cast<uint8_t>(b[d]))) {
-        dead = d + 1;
-        break;
-      }
-    }
-    have = dead == SIZE_MAX ? b.size() : dead - 1;
-    if (dead == SIZE_MAX) allow(sorted[i]);
-  }
+  walk_token_trie(v, state, allow);  // the flattened trie
   return apply(allowed, n_ok, logits, vocab);
 }
 

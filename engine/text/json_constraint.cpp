@@ -254,29 +254,10 @@ int64_t json_mask(const JsonVocab& v, const JsonState& state, const std::vector<
       for (int32_t id : refused) logits[id] = ninf, ++masked;
       for (int64_t id = v.size(); id < vocab; ++id) logits[id] = ninf, ++masked;  // ids past the tokenizer
       return vocab - masked;
-    } else {  // the flattened trie: st[d] = the state after the first d bytes of the current token
-      const std::vector<int32_t>& sorted = v.sorted();
-      const std::vector<uint16_t>& lcp = v.lcp();
-      std::vector<JsonState> st(v.max_len() + 1);
-      st[0] = state;
-      size_t have = 0;              // st[0..have] belong to the previous token's prefix
-      size_t dead = SIZE_MAX;       // the previous token's prefix of this length was refused
-      for (size_t i = 0; i < sorted.size(); ++i) {
-        const size_t l = lcp[i];
-        if (dead <= l) continue;  // starts with a refused prefix
-        dead = SIZE_MAX;
-        const std::string& b = v.bytes(sorted[i]);
-        size_t d = std::min(have, l);
-        for (; d < b.size(); ++d) {
-          st[d + 1] = st[d];
-          if (!st[d + 1].feed(static_cast<uint8_t>(b[d]))) {
-            dead = d + 1;
-            break;
-          }
-        }
-        have = dead == SIZE_MAX ? b.size() : dead - 1;
-        if (dead == SIZE_MAX && sorted[i] < vocab) ok.push_back(sorted[i]);
-      }
+    } else {  // the flattened trie
+      walk_token_trie(v, state, [&](int32_t id) {
+        if (id < vocab) ok.push_back(id);
+      });
     }
   }
   if (ok.empty()) return 0;

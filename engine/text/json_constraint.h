@@ -21,6 +21,8 @@
 // Thread safety: JsonVocab is immutable and shared; a JsonState belongs to
 // one sequence's Sampler.
 #pragma once
+#include <algorithm>
+#include <cstdint>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -68,6 +70,35 @@ class JsonVocab {
   std::vector<int32_t> not_clean_;
   size_t max_len_ = 0;
 };
+
+// Walks v's non-special tokens as a trie from `start` (State: copyable,
+// bool feed(uint8_t)) and calls accept(id) for each token whose bytes the
+// automaton takes whole. Tokens sharing a prefix share its feeding; a refused
+// prefix skips every token that starts with it.
+template <class State, class Accept>
+void walk_token_trie(const JsonVocab& v, const State& start, Accept&& accept) {
+  const std::vector<int32_t>& sorted = v.sorted();
+  const std::vector<uint16_t>& lcp = v.lcp();
+  std::vector<State> st(v.max_len() + 1);  // st[d]: the state after the first d bytes of the current token
+  st[0] = start;
+  size_t have = 0;         // st[0..have] belong to the previous token's prefix
+  size_t dead = SIZE_MAX;  // the previous token's prefix of this length was refused
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const size_t l = lcp[i];
+    if (dead <= l) continue;  // starts with a refused prefix
+    dead = SIZE_MAX;
+    const std::string& b = v.bytes(sorted[i]);
+    for (size_t d = std::min(have, l); d < b.size(); ++d) {
+      st[d + 1] = st[d];
+      if (!st[d + 1].feed(static_cast<uint8_t>(b[d]))) {
+        dead = d + 1;
+        break;
+      }
+    }
+    have = dead == SIZE_MAX ? b.size() : dead - 1;
+    if (dead == SIZE_MAX) accept(sorted[i]);
+  }
+}
 
 // A tokenizer's JsonVocab, built on first use (about 0.1 s for 150k
 // tokens) and shared; get() is thread-safe.
