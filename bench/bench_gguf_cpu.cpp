@@ -30,6 +30,7 @@
 
 #include "engine/kv_cache.h"
 #include "engine/ops/cpu_ops.h"
+#include "engine/prefill_cost.h"
 #include "numa/expert_engine.h"
 #include "numa/quant_gguf.h"
 #include "numa/quant_gguf_q8.h"
@@ -42,30 +43,6 @@ using clk = std::chrono::steady_clock;
 namespace {
 
 constexpr int64_t H = 2048, I = 768, K = 8;
-
-double read_bandwidth(numa::ThreadPool& pool, size_t bytes) {
-  std::vector<uint64_t> buf(bytes / 8);
-  for (size_t i = 0; i < buf.size(); ++i) buf[i] = i * 0x9E3779B97F4A7C15ull;
-  std::vector<uint64_t> sums(256);
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = clk::now();
-    pool.parallel_for(static_cast<int64_t>(pool.size()), [&](int64_t b, int64_t e, int) {
-      for (int64_t c = b; c < e; ++c) {
-        const size_t lo = buf.size() * static_cast<size_t>(c) / static_cast<size_t>(pool.size());
-        const size_t hi = buf.size() * static_cast<size_t>(c + 1) / static_cast<size_t>(pool.size());
-        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (size_t i = lo; i + 4 <= hi; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
-        sums[static_cast<size_t>(c)] = s0 + s1 + s2 + s3;
-      }
-    });
-    best = std::max(best, static_cast<double>(bytes) / std::chrono::duration<double>(clk::now() - t0).count());
-  }
-  uint64_t x = 0;
-  for (auto v : sums) x ^= v;
-  if (x == 42) std::printf(" ");
-  return best;
-}
 
 std::vector<float> randn(size_t n, uint32_t seed, float scale) {
   std::mt19937 g(seed);
@@ -351,7 +328,7 @@ int main(int argc, char** argv) {
   po.quiet = true;
   numa::NodePools pools(po);
   numa::ThreadPool& pool = pools.pool(0);
-  const double bw = read_bandwidth(pool, size_t{256} << 20);
+  const double bw = measure_host_read_bandwidth(&pool);  // 256 MiB, the same threads
   const double min_s = quick ? 0.2 : 1.0;
   std::printf("# bench_gguf_cpu: %d threads, ISA %s%s, read bandwidth %.2f GB/s (256 MiB, same threads)\n", pool.size(),
               cpu::isa_name(cpu::best_isa()), cpu::detail::q8_has_vnni() ? " +VNNI" : "", bw / 1e9);
