@@ -22,7 +22,7 @@
 #include <unordered_map>
 
 #include "configs/error.h"
-#include "engine/random_id.h"
+#include "engine/serving/random_id.h"
 #include "server/api_error.h"
 #include "server/completion.h"
 #include "server/http_headers.h"
