@@ -15,6 +15,67 @@ namespace hmoe {
 
 namespace {
 
+// The checks of settings.inc, one entry each (see there).
+struct SettingCheck {
+  enum class Kind { range, choices, pow2, auto_or_count } kind;
+  const char* field;
+  double lo = 0, hi = 0;
+  const char* choices = "";
+};
+
+const std::vector<SettingCheck>& setting_checks() {
+  static const std::vector<SettingCheck> t = {
+#define HMOE_SETTING_CHECKS
+#define HMOE_SETTING(field, kind, def, flag, env, help)
+#define HMOE_SETTING_RANGE(field, lo, hi) {SettingCheck::Kind::range, #field, static_cast<double>(lo), static_cast<double>(hi)},
+#define HMOE_SETTING_CHOICES(field, words) {SettingCheck::Kind::choices, #field, 0, 0, words},
+#define HMOE_SETTING_POW2(field) {SettingCheck::Kind::pow2, #field},
+#define HMOE_SETTING_AUTO_OR_COUNT(field) {SettingCheck::Kind::auto_or_count, #field},
+#include "configs/settings.inc"
+#undef HMOE_SETTING_AUTO_OR_COUNT
+#undef HMOE_SETTING_POW2
+#undef HMOE_SETTING_CHOICES
+#undef HMOE_SETTING_RANGE
+#undef HMOE_SETTING
+#undef HMOE_SETTING_CHECKS
+  };
+  return t;
+}
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::vector<std::string> out;
+  size_t a = 0;
+  for (size_t b; (b = s.find('|', a)) != std::string::npos; a = b + 1) out.push_back(s.substr(a, b - a));
+  out.push_back(s.substr(a));
+  return out;
+}
+
+std::string lower(std::string s) {
+  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+std::string number_text(double v) {
+  std::ostringstream o;
+  o.precision(15);
+  o << v;
+  return o.str();
+}
+
+// The value of a setting as a number (Int, Float, Bytes) or a string (Str).
+double number_of(const int64_t& v) { return static_cast<double>(v); }
+double number_of(const double& v) { return v; }
+double number_of(const uint64_t& v) { return static_cast<double>(v); }
+double number_of(const bool& v) { return v ? 1 : 0; }
+double number_of(const std::string&) { return 0; }
+std::string* text_of(std::string& v) { return &v; }
+template <class T>
+std::string* text_of(T&) { return nullptr; }
+
+}  // namespace
+
+namespace {
+
 std::string trim(const std::string& s) {
   size_t a = s.find_first_not_of(" \t\r\n");
   if (a == std::string::npos) return "";
@@ -194,7 +255,77 @@ Settings Settings::load(std::vector<std::string>& args) {
     if (!used) rest.push_back(a);
   }
   args = std::move(rest);
+  s.validate();
   return s;
+}
+
+std::string setting_allowed(const std::string& field) {
+  std::string out;
+  for (const SettingCheck& c : setting_checks()) {
+    if (field != c.field) continue;
+    std::string part;
+    switch (c.kind) {
+      case SettingCheck::Kind::range: part = number_text(c.lo) + ".." + number_text(c.hi); break;
+      case SettingCheck::Kind::pow2: part = "0 or a power of two"; break;
+      case SettingCheck::Kind::auto_or_count: part = "auto or a whole number >= 0"; break;
+      case SettingCheck::Kind::choices: {
+        const auto w = split_words(c.choices);
+        for (size_t i = 0; i < w.size(); ++i) part += (i == 0 ? "" : i + 1 == w.size() ? " or " : ", ") + w[i];
+        break;
+      }
+    }
+    out += (out.empty() ? "" : "; ") + part;
+  }
+  return out;
+}
+
+void Settings::validate() {
+  for (const SettingCheck& c : setting_checks()) {
+    const std::string field = c.field;
+    std::string flag, env;
+    for (const auto& i : setting_table())
+      if (field == i.field) flag = i.flag, env = i.env;
+    std::string where = origin(field);
+    if (where == "default") where = flag + " / " + env;
+    auto bad = [&](const std::string& value) {
+      fail(ErrorKind::invalid_argument, where + "=" + value + ": expected " + setting_allowed(field));
+    };
+    bool found = false;
+#define HMOE_SETTING(f, k_, d_, fl_, e_, h_)                                                            \
+    if (!found && field == #f) {                                                                      \
+      found = true;                                                                                   \
+      std::string* text = text_of(f);                                                                 \
+      const double v = number_of(f);                                                                  \
+      switch (c.kind) {                                                                               \
+        case SettingCheck::Kind::range:                                                               \
+          if (text || !(v >= c.lo && v <= c.hi)) bad(text ? "'" + *text + "'" : number_text(v));      \
+          break;                                                                                      \
+        case SettingCheck::Kind::pow2: {                                                              \
+          const int64_t n = static_cast<int64_t>(v);                                                  \
+          if (text || (n != 0 && (n & (n - 1)) != 0)) bad(text ? "'" + *text + "'" : number_text(v)); \
+          break;                                                                                      \
+        }                                                                                             \
+        case SettingCheck::Kind::auto_or_count: {                                                     \
+          if (!text) fail(ErrorKind::internal, field + ": auto-or-count check on a number setting");  \
+          *text = lower(*text);                                                                       \
+          bool digits = !text->empty() && text->size() <= 12;                                         \
+          for (char ch : *text) digits = digits && ch >= '0' && ch <= '9';                            \
+          if (*text != "auto" && !digits) bad("'" + *text + "'");                                     \
+          break;                                                                                      \
+        }                                                                                             \
+        case SettingCheck::Kind::choices: {                                                           \
+          if (!text) fail(ErrorKind::internal, field + ": choices check on a number setting");        \
+          const auto words = split_words(c.choices);                                                  \
+          if (std::find(words.begin(), words.end(), lower(*text)) == words.end()) bad("'" + *text + "'"); \
+          *text = lower(*text);                                                                       \
+          break;                                                                                      \
+        }                                                                                             \
+      }                                                                                               \
+    }
+#include "configs/settings.inc"
+#undef HMOE_SETTING
+    if (!found) fail(ErrorKind::internal, "settings.inc checks unknown setting " + field);
+  }
 }
 
 const std::vector<SettingAlias>& setting_aliases() {
@@ -219,10 +350,11 @@ std::string Settings::describe() const {
 
 std::string settings_markdown() {
   std::ostringstream o;
-  o << "| flag | environment variable | type | default | meaning |\n";
-  o << "| --- | --- | --- | --- | --- |\n";
+  o << "| flag | environment variable | type | default | allowed | meaning |\n";
+  o << "| --- | --- | --- | --- | --- | --- |\n";
   for (const auto& s : setting_table())
-    o << "| `" << s.flag << "` | `" << s.env << "` | " << s.kind << " | `" << s.def << "` | " << s.help << " |\n";
+    o << "| `" << s.flag << "` | `" << s.env << "` | " << s.kind << " | `" << s.def << "` | " << setting_allowed(s.field) << " | " << s.help
+      << " |\n";
   return o.str();
 }
 
@@ -233,7 +365,8 @@ std::string settings_help() {
     o << left;
     if (left.size() < 52) o << std::string(52 - left.size(), ' ');
     else o << "\n" << std::string(52, ' ');
-    o << s.help << " [default: " << (*s.def ? s.def : "\"\"") << "]\n";
+    const std::string allowed = setting_allowed(s.field);
+    o << s.help << " [default: " << (*s.def ? s.def : "\"\"") << (allowed.empty() ? "" : "; allowed: " + allowed) << "]\n";
   }
   return o.str();
 }

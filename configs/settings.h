@@ -1,9 +1,12 @@
 // Settings: the typed, immutable view of configs/settings.inc.
 //
 // Contract: Settings::load() reads the environment (the only place in hmoe that does)
-// and then the command-line flags it recognises, removing them from `args`.
-// Bad values throw hmoe::Error naming the flag or variable and the value.
-// After load() a Settings is read-only and safe to share between threads.
+// and then the command-line flags it recognises, removing them from `args`,
+// and validates every value once against the table's allowed values
+// (settings.inc: ranges, choices). Bad values throw hmoe::Error naming the
+// flag or variable and the value. After load() a Settings is read-only and
+// safe to share between threads; the modules it is passed to (as typed
+// option structs built from it) take its values as valid.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -24,8 +27,13 @@ struct Settings {
 
   // Defaults only (no environment, no flags).
   static Settings defaults();
-  // Defaults, then environment, then flags found in args (consumed).
+  // Defaults, then environment, then flags found in args (consumed), validated.
   static Settings load(std::vector<std::string>& args);
+  // The check load() ends with, for settings changed in code (tests, tools):
+  // choice settings are lower-cased; a value outside what settings.inc
+  // allows throws Error(invalid_argument) naming its origin, the value and
+  // what is allowed.
+  void validate();
 
   // Where each value came from, for `hmoe settings`.
   std::string describe() const;
@@ -59,6 +67,10 @@ struct SettingInfo {
   const char* help;
 };
 const std::vector<SettingInfo>& setting_table();
+
+// What a setting allows, in words ("1..4096", "auto, bf16 or f32"); empty
+// when the table lists nothing for it.
+std::string setting_allowed(const std::string& field);
 
 // Markdown table of every setting (configs/SETTINGS.md is this output).
 std::string settings_markdown();

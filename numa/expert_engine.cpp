@@ -68,8 +68,6 @@ EngineOptions EngineOptions::from_settings(const Settings& s) {
   o.bf16_dot = s.cpu_bf16_dot;
   o.int8_act = s.cpu_int8_act;
   o.gguf_int8 = s.cpu_gguf_int8;
-  if (s.cpu_onednn_min_tokens < 0)
-    fail(ErrorKind::invalid_argument, "HMOE_CPU_ONEDNN_MIN_TOKENS / --cpu-onednn-min-tokens must be >= 0, got " + std::to_string(s.cpu_onednn_min_tokens));
   o.onednn_min_tokens = s.cpu_onednn_min_tokens;
   o.print_memory = s.progress != "none";
   return o;
@@ -409,13 +407,13 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
 }
 
 // ---- single-pool helpers ---------------------------------------------------------
-void mlp_forward(const float* x, int64_t n, const ExpertWeights& w, float* out, ThreadPool* pool) {
+void mlp_forward(const float* x, int64_t n, const ExpertWeights& w, float* out, ThreadPool* pool, const cpu::GemmOptions& o) {
   const int64_t inter = w.gate.rows;
   std::vector<float> g(static_cast<size_t>(n * inter)), u(static_cast<size_t>(n * inter));
-  cpu::gemm(x, n, w.gate, g.data(), pool);
-  cpu::gemm(x, n, w.up, u.data(), pool);
+  cpu::gemm(x, n, w.gate, g.data(), pool, o);
+  cpu::gemm(x, n, w.up, u.data(), pool, o);
   for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
-  cpu::gemm(g.data(), n, w.down, out, pool);
+  cpu::gemm(g.data(), n, w.down, out, pool, o);
 }
 
 void moe_forward(const float* x, int64_t n, int64_t hidden, const int32_t* ids, const float* weights, int64_t k,

@@ -135,6 +135,6 @@ void moe_forward(const float* x, int64_t n, int64_t hidden, const int32_t* ids, 
                  const std::vector<ExpertWeights>& experts, float* out, ThreadPool* pool);
 
 // One SwiGLU MLP (dense layers, shared experts): out = down(silu(gate x) * up x), overwritten.
-void mlp_forward(const float* x, int64_t n, const ExpertWeights& w, float* out, ThreadPool* pool);
+void mlp_forward(const float* x, int64_t n, const ExpertWeights& w, float* out, ThreadPool* pool, const cpu::GemmOptions& o = {});
 
 }  // namespace hmoe::numa

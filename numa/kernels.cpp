@@ -3,7 +3,6 @@
 #include "numa/kernels.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -124,15 +123,9 @@ void gemm_rows_bf16dot(const uint16_t* xb, int64_t ldx, int64_t n, const Mat& w,
   gemm_rows(xf.data(), w.cols, n, w, r0, r1, y, ldy);
 }
 
-namespace {
-std::atomic<bool> g_round_bf16{false}, g_split_bf16{false};
-}  // namespace
-
-void set_split_inputs_bf16(bool on) { g_split_bf16.store(on, std::memory_order_relaxed); }
-
-void gemm_split_input(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool) {
-  if (!round_activations_bf16() || !g_split_bf16.load(std::memory_order_relaxed)) {
-    gemm(x, n, w, y, pool);
+void gemm_split_input(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool, const GemmOptions& o) {
+  if (!o.round_bf16 || !o.split_inputs) {
+    gemm(x, n, w, y, pool, o);
     return;
   }
   const size_t count = static_cast<size_t>(n * w.cols);
@@ -146,18 +139,16 @@ void gemm_split_input(const float* x, int64_t n, const Mat& w, float* y, numa::T
   for (size_t i = 0; i < y_lo.size(); ++i) y[i] += y_lo[i];
 }
 
-void set_round_activations_bf16(bool on) { g_round_bf16.store(on, std::memory_order_relaxed); }
-bool round_activations_bf16() { return g_round_bf16.load(std::memory_order_relaxed); }
 float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
-void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool) {
-  if (round_activations_bf16()) {
+void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool, const GemmOptions& o) {
+  if (o.round_bf16) {
     std::vector<float> xr(static_cast<size_t>(n * w.cols));
     for (size_t i = 0; i < xr.size(); ++i) xr[i] = round_bf16(x[i]);
     gemm_exact(xr.data(), n, w, y, pool);
     return;
   }
-  if (gguf_int8() && gguf_q8_applies(w)) {
+  if (o.gguf_int8 && gguf_q8_applies(w)) {
     gemm_q8(x, n, w, y, pool);
     return;
   }

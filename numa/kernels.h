@@ -32,25 +32,31 @@ void gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0,
 // through vdpbf16ps; falls back to gemm_rows on the bf16-rounded activations
 // where the CPU lacks it. w must be bf16.
 void gemm_rows_bf16dot(const uint16_t* xb, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
-// Same over all rows, split across the pool's threads by row blocks. Under
-// set_round_activations_bf16(true) x is first rounded to bf16 (on a copy).
-// Otherwise ggml block weights go through the 8-bit-activation integer path
-// while cpu::gguf_int8() is on (numa/quant_gguf_q8.h; setting cpu_gguf_int8).
-void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool);
+// How gemm treats its input. Held by whoever owns the products (the CPU
+// layers take it from CpuRuntimeOptions, built from the settings once) and
+// passed per call: no process-wide switch.
+struct GemmOptions {
+  // Setting cpu_emulate_gpu_bf16 (checking GPU runs against the CPU): the
+  // input is rounded to bf16 (on a copy) where the GPU path rounds it; the
+  // MLA layer also rounds its latent KV cache.
+  bool round_bf16 = false;
+  // Setting gpu_mla_split_inputs: under round_bf16, gemm_split_input keeps
+  // the input as a bf16 hi + lo pair, as the GPU's precise products do.
+  bool split_inputs = true;
+  // Setting cpu_gguf_int8: ggml block weights go through the 8-bit
+  // activation integer path (numa/quant_gguf_q8.h) where it applies.
+  bool gguf_int8 = true;
+};
+// Same over all rows, split across the pool's threads by row blocks, with
+// the input treatment of o (see GemmOptions).
+void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool, const GemmOptions& o = {});
 // gemm that never rounds x (routers: the GPU path computes them in fp32 too).
 void gemm_exact(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool);
-// Process-wide switch (setting cpu_emulate_gpu_bf16, for checking GPU runs
-// against the CPU): gemm inputs and the latent KV cache are rounded to bf16
-// where the GPU path rounds them. Off by default; set once, before a forward.
-void set_round_activations_bf16(bool on);
-bool round_activations_bf16();
 // The products whose input the GPU path keeps as a bf16 hi + lo pair
-// (DeepSeek-V3's attention projections, setting gpu_mla_split_inputs) call
-// gemm_split_input: under set_round_activations_bf16(true) with
-// set_split_inputs_bf16(true) it computes y = hi W + lo W, hi = bf16(x),
-// lo = bf16(x - hi), as the GPU does; otherwise it is gemm.
-void set_split_inputs_bf16(bool on);
-void gemm_split_input(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool);
+// (DeepSeek-V3's attention projections, setting gpu_mla_split_inputs):
+// with o.round_bf16 and o.split_inputs it computes y = hi W + lo W,
+// hi = bf16(x), lo = bf16(x - hi), as the GPU does; otherwise gemm(.., o).
+void gemm_split_input(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool, const GemmOptions& o);
 // x rounded to the nearest bf16 (ties to even, NaN stays NaN), kept as fp32.
 float round_bf16(float x);
 // Plain scalar reference (double accumulation) for tests.

@@ -43,8 +43,6 @@ const char* binding_name(Binding b) { return b == Binding::core ? "core" : b == 
 
 PoolOptions PoolOptions::from_settings(const Settings& s) {
   PoolOptions o;
-  if (s.threads < 0 || s.threads > 4096)
-    fail(ErrorKind::invalid_argument, "--threads / HMOE_THREADS must be in 0..4096, got " + std::to_string(s.threads));
   o.threads = static_cast<int>(s.threads);
   o.binding = parse_binding(s.thread_binding);
   o.power_saving = s.power_saving;

@@ -3,7 +3,6 @@
 #include "numa/quant_gguf_q8.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -14,7 +13,6 @@ namespace hmoe::cpu {
 
 namespace {
 
-std::atomic<bool> g_gguf_int8{true};
 
 bool is_k(ExtType t) { return t == ExtType::q4_k || t == ExtType::q5_k || t == ExtType::q6_k; }
 bool is_b32(ExtType t) { return t == ExtType::q8_0 || t == ExtType::q4_0 || t == ExtType::q5_0; }
@@ -28,9 +26,6 @@ int zero_of(ExtType t) { return t == ExtType::q8_0 ? 128 : t == ExtType::q4_0 ? 
 int lane_block(ExtType t, int l) { return t == ExtType::q8_0 ? l / 8 : (l / 4) % 2; }
 
 }  // namespace
-
-void set_gguf_int8(bool on) { g_gguf_int8.store(on, std::memory_order_relaxed); }
-bool gguf_int8() { return g_gguf_int8.load(std::memory_order_relaxed); }
 
 bool gguf_q8_applies(const Mat& w) {
   if (w.quant != Quant::ext || best_isa() == Isa::scalar) return false;

@@ -12,9 +12,10 @@
 // come from Q8_K / Q8_0 activations).
 //
 // Setting: cpu_gguf_int8 (HMOE_CPU_GGUF_INT8, default on) switches this path
-// for the routed experts (numa/expert_engine.h) and for cpu::gemm on ggml
-// weights (attention projections, dense MLPs, lm_head); off keeps the exact
-// fp32 dequantize path everywhere. gemm_exact never takes it.
+// for the routed experts (numa::EngineOptions::gguf_int8) and for cpu::gemm
+// on ggml weights (cpu::GemmOptions::gguf_int8: attention projections, dense
+// MLPs, lm_head); off keeps the exact fp32 dequantize path everywhere.
+// gemm_exact never takes it.
 //
 // Kernels (per row block and token block; y row stride ldy):
 //  - K types: per 256-column super-block and row the codes are unpacked
@@ -39,11 +40,6 @@
 #include "numa/quant_gguf.h"
 
 namespace hmoe::cpu {
-
-// Process-wide switch (setting cpu_gguf_int8): whether cpu::gemm and the
-// expert engine default to this path for ggml weights. Set once, before a forward.
-void set_gguf_int8(bool on);
-bool gguf_int8();
 
 // Whether w is a ggml type this path serves here: Q4_K/Q5_K/Q6_K (cols %
 // 256 == 0) or Q8_0/Q4_0/Q5_0 (cols % 64 == 0), and the CPU has at least AVX2

@@ -55,8 +55,6 @@ SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
   c.max_num_seqs = s.max_num_seqs;
   c.max_num_batched_tokens = s.max_num_batched_tokens;
   c.max_queue = s.max_queue;
-  if (s.block_size <= 0 || (s.block_size & (s.block_size - 1)) != 0)
-    fail(ErrorKind::invalid_argument, "--block-size must be a power of two, got " + std::to_string(s.block_size));
   c.block_size = s.block_size;
   c.prefix_caching = s.enable_prefix_caching;
   const int64_t ctx = context_length(s, m.config());
@@ -71,7 +69,6 @@ SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
     blocks = std::max(blocks, ctx_blocks);
   }
   c.kv_blocks = blocks;
-  if (s.kv_offloading_size < 0) fail(ErrorKind::invalid_argument, "--kv-offloading-size must be >= 0 GiB");
   if (s.kv_offloading_size > 0) {
     const double bytes = s.kv_offloading_size * double(int64_t{1} << 30);
     const int64_t avail = available_ram();
@@ -109,21 +106,7 @@ HttpOptions http_options(const Settings& s) {
   o.worker_threads = s.http_worker_threads;
   o.worker_nice = s.http_worker_nice;
   o.cors_origins = s.cors_origins;
-  auto seconds = [](double v, const char* flag) {
-    if (!(v > 0) || v > 86400) fail(ErrorKind::invalid_argument, std::string(flag) + " must be in (0, 86400] seconds, got " + std::to_string(v));
-  };
-  seconds(o.header_timeout_s, "--header-timeout");
-  seconds(o.body_timeout_s, "--body-timeout");
-  seconds(o.idle_timeout_s, "--idle-timeout");
-  if (o.max_connections < 1 || o.max_connections > 1000000)
-    fail(ErrorKind::invalid_argument, "--max-connections must be in 1..1000000, got " + std::to_string(o.max_connections));
-  if (o.max_connections_per_client < 0)
-    fail(ErrorKind::invalid_argument, "--max-connections-per-client must be >= 0 (0: no cap), got " + std::to_string(o.max_connections_per_client));
-  if (o.worker_threads < 1 || o.worker_threads > 64)
-    fail(ErrorKind::invalid_argument, "--http-worker-threads must be in 1..64, got " + std::to_string(o.worker_threads));
-  if (o.worker_nice < 0 || o.worker_nice > 19) fail(ErrorKind::invalid_argument, "--http-worker-nice must be in 0..19, got " + std::to_string(o.worker_nice));
-  Cors check(o.cors_origins);  // throws for a malformed origin
-  if (s.port < 0 || s.port > 65535) fail(ErrorKind::invalid_argument, "--port must be in 0..65535, got " + std::to_string(s.port));
+  Cors check(o.cors_origins);  // throws for a malformed origin (the ranges: Settings::validate)
   return o;
 }
 

@@ -9,6 +9,14 @@
 
 namespace hmoe {
 
+cpu::GemmOptions gemm_options(const Settings& s) {
+  cpu::GemmOptions o;
+  o.round_bf16 = s.cpu_emulate_gpu_bf16;
+  o.split_inputs = s.gpu_mla_split_inputs;
+  o.gguf_int8 = s.cpu_gguf_int8;
+  return o;
+}
+
 void Workspace::resize(int64_t n, const ModelConfig& c) {
   auto fit = [](auto& v, int64_t size) {
     if (static_cast<int64_t>(v.size()) < size) v.resize(static_cast<size_t>(size));
@@ -29,8 +37,8 @@ namespace {
 
 class GqaAttention : public AttentionBlock {
  public:
-  GqaAttention(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& p, numa::ThreadPool& pool)
-      : c_(c), layer_(layer), pool_(pool), rope_(c.head_dim, c.rope_theta) {
+  GqaAttention(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& p, numa::ThreadPool& pool, const cpu::GemmOptions& gemm)
+      : c_(c), layer_(layer), pool_(pool), gemm_(gemm), rope_(c.head_dim, c.rope_theta) {
     const int64_t H = c.hidden_size, nh = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim;
     if (c.attention_bias) fail(ErrorKind::unsupported, "attention_bias=true is not supported yet");
     wq_ = bind.mat(p + "q_proj.weight", nh * hd, H);
@@ -46,9 +54,9 @@ class GqaAttention : public AttentionBlock {
     float* q = ws.q.data();
     float* k = ws.k.data();
     float* v = ws.v.data();
-    cpu::gemm(x, n, wq_, q, &pool_);
-    cpu::gemm(x, n, wk_, k, &pool_);
-    cpu::gemm(x, n, wv_, v, &pool_);
+    cpu::gemm(x, n, wq_, q, &pool_, gemm_);
+    cpu::gemm(x, n, wk_, k, &pool_, gemm_);
+    cpu::gemm(x, n, wv_, v, &pool_, gemm_);
     ops::rms_norm(q, n * nh, hd, q_norm_, c_.rms_norm_eps, q);
     ops::rms_norm(k, n * kvh, hd, k_norm_, c_.rms_norm_eps, k);
     for (int64_t t = 0; t < n; ++t) {
@@ -58,21 +66,23 @@ class GqaAttention : public AttentionBlock {
     }
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
     ops::attention(q, n, nh, kvh, hd, slots, kv, layer_, scale, ws.attn.data(), &pool_);
-    cpu::gemm(ws.attn.data(), n, wo_, out, &pool_);
+    cpu::gemm(ws.attn.data(), n, wo_, out, &pool_, gemm_);
   }
 
  private:
   const ModelConfig& c_;
   int64_t layer_;
   numa::ThreadPool& pool_;
+  cpu::GemmOptions gemm_;
   ops::Rope rope_;
   cpu::Mat wq_, wk_, wv_, wo_, q_norm_, k_norm_;
 };
 
 class MoeBlock : public FfnBlock {
  public:
-  MoeBlock(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& p, numa::NodePools& pools, ExpertHomeOptions& opt)
-      : c_(c), pool_(pools.pool(0)) {
+  MoeBlock(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& p, numa::NodePools& pools, ExpertHomeOptions& opt,
+           const cpu::GemmOptions& gemm)
+      : c_(c), pool_(pools.pool(0)), gemm_(gemm) {
     router_ = bind.mat(p + "gate.weight", c.num_experts, c.hidden_size);
     experts_ = std::make_unique<RoutedExperts>(bind, c, layer, p, RoutedExperts::Home::host, pools, opt);
   }
@@ -80,7 +90,7 @@ class MoeBlock : public FfnBlock {
 
   void forward(const float* x, int64_t n, float* out, Workspace& ws) override {
     const int64_t E = c_.num_experts, K = c_.num_experts_per_tok;
-    cpu::gemm(x, n, router_, ws.router.data(), &pool_);
+    cpu::gemm(x, n, router_, ws.router.data(), &pool_, gemm_);
     for (int64_t t = 0; t < n; ++t)
       ops::softmax_topk(ws.router.data() + t * E, E, K, c_.norm_topk_prob, ws.topk_ids.data() + t * K, ws.topk_w.data() + t * K);
     std::fill(out, out + n * c_.hidden_size, 0.0f);
@@ -90,36 +100,39 @@ class MoeBlock : public FfnBlock {
  private:
   const ModelConfig& c_;
   numa::ThreadPool& pool_;
+  cpu::GemmOptions gemm_;
   cpu::Mat router_;
   std::unique_ptr<RoutedExperts> experts_;
 };
 
 class DenseMlp : public FfnBlock {
  public:
-  DenseMlp(WeightBinder& bind, int64_t H, int64_t I, const std::string& p, numa::ThreadPool& pool) : pool_(pool) {
+  DenseMlp(WeightBinder& bind, int64_t H, int64_t I, const std::string& p, numa::ThreadPool& pool, const cpu::GemmOptions& gemm)
+      : pool_(pool), gemm_(gemm) {
     w_ = {bind.mat(p + "gate_proj.weight", I, H), bind.mat(p + "up_proj.weight", I, H), bind.mat(p + "down_proj.weight", H, I)};
   }
   bool is_moe() const override { return false; }
-  void forward(const float* x, int64_t n, float* out, Workspace&) override { numa::mlp_forward(x, n, w_, out, &pool_); }
+  void forward(const float* x, int64_t n, float* out, Workspace&) override { numa::mlp_forward(x, n, w_, out, &pool_, gemm_); }
 
  private:
   numa::ThreadPool& pool_;
+  cpu::GemmOptions gemm_;
   numa::ExpertWeights w_;
 };
 
 }  // namespace
 
 std::unique_ptr<AttentionBlock> make_gqa_attention(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix,
-                                                   numa::ThreadPool& pool) {
-  return std::make_unique<GqaAttention>(bind, c, layer, prefix, pool);
+                                                   numa::ThreadPool& pool, const cpu::GemmOptions& gemm) {
+  return std::make_unique<GqaAttention>(bind, c, layer, prefix, pool, gemm);
 }
 std::unique_ptr<FfnBlock> make_moe_block(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix, numa::NodePools& pools,
-                                         ExpertHomeOptions& opt) {
-  return std::make_unique<MoeBlock>(bind, c, layer, prefix, pools, opt);
+                                         ExpertHomeOptions& opt, const cpu::GemmOptions& gemm) {
+  return std::make_unique<MoeBlock>(bind, c, layer, prefix, pools, opt, gemm);
 }
 std::unique_ptr<FfnBlock> make_dense_mlp(WeightBinder& bind, int64_t hidden, int64_t intermediate, const std::string& prefix,
-                                         numa::ThreadPool& pool) {
-  return std::make_unique<DenseMlp>(bind, hidden, intermediate, prefix, pool);
+                                         numa::ThreadPool& pool, const cpu::GemmOptions& gemm) {
+  return std::make_unique<DenseMlp>(bind, hidden, intermediate, prefix, pool, gemm);
 }
 
 }  // namespace hmoe

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "configs/settings.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/layers/routed_experts.h"
 #include "engine/layers/weights.h"
@@ -43,11 +44,17 @@ class FfnBlock {
   virtual bool is_moe() const = 0;
 };
 
+// The dense products' input treatment from the settings cpu_emulate_gpu_bf16,
+// gpu_mla_split_inputs and cpu_gguf_int8.
+cpu::GemmOptions gemm_options(const Settings& s);
+
+// gemm: how the layer's dense products treat their input (settings
+// cpu_emulate_gpu_bf16, cpu_gguf_int8; numa/kernels.h), held by the layer.
 std::unique_ptr<AttentionBlock> make_gqa_attention(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix,
-                                                   numa::ThreadPool& pool);
+                                                   numa::ThreadPool& pool, const cpu::GemmOptions& gemm = {});
 std::unique_ptr<FfnBlock> make_moe_block(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix, numa::NodePools& pools,
-                                         ExpertHomeOptions& opt);
+                                         ExpertHomeOptions& opt, const cpu::GemmOptions& gemm = {});
 std::unique_ptr<FfnBlock> make_dense_mlp(WeightBinder& bind, int64_t hidden, int64_t intermediate, const std::string& prefix,
-                                         numa::ThreadPool& pool);
+                                         numa::ThreadPool& pool, const cpu::GemmOptions& gemm = {});
 
 }  // namespace hmoe

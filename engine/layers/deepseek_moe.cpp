@@ -68,8 +68,9 @@ namespace {
 
 class DeepseekMoe : public FfnBlock {
  public:
-  DeepseekMoe(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& p, numa::NodePools& pools, ExpertHomeOptions& opt)
-      : pool_(pools.pool(0)), hidden_(c.hidden_size) {
+  DeepseekMoe(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& p, numa::NodePools& pools, ExpertHomeOptions& opt,
+              const cpu::GemmOptions& gemm)
+      : pool_(pools.pool(0)), gemm_(gemm), hidden_(c.hidden_size) {
     const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
     route_ = {c.num_experts, c.num_experts_per_tok, c.mla.n_group, c.mla.topk_group, c.norm_topk_prob, c.mla.routed_scaling_factor};
     router_ = bind.mat(p + "gate.weight", c.num_experts, H);
@@ -93,13 +94,14 @@ class DeepseekMoe : public FfnBlock {
     w_.resize(static_cast<size_t>(n * K));
     cpu::gemm_exact(x, n, router_, logits_.data(), &pool_);
     for (int64_t t = 0; t < n; ++t) deepseek_route(logits_.data() + t * E, bias_.data(), route_, ids_.data() + t * K, w_.data() + t * K);
-    if (has_shared_) numa::mlp_forward(x, n, shared_, out, &pool_);
+    if (has_shared_) numa::mlp_forward(x, n, shared_, out, &pool_, gemm_);
     else std::fill(out, out + n * hidden_, 0.0f);
     experts_->run_host(x, n, ids_.data(), w_.data(), K, out);
   }
 
  private:
   numa::ThreadPool& pool_;
+  cpu::GemmOptions gemm_;
   int64_t hidden_;
   DeepseekRouting route_;
   cpu::Mat router_;
@@ -114,8 +116,8 @@ class DeepseekMoe : public FfnBlock {
 }  // namespace
 
 std::unique_ptr<FfnBlock> make_deepseek_moe(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix,
-                                            numa::NodePools& pools, ExpertHomeOptions& opt) {
-  return std::make_unique<DeepseekMoe>(bind, c, layer, prefix, pools, opt);
+                                            numa::NodePools& pools, ExpertHomeOptions& opt, const cpu::GemmOptions& gemm) {
+  return std::make_unique<DeepseekMoe>(bind, c, layer, prefix, pools, opt, gemm);
 }
 
 }  // namespace hmoe

@@ -33,6 +33,6 @@ void deepseek_route(const float* logits, const float* bias, const DeepseekRoutin
 // Routed experts run on numa::ExpertEngine across the pools' nodes; the
 // router and the shared experts on node 0's pool.
 std::unique_ptr<FfnBlock> make_deepseek_moe(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix,
-                                            numa::NodePools& pools, ExpertHomeOptions& opt);
+                                            numa::NodePools& pools, ExpertHomeOptions& opt, const cpu::GemmOptions& gemm = {});
 
 }  // namespace hmoe

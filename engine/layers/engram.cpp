@@ -45,6 +45,7 @@ std::unique_ptr<EngramModules> EngramModules::load(WeightBinder& bind, const Mod
   const EngramConfig& g = c.engram;
   e->cfg_ = g;
   e->pool_ = &pool;
+  e->gemm_ = gemm_options(s);
   const int64_t N = g.max_ngram_size, H = c.hidden_size, K = g.kernel_size;
   e->hidden_ = H;
   e->heads_ = (N - 1) * g.n_head_per_ngram;
@@ -108,24 +109,15 @@ std::unique_ptr<EngramModules> EngramModules::load(WeightBinder& bind, const Mod
   io::PleOptions opt;
   opt.backend = io::parse_ple_backend("--ple-backend / HMOE_PLE_BACKEND", s.ple_backend);
   opt.path = s.ple_table.empty() ? model_dir + "/ple-table.hmoe" : s.ple_table;
-  if (s.ple_queue_depth < 1 || s.ple_queue_depth > 4096)
-    fail(ErrorKind::invalid_argument, "--ple-queue-depth / HMOE_PLE_QUEUE_DEPTH must be in 1..4096, got " + std::to_string(s.ple_queue_depth));
-  if (s.ple_pread_threads < 1 || s.ple_pread_threads > 256)
-    fail(ErrorKind::invalid_argument, "--ple-pread-threads / HMOE_PLE_PREAD_THREADS must be in 1..256, got " + std::to_string(s.ple_pread_threads));
-  if (s.ple_uring_rings < 1 || s.ple_uring_rings > 64)
-    fail(ErrorKind::invalid_argument, "--ple-uring-rings / HMOE_PLE_URING_RINGS must be in 1..64, got " + std::to_string(s.ple_uring_rings));
+  // Ranges: Settings::validate (configs/settings.inc).
   opt.queue_depth = static_cast<unsigned>(s.ple_queue_depth);
   opt.uring_rings = static_cast<unsigned>(s.ple_uring_rings);
   opt.uring_issue = io::parse_uring_issue("--ple-uring-issue / HMOE_PLE_URING_ISSUE", s.ple_uring_issue);
-  if (s.ple_spin_us < 0 || s.ple_spin_us > 100000)
-    fail(ErrorKind::invalid_argument, "--ple-spin-us / HMOE_PLE_SPIN_US must be in 0..100000, got " + std::to_string(s.ple_spin_us));
   opt.spin_us = static_cast<unsigned>(s.ple_spin_us);
   opt.pread_threads = static_cast<int>(s.ple_pread_threads);
   opt.direct = s.ple_direct;
   opt.read_align = s.ple_read_block;  // checked by PleTable::open
   opt.ordered = s.ple_ordered_reads;
-  if (s.ple_cache_mib < 0 || s.ple_cache_mib > (int64_t{1} << 22))
-    fail(ErrorKind::invalid_argument, "--ple-cache-mib / HMOE_PLE_CACHE_MIB must be in 0..4194304, got " + std::to_string(s.ple_cache_mib));
   opt.cache_bytes = static_cast<size_t>(s.ple_cache_mib) << 20;
   opt.ram_tables = ple_ram_modules(s, static_cast<int64_t>(sources.size()));
   opt.progress = s.progress;
@@ -334,8 +326,8 @@ void EngramModules::apply(int mi, float* x, const Batch& b, KvCache& kv) {
   conv_.resize(static_cast<size_t>(H));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t h = 0; h < heads_; ++h) cpu::to_f32(tdt, table_->row(mi, static_cast<size_t>(i * heads_ + h)), e_.data() + i * d_mem_ + h * D, D);
-  cpu::gemm(e_.data(), n, mod.key_w, key_.data(), pool_);
-  cpu::gemm(e_.data(), n, mod.value_w, v_.data(), pool_);
+  cpu::gemm(e_.data(), n, mod.key_w, key_.data(), pool_, gemm_);
+  cpu::gemm(e_.data(), n, mod.value_w, v_.data(), pool_, gemm_);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t c = 0; c < H; ++c) {
       key_[static_cast<size_t>(i * H + c)] += mod.key_b[static_cast<size_t>(c)];

@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "configs/settings.h"
-#include "configs/settings.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/loading/model_config.h"
 #include "engine/runtime/batch.h"
@@ -108,6 +107,7 @@ class EngramModules {
   std::vector<std::unique_ptr<Module>> mods_;
   std::unique_ptr<io::PleTable> table_;
   numa::ThreadPool* pool_ = nullptr;
+  cpu::GemmOptions gemm_;  // key/value projections (settings cpu_emulate_gpu_bf16, cpu_gguf_int8)
   // Per step.
   std::vector<int64_t> ctx_;  // [n, max_ngram_size] compressed ids at pos, pos-1, ...
   std::vector<std::pair<uint64_t, int64_t>> batch_index_;  // sorted (seq<<40 | pos, batch row)

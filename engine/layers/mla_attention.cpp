@@ -177,11 +177,12 @@ constexpr int64_t kMaxAutoExpandFloats = int64_t{64} << 20;
 
 class MlaAttention : public AttentionBlock {
  public:
-  MlaAttention(const MlaWeights& w, const ModelConfig& c, int64_t layer, numa::ThreadPool& pool, MlaMode mode)
+  MlaAttention(const MlaWeights& w, const ModelConfig& c, int64_t layer, numa::ThreadPool& pool, MlaMode mode, const cpu::GemmOptions& gemm)
       : w_(w),
         layer_(layer),
         pool_(pool),
         mode_(mode),
+        gemm_(gemm),
         rope_(c),
         scale_(static_cast<float>(mla_softmax_scale(c))),
         eps_(c.rms_norm_eps),
@@ -204,14 +205,14 @@ class MlaAttention : public AttentionBlock {
     q_.resize(static_cast<size_t>(n * nh_ * qk));
     if (q_lora_ > 0) {
       qa_.resize(static_cast<size_t>(n * q_lora_));
-      cpu::gemm_split_input(x, n, w_.q_a, qa_.data(), &pool_);
+      cpu::gemm_split_input(x, n, w_.q_a, qa_.data(), &pool_, gemm_);
       ops::rms_norm(qa_.data(), n, q_lora_, w_.q_a_norm, eps_, qa_.data());
-      cpu::gemm_split_input(qa_.data(), n, w_.q_b, q_.data(), &pool_);
+      cpu::gemm_split_input(qa_.data(), n, w_.q_b, q_.data(), &pool_, gemm_);
     } else {
-      cpu::gemm_split_input(x, n, w_.q_proj, q_.data(), &pool_);
+      cpu::gemm_split_input(x, n, w_.q_proj, q_.data(), &pool_, gemm_);
     }
     ckv_.resize(static_cast<size_t>(n * lw));
-    cpu::gemm_split_input(x, n, w_.kv_a, ckv_.data(), &pool_);
+    cpu::gemm_split_input(x, n, w_.kv_a, ckv_.data(), &pool_, gemm_);
     for (int64_t t = 0; t < n; ++t) {
       float* row = ckv_.data() + t * lw;
       double ss = 0;
@@ -220,7 +221,7 @@ class MlaAttention : public AttentionBlock {
       for (int64_t i = 0; i < r_; ++i) row[i] = kv_norm_[static_cast<size_t>(i)] * (row[i] * inv);
       rope_.apply(q_.data() + t * nh_ * qk + nope_, nh_, qk, slots[t].pos);
       rope_.apply(row + r_, 1, lw, slots[t].pos);
-      if (cpu::round_activations_bf16())  // the GPU's latent cache is bf16
+      if (gemm_.round_bf16)  // the GPU's latent cache is bf16
         for (int64_t i = 0; i < lw; ++i) row[i] = cpu::round_bf16(row[i]);
       std::copy(row, row + lw, kv.k(layer_, slots[t].seq, slots[t].pos));
     }
@@ -242,7 +243,7 @@ class MlaAttention : public AttentionBlock {
     attn_.resize(static_cast<size_t>(n * nh_ * vd_));
     if (!expanded.empty()) attend_expanded(expanded, slots, kv);
     if (!latent.empty()) attend_latent(latent, slots, kv);
-    cpu::gemm_split_input(attn_.data(), n, w_.o_proj, out, &pool_);
+    cpu::gemm_split_input(attn_.data(), n, w_.o_proj, out, &pool_, gemm_);
   }
 
  private:
@@ -264,7 +265,7 @@ class MlaAttention : public AttentionBlock {
         std::copy(c + r_, c + lw, kpe_.begin() + j * rope_dim_);
       }
       exp_.resize(static_cast<size_t>(len * nh_ * ew));
-      cpu::gemm(lat_.data(), len, w_.kv_b, exp_.data(), &pool_);
+      cpu::gemm(lat_.data(), len, w_.kv_b, exp_.data(), &pool_, gemm_);
       const int64_t jobs = static_cast<int64_t>(ts.size()) * nh_;
       pool_.parallel_for(jobs, [&](int64_t b, int64_t e, int) {
         std::vector<float> p;
@@ -378,6 +379,7 @@ class MlaAttention : public AttentionBlock {
   int64_t layer_;
   numa::ThreadPool& pool_;
   MlaMode mode_;
+  cpu::GemmOptions gemm_;
   MlaRope rope_;
   float scale_;
   double eps_;
@@ -390,8 +392,8 @@ class MlaAttention : public AttentionBlock {
 }  // namespace
 
 std::unique_ptr<AttentionBlock> make_mla_attention(const MlaWeights& w, const ModelConfig& c, int64_t layer, numa::ThreadPool& pool,
-                                                   MlaMode mode) {
-  return std::make_unique<MlaAttention>(w, c, layer, pool, mode);
+                                                   MlaMode mode, const cpu::GemmOptions& gemm) {
+  return std::make_unique<MlaAttention>(w, c, layer, pool, mode, gemm);
 }
 
 }  // namespace hmoe

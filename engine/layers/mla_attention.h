@@ -73,7 +73,9 @@ struct MlaWeights {
 };
 MlaWeights bind_mla_weights(WeightBinder& bind, const ModelConfig& c, const std::string& prefix);
 
+// gemm: the input treatment of the layer's products (numa/kernels.h); its
+// round_bf16 also rounds the latent KV cache to bf16, as the GPU stores it.
 std::unique_ptr<AttentionBlock> make_mla_attention(const MlaWeights& w, const ModelConfig& c, int64_t layer, numa::ThreadPool& pool,
-                                                   MlaMode mode);
+                                                   MlaMode mode, const cpu::GemmOptions& gemm = {});
 
 }  // namespace hmoe

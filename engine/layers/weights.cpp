@@ -19,11 +19,11 @@ void check_float_dtype(const io::TensorView& t, const std::string& name) {
 
 }  // namespace
 
-std::optional<DType> parse_weight_dtype(const std::string& what, const std::string& s) {
+std::optional<DType> parse_weight_dtype(const std::string& s) {
   if (s == "bf16") return DType::bf16;
   if (s == "f32") return DType::f32;
-  if (s == "auto" || s.empty()) return std::nullopt;
-  fail(ErrorKind::invalid_argument, what + "='" + s + "': expected auto, bf16 or f32");
+  if (s == "auto") return std::nullopt;
+  fail(ErrorKind::internal, "weight_dtype='" + s + "' was not validated (Settings::validate)");
 }
 
 cpu::Mat WeightBinder::taken(const cpu::Mat& m) {

@@ -82,8 +82,8 @@ class WeightBinder {
   cpu::Mat taken(const cpu::Mat& m);
 };
 
-// The weight_dtype setting: "auto" -> nullopt, "bf16", "f32"; else
-// Error(invalid_argument) naming `what` (the flag or variable).
-std::optional<DType> parse_weight_dtype(const std::string& what, const std::string& s);
+// The weight_dtype setting (validated by Settings::validate): "auto" ->
+// nullopt, "bf16", "f32".
+std::optional<DType> parse_weight_dtype(const std::string& s);
 
 }  // namespace hmoe

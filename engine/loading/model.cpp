@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -20,18 +21,18 @@
 #include "engine/runtime/cpu_runtime.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "gpu/device.h"
-#include "numa/quant_gguf_q8.h"
 
 namespace hmoe {
 
 namespace {
 
-// Peak resident set of this process (VmHWM), in bytes; 0 when unknown.
-uint64_t peak_rss_bytes() {
+// A /proc/self/status field in kB (VmRSS: resident set, VmHWM: its peak), in bytes; 0 when unknown.
+uint64_t status_bytes(const char* key) {
   std::ifstream f("/proc/self/status");
   std::string line;
+  const size_t n = std::strlen(key);
   while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    if (line.compare(0, n, key) == 0) return std::stoull(line.substr(n)) * 1024;
   return 0;
 }
 
@@ -70,6 +71,8 @@ uint64_t Model::host_weight_bytes() const { return binder_->host_bytes(); }
 std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& settings) {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<Model> m(new Model());
+  m->report_.rss_before = status_bytes("VmRSS:");
+  m->report_.peak_rss_before = status_bytes("VmHWM:");
   m->dir_ = dir;
   // MODEL is a Hugging Face directory or a .gguf file (engine/loading/gguf_model.h).
   if (is_gguf_path(dir)) m->source_ = open_gguf_source(dir, m->config_);
@@ -82,12 +85,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   }
   m->binder_ = std::make_unique<WeightBinder>(m->store_.get(), m->source_.get());
   WeightBinder& bind = *m->binder_;
-  bind.set_dtype(parse_weight_dtype(settings.origin("weight_dtype"), settings.weight_dtype));
+  bind.set_dtype(parse_weight_dtype(settings.weight_dtype));
   const ModelGraph graph = model_graph(c, [&bind](const std::string& name) { return bind.has(name); });
 
-  cpu::set_round_activations_bf16(settings.cpu_emulate_gpu_bf16);
-  cpu::set_gguf_int8(settings.cpu_gguf_int8);
-  cpu::set_split_inputs_bf16(settings.gpu_mla_split_inputs);
   m->pools_ = std::make_unique<numa::NodePools>(numa::PoolOptions::from_settings(settings));
   m->pool_ = &m->pools_->pool(0);
   if (graph.engram) m->engram_ = EngramModules::load(bind, c, dir, settings, *m->pool_);
@@ -98,15 +98,13 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   if (const std::optional<Plan> plan = plan_gpu(c, settings)) {
     GpuRuntimeOptions o = GpuRuntimeOptions::from_settings(settings);
     o.resident = plan->resident();
+    o.devices = plan->devices();
     m->gpu_ = std::make_unique<GpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
     // Streaming uploads the host experts' bytes as bf16 matrices: plain checkpoints only.
     if (!m->source_ && plan->resident_moe_layers() < plan->moe_layers())
       m->gpu_->enable_expert_streaming(expert_stream_options(c, settings, m->pool_, settings.progress == "none"));
   } else {
-    CpuRuntimeOptions o;
-    o.experts.engine = numa::EngineOptions::from_settings(settings);
-    o.mla_mode = parse_mla_mode(settings.mla_attention);
-    m->cpu_ = std::make_unique<CpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
+    m->cpu_ = std::make_unique<CpuRuntime>(c, graph, bind, *m->pools_, CpuRuntimeOptions::from_settings(settings), m->engram_.get());
   }
   bind.check_all_used(dir);
 
@@ -133,12 +131,17 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
     }
     progress.finish();
   }
-  if (settings.progress != "none") {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "hmoe: loaded in %.1f s on the %s; weights: %s on the GPU, %s in host memory (dtype %s); peak RSS %s\n", s,
-                 m->gpu_ ? "GPU" : "CPU", format_bytes(m->gpu_ ? m->gpu_->weight_bytes() : 0).c_str(), format_bytes(bind.host_bytes()).c_str(),
-                 settings.weight_dtype.c_str(), format_bytes(peak_rss_bytes()).c_str());
-  }
+  LoadReport& r = m->report_;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.rss_after = status_bytes("VmRSS:");
+  r.peak_rss_after = status_bytes("VmHWM:");
+  r.gpu_weight_bytes = m->gpu_ ? m->gpu_->weight_bytes() : 0;
+  r.host_weight_bytes = bind.host_bytes();
+  r.weight_dtype = settings.weight_dtype;
+  if (settings.progress != "none")
+    std::fprintf(stderr, "hmoe: loaded in %.1f s on the %s; weights: %s on the GPU, %s in host memory (dtype %s); host RSS %s before loading (peak %s), %s after (peak %s)\n",
+                 r.seconds, m->gpu_ ? "GPU" : "CPU", format_bytes(r.gpu_weight_bytes).c_str(), format_bytes(r.host_weight_bytes).c_str(),
+                 r.weight_dtype.c_str(), format_bytes(r.rss_before).c_str(), format_bytes(r.peak_rss_before).c_str(), format_bytes(r.rss_after).c_str(), format_bytes(r.peak_rss_after).c_str());
   return m;
 }
 

@@ -34,6 +34,16 @@ class GpuRuntime;     // engine/runtime/gpu_runtime.h
 class CpuRuntime;     // engine/runtime/cpu_runtime.h
 class EngramModules;  // engine/layers/engram.h
 
+// What Model::load measured; the load summary line on stderr prints it.
+struct LoadReport {
+  double seconds = 0;
+  uint64_t rss_before = 0, rss_after = 0;  // host resident set (VmRSS) when load() began and ended
+  uint64_t peak_rss_before = 0, peak_rss_after = 0;  // host peak resident set (VmHWM) then
+  uint64_t gpu_weight_bytes = 0;           // weights uploaded to the GPU
+  uint64_t host_weight_bytes = 0;          // weights the host keeps (views or --dtype copies)
+  std::string weight_dtype;                // the weight_dtype setting it loaded with
+};
+
 class Model {
  public:
   // Opens and validates MODEL (a Hugging Face directory, quantized or not, or a .gguf file).
@@ -48,6 +58,7 @@ class Model {
   // Bytes of weights the host holds for this model (views of the checkpoint
   // or --dtype copies; not what went to the GPU).
   uint64_t host_weight_bytes() const;
+  const LoadReport& load_report() const { return report_; }
 
   // Runs one step. logits receives [batch.logit_rows.size(), vocab_size].
   void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits);
@@ -60,6 +71,7 @@ class Model {
  private:
   Model() = default;
   std::string dir_;
+  LoadReport report_;
   ModelConfig config_;
   KvLayout kv_layout_;
   std::unique_ptr<io::TensorStore> store_;  // null for a GGUF file

@@ -105,6 +105,27 @@ std::vector<bool> Plan::resident() const {
   for (const auto& l : layers) r.push_back(l.resident);
   return r;
 }
+std::vector<int> Plan::devices() const {
+  std::vector<int> d;
+  for (const auto& l : layers) d.push_back(l.device);
+  return d;
+}
+
+void check_layer_devices(const std::vector<int>& devices, int device_count) {
+  const std::string have = device_count == 0   ? "this machine has no GPU"
+                           : device_count == 1 ? "this machine has 1 GPU (GPU 0)"
+                                               : "this machine has " + std::to_string(device_count) + " GPUs (0.." +
+                                                     std::to_string(device_count - 1) + ")";
+  for (size_t l = 0; l < devices.size(); ++l)
+    if (devices[l] < 0 || devices[l] >= device_count)
+      fail(ErrorKind::invalid_argument,
+           "placement puts layer " + std::to_string(l) + " on GPU " + std::to_string(devices[l]) + ", but " + have);
+  for (size_t l = 0; l < devices.size(); ++l)
+    if (devices[l] != 0)
+      fail(ErrorKind::unsupported, "placement puts layer " + std::to_string(l) + " on GPU " + std::to_string(devices[l]) +
+                                       ": every layer runs on GPU 0 today; layers on other GPUs are pipeline parallel (issue 10)");
+}
+
 int64_t Plan::resident_moe_layers() const {
   return std::count_if(layers.begin(), layers.end(), [](const LayerPlacement& l) { return l.moe && l.resident; });
 }
@@ -127,9 +148,6 @@ std::string format_bytes(uint64_t b) {
 
 Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
   const std::string what = s.origin("gpu_resident_moe_layers");
-  const std::string util_what = s.origin("gpu_memory_utilization");
-  if (!(s.gpu_memory_utilization > 0 && s.gpu_memory_utilization <= 1))
-    fail(ErrorKind::invalid_argument, util_what + "=" + std::to_string(s.gpu_memory_utilization) + ": must be in (0, 1]");
   const LayerSpec spec = parse_layer_spec(what, s.gpu_resident_moe_layers, c.num_hidden_layers);
   const uint64_t H = static_cast<uint64_t>(c.hidden_size), V = static_cast<uint64_t>(c.vocab_size);
   const uint64_t nh = static_cast<uint64_t>(c.num_attention_heads), kvh = static_cast<uint64_t>(c.num_key_value_heads),
@@ -138,7 +156,7 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
   const uint64_t I = static_cast<uint64_t>(c.moe_intermediate_size);
   // Host experts stay in the checkpoint's format (GGUF blocks, quantized), or
   // plain ones in --dtype when it says (engine/layers/weights.h).
-  const std::optional<DType> wd = parse_weight_dtype(s.origin("weight_dtype"), s.weight_dtype);
+  const std::optional<DType> wd = parse_weight_dtype(s.weight_dtype);
   const double cpu_dtype = c.expert_bytes_per_weight > 0 ? c.expert_bytes_per_weight
                            : wd                         ? static_cast<double>(dtype_size(*wd))
                            : c.torch_dtype == "float32" ? 4

@@ -59,6 +59,7 @@ struct Plan {
   std::string kv_tier;                 // where the KV cache lives ("GPU 0", "GPU 0 + N host blocks")
 
   std::vector<bool> resident() const;  // per layer
+  std::vector<int> devices() const;    // per layer: the GPU that runs it
   int64_t resident_moe_layers() const;
   int64_t moe_layers() const;
   // Seconds per decode token at batch 1 from bandwidths (bytes/s).
@@ -81,6 +82,14 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu);
 // present; "cuda" without one (or without CUDA in the build) is an error.
 // `why` receives a line saying what was chosen and why.
 bool resolve_device(const Settings& s, std::string& why);
+
+// The per-layer device indices of a plan against the machine's GPUs (the
+// seam pipeline parallel, issue 10, fills; make_plan puts every layer on
+// GPU 0). Throws Error(invalid_argument) naming the first layer whose index
+// is not a GPU of this machine (device_count of them), and
+// Error(unsupported) when the layers are on more than one GPU or on one
+// other than GPU 0 (the runtime runs one GPU today).
+void check_layer_devices(const std::vector<int>& devices, int device_count);
 
 // "1.50 GiB" style.
 std::string format_bytes(uint64_t bytes);

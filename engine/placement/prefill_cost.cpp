@@ -97,21 +97,13 @@ double measure_cpu_expert_flops(const ModelConfig& c, numa::ThreadPool* pool, in
 }
 
 int64_t parse_prefill_min_batch(const Settings& s) {
-  const std::string& v = s.gpu_prefill_min_batch_size;
+  const std::string& v = s.gpu_prefill_min_batch_size;  // "auto" or digits (Settings::validate)
   if (v == "auto") return -1;
-  const std::string what = s.origin("gpu_prefill_min_batch_size");
-  bool digits = !v.empty() && v.size() <= 12;
-  for (char ch : v) digits = digits && ch >= '0' && ch <= '9';
-  if (!digits)
-    fail(ErrorKind::invalid_argument, what + "='" + v + "': expected a token count (0 = never) or auto");
+  if (v.empty() || v.size() > 12 || v.find_first_not_of("0123456789") != std::string::npos)
+    fail(ErrorKind::internal, "gpu_prefill_min_batch_size='" + v + "' was not validated (Settings::validate)");
   return std::stoll(v);
 }
 
-int parse_prefetch_window(const Settings& s) {
-  const int64_t w = s.gpu_prefetch_window;
-  if (w < 1 || w > 8)
-    fail(ErrorKind::invalid_argument, s.origin("gpu_prefetch_window") + "=" + std::to_string(w) + ": expected 1 to 8 layers in flight");
-  return static_cast<int>(w);
-}
+int parse_prefetch_window(const Settings& s) { return static_cast<int>(s.gpu_prefetch_window); }  // 1..8 (Settings::validate)
 
 }  // namespace hmoe

@@ -6,9 +6,17 @@
 
 namespace hmoe {
 
+CpuRuntimeOptions CpuRuntimeOptions::from_settings(const Settings& s) {
+  CpuRuntimeOptions o;
+  o.experts.engine = numa::EngineOptions::from_settings(s);
+  o.mla_mode = parse_mla_mode(s.mla_attention);
+  o.gemm = gemm_options(s);
+  return o;
+}
+
 CpuRuntime::CpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& bind, numa::NodePools& pools, const CpuRuntimeOptions& o,
                        EngramModules* engram)
-    : c_(c), pool_(pools.pool(0)), engram_(engram) {
+    : c_(c), pool_(pools.pool(0)), engram_(engram), gemm_(o.gemm) {
   const int64_t H = c.hidden_size;
   embed_ = bind.mat(g.embed, c.vocab_size, H);
   final_norm_ = bind.vec(g.final_norm, H);
@@ -18,11 +26,11 @@ CpuRuntime::CpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
     Block b;
     b.input_norm = bind.vec(d.input_norm, H);
     b.post_norm = bind.vec(d.post_norm, H);
-    if (d.attention == AttentionKind::gqa) b.attn = make_gqa_attention(bind, c, d.layer, d.attention_prefix, pool_);
-    else b.attn = make_mla_attention(bind_mla_weights(bind, c, d.attention_prefix), c, d.layer, pool_, o.mla_mode);
-    if (!d.ffn.moe) b.ffn = make_dense_mlp(bind, H, d.ffn.inter, d.ffn.prefix, pool_);
-    else if (d.ffn.router == RouterKind::deepseek_grouped) b.ffn = make_deepseek_moe(bind, c, d.layer, d.ffn.prefix, pools, homes);
-    else b.ffn = make_moe_block(bind, c, d.layer, d.ffn.prefix, pools, homes);
+    if (d.attention == AttentionKind::gqa) b.attn = make_gqa_attention(bind, c, d.layer, d.attention_prefix, pool_, o.gemm);
+    else b.attn = make_mla_attention(bind_mla_weights(bind, c, d.attention_prefix), c, d.layer, pool_, o.mla_mode, o.gemm);
+    if (!d.ffn.moe) b.ffn = make_dense_mlp(bind, H, d.ffn.inter, d.ffn.prefix, pool_, o.gemm);
+    else if (d.ffn.router == RouterKind::deepseek_grouped) b.ffn = make_deepseek_moe(bind, c, d.layer, d.ffn.prefix, pools, homes, o.gemm);
+    else b.ffn = make_moe_block(bind, c, d.layer, d.ffn.prefix, pools, homes, o.gemm);
     blocks_.push_back(std::move(b));
   }
 }
@@ -56,7 +64,7 @@ void CpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   }
   ops::rms_norm(last.data(), m, H, final_norm_, c_.rms_norm_eps, last.data());
   logits.resize(static_cast<size_t>(m * c_.vocab_size));
-  cpu::gemm(last.data(), m, lm_head_, logits.data(), &pool_);
+  cpu::gemm(last.data(), m, lm_head_, logits.data(), &pool_, gemm_);
 }
 
 }  // namespace hmoe

@@ -25,6 +25,8 @@ class EngramModules;
 struct CpuRuntimeOptions {
   ExpertHomeOptions experts;
   MlaMode mla_mode = MlaMode::automatic;
+  cpu::GemmOptions gemm;  // the dense products' input treatment (numa/kernels.h)
+  static CpuRuntimeOptions from_settings(const Settings& s);
 };
 
 class CpuRuntime {
@@ -44,6 +46,7 @@ class CpuRuntime {
   numa::ThreadPool& pool_;  // node 0's: attention, dense layers, lm_head
   EngramModules* engram_;
   Workspace ws_;
+  cpu::GemmOptions gemm_;
   cpu::Mat embed_, final_norm_, lm_head_;
   std::vector<Block> blocks_;
 };

@@ -13,6 +13,7 @@
 #include "engine/layers/engram_gpu.h"
 #include "engine/layers/gpu_experts.h"
 #include "engine/layers/gpu_factories.h"
+#include "engine/placement/placement.h"
 #include "engine/runtime/segment_graphs.h"
 #include "gpu/device.h"
 
@@ -62,12 +63,27 @@ struct GpuRuntime::Impl {
   explicit Impl(const ModelConfig& cfg) : c(cfg) {}
 };
 
+namespace {
+
+// The placement's device per layer, checked against the machine before the
+// runtime allocates anything (Impl's stream is on GPU 0: the one device
+// check_layer_devices admits today).
+std::vector<int> layer_devices(const ModelConfig& c, const GpuRuntimeOptions& o) {
+  if (static_cast<int64_t>(o.resident.size()) != c.num_hidden_layers ||
+      (!o.devices.empty() && static_cast<int64_t>(o.devices.size()) != c.num_hidden_layers))
+    fail(ErrorKind::internal, "placement has the wrong number of layers");
+  std::vector<int> d = o.devices.empty() ? std::vector<int>(static_cast<size_t>(c.num_hidden_layers), 0) : o.devices;
+  check_layer_devices(d, gpu::device_count());
+  return d;
+}
+
+}  // namespace
+
 GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& bind, numa::NodePools& pools, const GpuRuntimeOptions& o,
                        EngramModules* engram)
-    : impl_(std::make_unique<Impl>(c)) {
+    : devices_(layer_devices(c, o)), impl_(std::make_unique<Impl>(c)) {
   Impl& m = *impl_;
   const int64_t H = c.hidden_size;
-  if (static_cast<int64_t>(o.resident.size()) != c.num_hidden_layers) fail(ErrorKind::internal, "placement has the wrong number of layers");
   m.kv_layout = g.kv;
   m.use_graphs = o.cuda_graphs;
   m.overlap = o.cpu_overlap;

@@ -55,12 +55,16 @@ struct GpuStepTimes {
 
 struct GpuRuntimeOptions {
   std::vector<bool> resident;     // per layer: a MoE layer's routed experts on the GPU
+  // Per layer: the GPU that runs it (the placement's; empty: all GPU 0).
+  // Checked against the machine before anything is allocated
+  // (check_layer_devices, engine/placement/placement.h).
+  std::vector<int> devices;
   ExpertHomeOptions experts;
   MlaMode mla_mode = MlaMode::automatic;
   bool split_inputs = true;       // precise layers (FfnDesc::precise, MLA) split their products' inputs
   bool cuda_graphs = false, cpu_overlap = false, tiled_attention = true;
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
-  // Everything from the settings but `resident` (the placement's).
+  // Everything from the settings but `resident` and `devices` (the placement's).
   static GpuRuntimeOptions from_settings(const Settings& s);
 };
 
@@ -89,8 +93,10 @@ class GpuRuntime {
   void reset_times();
   uint64_t weight_bytes() const;        // bytes of weights on the GPU
   uint64_t kv_bytes_per_token() const;  // KV cache bytes per token over all layers (bf16)
+  const std::vector<int>& layer_devices() const { return devices_; }  // the GPU of each layer
 
  private:
+  std::vector<int> devices_;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -237,8 +237,8 @@ TEST_CASE("Engram model load: bad table paths give clear errors and the ram back
   // Read settings out of range, and a row cache bigger than the machine: errors naming the setting.
   {
     Settings s = settings_for("io_uring", tmp.str() + "/cache.hmoe");
-    s.ple_cache_mib = -1;
-    CHECK_THROWS_WITH_AS(Model::load(dir, s), doctest::Contains("HMOE_PLE_CACHE_MIB"), Error);
+    s.ple_cache_mib = -1;  // ranges: the settings check (configs/settings.inc)
+    CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("HMOE_PLE_CACHE_MIB"), Error);
     s.ple_cache_mib = int64_t{1} << 22;  // 4 TiB
     CHECK_THROWS_WITH_AS(Model::load(dir, s), doctest::Contains("--ple-cache-mib"), Error);
     s.ple_cache_mib = 1;
@@ -249,7 +249,7 @@ TEST_CASE("Engram model load: bad table paths give clear errors and the ram back
     CHECK_THROWS_WITH_AS(Model::load(dir, s), doctest::Contains("HMOE_PLE_URING_ISSUE"), Error);
     s.ple_uring_issue = "driver";
     s.ple_spin_us = -5;
-    CHECK_THROWS_WITH_AS(Model::load(dir, s), doctest::Contains("HMOE_PLE_SPIN_US"), Error);
+    CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("HMOE_PLE_SPIN_US"), Error);
     s.ple_spin_us = 0;
     for (const char* bad : {"2", "auto", "0-x", "1-0"}) {  // the fixture has modules 0 and 1
       s.ple_ram_modules = bad;

@@ -157,8 +157,8 @@ TEST_CASE("plans that do not fit say how much is missing") {
   s.gpu_resident_moe_layers = "auto";
   s.gpu_memory_utilization = 0.05;
   CHECK_THROWS_AS(make_plan(c, s, GpuTarget{"small", 8ull << 30, 1e12, true}), Error);
-  s.gpu_memory_utilization = 1.5;
-  CHECK_THROWS_AS(make_plan(c, s, GpuTarget{"small", 8ull << 30, 1e12, true}), Error);
+  s.gpu_memory_utilization = 1.5;  // out of range: the settings check (configs/settings.inc)
+  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("HMOE_GPU_MEMORY_UTILIZATION=1.5"), Error);
   // A dense layer cannot be listed as resident.
   ModelConfig d = c;
   d.mlp_only_layers = {0};

@@ -169,13 +169,12 @@ TEST_CASE("gemm_q8 over 1, 2 and 3 threads equals one thread; cpu::gemm follows 
       cpu::gemm_q8(x.data(), n, q.w, y.data(), &pool);
       CHECK(y == one);  // same blocks, same order of sums: bit-equal
     }
-    const bool was = cpu::gguf_int8();
     std::vector<float> g(one.size()), e(one.size());
-    cpu::set_gguf_int8(true);
-    cpu::gemm(x.data(), n, q.w, g.data(), nullptr);
-    cpu::set_gguf_int8(false);
-    cpu::gemm(x.data(), n, q.w, e.data(), nullptr);
-    cpu::set_gguf_int8(was);
+    cpu::GemmOptions int8, exact;
+    int8.gguf_int8 = true;
+    exact.gguf_int8 = false;
+    cpu::gemm(x.data(), n, q.w, g.data(), nullptr, int8);
+    cpu::gemm(x.data(), n, q.w, e.data(), nullptr, exact);
     std::vector<float> ex(one.size());
     cpu::gemm_exact(x.data(), n, q.w, ex.data(), nullptr);
     CHECK(g == one);

@@ -118,7 +118,7 @@ TEST_CASE("bf16 dot path equals the fp32 kernel on bf16-rounded activations") {
   check_close(got, ref, 1e-4f, std::string("bf16dot (cpu has it: ") + (cpu::has_bf16_dot() ? "yes)" : "no, fallback)"));
 }
 
-TEST_CASE("gemm under set_round_activations_bf16 is gemm_exact on bf16-rounded inputs; off, it is exact") {
+TEST_CASE("gemm with GemmOptions::round_bf16 is gemm_exact on bf16-rounded inputs; off, it is exact") {
   const int64_t n = 5, rows = 40, cols = 96;
   const auto x = test::random_floats(static_cast<size_t>(n * cols), 41);
   const auto wf = test::random_floats(static_cast<size_t>(rows * cols), 42, 0.05f);
@@ -132,10 +132,10 @@ TEST_CASE("gemm under set_round_activations_bf16 is gemm_exact on bf16-rounded i
   std::vector<float> exact(static_cast<size_t>(n * rows)), rounded(exact.size()), want(exact.size()), off(exact.size());
   cpu::gemm_exact(x.data(), n, w, exact.data(), nullptr);
   cpu::gemm_exact(xr.data(), n, w, want.data(), nullptr);
-  cpu::set_round_activations_bf16(true);
-  cpu::gemm(x.data(), n, w, rounded.data(), nullptr);
-  cpu::set_round_activations_bf16(false);
-  cpu::gemm(x.data(), n, w, off.data(), nullptr);
+  cpu::GemmOptions round;
+  round.round_bf16 = true;
+  cpu::gemm(x.data(), n, w, rounded.data(), nullptr, round);
+  cpu::gemm(x.data(), n, w, off.data(), nullptr, cpu::GemmOptions{});
   CHECK(rounded == want);
   CHECK(off == exact);
   CHECK(rounded != exact);

@@ -82,8 +82,8 @@ TEST_CASE("bad topology descriptions and binding names are errors, not aborts") 
   CHECK(numa::parse_binding("core") == numa::Binding::core);
   CHECK(numa::parse_binding("none") == numa::Binding::none);
   Settings s = Settings::defaults();
-  s.threads = -3;
-  CHECK_THROWS_WITH_AS(numa::PoolOptions::from_settings(s), doctest::Contains("HMOE_THREADS"), Error);
+  s.threads = -3;  // out of range: the settings check (configs/settings.inc)
+  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("HMOE_THREADS=-3"), Error);
   s.threads = 2;
   s.thread_binding = "sockets";
   CHECK_THROWS_AS(numa::PoolOptions::from_settings(s), Error);

@@ -81,6 +81,38 @@ TEST_CASE("settings: defaults, environment, flags, and bad values") {
   CHECK(contains(settings_markdown(), "HMOE_THREADS"));
 }
 
+TEST_CASE("settings: every value is checked once against settings.inc's allowed values, naming origin, value and what is allowed") {
+  auto error_of = [](std::vector<std::string> args) -> std::string {
+    try {
+      Settings::load(args);
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::invalid_argument);
+      return e.what();
+    }
+    return "";
+  };
+  CHECK(error_of({"--dtype", "int8"}) == "--dtype='int8': expected auto, bf16 or f32");
+  CHECK(error_of({"--gpu-prefetch-window", "9"}) == "--gpu-prefetch-window=9: expected 1..8");
+  CHECK(error_of({"--threads=5000"}) == "--threads=5000: expected 0..4096");
+  CHECK(error_of({"--block-size", "24"}) == "--block-size=24: expected 1..65536; 0 or a power of two");
+  CHECK(error_of({"--gpu-memory-utilization", "0"}) == "--gpu-memory-utilization=0: expected 0.01..1");
+  CHECK(error_of({"--gpu-prefill-min-batch-size", "lots"}) == "--gpu-prefill-min-batch-size='lots': expected auto or a whole number >= 0");
+  ::setenv("HMOE_PLE_BACKEND", "floppy", 1);
+  CHECK(error_of({}) == "environment variable HMOE_PLE_BACKEND='floppy': expected io_uring, mmap, pread or ram");
+  ::unsetenv("HMOE_PLE_BACKEND");
+  // Choices are read in lower case; every check names a setting of the table (load() would throw otherwise).
+  std::vector<std::string> args = {"--device", "CUDA", "--dtype", "BF16"};
+  const Settings s = Settings::load(args);
+  CHECK(s.device == "cuda");
+  CHECK(s.weight_dtype == "bf16");
+  CHECK(setting_allowed("threads") == "0..4096");
+  CHECK(setting_allowed("api_key").empty());
+  Settings code = Settings::defaults();
+  code.validate();  // the defaults are valid
+  code.http_worker_nice = 20;
+  CHECK_THROWS_WITH_AS(code.validate(), "--http-worker-nice / HMOE_HTTP_WORKER_NICE=20: expected 0..19", Error);
+}
+
 TEST_CASE("hmoe --help lists the commands and settings") {
   Run r = run("--help");
   CHECK(r.code == 0);
@@ -104,8 +136,8 @@ TEST_CASE("hmoe generate: bad arguments are errors naming the problem") {
       {"generate /nonexistent/model --ids 1", "config.json"},
       {"generate " + model, "--ids is required"},
       {"generate " + model + " --ids 1 --threads many", "--threads"},
-      {"generate " + model + " --ids 1 --progress none --kv-cache-dtype fp8", "--kv-cache-dtype 'fp8' is not supported; use auto, fp32, bf16 or q8_0"},
-      {"generate " + model + " --ids 1 --progress none --kv-cache-dtype bogus", "--kv-cache-dtype 'bogus'"},
+      {"generate " + model + " --ids 1 --progress none --kv-cache-dtype fp8", "--kv-cache-dtype='fp8': expected auto, fp32"},
+      {"generate " + model + " --ids 1 --progress none --kv-cache-dtype bogus", "--kv-cache-dtype='bogus'"},
       {"generate " + test::fixture_model("tiny-deepseekv3") + " --ids 1 --progress none --kv-cache-dtype bf16", "multi-head-latent KV cache is kept in fp32"},
   };
   for (const auto& c : cases) {
@@ -158,6 +190,32 @@ TEST_CASE("hmoe plan takes a GGUF file and counts its CPU experts as stored (Q8_
   CHECK_MESSAGE(contains(h.out, "experts 768.0 KiB\n"), h.out);
   const Run bad = run("plan " + test::fixture_ref("llamacpp_q8_0_reference.json") + flags);
   CHECK(bad.code != 0);
+}
+
+TEST_CASE("--dtype / HMOE_DTYPE change the host bytes that hmoe plan and the load summary of generate show") {
+  const std::string model = " " + test::fixture_model("tiny-qwen3moe");
+  const std::string flags = " --gpu-memory 24GiB --cpu-bandwidth 50GB --gpu-resident-moe-layers none";
+  // 4 MoE layers x 16 experts x 3 x 64 x 32 weights: 768 KiB as stored (bf16), twice that in f32.
+  const Run as_stored = run("plan" + model + flags);
+  CHECK_MESSAGE(contains(as_stored.out, "experts 768.0 KiB\n"), as_stored.out);
+  const Run f32 = run("plan" + model + flags + " --dtype f32");
+  CHECK_MESSAGE(contains(f32.out, "experts 1.50 MiB (f32: --dtype)\n"), f32.out);
+  const Run env = run_env("HMOE_DTYPE=f32", "plan" + model + flags);
+  CHECK_MESSAGE(contains(env.out, "experts 1.50 MiB (f32: environment variable HMOE_DTYPE)\n"), env.out);
+  // The load summary of generate (serve loads the same way: tests/server/test_serve_dtype.cpp).
+  auto host_bytes = [](const std::string& out) {
+    const size_t b = out.find(" on the GPU, "), e = out.find(" in host memory (dtype ");
+    return b == std::string::npos || e == std::string::npos ? std::string("?") : out.substr(b + 13, e - b - 13);
+  };
+  const std::string gen = "generate" + model + " --ids 151644,872,198 --max-tokens 1 --device cpu --progress lines";
+  const Run g_auto = run(gen), g_f32 = run(gen + " --dtype f32"), g_env = run_env("HMOE_DTYPE=f32", gen);
+  REQUIRE_MESSAGE(g_auto.code == 0, g_auto.out);
+  CHECK_MESSAGE(contains(g_auto.out, "in host memory (dtype auto); host RSS "), g_auto.out);
+  CHECK_MESSAGE(contains(g_f32.out, "in host memory (dtype f32); host RSS "), g_f32.out);
+  CHECK_MESSAGE(contains(g_env.out, "in host memory (dtype f32); host RSS "), g_env.out);
+  MESSAGE("generate host weights: auto " << host_bytes(g_auto.out) << ", f32 " << host_bytes(g_f32.out));
+  CHECK(host_bytes(g_auto.out) != host_bytes(g_f32.out));
+  CHECK(host_bytes(g_f32.out) == host_bytes(g_env.out));
 }
 
 TEST_CASE("hmoe plan says when the prefill streaming slots would not fit the GPU the plan leaves") {
@@ -313,8 +371,8 @@ TEST_CASE("hmoe bench MODEL runs a Hugging Face directory; bad options are error
                        Bad{"bench" + m + " -r", "-r: missing value"}, Bad{"bench" + m + " -p 8 --n-prompt 9", "given twice"},
                        Bad{"bench" + m + " extra", "got 2 positional arguments"}, Bad{"bench /nonexistent/dir -p 8", "/nonexistent/dir"},
                        Bad{"bench" + m + " -p 8 -d 5000", "exceeds the context length 4096"},
-                       Bad{"bench" + m + " -p 8 --block-size 12", "--block-size must be a power of two"},
-                       Bad{"bench" + m + " -p 8 --max-num-batched-tokens 0", "--max-num-batched-tokens must be >= 1"}}) {
+                       Bad{"bench" + m + " -p 8 --block-size 12", "--block-size=12: expected 1..65536; 0 or a power of two"},
+                       Bad{"bench" + m + " -p 8 --max-num-batched-tokens 0", "--max-num-batched-tokens=0: expected 1..1073741824"}}) {
     const Run e = run(b.args);
     CHECK_MESSAGE(e.code != 0, b.args << ": " << e.out);
     CHECK_MESSAGE(contains(e.out, b.says), b.args << ": " << e.out);

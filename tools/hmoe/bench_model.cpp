@@ -245,9 +245,6 @@ nlohmann::json result_json(const Result& r) {
 
 int run_bench_model(const Settings& s, std::vector<std::string>& args) {
   const Options o = parse_options(args);
-  if (s.max_num_batched_tokens < 1) fail(ErrorKind::invalid_argument, "--max-num-batched-tokens must be >= 1");
-  if (s.block_size <= 0 || (s.block_size & (s.block_size - 1)) != 0)
-    fail(ErrorKind::invalid_argument, "--block-size must be a power of two, got " + std::to_string(s.block_size));
 
   auto model = Model::load(o.model, s);
   const ModelConfig& c = model->config();

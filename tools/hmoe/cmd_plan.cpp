@@ -103,8 +103,10 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
               format_bytes(p.gpu_fixed_bytes).c_str(), format_bytes(p.gpu_expert_bytes).c_str(), format_bytes(p.gpu_workspace_bytes).c_str(),
               format_bytes(p.kv_bytes).c_str(),
               format_bytes(p.gpu_fixed_bytes + p.gpu_expert_bytes + p.gpu_workspace_bytes + p.kv_bytes).c_str(), format_bytes(p.gpu_budget).c_str());
-  std::printf("host memory (NUMA nodes together; the expert engine splits each expert across nodes): experts %s%s\n",
-              format_bytes(p.cpu_expert_bytes).c_str(),
+  // Plain checkpoints hold their host experts in --dtype when it says (quantized ones as stored).
+  const std::string host_dtype = c.expert_bytes_per_weight > 0 || s.weight_dtype == "auto" ? "" : " (" + s.weight_dtype + ": " + s.origin("weight_dtype") + ")";
+  std::printf("host memory (NUMA nodes together; the expert engine splits each expert across nodes): experts %s%s%s\n",
+              format_bytes(p.cpu_expert_bytes).c_str(), host_dtype.c_str(),
               c.expert_bytes_per_weight > 0
                   ? (" (as stored: " + std::to_string(c.expert_bytes_per_weight).substr(0, 6) + " bytes per weight; resident on the GPU " +
                      (s.gpu_quantized_experts && c.gpu_expert_bytes_per_weight > 0 ? std::to_string(c.gpu_expert_bytes_per_weight).substr(0, 6) + " bytes per weight)"
