@@ -39,6 +39,11 @@ inline float plain_at(DType t, const uint8_t* p, int64_t k) {
   }
 }
 
+}  // namespace
+
+namespace detail {
+
+// Any view, one row dequantized to fp32 at a time (the scalar path; row_to_f32).
 void rows_scalar(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   std::vector<float> row(static_cast<size_t>(w.cols));
   for (int64_t r = r0; r < r1; ++r) {
@@ -52,9 +57,6 @@ void rows_scalar(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r
   }
 }
 
-}  // namespace
-
-namespace detail {
 
 Fmt fmt_of(const Mat& w) {
   if (w.quant == Quant::int8_channel) return Fmt::q8;
@@ -108,7 +110,7 @@ void gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0,
   switch (g_isa) {
     case Isa::avx512: detail::rows_avx512(x, ldx, n, w, r0, r1, y, ldy); break;
     case Isa::avx2: detail::rows_avx2(x, ldx, n, w, r0, r1, y, ldy); break;
-    default: rows_scalar(x, ldx, n, w, r0, r1, y, ldy); break;
+    default: detail::rows_scalar(x, ldx, n, w, r0, r1, y, ldy); break;
   }
 }
 

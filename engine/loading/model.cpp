@@ -139,9 +139,12 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   r.host_weight_bytes = bind.host_bytes();
   r.weight_dtype = settings.weight_dtype;
   if (settings.progress != "none")
-    std::fprintf(stderr, "hmoe: loaded in %.1f s on the %s; weights: %s on the GPU, %s in host memory (dtype %s); host RSS %s before loading (peak %s), %s after (peak %s)\n",
+    std::fprintf(stderr,
+                 "hmoe: loaded in %.1f s on the %s; weights: %s on the GPU, %s in host memory (dtype %s); "
+                 "host RSS %s before loading (peak %s), %s after (peak %s)\n",
                  r.seconds, m->gpu_ ? "GPU" : "CPU", format_bytes(r.gpu_weight_bytes).c_str(), format_bytes(r.host_weight_bytes).c_str(),
-                 r.weight_dtype.c_str(), format_bytes(r.rss_before).c_str(), format_bytes(r.peak_rss_before).c_str(), format_bytes(r.rss_after).c_str(), format_bytes(r.peak_rss_after).c_str());
+                 r.weight_dtype.c_str(), format_bytes(r.rss_before).c_str(), format_bytes(r.peak_rss_before).c_str(),
+                 format_bytes(r.rss_after).c_str(), format_bytes(r.peak_rss_after).c_str());
   return m;
 }
 

@@ -68,7 +68,7 @@ namespace {
 // The placement's device per layer, checked against the machine before the
 // runtime allocates anything (Impl's stream is on GPU 0: the one device
 // check_layer_devices admits today).
-std::vector<int> layer_devices(const ModelConfig& c, const GpuRuntimeOptions& o) {
+std::vector<int> checked_layer_devices(const ModelConfig& c, const GpuRuntimeOptions& o) {
   if (static_cast<int64_t>(o.resident.size()) != c.num_hidden_layers ||
       (!o.devices.empty() && static_cast<int64_t>(o.devices.size()) != c.num_hidden_layers))
     fail(ErrorKind::internal, "placement has the wrong number of layers");
@@ -81,7 +81,7 @@ std::vector<int> layer_devices(const ModelConfig& c, const GpuRuntimeOptions& o)
 
 GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& bind, numa::NodePools& pools, const GpuRuntimeOptions& o,
                        EngramModules* engram)
-    : devices_(layer_devices(c, o)), impl_(std::make_unique<Impl>(c)) {
+    : devices_(checked_layer_devices(c, o)), impl_(std::make_unique<Impl>(c)) {
   Impl& m = *impl_;
   const int64_t H = c.hidden_size;
   m.kv_layout = g.kv;

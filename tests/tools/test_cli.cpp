@@ -199,9 +199,9 @@ TEST_CASE("--dtype / HMOE_DTYPE change the host bytes that hmoe plan and the loa
   const Run as_stored = run("plan" + model + flags);
   CHECK_MESSAGE(contains(as_stored.out, "experts 768.0 KiB\n"), as_stored.out);
   const Run f32 = run("plan" + model + flags + " --dtype f32");
-  CHECK_MESSAGE(contains(f32.out, "experts 1.50 MiB (f32: --dtype)\n"), f32.out);
+  CHECK_MESSAGE(contains(f32.out, "experts 1.5 MiB (f32: --dtype)\n"), f32.out);
   const Run env = run_env("HMOE_DTYPE=f32", "plan" + model + flags);
-  CHECK_MESSAGE(contains(env.out, "experts 1.50 MiB (f32: environment variable HMOE_DTYPE)\n"), env.out);
+  CHECK_MESSAGE(contains(env.out, "experts 1.5 MiB (f32: environment variable HMOE_DTYPE)\n"), env.out);
   // The load summary of generate (serve loads the same way: tests/server/test_serve_dtype.cpp).
   auto host_bytes = [](const std::string& out) {
     const size_t b = out.find(" on the GPU, "), e = out.find(" in host memory (dtype ");
