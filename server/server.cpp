@@ -83,7 +83,7 @@ SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
       fail(ErrorKind::invalid_argument, "--kv-offloading-size is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");
   }
   if (m.kv_layout().seq_state_bytes > 0 && c.prefix_caching) {
-    std::fprintf(stderr, "hmoe serve: prefix caching is off: the model keeps per-sequence Engram state that shared KV blocks cannot restore\n");
+    std::fprintf(stderr, "hmoe serve: prefix caching is off: the model keeps per-sequence state (Engram windows, linear-attention states) that shared KV blocks cannot restore\n");
     c.prefix_caching = false;
   }
   if (!c.prefix_caching && c.host_kv_blocks > 0) {
