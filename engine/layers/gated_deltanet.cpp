@@ -60,23 +60,25 @@ class GatedDeltaNet : public AttentionBlock {
     fit(g_, n * nv_);
     fit(beta_, n * nv_);
     const int64_t group = 2 * dk_ + 2 * r * dv_;
-    for (int64_t i = 0; i < n; ++i) {
-      const float* src = proj_.data() + order_[static_cast<size_t>(i)] * wq;
-      const float* ba = ba_.data() + order_[static_cast<size_t>(i)] * 2 * nv_;
-      float* m = mixed_.data() + i * cdim_;
-      for (int64_t gk = 0; gk < nk_; ++gk) {
-        const float* s = src + gk * group;
-        std::memcpy(m + gk * dk_, s, static_cast<size_t>(dk_) * 4);
-        std::memcpy(m + K + gk * dk_, s + dk_, static_cast<size_t>(dk_) * 4);
-        std::memcpy(m + 2 * K + gk * r * dv_, s + 2 * dk_, static_cast<size_t>(r * dv_) * 4);
-        std::memcpy(z_.data() + i * V + gk * r * dv_, s + 2 * dk_ + r * dv_, static_cast<size_t>(r * dv_) * 4);
-        for (int64_t j = 0; j < r; ++j) {
-          const int64_t hv = gk * r + j;
-          beta_[static_cast<size_t>(i * nv_ + hv)] = sigmoid(ba[gk * 2 * r + j]);
-          g_[static_cast<size_t>(i * nv_ + hv)] = a_neg_[static_cast<size_t>(hv)] * softplus(ba[gk * 2 * r + r + j] + dt_bias_[static_cast<size_t>(hv)]);
+    pool_.parallel_for(n, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const float* src = proj_.data() + order_[static_cast<size_t>(i)] * wq;
+        const float* ba = ba_.data() + order_[static_cast<size_t>(i)] * 2 * nv_;
+        float* m = mixed_.data() + i * cdim_;
+        for (int64_t gk = 0; gk < nk_; ++gk) {
+          const float* s = src + gk * group;
+          std::memcpy(m + gk * dk_, s, static_cast<size_t>(dk_) * 4);
+          std::memcpy(m + K + gk * dk_, s + dk_, static_cast<size_t>(dk_) * 4);
+          std::memcpy(m + 2 * K + gk * r * dv_, s + 2 * dk_, static_cast<size_t>(r * dv_) * 4);
+          std::memcpy(z_.data() + i * V + gk * r * dv_, s + 2 * dk_ + r * dv_, static_cast<size_t>(r * dv_) * 4);
+          for (int64_t j = 0; j < r; ++j) {
+            const int64_t hv = gk * r + j;
+            beta_[static_cast<size_t>(i * nv_ + hv)] = sigmoid(ba[gk * 2 * r + j]);
+            g_[static_cast<size_t>(i * nv_ + hv)] = a_neg_[static_cast<size_t>(hv)] * softplus(ba[gk * 2 * r + r + j] + dt_bias_[static_cast<size_t>(hv)]);
+          }
         }
       }
-    }
+    }, 16);
     convolve(kv);
     normalise_qk(n);
     fit(core_, n * V);
@@ -107,15 +109,17 @@ class GatedDeltaNet : public AttentionBlock {
     }, 1, 1);
     for (const Group& gr : groups_) header(kv, gr.seq) += gr.count;
     // Gated RMSNorm per (token, value head), then out_proj; rows back in batch order.
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t hv = 0; hv < nv_; ++hv) {
-        float* o = core_.data() + i * V + hv * dv_;
-        const float* z = z_.data() + i * V + hv * dv_;
-        double ss = 0;
-        for (int64_t j = 0; j < dv_; ++j) ss += static_cast<double>(o[j]) * o[j];
-        const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dv_) + eps_));
-        for (int64_t j = 0; j < dv_; ++j) o[j] = norm_[static_cast<size_t>(j)] * (o[j] * inv) * silu(z[j]);
-      }
+    pool_.parallel_for(n, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t hv = 0; hv < nv_; ++hv) {
+          float* o = core_.data() + i * V + hv * dv_;
+          const float* z = z_.data() + i * V + hv * dv_;
+          double ss = 0;
+          for (int64_t j = 0; j < dv_; ++j) ss += static_cast<double>(o[j]) * o[j];
+          const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dv_) + eps_));
+          for (int64_t j = 0; j < dv_; ++j) o[j] = norm_[static_cast<size_t>(j)] * (o[j] * inv) * silu(z[j]);
+        }
+    }, 16);
     const int64_t H = w_out_.rows;
     fit(proj_, n * H);
     float* tmp = proj_.data();
@@ -200,14 +204,16 @@ class GatedDeltaNet : public AttentionBlock {
   // q and k per head: x / sqrt(sum x^2 + 1e-6); q also / sqrt(dk).
   void normalise_qk(int64_t n) {
     const float qscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk_)));
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = 0; h < 2 * nk_; ++h) {
-        float* v = conv_out_.data() + i * cdim_ + h * dk_;
-        float ss = 0;
-        for (int64_t j = 0; j < dk_; ++j) ss += v[j] * v[j];
-        const float inv = 1.0f / std::sqrt(ss + 1e-6f) * (h < nk_ ? qscale : 1.0f);
-        for (int64_t j = 0; j < dk_; ++j) v[j] *= inv;
-      }
+    pool_.parallel_for(n, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t h = 0; h < 2 * nk_; ++h) {
+          float* v = conv_out_.data() + i * cdim_ + h * dk_;
+          float ss = 0;
+          for (int64_t j = 0; j < dk_; ++j) ss += v[j] * v[j];
+          const float inv = 1.0f / std::sqrt(ss + 1e-6f) * (h < nk_ ? qscale : 1.0f);
+          for (int64_t j = 0; j < dk_; ++j) v[j] *= inv;
+        }
+    }, 16);
   }
 
   const HybridConfig& h_;

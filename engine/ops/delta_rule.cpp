@@ -91,72 +91,105 @@ HMOE_DR_INLINE void recurrent_impl(const DeltaRuleArgs& a, float* S) {
   }
 }
 
+// C[m x n] += A[m x k] B[k x n] (row-major with leading dimensions), four
+// rows of C at a time so that each loaded vector of B feeds four FMAs.
+template <class V, int W>
+HMOE_DR_INLINE void mm_acc(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t m, int64_t n, int64_t k) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    const float* a0 = A + i * lda;
+    const float* a1 = a0 + lda;
+    const float* a2 = a1 + lda;
+    const float* a3 = a2 + lda;
+    float* c0 = C + i * ldc;
+    int64_t j = 0;
+    for (; j + W <= n; j += W) {
+      V s0 = load<V>(c0 + j), s1 = load<V>(c0 + ldc + j), s2 = load<V>(c0 + 2 * ldc + j), s3 = load<V>(c0 + 3 * ldc + j);
+      for (int64_t r = 0; r < k; ++r) {
+        const V b = load<V>(B + r * ldb + j);
+        s0 += a0[r] * b;
+        s1 += a1[r] * b;
+        s2 += a2[r] * b;
+        s3 += a3[r] * b;
+      }
+      store<V>(c0 + j, s0);
+      store<V>(c0 + ldc + j, s1);
+      store<V>(c0 + 2 * ldc + j, s2);
+      store<V>(c0 + 3 * ldc + j, s3);
+    }
+    for (; j < n; ++j)
+      for (int64_t r = 0; r < k; ++r) {
+        const float b = B[r * ldb + j];
+        c0[j] += a0[r] * b;
+        c0[ldc + j] += a1[r] * b;
+        c0[2 * ldc + j] += a2[r] * b;
+        c0[3 * ldc + j] += a3[r] * b;
+      }
+  }
+  for (; i < m; ++i)
+    for (int64_t r = 0; r < k; ++r) axpy<V, W>(C + i * ldc, A[i * lda + r], B + r * ldb, n);
+}
+
 template <class V, int W>
 HMOE_DR_INLINE void chunked_impl(const DeltaRuleArgs& a, float* S, int64_t chunk) {
   const int64_t dk = a.dk, dv = a.dv, C = std::max<int64_t>(chunk, 1);
   thread_local std::vector<float> buf;
-  const size_t need = static_cast<size_t>(C + 2 * C * C + 3 * C * dv);
+  const size_t need = static_cast<size_t>(C + 3 * C * C + 2 * C * dk + 2 * C * dv + dk * C);
   if (buf.size() < need) buf.resize(need);
   float* G = buf.data();      // [C] running sum of g
-  float* KK = G + C;          // [C][C] beta_i exp(G_i - G_j) k_i.k_j, j < i
-  float* QK = KK + C * C;     // [C][C] exp(G_i - G_j) q_i.k_j, j <= i
-  float* KS = QK + C * C;     // [C][dv] k_i^T S0, then u_i
-  float* QS = KS + C * dv;    // [C][dv] q_i^T S0
-  float* O = QS + C * dv;     // [C][dv] outputs of the chunk
+  float* KK = G + C;          // [C][C] k_i.k_j, then beta_i exp(G_i - G_j) k_i.k_j (j < i)
+  float* QK = KK + C * C;     // [C][C] q_i.k_j, then exp(G_i - G_j) q_i.k_j (j <= i, 0 above)
+  float* Kt = QK + C * C;     // [dk][C] k transposed; later exp(G_last - G_j) k_j transposed
+  float* Kc = Kt + dk * C;    // [C][dk] the chunk's k rows, packed
+  float* Qc = Kc + C * dk;    // [C][dk] the chunk's q rows, packed
+  float* U = Qc + C * dk;     // [C][dv] k_i^T S0, then u_i
+  float* O = U + C * dv;      // [C][dv] q_i^T S0, then the outputs
   for (int64_t t0 = 0; t0 < a.tokens; t0 += C) {
     const int64_t c = std::min(C, a.tokens - t0);
-    const float* q = a.q + t0 * a.ld_qk;
-    const float* k = a.k + t0 * a.ld_qk;
     float acc = 0;
     for (int64_t i = 0; i < c; ++i) G[i] = acc += a.g[(t0 + i) * a.ld_gb];
-    // k_i^T S0 and q_i^T S0
-    std::fill(KS, KS + c * dv, 0.0f);
-    std::fill(QS, QS + c * dv, 0.0f);
     for (int64_t i = 0; i < c; ++i) {
-      const float* ki = k + i * a.ld_qk;
-      const float* qi = q + i * a.ld_qk;
-      float* ks = KS + i * dv;
-      float* qs = QS + i * dv;
-      for (int64_t r = 0; r < dk; ++r) {
-        axpy<V, W>(ks, ki[r], S + r * dv, dv);
-        axpy<V, W>(qs, qi[r], S + r * dv, dv);
-      }
+      std::memcpy(Kc + i * dk, a.k + (t0 + i) * a.ld_qk, static_cast<size_t>(dk) * sizeof(float));
+      std::memcpy(Qc + i * dk, a.q + (t0 + i) * a.ld_qk, static_cast<size_t>(dk) * sizeof(float));
+      for (int64_t r = 0; r < dk; ++r) Kt[r * C + i] = Kc[i * dk + r];
     }
+    // k_i^T S0, q_i^T S0, k_i.k_j, q_i.k_j as small matrix products.
+    std::fill(U, U + c * dv, 0.0f);
+    std::fill(O, O + c * dv, 0.0f);
+    std::fill(KK, KK + c * C, 0.0f);
+    std::fill(QK, QK + c * C, 0.0f);
+    mm_acc<V, W>(Kc, dk, S, dv, U, dv, c, dv, dk);
+    mm_acc<V, W>(Qc, dk, S, dv, O, dv, c, dv, dk);
+    mm_acc<V, W>(Kc, dk, Kt, C, KK, C, c, c, dk);
+    mm_acc<V, W>(Qc, dk, Kt, C, QK, C, c, c, dk);
     for (int64_t i = 0; i < c; ++i) {
-      const float* ki = k + i * a.ld_qk;
-      const float* qi = q + i * a.ld_qk;
       const float bi = a.beta[(t0 + i) * a.ld_gb];
-      for (int64_t j = 0; j <= i; ++j) {
-        const float* kj = k + j * a.ld_qk;
-        const float d = std::exp(G[i] - G[j]);
-        if (j < i) KK[i * C + j] = bi * d * dot<V, W>(ki, kj, dk);
-        QK[i * C + j] = d * dot<V, W>(qi, kj, dk);
+      for (int64_t j = 0; j < c; ++j) {
+        const float d = j <= i ? std::exp(G[i] - G[j]) : 0.0f;
+        KK[i * C + j] *= j < i ? bi * d : 0.0f;
+        QK[i * C + j] *= d;
       }
     }
-    // u_i = beta_i (v_i - exp(G_i) k_i^T S0) - sum_{j<i} KK[i][j] u_j (forward substitution, in KS)
+    // u_i = beta_i (v_i - exp(G_i) k_i^T S0) - sum_{j<i} KK[i][j] u_j (forward substitution, in U)
     for (int64_t i = 0; i < c; ++i) {
       const float* vi = a.v + (t0 + i) * a.ld_v;
       const float bi = a.beta[(t0 + i) * a.ld_gb], gi = std::exp(G[i]);
-      float* u = KS + i * dv;
+      float* u = U + i * dv;
       for (int64_t j = 0; j < dv; ++j) u[j] = bi * (vi[j] - gi * u[j]);
-      for (int64_t j = 0; j < i; ++j) axpy<V, W>(u, -KK[i * C + j], KS + j * dv, dv);
+      for (int64_t j = 0; j < i; ++j) axpy<V, W>(u, -KK[i * C + j], U + j * dv, dv);
     }
     // o_i = exp(G_i) q_i^T S0 + sum_{j<=i} QK[i][j] u_j
-    for (int64_t i = 0; i < c; ++i) {
-      float* o = O + i * dv;
-      const float gi = std::exp(G[i]);
-      const float* qs = QS + i * dv;
-      for (int64_t j = 0; j < dv; ++j) o[j] = gi * qs[j];
-      for (int64_t j = 0; j <= i; ++j) axpy<V, W>(o, QK[i * C + j], KS + j * dv, dv);
-      std::memcpy(a.out + (t0 + i) * a.ld_o, o, static_cast<size_t>(dv) * sizeof(float));
-    }
+    for (int64_t i = 0; i < c; ++i) scale<V, W>(O + i * dv, std::exp(G[i]), dv);
+    mm_acc<V, W>(QK, C, U, dv, O, dv, c, dv, c);
+    for (int64_t i = 0; i < c; ++i) std::memcpy(a.out + (t0 + i) * a.ld_o, O + i * dv, static_cast<size_t>(dv) * sizeof(float));
     // S = exp(G_last) S0 + sum_j exp(G_last - G_j) k_j u_j^T
     const float gl = G[c - 1];
-    for (int64_t r = 0; r < dk; ++r) {
-      float* row = S + r * dv;
-      scale<V, W>(row, std::exp(gl), dv);
-      for (int64_t j = 0; j < c; ++j) axpy<V, W>(row, std::exp(gl - G[j]) * k[j * a.ld_qk + r], KS + j * dv, dv);
+    for (int64_t j = 0; j < c; ++j) {
+      const float d = std::exp(gl - G[j]);
+      for (int64_t r = 0; r < dk; ++r) Kt[r * C + j] *= d;
     }
+    scale<V, W>(S, std::exp(gl), dk * dv);
+    mm_acc<V, W>(Kt, C, U, dv, S, dv, dk, dv, c);
   }
 }
 
