@@ -296,3 +296,17 @@ TEST_CASE("qwen3_next checkpoint: a layer kind without its weights is a clear er
     CHECK(std::string(e.what()).find("model.layers.0.self_attn.") != std::string::npos);
   }
 }
+
+TEST_CASE("qwen3_next: weights held as fp32 (--dtype f32) give the logits of the bf16 views") {
+  auto bf16 = load_fixture();
+  std::vector<std::string> none;
+  Settings s = Settings::load(none);
+  s.progress = "none";
+  s.device = "cpu";
+  s.weight_dtype = "f32";
+  auto f32 = Model::load(test::fixture_model("tiny-qwen3next"), s);
+  const auto ids = long_prompt(80);
+  const double d = max_abs_diff(run_pieces(*f32, ids, {80}), run_pieces(*bf16, ids, {80}));
+  MESSAGE("fp32 vs bf16 weights (same values): max |diff| " << d);
+  CHECK(d <= 1e-4);
+}
