@@ -24,7 +24,7 @@
 #include "configs/error.h"
 #include "engine/layers/gated_deltanet.h"
 #include "engine/ops/delta_rule.h"
-#include "engine/prefill_cost.h"
+#include "engine/placement/prefill_cost.h"
 #include "io/dtype.h"
 #include "numa/expert_bench.h"
 #include "numa/node_pools.h"

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "configs/error.h"
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/serving/logits.h"
+#include "engine/loading/model.h"
 #include "io/mmap_file.h"
 #include "tests/fixture_compare.h"
 #include "tests/test_util.h"

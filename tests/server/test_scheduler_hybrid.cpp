@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "engine/model.h"
-#include "engine/scheduler.h"
+#include "engine/loading/model.h"
+#include "engine/serving/scheduler.h"
 #include "io/mmap_file.h"
 #include "tests/test_util.h"
 
