@@ -3,6 +3,7 @@
 // run-time dispatch to the SIMD kernels in quant_gguf_simd.cpp.
 #include "numa/detail/gguf_block_util.h"
 #include "numa/quant_gguf.h"
+#include "numa/quant_gguf_lowbit.h"
 
 #include <algorithm>
 #include <cmath>
@@ -195,6 +196,7 @@ float fp8_e4m3_to_f32(uint8_t b) {
 }
 
 const ExtTypeInfo* ext_type_info(uint32_t type) {
+  if (lowbit_type(type)) return lowbit_type_info(type);
   switch (static_cast<ExtType>(type)) {
     case ExtType::q4_0: return &kQ4_0;
     case ExtType::q4_1: return &kQ4_1;
@@ -222,7 +224,9 @@ void dequant_block(ExtType type, const uint8_t* b, float* out) {
     case ExtType::q4_k: return deq_q4_k(b, out);
     case ExtType::q5_k: return deq_q5_k(b, out);
     case ExtType::q6_k: return deq_q6_k(b, out);
-    default: fail(ErrorKind::internal, "dequant_block: not a ggml block type");
+    default:
+      if (lowbit_type(static_cast<uint32_t>(type))) return lowbit_dequant_block(type, b, out);
+      fail(ErrorKind::internal, "dequant_block: not a ggml block type");
   }
 }
 
@@ -298,6 +302,7 @@ float ext_weight_at(const Mat& w, int64_t r, int64_t k) {
 
 void ext_gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   if (r1 <= r0 || n <= 0) return;
+  if (lowbit_type(w.ext)) return lowbit_gemm_rows(x, ldx, n, w, r0, r1, y, ldy);
   switch (best_isa()) {
     case Isa::avx512: detail::ext_rows_avx512(x, ldx, n, w, r0, r1, y, ldy); break;
     case Isa::avx2: detail::ext_rows_avx2(x, ldx, n, w, r0, r1, y, ldy); break;
