@@ -15,6 +15,7 @@
 #include "configs/error.h"
 #include "engine/gguf_deepseek2.h"
 #include "engine/gguf_model.h"
+#include "engine/gguf_plan.h"
 #include "engine/logits.h"
 #include "engine/model.h"
 #include "io/gguf.h"
@@ -258,4 +259,20 @@ TEST_CASE("deepseek2 GGUF: metadata and tensors that do not fit are errors namin
     INFO(err);
     CHECK(err.find(c.want) != std::string::npos);
   }
+}
+
+TEST_CASE("hmoe plan on a deepseek2 GGUF: bytes per layer by type") {
+  const auto f = io::GgufFile::open(test::fixture_ref("tiny-deepseekv3-Q8_0-split.gguf"));
+  const std::string r = gguf_layer_bytes_report(*f);
+  INFO(r);
+  CHECK(r.find("| layer | total | routed experts | Q8_0 |") != std::string::npos);  // Q8_0 holds the most bytes
+  CHECK(r.find("| (embeddings, output) |") != std::string::npos);
+  for (int l = 0; l < 4; ++l) CHECK(r.find("\n| " + std::to_string(l) + " | ") != std::string::npos);
+  // layer 0 is dense: no routed experts; the total row adds up every tensor
+  CHECK(r.find("\n| 0 | ") != std::string::npos);
+  uint64_t total = 0;
+  for (const auto& t : f->tensors()) total += t.bytes;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "| all | %.2f |", static_cast<double>(total) / (1 << 20));
+  CHECK(r.find(buf) != std::string::npos);
 }

@@ -10,6 +10,7 @@
 
 #include "configs/error.h"
 #include "engine/gguf_model.h"
+#include "engine/gguf_plan.h"
 #include "engine/layers/cpu_layers.h"
 #include "engine/layers/gpu_experts.h"
 #include "engine/quant_config.h"
@@ -129,6 +130,10 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
                           .c_str());
   }
   if (c.arch == Arch::qwen3_moe_engram && !is_gguf_path(args[0])) std::printf("%s", ple_plan_report(c, io::TensorStore(args[0]), s, 1.0 / t).c_str());
+  if (is_gguf_path(args[0])) {
+    const auto f = io::GgufFile::open(args[0]);
+    std::printf("%s%s", gguf_layer_bytes_report(*f).c_str(), gguf_fit_report(*f, p, gpu.total_bytes).c_str());
+  }
   return 0;
 }
 
