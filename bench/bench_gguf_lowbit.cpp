@@ -5,7 +5,7 @@
 // (gate/up IQ1_S or IQ2_XXS, down one step up):
 //  - batch 1: weight GB/s (the stored bytes of the 8 experts a token
 //    touches / step time) against a read bandwidth measured here with the
-//    same threads (engine/prefill_cost.h, 256 MiB); experts are cycled over
+//    same threads (engine/placement/prefill_cost.h, 256 MiB); experts are cycled over
 //    E so the working set is past the caches;
 //  - batch 32: integer GOP/s (2 x 3 x H x I per (token, expert) pair).
 // "int8" is the default path (8-bit activations, VNNI), "exact" the fp32
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/prefill_cost.h"
+#include "engine/placement/prefill_cost.h"
 #include "io/dtype.h"
 #include "numa/expert_engine.h"
 #include "numa/quant_gguf_lowbit.h"

@@ -21,7 +21,7 @@
 #include <cstring>
 
 #include "configs/error.h"
-#include "numa/detail/gguf_iq_grids.h"
+#include "io/tensor/gguf_iq_grids.h"
 #include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
 

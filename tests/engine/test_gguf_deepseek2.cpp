@@ -13,11 +13,11 @@
 #include <nlohmann/json.hpp>
 
 #include "configs/error.h"
-#include "engine/gguf_deepseek2.h"
-#include "engine/gguf_model.h"
-#include "engine/gguf_plan.h"
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/loading/gguf_deepseek2.h"
+#include "engine/loading/gguf_model.h"
+#include "engine/loading/gguf_plan.h"
+#include "engine/serving/logits.h"
+#include "engine/loading/model.h"
 #include "io/gguf.h"
 #include "tests/model_run.h"
 #include "tests/test_util.h"
