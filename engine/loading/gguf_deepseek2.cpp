@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstring>
 
 #include "configs/error.h"
 #include "io/gguf.h"
@@ -101,7 +102,7 @@ bool gguf_deepseek2_tensor_for(const std::string& hf, std::string& g, int64_t& e
   return true;
 }
 
-bool gguf_deepseek2_kv_b(const io::GgufFile& f, int64_t layer, int64_t rows, int64_t cols, std::vector<float>& out,
+bool gguf_deepseek2_kv_b(const io::GgufFile& f, int64_t layer, int64_t rows, int64_t cols, std::vector<uint8_t>& out, DType& dtype,
                          std::vector<std::string>& used) {
   const std::string blk = "blk." + std::to_string(layer) + ".";
   const io::GgufTensor* kb = f.find_tensor(blk + "attn_k_b.weight");
@@ -125,14 +126,29 @@ bool gguf_deepseek2_kv_b(const io::GgufFile& f, int64_t layer, int64_t rows, int
                                    "] (expected [nope, kv_lora, heads] and [kv_lora, v, heads])");
   const int64_t heads = static_cast<int64_t>(h1), np = static_cast<int64_t>(nope), vd = static_cast<int64_t>(v), ew = np + vd;
   const cpu::Mat k = view2d(f, *kb, heads * cols, np), vm = view2d(f, *vb, heads * vd, cols);
-  out.assign(static_cast<size_t>(rows * cols), 0.0f);
-  std::vector<float> row(static_cast<size_t>(std::max(np, cols)));
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t j = 0; j < cols; ++j) {  // k_b row (h, j) holds W_UK[h][:, j]
-      cpu::row_to_f32(k, h * cols + j, row.data());
-      for (int64_t i = 0; i < np; ++i) out[static_cast<size_t>((h * ew + i) * cols + j)] = row[static_cast<size_t>(i)];
+  const bool half = k.quant == cpu::Quant::none && vm.quant == cpu::Quant::none && k.dtype == vm.dtype &&
+                    (k.dtype == DType::f16 || k.dtype == DType::bf16);
+  dtype = half ? k.dtype : DType::f32;
+  out.assign(static_cast<size_t>(rows * cols) * dtype_size(dtype), 0);
+  if (half) {  // exact copies of the 16-bit elements
+    auto* o = reinterpret_cast<uint16_t*>(out.data());
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < cols; ++j) {  // k_b row (h, j) holds W_UK[h][:, j]
+        const auto* in = reinterpret_cast<const uint16_t*>(k.row(h * cols + j));
+        for (int64_t i = 0; i < np; ++i) o[(h * ew + i) * cols + j] = in[i];
+      }
+      for (int64_t i = 0; i < vd; ++i) std::memcpy(o + (h * ew + np + i) * cols, vm.row(h * vd + i), static_cast<size_t>(cols) * 2);
     }
-    for (int64_t i = 0; i < vd; ++i) cpu::row_to_f32(vm, h * vd + i, out.data() + (h * ew + np + i) * cols);
+  } else {
+    auto* o = reinterpret_cast<float*>(out.data());
+    std::vector<float> row(static_cast<size_t>(std::max(np, cols)));
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < cols; ++j) {
+        cpu::row_to_f32(k, h * cols + j, row.data());
+        for (int64_t i = 0; i < np; ++i) o[(h * ew + i) * cols + j] = row[static_cast<size_t>(i)];
+      }
+      for (int64_t i = 0; i < vd; ++i) cpu::row_to_f32(vm, h * vd + i, o + (h * ew + np + i) * cols);
+    }
   }
   used = {blk + "attn_k_b.weight", blk + "attn_v_b.weight"};
   return true;

@@ -21,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/dtype.h"
+
 namespace hmoe {
 
 namespace io {
@@ -35,11 +37,14 @@ nlohmann::json gguf_deepseek2_config_json(const io::GgufFile& f);
 // gguf_deepseek2_kv_b for files that split it).
 bool gguf_deepseek2_tensor_for(const std::string& hf_name, std::string& gguf_name, int64_t& expert);
 
-// Layer `layer`'s kv_b [rows = heads * (nope + v), cols = kv_lora] as fp32
-// from the split attn_k_b / attn_v_b (any type hmoe computes on); `used`
-// gets the two tensor names. False when the file has no split pair for the
-// layer; Error(bad_model) naming the tensor when their shapes disagree.
-bool gguf_deepseek2_kv_b(const io::GgufFile& f, int64_t layer, int64_t rows, int64_t cols, std::vector<float>& out,
+// Layer `layer`'s kv_b [rows = heads * (nope + v), cols = kv_lora] from the
+// split attn_k_b / attn_v_b into `out` (row-major, `dtype`): copied exactly
+// in F16 or BF16 when both halves are stored so, fp32 otherwise (the block
+// types dequantized; what the latent attention makes of a quantized kv_b
+// anyway). `used` gets the two tensor names. False when the file has no
+// split pair for the layer; Error(bad_model) naming the tensor when their
+// shapes disagree.
+bool gguf_deepseek2_kv_b(const io::GgufFile& f, int64_t layer, int64_t rows, int64_t cols, std::vector<uint8_t>& out, DType& dtype,
                          std::vector<std::string>& used);
 
 }  // namespace hmoe

@@ -139,7 +139,7 @@ class GgufSource : public WeightSource {
   }
 
  private:
-  // deepseek2: kv_b_proj of a file that stores attn_k_b / attn_v_b, reassembled as fp32 (owned here).
+  // deepseek2: kv_b_proj of a file that stores attn_k_b / attn_v_b, reassembled (owned here).
   bool split_kv_b(const std::string& name, int64_t rows, int64_t cols, cpu::Mat& m) {
     std::string g;
     int64_t e;
@@ -149,12 +149,13 @@ class GgufSource : public WeightSource {
       return false;
     const size_t dot = g.find('.', 4);
     const int64_t layer = std::stoll(g.substr(4, dot - 4));
-    std::vector<float> buf;
+    std::vector<uint8_t> buf;
+    DType dt = DType::f32;
     std::vector<std::string> used;
-    if (!gguf_deepseek2_kv_b(*f_, layer, rows, cols, buf, used)) return false;
+    if (!gguf_deepseek2_kv_b(*f_, layer, rows, cols, buf, dt, used)) return false;
     for (auto& u : used) used_.insert(u);
     owned_.push_back(std::move(buf));
-    m = cpu::Mat{DType::f32, owned_.back().data(), rows, cols};
+    m = cpu::Mat{dt, owned_.back().data(), rows, cols};
     return true;
   }
 
@@ -186,7 +187,7 @@ class GgufSource : public WeightSource {
   std::unique_ptr<io::GgufFile> f_;
   bool ds2_ = false;
   std::set<std::string> used_;
-  std::deque<std::vector<float>> owned_;  // reassembled tensors (split kv_b)
+  std::deque<std::vector<uint8_t>> owned_;  // reassembled tensors (split kv_b)
 };
 
 uint64_t meta_u64(const io::GgufFile& f, const std::string& key) { return f.get(key).as_u64(key); }

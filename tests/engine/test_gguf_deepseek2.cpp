@@ -1,7 +1,7 @@
 // MODEL as a `deepseek2` GGUF file (engine/gguf_deepseek2.h): the tiny
 // DeepSeek-V3 fixture written by tests/fixtures/gen/gguf_deepseek2.py in
-// llama.cpp's layout (F32 and F16 with one attn_kv_b; Q8_0 and the Kimi-K2
-// variant with the split attn_k_b / attn_v_b) against the safetensors
+// llama.cpp's layout (F32 and F16 with one attn_kv_b; Q8_0, its values as
+// F32, and the Kimi-K2 variant in F16 with the split attn_k_b / attn_v_b) against the safetensors
 // checkpoint run by the same engine: the config, the logits, and the errors
 // for metadata and tensors that do not fit.
 #include <doctest/doctest.h>
@@ -224,12 +224,12 @@ TEST_CASE("deepseek2 GGUF: the Kimi-K2 configuration (one expert group, its scal
   const std::string dir = patched_hf_dir("kimi", {{"n_group", 1}, {"topk_group", 1}, {"routed_scaling_factor", 2.827},
                                                   {"rope_scaling", {{"factor", 32.0}, {"beta_fast", 1.0}}}});
   auto hf = load_quiet(dir);
-  auto m = load_quiet(test::fixture_ref("tiny-kimik2-F32-split.gguf"));
+  auto m = load_quiet(test::fixture_ref("tiny-kimik2-F16-split.gguf"));
   CHECK(m->config().mla.n_group == 1);
   CHECK(m->config().mla.yarn_factor == doctest::Approx(32.0));
   const Cmp c = compare(*m, *hf);
-  MESSAGE("Kimi-K2 variant F32 (split kv_b): max |logit diff| " << c.max_diff << ", top-1 " << c.agreed << "/" << c.checked);
-  CHECK(c.max_diff <= 1e-4 * std::max(1.0, c.max_abs));
+  MESSAGE("Kimi-K2 variant F16 (split kv_b, copied as F16): max |logit diff| " << c.max_diff << ", top-1 " << c.agreed << "/" << c.checked);
+  CHECK(c.max_diff <= 2e-3 * std::max(1.0, c.max_abs));
   CHECK(c.agreed == c.checked);
   fs::remove_all(dir);
 }
