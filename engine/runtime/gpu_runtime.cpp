@@ -135,6 +135,12 @@ uint64_t GpuRuntime::kv_bytes_per_token() const {
 const ExpertStream* GpuRuntime::expert_stream() const { return impl_->xstream.get(); }
 ExpertStream* GpuRuntime::expert_stream() { return impl_->xstream.get(); }
 
+const numa::ExpertWeights* GpuRuntime::host_expert_sample() const {
+  for (const Impl::Block& b : impl_->blocks)
+    if (const auto* w = b.ffn->host_expert_weights(); w && !w->empty()) return &(*w)[0];
+  return nullptr;
+}
+
 void GpuRuntime::enable_expert_streaming(const ExpertStreamOptions& o) {
   Impl& m = *impl_;
   m.xstream.reset();
