@@ -45,7 +45,7 @@ namespace {
 std::string format_cost_line(const PrefillCost& cost, const char* cpu_note) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "CPU experts %.0f GFLOP/s (%s) and %.1f GB/s at %.3f bytes/weight, pinned PCIe %.1f GB/s at %.3f bytes/weight streamed, GPU experts %.0f "
+                "CPU experts %.0f GFLOP/s (%s) and %.1f GB/s at %.4f bytes/weight, pinned PCIe %.1f GB/s at %.4f bytes/weight streamed, GPU experts %.0f "
                 "TFLOP/s assumed",
                 cost.cpu_expert_flops / 1e9, cpu_note, cost.cpu_bandwidth / 1e9, cost.cpu_bytes_per_weight, cost.pcie_bandwidth / 1e9,
                 cost.stream_bytes_per_weight, cost.gpu_expert_flops / 1e12);
@@ -267,7 +267,10 @@ ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, cons
                  m.lay.format.c_str(), opt.window, m.stats.pinned_bandwidth / 1e9,
                  opt.skip_copies    ? "not read (timing mode)"
                  : m.lay.in_place   ? (m.lay.quantized ? "pinned in place, blocks copied as stored" : "pinned in place (no copy)")
-                                    : ("copied to pinned memory (" + format_bytes(m.lay.image_bytes) + " more host memory: " + m.lay.why_image + ")").c_str());
+                 : !m.lay.pins.empty()
+                     ? ("pinned in place where the GPU takes the stored blocks, the rest in pinned images (" + format_bytes(m.lay.image_bytes) +
+                        " more host memory: " + m.lay.why_image + ")").c_str()
+                     : ("copied to pinned memory (" + format_bytes(m.lay.image_bytes) + " more host memory: " + m.lay.why_image + ")").c_str());
   }
 }
 

@@ -212,30 +212,47 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
   }
 
   // Quantized slots. Templates from each layer's expert 0 decide the
-  // regions and whether the stored bytes are the GPU's.
-  std::vector<gpu::QHostMat> gu0(layers.size()), dn0(layers.size());
-  bool direct = !o.force_image;
+  // regions and, per stacked matrix, whether the stored bytes are the GPU's
+  // (then pinned in place) or need a pinned image of their region.
+  const size_t N = layers.size();
+  std::vector<gpu::QHostMat> gu0(N), dn0(N);
+  std::vector<char> gu_direct(N, 0), dn_direct(N, 0);
   std::string why_image = o.force_image ? "a copy was asked for" : "";
   std::string fmt;
-  for (size_t j = 0; j < layers.size(); ++j) {
+  bool all_direct = true;
+  std::vector<const cpu::Mat*> direct_mats;
+  for (size_t j = 0; j < N; ++j) {
     const numa::ExpertWeights& w = (*layers[j].experts)[0];
     const std::string what = "layer " + std::to_string(layers[j].layer) + " streamed experts";
     gu0[j] = gpu::qrepack({w.gate, w.up}, what + " gate/up");
     dn0[j] = gpu::qrepack({w.down}, what + " down");
-    if (direct && !(stored_is_gpu(gu0[j], {w.gate, w.up}) && stored_is_gpu(dn0[j], {w.down}))) {
-      direct = false;
-      why_image = "layer " + std::to_string(layers[j].layer) + " is " + cpu::mat_type_name(w.gate) + " / " + cpu::mat_type_name(w.down) +
-                  ", which the GPU holds in its own layout (repacked once here)";
+    gu_direct[j] = !o.force_image && stored_is_gpu(gu0[j], {w.gate, w.up});
+    dn_direct[j] = !o.force_image && stored_is_gpu(dn0[j], {w.down});
+    if (!o.force_image && (!gu_direct[j] || !dn_direct[j]) && why_image.empty())
+      why_image = "layer " + std::to_string(layers[j].layer) + "'s " + cpu::mat_type_name(gu_direct[j] ? w.down : w.gate) +
+                  " experts are held in the GPU's own layout (repacked once here)";
+    all_direct = all_direct && gu_direct[j] && dn_direct[j];
+    for (const auto& e : *layers[j].experts) {
+      if (gu_direct[j]) direct_mats.insert(direct_mats.end(), {&e.gate, &e.up});
+      if (dn_direct[j]) direct_mats.push_back(&e.down);
     }
     const std::string a = gpu::qformat_name(gu0[j].w.format), b = gpu::qformat_name(dn0[j].w.format);
     const std::string f = a == b ? a : a + " / " + b;
-    if (fmt.find(f) == std::string::npos) fmt += (fmt.empty() ? "" : ", ") + f;
+    if ((", " + fmt + ", ").find(", " + f + ", ") == std::string::npos) fmt += (fmt.empty() ? "" : ", ") + f;
   }
   out.format = fmt;
-  out.stored_blocks = direct;
-  out.in_place = direct && !o.skip_copies && pin_all(mats, out.pins, &why_image);
+  out.stored_blocks = all_direct;
+  // Pin the stored blocks; a refusal puts every region into images.
+  std::string why_pin;
+  const bool pinned = !o.skip_copies && !direct_mats.empty() && pin_all(direct_mats, out.pins, &why_pin);
+  if (!o.skip_copies && !direct_mats.empty() && !pinned) {
+    std::fill(gu_direct.begin(), gu_direct.end(), 0);
+    std::fill(dn_direct.begin(), dn_direct.end(), 0);
+    why_image = "the driver did not pin the stored blocks: " + why_pin;
+  }
+  out.in_place = pinned && all_direct;
   out.why_image = out.in_place ? "" : why_image;
-  for (size_t j = 0; j < layers.size(); ++j) {
+  for (size_t j = 0; j < N; ++j) {
     StreamLayerLayout& l = out.layers[j];
     l.layer = layers[j].layer;
     const Regions rg = place(gu0[j], E, 0), rd = place(dn0[j], E, rg.end);
@@ -245,42 +262,62 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
     out.slot_bytes = std::max(out.slot_bytes, l.bytes);
     l.by_expert.resize(static_cast<size_t>(E));
     if (o.skip_copies) continue;
-    const bool image = !out.in_place;
-    if (image) {
-      l.image = gpu::PinnedBuffer(l.bytes);
-      std::memset(l.image.as<char>(), 0, l.bytes);
-      out.image_bytes += l.bytes;
+    // The image covers the regions that are not pinned in place: [lo, hi) of the slot.
+    const size_t lo = gu_direct[j] ? rg.end : 0, hi = dn_direct[j] ? rg.end : rd.end;
+    if (hi > lo) {
+      l.image = gpu::PinnedBuffer(hi - lo);
+      std::memset(l.image.as<char>(), 0, hi - lo);
+      out.image_bytes += hi - lo;
     }
-    char* base = image ? l.image.as<char>() : nullptr;
+    char* img = hi > lo ? l.image.as<char>() - lo : nullptr;  // indexed by slot offset
     for (int64_t e = 0; e < E; ++e) {
       const size_t eu = static_cast<size_t>(e);
       const numa::ExpertWeights& w = (*layers[j].experts)[eu];
       std::vector<StreamCopy>& ops = l.by_expert[eu];
-      if (!image) {
-        const size_t g = static_cast<size_t>(w.gate.rows) * w.gate.row_bytes(), u = static_cast<size_t>(w.up.rows) * w.up.row_bytes();
-        ops = {{rg.data + eu * rg.data_per, w.gate.data, g},
-               {rg.data + eu * rg.data_per + g, w.up.data, u},
-               {rd.data + eu * rd.data_per, w.down.data, rd.data_per}};
-        continue;
-      }
       const std::string what = "layer " + std::to_string(l.layer) + " expert " + std::to_string(e);
-      const gpu::QHostMat hg = gpu::qrepack({w.gate, w.up}, what + " gate/up"), hd = gpu::qrepack({w.down}, what + " down");
-      if (hg.data.size() != rg.data_per || hg.scales.size() * 4 != rg.scales_per || hg.zeros.size() * 4 != rg.zeros_per ||
-          hd.data.size() != rd.data_per || hd.scales.size() * 4 != rd.scales_per || hd.zeros.size() * 4 != rd.zeros_per ||
-          hg.w.format != gu0[j].w.format || hd.w.format != dn0[j].w.format || hg.w.group != gu0[j].w.group || hd.w.group != dn0[j].w.group)
-        fail(ErrorKind::internal, "expert stream: " + what + " repacks to another layout than expert 0");
-      const std::pair<const void*, std::pair<size_t, size_t>> parts[6] = {
-          {hg.data.data(), {rg.data + eu * rg.data_per, rg.data_per}},   {hg.scales.data(), {rg.scales + eu * rg.scales_per, rg.scales_per}},
-          {hg.zeros.data(), {rg.zeros + eu * rg.zeros_per, rg.zeros_per}}, {hd.data.data(), {rd.data + eu * rd.data_per, rd.data_per}},
-          {hd.scales.data(), {rd.scales + eu * rd.scales_per, rd.scales_per}}, {hd.zeros.data(), {rd.zeros + eu * rd.zeros_per, rd.zeros_per}}};
-      for (const auto& [src, where] : parts) {
-        if (where.second == 0) continue;
-        std::memcpy(base + where.first, src, where.second);
-        ops.push_back({where.first, base + where.first, where.second});
+      auto put = [&](const void* src, size_t dst, size_t bytes) {
+        if (bytes == 0) return;
+        std::memcpy(img + dst, src, bytes);
+        ops.push_back({dst, img + dst, bytes});
+      };
+      auto same = [&](const gpu::QHostMat& h, const gpu::QHostMat& t, const Regions& r) {
+        if (h.data.size() != r.data_per || h.scales.size() * 4 != r.scales_per || h.zeros.size() * 4 != r.zeros_per || h.w.format != t.w.format ||
+            h.w.group != t.w.group)
+          fail(ErrorKind::internal, "expert stream: " + what + " repacks to another layout than expert 0");
+      };
+      if (gu_direct[j]) {
+        const size_t g = static_cast<size_t>(w.gate.rows) * w.gate.row_bytes(), u = static_cast<size_t>(w.up.rows) * w.up.row_bytes();
+        if (g + u != rg.data_per) fail(ErrorKind::internal, "expert stream: " + what + " gate/up differ in size from expert 0's");
+        ops.push_back({rg.data + eu * rg.data_per, w.gate.data, g});
+        ops.push_back({rg.data + eu * rg.data_per + g, w.up.data, u});
+      } else {
+        const gpu::QHostMat h = gpu::qrepack({w.gate, w.up}, what + " gate/up");
+        same(h, gu0[j], rg);
+        put(h.data.data(), rg.data + eu * rg.data_per, rg.data_per);
+        put(h.scales.data(), rg.scales + eu * rg.scales_per, rg.scales_per);
+        put(h.zeros.data(), rg.zeros + eu * rg.zeros_per, rg.zeros_per);
+      }
+      if (dn_direct[j]) {
+        if (static_cast<size_t>(w.down.rows) * w.down.row_bytes() != rd.data_per)
+          fail(ErrorKind::internal, "expert stream: " + what + " down differs in size from expert 0's");
+        ops.push_back({rd.data + eu * rd.data_per, w.down.data, rd.data_per});
+      } else {
+        const gpu::QHostMat h = gpu::qrepack({w.down}, what + " down");
+        same(h, dn0[j], rd);
+        put(h.data.data(), rd.data + eu * rd.data_per, rd.data_per);
+        put(h.scales.data(), rd.scales + eu * rd.scales_per, rd.scales_per);
+        put(h.zeros.data(), rd.zeros + eu * rd.zeros_per, rd.zeros_per);
       }
     }
     finish_lists(l);
-    if (image) l.all = {{0, base, l.bytes}};  // the image is the slot, gaps included: one copy
+    if (hi > lo) {  // the image's regions, gaps included, as one copy; the pinned stored blocks as they coalesce
+      std::vector<StreamCopy> all;
+      for (const StreamCopy& op : l.all)
+        if (op.dst + op.bytes <= lo || op.dst >= hi) all.push_back(op);
+      all.push_back({lo, l.image.as<char>(), hi - lo});
+      coalesce_copies(all);
+      l.all = std::move(all);
+    }
   }
   return out;
 }

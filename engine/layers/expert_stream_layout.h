@@ -10,12 +10,14 @@
 //    gpu/quant.h, and ExpertStreamOptions::quantized): the two stacked
 //    matrices of gpu::quant_moe_experts, gate/up [E*2I rows] and down [E*H
 //    rows], each as data, then scales and zeros where the format has them,
-//    every region 256-byte aligned. Where the GPU format is the stored one
-//    byte for byte (GGUF Q8_0/Q4_K today: checked on the layer's first
-//    expert, not assumed) the stored blocks are pinned in place and copied
-//    as they are; otherwise (formats the GPU repacks, e.g. Q6_K into int8
-//    groups, or a mapping the driver refuses to pin) each layer is repacked
-//    once, at load, into a pinned image of its slot.
+//    every region 256-byte aligned. Per layer and stacked matrix: where the
+//    GPU format is the stored one byte for byte (GGUF Q8_0/Q4_K with rows of
+//    16-byte multiples today: checked on the layer's first expert, not
+//    assumed) the stored blocks are pinned in place and copied as they are;
+//    otherwise (formats the GPU repacks, e.g. Q6_K into int8 groups) that
+//    matrix is repacked once, at load, into a pinned image of its region.
+//    When the driver refuses to pin the stored blocks, every region goes
+//    into images.
 // Slots differ per layer only in the bytes used (a Q4_K_M file mixes Q4_K
 // and Q6_K down matrices); a slot is sized for the largest layer.
 //
@@ -55,7 +57,7 @@ struct StreamLayerLayout {
   // pointers (data/scales/zeros hold offset values; scales/zeros null when
   // the format has none). Rebase with at().
   gpu::QWeight gu, dn;
-  gpu::PinnedBuffer image;  // the pinned image, when not pinned in place
+  gpu::PinnedBuffer image;  // the pinned image of the regions not pinned in place (one range of the slot)
   gpu::QWeight at(const gpu::QWeight& w, void* slot) const;
 };
 
@@ -68,7 +70,7 @@ struct StreamLayoutOptions {
 struct StreamLayout {
   bool quantized = false;
   bool stored_blocks = false;     // quantized: every layer's GPU format is its stored bytes (pinned in place unless refused)
-  bool in_place = false;          // host experts pinned where they are
+  bool in_place = false;          // every region pinned where it is stored (no image)
   size_t slot_bytes = 0;          // one slot: the largest layer
   size_t down_off = 0;            // bf16: byte offset of the down matrices
   uint64_t image_bytes = 0;       // host bytes of pinned images

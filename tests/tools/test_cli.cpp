@@ -156,8 +156,8 @@ TEST_CASE("hmoe plan takes a GGUF file and counts its CPU experts as stored (Q8_
   CHECK_MESSAGE(contains(g.out, "2 device slots of 128.0 KiB = 256.0 KiB on the GPU when on (experts streamed in their GPU quantized format"), g.out);
   CHECK_MESSAGE(contains(g.out, "auto: break-even"), g.out);
   CHECK_MESSAGE(contains(g.out, "one of the model's experts, measured here"), g.out);
-  CHECK_MESSAGE(contains(g.out, "at 1.063 bytes/weight, pinned PCIe "), g.out);
-  CHECK_MESSAGE(contains(g.out, "GB/s at 1.333 bytes/weight streamed"), g.out);
+  CHECK_MESSAGE(contains(g.out, "at 1.0625 bytes/weight, pinned PCIe "), g.out);
+  CHECK_MESSAGE(contains(g.out, "GB/s at 1.3333 bytes/weight streamed"), g.out);
   CHECK_MESSAGE(contains(g.out, "per streamed layer, CPU experts vs streamed: 128 tokens"), g.out);
   // --gpu-quantized-experts 0 streams bf16 slots (16 x 3 x 64 x 32 x 2 bytes); --gpu-prefill-min-batch-size 0 never streams.
   const Run gb = run("plan " + test::fixture_ref("tiny-qwen3moe-Q8_0.gguf") + flags + " --pcie-bandwidth 25GB --gpu-quantized-experts 0");
