@@ -174,14 +174,14 @@ bool expert_stream_fits_in(const ModelConfig& c, const ExpertStreamOptions& o, i
 }
 
 std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
-                                                 gpu::Stream& step, gpu::Blas& blas) {
+                                                 gpu::Stream& step, gpu::Blas& blas, numa::ThreadPool* pool) {
   if (o.min_batch <= 0 || layers.empty()) return nullptr;
   std::string why;
   if (!expert_stream_fits(c, o, static_cast<int64_t>(layers.size()), &why)) {
     if (!o.quiet) std::fprintf(stderr, "hmoe: notice: %s\n", why.c_str());
     return nullptr;
   }
-  return std::make_unique<ExpertStream>(c, std::move(layers), o, step, blas);
+  return std::make_unique<ExpertStream>(c, std::move(layers), o, step, blas, pool);
 }
 
 struct ExpertStream::Impl {
@@ -228,7 +228,8 @@ struct ExpertStream::Impl {
   }
 };
 
-ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas)
+ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas,
+                           numa::ThreadPool* pool)
     : impl_(std::make_unique<Impl>(c, opt, step, blas)) {
   Impl& m = *impl_;
   if (opt.window < 1 || opt.window > 8) fail(ErrorKind::invalid_argument, "expert stream: window " + std::to_string(opt.window) + " (1 to 8)");
@@ -241,7 +242,7 @@ ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, cons
   lo.quantized = opt.quantized;
   lo.force_image = opt.source == ExpertStreamOptions::Source::copy;
   lo.skip_copies = opt.skip_copies;
-  m.lay = build_stream_layout(c, std::move(src), lo);
+  m.lay = build_stream_layout(c, std::move(src), lo, pool);
   for (int64_t j = 0; j < N; ++j) m.index[m.lay.layers[static_cast<size_t>(j)].layer] = j;
   for (int64_t s = 0; s < m.S; ++s) {
     m.slots.emplace_back(m.lay.slot_bytes);

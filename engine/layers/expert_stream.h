@@ -130,7 +130,9 @@ class ExpertStream {
     int64_t layer;
     const std::vector<numa::ExpertWeights>* experts;
   };
-  ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas);
+  // pool (null: the calling thread) builds the pinned images at construction.
+  ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas,
+               numa::ThreadPool* pool = nullptr);
   ~ExpertStream();
   ExpertStream(const ExpertStream&) = delete;
   ExpertStream& operator=(const ExpertStream&) = delete;
@@ -159,6 +161,6 @@ class ExpertStream {
 // is off: min_batch 0, no such layers, or slots that do not fit the GPU
 // (expert_stream_fits; then a notice on stderr unless o.quiet).
 std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
-                                                 gpu::Stream& step, gpu::Blas& blas);
+                                                 gpu::Stream& step, gpu::Blas& blas, numa::ThreadPool* pool = nullptr);
 
 }  // namespace hmoe

@@ -146,7 +146,7 @@ bool experts_stream_quantized(const std::vector<numa::ExpertWeights>& ex, std::s
   return true;
 }
 
-StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSource> layers, const StreamLayoutOptions& o) {
+StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSource> layers, const StreamLayoutOptions& o, numa::ThreadPool* pool) {
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.num_experts;
   std::sort(layers.begin(), layers.end(), [](const StreamLayerSource& a, const StreamLayerSource& b) { return a.layer < b.layer; });
   StreamLayout out;
@@ -270,7 +270,8 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
       out.image_bytes += hi - lo;
     }
     char* img = hi > lo ? l.image.as<char>() - lo : nullptr;  // indexed by slot offset
-    for (int64_t e = 0; e < E; ++e) {
+    // One expert per item: repacks are independent (their own ops list, disjoint image bytes).
+    auto one_expert = [&](int64_t e) {
       const size_t eu = static_cast<size_t>(e);
       const numa::ExpertWeights& w = (*layers[j].experts)[eu];
       std::vector<StreamCopy>& ops = l.by_expert[eu];
@@ -308,6 +309,13 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
         put(h.scales.data(), rd.scales + eu * rd.scales_per, rd.scales_per);
         put(h.zeros.data(), rd.zeros + eu * rd.zeros_per, rd.zeros_per);
       }
+    };
+    if (pool && hi > lo) {
+      pool->parallel_for(E, [&](int64_t b, int64_t e_end, int) {
+        for (int64_t e = b; e < e_end; ++e) one_expert(e);
+      });
+    } else {
+      for (int64_t e = 0; e < E; ++e) one_expert(e);
     }
     finish_lists(l);
     if (hi > lo) {  // the image's regions, gaps included, as one copy; the pinned stored blocks as they coalesce

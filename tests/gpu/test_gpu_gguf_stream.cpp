@@ -141,7 +141,7 @@ TEST_CASE("tiny-qwen3moe-Q8_0.gguf with every MoE layer streamed matches the non
     }
     const double rel = rows_rel(rows, base);
     const ExpertStreamStats& ss = xs.stats();
-    MESSAGE(v.name << ": rel. logit error vs CPU experts " << rel << "; greedy ids " << same_greedy << "/" << clear << "; llama.cpp top-1 " << agree << "/"
+    MESSAGE(std::string(v.name) << ": rel. logit error vs CPU experts " << rel << "; greedy ids " << same_greedy << "/" << clear << "; llama.cpp top-1 " << agree << "/"
                    << checked << "; " << ss.passes << " passes, " << ss.bytes << " bytes, host image " << xs.pinned_copy_bytes() << " bytes");
     CHECK(rel < 2e-2);  // bf16 activations on the GPU against the CPU's fp32
     CHECK(checked > 20);
@@ -180,7 +180,7 @@ TEST_CASE("GGUF block types streamed: the same logits as the resident quantized 
     CHECK(xs.quantized());
     // Q4_K may go in place (when the driver pins the file's map); the repacked types always take an image.
     if (type != 12u) CHECK(xs.pinned_copy_bytes() > 0);
-    MESSAGE(name << ": host experts " << (xs.pinned_copy_bytes() == 0 ? "pinned in place" : "in a pinned image"));
+    MESSAGE(name << ": host experts " << std::string(xs.pinned_copy_bytes() == 0 ? "pinned in place" : "in a pinned image"));
     for (int64_t len : {11, 100}) {  // grouped kernel; dequantized chunks through cuBLAS
       std::vector<int32_t> ids;
       for (int64_t i = 0; i < len; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 5) % 256));
