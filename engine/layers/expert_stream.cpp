@@ -42,6 +42,31 @@ double measure_pinned_h2d_bandwidth(size_t bytes) {
 
 namespace {
 
+// moe_experts_gemm over quantized slot matrices: a chunk of experts at a time
+// (at most 256 MiB per matrix kind) dequantized to bf16, then the cuBLAS
+// products. The weight calls come in expert order per matrix kind.
+void moe_experts_gemm_quant(gpu::Blas& blas, const uint16_t* x, int64_t n, int64_t H, int64_t I, int64_t E, int64_t K, const int32_t* offs,
+                            const int32_t* pair_list, const float* weights, const gpu::QWeight& gu, const gpu::QWeight& dn, gpu::DeviceBuffer& deq_gu,
+                            gpu::DeviceBuffer& deq_dn, MoeGemmScratch& sc, float* out, gpu::Stream& s) {
+  const int64_t gu_elems = 2 * I * H, dn_elems = H * I;
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(E, (256ll << 20) / (gu_elems * 2)));
+  deq_gu.reserve(static_cast<size_t>(chunk * gu_elems) * 2);
+  deq_dn.reserve(static_cast<size_t>(chunk * dn_elems) * 2);
+  int64_t have[2] = {-1, -1};  // first expert of the chunk held, per kind
+  moe_experts_gemm(blas, x, n, H, I, E, K, offs, pair_list, weights,
+                   [&](int64_t e, bool down) -> const uint16_t* {
+                     const int k = down ? 1 : 0;
+                     const int64_t elems = down ? dn_elems : gu_elems, rows = down ? H : 2 * I;
+                     gpu::DeviceBuffer& buf = down ? deq_dn : deq_gu;
+                     if (have[k] < 0 || e < have[k] || e >= have[k] + chunk) {
+                       have[k] = e;
+                       gpu::quant_dequant(down ? dn : gu, e * rows, std::min(chunk, E - e) * rows, buf.as<uint16_t>(), s);
+                     }
+                     return buf.as<uint16_t>() + (e - have[k]) * elems;
+                   },
+                   sc, out, s);
+}
+
 std::string format_cost_line(const PrefillCost& cost, const char* cpu_note) {
   char buf[512];
   std::snprintf(buf, sizeof buf,

@@ -70,30 +70,6 @@ void moe_experts_gemm(gpu::Blas& blas, const uint16_t* x, int64_t n, int64_t H, 
   gpu::moe_combine_sorted(ys, pair_list, weights, n, K, H, sc.inv.as<int32_t>(), out, s);
 }
 
-void moe_experts_gemm_quant(gpu::Blas& blas, const uint16_t* x, int64_t n, int64_t H, int64_t I, int64_t E, int64_t K, const int32_t* offs,
-                            const int32_t* pair_list, const float* weights, const gpu::QWeight& gu, const gpu::QWeight& dn, gpu::DeviceBuffer& deq_gu,
-                            gpu::DeviceBuffer& deq_dn, MoeGemmScratch& sc, float* out, gpu::Stream& s) {
-  const int64_t gu_elems = 2 * I * H, dn_elems = H * I;
-  // Dequantize a chunk of experts at a time (the weight calls come in expert order per matrix kind).
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(E, (256ll << 20) / (gu_elems * 2)));
-  deq_gu.reserve(static_cast<size_t>(chunk * gu_elems) * 2);
-  deq_dn.reserve(static_cast<size_t>(chunk * dn_elems) * 2);
-  int64_t have[2] = {-1, -1};  // first expert of the chunk held, per kind
-  moe_experts_gemm(blas, x, n, H, I, E, K, offs, pair_list, weights,
-                   [&](int64_t e, bool down) -> const uint16_t* {
-                     const int k = down ? 1 : 0;
-                     const int64_t elems = down ? dn_elems : gu_elems, rows = down ? H : 2 * I;
-                     gpu::DeviceBuffer& buf = down ? deq_dn : deq_gu;
-                     if (have[k] < 0 || e < have[k] || e >= have[k] + chunk) {
-                       have[k] = e;
-                       const int64_t cnt = std::min(chunk, E - e);
-                       gpu::quant_dequant(down ? dn : gu, e * rows, cnt * rows, buf.as<uint16_t>(), s);
-                     }
-                     return buf.as<uint16_t>() + (e - have[k]) * elems;
-                   },
-                   sc, out, s);
-}
-
 struct GpuResidentExperts::Impl {
   int64_t E = 0, H = 0, I = 0;
   gpu::DeviceBuffer gate_up, down;  // bf16 residency
@@ -176,8 +152,24 @@ void GpuResidentExperts::run(const uint16_t* x, int64_t n, int64_t K, const int3
                        [&](int64_t e, bool down) { return down ? dn + e * dn_elems : gu + e * gu_elems; }, sc.gemm, out, s);
       return;
     }
-    moe_experts_gemm_quant(blas, x, n, m.H, m.I, m.E, K, sc.offs_h.as<int32_t>(), pair_list, wts, m.qgu->weight(), m.qdn->weight(), sc.deq_gu,
-                           sc.deq_dn, sc.gemm, out, s);
+    // Dequantize a chunk of experts at a time (the weight calls come in expert order per matrix kind).
+    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(m.E, (256ll << 20) / (gu_elems * 2)));
+    sc.deq_gu.reserve(static_cast<size_t>(chunk * gu_elems) * 2);
+    sc.deq_dn.reserve(static_cast<size_t>(chunk * dn_elems) * 2);
+    int64_t have[2] = {-1, -1};  // first expert of the chunk held, per kind
+    moe_experts_gemm(blas, x, n, m.H, m.I, m.E, K, sc.offs_h.as<int32_t>(), pair_list, wts,
+                     [&](int64_t e, bool down) -> const uint16_t* {
+                       const int k = down ? 1 : 0;
+                       const int64_t elems = down ? dn_elems : gu_elems, rows = down ? m.H : 2 * m.I;
+                       gpu::DeviceBuffer& buf = down ? sc.deq_dn : sc.deq_gu;
+                       if (have[k] < 0 || e < have[k] || e >= have[k] + chunk) {
+                         have[k] = e;
+                         const int64_t cnt = std::min(chunk, m.E - e);
+                         gpu::quant_dequant(down ? m.qdn->weight() : m.qgu->weight(), e * rows, cnt * rows, buf.as<uint16_t>(), s);
+                       }
+                       return buf.as<uint16_t>() + (e - have[k]) * elems;
+                     },
+                     sc.gemm, out, s);
     return;
   }
   if (m.qgu)

@@ -23,7 +23,6 @@
 
 #include "gpu/kernels.h"
 #include "gpu/memory.h"
-#include "gpu/quant.h"
 #include "numa/expert_engine.h"
 
 namespace hmoe {
@@ -68,15 +67,6 @@ struct ExpertScratch {
 using ExpertWeightFn = std::function<const uint16_t*(int64_t e, bool down)>;
 void moe_experts_gemm(gpu::Blas& blas, const uint16_t* x, int64_t n, int64_t H, int64_t I, int64_t E, int64_t K, const int32_t* offs,
                       const int32_t* pair_list, const float* weights, const ExpertWeightFn& weight, MoeGemmScratch& sc, float* out, gpu::Stream& s);
-
-// The same for quantized experts (gpu/quant.h; gu: the E [2I, H] gate/up
-// matrices stacked by rows, dn: the E [H, I] down matrices): a chunk of
-// experts at a time (at most 256 MiB per matrix kind, in deq_gu / deq_dn,
-// grown as needed) is dequantized to bf16 with gpu::quant_dequant, then
-// multiplied as above. Shared by resident layers and streamed slots.
-void moe_experts_gemm_quant(gpu::Blas& blas, const uint16_t* x, int64_t n, int64_t H, int64_t I, int64_t E, int64_t K, const int32_t* offs,
-                            const int32_t* pair_list, const float* weights, const gpu::QWeight& gu, const gpu::QWeight& dn, gpu::DeviceBuffer& deq_gu,
-                            gpu::DeviceBuffer& deq_dn, MoeGemmScratch& sc, float* out, gpu::Stream& s);
 
 class GpuResidentExperts {
  public:
