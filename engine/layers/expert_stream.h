@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "configs/settings.h"
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 #include "gpu/kernels.h"
 #include "gpu/memory.h"
 #include "numa/expert_engine.h"
@@ -90,7 +90,7 @@ double measure_pinned_h2d_bandwidth(size_t bytes = 128u << 20);
 // "auto" measures the CPU expert FLOP/s on `pools` (on `sample`, one expert
 // of the model, when given: the kernels its format really takes; else a
 // random bf16 expert), host read bandwidth and pinned PCIe bandwidth, and
-// takes the break-even of engine/prefill_cost.h with the experts' bytes per
+// takes the break-even of engine/placement/prefill_cost.h with the experts' bytes per
 // weight as stored and as streamed; a line on stderr says what it found
 // unless `quiet`.
 ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& s, numa::NodePools& pools, const numa::ExpertWeights* sample,

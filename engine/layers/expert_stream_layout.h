@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 #include "gpu/memory.h"
 #include "gpu/moe_stream.h"
 #include "gpu/quant.h"

@@ -19,9 +19,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/loading/model.h"
 #include "engine/runtime/gpu_runtime.h"
+#include "engine/serving/logits.h"
 #include "numa/quant_gguf.h"
 #include "tests/bf16_agreement.h"
 #include "tests/gpu/gpu_test_util.h"
