@@ -106,9 +106,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
     GpuRuntimeOptions o = GpuRuntimeOptions::from_settings(settings);
     o.resident = plan->resident();
     m->gpu_ = std::make_unique<GpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
-    // Streaming uploads the host experts' bytes as bf16 matrices: plain checkpoints only.
-    if (!m->source_ && plan->resident_moe_layers() < plan->moe_layers())
-      m->gpu_->enable_expert_streaming(expert_stream_options(c, settings, m->pool_, settings.progress == "none"));
+    // Long prompts stream the host experts to the GPU (bf16, or quantized checkpoints in their GPU format).
+    if (plan->resident_moe_layers() < plan->moe_layers())
+      m->gpu_->enable_expert_streaming(expert_stream_options(c, settings, *m->pools_, m->gpu_->host_expert_sample(), settings.progress == "none"));
   } else {
     CpuRuntimeOptions o;
     o.experts.engine = numa::EngineOptions::from_settings(settings);

@@ -58,6 +58,7 @@ struct GpuRuntime::Impl {
   SegmentGraphs seg_graphs;
   std::unique_ptr<ExpertStream> xstream;  // streamed host experts for big passes (null: off)
   std::unique_ptr<GpuEngram> engram;      // n-gram memory modules (null: none)
+  numa::NodePools* pools = nullptr;       // the host experts' pools (builds the streaming images)
 
   explicit Impl(const ModelConfig& cfg) : c(cfg) {}
 };
@@ -69,6 +70,7 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   const int64_t H = c.hidden_size;
   if (static_cast<int64_t>(o.resident.size()) != c.num_hidden_layers) fail(ErrorKind::internal, "placement has the wrong number of layers");
   m.kv_layout = g.kv;
+  m.pools = &pools;
   m.use_graphs = o.cuda_graphs;
   m.overlap = o.cpu_overlap;
   m.overlap_b_rows = std::max<int64_t>(o.overlap_second_rows, 0);
@@ -135,13 +137,19 @@ uint64_t GpuRuntime::kv_bytes_per_token() const {
 const ExpertStream* GpuRuntime::expert_stream() const { return impl_->xstream.get(); }
 ExpertStream* GpuRuntime::expert_stream() { return impl_->xstream.get(); }
 
+const numa::ExpertWeights* GpuRuntime::host_expert_sample() const {
+  for (const Impl::Block& b : impl_->blocks)
+    if (const auto* w = b.ffn->host_expert_weights(); w && !w->empty()) return &(*w)[0];
+  return nullptr;
+}
+
 void GpuRuntime::enable_expert_streaming(const ExpertStreamOptions& o) {
   Impl& m = *impl_;
   m.xstream.reset();
   std::vector<ExpertStream::Layer> layers;
   for (size_t l = 0; l < m.blocks.size(); ++l)
     if (const auto* w = m.blocks[l].ffn->host_expert_weights()) layers.push_back({static_cast<int64_t>(l), w});
-  m.xstream = make_expert_stream(m.c, std::move(layers), o, m.stream, m.blas);
+  m.xstream = make_expert_stream(m.c, std::move(layers), o, m.stream, m.blas, &m.pools->pool(0));
 }
 
 void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {

@@ -84,6 +84,9 @@ class GpuRuntime {
   // min_batch 0 turns streaming off; off (with a notice) when the slots do not fit.
   void enable_expert_streaming(const ExpertStreamOptions& o);
   const ExpertStream* expert_stream() const;  // null when off
+  // Expert 0 of the first MoE layer whose experts stay in host memory (null: none):
+  // what expert_stream_options measures the CPU experts on.
+  const numa::ExpertWeights* host_expert_sample() const;
   ExpertStream* expert_stream();
   const GpuStepTimes& times() const;
   void reset_times();
