@@ -1,0 +1,587 @@
+// GGUF blocks as stored on the GPU (gpu/quant.h): GEMV for decode, the
+// decode routed-expert pair kernels, and dequantization to bf16 for the
+// cuBLAS path of big passes. Q4_K, Q5_K, Q6_K and Q8_0 read the file's bytes.
+//
+// Why this shape. At decode every matrix is small (a few MB per layer), so a
+// kernel is bound by how many bytes it keeps in flight and by its fixed
+// costs, not by arithmetic: each warp owns one task (R whole rows, or one
+// row in segments of whole blocks) and copies the task's bytes into its own
+// shared-memory staging area with 16-byte loads (aligned down: Q6_K and
+// Q8_0 rows start on any even byte), then decodes from there. No block-wide
+// barrier after the prologue; no routing pass for the experts (the grid's
+// second dimension is the (token, slot) pair or the token).
+//
+// Decoding. A lane takes "units" of 64 weights: 4 runs of 16, each run 4
+// words of int8 codes (q) with a scale a and an offset c, w = a * q - c
+// (Q4_K/Q5_K: a = d * sc, c = dmin * m; Q6_K: a = d * sc, c = 32 a; Q8_0:
+// a = d, c = 0). Activations are quantized per 32 by the block first (int8,
+// scale amax / 127; plus the code sum of every 16), so a run's dot product
+// is four dp4a and x_d * (a * sum - c * xsum16).
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "configs/error.h"
+#include "gpu/common.cuh"
+#include "gpu/quant.h"
+
+namespace hmoe::gpu {
+using namespace detail;
+
+namespace {
+
+constexpr int kStage = 4432;                  // staging bytes per warp
+constexpr int kSpan = kStage - 32;            // largest span staged (room for the alignment shift and word reads past it)
+constexpr int kLoads = (kStage / 16 + 31) / 32;  // 16-byte loads per lane and step
+
+enum Mode { kDense = 0, kGateUp = 1, kDown = 2, kDequant = 3 };
+
+struct Params {
+  const uint8_t* data;
+  const uint8_t* end;  // data + bytes(): nothing past it is read
+  int64_t rb;          // row bytes
+  int cols, rows;      // rows: of the matrix (dense), of one expert (MoE), to dequantize (dequant)
+  int R, SG, nseg, tasks;
+  const uint16_t* x;   // dense, gate/up: bf16 activations [n or tokens, cols]
+  const float* gu;     // down: [pairs, 2 * cols] gate/up products
+  int n, k;
+  float* y;
+  int64_t ldy;
+  const int32_t* ids;
+  const float* weights;
+  uint16_t* out;       // dequant: bf16 [rows, cols]
+  int64_t r0;          // dequant: first row
+};
+
+struct Run {
+  uint32_t w[4];  // 16 int8 codes
+  float a, c;     // w = a * q - c
+  int e;          // first element of the run within the group
+};
+
+// 4 bytes at an even offset of shared memory (reads the next word too).
+__device__ __forceinline__ uint32_t ldw(const uint8_t* s, int off) {
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(s + (off & ~3));
+  return __funnelshift_r(p[0], p[1], (off & 3) * 8);
+}
+__device__ __forceinline__ void ld16(const uint8_t* s, int off, uint32_t* o) {
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(s + (off & ~3));
+  const int sh = (off & 3) * 8;
+  uint32_t a[5];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) a[i] = p[i];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[i] = __funnelshift_r(a[i], a[i + 1], sh);
+}
+__device__ __forceinline__ float h2f(uint32_t bits) { return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xFFFFu))); }
+
+// ---- formats: group bytes BB, group elements EB, units per group UPB -------
+
+// Q4_K / Q5_K 6-bit scale and min of sub-block j (0..7) from the 12 bytes in s0..s2.
+__device__ __forceinline__ void k_scale_min(uint32_t s0, uint32_t s1, uint32_t s2, int j, int& sc, int& m) {
+  auto byte = [&](int i) { return static_cast<int>(((i < 4 ? s0 : (i < 8 ? s1 : s2)) >> (8 * (i & 3))) & 0xFFu); };
+  if (j < 4) {
+    sc = byte(j) & 63;
+    m = byte(j + 4) & 63;
+  } else {
+    sc = (byte(j + 4) & 0xF) | ((byte(j - 4) >> 6) << 4);
+    m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+  }
+}
+
+struct Q4K {
+  static constexpr int BB = 144, EB = 256, UPB = 4;
+  // Unit q: sub-blocks 2q (low nibbles of qs[32q..32q+31]) and 2q+1 (high nibbles).
+  __device__ static void unit(const uint8_t* s, int off, int q, Run* r) {
+    const uint32_t hdr = ldw(s, off);
+    const float d = h2f(hdr), dmin = h2f(hdr >> 16);
+    const uint32_t s0 = ldw(s, off + 4), s1 = ldw(s, off + 8), s2 = ldw(s, off + 12);
+    int sc0, m0, sc1, m1;
+    k_scale_min(s0, s1, s2, 2 * q, sc0, m0);
+    k_scale_min(s0, s1, s2, 2 * q + 1, sc1, m1);
+    uint32_t w[8];
+    ld16(s, off + 16 + 32 * q, w);
+    ld16(s, off + 32 + 32 * q, w + 4);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r[0].w[i] = w[i] & 0x0F0F0F0Fu;
+      r[1].w[i] = w[4 + i] & 0x0F0F0F0Fu;
+      r[2].w[i] = (w[i] >> 4) & 0x0F0F0F0Fu;
+      r[3].w[i] = (w[4 + i] >> 4) & 0x0F0F0F0Fu;
+    }
+    const float a0 = d * static_cast<float>(sc0), c0 = dmin * static_cast<float>(m0);
+    const float a1 = d * static_cast<float>(sc1), c1 = dmin * static_cast<float>(m1);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      r[k].a = k < 2 ? a0 : a1;
+      r[k].c = k < 2 ? c0 : c1;
+      r[k].e = 64 * q + 16 * k;
+    }
+  }
+};
+
+struct Q5K {
+  static constexpr int BB = 176, EB = 256, UPB = 4;
+  // As Q4_K, with the fifth bit of element l of chunk q at bit 2q (low) / 2q+1 (high) of qh[l].
+  __device__ static void unit(const uint8_t* s, int off, int q, Run* r) {
+    const uint32_t hdr = ldw(s, off);
+    const float d = h2f(hdr), dmin = h2f(hdr >> 16);
+    const uint32_t s0 = ldw(s, off + 4), s1 = ldw(s, off + 8), s2 = ldw(s, off + 12);
+    int sc0, m0, sc1, m1;
+    k_scale_min(s0, s1, s2, 2 * q, sc0, m0);
+    k_scale_min(s0, s1, s2, 2 * q + 1, sc1, m1);
+    uint32_t w[8], h[8];
+    ld16(s, off + 16, h);
+    ld16(s, off + 32, h + 4);
+    ld16(s, off + 48 + 32 * q, w);
+    ld16(s, off + 64 + 32 * q, w + 4);
+    const int b0 = 2 * q, b1 = 2 * q + 1;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r[0].w[i] = (w[i] & 0x0F0F0F0Fu) | (((h[i] >> b0) & 0x01010101u) << 4);
+      r[1].w[i] = (w[4 + i] & 0x0F0F0F0Fu) | (((h[4 + i] >> b0) & 0x01010101u) << 4);
+      r[2].w[i] = ((w[i] >> 4) & 0x0F0F0F0Fu) | (((h[i] >> b1) & 0x01010101u) << 4);
+      r[3].w[i] = ((w[4 + i] >> 4) & 0x0F0F0F0Fu) | (((h[4 + i] >> b1) & 0x01010101u) << 4);
+    }
+    const float a0 = d * static_cast<float>(sc0), c0 = dmin * static_cast<float>(m0);
+    const float a1 = d * static_cast<float>(sc1), c1 = dmin * static_cast<float>(m1);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      r[k].a = k < 2 ? a0 : a1;
+      r[k].c = k < 2 ? c0 : c1;
+      r[k].e = 64 * q + 16 * k;
+    }
+  }
+};
+
+struct Q6K {
+  static constexpr int BB = 210, EB = 256, UPB = 4;
+  // Unit q = (half h, group g): l = 16g..16g+15 of half h; runs k = 0..3 are
+  // elements 128h + 32k + l with scale sc[8h + g + 2k]; codes from ql[64h + l],
+  // ql[64h + 32 + l] (low / high nibbles) and two bits of qh[32h + l].
+  __device__ static void unit(const uint8_t* s, int off, int q, Run* r) {
+    const int h = q >> 1, g = q & 1;
+    uint32_t A[4], B[4], C[4];
+    ld16(s, off + 64 * h + 16 * g, A);
+    ld16(s, off + 64 * h + 32 + 16 * g, B);
+    ld16(s, off + 128 + 32 * h + 16 * g, C);
+    const uint32_t slo = ldw(s, off + 192 + 8 * h), shi = ldw(s, off + 196 + 8 * h);
+    const float d = h2f(ldw(s, off + 208));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r[0].w[i] = (A[i] & 0x0F0F0F0Fu) | ((C[i] & 0x03030303u) << 4);
+      r[1].w[i] = (B[i] & 0x0F0F0F0Fu) | (((C[i] >> 2) & 0x03030303u) << 4);
+      r[2].w[i] = ((A[i] >> 4) & 0x0F0F0F0Fu) | (((C[i] >> 4) & 0x03030303u) << 4);
+      r[3].w[i] = ((B[i] >> 4) & 0x0F0F0F0Fu) | (((C[i] >> 6) & 0x03030303u) << 4);
+    }
+    const int sc[4] = {static_cast<int8_t>(slo >> (8 * g)), static_cast<int8_t>(slo >> (8 * g + 16)), static_cast<int8_t>(shi >> (8 * g)),
+                       static_cast<int8_t>(shi >> (8 * g + 16))};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      r[k].a = d * static_cast<float>(sc[k]);
+      r[k].c = 32.0f * r[k].a;
+      r[k].e = 128 * h + 32 * k + 16 * g;
+    }
+  }
+};
+
+struct Q80 {
+  static constexpr int BB = 68, EB = 64, UPB = 1;  // a group is two 34-byte blocks
+  __device__ static void unit(const uint8_t* s, int off, int, Run* r) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const float d = h2f(ldw(s, off + 34 * b));
+      ld16(s, off + 34 * b + 2, r[2 * b].w);
+      ld16(s, off + 34 * b + 18, r[2 * b + 1].w);
+      r[2 * b].a = r[2 * b + 1].a = d;
+      r[2 * b].c = r[2 * b + 1].c = 0.0f;
+      r[2 * b].e = 32 * b;
+      r[2 * b + 1].e = 32 * b + 16;
+    }
+  }
+};
+
+__device__ __forceinline__ uint4 load_tail(const uint8_t* a, const uint8_t* end) {
+  uint32_t h[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) h[i] = a + 2 * i + 2 <= end ? *reinterpret_cast<const uint16_t*>(a + 2 * i) : 0u;
+  return make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16), h[6] | (h[7] << 16));
+}
+
+__device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
+  return (static_cast<uint32_t>(a) & 0xFFu) | ((static_cast<uint32_t>(b) & 0xFFu) << 8) | ((static_cast<uint32_t>(c) & 0xFFu) << 16) |
+         (static_cast<uint32_t>(d) << 24);
+}
+
+__host__ __device__ constexpr int align16(int b) { return (b + 15) / 16 * 16; }
+
+// Shared memory of the activation slots: codes, scale per 32, code sum per 16.
+__host__ __device__ constexpr int x_bytes(int nx, int cols) { return align16(nx * (cols / 4 + cols / 32 + cols / 16) * 4); }
+
+template <class F, int TB, int MODE>
+__global__ void __launch_bounds__(512) gg_kernel(Params p) {
+  extern __shared__ __align__(16) uint8_t sm[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+  const int cols = p.cols, c4 = cols / 4, nb32 = cols / 32, nb16 = cols / 16;
+  const int nx = MODE == kDense ? TB : (MODE == kGateUp ? 1 : (MODE == kDown ? p.k : 0));
+  int32_t* xq = reinterpret_cast<int32_t*>(sm);
+  float* xd = reinterpret_cast<float*>(xq + nx * c4);
+  int32_t* xs = reinterpret_cast<int32_t*>(xd + nx * nb32);
+  uint8_t* stage_all = sm + x_bytes(nx, cols);
+  uint8_t* st = stage_all + warp * kStage;
+  float* red = reinterpret_cast<float*>(stage_all + W * kStage) + warp * TB * 64;          // [TB][64] per warp
+  float* dsum = reinterpret_cast<float*>(stage_all + W * kStage) + W * TB * 64;            // down: [W][8]
+  const int by = blockIdx.y;
+
+  // Prologue: the block's activation slots to int8 per 32, one lane per 32.
+  if (MODE != kDequant) {
+    for (int b = threadIdx.x; b < nx * nb32; b += blockDim.x) {
+      const int sl = b / nb32, c0 = (b % nb32) * 32;
+      float v[32];
+      if (MODE == kDown) {
+        const float* g = p.gu + static_cast<int64_t>(by * p.k + sl) * 2 * cols + c0;
+        const float4* g4 = reinterpret_cast<const float4*>(g);
+        const float4* u4 = reinterpret_cast<const float4*>(g + cols);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float4 a = g4[i], u = u4[i];
+          v[4 * i] = a.x / (1.0f + expf(-a.x)) * u.x;
+          v[4 * i + 1] = a.y / (1.0f + expf(-a.y)) * u.y;
+          v[4 * i + 2] = a.z / (1.0f + expf(-a.z)) * u.z;
+          v[4 * i + 3] = a.w / (1.0f + expf(-a.w)) * u.w;
+        }
+      } else {
+        const int t = MODE == kDense ? by * TB + sl : by / p.k;
+        if (MODE == kDense && t >= p.n) {
+#pragma unroll
+          for (int i = 0; i < 32; ++i) v[i] = 0.0f;
+        } else {
+          const uint4* xr = reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(t) * cols + c0);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) unpack8(xr[i], v + 8 * i);
+        }
+      }
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int sum0 = 0, sum1 = 0;
+      uint32_t wd[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int a = __float2int_rn(v[4 * i] * inv), b2 = __float2int_rn(v[4 * i + 1] * inv), c = __float2int_rn(v[4 * i + 2] * inv),
+                  d = __float2int_rn(v[4 * i + 3] * inv);
+        (i < 4 ? sum0 : sum1) += a + b2 + c + d;
+        wd[i] = pack4(a, b2, c, d);
+      }
+      uint4* dst = reinterpret_cast<uint4*>(xq + sl * c4 + c0 / 4);
+      dst[0] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+      dst[1] = make_uint4(wd[4], wd[5], wd[6], wd[7]);
+      xd[sl * nb32 + c0 / 32] = amax / 127.0f;
+      xs[sl * nb16 + c0 / 16] = sum0;
+      xs[sl * nb16 + c0 / 16 + 1] = sum1;
+    }
+    __syncthreads();
+  }
+
+  // This warp's task: rows [row0, row0 + Rv) of the matrix / expert.
+  const int task = MODE == kDown ? static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x) * W + warp;
+  const bool live = task < p.tasks && (MODE != kDown || warp < p.k);
+  const int row0 = task * p.R;
+  const int Rv = live ? min(p.R, p.rows - row0) : 0;
+  int64_t mrow0 = row0;
+  if (MODE == kGateUp) mrow0 += static_cast<int64_t>(p.ids[by]) * p.rows;
+  if (MODE == kDown && live) mrow0 += static_cast<int64_t>(p.ids[by * p.k + warp]) * p.rows;
+  if (MODE == kDequant) mrow0 += p.r0;
+  const int slot = MODE == kDown ? warp : 0;  // activation slot of this warp (dense: slots 0..TB-1)
+  const int U = cols / 64, groups = cols / F::EB;
+
+  float tot[TB], rowres[TB];
+#pragma unroll
+  for (int t = 0; t < TB; ++t) tot[t] = rowres[t] = 0.0f;
+
+  if (live) {
+    const uint8_t* base = p.data + mrow0 * p.rb;
+    // Byte span of segment `seg`: [g0, g1).
+    auto span = [&](int seg, const uint8_t*& g0, const uint8_t*& g1) {
+      if (p.nseg == 1) {
+        g0 = base;
+        g1 = base + Rv * p.rb;
+      } else {
+        const int64_t o0 = static_cast<int64_t>(seg) * p.SG * F::BB;
+        g0 = base + o0;
+        g1 = base + min(o0 + static_cast<int64_t>(p.SG) * F::BB, p.rb);
+      }
+    };
+    uint4 pre[kLoads];
+    auto load = [&](int seg) {
+      const uint8_t *g0, *g1;
+      span(seg, g0, g1);
+      const uint8_t* a0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(g0) & ~static_cast<uintptr_t>(15));
+      const int nu4 = static_cast<int>((g1 - a0 + 15) / 16);
+#pragma unroll
+      for (int c = 0; c < kLoads; ++c) {
+        const int i = lane + 32 * c;
+        if (i < nu4) {
+          const uint8_t* a = a0 + 16 * i;
+          pre[c] = a + 16 <= p.end ? __ldg(reinterpret_cast<const uint4*>(a)) : load_tail(a, p.end);
+        }
+      }
+    };
+    load(0);
+    for (int seg = 0; seg < p.nseg; ++seg) {
+      const uint8_t *g0, *g1;
+      span(seg, g0, g1);
+      const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(g0) & 15);
+      const int nu4 = static_cast<int>((g1 - g0 + shift + 15) / 16);
+#pragma unroll
+      for (int c = 0; c < kLoads; ++c) {
+        const int i = lane + 32 * c;
+        if (i < nu4) reinterpret_cast<uint4*>(st)[i] = pre[c];
+      }
+      __syncwarp();
+      if (seg + 1 < p.nseg) load(seg + 1);
+      const int seg_groups = p.nseg == 1 ? groups : min(p.SG, groups - seg * p.SG);
+      const int nunits = p.nseg == 1 ? Rv * U : seg_groups * F::UPB;
+#pragma unroll
+      for (int ii = 0; ii < 2; ++ii) {
+        const int idx = lane + 32 * ii;
+        float part[TB];
+#pragma unroll
+        for (int t = 0; t < TB; ++t) part[t] = 0.0f;
+        if (idx < nunits) {
+          int r = 0, gl, q, off, eg;
+          if (p.nseg == 1) {
+            r = idx / U;
+            const int u = idx - r * U;
+            gl = u / F::UPB;
+            q = u - gl * F::UPB;
+            off = shift + r * static_cast<int>(p.rb) + gl * F::BB;
+            eg = gl * F::EB;
+          } else {
+            gl = idx / F::UPB;
+            q = idx - gl * F::UPB;
+            off = shift + gl * F::BB;
+            eg = (seg * p.SG + gl) * F::EB;
+          }
+          Run run[4];
+          F::unit(st, off, q, run);
+          if (MODE == kDequant) {
+            uint16_t* o = p.out + static_cast<int64_t>(row0 + r) * cols + eg;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              uint32_t hv[8];
+#pragma unroll
+              for (int i = 0; i < 8; ++i) {
+                const uint32_t w = run[k].w[i / 2];
+                const float lo = run[k].a * static_cast<float>(static_cast<int8_t>(w >> (16 * (i & 1)))) - run[k].c;
+                const float hi = run[k].a * static_cast<float>(static_cast<int8_t>(w >> (16 * (i & 1) + 8))) - run[k].c;
+                hv[i] = static_cast<uint32_t>(f2bf(lo)) | (static_cast<uint32_t>(f2bf(hi)) << 16);
+              }
+              uint4* o4 = reinterpret_cast<uint4*>(o + run[k].e);
+              o4[0] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+              o4[1] = make_uint4(hv[4], hv[5], hv[6], hv[7]);
+            }
+          } else {
+#pragma unroll
+            for (int t = 0; t < TB; ++t) {
+              const int sl = MODE == kDense ? t : slot;
+              const int32_t* xw = xq + sl * c4;
+#pragma unroll
+              for (int k = 0; k < 4; ++k) {
+                const int E = eg + run[k].e;
+                const int4 xv = *reinterpret_cast<const int4*>(xw + E / 4);
+                int sdot = __dp4a(static_cast<int>(run[k].w[0]), xv.x, 0);
+                sdot = __dp4a(static_cast<int>(run[k].w[1]), xv.y, sdot);
+                sdot = __dp4a(static_cast<int>(run[k].w[2]), xv.z, sdot);
+                sdot = __dp4a(static_cast<int>(run[k].w[3]), xv.w, sdot);
+                part[t] += xd[sl * nb32 + E / 32] * (run[k].a * static_cast<float>(sdot) - run[k].c * static_cast<float>(xs[sl * nb16 + E / 16]));
+              }
+            }
+          }
+        }
+        if (MODE != kDequant) {
+          if (p.R == 1) {
+#pragma unroll
+            for (int t = 0; t < TB; ++t) tot[t] += part[t];
+          } else {
+#pragma unroll
+            for (int t = 0; t < TB; ++t) red[t * 64 + idx] = part[t];
+          }
+        }
+      }
+      if (MODE != kDequant && p.R > 1) {
+        __syncwarp();
+        if (lane < Rv) {
+#pragma unroll
+          for (int t = 0; t < TB; ++t) {
+            float s = 0.0f;
+            for (int u = 0; u < U; ++u) s += red[t * 64 + lane * U + u];
+            rowres[t] = s;
+          }
+        }
+      }
+      __syncwarp();
+    }
+    if (MODE != kDequant && p.R == 1) {
+#pragma unroll
+      for (int t = 0; t < TB; ++t) rowres[t] = warp_sum(tot[t]);  // every lane; lane 0 writes row0
+    }
+    // Stores (dense, gate/up): lane r holds row row0 + r (R == 1: lane 0).
+    if (MODE == kDense || MODE == kGateUp) {
+      if (lane < Rv) {
+#pragma unroll
+        for (int t = 0; t < TB; ++t) {
+          if (MODE == kDense) {
+            if (by * TB + t < p.n) p.y[static_cast<int64_t>(by * TB + t) * p.ldy + row0 + lane] = rowres[t];
+          } else {
+            p.y[static_cast<int64_t>(by) * p.rows + row0 + lane] = rowres[t];
+          }
+        }
+      }
+    }
+    if (MODE == kDown && lane < Rv) dsum[warp * 8 + lane] = rowres[0];
+  }
+  if (MODE == kDown) {  // the block's warps are the token's k slots: weighted sum in slot order
+    __syncthreads();
+    if (task < p.tasks && static_cast<int>(threadIdx.x) < min(p.R, p.rows - row0)) {
+      float s = 0.0f;
+      for (int j = 0; j < p.k; ++j) s += p.weights[by * p.k + j] * dsum[j * 8 + threadIdx.x];
+      p.y[static_cast<int64_t>(by) * p.ldy + row0 + threadIdx.x] = s;
+    }
+  }
+}
+
+// ---- host ---------------------------------------------------------------------
+
+struct Fmt {
+  int BB, EB, UPB;
+};
+Fmt fmt_of(GgufType t) {
+  switch (t) {
+    case GgufType::q4_k: return {Q4K::BB, Q4K::EB, Q4K::UPB};
+    case GgufType::q5_k: return {Q5K::BB, Q5K::EB, Q5K::UPB};
+    case GgufType::q6_k: return {Q6K::BB, Q6K::EB, Q6K::UPB};
+    case GgufType::q8_0: return {Q80::BB, Q80::EB, Q80::UPB};
+  }
+  return {1, 1, 1};
+}
+
+// How rows map on warp tasks: short rows R at a time (at most 2 units per
+// lane), long rows one at a time in segments of SG groups.
+Params plan(const GgufWeight& w, int64_t rows) {
+  const Fmt f = fmt_of(w.type);
+  Params p{};
+  p.data = static_cast<const uint8_t*>(w.data);
+  p.end = p.data + w.bytes();
+  p.rb = static_cast<int64_t>(w.row_bytes());
+  p.cols = static_cast<int>(w.cols);
+  p.rows = static_cast<int>(rows);
+  const int U = p.cols / 64, groups = p.cols / f.EB;
+  if (U <= 32 && 2 * p.rb <= kSpan) {
+    p.R = std::min<int>(8, std::min<int>(64 / U, static_cast<int>(kSpan / p.rb)));
+    p.SG = groups;
+    p.nseg = 1;
+  } else if (p.rb <= kSpan && U <= 64) {
+    p.R = 1;
+    p.SG = groups;
+    p.nseg = 1;
+  } else {
+    p.R = 1;
+    p.SG = std::min(kSpan / f.BB, 64 / f.UPB);
+    p.nseg = (groups + p.SG - 1) / p.SG;
+  }
+  p.tasks = (p.rows + p.R - 1) / p.R;
+  return p;
+}
+
+size_t smem_bytes(int nx, int cols, int warps, int tb) {
+  return static_cast<size_t>(x_bytes(nx, cols)) + static_cast<size_t>(warps) * kStage + static_cast<size_t>(warps) * tb * 64 * 4 +
+         static_cast<size_t>(warps) * 8 * 4;
+}
+
+template <class F, int TB, int MODE>
+void launch_one(const Params& p, dim3 grid, int warps, size_t smem, cudaStream_t st) {
+  if (smem > 227 * 1024) fail(ErrorKind::unsupported, "gpu GGUF kernels: " + std::to_string(p.cols) + " columns need too much shared memory");
+  auto kern = gg_kernel<F, TB, MODE>;
+  if (smem > 48 * 1024) HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kern<<<grid, warps * 32, smem, st>>>(p);
+  HMOE_CUDA_LAUNCHED();
+}
+
+template <int TB, int MODE>
+void launch(GgufType t, const Params& p, dim3 grid, int warps, size_t smem, cudaStream_t st) {
+  switch (t) {
+    case GgufType::q4_k: return launch_one<Q4K, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::q5_k: return launch_one<Q5K, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::q6_k: return launch_one<Q6K, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::q8_0: return launch_one<Q80, TB, MODE>(p, grid, warps, smem, st);
+  }
+}
+
+constexpr int kWarps = 8;
+
+unsigned blocks_for(int tasks, int warps) { return static_cast<unsigned>((tasks + warps - 1) / warps); }
+
+}  // namespace
+
+void gguf_gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy, Stream& s) {
+  check_gguf_weight(w, "gpu::gguf_gemv");
+  if (n < 0 || ldy < w.rows) fail(ErrorKind::invalid_argument, "gpu::gguf_gemv: bad token count or output stride");
+  if (n == 0 || w.rows == 0) return;
+  Params p = plan(w, w.rows);
+  p.x = x;
+  p.n = static_cast<int>(n);
+  p.y = y;
+  p.ldy = ldy;
+  const unsigned bx = blocks_for(p.tasks, kWarps);
+  cudaStream_t st = cs(s);
+  if (n == 1) return launch<1, kDense>(w.type, p, dim3(bx, 1), kWarps, smem_bytes(1, p.cols, kWarps, 1), st);
+  if (n <= 4) return launch<4, kDense>(w.type, p, dim3(bx, 1), kWarps, smem_bytes(4, p.cols, kWarps, 4), st);
+  launch<8, kDense>(w.type, p, dim3(bx, static_cast<unsigned>((n + 7) / 8)), kWarps, smem_bytes(8, p.cols, kWarps, 8), st);
+}
+
+void gguf_dequant(const GgufWeight& w, int64_t r0, int64_t rows, bf16_t* out, Stream& s) {
+  check_gguf_weight(w, "gpu::gguf_dequant");
+  if (r0 < 0 || rows < 0 || r0 + rows > w.rows) fail(ErrorKind::invalid_argument, "gpu::gguf_dequant: rows out of range");
+  if (rows == 0) return;
+  Params p = plan(w, rows);
+  p.out = out;
+  p.r0 = r0;
+  launch<1, kDequant>(w.type, p, dim3(blocks_for(p.tasks, kWarps)), kWarps, smem_bytes(0, p.cols, kWarps, 1), cs(s));
+}
+
+void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* weights, const GgufWeight& w_gate_up,
+                      const GgufWeight& w_down, int64_t inter, float* gu, float* out, Stream& s) {
+  check_gguf_weight(w_gate_up, "gpu::gguf_moe_experts gate/up");
+  check_gguf_weight(w_down, "gpu::gguf_moe_experts down");
+  const int64_t hidden = w_gate_up.cols;
+  if (inter <= 0 || w_gate_up.rows % (2 * inter) != 0 || w_down.cols != inter || w_down.rows % hidden != 0 ||
+      w_gate_up.rows / (2 * inter) != w_down.rows / hidden)
+    fail(ErrorKind::invalid_argument, "gpu::gguf_moe_experts: weight shapes do not match hidden " + std::to_string(hidden) + ", inter " +
+                                          std::to_string(inter));
+  if (k < 1 || k > 16) fail(ErrorKind::unsupported, "gpu::gguf_moe_experts: k = " + std::to_string(k) + " (1..16 supported)");
+  if (n <= 0) return;
+  if (n * k > 65535) fail(ErrorKind::unsupported, "gpu::gguf_moe_experts: too many (token, slot) pairs for the decode kernels");
+  cudaStream_t st = cs(s);
+  Params g = plan(w_gate_up, 2 * inter);
+  g.x = x;
+  g.k = static_cast<int>(k);
+  g.ids = ids;
+  g.y = gu;
+  launch<1, kGateUp>(w_gate_up.type, g, dim3(blocks_for(g.tasks, kWarps), static_cast<unsigned>(n * k)), kWarps,
+                     smem_bytes(1, g.cols, kWarps, 1), st);
+  Params d = plan(w_down, hidden);
+  d.gu = gu;
+  d.k = static_cast<int>(k);
+  d.ids = ids;
+  d.weights = weights;
+  d.y = out;
+  d.ldy = hidden;
+  if (d.R > 8) d.R = 8;  // the block's row sums hold 8 rows per slot
+  d.tasks = (d.rows + d.R - 1) / d.R;
+  launch<1, kDown>(w_down.type, d, dim3(static_cast<unsigned>(d.tasks), static_cast<unsigned>(n)), static_cast<int>(k),
+                   smem_bytes(static_cast<int>(k), d.cols, static_cast<int>(k), 1), st);
+}
+
+}  // namespace hmoe::gpu
