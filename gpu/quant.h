@@ -158,7 +158,8 @@ GgufType gguf_type_of(const cpu::Mat& m, const std::string& what);
 void check_gguf_weight(const GgufWeight& w, const std::string& what);
 
 // Device copy of the parts stacked by rows (same type and columns), bytes
-// as stored. Synchronous on s.
+// as stored, plus the 16 readable bytes past the end gguf_moe_gemm needs.
+// Synchronous on s.
 class GgufDeviceMat {
  public:
   GgufDeviceMat() = default;
@@ -188,6 +189,21 @@ void gguf_dequant(const GgufWeight& w, int64_t r0, int64_t rows, bf16_t* out, St
 // this is for n*k up to a few hundred pairs. k <= 16.
 void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* weights, const GgufWeight& w_gate_up,
                       const GgufWeight& w_down, int64_t inter, float* gu, float* out, Stream& s);
+
+// Grouped expert product on tensor cores for prefill, the blocks dequantized
+// in shared memory (no bf16 copy, no host synchronisation: capturable):
+// for every expert e < experts and sorted row i in [offsets[e], offsets[e+1])
+// (device offsets, gpu::moe_route), c[i, r] = sum_k A_i[k] W_e[r, k] for r <
+// rows_per_expert, where W_e is rows [e * rows_per_expert, ...) of w and
+// A_i = a + (rowmap ? rowmap[i] / k_div : i) * w.cols (bf16; rowmap = the
+// pair list and k_div = top-k reads the token rows in place). c: fp32
+// [pairs, rows_per_expert]. Products in bf16 with fp32 accumulation (as
+// cuBLAS on the dequantized weights). Reads up to 16 bytes past the last
+// weight row (GgufDeviceMat allocates them). Needs
+// gguf_moe_gemm_supported(w, rows_per_expert): cols % 256 == 0, rows % 128 == 0.
+bool gguf_moe_gemm_supported(const GgufWeight& w, int64_t rows_per_expert);
+void gguf_moe_gemm(const bf16_t* a, const int32_t* rowmap, int64_t k_div, int64_t pairs, const int32_t* offsets, int64_t experts, const GgufWeight& w,
+                   int64_t rows_per_expert, float* c, Stream& s);
 
 // Reads `bytes` (a multiple of 16) at `data` with 16-byte loads over the
 // whole device and stores a checksum at *sink: the read-bandwidth roofline

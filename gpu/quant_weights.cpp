@@ -358,7 +358,7 @@ GgufDeviceMat::GgufDeviceMat(const std::vector<cpu::Mat>& parts, Stream& s, cons
   w_.data = reinterpret_cast<const void*>(uintptr_t{16});  // checked for shape only; the real pointer follows
   check_gguf_weight(w_, what);
   const size_t rb = w_.row_bytes();
-  data_ = DeviceBuffer(std::max<size_t>(w_.bytes(), 16));
+  data_ = DeviceBuffer(w_.bytes() + 16);  // gguf_moe_gemm reads words up to 16 bytes past the last row
   size_t at = 0;
   for (const cpu::Mat& m : parts) {
     if (m.row_bytes() != rb) fail(ErrorKind::internal, what + ": row bytes of the CPU view and the GPU format disagree");
@@ -366,6 +366,7 @@ GgufDeviceMat::GgufDeviceMat(const std::vector<cpu::Mat>& parts, Stream& s, cons
     copy_to_device(data_.as<uint8_t>() + at, m.data, b, s);
     at += b;
   }
+  memset_device(data_.as<uint8_t>() + at, 0, 16, s);
   s.synchronize();
   w_.data = data_.data();
 }
