@@ -64,9 +64,10 @@ Stack stack(cpu::ExtType t, int64_t rows, int64_t cols, int64_t copies, gpu::Str
   st.w.rows = rows * copies;
   st.w.cols = cols;
   const size_t one = st.host.size();
-  st.data = gpu::DeviceBuffer(one * static_cast<size_t>(copies));
+  st.data = gpu::DeviceBuffer(one * static_cast<size_t>(copies) + 16);  // gguf_moe_gemm reads up to 16 bytes past the last row
   gpu::copy_to_device(st.data.data(), st.host.data(), one, s);
   for (int64_t c = 1; c < copies; ++c) gpu::copy_on_device(st.data.as<uint8_t>() + one * c, st.data.data(), one, s);
+  gpu::memset_device(st.data.as<uint8_t>() + one * static_cast<size_t>(copies), 0, 16, s);
   s.synchronize();
   st.w.data = st.data.data();
   return st;

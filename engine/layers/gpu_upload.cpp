@@ -64,17 +64,23 @@ gpu::DeviceBuffer GpuUploader::raw(const void* src, size_t bytes) {
   return b;
 }
 
-GpuDense GpuUploader::dense(const cpu::Mat& m) {
+GpuDense GpuUploader::dense(const cpu::Mat& m) { return dense(std::vector<cpu::Mat>{m}); }
+
+GpuDense GpuUploader::dense(const std::vector<cpu::Mat>& parts) {
   GpuDense d;
-  d.rows_ = m.rows;
-  d.cols_ = m.cols;
-  if (keep_gguf_ && gpu::gguf_native_supported(m)) {
-    d.quant_.emplace(std::vector<cpu::Mat>{m}, s_, "GPU weight");
+  bool native = keep_gguf_ && !parts.empty();
+  for (const cpu::Mat& m : parts) {
+    d.rows_ += m.rows;
+    d.cols_ = m.cols;
+    native = native && gpu::gguf_native_supported(m) && m.ext == parts[0].ext && m.cols == parts[0].cols;
+  }
+  if (native) {
+    d.quant_.emplace(parts, s_, "GPU weight");
     bytes_ += d.quant_->weight().bytes();
-    bind_.release(m);
+    for (const cpu::Mat& m : parts) bind_.release(m);
     return d;
   }
-  d.bf16_ = bf16({m});
+  d.bf16_ = bf16(parts);
   return d;
 }
 

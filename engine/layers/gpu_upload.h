@@ -75,6 +75,9 @@ class GpuUploader {
   // A dense weight: GGUF blocks kept as stored when keep_gguf() and the
   // kernels take the view, else bf16.
   GpuDense dense(const cpu::Mat& m);
+  // Parts stacked by rows into one weight (one product for all): kept as
+  // stored only when every part is the same GGUF type the kernels take.
+  GpuDense dense(const std::vector<cpu::Mat>& parts);
   void set_keep_gguf(bool on) { keep_gguf_ = on; }
   bool keep_gguf() const { return keep_gguf_; }
   uint64_t bytes() const { return bytes_; }

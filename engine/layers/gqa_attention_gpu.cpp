@@ -26,10 +26,20 @@ class GqaAttentionGpu : public GpuAttention {
     const uint64_t before = up.bytes();
     const cpu::Mat q = b.mat(p + "q_proj.weight", nh_ * hd_, H_), k = b.mat(p + "k_proj.weight", kvh_ * hd_, H_),
                    v = b.mat(p + "v_proj.weight", kvh_ * hd_, H_);
-    if (up.keep_gguf() && (gpu::gguf_native_supported(q) || gpu::gguf_native_supported(k) || gpu::gguf_native_supported(v))) {
-      q_ = up.dense(q);  // GGUF blocks as stored: three products (the file may mix types, Q4_K_M's v is Q6_K)
-      k_ = up.dense(k);
-      v_ = up.dense(v);
+    // GGUF blocks as stored: q, k and v stacked where their types agree, else
+    // q+k and v, or three products (Q4_K_M stores some layers' v as Q6_K).
+    auto native = [&](const cpu::Mat& m) { return up.keep_gguf() && gpu::gguf_native_supported(m); };
+    if (native(q) || native(k) || native(v)) {
+      if (q.ext == k.ext && k.ext == v.ext) {
+        q_ = up.dense(std::vector<cpu::Mat>{q, k, v});
+      } else if (q.ext == k.ext) {
+        q_ = up.dense(std::vector<cpu::Mat>{q, k});
+        v_ = up.dense(v);
+      } else {
+        q_ = up.dense(q);
+        k_ = up.dense(k);
+        v_ = up.dense(v);
+      }
     } else {
       qkv_ = up.bf16({q, k, v});
     }
@@ -58,23 +68,22 @@ class GqaAttentionGpu : public GpuAttention {
   void enqueue(GpuCtx& ctx, const Rows& r) override {
     const GpuStepInfo& st = ctx.step;
     gpu::Stream& s = ctx.s;
-    const int64_t ld = this->ld(), kvw = kvh_ * hd_;
+    const int64_t ld = this->ld();
     bf16_t *kc = st.kv->keys(layer_), *vc = st.kv->values(layer_);
     float* q = ctx.scratch.get<float>("gqa.qkv");
     bf16_t* attn = ctx.scratch.get<bf16_t>("gqa.attn");
     const int32_t* pos = st.pos + r.r0;
     void* deq = ctx.scratch.get<void>("dense.deq");
     const bf16_t* hr = ctx.a.hb + r.r0 * H_;
-    if (q_.rows() > 0) {
+    if (q_.rows() > 0) {  // the products' rows land in order: q, k, v columns of the row
       q_.gemm(ctx.blas, hr, r.rn, q, ld, deq, s);
-      k_.gemm(ctx.blas, hr, r.rn, q + nh_ * hd_, ld, deq, s);
-      v_.gemm(ctx.blas, hr, r.rn, q + (nh_ + kvh_) * hd_, ld, deq, s);
+      if (k_.rows() > 0) k_.gemm(ctx.blas, hr, r.rn, q + nh_ * hd_, ld, deq, s);
+      if (v_.rows() > 0) v_.gemm(ctx.blas, hr, r.rn, q + (nh_ + kvh_) * hd_, ld, deq, s);
     } else {
       ctx.blas.gemm(hr, r.rn, qkv_.as<bf16_t>(), ld, H_, q, ld);
     }
-    gpu::qk_norm_rope(q, r.rn, ld, nh_, hd_, q_norm_.as<bf16_t>(), eps_, pos, inv_freq_.as<float>(), s);
-    gpu::qk_norm_rope(q + nh_ * hd_, r.rn, ld, kvh_, hd_, k_norm_.as<bf16_t>(), eps_, pos, inv_freq_.as<float>(), s);
-    gpu::kv_store(q + nh_ * hd_, q + (nh_ + kvh_) * hd_, ld, r.rn, kvw, st.slot + r.r0, kc, vc, s);
+    gpu::qkv_norm_rope_store(q, r.rn, ld, nh_, kvh_, hd_, q_norm_.as<bf16_t>(), k_norm_.as<bf16_t>(), eps_, pos, inv_freq_.as<float>(), st.slot + r.r0,
+                             kc, vc, s);
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd_)));
     if ((hd_ == 64 || hd_ == 128) && st.ntiles > 0 && r.r0 == 0 && r.rn == st.n)
       gpu::attention_tiles(q, ld, st.ntiles, st.tiles, nh_, kvh_, hd_, kc, vc, st.lists, st.off, st.len, scale, attn, s);
