@@ -16,17 +16,22 @@ namespace hmoe {
 namespace {
 bool plain(const cpu::Mat& m) { return m.quant == cpu::Quant::none; }
 bool gpu_takes(const cpu::Mat& m) { return !plain(m) && gpu::qformat_supported(m); }
-// Bytes per weight the GPU holds for m kept quantized: the file's bytes for
-// the GGUF types with kernels on the stored blocks, else the repacked format's.
-double held_bytes_per_weight(const cpu::Mat& m) {
-  if (gpu::gguf_native_supported(m)) return static_cast<double>(m.row_bytes()) / static_cast<double>(m.cols);
+// Bytes per weight the GPU holds for m kept quantized: the file's bytes when
+// the layer's experts are all GGUF types with kernels on the stored blocks
+// (GpuResidentExperts holds them so), else the repacked format's.
+double held_bytes_per_weight(const cpu::Mat& m, bool layer_native) {
+  if (layer_native) return static_cast<double>(m.row_bytes()) / static_cast<double>(m.cols);
   return gpu::qformat_bytes_per_weight(m);
 }
 }  // namespace
 
-double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized) {
+double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized, bool layer_native) {
   if (!keep_quantized || !gpu_takes(m)) return 2.0;
-  return held_bytes_per_weight(m);
+  return held_bytes_per_weight(m, layer_native && gpu::gguf_native_supported(m));
+}
+
+double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized) {
+  return gpu_expert_bytes_per_weight(m, keep_quantized, gpu::gguf_native_supported(m));
 }
 
 void set_expert_bytes_from(ModelConfig& c, WeightSource& src) {
@@ -38,11 +43,12 @@ void set_expert_bytes_from(ModelConfig& c, WeightSource& src) {
     const cpu::Mat m[3] = {src.mat(e + "gate_proj.weight", I, H), src.mat(e + "up_proj.weight", I, H), src.mat(e + "down_proj.weight", H, I)};
     const double weights = 3.0 * static_cast<double>(I * H);
     double cpu = 0, gpu = 0;
-    bool all_quant = true;
+    bool all_quant = true, native = true;
+    for (const cpu::Mat& x : m) native = native && gpu::gguf_native_supported(x);
     for (const cpu::Mat& x : m) {
       cpu += static_cast<double>(x.bytes());
       all_quant = all_quant && gpu_takes(x);
-      if (gpu_takes(x)) gpu += held_bytes_per_weight(x) * static_cast<double>(x.rows * x.cols);
+      if (gpu_takes(x)) gpu += held_bytes_per_weight(x, native) * static_cast<double>(x.rows * x.cols);
     }
     c.expert_bytes_per_weight = cpu / weights;
     c.gpu_expert_bytes_per_weight = all_quant ? gpu / weights : 2.0;  // one unquantized matrix puts the layer in bf16

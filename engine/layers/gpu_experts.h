@@ -33,6 +33,11 @@ namespace hmoe {
 // Bytes per weight the GPU holds for routed experts stored as `m` (2 for
 // bf16 residency, else the GPU format's data + scales + zeros per weight).
 double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized);
+// The same where the caller knows whether every expert matrix of the layer
+// is a GGUF type the stored-block kernels take (gpu::gguf_native_supported):
+// only then are they held as stored; one that is not puts the layer in the
+// repacked formats.
+double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized, bool layer_native);
 
 class WeightSource;
 struct ModelConfig;
