@@ -16,6 +16,7 @@
 #include "configs/error.h"
 #include "engine/layers/cpu_layers.h"
 #include "engine/loading/progress.h"
+#include "gpu/quant.h"
 #include "engine/text/chat/chat_template.h"
 #include "io/gguf.h"
 #include "numa/quant_gguf.h"
@@ -268,18 +269,24 @@ ModelConfig gguf_model_config(const io::GgufFile& f) {
   // The routed experts as stored (blk.N.ffn_{gate,up,down}_exps), and as the GPU would hold them resident.
   uint64_t exp_bytes = 0, exp_weights = 0;
   double gpu_bytes = 0;
+  auto view_of = [](const io::GgufTensor& t) {
+    cpu::Mat m;  // format and row length are all the GPU size needs
+    m.cols = t.shape.empty() ? 0 : static_cast<int64_t>(t.shape[0]);
+    m.rows = 1;
+    if (cpu::ggml_type_supported(t.type)) {
+      m.quant = cpu::Quant::ext;
+      m.ext = t.type;
+    }
+    return m;
+  };
+  bool native = true;  // every expert matrix held as stored (gpu/quant.h GGUF kernels)
+  for (const io::GgufTensor& t : f.tensors())
+    if (t.name.find("_exps.") != std::string_view::npos) native = native && gpu::gguf_native_supported(view_of(t));
   for (const io::GgufTensor& t : f.tensors())
     if (t.name.find("_exps.") != std::string_view::npos) {
       exp_bytes += t.bytes;
       exp_weights += t.elements();
-      cpu::Mat m;  // format and row length are all the GPU size needs
-      m.cols = t.shape.empty() ? 0 : static_cast<int64_t>(t.shape[0]);
-      m.rows = 1;
-      if (cpu::ggml_type_supported(t.type)) {
-        m.quant = cpu::Quant::ext;
-        m.ext = t.type;
-      }
-      gpu_bytes += static_cast<double>(t.elements()) * gpu_expert_bytes_per_weight(m, true);
+      gpu_bytes += static_cast<double>(t.elements()) * gpu_expert_bytes_per_weight(view_of(t), true, native);
     }
   if (exp_weights > 0) {
     c.expert_bytes_per_weight = static_cast<double>(exp_bytes) / static_cast<double>(exp_weights);

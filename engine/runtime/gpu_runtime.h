@@ -58,6 +58,7 @@ struct GpuRuntimeOptions {
   ExpertHomeOptions experts;
   MlaMode mla_mode = MlaMode::automatic;
   bool split_inputs = true;       // precise layers (FfnDesc::precise, MLA) split their products' inputs
+  bool quantized_dense = true;    // GGUF attention / lm_head weights stay in their blocks (setting gpu_quantized_dense)
   bool cuda_graphs = false, cpu_overlap = false, tiled_attention = true;
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
   // Everything from the settings but `resident` (the placement's).
