@@ -17,8 +17,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "numa/detail/gguf_block_util.h"
 #include "configs/error.h"
+#include "io/tensor/gguf_block_util.h"
 #include "numa/quant_gguf.h"
 
 #define HMOE_Q512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))

@@ -4,7 +4,7 @@
 // Why this shape: a decode step reads every cached key and value of the
 // sequence once per layer, so decode time stays flat with context only if
 // that read runs at memory speed on all threads. So:
-//  - the cache is head-major (engine/kv_storage.h, KvGeometry): one kv
+//  - the cache is head-major (engine/kv/kv_storage.h, KvGeometry): one kv
 //    head's keys and values are contiguous block after block, so a work item
 //    streams its bytes instead of picking one head's slice out of every
 //    token's row (a stride the hardware prefetchers do not follow);

@@ -5,7 +5,7 @@
 // (cpu_attention_avx512.cpp), AVX2 + FMA (cpu_attention_avx2.cpp) and plain
 // C++ (cpu_attention_scalar.cpp); the caller picks by cpu::best_isa().
 //
-// Data (engine/kv_storage.h, KvGeometry, head-major layout): a key tile is
+// Data (engine/kv/kv_storage.h, KvGeometry, head-major layout): a key tile is
 // [hd][W] values (W = tile width, lanes = tokens) and, in q8_0, then
 // [ceil(hd / 32)][W] fp32 scales at k_scale_offset; a token's values are a
 // row of hd values (kv_row_bytes(dtype, hd) bytes, q8_0: int8 then one fp32
@@ -13,7 +13,7 @@
 #pragma once
 #include <cstdint>
 
-#include "engine/kv_storage.h"
+#include "engine/kv/kv_storage.h"
 
 namespace hmoe::ops::detail {
 

@@ -1,0 +1,167 @@
+// Model loading (see model.h): the checkpoint, the placement plan, and the
+// one runtime the plan names.
+#include "engine/loading/model.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <set>
+
+#include "configs/error.h"
+#include "engine/layers/engram.h"
+#include "engine/layers/gpu_experts.h"
+#include "engine/layers/weights.h"
+#include "engine/loading/gguf_model.h"
+#include "engine/loading/progress.h"
+#include "engine/loading/quant_config.h"
+#include "engine/models/model_graph.h"
+#include "engine/placement/placement.h"
+#include "engine/runtime/cpu_runtime.h"
+#include "engine/runtime/gpu_runtime.h"
+#include "gpu/device.h"
+#include "numa/quant_gguf_q8.h"
+
+namespace hmoe {
+
+namespace {
+
+// Peak resident set of this process (VmHWM), in bytes; 0 when unknown.
+uint64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+// The placement plan's answer for this model: nullopt for the CPU path,
+// else the per-layer residency of the GPU path (checked to fit before
+// anything is allocated). Prints one line each saying so on stderr unless
+// progress is "none".
+std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s) {
+  const bool quiet = s.progress == "none";
+  for (const auto& n : s.notices)
+    if (n.find("GPU_RESIDENT") != std::string::npos) std::fprintf(stderr, "%s\n", n.c_str());
+  std::string why;
+  if (!resolve_device(s, why)) {
+    if (!quiet) std::fprintf(stderr, "hmoe: %s\n", why.c_str());
+    return std::nullopt;
+  }
+  const gpu::DeviceInfo info = gpu::device_info(0);
+  const Plan plan = make_plan(c, s, GpuTarget{info.name, info.total_bytes, 0, false});  // throws out_of_memory before any allocation
+  if (!quiet)
+    std::fprintf(stderr, "hmoe: %s; %lld of %lld MoE layers resident (%s of experts on the GPU, %s on the CPU)\n", why.c_str(),
+                 static_cast<long long>(plan.resident_moe_layers()), static_cast<long long>(plan.moe_layers()),
+                 format_bytes(plan.gpu_expert_bytes).c_str(), format_bytes(plan.cpu_expert_bytes).c_str());
+  return plan;
+}
+
+}  // namespace
+
+Model::~Model() = default;
+
+int64_t Model::weight_bytes() const {
+  return static_cast<int64_t>(store_ ? store_->total_bytes() : source_->total_bytes());
+}
+
+uint64_t Model::host_weight_bytes() const { return binder_->host_bytes(); }
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& settings) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<Model> m(new Model());
+  m->dir_ = dir;
+  // MODEL is a Hugging Face directory or a .gguf file (engine/loading/gguf_model.h).
+  if (is_gguf_path(dir)) m->source_ = open_gguf_source(dir, m->config_);
+  else m->config_ = ModelConfig::from_dir(dir);
+  const ModelConfig& c = m->config_;
+  if (!m->source_) {
+    m->store_ = std::make_unique<io::TensorStore>(dir);
+    m->source_ = open_hf_quant_source(dir, *m->store_);  // null unless config.json has a quantization_config
+    if (m->source_) set_expert_bytes_from(m->config_, *m->source_);
+  }
+  m->binder_ = std::make_unique<WeightBinder>(m->store_.get(), m->source_.get());
+  WeightBinder& bind = *m->binder_;
+  bind.set_dtype(parse_weight_dtype(settings.origin("weight_dtype"), settings.weight_dtype));
+  const ModelGraph graph = model_graph(c, [&bind](const std::string& name) { return bind.has(name); });
+
+  cpu::set_round_activations_bf16(settings.cpu_emulate_gpu_bf16);
+  cpu::set_gguf_int8(settings.cpu_gguf_int8);
+  cpu::set_split_inputs_bf16(settings.gpu_mla_split_inputs);
+  m->pools_ = std::make_unique<numa::NodePools>(numa::PoolOptions::from_settings(settings));
+  m->pool_ = &m->pools_->pool(0);
+  if (graph.engram) m->engram_ = EngramModules::load(bind, c, dir, settings, *m->pool_);
+  m->kv_layout_ = graph.kv;
+  if (m->engram_) m->kv_layout_.seq_state_bytes = m->engram_->seq_state_bytes();
+  m->kv_layout_.dtype = resolve_kv_dtype(settings.kv_cache_dtype, is_gguf_path(dir), graph.kv.k_token_floats >= 0);  // latent (MLA) caches: own widths, fp32
+
+  if (const std::optional<Plan> plan = plan_gpu(c, settings)) {
+    GpuRuntimeOptions o = GpuRuntimeOptions::from_settings(settings);
+    o.resident = plan->resident();
+    m->gpu_ = std::make_unique<GpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
+    // Streaming uploads the host experts' bytes as bf16 matrices: plain checkpoints only.
+    if (!m->source_ && plan->resident_moe_layers() < plan->moe_layers())
+      m->gpu_->enable_expert_streaming(expert_stream_options(c, settings, m->pool_, settings.progress == "none"));
+  } else {
+    CpuRuntimeOptions o;
+    o.experts.engine = numa::EngineOptions::from_settings(settings);
+    o.mla_mode = parse_mla_mode(settings.mla_attention);
+    m->cpu_ = std::make_unique<CpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
+  }
+  bind.check_all_used(dir);
+
+  if (!m->store_) {  // GGUF: the source reads its own map
+    m->source_->touch("loading " + dir, settings.progress);
+  } else {
+    // Read every weight the host uses once so that the first request does
+    // not pay for page faults, with a progress display. Not: what went to
+    // the GPU (released), the PLE tables (served from their own file).
+    std::set<std::string> untouched;
+    if (m->engram_)
+      for (const auto& name : m->engram_->table_tensor_names()) untouched.insert(name);
+    uint64_t touch_bytes = 0;
+    for (const auto& [name, t] : m->store_->all())
+      if (!untouched.count(name) && !bind.released(t->data)) touch_bytes += t->nbytes;
+    Progress progress("loading " + dir, touch_bytes, settings.progress);
+    volatile uint8_t sink = 0;
+    for (const auto& [name, t] : m->store_->all()) {
+      if (untouched.count(name) || bind.released(t->data)) continue;
+      uint8_t acc = 0;
+      for (size_t off = 0; off < t->nbytes; off += 4096) acc ^= t->data[off];
+      sink = sink ^ acc;
+      progress.add(t->nbytes);
+    }
+    progress.finish();
+  }
+  if (settings.progress != "none") {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "hmoe: loaded in %.1f s on the %s; weights: %s on the GPU, %s in host memory (dtype %s); peak RSS %s\n", s,
+                 m->gpu_ ? "GPU" : "CPU", format_bytes(m->gpu_ ? m->gpu_->weight_bytes() : 0).c_str(), format_bytes(bind.host_bytes()).c_str(),
+                 settings.weight_dtype.c_str(), format_bytes(peak_rss_bytes()).c_str());
+  }
+  return m;
+}
+
+void Model::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(b.tokens.size());
+  if (b.slots.size() != b.tokens.size()) fail(ErrorKind::internal, "batch tokens and slots differ in length");
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = b.tokens[static_cast<size_t>(i)];
+    if (t < 0 || t >= c.vocab_size)
+      fail(ErrorKind::invalid_argument, "token id " + std::to_string(t) + " is outside the vocabulary (0.." + std::to_string(c.vocab_size - 1) + ")");
+    const auto& s = b.slots[static_cast<size_t>(i)];
+    if (s.pos < 0 || s.pos >= kv.capacity(s.seq))
+      fail(ErrorKind::internal, "position " + std::to_string(s.pos) + " has no KV slot reserved");
+  }
+  for (auto r : b.logit_rows)
+    if (r < 0 || r >= n) fail(ErrorKind::internal, "logit row outside the batch");
+  if (n == 0) {
+    logits.clear();
+    return;
+  }
+  if (gpu_) gpu_->forward(b, kv, logits);
+  else cpu_->forward(b, kv, logits);
+}
+
+}  // namespace hmoe

@@ -1,0 +1,75 @@
+// Model: a checkpoint loaded on its placement plan. load() reads config.json
+// (or a GGUF file), takes the architecture's graph (engine/models/), asks
+// the placement plan where each part lives (engine/placement/placement.h) and
+// instantiates the graph once, on the runtime the plan names: the GPU step
+// executor (engine/runtime/gpu_runtime.h; routed experts of non-resident
+// layers in host memory) or the CPU one (engine/runtime/cpu_runtime.h). Only
+// what the plan places on the CPU is built there: an all-GPU run keeps no
+// host copy of its weights.
+//
+// Contract: load() validates the checkpoint fully (every tensor present with
+// the right shape and a supported dtype, nothing unexpected) before any
+// compute. forward() runs one step for a flat batch of tokens from any
+// number of sequences (prefill chunks and decode tokens mixed); it throws
+// Error(invalid_argument) for token ids outside the vocabulary and leaves
+// the cache unchanged in that case. One forward() at a time per Model.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "configs/settings.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loading/model_config.h"
+#include "engine/runtime/batch.h"
+#include "io/safetensors.h"
+#include "numa/node_pools.h"
+
+namespace hmoe {
+
+class WeightSource;   // engine/layers/weights.h
+class WeightBinder;
+class GpuRuntime;     // engine/runtime/gpu_runtime.h
+class CpuRuntime;     // engine/runtime/cpu_runtime.h
+class EngramModules;  // engine/layers/engram.h
+
+class Model {
+ public:
+  // Opens and validates MODEL (a Hugging Face directory, quantized or not, or a .gguf file).
+  static std::unique_ptr<Model> load(const std::string& dir, const Settings& settings);
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  const std::string& dir() const { return dir_; }
+  KvLayout kv_layout() const { return kv_layout_; }
+  numa::ThreadPool& pool() { return *pool_; }
+  int64_t weight_bytes() const;
+  // Bytes of weights the host holds for this model (views of the checkpoint
+  // or --dtype copies; not what went to the GPU).
+  uint64_t host_weight_bytes() const;
+
+  // Runs one step. logits receives [batch.logit_rows.size(), vocab_size].
+  void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits);
+  // The GPU runtime when the placement chose the GPU, else nullptr.
+  GpuRuntime* gpu() { return gpu_.get(); }
+  const GpuRuntime* gpu() const { return gpu_.get(); }
+  // The n-gram memory modules of qwen3_moe_engram models (nullptr otherwise).
+  EngramModules* engram() { return engram_.get(); }
+
+ private:
+  Model() = default;
+  std::string dir_;
+  ModelConfig config_;
+  KvLayout kv_layout_;
+  std::unique_ptr<io::TensorStore> store_;  // null for a GGUF file
+  std::unique_ptr<WeightSource> source_;    // GGUF or quantized HF checkpoint; null for plain safetensors
+  std::unique_ptr<WeightBinder> binder_;    // owns the --dtype copies the layers view
+  std::unique_ptr<numa::NodePools> pools_;  // one worker pool per NUMA node
+  numa::ThreadPool* pool_ = nullptr;
+  std::unique_ptr<EngramModules> engram_;   // before the runtimes: they keep a pointer to it
+  std::unique_ptr<CpuRuntime> cpu_;         // one of cpu_, gpu_
+  std::unique_ptr<GpuRuntime> gpu_;
+};
+
+}  // namespace hmoe

@@ -1,0 +1,65 @@
+// When a forward pass should stream non-resident experts to the GPU instead
+// of running them on the CPU: a per-MoE-layer cost model and the two
+// settings that control the streaming (HMOE_GPU_PREFILL_MIN_BATCH_SIZE,
+// HMOE_GPU_PREFETCH_WINDOW).
+//
+// Model, per non-resident MoE layer and n tokens (F = 6*H*I FLOP per token and
+// routed expert, k experts per token; B = all E experts' bf16 bytes):
+//   CPU:      max(covered(n) * B / cpu_bandwidth, n*k*F / cpu_expert_flops)
+//   streamed: max(B / pcie_bandwidth,             n*k*F / gpu_expert_flops) + o
+// covered(n) = 1 - (1 - k/E)^n is the expected fraction of experts a batch
+// routes to (uniform routing); o is a fixed per-layer cost of the streamed
+// path (launches, the host sync of the group sizes; assumed, see below); the streamed path copies all E experts (the
+// window fills before the router is known). The copy and the GPU work
+// overlap (the scheduler's point), hence max, not a sum. The break-even is
+// the smallest n where streamed < CPU.
+//
+// Contract: pure functions except measure_cpu_expert_flops (CPU work only).
+// Parsers throw Error(invalid_argument) naming the flag or variable and the value.
+#pragma once
+#include <cstdint>
+
+#include "configs/settings.h"
+#include "engine/loading/model_config.h"
+#include "numa/thread_pool.h"
+
+namespace hmoe {
+
+struct PrefillCost {
+  double cpu_expert_flops = 0;  // FLOP/s of the CPU experts at prefill sizes (measured)
+  double cpu_bandwidth = 0;     // host memory read bytes/s
+  double pcie_bandwidth = 0;    // pinned host -> device bytes/s
+  double gpu_expert_flops = 0;  // FLOP/s of the GPU expert products
+};
+
+double cpu_expert_seconds(const ModelConfig& c, const PrefillCost& m, int64_t n);
+double streamed_expert_seconds(const ModelConfig& c, const PrefillCost& m, int64_t n);
+// Smallest n in [1, 2^20] where the streamed layer is faster; 0 when none is.
+int64_t prefill_break_even(const ModelConfig& c, const PrefillCost& m);
+
+// GPU expert FLOP/s the model assumes (per-expert cuBLAS bf16 products on an
+// H100/H200-class card, well below the dense peak); it only matters once a
+// layer's products outlast its copy, far above any break-even.
+constexpr double kAssumedGpuExpertFlops = 200e12;
+// Fixed cost per streamed layer (kernel and cuBLAS launches, one host sync):
+// assumed; it keeps tiny models, whose copies take microseconds, on the CPU
+// for short passes.
+constexpr double kStreamLayerOverheadSeconds = 100e-6;
+
+// "auto" never resolves below this many tokens: shorter passes are decode
+// and chunk steps, which the hand-off path (CUDA graphs, CPU/GPU overlap) serves.
+constexpr int64_t kAutoMinBatchFloor = 128;
+
+// Host memory read bytes/s: `pool` (null: one thread) summing 256 MiB, best of 3.
+double measure_host_read_bandwidth(numa::ThreadPool* pool);
+
+// FLOP/s of numa::mlp_forward over one random bf16 expert of c's shape for
+// `tokens` tokens on `pool` (null: the calling thread), best of 3.
+double measure_cpu_expert_flops(const ModelConfig& c, numa::ThreadPool* pool, int64_t tokens = 256);
+
+// gpu_prefill_min_batch_size: -1 for "auto", else a count >= 0 (0: never).
+int64_t parse_prefill_min_batch(const Settings& s);
+// gpu_prefetch_window: 1..8.
+int parse_prefetch_window(const Settings& s);
+
+}  // namespace hmoe
