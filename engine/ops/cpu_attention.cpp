@@ -11,12 +11,13 @@
 //  - keys are stored transposed in tiles of 16 tokens, so a score is 16
 //    tokens wide: one FMA per key dimension and query head, no horizontal
 //    sums, and the softmax runs on 16 lanes;
-//  - one work item is (token, kv head, chunk of positions): the GQA group's
-//    query heads (up to 8 at once) share every K/V load, and long contexts
-//    are split into chunks (at least kMinChunk positions, as many as the
-//    threads need) that keep their own running max, sum and unnormalised
-//    output; a second pass merges the chunks of each (token, head) by their
-//    log-sum-exp (flash-decoding);
+//  - one work item is (up to kRowGroup consecutive tokens of one sequence,
+//    kv head, chunk of positions): the GQA group's query heads (up to 8 at
+//    once) and the item's rows (a prompt's tokens) share every K/V tile
+//    load, and long contexts are split into chunks (at least kMinChunk
+//    positions, as many as the threads need) that keep their own running
+//    max, sum and unnormalised output per row; a second pass merges the
+//    chunks of each (token, head) by their log-sum-exp (flash-decoding);
 //  - the inner loop (cpu_attention_kernel.inc) reads the stored dtype
 //    (fp32, bf16, q8_0) and widens it in registers; it is compiled for
 //    AVX-512, AVX2 and plain C++, picked by cpu::best_isa().
@@ -34,14 +35,19 @@ namespace hmoe::ops {
 namespace {
 
 constexpr int64_t kMinChunk = 128;  // positions: below this a split costs more than it gains
+constexpr int64_t kRowGroup = 16;   // query rows of one sequence sharing each tile load
 
+// Consecutive batch tokens [t0, t0 + rows) of one sequence (positions
+// ascending); they read the same key/value tiles.
+struct Group {
+  int64_t t0, rows, len;  // len: positions the last row attends
+};
 struct Item {
-  int64_t t, g, j0, j1;
+  int64_t grp, g, j0, j1;  // group, kv head, positions [j0, j1)
+  int64_t part;            // its first row's part (in part_floats units)
 };
 
-// Per item: m[G] (running max), l[G] (running sum), o[G][hd_pad] (unnormalised output).
-inline int64_t part_floats(int64_t G, int64_t hd) { return G * (2 + detail::hd_pad(hd)); }
-
+using detail::part_floats;
 using Kernel = void (*)(const detail::AttnTiles&);
 
 Kernel pick_kernel() {
@@ -52,15 +58,17 @@ Kernel pick_kernel() {
   }
 }
 
-// One item: positions [j0, j1) of token t's sequence against its kv head g.
-void run_item(const Item& it, const float* q, int64_t heads, int64_t kv_heads, int64_t hd, const TokenSlot* slots, KvCache& kv,
-              int64_t layer, float scale, float* part, Kernel kernel) {
+// One item: positions [j0, j1) of a group's sequence against kv head g, for
+// every row of the group.
+void run_item(const Item& it, const Group& gr, const float* q, int64_t heads, int64_t kv_heads, int64_t hd, const TokenSlot* slots,
+              KvCache& kv, int64_t layer, float scale, float* part, Kernel kernel) {
   const int64_t G = heads / kv_heads;
   const KvGeometry& geo = kv.geometry();
   const int64_t W = geo.tile;
-  const int seq = slots[it.t].seq;
+  const int seq = slots[gr.t0].seq;
   thread_local std::vector<const uint8_t*> kt, vr, nk, nv;
   thread_local std::vector<int32_t> count;
+  thread_local std::vector<int64_t> row_end;
   thread_local std::vector<float> qs;
   const size_t nt = static_cast<size_t>((it.j1 - it.j0 + W - 1) / W);
   kt.resize(nt), vr.resize(nt), nk.resize(nt), nv.resize(nt), count.resize(nt);
@@ -78,9 +86,14 @@ void run_item(const Item& it, const float* q, int64_t heads, int64_t kv_heads, i
     nk[i] = i + 2 < nt ? kt[i + 2] : nullptr;
     nv[i] = i + 2 < nt ? vr[i + 2] : nullptr;
   }
-  qs.resize(static_cast<size_t>(G * hd));
-  const float* qg = q + (it.t * heads + it.g * G) * hd;
-  for (int64_t i = 0; i < G * hd; ++i) qs[static_cast<size_t>(i)] = qg[i] * scale;
+  row_end.resize(static_cast<size_t>(gr.rows));
+  qs.resize(static_cast<size_t>(gr.rows * G * hd));
+  for (int64_t r = 0; r < gr.rows; ++r) {
+    const int64_t t = gr.t0 + r;
+    row_end[static_cast<size_t>(r)] = slots[t].pos + 1 - it.j0;
+    const float* qg = q + (t * heads + it.g * G) * hd;
+    for (int64_t i = 0; i < G * hd; ++i) qs[static_cast<size_t>(r * G * hd + i)] = qg[i] * scale;
+  }
   detail::AttnTiles a;
   a.dtype = kv.dtype();
   a.hd = hd;
@@ -94,10 +107,10 @@ void run_item(const Item& it, const float* q, int64_t heads, int64_t kv_heads, i
   a.count = count.data();
   a.next_k = nk.data();
   a.next_v = nv.data();
+  a.rows = gr.rows;
+  a.row_end = row_end.data();
   a.q = qs.data();
-  a.m = part;
-  a.l = part + G;
-  a.o = part + 2 * G;
+  a.part = part;
   kernel(a);
 }
 
@@ -108,52 +121,77 @@ void attention(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64
   const int64_t G = heads / kv_heads;
   const int64_t hp = detail::hd_pad(hd);
   const int threads = pool ? pool->size() : 1;
-  // Chunks per (token, kv head): enough items for every thread (4 each),
-  // never below kMinChunk positions; chunk starts are whole key tiles.
-  const int64_t base = n * kv_heads;
-  const int64_t want = std::max<int64_t>(1, (4 * threads + base - 1) / base);
   // Reused between calls; the workers see the caller's through references.
+  thread_local std::vector<Group> tl_groups;
   thread_local std::vector<Item> tl_items;
-  thread_local std::vector<int64_t> tl_first;
+  thread_local std::vector<int64_t> tl_first, tl_grp;
   thread_local std::vector<float> tl_parts;
+  std::vector<Group>& groups = tl_groups;
   std::vector<Item>& items = tl_items;
-  std::vector<int64_t>& first = tl_first;  // per (token, kv head): its first item
+  std::vector<int64_t>& first = tl_first;  // per (group, kv head): its first item
+  std::vector<int64_t>& grp = tl_grp;      // per token: its group
   std::vector<float>& parts = tl_parts;
+  groups.clear();
+  grp.resize(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    Group* last = groups.empty() ? nullptr : &groups.back();
+    if (last && last->rows < kRowGroup && slots[t].seq == slots[last->t0].seq && slots[t].pos > slots[t - 1].pos) {
+      ++last->rows;
+      last->len = slots[t].pos + 1;
+    } else {
+      groups.push_back({t, 1, slots[t].pos + 1});
+    }
+    grp[static_cast<size_t>(t)] = static_cast<int64_t>(groups.size()) - 1;
+  }
+  // Chunks per (group, kv head): enough items for every thread (4 each),
+  // never below kMinChunk positions; chunk starts are whole key tiles.
+  const int64_t base = static_cast<int64_t>(groups.size()) * kv_heads;
+  const int64_t want = std::max<int64_t>(1, (4 * threads + base - 1) / base);
   items.clear();
   first.assign(static_cast<size_t>(base) + 1, 0);
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t len = slots[t].pos + 1;
-    const int64_t splits = std::clamp<int64_t>(len / kMinChunk, 1, want);
-    const int64_t step = ((len + splits - 1) / splits + 15) / 16 * 16;
+  int64_t nparts = 0;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const Group& gr = groups[gi];
+    const int64_t splits = std::clamp<int64_t>(gr.len / kMinChunk, 1, want);
+    const int64_t step = ((gr.len + splits - 1) / splits + 15) / 16 * 16;
     for (int64_t g = 0; g < kv_heads; ++g) {
-      first[static_cast<size_t>(t * kv_heads + g)] = static_cast<int64_t>(items.size());
-      for (int64_t j = 0; j < len; j += step) items.push_back({t, g, j, std::min(len, j + step)});
+      first[gi * static_cast<size_t>(kv_heads) + static_cast<size_t>(g)] = static_cast<int64_t>(items.size());
+      for (int64_t j = 0; j < gr.len; j += step) {
+        items.push_back({static_cast<int64_t>(gi), g, j, std::min(gr.len, j + step), nparts});
+        nparts += gr.rows;
+      }
     }
   }
   first[static_cast<size_t>(base)] = static_cast<int64_t>(items.size());
   const int64_t pf = part_floats(G, hd);
-  if (parts.size() < items.size() * static_cast<size_t>(pf)) parts.resize(items.size() * static_cast<size_t>(pf));
+  if (parts.size() < static_cast<size_t>(nparts * pf)) parts.resize(static_cast<size_t>(nparts * pf));
   const Kernel kernel = pick_kernel();
   auto body = [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i)
-      run_item(items[static_cast<size_t>(i)], q, heads, kv_heads, hd, slots, kv, layer, scale, parts.data() + i * pf, kernel);
+    for (int64_t i = b; i < e; ++i) {
+      const Item& it = items[static_cast<size_t>(i)];
+      run_item(it, groups[static_cast<size_t>(it.grp)], q, heads, kv_heads, hd, slots, kv, layer, scale, parts.data() + it.part * pf, kernel);
+    }
   };
   const int64_t ni = static_cast<int64_t>(items.size());
   if (pool && ni > 1) pool->parallel_for(ni, body, 1, 1);
   else body(0, ni, 0);
-  // Merge each (token, kv head)'s chunks by their log-sum-exp.
+  // Merge each (token, kv head)'s chunks by their log-sum-exp (a chunk past
+  // a row's position has m = -inf and weighs nothing).
   auto merge = [&](int64_t b, int64_t e, int) {
     for (int64_t tg = b; tg < e; ++tg) {
-      const int64_t i0 = first[static_cast<size_t>(tg)], i1 = first[static_cast<size_t>(tg) + 1];
       const int64_t t = tg / kv_heads, g = tg % kv_heads;
+      const int64_t gi = grp[static_cast<size_t>(t)], r = t - groups[static_cast<size_t>(gi)].t0;
+      const int64_t i0 = first[static_cast<size_t>(gi * kv_heads + g)], i1 = first[static_cast<size_t>(gi * kv_heads + g) + 1];
+      auto part_of = [&](int64_t i) { return parts.data() + (items[static_cast<size_t>(i)].part + r) * pf; };
       for (int64_t h = 0; h < G; ++h) {
         float M = -INFINITY;
-        for (int64_t i = i0; i < i1; ++i) M = std::max(M, parts[static_cast<size_t>(i * pf + h)]);
+        for (int64_t i = i0; i < i1; ++i) M = std::max(M, part_of(i)[h]);
         float* dst = out + (t * heads + g * G + h) * hd;
         std::fill(dst, dst + hd, 0.0f);
         double L = 0;
         for (int64_t i = i0; i < i1; ++i) {
-          const float* p = parts.data() + i * pf;
+          const float* p = part_of(i);
+          if (p[h] == -INFINITY) continue;
           const float w = std::exp(p[h] - M);
           L += static_cast<double>(w) * p[G + h];
           const float* o = p + 2 * G + h * hp;
@@ -164,8 +202,8 @@ void attention(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64
       }
     }
   };
-  if (pool && base > 1 && n * heads * hd >= 4096) pool->parallel_for(base, merge);
-  else merge(0, base, 0);
+  if (pool && n * kv_heads > 1 && n * heads * hd >= 4096) pool->parallel_for(n * kv_heads, merge);
+  else merge(0, n * kv_heads, 0);
 }
 
 void attention_reference(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const TokenSlot* slots, KvCache& kv,

@@ -24,22 +24,27 @@ struct AttnTiles {
   int64_t W = 16;              // key tile width (1..16)
   int64_t k_scale_offset = 0;  // q8_0: byte offset of a key tile's scales
   int64_t v_row_bytes = 0;
-  int64_t ntiles = 0;
+  int64_t ntiles = 0;          // tile i holds the item's positions [i W, i W + count[i])
   const uint8_t* const* ktile = nullptr;  // per tile
   const uint8_t* const* vrow = nullptr;   // per tile: the value row of its first token (the next rows follow)
   const int32_t* count = nullptr;         // per tile: tokens in it (lanes [0, count))
   const uint8_t* const* next_k = nullptr; // per tile: the key tile to prefetch while this one runs (or null)
   const uint8_t* const* next_v = nullptr; // per tile: the value rows to prefetch
-  const float* q = nullptr;               // G x hd, already multiplied by the softmax scale
-  // Results, written from scratch: per head the running max m, the sum of
-  // exp(score - m) l, and the unnormalised output o (G rows of hd_pad(hd)).
-  float* m = nullptr;
-  float* l = nullptr;
-  float* o = nullptr;
+  // Query rows (tokens of one sequence) sharing every tile load: row r
+  // attends the item's positions [0, row_end[r]) (causal; <= 0: none).
+  int64_t rows = 1;
+  const int64_t* row_end = nullptr;
+  const float* q = nullptr;  // rows x G x hd, already multiplied by the softmax scale
+  // Results per row r at part + r * part_floats(G, hd), written from
+  // scratch: per head the running max m[G], the sum of exp(score - m) l[G],
+  // and the unnormalised output o[G][hd_pad(hd)] (m = -inf, l = 0, o = 0 for
+  // a row that attends nothing here).
+  float* part = nullptr;
 };
 
 // Rows of o are padded to a multiple of 16 floats.
 inline int64_t hd_pad(int64_t hd) { return (hd + 15) / 16 * 16; }
+inline int64_t part_floats(int64_t G, int64_t hd) { return G * (2 + hd_pad(hd)); }
 
 void attend_tiles_avx512(const AttnTiles& a);
 void attend_tiles_avx2(const AttnTiles& a);

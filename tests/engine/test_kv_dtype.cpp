@@ -104,10 +104,14 @@ TEST_CASE("attention on each KV dtype: split chunks, GQA, paging and threads equ
         for (auto& c : caches) c->store(1, seqs[s], p, ks.data() + p * kvh * hd, vs.data() + p * kvh * hd);
       }
     }
-    for (int batch : {0, 1}) {
+    for (int batch : {0, 1, 2}) {
       std::vector<ops::TokenSlot> slots;
       if (batch == 0) slots = {{seqs[0], 2099}};
-      else slots = {{seqs[0], 2097}, {seqs[0], 2098}, {seqs[1], 0}, {seqs[2], 600}, {seqs[2], 612}};
+      else if (batch == 1) slots = {{seqs[0], 2097}, {seqs[0], 2098}, {seqs[1], 0}, {seqs[2], 600}, {seqs[2], 612}};
+      else {  // a prompt chunk: 40 rows of one sequence (groups of rows sharing tiles), then a decode row
+        for (int64_t p = 573; p < 613; ++p) slots.push_back({seqs[2], p});
+        slots.push_back({seqs[0], 2099});
+      }
       const int64_t n = static_cast<int64_t>(slots.size());
       auto q = test::random_floats(static_cast<size_t>(n * heads * hd), 70 + static_cast<uint64_t>(batch));
       for (auto& v : q) v *= 3.0f;  // peaked softmax: the chunks' maxima differ widely
