@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "configs/error.h"
@@ -102,7 +103,7 @@ KvGeometry kv_geometry(const KvLayout& l, int64_t block_size) {
   g.parts = g.head_major ? l.kv_heads : 1;
   g.k_width = g.head_major ? l.head_dim : l.k_floats();
   g.v_width = g.head_major ? l.head_dim : l.v_floats();
-  g.tile = g.head_major ? std::min<int64_t>(16, block_size) : 1;
+  g.tile = g.head_major ? std::gcd<int64_t>(16, block_size) : 1;  // divides the block: tiles never straddle two
   g.esz = l.dtype == KvDtype::f32 ? 4 : l.dtype == KvDtype::bf16 ? 2 : 1;
   if (g.k_width > 0) {
     g.k_scale_offset = (g.k_width * g.tile * g.esz + 3) / 4 * 4;
