@@ -150,8 +150,7 @@ TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill an
       auto kr = bf16_round(test::random_floats(static_cast<size_t>(len * kvw), seed));
       auto vr = bf16_round(test::random_floats(static_cast<size_t>(len * kvw), seed + 1));
       for (int64_t p = 0; p < len; ++p) {
-        std::copy(kr.begin() + p * kvw, kr.begin() + (p + 1) * kvw, kv.k(0, seq, p));
-        std::copy(vr.begin() + p * kvw, vr.begin() + (p + 1) * kvw, kv.v(0, seq, p));
+        kv.store(0, seq, p, kr.data() + p * kvw, vr.data() + p * kvw);
         const int64_t sl = kv.slot_index(seq, p);
         std::copy(kr.begin() + p * kvw, kr.begin() + (p + 1) * kvw, kc.begin() + sl * kvw);
         std::copy(vr.begin() + p * kvw, vr.begin() + (p + 1) * kvw, vc.begin() + sl * kvw);
