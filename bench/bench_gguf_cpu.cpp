@@ -14,11 +14,14 @@
 //    - batch 64 / 512 (prefill): integer (or fp32) GOP/s, 2 * 3 * H * I per
 //      (token, expert) pair.
 // 2. Attention (ops::attention) for one decode token at context 512 and 4096,
-//    and a 64-token prefill chunk at 4096: ms per layer for the previous
-//    implementation (v0: one job per (token, query head), scalar; kept here
-//    to compare) and the current one.
+//    and a 64-token prefill chunk at 4096, per KV dtype: ms per layer and
+//    GB/s of K/V read against the read bandwidth measured here (each call
+//    reads another layer's K/V, >= 256 MiB in all, so they come from memory).
+// 3. One decode step of a whole layer at context 512 and 4096 (the ratio
+//    is what "decode stays flat with context" is about).
 //
-// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N (only this batch)] [--no-attention]
+// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N (only this batch)] [--no-attention | --attention-only]
+//                       [--kv-layers N (attention and layer step: cycle N layers' K/V; default: >= 256 MiB of them; 1: always hot)]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -107,74 +110,50 @@ double time_forward(numa::ExpertEngine& eng, int64_t n, int64_t E, double min_se
   return total / reps;
 }
 
-// The attention of the previous revision (one job per (token, query head),
-// scalar), kept to measure against.
-void attention_v0(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const ops::TokenSlot* slots, KvCache& kv,
-                  int64_t layer, float scale, float* out, numa::ThreadPool* pool) {
-  const int64_t group = heads / kv_heads;
-  auto body = [&](int64_t b, int64_t e, int) {
-    std::vector<float> scores;
-    for (int64_t job = b; job < e; ++job) {
-      const int64_t t = job / heads, h = job % heads, g = h / group;
-      const float* qv = q + (t * heads + h) * hd;
-      const int seq = slots[t].seq;
-      const int64_t len = slots[t].pos + 1;
-      scores.resize(static_cast<size_t>(len));
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < len; ++j) {
-        const float* kj = kv.k(layer, seq, j) + g * hd;
-        float s = 0;
-        for (int64_t i = 0; i < hd; ++i) s += qv[i] * kj[i];
-        s *= scale;
-        scores[static_cast<size_t>(j)] = s;
-        mx = std::max(mx, s);
-      }
-      double sum = 0;
-      for (int64_t j = 0; j < len; ++j) {
-        const float p = std::exp(scores[static_cast<size_t>(j)] - mx);
-        scores[static_cast<size_t>(j)] = p;
-        sum += p;
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      float* o = out + (t * heads + h) * hd;
-      std::fill(o, o + hd, 0.0f);
-      for (int64_t j = 0; j < len; ++j) {
-        const float p = scores[static_cast<size_t>(j)] * inv;
-        const float* vj = kv.v(layer, seq, j) + g * hd;
-        for (int64_t i = 0; i < hd; ++i) o[i] += p * vj[i];
-      }
-    }
-  };
-  if (pool) pool->parallel_for(n * heads, body);
-  else body(0, n * heads, 0);
-}
-
-// A one-layer cache of maxctx positions in dtype d, K and V random.
-std::unique_ptr<KvCache> filled_cache(KvDtype d, int64_t kvh, int64_t hd, int64_t maxctx, uint32_t seed) {
-  KvLayout l{1, kvh, hd};
+// A cache of `layers` layers of maxctx positions in dtype d, K and V random
+// (N(0,1) values taken at random offsets of one pool, so filling hundreds of
+// MiB costs no more than the stores).
+std::unique_ptr<KvCache> filled_cache(KvDtype d, int64_t layers, int64_t kvh, int64_t hd, int64_t maxctx, uint32_t seed) {
+  KvLayout l{layers, kvh, hd};
   l.dtype = d;
   auto kv = std::make_unique<KvCache>(l, maxctx / 16 + 4, 16);
   const int seq = kv->add_sequence();
   kv->reserve(seq, maxctx);
-  for (int64_t p = 0; p < maxctx; ++p) {
-    const auto k = randn(static_cast<size_t>(kvh * hd), seed + static_cast<uint32_t>(p), 1.0f);
-    const std::vector<float> v(k.rbegin(), k.rend());
-    kv->store(0, seq, p, k.data(), v.data());
-  }
+  const size_t w = static_cast<size_t>(kvh * hd);
+  const auto pool = randn(w * 64, seed, 1.0f);
+  std::mt19937 g(seed + 1);
+  for (int64_t layer = 0; layer < layers; ++layer)
+    for (int64_t p = 0; p < maxctx; ++p) {
+      const float* k = pool.data() + g() % (pool.size() - w);
+      const float* v = pool.data() + g() % (pool.size() - w);
+      kv->store(layer, seq, p, k, v);
+    }
   return kv;
 }
 
 constexpr KvDtype kKvDtypes[] = {KvDtype::f32, KvDtype::bf16, KvDtype::q8_0};
 
-void bench_attention(numa::ThreadPool& pool, double min_seconds) {
+// Layers so that one pass over them at 4096 positions reads >= 256 MiB: each
+// call takes the next layer, so the K/V come from memory, as in a model's
+// decode step (48 layers of them), not from the cache of the previous call.
+int64_t g_kv_layers = 0;  // --kv-layers: 0 = cold_layers(); 1 = the same layer every call (K/V hot in the caches)
+int64_t cold_layers(KvDtype d, int64_t kvh, int64_t hd, int64_t maxctx) {
+  if (g_kv_layers > 0) return g_kv_layers;
+  const int64_t per_layer = maxctx * kv_block_bytes(KvLayout{1, kvh, hd, -1, -1, 0, d}, 16) / 16;
+  return std::max<int64_t>(2, ((int64_t{256} << 20) + per_layer - 1) / per_layer);
+}
+
+void bench_attention(numa::ThreadPool& pool, double min_seconds, double bw) {
   const int64_t heads = 32, kvh = 4, hd = 128, maxctx = 4096;
-  std::printf("\n## attention (32 q heads / 4 kv heads, dim 128), ms per layer (min over repetitions), %d threads\n\n", pool.size());
-  std::printf("| KV dtype | rows | context | KV MB read | v0 ms (fp32) | new ms | speed-up | new KV GB/s |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n## attention (32 q heads / 4 kv heads, dim 128, head-major KV), ms per layer (min over repetitions), %d threads\n\n", pool.size());
+  std::printf("Each call reads the next of N layers' K/V (by default N x 4096 positions >= 256 MiB, so the bytes come from memory; --kv-layers 1: hot).\n\n");
+  std::printf("| KV dtype | layers | rows | context | KV MB read | ms | KV GB/s | / read bw |\n|---|---|---|---|---|---|---|---|\n");
   struct Case {
     int64_t n, ctx;
   };
   for (KvDtype d : kKvDtypes) {
-    auto kvp = filled_cache(d, kvh, hd, maxctx, 0);
+    const int64_t layers = cold_layers(d, kvh, hd, maxctx);
+    auto kvp = filled_cache(d, layers, kvh, hd, maxctx, 0);
     KvCache& kv = *kvp;
     const int seq = 0;
     double decode_ms[2] = {0, 0};
@@ -183,32 +162,29 @@ void bench_attention(numa::ThreadPool& pool, double min_seconds) {
       for (int64_t t = 0; t < c.n; ++t) slots.push_back({seq, c.ctx - c.n + t});
       const auto q = randn(static_cast<size_t>(c.n * heads * hd), 5, 1.0f);
       std::vector<float> out(q.size());
-      auto run = [&](bool v0) {
-        if (v0) attention_v0(q.data(), c.n, heads, kvh, hd, slots.data(), kv, 0, 0.088f, out.data(), &pool);
-        else ops::attention(q.data(), c.n, heads, kvh, hd, slots.data(), kv, 0, 0.088f, out.data(), &pool);
+      int64_t layer = 0;
+      auto run = [&] {
+        ops::attention(q.data(), c.n, heads, kvh, hd, slots.data(), kv, layer, 0.088f, out.data(), &pool);
+        layer = (layer + 1) % layers;
       };
-      double ms[2] = {NAN, NAN};
-      for (int v = 0; v < 2; ++v) {
-        if (v == 0 && d != KvDtype::f32) continue;  // v0 reads fp32 rows only
-        run(v == 0);
-        double total = 0, best = 1e30;
-        int reps = 0;
-        while (total < min_seconds || reps < 3) {
-          auto t0 = clk::now();
-          run(v == 0);
-          const double sec = std::chrono::duration<double>(clk::now() - t0).count();
-          total += sec;
-          best = std::min(best, sec);
-          ++reps;
-        }
-        ms[v] = best * 1e3;
+      run();
+      double total = 0, best = 1e30;
+      int reps = 0;
+      while (total < min_seconds || reps < 3 * layers) {
+        auto t0 = clk::now();
+        run();
+        const double sec = std::chrono::duration<double>(clk::now() - t0).count();
+        total += sec;
+        best = std::min(best, sec);
+        ++reps;
       }
-      const double kv_mb = static_cast<double>(c.ctx * 2 * kv_row_bytes(d, kvh * hd)) / 1e6;  // K and V of the longest row, once
-      if (c.n == 1) decode_ms[c.ctx == 4096] = ms[1];
-      std::printf("| %s | %ld | %ld | %.1f | %.3f | %.3f | %.1fx | %.1f |\n", kv_dtype_name(d), c.n, c.ctx, kv_mb, ms[0], ms[1], ms[0] / ms[1],
-                  kv_mb / ms[1]);
+      const double ms = best * 1e3;
+      const double kv_mb = static_cast<double>(c.ctx * kv_block_bytes(KvLayout{1, kvh, hd, -1, -1, 0, d}, 16) / 16) / 1e6;  // K and V, once
+      if (c.n == 1) decode_ms[c.ctx == 4096] = ms;
+      std::printf("| %s | %ld | %ld | %ld | %.1f | %.3f | %.1f | %.2f |\n", kv_dtype_name(d), layers, c.n, c.ctx, kv_mb, ms, kv_mb / ms,
+                  kv_mb / ms * 1e9 / bw);
     }
-    std::printf("\n%s: decode attention 4096 vs 512: %.2fx the time\n\n", kv_dtype_name(d), decode_ms[1] / decode_ms[0]);
+    std::printf("\n%s: decode attention 4096 vs 512: %.2fx the time (8x the bytes)\n\n", kv_dtype_name(d), decode_ms[1] / decode_ms[0]);
   }
 }
 
@@ -245,7 +221,11 @@ void bench_layer(numa::NodePools& pools, double min_seconds) {
   // the other jobs on a shared machine slow all of them alike; each case's
   // figure is its fastest step.
   std::vector<std::unique_ptr<KvCache>> caches;
-  for (KvDtype d : kKvDtypes) caches.push_back(filled_cache(d, kvh, hd, maxctx, 100));
+  std::vector<int64_t> cache_layers;
+  for (KvDtype d : kKvDtypes) {
+    cache_layers.push_back(cold_layers(d, kvh, hd, maxctx));
+    caches.push_back(filled_cache(d, cache_layers.back(), kvh, hd, maxctx, 100));
+  }
   const int64_t ctxs[2] = {512, 4096};
   double best[3][2], best_attn[3][2];
   for (auto& r : best) r[0] = r[1] = 1e30;
@@ -259,7 +239,7 @@ void bench_layer(numa::NodePools& pools, double min_seconds) {
     cpu::gemm(x.data(), 1, proj[1], kk.data(), &pool);
     cpu::gemm(x.data(), 1, proj[2], vv.data(), &pool);
     auto t1 = clk::now();
-    ops::attention(q.data(), 1, heads, kvh, hd, &slot, *caches[di], 0, 0.088f, att.data(), &pool);
+    ops::attention(q.data(), 1, heads, kvh, hd, &slot, *caches[di], step % cache_layers[di], 0.088f, att.data(), &pool);
     auto t2 = clk::now();
     cpu::gemm(att.data(), 1, proj[3], o.data(), &pool);
     std::fill(out.begin(), out.end(), 0.0f);
@@ -280,7 +260,7 @@ void bench_layer(numa::NodePools& pools, double min_seconds) {
   }
   double ratio[3];
   for (size_t di = 0; di < 3; ++di) {
-    const int64_t tok_bytes = 2 * kv_row_bytes(kKvDtypes[di], NK);
+    const int64_t tok_bytes = kv_block_bytes(KvLayout{1, kvh, hd, -1, -1, 0, kKvDtypes[di]}, 16) / 16;
     for (int ci = 0; ci < 2; ++ci)
       std::printf("| %s | %ld | %ld | %.2f | %.3f | %.3f |\n", kv_dtype_name(kKvDtypes[di]), tok_bytes, ctxs[ci],
                   static_cast<double>(ctxs[ci] * tok_bytes) / 1e6, best[di][ci] * 1e3, best_attn[di][ci] * 1e3);
@@ -289,9 +269,9 @@ void bench_layer(numa::NodePools& pools, double min_seconds) {
   std::printf("\n(%d rounds of the six cases)\n", rounds);
   std::printf("\n| KV dtype | decode step 4096 / 512 (goal <= 1.15x) | KV bytes per token per layer | host memory, 48 layers x 32768 tokens | saved vs fp32 |\n"
               "|---|---|---|---|---|\n");
-  const int64_t f32_bytes = 2 * kv_row_bytes(KvDtype::f32, NK);
+  const int64_t f32_bytes = kv_block_bytes(KvLayout{1, kvh, hd, -1, -1, 0, KvDtype::f32}, 16) / 16;
   for (size_t di = 0; di < 3; ++di) {
-    const int64_t b = 2 * kv_row_bytes(kKvDtypes[di], NK);
+    const int64_t b = kv_block_bytes(KvLayout{1, kvh, hd, -1, -1, 0, kKvDtypes[di]}, 16) / 16;
     const double gib = static_cast<double>(b) * 48 * 32768 / double(int64_t{1} << 30);
     const double saved = static_cast<double>(f32_bytes - b) * 48 * 32768 / double(int64_t{1} << 30);
     std::printf("| %s | %.2fx | %ld | %.2f GiB | %.2f GiB (%.0f%%) |\n", kv_dtype_name(kKvDtypes[di]), ratio[di], b, gib, saved,
@@ -318,8 +298,9 @@ int main(int argc, char** argv) {
     else if (a == "--batch" && i + 1 < argc) only_batch = std::stoll(argv[++i]);
     else if (a == "--no-attention") attn = false;
     else if (a == "--attention-only") experts = false;
+    else if (a == "--kv-layers" && i + 1 < argc) g_kv_layers = std::stoll(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N] [--no-attention | --attention-only]\n");
+      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N] [--no-attention | --attention-only] [--kv-layers N]\n");
       return 2;
     }
   }
@@ -369,7 +350,7 @@ int main(int argc, char** argv) {
     std::printf("\n(GB/s: stored bytes of the distinct experts a step touches / step time; GOP/s: 2 x 3 x H x I per (token, expert)\n"
               " pair, integer multiply-adds for int8, fp32 FMAs for exact.)\n");
   if (attn) {
-    bench_attention(pool, min_s);
+    bench_attention(pool, min_s, bw);
     bench_layer(pools, min_s);
   }
   return 0;

@@ -15,11 +15,47 @@ __global__ void embedding_kernel(const uint16_t* table, const int32_t* ids, int6
   for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) out[t * hidden + i] = bf2f(row[i]);
 }
 
-__global__ void add_rms_norm_kernel(float* x, const float* delta, const int32_t* rows, int64_t d, const uint16_t* w, float eps,
-                                    uint16_t* y, float* y_f32) {
+// Rows up to kNormPer * blockDim.x values keep them in registers (every load
+// issued before the first use); longer rows take the two-pass loop.
+constexpr int kNormPer = 8, kNormThreads = 512;
+__global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(float* x, const float* delta, const int32_t* rows, int64_t d, const uint16_t* w,
+                                                                    float eps, uint16_t* y, float* y_f32) {
   const int64_t i = blockIdx.x, r = rows ? rows[i] : i;
   float* xr = x + r * d;
   float ss = 0;
+  if (d <= static_cast<int64_t>(kNormPer) * blockDim.x) {
+    float v[kNormPer];
+#pragma unroll
+    for (int k = 0; k < kNormPer; ++k) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      v[k] = j < d ? xr[j] : 0.0f;
+    }
+    if (delta) {
+#pragma unroll
+      for (int k = 0; k < kNormPer; ++k) {
+        const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+        if (j < d) v[k] += delta[r * d + j];
+      }
+#pragma unroll
+      for (int k = 0; k < kNormPer; ++k) {
+        const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+        if (j < d) xr[j] = v[k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kNormPer; ++k) ss += v[k] * v[k];
+    ss = block_sum(ss);
+    const float inv = rsqrtf(ss / static_cast<float>(d) + eps);
+#pragma unroll
+    for (int k = 0; k < kNormPer; ++k) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (j >= d) continue;
+      const float o = bf2f(w[j]) * (v[k] * inv);
+      y[i * d + j] = f2bf(o);
+      if (y_f32) y_f32[i * d + j] = o;
+    }
+    return;
+  }
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
     float v = xr[j];
     if (delta) {
@@ -56,6 +92,43 @@ __global__ void qk_norm_rope_kernel(float* x, int64_t ld, int64_t hd, const uint
     const float p = v[i], q = v[i + half];
     xh[i] = p * c - q * s;
     xh[i + half] = q * c + p * s;
+  }
+}
+
+// q heads (blockIdx.y < heads) and k heads of one row: qk_norm_rope_kernel's
+// arithmetic; a k head also stores its rotated keys and the row's values of
+// that head into the cache (kv_store_kernel's), so one launch does all three.
+__global__ void qkv_norm_rope_store_kernel(float* x, int64_t ld, int heads, int64_t hd, const uint16_t* wq, const uint16_t* wk, float eps,
+                                           const int32_t* pos, const float* inv_freq, int kv_heads, const int32_t* slots, uint16_t* kc,
+                                           uint16_t* vc) {
+  __shared__ float v[256];
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y, i = threadIdx.x;
+  const bool is_k = h >= heads;
+  const uint16_t* w = is_k ? wk : wq;
+  float* xh = x + t * ld + static_cast<int64_t>(h) * hd;  // k heads follow the q heads
+  const float a = xh[i];
+  const float ss = block_sum(a * a);
+  const float inv = rsqrtf(ss / static_cast<float>(hd) + eps);
+  v[i] = bf2f(w[i]) * (a * inv);
+  __syncthreads();
+  const int half = static_cast<int>(hd / 2);
+  if (i < half) {
+    const float f = static_cast<float>(pos[t]) * inv_freq[i];
+    const float c = static_cast<float>(cos(static_cast<double>(f))), s = static_cast<float>(sin(static_cast<double>(f)));
+    const float p = v[i], q = v[i + half];
+    const float r0 = p * c - q * s, r1 = q * c + p * s;
+    xh[i] = r0;
+    xh[i + half] = r1;
+    if (is_k) {
+      const int64_t width = static_cast<int64_t>(kv_heads) * hd, slot = slots[t], col = static_cast<int64_t>(h - heads) * hd;
+      kc[slot * width + col + i] = f2bf(r0);
+      kc[slot * width + col + i + half] = f2bf(r1);
+    }
+  }
+  if (is_k) {
+    const int64_t width = static_cast<int64_t>(kv_heads) * hd, slot = slots[t], col = static_cast<int64_t>(h - heads) * hd;
+    vc[slot * width + col + i] = f2bf(x[t * ld + static_cast<int64_t>(heads + kv_heads) * hd + col + i]);
   }
 }
 
@@ -99,7 +172,8 @@ void embedding(const bf16_t* table, const int32_t* ids, int64_t n, int64_t hidde
 void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, int64_t d, const bf16_t* w, float eps, bf16_t* y,
                   float* y_f32, Stream& s) {
   if (n <= 0) return;
-  add_rms_norm_kernel<<<static_cast<unsigned>(n), 256, 0, cs(s)>>>(x, delta, rows, d, w, eps, y, y_f32);
+  const unsigned threads = d <= 8 * 256 ? 256 : kNormThreads;  // up to 8 values a thread in registers
+  add_rms_norm_kernel<<<static_cast<unsigned>(n), threads, 0, cs(s)>>>(x, delta, rows, d, w, eps, y, y_f32);
   HMOE_CUDA_LAUNCHED();
 }
 
@@ -109,6 +183,15 @@ void qk_norm_rope(float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd, co
   if (n <= 0) return;
   qk_norm_rope_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), static_cast<unsigned>(hd), 0, cs(s)>>>(
       x, ld, hd, w, eps, pos, inv_freq);
+  HMOE_CUDA_LAUNCHED();
+}
+
+void qkv_norm_rope_store(float* x, int64_t n, int64_t ld, int64_t heads, int64_t kv_heads, int64_t hd, const bf16_t* w_q, const bf16_t* w_k,
+                         float eps, const int32_t* pos, const float* inv_freq, const int32_t* slots, bf16_t* kc, bf16_t* vc, Stream& s) {
+  if (hd % 32 != 0 || hd > 256) fail(ErrorKind::unsupported, "gpu::qkv_norm_rope_store: head_dim " + std::to_string(hd) + " (need a multiple of 32, <= 256)");
+  if (n <= 0) return;
+  qkv_norm_rope_store_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads + kv_heads)), static_cast<unsigned>(hd), 0, cs(s)>>>(
+      x, ld, static_cast<int>(heads), hd, w_q, w_k, eps, pos, inv_freq, static_cast<int>(kv_heads), slots, kc, vc);
   HMOE_CUDA_LAUNCHED();
 }
 

@@ -33,6 +33,13 @@ void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, 
 void qk_norm_rope(float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd, const bf16_t* w, float eps, const int32_t* pos,
                   const float* inv_freq, Stream& s);
 
+// One launch for a GQA layer's rows [q heads | k heads | v heads] (stride
+// ld): qk_norm_rope on the q heads (w_q) and the k heads (w_k), then
+// kv_store of the rotated keys and the values (cache rows of kv_heads*hd).
+// Same arithmetic as the three calls.
+void qkv_norm_rope_store(float* x, int64_t n, int64_t ld, int64_t heads, int64_t kv_heads, int64_t hd, const bf16_t* w_q, const bf16_t* w_k,
+                         float eps, const int32_t* pos, const float* inv_freq, const int32_t* slots, bf16_t* kc, bf16_t* vc, Stream& s);
+
 // kc[slots[t]] = bf16(k[t]), vc[slots[t]] = bf16(v[t]); rows of `width`
 // values, source stride ld floats; cache rows of `width` values.
 void kv_store(const float* k, const float* v, int64_t ld, int64_t n, int64_t width, const int32_t* slots, bf16_t* kc, bf16_t* vc,

@@ -15,6 +15,10 @@ void qk_norm_rope(float*, int64_t, int64_t, int64_t, int64_t, const bf16_t*, flo
   no_cuda("qk_norm_rope");
 }
 void kv_store(const float*, const float*, int64_t, int64_t, int64_t, const int32_t*, bf16_t*, bf16_t*, Stream&) { no_cuda("kv_store"); }
+void qkv_norm_rope_store(float*, int64_t, int64_t, int64_t, int64_t, int64_t, const bf16_t*, const bf16_t*, float, const int32_t*, const float*,
+                         const int32_t*, bf16_t*, bf16_t*, Stream&) {
+  no_cuda("qkv_norm_rope_store");
+}
 void attention(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const bf16_t*, const bf16_t*, const int32_t*, const int32_t*,
                const int32_t*, int64_t, float, float*, bf16_t*, Stream&) {
   no_cuda("attention");

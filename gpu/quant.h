@@ -126,6 +126,85 @@ void quant_moe_experts(const bf16_t* x, int64_t n, int64_t hidden, int64_t inter
 // row-major, 16-byte aligned): what the big-pass path feeds cuBLAS.
 void quant_dequant(const QWeight& w, int64_t r0, int64_t rows, bf16_t* out, Stream& s);
 
+// ---- GGUF blocks as stored: Q4_K, Q5_K, Q6_K, Q8_0 (gpu/gguf_gemv.cu) ----
+//
+// The bytes of the file, unchanged: rows of cols/256 super-blocks (Q4_K 144,
+// Q5_K 176, Q6_K 210 bytes) or cols/32 blocks of 34 bytes (Q8_0), rows
+// contiguous (row_bytes() apart), `data` 16-byte aligned (rows themselves
+// need not be: Q6_K and Q8_0 rows are 2-byte aligned). The kernels never
+// read past data + bytes(). cols: a multiple of 256 (K types) or 64 (Q8_0).
+//
+// Numerics (as llama.cpp's and the CPU's integer path, numa/quant_gguf_q8.h):
+// activations are quantized per 32 to int8 (scale amax / 127) in shared
+// memory by each block, products are int8 dot products (dp4a) per run of 16
+// weights, scaled in fp32. Error against the exact product: at most
+// sum over 32-blocks of (amax_b / 254) * sum_k |w_k| (plus fp32 rounding).
+enum class GgufType : uint8_t { q4_k, q5_k, q6_k, q8_0 };
+const char* gguf_type_name(GgufType t);
+
+struct GgufWeight {
+  GgufType type = GgufType::q4_k;
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  size_t row_bytes() const;
+  size_t bytes() const { return static_cast<size_t>(rows) * row_bytes(); }
+};
+// True when m is a GGUF view (cpu::Quant::ext) of one of the four types
+// with a shape the kernels take.
+bool gguf_native_supported(const cpu::Mat& m);
+// The type of m, or Error(unsupported) naming `what`.
+GgufType gguf_type_of(const cpu::Mat& m, const std::string& what);
+// Error(unsupported / invalid_argument) naming `what` for a bad shape or alignment.
+void check_gguf_weight(const GgufWeight& w, const std::string& what);
+
+// Device copy of the parts stacked by rows (same type and columns), bytes
+// as stored, plus the 16 readable bytes past the end gguf_moe_gemm needs.
+// Synchronous on s.
+class GgufDeviceMat {
+ public:
+  GgufDeviceMat() = default;
+  GgufDeviceMat(const std::vector<cpu::Mat>& parts, Stream& s, const std::string& what);
+  const GgufWeight& weight() const { return w_; }
+
+ private:
+  DeviceBuffer data_;
+  GgufWeight w_;
+};
+
+// y[t, r] (row stride ldy) = sum_k x[t, k] W[r, k] for t < n, x bf16 [n, cols].
+// For decode-sized n (each weight byte is read once per 8 tokens); larger
+// passes should dequantize (gguf_dequant) and use cuBLAS.
+void gguf_gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy, Stream& s);
+
+// Rows [r0, r0 + rows) of w as bf16 into out ([rows, cols], 16-byte aligned).
+void gguf_dequant(const GgufWeight& w, int64_t r0, int64_t rows, bf16_t* out, Stream& s);
+
+// Routed experts for few tokens (decode), no routing pass: w_gate_up holds
+// E experts' [2*inter, hidden] (gate rows, then up rows), w_down E experts'
+// [hidden, inter]; ids/weights [n, k] (gpu::router_topk). gu: [n*k, 2*inter]
+// fp32 scratch. out[t] = sum_j weights[t*k+j] * down_e(silu(gate_e x_t) *
+// up_e x_t), e = ids[t*k+j] (overwritten; the sum over j in slot order).
+// Two launches: gate/up per (token, slot) pair; down per token with the
+// SwiGLU and the weighted sum fused. Each pair reads its expert's bytes, so
+// this is for n*k up to a few hundred pairs. k <= 16.
+void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* weights, const GgufWeight& w_gate_up,
+                      const GgufWeight& w_down, int64_t inter, float* gu, float* out, Stream& s);
+
+// Grouped expert product on tensor cores for prefill, the blocks dequantized
+// in shared memory (no bf16 copy, no host synchronisation: capturable):
+// for every expert e < experts and sorted row i in [offsets[e], offsets[e+1])
+// (device offsets, gpu::moe_route), c[i, r] = sum_k A_i[k] W_e[r, k] for r <
+// rows_per_expert, where W_e is rows [e * rows_per_expert, ...) of w and
+// A_i = a + (rowmap ? rowmap[i] / k_div : i) * w.cols (bf16; rowmap = the
+// pair list and k_div = top-k reads the token rows in place). c: fp32
+// [pairs, rows_per_expert]. Products in bf16 with fp32 accumulation (as
+// cuBLAS on the dequantized weights). Reads up to 16 bytes past the last
+// weight row (GgufDeviceMat allocates them). Needs
+// gguf_moe_gemm_supported(w, rows_per_expert): cols % 256 == 0, rows % 128 == 0.
+bool gguf_moe_gemm_supported(const GgufWeight& w, int64_t rows_per_expert);
+void gguf_moe_gemm(const bf16_t* a, const int32_t* rowmap, int64_t k_div, int64_t pairs, const int32_t* offsets, int64_t experts, const GgufWeight& w,
+                   int64_t rows_per_expert, float* c, Stream& s);
+
 // Reads `bytes` (a multiple of 16) at `data` with 16-byte loads over the
 // whole device and stores a checksum at *sink: the read-bandwidth roofline
 // the benchmarks compare these kernels against.

@@ -18,6 +18,21 @@ void quant_moe_experts(const bf16_t*, int64_t, int64_t, int64_t, int64_t, int64_
 
 void quant_dequant(const QWeight&, int64_t, int64_t, bf16_t*, Stream&) { fail(ErrorKind::unsupported, "gpu::quant_dequant: not built with CUDA"); }
 
+void gguf_gemv(const GgufWeight&, const bf16_t*, int64_t, float*, int64_t, Stream&) { fail(ErrorKind::unsupported, "gpu::gguf_gemv: not built with CUDA"); }
+
+void gguf_dequant(const GgufWeight&, int64_t, int64_t, bf16_t*, Stream&) { fail(ErrorKind::unsupported, "gpu::gguf_dequant: not built with CUDA"); }
+
+void gguf_moe_experts(const bf16_t*, int64_t, int64_t, const int32_t*, const float*, const GgufWeight&, const GgufWeight&, int64_t, float*, float*,
+                      Stream&) {
+  fail(ErrorKind::unsupported, "gpu::gguf_moe_experts: not built with CUDA");
+}
+
+bool gguf_moe_gemm_supported(const GgufWeight& w, int64_t rows_per_expert) { return w.cols % 256 == 0 && rows_per_expert % 128 == 0 && rows_per_expert > 0; }
+
+void gguf_moe_gemm(const bf16_t*, const int32_t*, int64_t, int64_t, const int32_t*, int64_t, const GgufWeight&, int64_t, float*, Stream&) {
+  fail(ErrorKind::unsupported, "gpu::gguf_moe_gemm: not built with CUDA");
+}
+
 void read_probe(const void*, size_t, uint32_t*, Stream&) { fail(ErrorKind::unsupported, "gpu::read_probe: not built with CUDA"); }
 
 }  // namespace hmoe::gpu

@@ -1,6 +1,7 @@
 // Host side of gpu/quant.h: formats, shape checks and the upload of CPU
 // views. No CUDA calls of its own (copies go through gpu/memory.h), so the
 // CPU-only build compiles it too (gpu/quant_nocuda.cpp includes this file).
+#include <algorithm>
 #include <cstring>
 
 #include "configs/error.h"
@@ -269,6 +270,105 @@ QDeviceMat::QDeviceMat(const std::vector<cpu::Mat>& parts, Stream& s, const std:
   w_.scales = h.scales.empty() ? nullptr : scales_.as<float>();
   w_.zeros = h.zeros.empty() ? nullptr : zeros_.as<float>();
   check_qweight(w_, what);
+}
+
+}  // namespace hmoe::gpu
+
+namespace hmoe::gpu {
+
+// ---- GGUF blocks as stored ----------------------------------------------------
+
+const char* gguf_type_name(GgufType t) {
+  switch (t) {
+    case GgufType::q4_k: return "Q4_K";
+    case GgufType::q5_k: return "Q5_K";
+    case GgufType::q6_k: return "Q6_K";
+    case GgufType::q8_0: return "Q8_0";
+  }
+  return "?";
+}
+
+size_t GgufWeight::row_bytes() const {
+  switch (type) {
+    case GgufType::q4_k: return static_cast<size_t>(cols / 256) * 144;
+    case GgufType::q5_k: return static_cast<size_t>(cols / 256) * 176;
+    case GgufType::q6_k: return static_cast<size_t>(cols / 256) * 210;
+    case GgufType::q8_0: return static_cast<size_t>(cols / 32) * 34;
+  }
+  return 0;
+}
+
+namespace {
+bool gguf_type_from(const cpu::Mat& m, GgufType& t) {
+  if (m.quant != cpu::Quant::ext) return false;
+  switch (static_cast<cpu::ExtType>(m.ext)) {
+    case cpu::ExtType::q4_k: t = GgufType::q4_k; return true;
+    case cpu::ExtType::q5_k: t = GgufType::q5_k; return true;
+    case cpu::ExtType::q6_k: t = GgufType::q6_k; return true;
+    case cpu::ExtType::q8_0: t = GgufType::q8_0; return true;
+    default: return false;
+  }
+}
+}  // namespace
+
+GgufType gguf_type_of(const cpu::Mat& m, const std::string& what) {
+  GgufType t{};
+  if (!gguf_type_from(m, t))
+    fail(ErrorKind::unsupported, what + ": weights of type " + cpu::mat_type_name(m) + " are not GGUF Q4_K/Q5_K/Q6_K/Q8_0 blocks");
+  return t;
+}
+
+void check_gguf_weight(const GgufWeight& w, const std::string& what) {
+  auto bad = [&](const std::string& msg) { fail(ErrorKind::unsupported, what + " (" + gguf_type_name(w.type) + "): " + msg); };
+  if (w.rows < 0 || w.cols <= 0) bad("rows " + std::to_string(w.rows) + ", cols " + std::to_string(w.cols) + ": not a matrix");
+  if (w.rows > INT32_MAX / 2 || w.cols > (1 << 20)) bad("matrix too large");
+  const int64_t unit = w.type == GgufType::q8_0 ? 64 : 256;
+  if (w.cols % unit != 0) bad("cols " + std::to_string(w.cols) + " is not a multiple of " + std::to_string(unit));
+  if (w.rows > 0 && !w.data) bad("no data");
+  if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0) bad("data is not 16-byte aligned");
+}
+
+bool gguf_native_supported(const cpu::Mat& m) {
+  GgufType t{};
+  if (!gguf_type_from(m, t)) return false;
+  GgufWeight w;
+  w.type = t;
+  w.rows = m.rows;
+  w.cols = m.cols;
+  alignas(16) static const uint8_t dummy[16] = {};
+  w.data = dummy;
+  try {
+    check_gguf_weight(w, "");
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+GgufDeviceMat::GgufDeviceMat(const std::vector<cpu::Mat>& parts, Stream& s, const std::string& what) {
+  if (parts.empty()) fail(ErrorKind::invalid_argument, what + ": no matrices to upload");
+  w_.type = gguf_type_of(parts[0], what);
+  w_.cols = parts[0].cols;
+  for (const cpu::Mat& m : parts) {
+    if (m.quant != parts[0].quant || m.ext != parts[0].ext || m.cols != parts[0].cols)
+      fail(ErrorKind::invalid_argument, what + ": stacked matrices differ in type or columns (" + cpu::mat_type_name(m) + " vs " +
+                                            cpu::mat_type_name(parts[0]) + ")");
+    w_.rows += m.rows;
+  }
+  w_.data = reinterpret_cast<const void*>(uintptr_t{16});  // checked for shape only; the real pointer follows
+  check_gguf_weight(w_, what);
+  const size_t rb = w_.row_bytes();
+  data_ = DeviceBuffer(w_.bytes() + 16);  // gguf_moe_gemm reads words up to 16 bytes past the last row
+  size_t at = 0;
+  for (const cpu::Mat& m : parts) {
+    if (m.row_bytes() != rb) fail(ErrorKind::internal, what + ": row bytes of the CPU view and the GPU format disagree");
+    const size_t b = static_cast<size_t>(m.rows) * rb;
+    copy_to_device(data_.as<uint8_t>() + at, m.data, b, s);
+    at += b;
+  }
+  memset_device(data_.as<uint8_t>() + at, 0, 16, s);
+  s.synchronize();
+  w_.data = data_.data();
 }
 
 }  // namespace hmoe::gpu

@@ -1,6 +1,7 @@
 // The activation quantizer of the integer GGUF path (numa/quant_gguf_q8.h),
 // its scalar reference, the run-time dispatch and the threaded product.
 #include "numa/quant_gguf_q8.h"
+#include "numa/quant_gguf_lowbit.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,7 +15,8 @@ namespace hmoe::cpu {
 namespace {
 
 
-bool is_k(ExtType t) { return t == ExtType::q4_k || t == ExtType::q5_k || t == ExtType::q6_k; }
+// The low-bit types (numa/quant_gguf_lowbit.h) share the K types' activation layout (sums per 16).
+bool is_k(ExtType t) { return t == ExtType::q4_k || t == ExtType::q5_k || t == ExtType::q6_k || lowbit_type(static_cast<uint32_t>(t)); }
 bool is_b32(ExtType t) { return t == ExtType::q8_0 || t == ExtType::q4_0 || t == ExtType::q5_0; }
 // Q4_K/Q5_K: a 64-byte load of codes holds sub-blocks (0,2) in its low
 // nibbles and (1,3) in its high ones; the activation's sub-blocks are stored
@@ -29,6 +31,7 @@ int lane_block(ExtType t, int l) { return t == ExtType::q8_0 ? l / 8 : (l / 4) %
 
 bool gguf_q8_applies(const Mat& w) {
   if (w.quant != Quant::ext || best_isa() == Isa::scalar) return false;
+  if (lowbit_type(w.ext)) return lowbit_q8_applies(w);
   const auto t = static_cast<ExtType>(w.ext);
   if (is_k(t)) return w.cols > 0 && w.cols % 256 == 0;
   if (is_b32(t)) return w.cols > 0 && w.cols % 64 == 0;
@@ -85,7 +88,7 @@ void Q8Acts::quantize(int64_t t, const float* x) {
     if (is_k(type)) {
       int16_t* bs = bsum.data() + (t * (cols / 256) + b) * 16;
       std::fill(bs, bs + 16, int16_t{0});
-      const int run = type == ExtType::q6_k ? 16 : 32;
+      const int run = type == ExtType::q6_k || lowbit_type(static_cast<uint32_t>(type)) ? 16 : 32;
       for (int i = 0; i < 256; ++i) bs[i / run] = static_cast<int16_t>(bs[i / run] + tmp[i]);
     }
     for (int64_t i = 0; i < block; ++i) qt[pos(b * block + i)] = tmp[i];
@@ -139,6 +142,7 @@ void gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t
   if (static_cast<ExtType>(w.ext) != xa.type || w.cols != xa.cols)
     fail(ErrorKind::internal, "gemm_rows_q8: activations quantized for " + std::string(ext_type_info(static_cast<uint32_t>(xa.type))->name) +
                                   " [" + std::to_string(xa.cols) + "], weights are " + ext_type_name(w) + " [" + std::to_string(w.cols) + "]");
+  if (lowbit_type(w.ext)) return lowbit_gemm_rows_q8(xa, t0, n, w, r0, r1, y, ldy);
   const Isa isa = best_isa();
   if (isa == Isa::avx512 && detail::q8_has_vnni()) detail::q8_rows_avx512(xa, t0, n, w, r0, r1, y, ldy);
   else if (isa != Isa::scalar) detail::q8_rows_avx2(xa, t0, n, w, r0, r1, y, ldy);

@@ -42,6 +42,11 @@ KvCache::KvCache(const KvLayout& layout, int64_t num_blocks, int64_t block_size,
   }
 }
 
+void KvCache::row_check() const {
+  if (!cpu_ || cpu_->geometry().head_major || layout_.dtype != KvDtype::f32)
+    fail(ErrorKind::internal, "KvCache::k()/v(): fp32 row-major CPU layouts only (use store()/load())");
+}
+
 void KvCache::set_storage(std::unique_ptr<KvStorage> storage) {
   if (!storage) fail(ErrorKind::internal, "KvCache::set_storage: null storage");
   if (!cached_.empty() || !host_lru_.empty() || stats_.offloaded_blocks > 0)

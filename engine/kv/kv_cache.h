@@ -22,8 +22,9 @@
 // Storage (engine/kv/kv_storage.h): the bytes live in a KvStorage that the
 // cache calls to copy, offload and restore blocks. By default that is
 // CpuKvStorage (arrays for both tiers in the layout's KvDtype: fp32, bf16
-// or q8_0; written through store(), read as rows through k_row()/v_row(),
-// and as fp32 pointers through k()/v() when the dtype is fp32); the GPU
+// or q8_0; head-major with transposed key tiles for GQA layouts; written
+// through store(), read back through load(), by the attention through
+// k_tile()/v_row(), and for the latent cache as fp32 rows through k()); the GPU
 // path binds a GpuKvStorage (bf16 blocks on the GPU, pinned host pool), and
 // then k()/v() must not be used.
 //
@@ -32,7 +33,7 @@
 // (prefix_caching() tells).
 //
 // Contract: not thread-safe for allocation (the step thread owns it);
-// k()/v() pointers may be read and written concurrently for distinct
+// store(), load(), k() and v() may run concurrently for distinct
 // (seq, pos). reserve() throws Error(out_of_memory) when the pool is empty,
 // leaving the sequence unchanged.
 #pragma once
@@ -111,20 +112,35 @@ class KvCache {
   // Truncates a sequence to `len` tokens, freeing whole blocks past it.
   void truncate(int seq, int64_t len);
 
-  // Pointer to layout().k_floats() / v_floats() floats for (layer, seq, pos);
-  // pos < capacity. v() must not be used when v_floats() is 0. CPU storage
-  // with dtype fp32 only (other dtypes: store() and k_row()/v_row()).
-  float* k(int64_t layer, int seq, int64_t pos) { return reinterpret_cast<float*>(k_row(layer, seq, pos)); }
-  float* v(int64_t layer, int seq, int64_t pos) { return reinterpret_cast<float*>(v_row(layer, seq, pos)); }
-  // The stored row of (layer, seq, pos) in the layout's dtype
-  // (kv_row_bytes(dtype, k_floats()) bytes; engine/kv/kv_storage.h). CPU storage only.
-  uint8_t* k_row(int64_t layer, int seq, int64_t pos) { return cpu_->k_row(layer, block_of(seq, pos), pos % block_size_); }
-  uint8_t* v_row(int64_t layer, int seq, int64_t pos) { return cpu_->v_row(layer, block_of(seq, pos), pos % block_size_); }
+  // Row-major layouts (own token widths: the latent cache) in fp32 only:
+  // pointer to layout().k_floats() / v_floats() floats for (layer, seq,
+  // pos); pos < capacity. v() must not be used when v_floats() is 0. Throws
+  // Error(internal) on a head-major (GQA) layout, whose rows are not
+  // contiguous (use store() / load()).
+  float* k(int64_t layer, int seq, int64_t pos) {
+    row_check();
+    return reinterpret_cast<float*>(cpu_->k_tile(layer, 0, block_of(seq, pos), pos % block_size_));
+  }
+  float* v(int64_t layer, int seq, int64_t pos) {
+    row_check();
+    return reinterpret_cast<float*>(cpu_->v_row(layer, 0, block_of(seq, pos), pos % block_size_));
+  }
   // Writes one token's keys (k_floats() values) and values (v_floats(); v may
-  // be null when that is 0), converted once to the dtype. CPU storage only.
+  // be null when that is 0), converted once to the dtype; load() converts
+  // them back to fp32. CPU storage only.
   void store(int64_t layer, int seq, int64_t pos, const float* k, const float* v) {
-    kv_encode_row(layout_.dtype, k, k_floats_, k_row(layer, seq, pos));
-    if (v_floats_ > 0) kv_encode_row(layout_.dtype, v, v_floats_, v_row(layer, seq, pos));
+    cpu_->store(layer, block_of(seq, pos), pos % block_size_, k, v);
+  }
+  void load(int64_t layer, int seq, int64_t pos, float* k, float* v) { cpu_->load(layer, block_of(seq, pos), pos % block_size_, k, v); }
+  // The stored bytes as the attention reads them (CPU storage only;
+  // engine/kv/kv_storage.h, KvGeometry): the key tile holding (seq, pos) of
+  // `part` (kv head; its lane is pos % tile) and the part's value row.
+  const KvGeometry& geometry() const { return cpu_->geometry(); }
+  const uint8_t* k_tile(int64_t layer, int seq, int64_t pos, int64_t part) {
+    return cpu_->k_tile(layer, part, block_of(seq, pos), pos % block_size_);
+  }
+  const uint8_t* v_row(int64_t layer, int seq, int64_t pos, int64_t part) {
+    return cpu_->v_row(layer, part, block_of(seq, pos), pos % block_size_);
   }
   KvDtype dtype() const { return layout_.dtype; }
 
@@ -144,12 +160,11 @@ class KvCache {
   int64_t cached_free_blocks() const { return static_cast<int64_t>(lru_.size()); }
   const KvLayout& layout() const { return layout_; }
   // Bytes of one block in the CPU storage (in the layout's dtype).
-  static int64_t bytes_per_block(const KvLayout& l, int64_t block_size) {
-    return l.layers * block_size * (kv_row_bytes(l.dtype, l.k_floats()) + kv_row_bytes(l.dtype, l.v_floats()));
-  }
+  static int64_t bytes_per_block(const KvLayout& l, int64_t block_size) { return kv_block_bytes(l, block_size); }
 
  private:
   int64_t block_of(int seq, int64_t pos) const { return tables_[static_cast<size_t>(seq)][static_cast<size_t>(pos / block_size_)]; }
+  void row_check() const;
 
   // Identity of a cached full block: its chained hash, the parent's hash and its tokens.
   struct BlockId {

@@ -3,7 +3,8 @@
 // storage moves the bytes when a block is copied, offloaded to a host slot or
 // restored from one. Two storages:
 // - CpuKvStorage (here): arrays in RAM for both tiers in the layout's
-//   KvDtype (fp32, bf16 or q8_0), written once per token through
+//   KvDtype (fp32, bf16 or q8_0), head-major with keys in transposed tiles
+//   for GQA layouts (KvGeometry), written once per token through
 //   KvCache::store() and read by ops::attention in that dtype; copies are
 //   memcpy.
 // - GpuKvStorage (engine/kv/kv_storage_gpu.h): bf16 blocks on the GPU and a
@@ -62,9 +63,36 @@ class KvStorage {
   virtual int64_t bytes_per_block() const = 0;                 // bytes one block copy moves
 };
 
-// Both tiers as arrays [layer][block][token][row bytes] in the layout's
-// dtype. The memory comes from calloc, so pages never written (a GPU run, an
-// unused host tier) cost no RAM.
+// Where the CPU storage puts a layout's bytes. Two shapes:
+// - head-major (plain GQA layouts: kv_heads x head_dim per token): each
+//   (layer, kv head) owns a plane [block][...], so one head's keys and values
+//   are contiguous block after block (blocks a sequence takes in order are
+//   adjacent), which lets the decode attention stream them. Keys are stored
+//   transposed in tiles of `tile` tokens (min(16, block_size)): a tile is
+//   [head_dim][tile] values (a key dimension for `tile` tokens is one vector),
+//   then, in q8_0, [head_dim / 32 groups][tile] fp32 scales. Values are rows
+//   of head_dim values per token (kv_row_bytes(dtype, head_dim)).
+// - row-major (layouts with their own token widths: the multi-head latent
+//   cache): one part of the full width, tile 1 (a key tile is a row), so a
+//   token's K row is contiguous and rows follow each other within a block.
+struct KvGeometry {
+  bool head_major = false;
+  int64_t parts = 1;                   // kv heads (head-major) or 1
+  int64_t k_width = 0, v_width = 0;    // values per part and token
+  int64_t tile = 1;                    // tokens per key tile
+  int64_t k_tile_bytes = 0;            // one key tile
+  int64_t k_scale_offset = 0;          // q8_0: byte offset of a key tile's scales
+  int64_t v_row_bytes = 0;             // one token's values of one part
+  int64_t k_block_bytes = 0, v_block_bytes = 0;  // one part's block
+  int64_t esz = 4;                     // bytes per stored value (q8_0: 1, plus scales)
+};
+KvGeometry kv_geometry(const KvLayout& l, int64_t block_size);
+// Bytes one block takes over all layers (K and V).
+int64_t kv_block_bytes(const KvLayout& l, int64_t block_size);
+
+// Both tiers as arrays [layer][part][block][part's block bytes] (KvGeometry)
+// in the layout's dtype. The memory comes from calloc, so pages never
+// written (a GPU run, an unused host tier) cost no RAM.
 class CpuKvStorage final : public KvStorage {
  public:
   CpuKvStorage(const KvLayout& l, int64_t num_blocks, int64_t block_size, int64_t host_blocks);
@@ -74,10 +102,19 @@ class CpuKvStorage final : public KvStorage {
   int64_t bytes_per_block() const override;
 
   KvDtype dtype() const { return dtype_; }
-  int64_t k_row_bytes() const { return kb_; }
-  int64_t v_row_bytes() const { return vb_; }
-  uint8_t* k_row(int64_t layer, int64_t block, int64_t off) { return keys_.get() + ((layer * blocks_ + block) * bs_ + off) * kb_; }
-  uint8_t* v_row(int64_t layer, int64_t block, int64_t off) { return values_.get() + ((layer * blocks_ + block) * bs_ + off) * vb_; }
+  const KvGeometry& geometry() const { return g_; }
+  // The key tile holding token `off` of `block` for `part` (its lane is off % tile).
+  uint8_t* k_tile(int64_t layer, int64_t part, int64_t block, int64_t off) {
+    return keys_.get() + ((layer * g_.parts + part) * blocks_ + block) * g_.k_block_bytes + off / g_.tile * g_.k_tile_bytes;
+  }
+  // The values of token `off` of `block` for `part` (v_row_bytes).
+  uint8_t* v_row(int64_t layer, int64_t part, int64_t block, int64_t off) {
+    return values_.get() + ((layer * g_.parts + part) * blocks_ + block) * g_.v_block_bytes + off * g_.v_row_bytes;
+  }
+  // One token's keys (all parts, k_floats values) and values, converted to
+  // the dtype / back to fp32 (v may be null when v_floats is 0).
+  void store(int64_t layer, int64_t block, int64_t off, const float* k, const float* v);
+  void load(int64_t layer, int64_t block, int64_t off, float* k, float* v);
 
  private:
   struct Free {
@@ -85,11 +122,12 @@ class CpuKvStorage final : public KvStorage {
   };
   using Array = std::unique_ptr<uint8_t[], Free>;
   static Array zeros(int64_t bytes);
-  // Copies every layer's block `src` of (sbuf, sblocks) to block `dst` of (dbuf, dblocks).
-  void copy(uint8_t* dbuf, int64_t dblocks, int64_t dst, const uint8_t* sbuf, int64_t sblocks, int64_t src, int64_t row_bytes);
+  // Copies every (layer, part)'s block `src` of (sbuf, sblocks) to block `dst` of (dbuf, dblocks).
+  void copy(uint8_t* dbuf, int64_t dblocks, int64_t dst, const uint8_t* sbuf, int64_t sblocks, int64_t src, int64_t part_block_bytes);
 
   KvDtype dtype_;
-  int64_t layers_, blocks_, bs_, kb_, vb_, host_blocks_;
+  KvGeometry g_;
+  int64_t layers_, blocks_, host_blocks_;
   Array keys_, values_, host_keys_, host_values_;
 };
 

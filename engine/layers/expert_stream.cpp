@@ -10,42 +10,17 @@
 #include <map>
 
 #include "configs/error.h"
+#include "engine/layers/expert_stream_layout.h"
 #include "engine/layers/gpu_upload.h"
 #include "engine/placement/placement.h"
 #include "engine/placement/prefill_cost.h"
+#include "gpu/quant.h"
 #include "gpu/device.h"
 #include "gpu/moe_stream.h"
 #include "io/dtype.h"
 #include "numa/kernels.h"
 
 namespace hmoe {
-
-namespace {
-
-struct CopyOp {
-  size_t dst;       // byte offset in a slot
-  const void* src;  // pinned host memory
-  size_t bytes;
-};
-
-// Sorted by destination; neighbours contiguous on both sides become one copy.
-void coalesce(std::vector<CopyOp>& ops) {
-  std::sort(ops.begin(), ops.end(), [](const CopyOp& a, const CopyOp& b) { return a.dst < b.dst; });
-  std::vector<CopyOp> out;
-  for (const CopyOp& op : ops) {
-    if (!out.empty() && out.back().dst + out.back().bytes == op.dst &&
-        static_cast<const char*>(out.back().src) + out.back().bytes == static_cast<const char*>(op.src)) {
-      out.back().bytes += op.bytes;
-    } else {
-      out.push_back(op);
-    }
-  }
-  ops = std::move(out);
-}
-
-bool plain_bf16(const cpu::Mat& m) { return m.dtype == DType::bf16 && m.quant == cpu::Quant::none; }
-
-}  // namespace
 
 double measure_pinned_h2d_bandwidth(size_t bytes) {
   gpu::PinnedBuffer h(bytes);
@@ -65,43 +40,88 @@ double measure_pinned_h2d_bandwidth(size_t bytes) {
   return best;
 }
 
-ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& s, numa::ThreadPool* pool, bool quiet) {
+namespace {
+
+// moe_experts_gemm over quantized slot matrices: a chunk of experts at a time
+// (at most 256 MiB per matrix kind) dequantized to bf16, then the cuBLAS
+// products. The weight calls come in expert order per matrix kind.
+void moe_experts_gemm_quant(gpu::Blas& blas, const uint16_t* x, int64_t n, int64_t H, int64_t I, int64_t E, int64_t K, const int32_t* offs,
+                            const int32_t* pair_list, const float* weights, const gpu::QWeight& gu, const gpu::QWeight& dn, gpu::DeviceBuffer& deq_gu,
+                            gpu::DeviceBuffer& deq_dn, MoeGemmScratch& sc, float* out, gpu::Stream& s) {
+  const int64_t gu_elems = 2 * I * H, dn_elems = H * I;
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(E, (256ll << 20) / (gu_elems * 2)));
+  deq_gu.reserve(static_cast<size_t>(chunk * gu_elems) * 2);
+  deq_dn.reserve(static_cast<size_t>(chunk * dn_elems) * 2);
+  int64_t have[2] = {-1, -1};  // first expert of the chunk held, per kind
+  moe_experts_gemm(blas, x, n, H, I, E, K, offs, pair_list, weights,
+                   [&](int64_t e, bool down) -> const uint16_t* {
+                     const int k = down ? 1 : 0;
+                     const int64_t elems = down ? dn_elems : gu_elems, rows = down ? H : 2 * I;
+                     gpu::DeviceBuffer& buf = down ? deq_dn : deq_gu;
+                     if (have[k] < 0 || e < have[k] || e >= have[k] + chunk) {
+                       have[k] = e;
+                       gpu::quant_dequant(down ? dn : gu, e * rows, std::min(chunk, E - e) * rows, buf.as<uint16_t>(), s);
+                     }
+                     return buf.as<uint16_t>() + (e - have[k]) * elems;
+                   },
+                   sc, out, s);
+}
+
+std::string format_cost_line(const PrefillCost& cost, const char* cpu_note) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "CPU experts %.0f GFLOP/s (%s) and %.1f GB/s at %.4f bytes/weight, pinned PCIe %.1f GB/s at %.4f bytes/weight streamed, GPU experts %.0f "
+                "TFLOP/s assumed",
+                cost.cpu_expert_flops / 1e9, cpu_note, cost.cpu_bandwidth / 1e9, cost.cpu_bytes_per_weight, cost.pcie_bandwidth / 1e9,
+                cost.stream_bytes_per_weight, cost.gpu_expert_flops / 1e12);
+  return buf;
+}
+
+}  // namespace
+
+ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& s, numa::NodePools& pools, const numa::ExpertWeights* sample,
+                                          bool quiet) {
   ExpertStreamOptions o;
   o.window = parse_prefetch_window(s);
   o.quiet = quiet;
+  o.quantized = s.gpu_quantized_experts;
   const int64_t mb = parse_prefill_min_batch(s);
   if (mb >= 0) {
     o.min_batch = mb;
     return o;
   }
   PrefillCost cost;
-  cost.cpu_expert_flops = measure_cpu_expert_flops(c, pool);
-  cost.cpu_bandwidth = measure_host_read_bandwidth(pool);
+  cost.cpu_expert_flops = sample ? measure_cpu_expert_flops(*sample, pools, numa::EngineOptions::from_settings(s))
+                                 : measure_cpu_expert_flops(c, &pools.pool(0));
+  cost.cpu_bandwidth = measure_host_read_bandwidth(&pools.pool(0));
   cost.pcie_bandwidth = measure_pinned_h2d_bandwidth(64u << 20);
   cost.gpu_expert_flops = kAssumedGpuExpertFlops;
+  cost.cpu_bytes_per_weight = expert_cpu_bytes_per_weight(c);
+  cost.stream_bytes_per_weight = expert_stream_bytes_per_weight(c, o.quantized);
   const int64_t be = prefill_break_even(c, cost);
   o.min_batch = be > 0 ? std::max(be, kAutoMinBatchFloor) : 0;
   if (!quiet)
-    std::fprintf(stderr,
-                 "hmoe: --gpu-prefill-min-batch-size auto -> %lld tokens (break-even %lld, floor %lld; CPU experts %.0f GFLOP/s and %.1f GB/s measured, pinned PCIe %.1f GB/s measured, GPU experts %.0f "
-                 "TFLOP/s assumed)\n",
-                 static_cast<long long>(o.min_batch), static_cast<long long>(be),
-                 static_cast<long long>(kAutoMinBatchFloor), cost.cpu_expert_flops / 1e9,
-                 cost.cpu_bandwidth / 1e9, cost.pcie_bandwidth / 1e9, cost.gpu_expert_flops / 1e12);
+    std::fprintf(stderr, "hmoe: --gpu-prefill-min-batch-size auto -> %lld tokens (break-even %lld, floor %lld; %s)\n", static_cast<long long>(o.min_batch),
+                 static_cast<long long>(be), static_cast<long long>(kAutoMinBatchFloor),
+                 format_cost_line(cost, sample ? "one of the model's experts, measured" : "bf16 probe, measured").c_str());
   return o;
 }
 
 std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double cpu_bandwidth, double pcie_bandwidth, int64_t streamed_layers,
-                                uint64_t gpu_left, uint64_t gpu_total) {
+                                uint64_t gpu_left, uint64_t gpu_total, const numa::ExpertWeights* sample) {
   const int window = parse_prefetch_window(s);
   const int64_t set = parse_prefill_min_batch(s);
   char buf[1024];
   std::string out;
   ExpertStreamOptions o;
   o.window = window;
-  std::snprintf(buf, sizeof buf, "prefill streaming of non-resident experts: window %d (%s), %lld device slots of %s = %s on the GPU when on\n", window,
-                s.origin("gpu_prefetch_window").c_str(), static_cast<long long>(expert_stream_slots(o, streamed_layers)),
-                format_bytes(expert_stream_slot_size(c)).c_str(), format_bytes(expert_stream_slot_bytes(c, o, streamed_layers)).c_str());
+  o.quantized = s.gpu_quantized_experts;
+  const bool quant = o.quantized && c.gpu_expert_bytes_per_weight > 0 && c.gpu_expert_bytes_per_weight < 2.0;
+  std::snprintf(buf, sizeof buf, "prefill streaming of non-resident experts: window %d (%s), %lld device slots of %s = %s on the GPU when on (%s)\n",
+                window, s.origin("gpu_prefetch_window").c_str(), static_cast<long long>(expert_stream_slots(o, streamed_layers)),
+                format_bytes(expert_stream_slot_size(c, o)).c_str(), format_bytes(expert_stream_slot_bytes(c, o, streamed_layers)).c_str(),
+                quant ? "experts streamed in their GPU quantized format, stored blocks as they are where the GPU takes them"
+                      : "experts streamed as bf16");
   out += buf;
   std::string why;
   if (set != 0 && !expert_stream_fits_in(c, o, streamed_layers, gpu_left, gpu_total, &why)) out += "  NOT ON with this plan: " + why + "\n";
@@ -120,19 +140,39 @@ std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double 
       pcie_note = "assumed (PCIe 4.0 x16); pass --pcie-bandwidth";
     }
   }
-  numa::ThreadPool pool(0);
-  PrefillCost cost{measure_cpu_expert_flops(c, &pool), cpu_bandwidth, pcie_bandwidth, kAssumedGpuExpertFlops};
+  PrefillCost cost;
+  if (sample) {
+    numa::NodePools pools(numa::PoolOptions::from_settings(s));
+    cost.cpu_expert_flops = measure_cpu_expert_flops(*sample, pools, numa::EngineOptions::from_settings(s));
+  } else {
+    numa::ThreadPool pool(0);
+    cost.cpu_expert_flops = measure_cpu_expert_flops(c, &pool);
+  }
+  cost.cpu_bandwidth = cpu_bandwidth;
+  cost.pcie_bandwidth = pcie_bandwidth;
+  cost.gpu_expert_flops = kAssumedGpuExpertFlops;
+  cost.cpu_bytes_per_weight = expert_cpu_bytes_per_weight(c);
+  cost.stream_bytes_per_weight = expert_stream_bytes_per_weight(c, o.quantized);
   const int64_t be = prefill_break_even(c, cost);
-  std::snprintf(buf, sizeof buf,
-                "  auto: break-even %lld tokens -> passes of >= %lld tokens stream (CPU experts %.0f GFLOP/s measured here, host %.1f GB/s, "
-                "pinned PCIe %.1f GB/s %s, GPU experts %.0f TFLOP/s assumed; floor %lld)\n",
-                static_cast<long long>(be), static_cast<long long>(be > 0 ? std::max(be, kAutoMinBatchFloor) : 0), cost.cpu_expert_flops / 1e9,
-                cpu_bandwidth / 1e9, pcie_bandwidth / 1e9, pcie_note.c_str(), cost.gpu_expert_flops / 1e12, static_cast<long long>(kAutoMinBatchFloor));
-  return out + buf;
+  const std::string cpu_note = std::string(sample ? "one of the model's experts" : "bf16 probe") + ", measured here";
+  std::snprintf(buf, sizeof buf, "  auto: break-even %lld tokens -> passes of >= %lld tokens stream (floor %lld; PCIe %s; %s)\n", static_cast<long long>(be),
+                static_cast<long long>(be > 0 ? std::max(be, kAutoMinBatchFloor) : 0), static_cast<long long>(kAutoMinBatchFloor), pcie_note.c_str(),
+                format_cost_line(cost, cpu_note.c_str()).c_str());
+  out += buf;
+  // What one streamed layer costs each way at a few prompt sizes (the model above).
+  out += "  per streamed layer, CPU experts vs streamed:";
+  for (int64_t n : {128, 512, 2048, 4096}) {
+    std::snprintf(buf, sizeof buf, " %lld tokens %.2f vs %.2f ms;", static_cast<long long>(n), cpu_expert_seconds(c, cost, n) * 1e3,
+                  streamed_expert_seconds(c, cost, n) * 1e3);
+    out += buf;
+  }
+  out.back() = '\n';
+  return out;
 }
 
-uint64_t expert_stream_slot_size(const ModelConfig& c) {
-  return static_cast<uint64_t>(c.num_experts) * 3 * static_cast<uint64_t>(c.moe_intermediate_size) * static_cast<uint64_t>(c.hidden_size) * 2;
+uint64_t expert_stream_slot_size(const ModelConfig& c, const ExpertStreamOptions& o) {
+  const double w = 3.0 * static_cast<double>(c.num_experts) * static_cast<double>(c.moe_intermediate_size) * static_cast<double>(c.hidden_size);
+  return static_cast<uint64_t>(w * expert_stream_bytes_per_weight(c, o.quantized));
 }
 
 int64_t expert_stream_slots(const ExpertStreamOptions& o, int64_t layers) {
@@ -140,7 +180,7 @@ int64_t expert_stream_slots(const ExpertStreamOptions& o, int64_t layers) {
 }
 
 uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers) {
-  return expert_stream_slot_size(c) * static_cast<uint64_t>(expert_stream_slots(o, layers));
+  return expert_stream_slot_size(c, o) * static_cast<uint64_t>(expert_stream_slots(o, layers));
 }
 
 bool expert_stream_fits(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, std::string* why) {
@@ -159,41 +199,33 @@ bool expert_stream_fits_in(const ModelConfig& c, const ExpertStreamOptions& o, i
 }
 
 std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
-                                                 gpu::Stream& step, gpu::Blas& blas) {
+                                                 gpu::Stream& step, gpu::Blas& blas, numa::ThreadPool* pool) {
   if (o.min_batch <= 0 || layers.empty()) return nullptr;
   std::string why;
   if (!expert_stream_fits(c, o, static_cast<int64_t>(layers.size()), &why)) {
     if (!o.quiet) std::fprintf(stderr, "hmoe: notice: %s\n", why.c_str());
     return nullptr;
   }
-  return std::make_unique<ExpertStream>(c, std::move(layers), o, step, blas);
+  return std::make_unique<ExpertStream>(c, std::move(layers), o, step, blas, pool);
 }
 
 struct ExpertStream::Impl {
-  struct L {
-    int64_t layer = 0;
-    std::vector<CopyOp> all;                     // every expert, coalesced
-    std::vector<std::vector<CopyOp>> by_expert;  // per expert (routed fill)
-    gpu::PinnedBuffer pinned;                    // the pinned copy, when not pinned in place
-  };
   ModelConfig c;
   ExpertStreamOptions opt;
   gpu::Stream& step;
   gpu::Blas& blas;
   gpu::Stream copy;
   int64_t H, I, E, K, S = 1;
-  size_t slot_bytes = 0, down_off = 0;
-  std::vector<L> layers;
+  StreamLayout lay;
   std::map<int64_t, int64_t> index;
-  std::vector<gpu::HostRegistration> pins;
-  uint64_t pinned_copy_bytes = 0;
   std::vector<gpu::DeviceBuffer> slots;
   std::vector<gpu::Event> c0, c1, w0, k0, k1;  // per streamed layer
   gpu::Event offs_ev;
   std::vector<char> copied;
   std::vector<uint64_t> pass_bytes;
   gpu::DeviceBuffer route_off, pair_list;
-  MoeGemmScratch gemm;  // per-expert cuBLAS passes; its act and ys also serve the grouped kernel
+  MoeGemmScratch gemm;  // per-expert cuBLAS passes; its act and ys also serve the grouped kernels
+  gpu::DeviceBuffer deq_gu, deq_dn;  // quantized experts dequantized for cuBLAS, a chunk of experts at a time
   gpu::PinnedBuffer offs_h;
   int64_t n = 0, next = 0;
   bool fill_all = true, use_gemm = false, in_pass = false;
@@ -202,15 +234,16 @@ struct ExpertStream::Impl {
   Impl(const ModelConfig& cfg, const ExpertStreamOptions& o, gpu::Stream& st, gpu::Blas& b)
       : c(cfg), opt(o), step(st), blas(b), H(cfg.hidden_size), I(cfg.moe_intermediate_size), E(cfg.num_experts), K(cfg.num_experts_per_tok) {}
 
+  void* slot(int64_t j) { return slots[static_cast<size_t>(j % S)].data(); }
   gpu::bf16_t* slot_gu(int64_t j) { return slots[static_cast<size_t>(j % S)].as<gpu::bf16_t>(); }
-  gpu::bf16_t* slot_dn(int64_t j) { return reinterpret_cast<gpu::bf16_t*>(slots[static_cast<size_t>(j % S)].as<char>() + down_off); }
+  gpu::bf16_t* slot_dn(int64_t j) { return reinterpret_cast<gpu::bf16_t*>(slots[static_cast<size_t>(j % S)].as<char>() + lay.down_off); }
 
-  void enqueue_copy(int64_t j, const std::vector<CopyOp>& ops, const gpu::Event* wait) {
+  void enqueue_copy(int64_t j, const std::vector<StreamCopy>& ops, const gpu::Event* wait) {
     if (wait) copy.wait(*wait);
     c0[static_cast<size_t>(j)].record(copy);
     char* base = slots[static_cast<size_t>(j % S)].as<char>();
     uint64_t bytes = 0;
-    for (const CopyOp& op : ops) {
+    for (const StreamCopy& op : ops) {
       gpu::copy_to_device(base + op.dst, op.src, op.bytes, copy);
       bytes += op.bytes;
     }
@@ -220,87 +253,25 @@ struct ExpertStream::Impl {
   }
 };
 
-ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas)
+ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas,
+                           numa::ThreadPool* pool)
     : impl_(std::make_unique<Impl>(c, opt, step, blas)) {
   Impl& m = *impl_;
-  const int64_t H = m.H, I = m.I, E = m.E;
   if (opt.window < 1 || opt.window > 8) fail(ErrorKind::invalid_argument, "expert stream: window " + std::to_string(opt.window) + " (1 to 8)");
-  if (E <= 0 || layers.empty()) fail(ErrorKind::internal, "expert stream: no streamed MoE layers");
-  std::sort(layers.begin(), layers.end(), [](const Layer& a, const Layer& b) { return a.layer < b.layer; });
+  if (m.E <= 0 || layers.empty()) fail(ErrorKind::internal, "expert stream: no streamed MoE layers");
   const int64_t N = static_cast<int64_t>(layers.size());
   m.S = expert_stream_slots(opt, N);
-  m.slot_bytes = static_cast<size_t>(expert_stream_slot_size(c));
-  m.down_off = static_cast<size_t>(E * 2 * I * H) * 2;
-  const size_t mat_gu = static_cast<size_t>(I * H) * 2, mat_dn = static_cast<size_t>(H * I) * 2;
-
-  bool all_bf16 = true;
-  for (const Layer& l : layers) {
-    if (static_cast<int64_t>(l.experts->size()) != E) fail(ErrorKind::internal, "expert stream: layer " + std::to_string(l.layer) + " has the wrong expert count");
-    for (const auto& e : *l.experts) all_bf16 = all_bf16 && plain_bf16(e.gate) && plain_bf16(e.up) && plain_bf16(e.down);
-  }
-  // Pin in place: page-rounded ranges of every expert matrix, merged where they touch.
-  bool in_place = !opt.skip_copies && opt.source != ExpertStreamOptions::Source::copy && all_bf16;
-  std::string why = all_bf16 ? "" : "experts are not plain bf16";
-  if (opt.source == ExpertStreamOptions::Source::copy) why = "a copy was asked for";
-  if (in_place) {
-    const uintptr_t page = 4096;
-    std::vector<std::pair<uintptr_t, uintptr_t>> r;
-    for (const Layer& l : layers)
-      for (const auto& e : *l.experts)
-        for (const cpu::Mat* mt : {&e.gate, &e.up, &e.down}) {
-          const uintptr_t a = reinterpret_cast<uintptr_t>(mt->data);
-          r.push_back({a / page * page, (a + mt->bytes() + page - 1) / page * page});
-        }
-    std::sort(r.begin(), r.end());
-    std::vector<std::pair<uintptr_t, uintptr_t>> merged;
-    for (const auto& x : r) {
-      if (!merged.empty() && x.first <= merged.back().second) merged.back().second = std::max(merged.back().second, x.second);
-      else merged.push_back(x);
-    }
-    for (const auto& x : merged) {
-      gpu::HostRegistration reg = gpu::HostRegistration::try_pin(reinterpret_cast<const void*>(x.first), x.second - x.first, &why);
-      if (!reg.ok()) {
-        in_place = false;
-        m.pins.clear();
-        break;
-      }
-      m.pins.push_back(std::move(reg));
-    }
-  }
-  for (int64_t j = 0; j < N; ++j) {
-    const Layer& src = layers[static_cast<size_t>(j)];
-    Impl::L l;
-    l.layer = src.layer;
-    m.index[src.layer] = j;
-    l.by_expert.resize(static_cast<size_t>(E));
-    if (!in_place && !opt.skip_copies) {
-      l.pinned = gpu::PinnedBuffer(m.slot_bytes);
-      m.pinned_copy_bytes += m.slot_bytes;
-    }
-    for (int64_t e = 0; e < E; ++e) {
-      const numa::ExpertWeights& w = (*src.experts)[static_cast<size_t>(e)];
-      const size_t gu_off = static_cast<size_t>(e) * 2 * mat_gu, dn_off = m.down_off + static_cast<size_t>(e) * mat_dn;
-      const void *g = w.gate.data, *u = w.up.data, *d = w.down.data;
-      if (!in_place && !opt.skip_copies) {
-        char* base = l.pinned.as<char>();
-        write_bf16(w.gate, reinterpret_cast<uint16_t*>(base + gu_off));
-        write_bf16(w.up, reinterpret_cast<uint16_t*>(base + gu_off + mat_gu));
-        write_bf16(w.down, reinterpret_cast<uint16_t*>(base + dn_off));
-        g = base + gu_off;
-        u = base + gu_off + mat_gu;
-        d = base + dn_off;
-      }
-      std::vector<CopyOp>& ops = l.by_expert[static_cast<size_t>(e)];
-      ops = {{gu_off, g, mat_gu}, {gu_off + mat_gu, u, mat_gu}, {dn_off, d, mat_dn}};
-      coalesce(ops);
-      l.all.insert(l.all.end(), ops.begin(), ops.end());
-    }
-    coalesce(l.all);
-    m.layers.push_back(std::move(l));
-  }
+  std::vector<StreamLayerSource> src;
+  for (const Layer& l : layers) src.push_back({l.layer, l.experts});
+  StreamLayoutOptions lo;
+  lo.quantized = opt.quantized;
+  lo.force_image = opt.source == ExpertStreamOptions::Source::copy;
+  lo.skip_copies = opt.skip_copies;
+  m.lay = build_stream_layout(c, std::move(src), lo, pool);
+  for (int64_t j = 0; j < N; ++j) m.index[m.lay.layers[static_cast<size_t>(j)].layer] = j;
   for (int64_t s = 0; s < m.S; ++s) {
-    m.slots.emplace_back(m.slot_bytes);
-    if (opt.skip_copies) gpu::memset_device(m.slots.back().data(), 0, m.slot_bytes, m.copy);
+    m.slots.emplace_back(m.lay.slot_bytes);
+    if (opt.skip_copies) gpu::memset_device(m.slots.back().data(), 0, m.lay.slot_bytes, m.copy);
   }
   for (int64_t j = 0; j < N; ++j) {
     m.c0.emplace_back();
@@ -309,20 +280,23 @@ ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, cons
     m.k0.emplace_back();
     m.k1.emplace_back();
   }
-  m.offs_h.reserve(static_cast<size_t>(E + 1) * 4);
+  m.offs_h.reserve(static_cast<size_t>(m.E + 1) * 4);
   m.copy.synchronize();
-  m.stats.pinned_bandwidth = measure_pinned_h2d_bandwidth(std::min<size_t>(m.slot_bytes, 64u << 20) + (1u << 20));
+  m.stats.pinned_bandwidth = measure_pinned_h2d_bandwidth(std::min<size_t>(m.lay.slot_bytes, 64u << 20) + (1u << 20));
   m.stats.layers.resize(static_cast<size_t>(N));
-  for (int64_t j = 0; j < N; ++j) m.stats.layers[static_cast<size_t>(j)].layer = m.layers[static_cast<size_t>(j)].layer;
+  for (int64_t j = 0; j < N; ++j) m.stats.layers[static_cast<size_t>(j)].layer = m.lay.layers[static_cast<size_t>(j)].layer;
   if (!opt.quiet) {
     std::fprintf(stderr,
-                 "hmoe: streaming experts of %lld non-resident MoE layers to the GPU for passes of >= %lld tokens: %lld slots of %s on the GPU, "
-                 "window %d, pinned H2D %.1f GB/s; host experts %s\n",
-                 static_cast<long long>(N), static_cast<long long>(opt.min_batch), static_cast<long long>(m.S), format_bytes(m.slot_bytes).c_str(),
-                 opt.window, m.stats.pinned_bandwidth / 1e9,
-                 opt.skip_copies ? "not read (timing mode)"
-                 : in_place      ? "pinned in place (no copy)"
-                                 : ("copied to pinned memory (" + format_bytes(m.pinned_copy_bytes) + " more host memory: " + why + ")").c_str());
+                 "hmoe: streaming experts of %lld non-resident MoE layers to the GPU for passes of >= %lld tokens: %lld slots of %s on the GPU "
+                 "(%s), window %d, pinned H2D %.1f GB/s; host experts %s\n",
+                 static_cast<long long>(N), static_cast<long long>(opt.min_batch), static_cast<long long>(m.S), format_bytes(m.lay.slot_bytes).c_str(),
+                 m.lay.format.c_str(), opt.window, m.stats.pinned_bandwidth / 1e9,
+                 opt.skip_copies    ? "not read (timing mode)"
+                 : m.lay.in_place   ? (m.lay.quantized ? "pinned in place, blocks copied as stored" : "pinned in place (no copy)")
+                 : !m.lay.pins.empty()
+                     ? ("pinned in place where the GPU takes the stored blocks, the rest in pinned images (" + format_bytes(m.lay.image_bytes) +
+                        " more host memory: " + m.lay.why_image + ")").c_str()
+                     : ("copied to pinned memory (" + format_bytes(m.lay.image_bytes) + " more host memory: " + m.lay.why_image + ")").c_str());
   }
 }
 
@@ -339,7 +313,9 @@ const ExpertStreamOptions& ExpertStream::options() const { return impl_->opt; }
 bool ExpertStream::wants(int64_t tokens) const { return impl_->opt.min_batch > 0 && tokens >= impl_->opt.min_batch; }
 bool ExpertStream::streams(int64_t layer) const { return impl_->index.count(layer) != 0; }
 const ExpertStreamStats& ExpertStream::stats() const { return impl_->stats; }
-uint64_t ExpertStream::pinned_copy_bytes() const { return impl_->pinned_copy_bytes; }
+uint64_t ExpertStream::pinned_copy_bytes() const { return impl_->lay.image_bytes; }
+bool ExpertStream::quantized() const { return impl_->lay.quantized; }
+const std::string& ExpertStream::format() const { return impl_->lay.format; }
 void ExpertStream::reset_stats() {
   Impl& m = *impl_;
   const double bw = m.stats.pinned_bandwidth;
@@ -351,8 +327,8 @@ void ExpertStream::reset_stats() {
 }
 uint64_t ExpertStream::device_bytes() const {
   const Impl& m = *impl_;
-  uint64_t b = static_cast<uint64_t>(m.S) * m.slot_bytes;
-  for (const gpu::DeviceBuffer* d : {&m.route_off, &m.pair_list, &m.gemm.xs, &m.gemm.gu, &m.gemm.act, &m.gemm.ys, &m.gemm.inv})
+  uint64_t b = static_cast<uint64_t>(m.S) * m.lay.slot_bytes;
+  for (const gpu::DeviceBuffer* d : {&m.route_off, &m.pair_list, &m.gemm.xs, &m.gemm.gu, &m.gemm.act, &m.gemm.ys, &m.gemm.inv, &m.deq_gu, &m.deq_dn})
     b += d->bytes();
   return b;
 }
@@ -362,7 +338,7 @@ void ExpertStream::begin(int64_t tokens) {
   const ExpertStreamOptions& o = m.opt;
   m.copy.synchronize();  // a pass that threw may have left copies in flight
   m.n = tokens;
-  const int64_t P = tokens * m.K, E = m.E, N = static_cast<int64_t>(m.layers.size());
+  const int64_t P = tokens * m.K, E = m.E, N = static_cast<int64_t>(m.lay.layers.size());
   const double covered = 1.0 - std::pow(std::max(0.0, 1.0 - static_cast<double>(m.K) / static_cast<double>(E)), static_cast<double>(tokens));
   m.fill_all = o.fill == ExpertStreamOptions::Fill::all || (o.fill == ExpertStreamOptions::Fill::automatic && covered >= 0.5);
   m.use_gemm = o.compute == ExpertStreamOptions::Compute::gemm || (o.compute == ExpertStreamOptions::Compute::automatic && P >= 16 * E);
@@ -376,7 +352,7 @@ void ExpertStream::begin(int64_t tokens) {
   m.next = 0;
   m.in_pass = true;
   if (!o.serial && !o.skip_copies && m.fill_all)
-    for (int64_t j = 0; j < m.S; ++j) m.enqueue_copy(j, m.layers[static_cast<size_t>(j)].all, nullptr);
+    for (int64_t j = 0; j < m.S; ++j) m.enqueue_copy(j, m.lay.layers[static_cast<size_t>(j)].all, nullptr);
 }
 
 void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const int32_t* ids, const float* weights, float* out) {
@@ -385,7 +361,7 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
   auto it = m.index.find(layer);
   if (!m.in_pass || it == m.index.end() || it->second != m.next || n != m.n)
     fail(ErrorKind::internal, "expert stream: layer " + std::to_string(layer) + " out of order or outside begin()/end()");
-  const int64_t j = m.next++, N = static_cast<int64_t>(m.layers.size()), E = m.E, K = m.K, H = m.H, I = m.I, P = n * K;
+  const int64_t j = m.next++, N = static_cast<int64_t>(m.lay.layers.size()), E = m.E, K = m.K, H = m.H, I = m.I, P = n * K;
   const size_t ju = static_cast<size_t>(j);
   gpu::Stream& s = m.step;
   gpu::moe_route(ids, P, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
@@ -399,17 +375,29 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
   if (o.serial && !o.skip_copies) {
     m.w0[ju].record(s);
     m.copy.wait(m.w0[ju]);
-    m.enqueue_copy(j, m.layers[ju].all, nullptr);
+    m.enqueue_copy(j, m.lay.layers[ju].all, nullptr);
   } else if (routed) {
-    std::vector<CopyOp> ops;
+    std::vector<StreamCopy> ops;
     for (int64_t e = 0; e < E; ++e)
-      if (offs[e + 1] > offs[e]) ops.insert(ops.end(), m.layers[ju].by_expert[static_cast<size_t>(e)].begin(), m.layers[ju].by_expert[static_cast<size_t>(e)].end());
-    coalesce(ops);
+      if (offs[e + 1] > offs[e]) ops.insert(ops.end(), m.lay.layers[ju].by_expert[static_cast<size_t>(e)].begin(), m.lay.layers[ju].by_expert[static_cast<size_t>(e)].end());
+    coalesce_copies(ops);
     m.enqueue_copy(j, ops, j >= m.S ? &m.k1[static_cast<size_t>(j - m.S)] : nullptr);
   }
   if (!o.serial || o.skip_copies) m.w0[ju].record(s);
   if (!o.skip_copies) s.wait(m.c1[ju]);
   m.k0[ju].record(s);
+  if (m.lay.quantized) {
+    const StreamLayerLayout& L = m.lay.layers[ju];
+    const gpu::QWeight qgu = L.at(L.gu, m.slot(j)), qdn = L.at(L.dn, m.slot(j));
+    if (m.use_gemm)
+      moe_experts_gemm_quant(m.blas, x, n, H, I, E, K, offs, m.pair_list.as<int32_t>(), weights, qgu, qdn, m.deq_gu, m.deq_dn, m.gemm, out, s);
+    else
+      gpu::quant_moe_experts(x, n, H, I, E, K, weights, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), qgu, qdn, m.gemm.act.as<gpu::bf16_t>(),
+                             m.gemm.ys.as<float>(), out, s);
+    m.k1[ju].record(s);
+    if (!o.serial && !o.skip_copies && m.fill_all && j + m.S < N) m.enqueue_copy(j + m.S, m.lay.layers[static_cast<size_t>(j + m.S)].all, &m.k1[ju]);
+    return;
+  }
   gpu::bf16_t *wgu = m.slot_gu(j), *wdn = m.slot_dn(j);
   if (m.use_gemm) {
     moe_experts_gemm(m.blas, x, n, H, I, E, K, offs, m.pair_list.as<int32_t>(), weights,
@@ -419,14 +407,14 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
                      m.gemm.ys.as<float>(), out, s);
   }
   m.k1[ju].record(s);
-  if (!o.serial && !o.skip_copies && m.fill_all && j + m.S < N) m.enqueue_copy(j + m.S, m.layers[static_cast<size_t>(j + m.S)].all, &m.k1[ju]);
+  if (!o.serial && !o.skip_copies && m.fill_all && j + m.S < N) m.enqueue_copy(j + m.S, m.lay.layers[static_cast<size_t>(j + m.S)].all, &m.k1[ju]);
 }
 
 void ExpertStream::end() {
   Impl& m = *impl_;
   if (!m.in_pass) return;
   m.in_pass = false;
-  const int64_t N = static_cast<int64_t>(m.layers.size());
+  const int64_t N = static_cast<int64_t>(m.lay.layers.size());
   if (m.next != N) fail(ErrorKind::internal, "expert stream: a pass ended after " + std::to_string(m.next) + " of " + std::to_string(N) + " layers");
   m.copy.synchronize();
   for (int64_t j = 0; j < N; ++j) {

@@ -1,8 +1,11 @@
 // ExpertStream: the prefetch-window scheduler. For forward passes with many
 // tokens, the host-memory MoE layers of a GPU step (engine/runtime/gpu_runtime.h) compute their experts on
 // the GPU, the weights streamed from pinned host memory through a ring of
-// device slots (each holds one layer's E experts in the layout of
-// gpu::moe_experts: [E][2I][H] gate/up rows, then [E][H][I] down).
+// device slots (each holds one layer's E experts: bf16 in the layout of
+// gpu::moe_experts, or - quantized checkpoints, GGUF included - the GPU
+// quantized format of gpu::quant_moe_experts, the stored blocks copied as
+// they are where that format is the stored one;
+// engine/layers/expert_stream_layout.h).
 //
 // Timeline (gpu/README.md has the picture): a copy stream runs ahead of the
 // step's stream by `window` layers. Streamed layer j uses slot j % S
@@ -16,13 +19,17 @@
 //
 // Expert products: Compute::gemm groups the pairs by expert, reads the
 // group sizes back to the host (one sync per layer) and runs one cuBLAS
-// product per expert and matrix (tensor cores; for many tokens per expert);
-// Compute::kernel runs gpu::moe_experts (no host sync; for few tokens).
+// product per expert and matrix (tensor cores; for many tokens per expert;
+// quantized slots are dequantized to bf16 a chunk of experts at a time
+// first); Compute::kernel runs gpu::moe_experts / gpu::quant_moe_experts
+// (no host sync; for few tokens).
 //
-// Host memory: the experts are pinned where they are when they are bf16 and
-// the driver allows it (no copy); otherwise (other dtypes, file mappings the
-// driver refuses) one pinned bf16 copy per layer is made - announced on
-// stderr with its size, as it doubles the experts' host memory.
+// Host memory: the experts are pinned where they are when the slot holds
+// their stored bytes (bf16, or GGUF Q8_0/Q4_K blocks) and the driver allows
+// it (no copy); otherwise (formats the GPU repacks, bf16 slots of other
+// dtypes, file mappings the driver refuses) one pinned image per layer is
+// made at load - announced on stderr with its size, as it doubles the
+// experts' host memory.
 //
 // Contract: the host experts must outlive the stream. One pass at a time:
 // begin(), then layer() for each streamed layer in ascending order (all of
@@ -40,6 +47,7 @@
 #include "gpu/kernels.h"
 #include "gpu/memory.h"
 #include "numa/expert_engine.h"
+#include "numa/node_pools.h"
 
 namespace hmoe {
 
@@ -52,6 +60,7 @@ struct ExpertStreamOptions {
   bool serial = false;       // benchmark (b): each layer's copy starts when the step reaches it (no overlap)
   bool skip_copies = false;  // benchmark: no copies at all, slots zeroed (compute time only; results meaningless)
   bool quiet = false;        // no stderr lines
+  bool quantized = true;     // quantized experts stream in their GPU format (setting gpu_quantized_experts); false: bf16
 };
 
 struct StreamLayerStats {
@@ -76,12 +85,16 @@ struct ExpertStreamStats {
 // Pinned host -> device bandwidth (bytes/s): `bytes` copied 3 times, best.
 double measure_pinned_h2d_bandwidth(size_t bytes = 128u << 20);
 
-// Options from --gpu-prefill-min-batch-size and --gpu-prefetch-window (bad
-// values: Error naming the flag or variable). "auto" measures the CPU expert
-// FLOP/s on `pool`, host read bandwidth and pinned PCIe bandwidth, and takes
-// the break-even of engine/placement/prefill_cost.h; a line on stderr says what it
-// found unless `quiet`.
-ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& s, numa::ThreadPool* pool, bool quiet);
+// Options from --gpu-prefill-min-batch-size, --gpu-prefetch-window and
+// --gpu-quantized-experts (bad values: Error naming the flag or variable).
+// "auto" measures the CPU expert FLOP/s on `pools` (on `sample`, one expert
+// of the model, when given: the kernels its format really takes; else a
+// random bf16 expert), host read bandwidth and pinned PCIe bandwidth, and
+// takes the break-even of engine/placement/prefill_cost.h with the experts' bytes per
+// weight as stored and as streamed; a line on stderr says what it found
+// unless `quiet`.
+ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& s, numa::NodePools& pools, const numa::ExpertWeights* sample,
+                                          bool quiet);
 
 // Lines for `hmoe plan`: the minimum batch in effect (for auto the
 // break-even, with the CPU expert FLOP/s measured here), the window and the
@@ -89,11 +102,15 @@ ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& 
 // plan leaves of a `gpu_total`-byte GPU (the rule of expert_stream_fits).
 // pcie_bandwidth 0: measured when a GPU is present, else 25 GB/s assumed
 // (each said so).
+// sample: as for expert_stream_options (null: the bf16 probe). Also prints
+// the model's per-layer CPU and streamed times at 128..4096 tokens.
 std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double cpu_bandwidth, double pcie_bandwidth, int64_t streamed_layers,
-                                uint64_t gpu_left, uint64_t gpu_total);
+                                uint64_t gpu_left, uint64_t gpu_total, const numa::ExpertWeights* sample = nullptr);
 
-// One slot: a layer's experts in bf16 (E x 3 matrices of I x H).
-uint64_t expert_stream_slot_size(const ModelConfig& c);
+// One slot: a layer's experts as streamed (E x 3 matrices of I x H at
+// expert_stream_bytes_per_weight; the real slots, sized on the layers, are
+// in ExpertStream::device_bytes()).
+uint64_t expert_stream_slot_size(const ModelConfig& c, const ExpertStreamOptions& o);
 // Slots an ExpertStream over `layers` streamed layers holds (window + 1, at most one per layer; serial: 1).
 int64_t expert_stream_slots(const ExpertStreamOptions& o, int64_t layers);
 // Device bytes of those slots.
@@ -113,7 +130,9 @@ class ExpertStream {
     int64_t layer;
     const std::vector<numa::ExpertWeights>* experts;
   };
-  ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas);
+  // pool (null: the calling thread) builds the pinned images at construction.
+  ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas,
+               numa::ThreadPool* pool = nullptr);
   ~ExpertStream();
   ExpertStream(const ExpertStream&) = delete;
   ExpertStream& operator=(const ExpertStream&) = delete;
@@ -129,7 +148,9 @@ class ExpertStream {
   const ExpertStreamStats& stats() const;
   void reset_stats();
   uint64_t device_bytes() const;  // slots and scratch
-  uint64_t pinned_copy_bytes() const;  // host bytes of pinned copies (0 when pinned in place)
+  uint64_t pinned_copy_bytes() const;  // host bytes of pinned images (0 when pinned in place)
+  bool quantized() const;              // slots hold a GPU quantized format (else bf16)
+  const std::string& format() const;   // "bf16", "Q4_K", "Q4_K / int8-group, Q4_K", ...
 
  private:
   struct Impl;
@@ -140,6 +161,6 @@ class ExpertStream {
 // is off: min_batch 0, no such layers, or slots that do not fit the GPU
 // (expert_stream_fits; then a notice on stderr unless o.quiet).
 std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
-                                                 gpu::Stream& step, gpu::Blas& blas);
+                                                 gpu::Stream& step, gpu::Blas& blas, numa::ThreadPool* pool = nullptr);
 
 }  // namespace hmoe

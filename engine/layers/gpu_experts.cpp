@@ -16,11 +16,22 @@ namespace hmoe {
 namespace {
 bool plain(const cpu::Mat& m) { return m.quant == cpu::Quant::none; }
 bool gpu_takes(const cpu::Mat& m) { return !plain(m) && gpu::qformat_supported(m); }
+// Bytes per weight the GPU holds for m kept quantized: the file's bytes when
+// the layer's experts are all GGUF types with kernels on the stored blocks
+// (GpuResidentExperts holds them so), else the repacked format's.
+double held_bytes_per_weight(const cpu::Mat& m, bool layer_native) {
+  if (layer_native) return static_cast<double>(m.row_bytes()) / static_cast<double>(m.cols);
+  return gpu::qformat_bytes_per_weight(m);
+}
 }  // namespace
 
-double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized) {
+double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized, bool layer_native) {
   if (!keep_quantized || !gpu_takes(m)) return 2.0;
-  return gpu::qformat_bytes_per_weight(m);
+  return held_bytes_per_weight(m, layer_native && gpu::gguf_native_supported(m));
+}
+
+double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized) {
+  return gpu_expert_bytes_per_weight(m, keep_quantized, gpu::gguf_native_supported(m));
 }
 
 void set_expert_bytes_from(ModelConfig& c, WeightSource& src) {
@@ -32,11 +43,12 @@ void set_expert_bytes_from(ModelConfig& c, WeightSource& src) {
     const cpu::Mat m[3] = {src.mat(e + "gate_proj.weight", I, H), src.mat(e + "up_proj.weight", I, H), src.mat(e + "down_proj.weight", H, I)};
     const double weights = 3.0 * static_cast<double>(I * H);
     double cpu = 0, gpu = 0;
-    bool all_quant = true;
+    bool all_quant = true, native = true;
+    for (const cpu::Mat& x : m) native = native && gpu::gguf_native_supported(x);
     for (const cpu::Mat& x : m) {
       cpu += static_cast<double>(x.bytes());
       all_quant = all_quant && gpu_takes(x);
-      if (gpu_takes(x)) gpu += gpu::qformat_bytes_per_weight(x) * static_cast<double>(x.rows * x.cols);
+      if (gpu_takes(x)) gpu += held_bytes_per_weight(x, native) * static_cast<double>(x.rows * x.cols);
     }
     c.expert_bytes_per_weight = cpu / weights;
     c.gpu_expert_bytes_per_weight = all_quant ? gpu / weights : 2.0;  // one unquantized matrix puts the layer in bf16
@@ -74,6 +86,8 @@ struct GpuResidentExperts::Impl {
   int64_t E = 0, H = 0, I = 0;
   gpu::DeviceBuffer gate_up, down;  // bf16 residency
   std::optional<gpu::QDeviceMat> qgu, qdn;
+  std::optional<gpu::GgufDeviceMat> ngu, ndn;  // GGUF blocks as stored
+  bool grouped(int64_t n) const;
 };
 
 GpuResidentExperts::GpuResidentExperts(const std::vector<numa::ExpertWeights>& ex, bool keep_quantized, gpu::Stream& s, const std::string& what)
@@ -90,6 +104,21 @@ GpuResidentExperts::GpuResidentExperts(const std::vector<numa::ExpertWeights>& e
     // One format per stacked matrix: gate and up together, down on its own.
     quant = quant && gpu_takes(e.gate) && gpu_takes(e.up) && gpu_takes(e.down) && e.gate.quant == ex[0].gate.quant && e.gate.ext == ex[0].gate.ext &&
             e.up.quant == e.gate.quant && e.up.ext == e.gate.ext && e.down.quant == ex[0].down.quant && e.down.ext == ex[0].down.ext;
+  }
+  // GGUF Q4_K/Q5_K/Q6_K/Q8_0: the file's blocks, read by the native kernels.
+  bool native = quant;
+  for (const auto& e : ex)
+    native = native && gpu::gguf_native_supported(e.gate) && gpu::gguf_native_supported(e.up) && gpu::gguf_native_supported(e.down);
+  if (native) {
+    std::vector<cpu::Mat> gu, dn;
+    for (const auto& e : ex) {
+      gu.push_back(e.gate);
+      gu.push_back(e.up);
+      dn.push_back(e.down);
+    }
+    m.ngu.emplace(gu, s, what + " gate/up");
+    m.ndn.emplace(dn, s, what + " down");
+    return;
   }
   if (quant) {
     std::vector<cpu::Mat> gu, dn;
@@ -121,16 +150,32 @@ GpuResidentExperts::GpuResidentExperts(const std::vector<numa::ExpertWeights>& e
 
 GpuResidentExperts::~GpuResidentExperts() = default;
 
-bool GpuResidentExperts::quantized() const { return impl_->qgu.has_value(); }
+bool GpuResidentExperts::quantized() const { return impl_->qgu.has_value() || impl_->ngu.has_value(); }
+
+namespace {
+bool big_pass(int64_t n, int64_t K, int64_t E) { return n > 64 && n * K >= 16 * E; }  // > 64 tokens: never inside a captured decode graph
+}  // namespace
+
+// GGUF experts of passes over 64 tokens: the grouped tensor-core product on the blocks.
+bool GpuResidentExperts::Impl::grouped(int64_t n) const {
+  return ngu && n > 64 && gpu::gguf_moe_gemm_supported(ngu->weight(), 2 * I) && gpu::gguf_moe_gemm_supported(ndn->weight(), H);
+}
+
+bool GpuResidentExperts::needs_routing(int64_t n, int64_t K) const { return !impl_->ngu || impl_->grouped(n) || big_pass(n, K, impl_->E); }
 
 uint64_t GpuResidentExperts::bytes() const {
   const Impl& m = *impl_;
+  if (m.ngu) return m.ngu->weight().bytes() + m.ndn->weight().bytes();
   if (m.qgu) return m.qgu->weight().bytes() + m.qdn->weight().bytes();
   return m.gate_up.bytes() + m.down.bytes();
 }
 
 std::string GpuResidentExperts::format() const {
   const Impl& m = *impl_;
+  if (m.ngu) {
+    const std::string a = gpu::gguf_type_name(m.ngu->weight().type), b = gpu::gguf_type_name(m.ndn->weight().type);
+    return a == b ? a : a + " / " + b;
+  }
   if (!m.qgu) return "bf16";
   const std::string a = gpu::qformat_name(m.qgu->weight().format), b = gpu::qformat_name(m.qdn->weight().format);
   return a == b ? a : a + " / " + b;
@@ -140,13 +185,26 @@ void GpuResidentExperts::run(const uint16_t* x, int64_t n, int64_t K, const int3
                              const int32_t* pair_list, uint16_t* act, float* partial, float* out, gpu::Blas& blas, ExpertScratch& sc,
                              gpu::Stream& s) {
   Impl& m = *impl_;
-  if (n > 64 && n * K >= 16 * m.E) {  // > 64 tokens: never inside a captured decode graph
+  if (m.grouped(n)) {  // gate/up, SwiGLU, down, weighted sum: four launches, no host synchronisation
+    const int64_t P = n * K;
+    MoeGemmScratch& g = sc.gemm;
+    g.gu.reserve(static_cast<size_t>(P * 2 * m.I) * 4);
+    g.act.reserve(static_cast<size_t>(P * m.I) * 2);
+    g.ys.reserve(static_cast<size_t>(P * m.H) * 4);
+    g.inv.reserve(static_cast<size_t>(P) * 4);
+    gpu::gguf_moe_gemm(x, pair_list, K, P, route_off, m.E, m.ngu->weight(), 2 * m.I, g.gu.as<float>(), s);
+    gpu::silu_mul(g.gu.as<float>(), P, m.I, g.act.as<uint16_t>(), nullptr, s);
+    gpu::gguf_moe_gemm(g.act.as<uint16_t>(), nullptr, 1, P, route_off, m.E, m.ndn->weight(), m.H, g.ys.as<float>(), s);
+    gpu::moe_combine_sorted(g.ys.as<float>(), pair_list, wts, n, K, m.H, g.inv.as<int32_t>(), out, s);
+    return;
+  }
+  if (big_pass(n, K, m.E)) {
     sc.offs_h.reserve(static_cast<size_t>(m.E + 1) * 4);
     gpu::copy_to_host(sc.offs_h.as<int32_t>(), route_off, static_cast<size_t>(m.E + 1) * 4, s);
     sc.offs_ev.record(s);
     sc.offs_ev.synchronize();
     const int64_t gu_elems = 2 * m.I * m.H, dn_elems = m.H * m.I;
-    if (!m.qgu) {
+    if (!m.qgu && !m.ngu) {
       const uint16_t *gu = m.gate_up.as<uint16_t>(), *dn = m.down.as<uint16_t>();
       moe_experts_gemm(blas, x, n, m.H, m.I, m.E, K, sc.offs_h.as<int32_t>(), pair_list, wts,
                        [&](int64_t e, bool down) { return down ? dn + e * dn_elems : gu + e * gu_elems; }, sc.gemm, out, s);
@@ -165,14 +223,19 @@ void GpuResidentExperts::run(const uint16_t* x, int64_t n, int64_t K, const int3
                        if (have[k] < 0 || e < have[k] || e >= have[k] + chunk) {
                          have[k] = e;
                          const int64_t cnt = std::min(chunk, m.E - e);
-                         gpu::quant_dequant(down ? m.qdn->weight() : m.qgu->weight(), e * rows, cnt * rows, buf.as<uint16_t>(), s);
+                         if (m.ngu)
+                           gpu::gguf_dequant(down ? m.ndn->weight() : m.ngu->weight(), e * rows, cnt * rows, buf.as<uint16_t>(), s);
+                         else
+                           gpu::quant_dequant(down ? m.qdn->weight() : m.qgu->weight(), e * rows, cnt * rows, buf.as<uint16_t>(), s);
                        }
                        return buf.as<uint16_t>() + (e - have[k]) * elems;
                      },
                      sc.gemm, out, s);
     return;
   }
-  if (m.qgu)
+  if (m.ngu)  // partial holds the [n*K, 2I] gate/up products (RoutedExperts::reserve sizes it)
+    gpu::gguf_moe_experts(x, n, K, ids, wts, m.ngu->weight(), m.ndn->weight(), m.I, partial, out, s);
+  else if (m.qgu)
     gpu::quant_moe_experts(x, n, m.H, m.I, m.E, K, wts, route_off, pair_list, m.qgu->weight(), m.qdn->weight(), act, partial, out, s);
   else
     gpu::moe_experts(x, n, m.H, m.I, m.E, K, ids, wts, route_off, pair_list, m.gate_up.as<uint16_t>(), m.down.as<uint16_t>(), act, partial, out,

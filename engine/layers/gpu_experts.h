@@ -10,6 +10,9 @@
 //    stay quantized when `keep_quantized` (setting gpu_quantized_experts) and
 //    run by gpu::quant_moe_experts: the GPU holds about the stored bytes
 //    instead of 2 per weight. Otherwise they are dequantized to bf16.
+//    GGUF Q4_K/Q5_K/Q6_K/Q8_0 experts keep the file's blocks unchanged and
+//    run by gpu::gguf_moe_experts (passes below the cuBLAS threshold) or
+//    gpu::gguf_dequant + cuBLAS (big passes).
 //  - run() needs gpu::moe_route's offsets and pair list for `ids`; act and
 //    partial are the scratch both kernels take ([n*K, I] bf16, [n*K, H] f32).
 // Upload is synchronous on the given stream; errors are Error exceptions
@@ -30,6 +33,11 @@ namespace hmoe {
 // Bytes per weight the GPU holds for routed experts stored as `m` (2 for
 // bf16 residency, else the GPU format's data + scales + zeros per weight).
 double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized);
+// The same where the caller knows whether every expert matrix of the layer
+// is a GGUF type the stored-block kernels take (gpu::gguf_native_supported):
+// only then are they held as stored; one that is not puts the layer in the
+// repacked formats.
+double gpu_expert_bytes_per_weight(const cpu::Mat& m, bool keep_quantized, bool layer_native);
 
 class WeightSource;
 struct ModelConfig;
@@ -79,6 +87,9 @@ class GpuResidentExperts {
   // "bf16" or the GPU format of the gate/up and down matrices ("Q8_0", "int4-group / Q8_0", ...).
   std::string format() const;
   bool quantized() const;
+  // Whether run() for n tokens reads route_off / pair_list (gpu::moe_route);
+  // GGUF experts of decode-sized passes go by ids alone.
+  bool needs_routing(int64_t n, int64_t K) const;
 
   // out[t] = sum_j wts[t*K+j] * expert_{ids[t*K+j]}(x[t]) for t < n (overwritten).
   // Passes of n > 64 tokens with n * K >= 16 * E (never inside a captured

@@ -64,4 +64,48 @@ gpu::DeviceBuffer GpuUploader::raw(const void* src, size_t bytes) {
   return b;
 }
 
+GpuDense GpuUploader::dense(const cpu::Mat& m) { return dense(std::vector<cpu::Mat>{m}); }
+
+GpuDense GpuUploader::dense(const std::vector<cpu::Mat>& parts) {
+  GpuDense d;
+  bool native = keep_gguf_ && !parts.empty();
+  for (const cpu::Mat& m : parts) {
+    d.rows_ += m.rows;
+    d.cols_ = m.cols;
+    native = native && gpu::gguf_native_supported(m) && m.ext == parts[0].ext && m.cols == parts[0].cols;
+  }
+  if (native) {
+    d.quant_.emplace(parts, s_, "GPU weight");
+    bytes_ += d.quant_->weight().bytes();
+    for (const cpu::Mat& m : parts) bind_.release(m);
+    return d;
+  }
+  d.bf16_ = bf16(parts);
+  return d;
+}
+
+uint64_t GpuDense::bytes() const { return quant_ ? quant_->weight().bytes() : bf16_.bytes(); }
+
+namespace {
+constexpr size_t kDequantChunkBytes = size_t{64} << 20;  // bf16 rows per cuBLAS chunk of a big pass
+int64_t chunk_rows(int64_t rows, int64_t cols) { return std::max<int64_t>(1, std::min<int64_t>(rows, static_cast<int64_t>(kDequantChunkBytes) / (cols * 2))); }
+}  // namespace
+
+size_t GpuDense::scratch_bytes(int64_t n) const {
+  if (!quant_ || n <= kGemvMaxTokens) return 0;
+  return static_cast<size_t>(chunk_rows(rows_, cols_) * cols_) * 2;
+}
+
+void GpuDense::gemm(gpu::Blas& blas, const uint16_t* x, int64_t n, float* y, int64_t ldy, void* scratch, gpu::Stream& s) const {
+  if (!quant_) return blas.gemm(x, n, bf16_.as<uint16_t>(), rows_, cols_, y, ldy);
+  if (n <= kGemvMaxTokens) return gpu::gguf_gemv(quant_->weight(), x, n, y, ldy, s);
+  const int64_t chunk = chunk_rows(rows_, cols_);
+  auto* w = static_cast<uint16_t*>(scratch);
+  for (int64_t r0 = 0; r0 < rows_; r0 += chunk) {
+    const int64_t rn = std::min(chunk, rows_ - r0);
+    gpu::gguf_dequant(quant_->weight(), r0, rn, w, s);
+    blas.gemm(x, n, w, rn, cols_, y + r0, ldy);
+  }
+}
+
 }  // namespace hmoe

@@ -10,10 +10,13 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "engine/layers/weights.h"
+#include "gpu/kernels.h"
 #include "gpu/memory.h"
+#include "gpu/quant.h"
 #include "numa/kernels.h"
 
 namespace hmoe {
@@ -29,6 +32,34 @@ gpu::DeviceBuffer upload(const void* src, size_t bytes, gpu::Stream& s);
 // The parts, each converted by append_bf16, one after another in one buffer.
 gpu::DeviceBuffer upload_bf16(const std::vector<cpu::Mat>& parts, gpu::Stream& s);
 
+// A dense weight [rows, cols] on the GPU: bf16, or, for GGUF Q4_K/Q5_K/Q6_K/
+// Q8_0 views when the uploader keeps them (setting gpu_quantized_dense), the
+// file's blocks (gpu/quant.h), multiplied by gpu::gguf_gemv for up to
+// kGemvMaxTokens rows of x and, for more, dequantized to bf16 a chunk of rows
+// at a time into a scratch buffer for cuBLAS.
+class GpuDense {
+ public:
+  static constexpr int64_t kGemvMaxTokens = 32;
+  GpuDense() = default;
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  bool quantized() const { return quant_.has_value(); }
+  uint64_t bytes() const;
+  // Scratch bytes gemm() needs for n rows of x (0 for bf16 or GEMV-sized n).
+  size_t scratch_bytes(int64_t n) const;
+  // y[t, r] (row stride ldy) = sum_k x[t, k] W[r, k] for t < n; x bf16 [n, cols];
+  // scratch: at least scratch_bytes(n) bytes of device memory (16-byte aligned).
+  void gemm(gpu::Blas& blas, const uint16_t* x, int64_t n, float* y, int64_t ldy, void* scratch, gpu::Stream& s) const;
+  // The bf16 weights (null when quantized).
+  const uint16_t* bf16() const { return bf16_.as<uint16_t>(); }
+
+ private:
+  friend class GpuUploader;
+  int64_t rows_ = 0, cols_ = 0;
+  gpu::DeviceBuffer bf16_;
+  std::optional<gpu::GgufDeviceMat> quant_;
+};
+
 // What a GPU layer uploads, counted, with the host pages of each uploaded
 // view released afterwards (WeightBinder::release): the GPU layers' uploads.
 class GpuUploader {
@@ -41,12 +72,21 @@ class GpuUploader {
   // As fp32 (routers that must not round).
   gpu::DeviceBuffer f32(const cpu::Mat& m);
   gpu::DeviceBuffer raw(const void* src, size_t bytes);
+  // A dense weight: GGUF blocks kept as stored when keep_gguf() and the
+  // kernels take the view, else bf16.
+  GpuDense dense(const cpu::Mat& m);
+  // Parts stacked by rows into one weight (one product for all): kept as
+  // stored only when every part is the same GGUF type the kernels take.
+  GpuDense dense(const std::vector<cpu::Mat>& parts);
+  void set_keep_gguf(bool on) { keep_gguf_ = on; }
+  bool keep_gguf() const { return keep_gguf_; }
   uint64_t bytes() const { return bytes_; }
 
  private:
   WeightBinder& bind_;
   gpu::Stream& s_;
   uint64_t bytes_ = 0;
+  bool keep_gguf_ = true;
 };
 
 }  // namespace hmoe

@@ -1,6 +1,7 @@
 // GQA attention on the GPU: fused QKV product, q/k RMSNorm + rotary, KV
 // store into the paged cache, attention (per token and head, or, when the
 // step has prefill query tiles, on tensor cores), o_proj.
+#include <algorithm>
 #include <cmath>
 
 #include "configs/error.h"
@@ -23,8 +24,26 @@ class GqaAttentionGpu : public GpuAttention {
     if (H_ % 8 != 0) fail(ErrorKind::unsupported, "GPU path: hidden and expert sizes must be multiples of 8");
     WeightBinder& b = up.bind();
     const uint64_t before = up.bytes();
-    qkv_ = up.bf16({b.mat(p + "q_proj.weight", nh_ * hd_, H_), b.mat(p + "k_proj.weight", kvh_ * hd_, H_), b.mat(p + "v_proj.weight", kvh_ * hd_, H_)});
-    o_ = up.bf16({b.mat(p + "o_proj.weight", H_, nh_ * hd_)});
+    const cpu::Mat q = b.mat(p + "q_proj.weight", nh_ * hd_, H_), k = b.mat(p + "k_proj.weight", kvh_ * hd_, H_),
+                   v = b.mat(p + "v_proj.weight", kvh_ * hd_, H_);
+    // GGUF blocks as stored: q, k and v stacked where their types agree, else
+    // q+k and v, or three products (Q4_K_M stores some layers' v as Q6_K).
+    auto native = [&](const cpu::Mat& m) { return up.keep_gguf() && gpu::gguf_native_supported(m); };
+    if (native(q) || native(k) || native(v)) {
+      if (q.ext == k.ext && k.ext == v.ext) {
+        q_ = up.dense(std::vector<cpu::Mat>{q, k, v});
+      } else if (q.ext == k.ext) {
+        q_ = up.dense(std::vector<cpu::Mat>{q, k});
+        v_ = up.dense(v);
+      } else {
+        q_ = up.dense(q);
+        k_ = up.dense(k);
+        v_ = up.dense(v);
+      }
+    } else {
+      qkv_ = up.bf16({q, k, v});
+    }
+    o_ = up.dense(b.mat(p + "o_proj.weight", H_, nh_ * hd_));
     q_norm_ = up.bf16({b.vec(p + "q_norm.weight", hd_)});
     k_norm_ = up.bf16({b.vec(p + "k_norm.weight", hd_)});
     const ops::Rope rope(hd_, c.rope_theta);
@@ -37,6 +56,9 @@ class GqaAttentionGpu : public GpuAttention {
     ctx.scratch.fit("gqa.qkv", n * ld() * 4);
     ctx.scratch.fit("gqa.attn", n * nh_ * hd_ * 2);
     ctx.scratch.fit("gqa.scratch", gpu::attention_scratch_floats(n, nh_, hd_, ctx.step.max_len) * 4);
+    size_t deq = o_.scratch_bytes(n);
+    for (const GpuDense* d : {&q_, &k_, &v_}) deq = std::max(deq, d->scratch_bytes(n));
+    ctx.scratch.fit("dense.deq", static_cast<int64_t>(deq));
   }
   void key(const GpuStepInfo& st, std::vector<int64_t>& k) const override {
     for (int64_t rn : st.mb_rows) k.push_back(gpu::attention_splits(rn, nh_, st.max_len));
@@ -46,29 +68,37 @@ class GqaAttentionGpu : public GpuAttention {
   void enqueue(GpuCtx& ctx, const Rows& r) override {
     const GpuStepInfo& st = ctx.step;
     gpu::Stream& s = ctx.s;
-    const int64_t ld = this->ld(), kvw = kvh_ * hd_;
+    const int64_t ld = this->ld();
     bf16_t *kc = st.kv->keys(layer_), *vc = st.kv->values(layer_);
     float* q = ctx.scratch.get<float>("gqa.qkv");
     bf16_t* attn = ctx.scratch.get<bf16_t>("gqa.attn");
     const int32_t* pos = st.pos + r.r0;
-    ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, qkv_.as<bf16_t>(), ld, H_, q, ld);
-    gpu::qk_norm_rope(q, r.rn, ld, nh_, hd_, q_norm_.as<bf16_t>(), eps_, pos, inv_freq_.as<float>(), s);
-    gpu::qk_norm_rope(q + nh_ * hd_, r.rn, ld, kvh_, hd_, k_norm_.as<bf16_t>(), eps_, pos, inv_freq_.as<float>(), s);
-    gpu::kv_store(q + nh_ * hd_, q + (nh_ + kvh_) * hd_, ld, r.rn, kvw, st.slot + r.r0, kc, vc, s);
+    void* deq = ctx.scratch.get<void>("dense.deq");
+    const bf16_t* hr = ctx.a.hb + r.r0 * H_;
+    if (q_.rows() > 0) {  // the products' rows land in order: q, k, v columns of the row
+      q_.gemm(ctx.blas, hr, r.rn, q, ld, deq, s);
+      if (k_.rows() > 0) k_.gemm(ctx.blas, hr, r.rn, q + nh_ * hd_, ld, deq, s);
+      if (v_.rows() > 0) v_.gemm(ctx.blas, hr, r.rn, q + (nh_ + kvh_) * hd_, ld, deq, s);
+    } else {
+      ctx.blas.gemm(hr, r.rn, qkv_.as<bf16_t>(), ld, H_, q, ld);
+    }
+    gpu::qkv_norm_rope_store(q, r.rn, ld, nh_, kvh_, hd_, q_norm_.as<bf16_t>(), k_norm_.as<bf16_t>(), eps_, pos, inv_freq_.as<float>(), st.slot + r.r0,
+                             kc, vc, s);
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd_)));
     if ((hd_ == 64 || hd_ == 128) && st.ntiles > 0 && r.r0 == 0 && r.rn == st.n)
       gpu::attention_tiles(q, ld, st.ntiles, st.tiles, nh_, kvh_, hd_, kc, vc, st.lists, st.off, st.len, scale, attn, s);
     else
       gpu::attention(q, ld, r.rn, nh_, kvh_, hd_, kc, vc, st.lists, st.off + r.r0, st.len + r.r0, st.max_len, scale,
                      ctx.scratch.get<float>("gqa.scratch"), attn, s);
-    ctx.blas.gemm(attn, r.rn, o_.as<bf16_t>(), H_, nh_ * hd_, ctx.a.d + r.r0 * H_, H_);
+    o_.gemm(ctx.blas, attn, r.rn, ctx.a.d + r.r0 * H_, H_, deq, s);
   }
 
  private:
   int64_t ld() const { return (nh_ + 2 * kvh_) * hd_; }
   int64_t layer_, H_, nh_, kvh_, hd_;
   float eps_;
-  gpu::DeviceBuffer qkv_, o_, q_norm_, k_norm_, inv_freq_;
+  gpu::DeviceBuffer qkv_, q_norm_, k_norm_, inv_freq_;
+  GpuDense q_, k_, v_, o_;
   uint64_t bytes_ = 0;
 };
 

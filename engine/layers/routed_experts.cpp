@@ -1,6 +1,8 @@
 // RoutedExperts (see routed_experts.h).
 #include "engine/layers/routed_experts.h"
 
+#include <algorithm>
+
 #include "configs/error.h"
 #include "engine/layers/expert_stream.h"
 #include "engine/layers/gpu_experts.h"
@@ -47,14 +49,14 @@ void RoutedExperts::reserve(GpuCtx& ctx, int64_t k) const {
   ctx.scratch.fit("moe.route_off", (experts_ + 1) * 4);
   ctx.scratch.fit("moe.pair_list", n * k * 4);
   ctx.scratch.fit("moe.act", n * k * inter_ * 2);
-  ctx.scratch.fit("moe.partial", n * k * hidden_ * 4);
+  ctx.scratch.fit("moe.partial", n * k * std::max(hidden_, 2 * inter_) * 4);  // also the GGUF kernels' gate/up products
 }
 
 void RoutedExperts::enqueue(GpuCtx& ctx, const gpu::bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* w, float* out) {
   if (gpu_) {
     int32_t* off = ctx.scratch.get<int32_t>("moe.route_off");
     int32_t* pairs = ctx.scratch.get<int32_t>("moe.pair_list");
-    gpu::moe_route(ids, n * k, experts_, off, pairs, ctx.s);
+    if (gpu_->needs_routing(n, k)) gpu::moe_route(ids, n * k, experts_, off, pairs, ctx.s);
     gpu_->run(x, n, k, ids, w, off, pairs, ctx.scratch.get<gpu::bf16_t>("moe.act"), ctx.scratch.get<float>("moe.partial"), out, ctx.blas,
               ctx.expert_scratch, ctx.s);
     return;

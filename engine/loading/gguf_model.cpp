@@ -2,10 +2,12 @@
 // JSON fields a config.json would hold and validated by ModelConfig, so a
 // GGUF model and its Hugging Face twin are checked by one piece of code.
 #include "engine/loading/gguf_model.h"
+#include "engine/loading/gguf_deepseek2.h"
 
 #include "engine/layers/gpu_experts.h"
 
 #include <algorithm>
+#include <deque>
 #include <cctype>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -14,6 +16,7 @@
 #include "configs/error.h"
 #include "engine/layers/cpu_layers.h"
 #include "engine/loading/progress.h"
+#include "gpu/quant.h"
 #include "engine/text/chat/chat_template.h"
 #include "io/gguf.h"
 #include "numa/quant_gguf.h"
@@ -29,7 +32,9 @@ std::string type_name(uint32_t t) {
   return ti ? std::string(ti->name) : "type id " + std::to_string(t);
 }
 
-const char* kSupported = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
+const char* kSupported =
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, "
+    "IQ4_NL, IQ4_XS, MXFP4";
 
 std::string shape_str(const std::vector<uint64_t>& s) {
   std::string out = "[";
@@ -61,13 +66,20 @@ bool parse_index(const std::string& s, size_t& pos, int64_t& out) {
   return pos > start && pos < s.size() && s[pos] == '.';
 }
 
+// The GGUF name of a Hugging Face tensor in the file's architecture.
+bool tensor_for(bool deepseek2, const std::string& hf, std::string& g, int64_t& e) {
+  return deepseek2 ? gguf_deepseek2_tensor_for(hf, g, e) : gguf_tensor_for(hf, g, e);
+}
+
 class GgufSource : public WeightSource {
  public:
-  explicit GgufSource(std::unique_ptr<io::GgufFile> f) : f_(std::move(f)) {}
+  explicit GgufSource(std::unique_ptr<io::GgufFile> f)
+      : f_(std::move(f)), ds2_(f_->get("general.architecture").as_string("general.architecture") == "deepseek2") {}
 
   cpu::Mat mat(const std::string& name, int64_t rows, int64_t cols) override {
     std::string g;
     int64_t e = -1;
+    if (cpu::Mat m; split_kv_b(name, rows, cols, m)) return m;
     const io::GgufTensor& t = lookup(name, g, e);
     const auto& s = t.shape;
     const bool ok = e < 0 ? (s.size() == 2 && s[0] == static_cast<uint64_t>(cols) && s[1] == static_cast<uint64_t>(rows))
@@ -96,7 +108,11 @@ class GgufSource : public WeightSource {
   bool has(const std::string& name) const override {
     std::string g;
     int64_t e;
-    return gguf_tensor_for(name, g, e) && f_->find_tensor(g) != nullptr;
+    if (!tensor_for(ds2_, name, g, e)) return false;
+    if (f_->find_tensor(g)) return true;
+    const std::string kv_b = "attn_kv_b.weight";  // deepseek2 files may split it into attn_k_b / attn_v_b
+    return ds2_ && g.size() > kv_b.size() && g.compare(g.size() - kv_b.size(), kv_b.size(), kv_b) == 0 &&
+           f_->find_tensor(g.substr(0, g.size() - kv_b.size()) + "attn_k_b.weight");
   }
 
   void check_all_used(const std::string& where) const override {
@@ -124,8 +140,28 @@ class GgufSource : public WeightSource {
   }
 
  private:
+  // deepseek2: kv_b_proj of a file that stores attn_k_b / attn_v_b, reassembled (owned here).
+  bool split_kv_b(const std::string& name, int64_t rows, int64_t cols, cpu::Mat& m) {
+    std::string g;
+    int64_t e;
+    const std::string suffix = ".self_attn.kv_b_proj.weight";
+    if (!ds2_ || !tensor_for(true, name, g, e) || f_->find_tensor(g) || name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      return false;
+    const size_t dot = g.find('.', 4);
+    const int64_t layer = std::stoll(g.substr(4, dot - 4));
+    std::vector<uint8_t> buf;
+    DType dt = DType::f32;
+    std::vector<std::string> used;
+    if (!gguf_deepseek2_kv_b(*f_, layer, rows, cols, buf, dt, used)) return false;
+    for (auto& u : used) used_.insert(u);
+    owned_.push_back(std::move(buf));
+    m = cpu::Mat{dt, owned_.back().data(), rows, cols};
+    return true;
+  }
+
   const io::GgufTensor& lookup(const std::string& name, std::string& g, int64_t& e) {
-    if (!gguf_tensor_for(name, g, e)) fail(ErrorKind::bad_model, f_->path() + ": no GGUF tensor corresponds to '" + name + "'");
+    if (!tensor_for(ds2_, name, g, e)) fail(ErrorKind::bad_model, f_->path() + ": no GGUF tensor corresponds to '" + name + "'");
     const io::GgufTensor* t = f_->find_tensor(g);
     if (!t) fail(ErrorKind::bad_model, f_->path() + ": tensor '" + g + "' is missing (needed for " + name + ")");
     used_.insert(g);
@@ -150,7 +186,9 @@ class GgufSource : public WeightSource {
   }
 
   std::unique_ptr<io::GgufFile> f_;
+  bool ds2_ = false;
   std::set<std::string> used_;
+  std::deque<std::vector<uint8_t>> owned_;  // reassembled tensors (split kv_b)
 };
 
 uint64_t meta_u64(const io::GgufFile& f, const std::string& key) { return f.get(key).as_u64(key); }
@@ -194,53 +232,61 @@ bool gguf_tensor_for(const std::string& hf, std::string& g, int64_t& expert) {
 
 ModelConfig gguf_model_config(const io::GgufFile& f) {
   const std::string arch(f.get("general.architecture").as_string("general.architecture"));
-  if (arch != "qwen3moe")
-    fail(ErrorKind::unsupported, f.path() + ": general.architecture '" + arch + "' is not supported for GGUF yet (supported: qwen3moe)");
+  if (arch != "qwen3moe" && arch != "deepseek2")
+    fail(ErrorKind::unsupported, f.path() + ": general.architecture '" + arch + "' is not supported for GGUF yet (supported: qwen3moe, deepseek2)");
   const std::string a = arch + ".";
   auto u = [&](const char* k) { return meta_u64(f, a + k); };
   auto num = [&](const char* k) { return f.get(a + k).as_f64(a + k); };
-  nlohmann::json j;
-  j["model_type"] = "qwen3_moe";
-  const io::GgufTensor* emb = f.find_tensor("token_embd.weight");
-  if (!emb || emb->shape.size() != 2) fail(ErrorKind::bad_model, f.path() + ": tensor 'token_embd.weight' is missing or not 2-D");
-  j["vocab_size"] = emb->shape[1];
-  j["hidden_size"] = u("embedding_length");
-  j["num_hidden_layers"] = u("block_count");
-  j["num_attention_heads"] = u("attention.head_count");
-  j["num_key_value_heads"] = u("attention.head_count_kv");
-  if (f.find(a + "attention.key_length")) {
-    j["head_dim"] = u("attention.key_length");
-    if (f.find(a + "attention.value_length") && u("attention.value_length") != u("attention.key_length"))
-      fail(ErrorKind::unsupported, f.path() + ": " + a + "attention.value_length differs from key_length");
+  nlohmann::json j = arch == "deepseek2" ? gguf_deepseek2_config_json(f) : nlohmann::json::object();
+  if (arch == "qwen3moe") {
+    j["model_type"] = "qwen3_moe";
+    const io::GgufTensor* emb = f.find_tensor("token_embd.weight");
+    if (!emb || emb->shape.size() != 2) fail(ErrorKind::bad_model, f.path() + ": tensor 'token_embd.weight' is missing or not 2-D");
+    j["vocab_size"] = emb->shape[1];
+    j["hidden_size"] = u("embedding_length");
+    j["num_hidden_layers"] = u("block_count");
+    j["num_attention_heads"] = u("attention.head_count");
+    j["num_key_value_heads"] = u("attention.head_count_kv");
+    if (f.find(a + "attention.key_length")) {
+      j["head_dim"] = u("attention.key_length");
+      if (f.find(a + "attention.value_length") && u("attention.value_length") != u("attention.key_length"))
+        fail(ErrorKind::unsupported, f.path() + ": " + a + "attention.value_length differs from key_length");
+    }
+    j["num_experts"] = u("expert_count");
+    j["num_experts_per_tok"] = u("expert_used_count");
+    j["moe_intermediate_size"] = u("expert_feed_forward_length");
+    if (f.find(a + "feed_forward_length")) j["intermediate_size"] = u("feed_forward_length");
+    // llama.cpp's qwen3moe graph always renormalises the top-k weights.
+    j["norm_topk_prob"] = f.find(a + "expert_weights_norm") ? f.get(a + "expert_weights_norm").as_u64(a + "expert_weights_norm") != 0 : true;
+    j["rms_norm_eps"] = num("attention.layer_norm_rms_epsilon");
+    if (f.find(a + "rope.freq_base")) j["rope_theta"] = num("rope.freq_base");
+    if (f.find(a + "context_length")) j["max_position_embeddings"] = u("context_length");
+    j["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
+    if (const io::GgufValue* v = f.find("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = v->as_u64("tokenizer.ggml.eos_token_id");
+    if (const io::GgufValue* v = f.find("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = v->as_u64("tokenizer.ggml.bos_token_id");
   }
-  j["num_experts"] = u("expert_count");
-  j["num_experts_per_tok"] = u("expert_used_count");
-  j["moe_intermediate_size"] = u("expert_feed_forward_length");
-  if (f.find(a + "feed_forward_length")) j["intermediate_size"] = u("feed_forward_length");
-  // llama.cpp's qwen3moe graph always renormalises the top-k weights.
-  j["norm_topk_prob"] = f.find(a + "expert_weights_norm") ? f.get(a + "expert_weights_norm").as_u64(a + "expert_weights_norm") != 0 : true;
-  j["rms_norm_eps"] = num("attention.layer_norm_rms_epsilon");
-  if (f.find(a + "rope.freq_base")) j["rope_theta"] = num("rope.freq_base");
-  if (f.find(a + "context_length")) j["max_position_embeddings"] = u("context_length");
-  j["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
-  if (const io::GgufValue* v = f.find("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = v->as_u64("tokenizer.ggml.eos_token_id");
-  if (const io::GgufValue* v = f.find("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = v->as_u64("tokenizer.ggml.bos_token_id");
   ModelConfig c = ModelConfig::from_json(j, f.path() + " (GGUF metadata)");
   // The routed experts as stored (blk.N.ffn_{gate,up,down}_exps), and as the GPU would hold them resident.
   uint64_t exp_bytes = 0, exp_weights = 0;
   double gpu_bytes = 0;
+  auto view_of = [](const io::GgufTensor& t) {
+    cpu::Mat m;  // format and row length are all the GPU size needs
+    m.cols = t.shape.empty() ? 0 : static_cast<int64_t>(t.shape[0]);
+    m.rows = 1;
+    if (cpu::ggml_type_supported(t.type)) {
+      m.quant = cpu::Quant::ext;
+      m.ext = t.type;
+    }
+    return m;
+  };
+  bool native = true;  // every expert matrix held as stored (gpu/quant.h GGUF kernels)
+  for (const io::GgufTensor& t : f.tensors())
+    if (t.name.find("_exps.") != std::string_view::npos) native = native && gpu::gguf_native_supported(view_of(t));
   for (const io::GgufTensor& t : f.tensors())
     if (t.name.find("_exps.") != std::string_view::npos) {
       exp_bytes += t.bytes;
       exp_weights += t.elements();
-      cpu::Mat m;  // format and row length are all the GPU size needs
-      m.cols = t.shape.empty() ? 0 : static_cast<int64_t>(t.shape[0]);
-      m.rows = 1;
-      if (cpu::ggml_type_supported(t.type)) {
-        m.quant = cpu::Quant::ext;
-        m.ext = t.type;
-      }
-      gpu_bytes += static_cast<double>(t.elements()) * gpu_expert_bytes_per_weight(m, true);
+      gpu_bytes += static_cast<double>(t.elements()) * gpu_expert_bytes_per_weight(view_of(t), true, native);
     }
   if (exp_weights > 0) {
     c.expert_bytes_per_weight = static_cast<double>(exp_bytes) / static_cast<double>(exp_weights);

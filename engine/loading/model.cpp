@@ -107,9 +107,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
     o.resident = plan->resident();
     o.devices = plan->devices();
     m->gpu_ = std::make_unique<GpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
-    // Streaming uploads the host experts' bytes as bf16 matrices: plain checkpoints only.
-    if (!m->source_ && plan->resident_moe_layers() < plan->moe_layers())
-      m->gpu_->enable_expert_streaming(expert_stream_options(c, settings, m->pool_, settings.progress == "none"));
+    // Long prompts stream the host experts to the GPU (bf16, or quantized checkpoints in their GPU format).
+    if (plan->resident_moe_layers() < plan->moe_layers())
+      m->gpu_->enable_expert_streaming(expert_stream_options(c, settings, *m->pools_, m->gpu_->host_expert_sample(), settings.progress == "none"));
   } else {
     m->cpu_ = std::make_unique<CpuRuntime>(c, graph, bind, *m->pools_, CpuRuntimeOptions::from_settings(settings), m->engram_.get());
   }

@@ -35,8 +35,9 @@ struct TokenSlot {
 // the keys/values of every token in the batch must already be in `kv`.
 // out: [n, heads, hd]. Token t attends to positions 0..slots[t].pos of its sequence.
 // Threaded over (token, kv head, chunk of positions) with a log-sum-exp
-// merge of the chunks (engine/ops/cpu_attention.cpp); AVX-512 where the CPU
-// has it and hd % 16 == 0. Pool null: the calling thread.
+// merge of the chunks (engine/ops/cpu_attention.cpp), reading the cache's
+// head-major tiles in its dtype; AVX-512, AVX2 or plain C++ by
+// cpu::best_isa(), any head dim. Pool null: the calling thread.
 void attention(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const TokenSlot* slots,
                KvCache& kv, int64_t layer, float scale, float* out, numa::ThreadPool* pool);
 // Plain reference of the same (one (token, head) at a time, double sums): tests.

@@ -16,19 +16,25 @@ namespace {
 double flops_per_token(const ModelConfig& c) {
   return 6.0 * static_cast<double>(c.hidden_size) * static_cast<double>(c.moe_intermediate_size) * static_cast<double>(c.num_experts_per_tok);
 }
-double layer_bytes(const ModelConfig& c) {
-  return 6.0 * static_cast<double>(c.num_experts) * static_cast<double>(c.hidden_size) * static_cast<double>(c.moe_intermediate_size);
+double layer_weights(const ModelConfig& c) {
+  return 3.0 * static_cast<double>(c.num_experts) * static_cast<double>(c.hidden_size) * static_cast<double>(c.moe_intermediate_size);
 }
 }  // namespace
+
+double expert_cpu_bytes_per_weight(const ModelConfig& c) { return c.expert_bytes_per_weight > 0 ? c.expert_bytes_per_weight : 2.0; }
+double expert_stream_bytes_per_weight(const ModelConfig& c, bool quantized) {
+  return quantized && c.gpu_expert_bytes_per_weight > 0 ? c.gpu_expert_bytes_per_weight : 2.0;
+}
+double stream_layer_bytes(const ModelConfig& c, const PrefillCost& m) { return layer_weights(c) * m.stream_bytes_per_weight; }
 
 double cpu_expert_seconds(const ModelConfig& c, const PrefillCost& m, int64_t n) {
   const double E = static_cast<double>(std::max<int64_t>(c.num_experts, 1)), k = static_cast<double>(c.num_experts_per_tok);
   const double covered = 1.0 - std::pow(std::max(0.0, 1.0 - k / E), static_cast<double>(n));
-  return std::max(covered * layer_bytes(c) / m.cpu_bandwidth, static_cast<double>(n) * flops_per_token(c) / m.cpu_expert_flops);
+  return std::max(covered * layer_weights(c) * m.cpu_bytes_per_weight / m.cpu_bandwidth, static_cast<double>(n) * flops_per_token(c) / m.cpu_expert_flops);
 }
 
 double streamed_expert_seconds(const ModelConfig& c, const PrefillCost& m, int64_t n) {
-  return std::max(layer_bytes(c) / m.pcie_bandwidth, static_cast<double>(n) * flops_per_token(c) / m.gpu_expert_flops) + kStreamLayerOverheadSeconds;
+  return std::max(stream_layer_bytes(c, m) / m.pcie_bandwidth, static_cast<double>(n) * flops_per_token(c) / m.gpu_expert_flops) + kStreamLayerOverheadSeconds;
 }
 
 int64_t prefill_break_even(const ModelConfig& c, const PrefillCost& m) {
@@ -91,6 +97,32 @@ double measure_cpu_expert_flops(const ModelConfig& c, numa::ThreadPool* pool, in
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
     numa::mlp_forward(x.data(), tokens, e, out.data(), pool);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 6.0 * static_cast<double>(H) * static_cast<double>(I) * static_cast<double>(tokens) / best;
+}
+
+double measure_cpu_expert_flops(const numa::ExpertWeights& sample, numa::NodePools& pools, const numa::EngineOptions& eo, int64_t tokens) {
+  const int64_t H = sample.gate.cols, I = sample.gate.rows;
+  if (H <= 0 || I <= 0 || tokens <= 0) return 0;
+  numa::EngineOptions o = eo;
+  o.copy_to_nodes = 0;  // views: nothing copied for a probe
+  o.print_memory = false;
+  o.name = "CPU expert FLOP/s probe";
+  numa::ExpertEngine engine({sample}, pools, o);
+  uint64_t s = 0x2545F4914F6CDD1Dull;
+  std::vector<float> x(static_cast<size_t>(tokens * H)), out(x.size()), w(static_cast<size_t>(tokens), 1.0f);
+  for (auto& v : x) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    v = static_cast<float>(static_cast<int32_t>(s >> 32)) * (1.0f / 2147483648.0f);
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(tokens), 0);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    engine.forward(x.data(), tokens, ids.data(), w.data(), 1, out.data());
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 6.0 * static_cast<double>(H) * static_cast<double>(I) * static_cast<double>(tokens) / best;

@@ -30,6 +30,7 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.cuda_graphs = s.cuda_graphs;
   o.cpu_overlap = s.gpu_cpu_overlap;
   o.tiled_attention = s.gpu_tiled_attention;
+  o.quantized_dense = s.gpu_quantized_dense;
   return o;
 }
 
@@ -43,7 +44,8 @@ struct GpuRuntime::Impl {
   KvLayout kv_layout;
   gpu::Stream stream;
   gpu::Blas blas{stream};
-  gpu::DeviceBuffer embed, lm_head, final_norm;
+  gpu::DeviceBuffer embed, final_norm;
+  GpuDense lm_head;
   std::vector<Block> blocks;
   uint64_t weight_bytes = 0;
   int64_t topk = 1;
@@ -59,6 +61,7 @@ struct GpuRuntime::Impl {
   SegmentGraphs seg_graphs;
   std::unique_ptr<ExpertStream> xstream;  // streamed host experts for big passes (null: off)
   std::unique_ptr<GpuEngram> engram;      // n-gram memory modules (null: none)
+  numa::NodePools* pools = nullptr;       // the host experts' pools (builds the streaming images)
 
   explicit Impl(const ModelConfig& cfg) : c(cfg) {}
 };
@@ -85,14 +88,16 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   Impl& m = *impl_;
   const int64_t H = c.hidden_size;
   m.kv_layout = g.kv;
+  m.pools = &pools;
   m.use_graphs = o.cuda_graphs;
   m.overlap = o.cpu_overlap;
   m.overlap_b_rows = std::max<int64_t>(o.overlap_second_rows, 0);
   m.tiled_attention = o.tiled_attention;
   GpuUploader up(bind, m.stream);
+  up.set_keep_gguf(o.quantized_dense);
   m.embed = up.bf16({bind.mat(g.embed, c.vocab_size, H)});
   m.final_norm = up.bf16({bind.vec(g.final_norm, H)});
-  m.lm_head = up.bf16({bind.mat(g.lm_head, c.vocab_size, H)});
+  m.lm_head = up.dense(bind.mat(g.lm_head, c.vocab_size, H));
   ExpertHomeOptions homes = o.experts;
   uint64_t expert_bytes = 0;
   for (const BlockDesc& d : g.blocks) {
@@ -151,13 +156,19 @@ uint64_t GpuRuntime::kv_bytes_per_token() const {
 const ExpertStream* GpuRuntime::expert_stream() const { return impl_->xstream.get(); }
 ExpertStream* GpuRuntime::expert_stream() { return impl_->xstream.get(); }
 
+const numa::ExpertWeights* GpuRuntime::host_expert_sample() const {
+  for (const Impl::Block& b : impl_->blocks)
+    if (const auto* w = b.ffn->host_expert_weights(); w && !w->empty()) return &(*w)[0];
+  return nullptr;
+}
+
 void GpuRuntime::enable_expert_streaming(const ExpertStreamOptions& o) {
   Impl& m = *impl_;
   m.xstream.reset();
   std::vector<ExpertStream::Layer> layers;
   for (size_t l = 0; l < m.blocks.size(); ++l)
     if (const auto* w = m.blocks[l].ffn->host_expert_weights()) layers.push_back({static_cast<int64_t>(l), w});
-  m.xstream = make_expert_stream(m.c, std::move(layers), o, m.stream, m.blas);
+  m.xstream = make_expert_stream(m.c, std::move(layers), o, m.stream, m.blas, &m.pools->pool(0));
 }
 
 void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
@@ -278,6 +289,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   sc.fit("act.ids", n * K * 4);
   sc.fit("act.wts", n * K * 4);
   sc.fit("act.logits", mrows * V * 4);
+  sc.fit("dense.deq", static_cast<int64_t>(m.lm_head.scratch_bytes(mrows)));
   GpuCtx ctx{s, m.blas, sc, m.expert_scratch, m.xstream.get(), st, {}};
   for (auto& blk : m.blocks) {
     blk.attn->reserve(ctx);
@@ -309,7 +321,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   };
   auto enqueue_tail = [&] {
     gpu::add_rms_norm(a.x, nullptr, st.rows, mrows, H, m.final_norm.as<bf16_t>(), eps, a.hb, nullptr, s);
-    m.blas.gemm(a.hb, mrows, m.lm_head.as<bf16_t>(), V, H, sc.get<float>("act.logits"), V);
+    m.lm_head.gemm(m.blas, a.hb, mrows, sc.get<float>("act.logits"), V, sc.get<void>("dense.deq"), s);
   };
   auto enqueue_segment = [&](size_t i, const Rows& r, bool tail) {
     if (i == 0) gpu::embedding(m.embed.as<bf16_t>(), st.tok + r.r0, r.rn, H, a.x + r.r0 * H, s);

@@ -62,6 +62,7 @@ struct GpuRuntimeOptions {
   ExpertHomeOptions experts;
   MlaMode mla_mode = MlaMode::automatic;
   bool split_inputs = true;       // precise layers (FfnDesc::precise, MLA) split their products' inputs
+  bool quantized_dense = true;    // GGUF attention / lm_head weights stay in their blocks (setting gpu_quantized_dense)
   bool cuda_graphs = false, cpu_overlap = false, tiled_attention = true;
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
   // Everything from the settings but `resident` and `devices` (the placement's).
@@ -88,6 +89,9 @@ class GpuRuntime {
   // min_batch 0 turns streaming off; off (with a notice) when the slots do not fit.
   void enable_expert_streaming(const ExpertStreamOptions& o);
   const ExpertStream* expert_stream() const;  // null when off
+  // Expert 0 of the first MoE layer whose experts stay in host memory (null: none):
+  // what expert_stream_options measures the CPU experts on.
+  const numa::ExpertWeights* host_expert_sample() const;
   ExpertStream* expert_stream();
   const GpuStepTimes& times() const;
   void reset_times();

@@ -5,6 +5,7 @@
 #include "io/tensor/quant_blocks.h"
 
 #include "io/tensor/gguf_block_util.h"
+#include "io/tensor/quant_blocks_lowbit.h"
 
 #include <algorithm>
 #include <cmath>
@@ -184,6 +185,7 @@ float fp8_e4m3_to_f32(uint8_t b) {
 }
 
 const ExtTypeInfo* ext_type_info(uint32_t type) {
+  if (lowbit_type(type)) return lowbit_type_info(type);
   switch (static_cast<ExtType>(type)) {
     case ExtType::q4_0: return &kQ4_0;
     case ExtType::q4_1: return &kQ4_1;
@@ -211,7 +213,9 @@ void dequant_block(ExtType type, const uint8_t* b, float* out) {
     case ExtType::q4_k: return deq_q4_k(b, out);
     case ExtType::q5_k: return deq_q5_k(b, out);
     case ExtType::q6_k: return deq_q6_k(b, out);
-    default: fail(ErrorKind::internal, "dequant_block: not a ggml block type");
+    default:
+      if (lowbit_type(static_cast<uint32_t>(type))) return lowbit_dequant_block(type, b, out);
+      fail(ErrorKind::internal, "dequant_block: not a ggml block type");
   }
 }
 

@@ -119,8 +119,8 @@ TEST_CASE("broken GGUF files are clear errors") {
   {
     Built b = build_model(8);
     for (auto& t : b.quant.tensors())
-      if (t.name == "blk.0.attn_q.weight") t.type = 10, t.bytes.assign(84 * (kHidden / 256) * kHeads * kHeadDim, 1);  // Q2_K
-    expect("unsupported-type", b.quant.bytes(), "q2_k");
+      if (t.name == "blk.0.attn_q.weight") t.type = 34, t.bytes.assign(54 * (kHidden / 256) * kHeads * kHeadDim, 1);  // TQ1_0
+    expect("unsupported-type", b.quant.bytes(), "tq1_0");
   }
   {
     Built b = build_model(0);

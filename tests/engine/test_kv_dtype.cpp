@@ -68,12 +68,14 @@ TEST_CASE("KV rows: each dtype decodes within its rounding bound; q8_0 blocks of
 
 TEST_CASE("attention on each KV dtype: split chunks, GQA, paging and threads equal the scalar reference") {
   // Three sequences written interleaved (pages not contiguous), contexts 1..2100,
-  // decode and mixed rows. hd 128/64 take the AVX-512 loops (groups of 8
-  // and 4: tiles widened once; groups of 2 and 1: widened in registers);
-  // 24 and 16 the decoded-tile path (hd 24: q8_0 blocks straddle two kv heads).
+  // decode and mixed rows, on every kernel build the CPU runs (AVX-512, AVX2,
+  // plain C++). Query groups of 8, 4, 2, 1 and 7 (= 4 + 2 + 1 heads per
+  // pass); hd 128/64/16 whole 16-value vectors, 24 and 40 a partial last one
+  // (q8_0: a 32-value group cut short); blocks of 16 and 32 tokens (whole
+  // 16-token key tiles), of 8 and 4 (narrower tiles) and of 24 (8-token tiles).
   double worst_storage[3] = {0, 0, 0}, worst_kernel[3] = {0, 0, 0};
-  for (auto [heads, kvh, hd, bs] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{32, 4, 128, 16}, {8, 2, 64, 32}, {4, 2, 128, 16}, {3, 3, 64, 16},
-                                    {6, 3, 24, 16}, {4, 4, 16, 16}}) {
+  for (auto [heads, kvh, hd, bs] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{32, 4, 128, 16}, {8, 2, 64, 32}, {4, 2, 128, 16}, {3, 3, 64, 24},
+                                    {6, 3, 24, 16}, {4, 4, 16, 16}, {14, 2, 40, 8}, {16, 2, 64, 4}}) {
     const std::vector<int64_t> lens = {2100, 1, 613};
     const int64_t blocks = 2100 / bs * 3 + 16;
     KvCache exact(KvLayout{2, kvh, hd}, blocks, bs);
@@ -98,15 +100,18 @@ TEST_CASE("attention on each KV dtype: split chunks, GQA, paging and threads equ
       auto ks = test::random_floats(static_cast<size_t>(lens[s] * kvh * hd), 50 + s);
       auto vs = test::random_floats(static_cast<size_t>(lens[s] * kvh * hd), 60 + s);
       for (int64_t p = 0; p < lens[s]; ++p) {
-        std::copy(ks.begin() + p * kvh * hd, ks.begin() + (p + 1) * kvh * hd, exact.k(1, seqs[s], p));
-        std::copy(vs.begin() + p * kvh * hd, vs.begin() + (p + 1) * kvh * hd, exact.v(1, seqs[s], p));
+        exact.store(1, seqs[s], p, ks.data() + p * kvh * hd, vs.data() + p * kvh * hd);
         for (auto& c : caches) c->store(1, seqs[s], p, ks.data() + p * kvh * hd, vs.data() + p * kvh * hd);
       }
     }
-    for (int batch : {0, 1}) {
+    for (int batch : {0, 1, 2}) {
       std::vector<ops::TokenSlot> slots;
       if (batch == 0) slots = {{seqs[0], 2099}};
-      else slots = {{seqs[0], 2097}, {seqs[0], 2098}, {seqs[1], 0}, {seqs[2], 600}, {seqs[2], 612}};
+      else if (batch == 1) slots = {{seqs[0], 2097}, {seqs[0], 2098}, {seqs[1], 0}, {seqs[2], 600}, {seqs[2], 612}};
+      else {  // a prompt chunk: 40 rows of one sequence (groups of rows sharing tiles), then a decode row
+        for (int64_t p = 573; p < 613; ++p) slots.push_back({seqs[2], p});
+        slots.push_back({seqs[0], 2099});
+      }
       const int64_t n = static_cast<int64_t>(slots.size());
       auto q = test::random_floats(static_cast<size_t>(n * heads * hd), 70 + static_cast<uint64_t>(batch));
       for (auto& v : q) v *= 3.0f;  // peaked softmax: the chunks' maxima differ widely
@@ -125,15 +130,20 @@ TEST_CASE("attention on each KV dtype: split chunks, GQA, paging and threads equ
         INFO(std::string(kv_dtype_name(d)) << " heads " << heads << "/" << kvh << " hd " << hd << " batch " << batch << " storage error " << storage_err);
         CHECK(storage_err <= storage_tol);
         worst_storage[di] = std::max(worst_storage[di], storage_err);
-        for (int threads : {0, 1, 3}) {
-          std::unique_ptr<numa::ThreadPool> pool;
-          if (threads) pool = std::make_unique<numa::ThreadPool>(threads, false);
-          std::vector<float> out(q.size(), NAN);
-          ops::attention(q.data(), n, heads, kvh, hd, slots.data(), kv, 1, scale, out.data(), pool.get());
-          const double w = worst_abs(out, ref);
-          INFO("threads " << threads << " kernel error " << w);
-          CHECK(w < 2e-5);
-          worst_kernel[di] = std::max(worst_kernel[di], w);
+        for (cpu::Isa isa : {cpu::Isa::avx512, cpu::Isa::avx2, cpu::Isa::scalar}) {
+          const cpu::Isa before = cpu::set_isa_for_testing(isa);
+          const cpu::Isa ran = cpu::best_isa();  // isa, or the best below it this CPU has
+          for (int threads : {0, 1, 3}) {
+            std::unique_ptr<numa::ThreadPool> pool;
+            if (threads) pool = std::make_unique<numa::ThreadPool>(threads, false);
+            std::vector<float> out(q.size(), NAN);
+            ops::attention(q.data(), n, heads, kvh, hd, slots.data(), kv, 1, scale, out.data(), pool.get());
+            const double w = worst_abs(out, ref);
+            INFO("isa " << cpu::isa_name(ran) << " threads " << threads << " kernel error " << w);
+            CHECK(w < 2e-5);
+            worst_kernel[di] = std::max(worst_kernel[di], w);
+          }
+          cpu::set_isa_for_testing(before);
         }
       }
     }
@@ -157,11 +167,13 @@ TEST_CASE("KV dtypes: block copies and the host tier move the stored bytes; byte
       for (int64_t p = 0; p < 8; ++p) kv.store(layer, seq, p, x.data() + ((layer * 8 + p) * 2) * 64, x.data() + ((layer * 8 + p) * 2 + 1) * 64);
     std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8};
     kv.commit(seq, toks, 8);
-    std::vector<std::vector<uint8_t>> rows;
+    std::vector<std::vector<float>> rows;  // K then V of each (layer, position), as stored
     for (int64_t layer = 0; layer < 2; ++layer)
       for (int64_t p = 0; p < 8; ++p) {
-        rows.emplace_back(kv.k_row(layer, seq, p), kv.k_row(layer, seq, p) + kv_row_bytes(d, 64));
-        rows.emplace_back(kv.v_row(layer, seq, p), kv.v_row(layer, seq, p) + kv_row_bytes(d, 64));
+        rows.emplace_back(128);
+        kv.load(layer, seq, p, rows.back().data(), rows.back().data() + 64);
+        // the stored values are the written ones within the dtype's rounding
+        for (int64_t i = 0; i < 128; ++i) CHECK(rows.back()[static_cast<size_t>(i)] == doctest::Approx(x[static_cast<size_t>((layer * 8 + p) * 128 + i)]).epsilon(0.02).scale(1.0));
       }
     kv.free_sequence(seq);
     // fill the first tier with other blocks: the cached ones go to the host tier
@@ -176,9 +188,9 @@ TEST_CASE("KV dtypes: block copies and the host tier move the stored bytes; byte
     size_t r = 0;
     for (int64_t layer = 0; layer < 2; ++layer)
       for (int64_t p = 0; p < 8; ++p) {
-        CHECK(std::equal(rows[r].begin(), rows[r].end(), kv.k_row(layer, back, p)));
-        CHECK(std::equal(rows[r + 1].begin(), rows[r + 1].end(), kv.v_row(layer, back, p)));
-        r += 2;
+        std::vector<float> got(128);
+        kv.load(layer, back, p, got.data(), got.data() + 64);
+        CHECK(got == rows[r++]);
       }
   }
 }

@@ -93,10 +93,7 @@ TEST_CASE("attention over the paged cache equals naive causal GQA") {
   kv.reserve(seq, len);
   auto ks = test::random_floats(static_cast<size_t>(len * kvh * hd), 31);
   auto vs = test::random_floats(static_cast<size_t>(len * kvh * hd), 32);
-  for (int64_t p = 0; p < len; ++p) {
-    std::copy(ks.begin() + p * kvh * hd, ks.begin() + (p + 1) * kvh * hd, kv.k(0, seq, p));
-    std::copy(vs.begin() + p * kvh * hd, vs.begin() + (p + 1) * kvh * hd, kv.v(0, seq, p));
-  }
+  for (int64_t p = 0; p < len; ++p) kv.store(0, seq, p, ks.data() + p * kvh * hd, vs.data() + p * kvh * hd);
   const int64_t n = 5;
   auto q = test::random_floats(static_cast<size_t>(n * heads * hd), 33);
   std::vector<ops::TokenSlot> slots;
@@ -140,10 +137,7 @@ TEST_CASE("attention: split chunks, GQA groups, paging and threads equal the sca
     for (size_t s = 0; s < lens.size(); ++s) {
       auto ks = test::random_floats(static_cast<size_t>(lens[s] * kvh * hd), 50 + s);
       auto vs = test::random_floats(static_cast<size_t>(lens[s] * kvh * hd), 60 + s);
-      for (int64_t p = 0; p < lens[s]; ++p) {
-        std::copy(ks.begin() + p * kvh * hd, ks.begin() + (p + 1) * kvh * hd, kv.k(1, seqs[s], p));
-        std::copy(vs.begin() + p * kvh * hd, vs.begin() + (p + 1) * kvh * hd, kv.v(1, seqs[s], p));
-      }
+      for (int64_t p = 0; p < lens[s]; ++p) kv.store(1, seqs[s], p, ks.data() + p * kvh * hd, vs.data() + p * kvh * hd);
     }
     for (int batch : {0, 1}) {
       std::vector<ops::TokenSlot> slots;
@@ -258,6 +252,12 @@ TEST_CASE("kv cache: blocks are handed out and returned") {
   CHECK(kv.free_blocks() == 0);
   kv.free_sequence(a);
   CHECK(kv.free_blocks() == 2);
-  kv.k(1, b, 15)[3] = 2.5f;
-  CHECK(kv.k(1, b, 15)[3] == 2.5f);
+  const float k[4] = {1.0f, -2.0f, 2.5f, 4.0f}, v[4] = {0.5f, 0.25f, -8.0f, 3.0f};
+  kv.store(1, b, 15, k, v);
+  float kb[4], vb[4];
+  kv.load(1, b, 15, kb, vb);
+  CHECK(std::equal(k, k + 4, kb));
+  CHECK(std::equal(v, v + 4, vb));
+  // GQA layouts are head-major (rows not contiguous): the row pointers refuse
+  CHECK_THROWS_AS(kv.k(1, b, 15), Error);
 }

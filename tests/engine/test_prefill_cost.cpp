@@ -10,6 +10,9 @@
 
 #include "configs/error.h"
 #include "engine/placement/prefill_cost.h"
+#include "numa/quant_gguf.h"
+#include "tests/quant_tools/quantizers.h"
+#include "tests/test_util.h"
 
 using namespace hmoe;
 
@@ -73,4 +76,53 @@ TEST_CASE("prefill break-even: the smallest batch where streamed experts beat th
   PrefillCost strong = m;
   strong.cpu_expert_flops = 200e12;
   CHECK(prefill_break_even(c, strong) == 0);
+}
+
+TEST_CASE("prefill cost of quantized experts: the bytes that cross PCIe and that the CPU reads") {
+  ModelConfig c;
+  c.hidden_size = 2048;
+  c.moe_intermediate_size = 768;
+  c.num_experts = 128;
+  c.num_experts_per_tok = 8;
+  CHECK(expert_cpu_bytes_per_weight(c) == 2.0);  // not set: bf16
+  CHECK(expert_stream_bytes_per_weight(c, true) == 2.0);
+  c.expert_bytes_per_weight = 0.5625;       // Q4_K as stored
+  c.gpu_expert_bytes_per_weight = 0.5625;   // Q4_K on the GPU (rows of 16-byte multiples)
+  CHECK(expert_cpu_bytes_per_weight(c) == 0.5625);
+  CHECK(expert_stream_bytes_per_weight(c, true) == 0.5625);
+  CHECK(expert_stream_bytes_per_weight(c, false) == 2.0);  // --gpu-quantized-experts 0 streams bf16
+  PrefillCost bf16{1200e9, 90e9, 50e9, 200e12};
+  PrefillCost q4 = bf16;
+  q4.cpu_bytes_per_weight = 0.5625;
+  q4.stream_bytes_per_weight = 0.5625;
+  CHECK(stream_layer_bytes(c, q4) == doctest::Approx(3.0 * 128 * 2048 * 768 * 0.5625));
+  // A quarter of the bytes: the copy-bound streamed layer is ~3.6x faster, so streaming pays from fewer tokens.
+  CHECK(streamed_expert_seconds(c, q4, 4096) < streamed_expert_seconds(c, bf16, 4096) / 3);
+  const int64_t nq = prefill_break_even(c, q4), nb = prefill_break_even(c, bf16);
+  MESSAGE("Qwen3-30B-A3B shapes, CPU 1.2 TFLOP/s, PCIe 50 GB/s: break-even Q4_K " << nq << " tokens, bf16 " << nb);
+  REQUIRE(nq > 1);
+  CHECK(nq < nb);
+  CHECK(streamed_expert_seconds(c, q4, nq) < cpu_expert_seconds(c, q4, nq));
+  CHECK(streamed_expert_seconds(c, q4, nq - 1) >= cpu_expert_seconds(c, q4, nq - 1));
+}
+
+TEST_CASE("measure_cpu_expert_flops on one of the model's experts (GGUF Q4_K) through the expert engine") {
+  const int64_t H = 256, I = 256;
+  std::vector<std::vector<uint8_t>> q;
+  q.reserve(3);  // the views point into these
+  std::vector<cpu::Mat> m;
+  for (int k = 0; k < 3; ++k) {
+    const int64_t rows = k == 2 ? H : I, cols = k == 2 ? I : H;
+    const auto v = test::random_floats(static_cast<size_t>(rows * cols), 40 + k, 0.05f);
+    q.push_back(qtools::quant_rows(cpu::ExtType::q4_k, v.data(), rows, cols));
+    m.push_back(cpu::ext_view(cpu::ExtType::q4_k, q.back().data(), rows, cols, "expert"));
+  }
+  numa::PoolOptions po;
+  po.threads = 2;
+  po.quiet = true;
+  numa::NodePools pools(po);
+  const double f = measure_cpu_expert_flops(numa::ExpertWeights{m[0], m[1], m[2]}, pools, numa::EngineOptions{}, 16);
+  MESSAGE("Q4_K expert 256x256, 16 tokens, 2 threads: " << f / 1e9 << " GFLOP/s");
+  CHECK(f > 1e6);
+  CHECK(f < 1e14);
 }

@@ -109,6 +109,31 @@ TEST_CASE("gpu qk_norm_rope matches rms_norm + Rope for head dims 64 and 128") {
   }
 }
 
+TEST_CASE("gpu qkv_norm_rope_store equals qk_norm_rope on q and k heads plus kv_store") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  for (int64_t hd : {64, 128}) {
+    const int64_t n = 4, heads = 4, kvh = 2, ld = (heads + 2 * kvh) * hd + 8, width = kvh * hd, slots = 9;
+    auto x = test::random_floats(static_cast<size_t>(n * ld), 51 + hd);
+    auto wq = bf16_of(test::random_floats(static_cast<size_t>(hd), 52, 0.5f)), wk = bf16_of(test::random_floats(static_cast<size_t>(hd), 53, 0.5f));
+    std::vector<int32_t> pos = {0, 3, 700, 4000}, slot = {7, 1, 4, 0};
+    ops::Rope rope(hd, 1e6);
+    auto dw = test::to_device(wq, s), dk = test::to_device(wk, s), dp = test::to_device(pos, s), df = test::to_device(rope.inv_freq, s),
+         ds = test::to_device(slot, s);
+    std::vector<uint16_t> zero(static_cast<size_t>(slots * width), 0x7FC0);  // bf16 NaN: slots not stored stay NaN in both
+    auto a = test::to_device(x, s), b = test::to_device(x, s);
+    auto kca = test::to_device(zero, s), vca = test::to_device(zero, s), kcb = test::to_device(zero, s), vcb = test::to_device(zero, s);
+    gpu::qk_norm_rope(a.as<float>(), n, ld, heads, hd, dw.as<uint16_t>(), 1e-6f, dp.as<int32_t>(), df.as<float>(), s);
+    gpu::qk_norm_rope(a.as<float>() + heads * hd, n, ld, kvh, hd, dk.as<uint16_t>(), 1e-6f, dp.as<int32_t>(), df.as<float>(), s);
+    gpu::kv_store(a.as<float>() + heads * hd, a.as<float>() + (heads + kvh) * hd, ld, n, width, ds.as<int32_t>(), kca.as<uint16_t>(), vca.as<uint16_t>(), s);
+    gpu::qkv_norm_rope_store(b.as<float>(), n, ld, heads, kvh, hd, dw.as<uint16_t>(), dk.as<uint16_t>(), 1e-6f, dp.as<int32_t>(), df.as<float>(),
+                             ds.as<int32_t>(), kcb.as<uint16_t>(), vcb.as<uint16_t>(), s);
+    CHECK(test::to_host<float>(a, x.size(), s) == test::to_host<float>(b, x.size(), s));
+    CHECK(test::to_host<uint16_t>(kca, zero.size(), s) == test::to_host<uint16_t>(kcb, zero.size(), s));
+    CHECK(test::to_host<uint16_t>(vca, zero.size(), s) == test::to_host<uint16_t>(vcb, zero.size(), s));
+  }
+}
+
 TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill and decode, GQA, hd 64/128)") {
   if (!test::have_gpu()) return;
   gpu::Stream s;
@@ -125,8 +150,7 @@ TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill an
       auto kr = bf16_round(test::random_floats(static_cast<size_t>(len * kvw), seed));
       auto vr = bf16_round(test::random_floats(static_cast<size_t>(len * kvw), seed + 1));
       for (int64_t p = 0; p < len; ++p) {
-        std::copy(kr.begin() + p * kvw, kr.begin() + (p + 1) * kvw, kv.k(0, seq, p));
-        std::copy(vr.begin() + p * kvw, vr.begin() + (p + 1) * kvw, kv.v(0, seq, p));
+        kv.store(0, seq, p, kr.data() + p * kvw, vr.data() + p * kvw);
         const int64_t sl = kv.slot_index(seq, p);
         std::copy(kr.begin() + p * kvw, kr.begin() + (p + 1) * kvw, kc.begin() + sl * kvw);
         std::copy(vr.begin() + p * kvw, vr.begin() + (p + 1) * kvw, vc.begin() + sl * kvw);

@@ -147,5 +147,6 @@ TEST_CASE("ext views: bad shapes and unknown types are clear errors") {
   m.ext = static_cast<uint32_t>(ExtType::fp8_e4m3);
   CHECK_THROWS_WITH_AS(cpu::check_mat(m, "w"), doctest::Contains("needs scales"), Error);
   CHECK(cpu::ggml_type_supported(8));
-  CHECK_FALSE(cpu::ggml_type_supported(10));  // Q2_K: not computed on yet
+  CHECK(cpu::ggml_type_supported(10));         // Q2_K (numa/quant_gguf_lowbit.h)
+  CHECK_FALSE(cpu::ggml_type_supported(34));  // TQ1_0: not computed on
 }

@@ -35,10 +35,8 @@ struct Filler {
     for (int64_t layer = 0; layer < l.layers; ++layer)
       for (int64_t p = from; p < to; ++p) {
         std::vector<float> v;
-        float* k = kv.k(layer, seq, p);
-        for (int64_t i = 0; i < l.k_floats(); ++i) v.push_back(k[i] = d(rng));
-        float* vv = kv.v(layer, seq, p);
-        for (int64_t i = 0; i < l.v_floats(); ++i) v.push_back(vv[i] = d(rng));
+        for (int64_t i = 0; i < l.k_floats() + l.v_floats(); ++i) v.push_back(d(rng));
+        kv.store(layer, seq, p, v.data(), v.data() + l.k_floats());
         out[{layer, p}] = v;
       }
     return out;
@@ -49,12 +47,9 @@ bool holds(KvCache& kv, int seq, const std::map<std::pair<int64_t, int64_t>, std
   const KvLayout& l = kv.layout();
   for (const auto& [key, v] : want) {
     if (key.second >= to) continue;
-    const float* k = kv.k(key.first, seq, key.second);
-    const float* vv = kv.v(key.first, seq, key.second);
-    for (int64_t i = 0; i < l.k_floats(); ++i)
-      if (k[i] != v[static_cast<size_t>(i)]) return false;
-    for (int64_t i = 0; i < l.v_floats(); ++i)
-      if (vv[i] != v[static_cast<size_t>(l.k_floats() + i)]) return false;
+    std::vector<float> got(static_cast<size_t>(l.k_floats() + l.v_floats()));
+    kv.load(key.first, seq, key.second, got.data(), got.data() + l.k_floats());
+    if (got != v) return false;
   }
   return true;
 }

@@ -76,7 +76,8 @@ Options parse_options(std::vector<std::string>& args) {
 
 struct Sample {
   double seconds = 0;
-  GpuStepTimes times;  // zero on the CPU path
+  GpuStepTimes times;        // zero on the CPU path
+  ExpertStreamStats stream;  // prefill streaming of host experts (passes 0: none streamed)
 };
 
 struct Result {
@@ -120,6 +121,18 @@ struct Result {
       t.cpu_experts_s += s.times.cpu_experts_s;
       t.transfer_s += s.times.transfer_s;
       t.steps += s.times.steps;
+    }
+    return t;
+  }
+  ExpertStreamStats streamed() const {
+    ExpertStreamStats t;
+    for (const auto& s : samples) {
+      t.passes += s.stream.passes;
+      t.bytes += s.stream.bytes;
+      t.copy_s += s.stream.copy_s;
+      t.compute_s += s.stream.compute_s;
+      t.stall_s += s.stream.stall_s;
+      t.pinned_bandwidth = s.stream.pinned_bandwidth;
     }
     return t;
   }
@@ -192,12 +205,14 @@ class Bench {
   }
   void begin() {
     if (m_.gpu()) m_.gpu()->reset_times();
+    if (m_.gpu() && m_.gpu()->expert_stream()) m_.gpu()->expert_stream()->reset_stats();
     t0_ = std::chrono::steady_clock::now();
   }
   Sample end() {
     Sample smp;
     smp.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     if (m_.gpu()) smp.times = m_.gpu()->times();
+    if (m_.gpu() && m_.gpu()->expert_stream()) smp.stream = m_.gpu()->expert_stream()->stats();
     return smp;
   }
 
@@ -238,6 +253,10 @@ nlohmann::json result_json(const Result& r) {
                       {"wall_s", r.wall()}};
   if (t.steps > 0)
     j["gpu_times"] = {{"forward_s", t.total_s}, {"gpu_s", t.gpu_s()}, {"cpu_experts_s", t.cpu_experts_s}, {"transfer_s", t.transfer_s}, {"steps", t.steps}};
+  if (const ExpertStreamStats x = r.streamed(); x.passes > 0)
+    j["expert_stream"] = {{"passes", x.passes},          {"bytes", x.bytes},       {"copy_s", x.copy_s},
+                          {"compute_s", x.compute_s},    {"stall_s", x.stall_s},   {"achieved_bytes_per_s", x.achieved_bandwidth()},
+                          {"pinned_bytes_per_s", x.pinned_bandwidth}, {"hidden_fraction", x.hidden_fraction()}};
   return j;
 }
 
@@ -272,6 +291,12 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
   std::vector<Result> results;
   auto progress = [&](const Result& r) {
     std::fprintf(stderr, "hmoe bench: %s batch %lld: %.2f +- %.2f tok/s\n", r.name().c_str(), static_cast<long long>(r.batch), r.mean(), r.sd());
+    if (const ExpertStreamStats x = r.streamed(); x.passes > 0)
+      std::fprintf(stderr,
+                   "hmoe bench:   streamed experts: %lld passes, %.2f GB copied in %.1f ms (%.1f GB/s; pinned H2D probe %.1f GB/s), expert products %.1f ms, "
+                   "step stream waited %.1f ms (%.0f%% of the copies hidden)\n",
+                   static_cast<long long>(x.passes), static_cast<double>(x.bytes) / 1e9, x.copy_s * 1e3, x.achieved_bandwidth() / 1e9,
+                   x.pinned_bandwidth / 1e9, x.compute_s * 1e3, x.stall_s * 1e3, 100.0 * x.hidden_fraction());
   };
   for (int64_t d : o.depths) {
     for (int64_t p : o.prompts) {

@@ -3,6 +3,8 @@
 // capacity, and the estimated decode speed from bandwidths. Works without a
 // GPU: --gpu-memory describes one (default: a 24 GiB card, said so).
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -13,7 +15,9 @@
 #include "engine/layers/engram.h"
 #include "engine/layers/expert_stream.h"
 #include "engine/layers/gpu_experts.h"
+#include "engine/layers/weights.h"
 #include "engine/loading/gguf_model.h"
+#include "engine/loading/gguf_plan.h"
 #include "engine/loading/model_config.h"
 #include "engine/loading/quant_config.h"
 #include "engine/models/model_graph.h"
@@ -125,17 +129,30 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
               format_bytes(p.gpu_bytes_per_token).c_str(), gpu.bandwidth / 1e9, gbw_note.c_str(), format_bytes(p.cpu_bytes_per_token).c_str(),
               cpu_bw / 1e9, have_cbw ? "--cpu-bandwidth" : "measured here");
   std::printf("  -> %.2f ms/token, about %.1f tokens/s (bandwidth bound; no overlap assumed)\n", t * 1e3, 1.0 / t);
-  if (p.resident_moe_layers() < p.moe_layers() && is_gguf_path(args[0]))
-    std::printf("prefill streaming of non-resident experts: off (GGUF checkpoints: their CPU experts stay in their own format)\n");
-  else if (p.resident_moe_layers() < p.moe_layers()) {
+  if (p.resident_moe_layers() < p.moe_layers()) {
     // What the weights, resident experts and workspace leave on the GPU (the KV cache takes what the slots leave).
     const uint64_t used = p.gpu_fixed_bytes + p.gpu_expert_bytes + p.gpu_workspace_bytes;
     const uint64_t left = gpu.total_bytes > used ? gpu.total_bytes - used : 0;
+    // GGUF: the CPU expert FLOP/s are measured on one of the file's experts (its format's kernels).
+    ModelConfig gc;
+    std::unique_ptr<WeightSource> gguf = is_gguf_path(args[0]) ? open_gguf_source(args[0], gc) : nullptr;
+    std::optional<numa::ExpertWeights> sample;
+    for (const LayerPlacement& l : p.layers)
+      if (gguf && l.moe && !l.resident) {
+        const std::string e = "model.layers." + std::to_string(l.layer) + ".mlp.experts.0.";
+        const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+        sample = numa::ExpertWeights{gguf->mat(e + "gate_proj.weight", I, H), gguf->mat(e + "up_proj.weight", I, H), gguf->mat(e + "down_proj.weight", H, I)};
+        break;
+      }
     std::printf("%s", prefill_plan_report(c, s, cpu_bw, have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : 0,
-                                          p.moe_layers() - p.resident_moe_layers(), left, gpu.total_bytes)
+                                          p.moe_layers() - p.resident_moe_layers(), left, gpu.total_bytes, sample ? &*sample : nullptr)
                           .c_str());
   }
   if (c.arch == Arch::qwen3_moe_engram && !is_gguf_path(args[0])) std::printf("%s", ple_plan_report(c, io::TensorStore(args[0]), s, 1.0 / t).c_str());
+  if (is_gguf_path(args[0])) {
+    const auto f = io::GgufFile::open(args[0]);
+    std::printf("%s%s", gguf_layer_bytes_report(*f).c_str(), gguf_fit_report(*f, p, gpu.total_bytes).c_str());
+  }
   return 0;
 }
 

@@ -1,0 +1,182 @@
+// Routed experts in the low-bit GGUF types (numa/quant_gguf_lowbit.h)
+// through numa::ExpertEngine, the real decode path, on DeepSeek-V3 / Kimi-K2
+// expert shapes (hidden 7168, moe_intermediate 2048, top-8), each type for
+// gate/up/down alone and the dynamic-quant mix the IQ1_S/IQ2_XXS files use
+// (gate/up IQ1_S or IQ2_XXS, down one step up):
+//  - batch 1: weight GB/s (the stored bytes of the 8 experts a token
+//    touches / step time) against a read bandwidth measured here with the
+//    same threads (engine/placement/prefill_cost.h, 256 MiB); experts are cycled over
+//    E so the working set is past the caches;
+//  - batch 32: integer GOP/s (2 x 3 x H x I per (token, expert) pair).
+// "int8" is the default path (8-bit activations, VNNI), "exact" the fp32
+// dequantize path (setting cpu_gguf_int8=0).
+// Weights are random blocks with finite fp16 scales: the kernels' work does
+// not depend on the values.
+//
+// Usage: bench_gguf_lowbit [--threads T] [--quick] [--type NAME] [--experts E] [--shape deepseek|qwen]
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/placement/prefill_cost.h"
+#include "io/dtype.h"
+#include "numa/expert_engine.h"
+#include "numa/quant_gguf_lowbit.h"
+#include "numa/quant_gguf_q8.h"
+
+using namespace hmoe;
+using cpu::ExtType;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+int64_t H = 7168, I = 2048;
+constexpr int64_t K = 8;
+
+// Random blocks of type t (fp16 scales finite; splitmix64 bytes).
+std::vector<uint8_t> random_matrix(ExtType t, int64_t rows, int64_t cols, uint64_t seed) {
+  const cpu::ExtTypeInfo* ti = cpu::ext_type_info(static_cast<uint32_t>(t));
+  const int64_t nb = rows * cols / ti->block_elems;
+  std::vector<uint8_t> b(static_cast<size_t>(nb * ti->block_bytes));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i + 8 <= b.size(); i += 8) {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    std::memcpy(b.data() + i, &z, 8);
+  }
+  const uint32_t id = static_cast<uint32_t>(t);
+  const uint16_t h = f32_to_f16(0.01f);
+  for (int64_t i = 0; i < nb; ++i) {
+    uint8_t* p = b.data() + i * ti->block_bytes;
+    if (id == 10) std::memcpy(p + 80, &h, 2), std::memcpy(p + 82, &h, 2);
+    else if (id == 11) std::memcpy(p + 108, &h, 2);
+    else if (id == 29) {
+      for (int k = 0; k < 4; ++k) p[49 + 2 * k] = static_cast<uint8_t>((p[49 + 2 * k] & 0x0F) | (((h >> (4 * k)) & 0xF) << 4));
+    } else if (id == 39) p[0] = 120;
+    else std::memcpy(p, &h, 2);
+  }
+  return b;
+}
+
+struct ExpertSet {
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<numa::ExpertWeights> w;
+  double expert_bytes = 0;
+};
+
+ExpertSet make_experts(ExtType tu, ExtType td, int64_t E) {
+  ExpertSet s;
+  s.bytes.reserve(static_cast<size_t>(3 * E));
+  for (int64_t e = 0; e < E; ++e) {
+    s.bytes.push_back(random_matrix(tu, I, H, static_cast<uint64_t>(3 * e)));
+    const void* pg = s.bytes.back().data();
+    s.bytes.push_back(random_matrix(tu, I, H, static_cast<uint64_t>(3 * e + 1)));
+    const void* pu = s.bytes.back().data();
+    s.bytes.push_back(random_matrix(td, H, I, static_cast<uint64_t>(3 * e + 2)));
+    const void* pd = s.bytes.back().data();
+    s.w.push_back({cpu::ext_view(tu, pg, I, H, "gate"), cpu::ext_view(tu, pu, I, H, "up"), cpu::ext_view(td, pd, H, I, "down")});
+  }
+  s.expert_bytes = static_cast<double>(s.w[0].gate.bytes() + s.w[0].up.bytes() + s.w[0].down.bytes());
+  return s;
+}
+
+// Fastest forward of n tokens (each to K distinct experts; the routing moves every step).
+double time_forward(numa::ExpertEngine& eng, int64_t n, int64_t E, double min_seconds) {
+  std::mt19937 g(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n * H)), out(static_cast<size_t>(n * H));
+  for (auto& v : x) v = nd(g);
+  std::vector<int32_t> ids(static_cast<size_t>(n * K));
+  std::vector<float> wts(ids.size(), 1.0f / K);
+  int64_t step = 0;
+  auto route = [&] {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < K; ++j) ids[static_cast<size_t>(t * K + j)] = static_cast<int32_t>((step * K + j + (t % 3) * K) % E);
+    ++step;
+  };
+  route();
+  eng.forward(x.data(), n, ids.data(), wts.data(), K, out.data());
+  double total = 0, best = 1e30;
+  int reps = 0;
+  while (total < min_seconds || reps < 3) {
+    route();
+    const auto t0 = clk::now();
+    eng.forward(x.data(), n, ids.data(), wts.data(), K, out.data());
+    const double s = std::chrono::duration<double>(clk::now() - t0).count();
+    total += s;
+    best = std::min(best, s);
+    ++reps;
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 0;
+  bool quick = false;
+  int64_t E = 24;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
+    else if (a == "--quick") quick = true;
+    else if (a == "--type" && i + 1 < argc) only = argv[++i];
+    else if (a == "--experts" && i + 1 < argc) E = std::stoll(argv[++i]);
+    else if (a == "--shape" && i + 1 < argc) {
+      const std::string s = argv[++i];
+      if (s == "qwen") H = 2048, I = 768;
+    } else {
+      std::fprintf(stderr, "usage: bench_gguf_lowbit [--threads T] [--quick] [--type NAME] [--experts E] [--shape deepseek|qwen]\n");
+      return 2;
+    }
+  }
+  numa::PoolOptions po;
+  po.threads = threads;
+  po.quiet = true;
+  numa::NodePools pools(po);
+  numa::ThreadPool& pool = pools.pool(0);
+  const double bw = measure_host_read_bandwidth(&pool);
+  const double min_s = quick ? 0.3 : 1.0;
+  std::printf("# bench_gguf_lowbit: %d threads, ISA %s%s, read bandwidth %.2f GB/s (256 MiB, same threads)\n", pool.size(),
+              cpu::isa_name(cpu::best_isa()), cpu::detail::lowbit_has_avx512_vnni() ? " +VNNI" : "", bw / 1e9);
+  std::printf("\n## routed experts (ExpertEngine, hidden %ld, intermediate %ld, top-%ld, %ld experts cycled)\n\n", H, I, K, E);
+  std::printf("| format (gate,up / down) | bits/weight | MB/expert | batch | exact ms | int8 ms | int8 GB/s | int8 / read bw | int8 GOP/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  struct Fmt {
+    std::string name;
+    ExtType up, down;
+  };
+  std::vector<Fmt> fmts;
+  for (ExtType t : cpu::lowbit::kAll) fmts.push_back({cpu::ext_type_info(static_cast<uint32_t>(t))->name, t, t});
+  fmts.push_back({"IQ1_S / IQ2_XXS (UD-IQ1_S-like)", cpu::lowbit::iq1_s, cpu::lowbit::iq2_xxs});
+  fmts.push_back({"IQ2_XXS / IQ3_XXS (UD-IQ2_XXS-like)", cpu::lowbit::iq2_xxs, cpu::lowbit::iq3_xxs});
+  fmts.push_back({"Q4_K (baseline)", ExtType::q4_k, ExtType::q4_k});
+  for (const Fmt& f : fmts) {
+    if (!only.empty() && only != f.name) continue;
+    ExpertSet set = make_experts(f.up, f.down, E);
+    numa::EngineOptions on, off;
+    on.print_memory = off.print_memory = false;
+    off.gguf_int8 = false;
+    numa::ExpertEngine eq(set.w, pools, on), ee(set.w, pools, off);
+    const double bpw = 8.0 * set.expert_bytes / static_cast<double>(3 * H * I);
+    for (int64_t n : {int64_t{1}, int64_t{32}}) {
+      const double se = (quick && n > 1) ? NAN : time_forward(ee, n, E, min_s * (n > 1 ? 0.5 : 1.0));
+      const double sq = time_forward(eq, n, E, min_s);
+      const double touched = static_cast<double>(n == 1 ? K : std::min<int64_t>(E, 3 * K));  // distinct experts per step
+      const double bytes = touched * set.expert_bytes;
+      const double ops = 2.0 * 3.0 * static_cast<double>(H * I) * static_cast<double>(n * K);
+      std::printf("| %s | %.3f | %.2f | %ld | %.2f | %.2f | %.2f | %.2f | %.1f |\n", f.name.c_str(), bpw, set.expert_bytes / 1e6, n, se * 1e3,
+                  sq * 1e3, bytes / sq / 1e9, bytes / sq / bw, ops / sq / 1e9);
+    }
+  }
+  std::printf("\n(GB/s at batch 1: stored bytes of the 8 experts a token touches / fastest step; GOP/s: 2 x 3 x H x I per (token,\n"
+              " expert) pair; exact = the fp32 dequantize path.)\n");
+  return 0;
+}

@@ -1,0 +1,241 @@
+// GGUF blocks as stored on the GPU (gpu/quant.h: gguf_gemv, gguf_moe_experts,
+// gguf_dequant) against the device's measured read bandwidth (gpu::read_probe,
+// 16-byte loads over 2 GiB). GB/s = the file's bytes of the matrix (or of the
+// experts a layer touches) per second; the L2 is flushed (256 MiB memset)
+// before every timed call; time between events around the call, the median
+// of the repetitions.
+//
+// Rows (Qwen3-30B-A3B shapes, hidden 2048, 32 q heads of 128, 128 experts of
+// 768, top-8):
+//  - gemv lm_head [151936, 2048], q_proj [4096, 2048], o_proj [2048, 4096],
+//    all experts' gate/up stacked [128 * 1536, 2048], at 1, 4 and 8 tokens;
+//  - moe layer: gguf_moe_experts with top-8 random routing, 1 and 8 tokens
+//    (bytes: the distinct experts touched), beside the repacked-format kernel
+//    it replaces (gpu::quant_moe_experts after moe_route; Q5_K/Q6_K as int8
+//    groups) on the same routing;
+//  - moe prefill (512 and 2048 tokens, top-8 random): gguf_moe_gemm (grouped
+//    tensor-core product dequantizing in shared memory; route, gate/up,
+//    SwiGLU, down, weighted sum) against the bf16 path it replaces
+//    (gguf_dequant of every expert, offsets to the host, one cuBLAS product
+//    per expert); MB: all experts' bytes; TFLOP/s of the three products;
+//  - dequant: gguf_dequant of every expert's gate/up to bf16 (bytes read +
+//    written).
+// One matrix per type is quantized on the host and replicated on the device.
+//
+// Usage: bench_gpu_gguf [--reps N]
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/layers/gpu_experts.h"
+#include "gpu/device.h"
+#include "gpu/kernels.h"
+#include "gpu/moe_stream.h"
+#include "gpu/quant.h"
+#include "numa/quant_gguf.h"
+#include "tests/quant_tools/quantizers.h"
+
+using namespace hmoe;
+
+namespace {
+
+std::vector<float> random_w(int64_t n, uint64_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// `copies` copies of one [rows, cols] matrix of type t stacked on the device.
+struct Stack {
+  gpu::DeviceBuffer data;
+  gpu::GgufWeight w;
+  std::vector<uint8_t> host;  // one copy
+};
+Stack stack(cpu::ExtType t, int64_t rows, int64_t cols, int64_t copies, gpu::Stream& s) {
+  Stack st;
+  auto w = random_w(rows * cols, 17 + static_cast<uint64_t>(t));
+  st.host = qtools::quant_rows(t, w.data(), rows, cols);
+  const cpu::Mat v = cpu::ext_view(t, st.host.data(), rows, cols, "bench");
+  st.w.type = gpu::gguf_type_of(v, "bench");
+  st.w.rows = rows * copies;
+  st.w.cols = cols;
+  const size_t one = st.host.size();
+  st.data = gpu::DeviceBuffer(one * static_cast<size_t>(copies) + 16);  // gguf_moe_gemm reads up to 16 bytes past the last row
+  gpu::copy_to_device(st.data.data(), st.host.data(), one, s);
+  for (int64_t c = 1; c < copies; ++c) gpu::copy_on_device(st.data.as<uint8_t>() + one * c, st.data.data(), one, s);
+  gpu::memset_device(st.data.as<uint8_t>() + one * static_cast<size_t>(copies), 0, 16, s);
+  s.synchronize();
+  st.w.data = st.data.data();
+  return st;
+}
+
+struct Timer {
+  gpu::Stream& s;
+  gpu::DeviceBuffer flush{size_t{256} << 20};
+  gpu::Event a, b;
+  int reps;
+  Timer(gpu::Stream& st, int r) : s(st), reps(r) {}
+  template <class Fn>
+  double us(Fn&& fn) {
+    fn();  // warm-up
+    s.synchronize();
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+      gpu::memset_device(flush.data(), r & 0xFF, flush.bytes(), s);
+      a.record(s);
+      fn();
+      b.record(s);
+      b.synchronize();
+      t.push_back(b.elapsed_ms(a) * 1e3);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+};
+
+const char* tname(cpu::ExtType t) { return cpu::ext_type_info(static_cast<uint32_t>(t))->name; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
+  if (gpu::device_count() == 0) {
+    std::printf("bench_gpu_gguf: no GPU (%s)\n", gpu::describe().c_str());
+    return 0;
+  }
+  gpu::Stream s;
+  Timer timer(s, reps);
+  std::printf("bench_gpu_gguf: %s\n", gpu::describe().c_str());
+  double read_bw = 0;
+  {
+    const size_t bytes = size_t{2} << 30;
+    gpu::DeviceBuffer a(bytes), sink(64);
+    gpu::memset_device(a.data(), 1, bytes, s);
+    read_bw = static_cast<double>(bytes) / timer.us([&] { gpu::read_probe(a.data(), bytes, sink.as<uint32_t>(), s); }) / 1e3;
+    std::printf("device read bandwidth (gpu::read_probe, 2 GiB): %.0f GB/s\n\n", read_bw);
+  }
+  std::printf("%-6s %-26s %6s %10s %10s %8s %7s\n", "type", "op", "tokens", "us", "MB", "GB/s", "% read");
+  auto row = [&](cpu::ExtType t, const std::string& op, int64_t n, double us, double bytes) {
+    std::printf("%-6s %-26s %6ld %10.1f %10.2f %8.0f %6.0f%%\n", tname(t), op.c_str(), static_cast<long>(n), us, bytes / 1e6, bytes / us / 1e3,
+                100.0 * bytes / us / 1e3 / read_bw);
+  };
+  const int64_t H = 2048, I = 768, E = 128, K = 8;
+  std::mt19937 rng(5);
+  for (cpu::ExtType t : {cpu::ExtType::q4_k, cpu::ExtType::q5_k, cpu::ExtType::q6_k, cpu::ExtType::q8_0}) {
+    struct Mat {
+      const char* name;
+      int64_t rows, cols, copies;
+    };
+    const int64_t max_n = 8;
+    std::vector<uint16_t> xh(static_cast<size_t>(max_n * 4096));
+    for (auto& v : xh) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+    gpu::DeviceBuffer x(xh.size() * 2);
+    gpu::copy_to_device(x.data(), xh.data(), xh.size() * 2, s);
+    for (Mat m : {Mat{"gemv lm_head", 4748, H, 32}, Mat{"gemv q_proj", 4096, H, 1}, Mat{"gemv o_proj", H, 4096, 1},
+                  Mat{"gemv experts gate/up", 2 * I, H, E}}) {
+      Stack st = stack(t, m.rows, m.cols, m.copies, s);
+      gpu::DeviceBuffer y(static_cast<size_t>(max_n * st.w.rows) * 4);
+      for (int64_t n : {1, 4, 8}) {
+        const double us = timer.us([&] { gpu::gguf_gemv(st.w, x.as<uint16_t>(), n, y.as<float>(), st.w.rows, s); });
+        row(t, std::string(m.name) + " [" + std::to_string(st.w.rows) + "x" + std::to_string(m.cols) + "]", n, us, static_cast<double>(st.w.bytes()));
+      }
+    }
+    // One MoE layer: the native pair kernels and the repacked-format kernel on the same routing.
+    Stack gu = stack(t, 2 * I, H, E, s), dn = stack(t, H, I, E, s);
+    const std::vector<uint8_t> gu1 = gu.host, dn1 = dn.host;
+    std::vector<cpu::Mat> guv(static_cast<size_t>(E), cpu::ext_view(t, gu1.data(), 2 * I, H, "bench")),
+        dnv(static_cast<size_t>(E), cpu::ext_view(t, dn1.data(), H, I, "bench"));
+    gpu::QDeviceMat qgu(guv, s, "bench gate/up"), qdn(dnv, s, "bench down");
+    const double expert_bytes = static_cast<double>(gu1.size() + dn1.size());
+    for (int64_t n : {1, 8}) {
+      std::vector<int32_t> ids(static_cast<size_t>(n * K));
+      std::vector<float> wts(ids.size(), 1.0f / K);
+      std::vector<int> seen(static_cast<size_t>(E), 0);
+      for (int64_t tk = 0; tk < n; ++tk) {
+        std::vector<int32_t> perm(static_cast<size_t>(E));
+        for (int32_t e = 0; e < E; ++e) perm[static_cast<size_t>(e)] = e;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int64_t j = 0; j < K; ++j) ids[static_cast<size_t>(tk * K + j)] = perm[static_cast<size_t>(j)];
+      }
+      int distinct = 0;
+      for (int32_t e : ids) distinct += seen[static_cast<size_t>(e)]++ == 0;
+      gpu::DeviceBuffer di(ids.size() * 4), dw(ids.size() * 4), gub(ids.size() * 2 * I * 4), out(static_cast<size_t>(n * H) * 4),
+          off(static_cast<size_t>(E + 1) * 4), pl(ids.size() * 4), act(ids.size() * I * 2), part(ids.size() * H * 4);
+      gpu::copy_to_device(di.data(), ids.data(), ids.size() * 4, s);
+      gpu::copy_to_device(dw.data(), wts.data(), wts.size() * 4, s);
+      const double us = timer.us([&] {
+        gpu::gguf_moe_experts(x.as<uint16_t>(), n, K, di.as<int32_t>(), dw.as<float>(), gu.w, dn.w, I, gub.as<float>(), out.as<float>(), s);
+      });
+      row(t, "moe layer (gguf_moe_experts)", n, us, distinct * expert_bytes);
+      const double us_old = timer.us([&] {
+        gpu::moe_route(di.as<int32_t>(), n * K, E, off.as<int32_t>(), pl.as<int32_t>(), s);
+        gpu::quant_moe_experts(x.as<uint16_t>(), n, H, I, E, K, dw.as<float>(), off.as<int32_t>(), pl.as<int32_t>(), qgu.weight(), qdn.weight(),
+                               act.as<uint16_t>(), part.as<float>(), out.as<float>(), s);
+      });
+      row(t, std::string("moe layer (old, ") + gpu::qformat_name(qgu.weight().format) + ")", n, us_old, distinct * expert_bytes);
+    }
+    // Prefill chunks: the grouped tensor-core product on the blocks (route, gate/up, SwiGLU, down,
+    // weighted sum) against dequantizing every expert to bf16 and one cuBLAS product per expert.
+    for (int64_t n : {512, 2048}) {
+      const int64_t P = n * K;
+      std::vector<int32_t> ids(static_cast<size_t>(P));
+      for (int64_t tk = 0; tk < n; ++tk) {
+        std::vector<int32_t> perm(static_cast<size_t>(E));
+        for (int32_t e = 0; e < E; ++e) perm[static_cast<size_t>(e)] = e;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int64_t j = 0; j < K; ++j) ids[static_cast<size_t>(tk * K + j)] = perm[static_cast<size_t>(j)];
+      }
+      std::vector<uint16_t> xp(static_cast<size_t>(n * H));
+      for (auto& v : xp) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+      std::vector<float> wts(ids.size(), 1.0f / K);
+      gpu::DeviceBuffer dx(xp.size() * 2), di(ids.size() * 4), dw(ids.size() * 4), off(static_cast<size_t>(E + 1) * 4), pl(ids.size() * 4),
+          out(static_cast<size_t>(n * H) * 4);
+      gpu::copy_to_device(dx.data(), xp.data(), xp.size() * 2, s);
+      gpu::copy_to_device(di.data(), ids.data(), ids.size() * 4, s);
+      gpu::copy_to_device(dw.data(), wts.data(), wts.size() * 4, s);
+      MoeGemmScratch g;
+      g.gu.reserve(static_cast<size_t>(P * 2 * I) * 4);
+      g.act.reserve(static_cast<size_t>(P * I) * 2);
+      g.ys.reserve(static_cast<size_t>(P * H) * 4);
+      g.inv.reserve(static_cast<size_t>(P) * 4);
+      const double flop = 2.0 * static_cast<double>(P) * 3.0 * static_cast<double>(H * I);
+      const double us = timer.us([&] {
+        gpu::moe_route(di.as<int32_t>(), P, E, off.as<int32_t>(), pl.as<int32_t>(), s);
+        gpu::gguf_moe_gemm(dx.as<uint16_t>(), pl.as<int32_t>(), K, P, off.as<int32_t>(), E, gu.w, 2 * I, g.gu.as<float>(), s);
+        gpu::silu_mul(g.gu.as<float>(), P, I, g.act.as<uint16_t>(), nullptr, s);
+        gpu::gguf_moe_gemm(g.act.as<uint16_t>(), nullptr, 1, P, off.as<int32_t>(), E, dn.w, H, g.ys.as<float>(), s);
+        gpu::moe_combine_sorted(g.ys.as<float>(), pl.as<int32_t>(), dw.as<float>(), n, K, H, g.inv.as<int32_t>(), out.as<float>(), s);
+      });
+      std::printf("%-6s %-26s %6ld %10.1f %10.2f %8.0f  %.0f TFLOP/s\n", tname(t), "moe prefill (gguf_moe_gemm)", static_cast<long>(n), us,
+                  expert_bytes * E / 1e6, expert_bytes * E / us / 1e3, flop / us / 1e6);
+      // Old path: dequantize all experts (bf16), offsets to the host, per-expert cuBLAS.
+      gpu::DeviceBuffer dgu(static_cast<size_t>(gu.w.rows * H) * 2), ddn(static_cast<size_t>(dn.w.rows * I) * 2);
+      gpu::PinnedBuffer offs_h;
+      offs_h.reserve(static_cast<size_t>(E + 1) * 4);
+      gpu::Blas blas(s);
+      const double us_old = timer.us([&] {
+        gpu::moe_route(di.as<int32_t>(), P, E, off.as<int32_t>(), pl.as<int32_t>(), s);
+        gpu::copy_to_host(offs_h.as<void>(), off.data(), static_cast<size_t>(E + 1) * 4, s);
+        gpu::gguf_dequant(gu.w, 0, gu.w.rows, dgu.as<uint16_t>(), s);
+        gpu::gguf_dequant(dn.w, 0, dn.w.rows, ddn.as<uint16_t>(), s);
+        s.synchronize();
+        moe_experts_gemm(blas, dx.as<uint16_t>(), n, H, I, E, K, offs_h.as<int32_t>(), pl.as<int32_t>(), dw.as<float>(),
+                         [&](int64_t e, bool down) { return down ? ddn.as<uint16_t>() + e * H * I : dgu.as<uint16_t>() + e * 2 * I * H; }, g, out.as<float>(),
+                         s);
+      });
+      std::printf("%-6s %-26s %6ld %10.1f %10.2f %8.0f  %.0f TFLOP/s\n", tname(t), "moe prefill (old: bf16+cuBLAS)", static_cast<long>(n), us_old,
+                  expert_bytes * E / 1e6, expert_bytes * E / us_old / 1e3, flop / us_old / 1e6);
+    }
+    gpu::DeviceBuffer deq(static_cast<size_t>(gu.w.rows * H) * 2);
+    const double dus = timer.us([&] { gpu::gguf_dequant(gu.w, 0, gu.w.rows, deq.as<uint16_t>(), s); });
+    row(t, "dequant experts gate/up", 0, dus, static_cast<double>(gu.w.bytes()) + static_cast<double>(gu.w.rows * H) * 2);
+  }
+  std::printf("\nGB/s: the file's bytes moved per second (dequant: bytes read + bf16 bytes written); %% read: of the read bandwidth above.\n");
+  return 0;
+}

@@ -1,0 +1,333 @@
+// Slot layouts and host sources of streamed MoE layers (see expert_stream_layout.h).
+#include "engine/layers/expert_stream_layout.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "configs/error.h"
+#include "engine/layers/gpu_upload.h"
+#include "io/dtype.h"
+
+namespace hmoe {
+
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+bool plain_bf16(const cpu::Mat& m) { return m.dtype == DType::bf16 && m.quant == cpu::Quant::none; }
+bool same_type(const cpu::Mat& a, const cpu::Mat& b) {
+  return a.quant == b.quant && a.ext == b.ext && a.group == b.group && a.dtype == b.dtype && (a.zeros != nullptr) == (b.zeros != nullptr);
+}
+
+// Offsets of one stacked matrix's regions in a slot, from a template of one
+// expert's rows (`per` rows of it) and the expert count.
+struct Regions {
+  size_t data = 0, scales = 0, zeros = 0, end = 0;
+  size_t data_per = 0, scales_per = 0, zeros_per = 0;  // bytes per expert
+};
+Regions place(const gpu::QHostMat& one, int64_t E, size_t at) {
+  Regions r;
+  r.data_per = one.data.size();
+  r.scales_per = one.scales.size() * sizeof(float);
+  r.zeros_per = one.zeros.size() * sizeof(float);
+  r.data = at;
+  size_t p = align_up(at + r.data_per * static_cast<size_t>(E));
+  r.scales = p;
+  if (r.scales_per) p = align_up(p + r.scales_per * static_cast<size_t>(E));
+  r.zeros = p;
+  if (r.zeros_per) p = align_up(p + r.zeros_per * static_cast<size_t>(E));
+  r.end = p;
+  return r;
+}
+gpu::QWeight offsets_of(const gpu::QHostMat& one, const Regions& r, int64_t E) {
+  gpu::QWeight w = one.w;
+  w.rows = one.w.rows * E;
+  w.data = reinterpret_cast<const void*>(r.data);
+  w.scales = r.scales_per ? reinterpret_cast<const float*>(r.scales) : nullptr;
+  w.zeros = r.zeros_per ? reinterpret_cast<const float*>(r.zeros) : nullptr;
+  return w;
+}
+
+// The stored bytes of `parts` are the GPU layout as it is (no scales or zeros
+// of its own, rows 16-byte multiples): compared on the repacked template.
+bool stored_is_gpu(const gpu::QHostMat& one, const std::vector<cpu::Mat>& parts) {
+  if (!one.scales.empty() || !one.zeros.empty() || one.w.stride() != one.w.row_bytes()) return false;
+  size_t off = 0;
+  for (const cpu::Mat& m : parts) {
+    if (m.scales || m.zeros) return false;
+    const size_t b = static_cast<size_t>(m.rows) * m.row_bytes();
+    if (off + b > one.data.size() || std::memcmp(one.data.data() + off, m.data, b) != 0) return false;
+    off += b;
+  }
+  return off == one.data.size();
+}
+
+std::vector<std::pair<uintptr_t, uintptr_t>> page_ranges(const std::vector<const cpu::Mat*>& mats) {
+  const uintptr_t page = 4096;
+  std::vector<std::pair<uintptr_t, uintptr_t>> r;
+  for (const cpu::Mat* mt : mats) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(mt->data);
+    r.push_back({a / page * page, (a + static_cast<size_t>(mt->rows) * mt->row_bytes() + page - 1) / page * page});
+  }
+  std::sort(r.begin(), r.end());
+  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+  for (const auto& x : r) {
+    if (!merged.empty() && x.first <= merged.back().second) merged.back().second = std::max(merged.back().second, x.second);
+    else merged.push_back(x);
+  }
+  return merged;
+}
+
+bool pin_all(const std::vector<const cpu::Mat*>& mats, std::vector<gpu::HostRegistration>& pins, std::string* why) {
+  for (const auto& x : page_ranges(mats)) {
+    gpu::HostRegistration reg = gpu::HostRegistration::try_pin(reinterpret_cast<const void*>(x.first), x.second - x.first, why);
+    if (!reg.ok()) {
+      pins.clear();
+      return false;
+    }
+    pins.push_back(std::move(reg));
+  }
+  return true;
+}
+
+void finish_lists(StreamLayerLayout& l) {
+  l.all.clear();
+  for (auto& ops : l.by_expert) {
+    coalesce_copies(ops);
+    l.all.insert(l.all.end(), ops.begin(), ops.end());
+  }
+  coalesce_copies(l.all);
+}
+
+}  // namespace
+
+void coalesce_copies(std::vector<StreamCopy>& ops) {
+  std::sort(ops.begin(), ops.end(), [](const StreamCopy& a, const StreamCopy& b) { return a.dst < b.dst; });
+  std::vector<StreamCopy> out;
+  for (const StreamCopy& op : ops) {
+    if (op.bytes == 0) continue;
+    if (!out.empty() && out.back().dst + out.back().bytes == op.dst &&
+        static_cast<const char*>(out.back().src) + out.back().bytes == static_cast<const char*>(op.src)) {
+      out.back().bytes += op.bytes;
+    } else {
+      out.push_back(op);
+    }
+  }
+  ops = std::move(out);
+}
+
+gpu::QWeight StreamLayerLayout::at(const gpu::QWeight& w, void* slot) const {
+  gpu::QWeight r = w;
+  char* base = static_cast<char*>(slot);
+  r.data = base + reinterpret_cast<uintptr_t>(w.data);
+  r.scales = w.scales ? reinterpret_cast<const float*>(base + reinterpret_cast<uintptr_t>(w.scales)) : nullptr;
+  r.zeros = w.zeros ? reinterpret_cast<const float*>(base + reinterpret_cast<uintptr_t>(w.zeros)) : nullptr;
+  return r;
+}
+
+bool experts_stream_quantized(const std::vector<numa::ExpertWeights>& ex, std::string* why) {
+  auto no = [&](const std::string& msg) {
+    if (why) *why = msg;
+    return false;
+  };
+  if (ex.empty()) return no("no experts");
+  const numa::ExpertWeights& e0 = ex[0];
+  for (size_t e = 0; e < ex.size(); ++e) {
+    const numa::ExpertWeights& w = ex[e];
+    for (const cpu::Mat* m : {&w.gate, &w.up, &w.down})
+      if (m->quant == cpu::Quant::none || !gpu::qformat_supported(*m))
+        return no("expert " + std::to_string(e) + " has " + cpu::mat_type_name(*m) + " weights, which no GPU quantized kernel takes");
+    if (!same_type(w.gate, e0.gate) || !same_type(w.up, e0.gate) || !same_type(w.down, e0.down))
+      return no("expert " + std::to_string(e) + "'s matrices differ in type from expert 0's (" + cpu::mat_type_name(w.gate) + "/" +
+                cpu::mat_type_name(w.up) + "/" + cpu::mat_type_name(w.down) + ")");
+  }
+  return true;
+}
+
+StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSource> layers, const StreamLayoutOptions& o, numa::ThreadPool* pool) {
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.num_experts;
+  std::sort(layers.begin(), layers.end(), [](const StreamLayerSource& a, const StreamLayerSource& b) { return a.layer < b.layer; });
+  StreamLayout out;
+  bool all_bf16 = true;
+  out.quantized = o.quantized && !layers.empty();
+  std::string why_bf16;
+  for (const StreamLayerSource& l : layers) {
+    if (static_cast<int64_t>(l.experts->size()) != E) fail(ErrorKind::internal, "expert stream: layer " + std::to_string(l.layer) + " has the wrong expert count");
+    for (const auto& e : *l.experts) {
+      if (e.gate.rows != I || e.up.rows != I || e.gate.cols != H || e.up.cols != H || e.down.rows != H || e.down.cols != I)
+        fail(ErrorKind::internal, "expert stream: layer " + std::to_string(l.layer) + " experts differ from the model's shapes");
+      all_bf16 = all_bf16 && plain_bf16(e.gate) && plain_bf16(e.up) && plain_bf16(e.down);
+    }
+    if (out.quantized && !experts_stream_quantized(*l.experts, &why_bf16)) {
+      out.quantized = false;
+      why_bf16 = "layer " + std::to_string(l.layer) + ": " + why_bf16;
+    }
+  }
+  out.layers.resize(layers.size());
+  std::vector<const cpu::Mat*> mats;
+  for (const StreamLayerSource& l : layers)
+    for (const auto& e : *l.experts)
+      for (const cpu::Mat* mt : {&e.gate, &e.up, &e.down}) mats.push_back(mt);
+
+  if (!out.quantized) {
+    // bf16 slots: [E][2I][H] then [E][H][I].
+    const size_t mat_gu = static_cast<size_t>(I * H) * 2, mat_dn = static_cast<size_t>(H * I) * 2;
+    out.slot_bytes = static_cast<size_t>(E) * (2 * mat_gu + mat_dn);
+    out.down_off = static_cast<size_t>(E) * 2 * mat_gu;
+    out.format = "bf16";
+    out.in_place = !o.skip_copies && !o.force_image && all_bf16;
+    out.why_image = all_bf16 ? "" : (why_bf16.empty() ? "experts are not plain bf16" : why_bf16);
+    if (o.force_image) out.why_image = "a copy was asked for";
+    if (out.in_place && !pin_all(mats, out.pins, &out.why_image)) out.in_place = false;
+    for (size_t j = 0; j < layers.size(); ++j) {
+      StreamLayerLayout& l = out.layers[j];
+      l.layer = layers[j].layer;
+      l.bytes = out.slot_bytes;
+      l.by_expert.resize(static_cast<size_t>(E));
+      const bool image = !out.in_place && !o.skip_copies;
+      if (image) {
+        l.image = gpu::PinnedBuffer(out.slot_bytes);
+        out.image_bytes += out.slot_bytes;
+      }
+      for (int64_t e = 0; e < E; ++e) {
+        const numa::ExpertWeights& w = (*layers[j].experts)[static_cast<size_t>(e)];
+        const size_t gu_off = static_cast<size_t>(e) * 2 * mat_gu, dn_off = out.down_off + static_cast<size_t>(e) * mat_dn;
+        const void *g = w.gate.data, *u = w.up.data, *d = w.down.data;
+        if (image) {
+          char* base = l.image.as<char>();
+          write_bf16(w.gate, reinterpret_cast<uint16_t*>(base + gu_off));
+          write_bf16(w.up, reinterpret_cast<uint16_t*>(base + gu_off + mat_gu));
+          write_bf16(w.down, reinterpret_cast<uint16_t*>(base + dn_off));
+          g = base + gu_off;
+          u = base + gu_off + mat_gu;
+          d = base + dn_off;
+        }
+        l.by_expert[static_cast<size_t>(e)] = {{gu_off, g, mat_gu}, {gu_off + mat_gu, u, mat_gu}, {dn_off, d, mat_dn}};
+      }
+      finish_lists(l);
+    }
+    return out;
+  }
+
+  // Quantized slots. Templates from each layer's expert 0 decide the
+  // regions and, per stacked matrix, whether the stored bytes are the GPU's
+  // (then pinned in place) or need a pinned image of their region.
+  const size_t N = layers.size();
+  std::vector<gpu::QHostMat> gu0(N), dn0(N);
+  std::vector<char> gu_direct(N, 0), dn_direct(N, 0);
+  std::string why_image = o.force_image ? "a copy was asked for" : "";
+  std::string fmt;
+  bool all_direct = true;
+  std::vector<const cpu::Mat*> direct_mats;
+  for (size_t j = 0; j < N; ++j) {
+    const numa::ExpertWeights& w = (*layers[j].experts)[0];
+    const std::string what = "layer " + std::to_string(layers[j].layer) + " streamed experts";
+    gu0[j] = gpu::qrepack({w.gate, w.up}, what + " gate/up");
+    dn0[j] = gpu::qrepack({w.down}, what + " down");
+    gu_direct[j] = !o.force_image && stored_is_gpu(gu0[j], {w.gate, w.up});
+    dn_direct[j] = !o.force_image && stored_is_gpu(dn0[j], {w.down});
+    if (!o.force_image && (!gu_direct[j] || !dn_direct[j]) && why_image.empty())
+      why_image = "layer " + std::to_string(layers[j].layer) + "'s " + cpu::mat_type_name(gu_direct[j] ? w.down : w.gate) +
+                  " experts are held in the GPU's own layout (repacked once here)";
+    all_direct = all_direct && gu_direct[j] && dn_direct[j];
+    for (const auto& e : *layers[j].experts) {
+      if (gu_direct[j]) direct_mats.insert(direct_mats.end(), {&e.gate, &e.up});
+      if (dn_direct[j]) direct_mats.push_back(&e.down);
+    }
+    const std::string a = gpu::qformat_name(gu0[j].w.format), b = gpu::qformat_name(dn0[j].w.format);
+    const std::string f = a == b ? a : a + " / " + b;
+    if ((", " + fmt + ", ").find(", " + f + ", ") == std::string::npos) fmt += (fmt.empty() ? "" : ", ") + f;
+  }
+  out.format = fmt;
+  out.stored_blocks = all_direct;
+  // Pin the stored blocks; a refusal puts every region into images.
+  std::string why_pin;
+  const bool pinned = !o.skip_copies && !direct_mats.empty() && pin_all(direct_mats, out.pins, &why_pin);
+  if (!o.skip_copies && !direct_mats.empty() && !pinned) {
+    std::fill(gu_direct.begin(), gu_direct.end(), 0);
+    std::fill(dn_direct.begin(), dn_direct.end(), 0);
+    why_image = "the driver did not pin the stored blocks: " + why_pin;
+  }
+  out.in_place = pinned && all_direct;
+  out.why_image = out.in_place ? "" : why_image;
+  for (size_t j = 0; j < N; ++j) {
+    StreamLayerLayout& l = out.layers[j];
+    l.layer = layers[j].layer;
+    const Regions rg = place(gu0[j], E, 0), rd = place(dn0[j], E, rg.end);
+    l.gu = offsets_of(gu0[j], rg, E);
+    l.dn = offsets_of(dn0[j], rd, E);
+    l.bytes = rd.end;
+    out.slot_bytes = std::max(out.slot_bytes, l.bytes);
+    l.by_expert.resize(static_cast<size_t>(E));
+    if (o.skip_copies) continue;
+    // The image covers the regions that are not pinned in place: [lo, hi) of the slot.
+    const size_t lo = gu_direct[j] ? rg.end : 0, hi = dn_direct[j] ? rg.end : rd.end;
+    if (hi > lo) {
+      l.image = gpu::PinnedBuffer(hi - lo);
+      std::memset(l.image.as<char>(), 0, hi - lo);
+      out.image_bytes += hi - lo;
+    }
+    char* img = hi > lo ? l.image.as<char>() - lo : nullptr;  // indexed by slot offset
+    // One expert per item: repacks are independent (their own ops list, disjoint image bytes).
+    auto one_expert = [&](int64_t e) {
+      const size_t eu = static_cast<size_t>(e);
+      const numa::ExpertWeights& w = (*layers[j].experts)[eu];
+      std::vector<StreamCopy>& ops = l.by_expert[eu];
+      const std::string what = "layer " + std::to_string(l.layer) + " expert " + std::to_string(e);
+      auto put = [&](const void* src, size_t dst, size_t bytes) {
+        if (bytes == 0) return;
+        std::memcpy(img + dst, src, bytes);
+        ops.push_back({dst, img + dst, bytes});
+      };
+      auto same = [&](const gpu::QHostMat& h, const gpu::QHostMat& t, const Regions& r) {
+        if (h.data.size() != r.data_per || h.scales.size() * 4 != r.scales_per || h.zeros.size() * 4 != r.zeros_per || h.w.format != t.w.format ||
+            h.w.group != t.w.group)
+          fail(ErrorKind::internal, "expert stream: " + what + " repacks to another layout than expert 0");
+      };
+      if (gu_direct[j]) {
+        const size_t g = static_cast<size_t>(w.gate.rows) * w.gate.row_bytes(), u = static_cast<size_t>(w.up.rows) * w.up.row_bytes();
+        if (g + u != rg.data_per) fail(ErrorKind::internal, "expert stream: " + what + " gate/up differ in size from expert 0's");
+        ops.push_back({rg.data + eu * rg.data_per, w.gate.data, g});
+        ops.push_back({rg.data + eu * rg.data_per + g, w.up.data, u});
+      } else {
+        const gpu::QHostMat h = gpu::qrepack({w.gate, w.up}, what + " gate/up");
+        same(h, gu0[j], rg);
+        put(h.data.data(), rg.data + eu * rg.data_per, rg.data_per);
+        put(h.scales.data(), rg.scales + eu * rg.scales_per, rg.scales_per);
+        put(h.zeros.data(), rg.zeros + eu * rg.zeros_per, rg.zeros_per);
+      }
+      if (dn_direct[j]) {
+        if (static_cast<size_t>(w.down.rows) * w.down.row_bytes() != rd.data_per)
+          fail(ErrorKind::internal, "expert stream: " + what + " down differs in size from expert 0's");
+        ops.push_back({rd.data + eu * rd.data_per, w.down.data, rd.data_per});
+      } else {
+        const gpu::QHostMat h = gpu::qrepack({w.down}, what + " down");
+        same(h, dn0[j], rd);
+        put(h.data.data(), rd.data + eu * rd.data_per, rd.data_per);
+        put(h.scales.data(), rd.scales + eu * rd.scales_per, rd.scales_per);
+        put(h.zeros.data(), rd.zeros + eu * rd.zeros_per, rd.zeros_per);
+      }
+    };
+    if (pool && hi > lo) {
+      pool->parallel_for(E, [&](int64_t b, int64_t e_end, int) {
+        for (int64_t e = b; e < e_end; ++e) one_expert(e);
+      });
+    } else {
+      for (int64_t e = 0; e < E; ++e) one_expert(e);
+    }
+    finish_lists(l);
+    if (hi > lo) {  // the image's regions, gaps included, as one copy; the pinned stored blocks as they coalesce
+      std::vector<StreamCopy> all;
+      for (const StreamCopy& op : l.all)
+        if (op.dst + op.bytes <= lo || op.dst >= hi) all.push_back(op);
+      all.push_back({lo, l.image.as<char>(), hi - lo});
+      coalesce_copies(all);
+      l.all = std::move(all);
+    }
+  }
+  return out;
+}
+
+}  // namespace hmoe

@@ -1,0 +1,44 @@
+// CPU matrix kernels on the low-bit ggml block types of
+// io/tensor/quant_blocks_lowbit.h (Q2_K, Q3_K, IQ1_S/M, IQ2_XXS/XS/S,
+// IQ3_XXS/S, IQ4_NL/XS, MXFP4), reached through the Quant::ext hooks of
+// numa/quant_gguf.h and numa/quant_gguf_q8.h.
+//
+// Products (both threaded by the callers, pure functions here):
+//  - exact: fp32 activations times the dequantized weights (gemm_exact, and
+//    everything when the setting cpu_gguf_int8 is off);
+//  - int8 (default for the routed experts and cpu::gemm): the activation
+//    row quantized per 256 columns as for the K types (numa/quant_gguf_q8.h,
+//    Q8Acts with sums per 16), the codes of a 256-weight group (8 blocks of
+//    the 32-types) multiplied in integers with VNNI (AVX-512) or maddubs
+//    (AVX2): y = sum_16 dx * (scale * sum(code * xq) + offset * sum(xq)).
+//    Needs cols % 256 == 0 (otherwise the exact path runs).
+#pragma once
+#include <cstdint>
+
+#include "io/tensor/quant_blocks_lowbit.h"
+#include "numa/quant_gguf.h"
+
+namespace hmoe::cpu {
+
+// y[t * ldy + r] = x_t . w_r for t < n, r0 <= r < r1 (exact path).
+void lowbit_gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+
+struct Q8Acts;
+// Whether the int8 path serves w here (cols % 256 == 0, AVX2 or better).
+bool lowbit_q8_applies(const Mat& w);
+// The int8 path: xa quantized for w (Q8Acts::reset(n, w)), rows t0.. t0+n.
+void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+
+namespace detail {  // quant_gguf_lowbit_avx512.cpp / quant_gguf_lowbit_avx2.cpp
+bool lowbit_has_avx512_vnni();
+// Unsigned codes of 256 weights starting at block pointer p (one K/IQ block,
+// or 8 consecutive 32-blocks), with w = scale * (ucode - bias) + offset
+// folded as w = scale * ucode + offset_u (offset_u = offset - bias * scale).
+void lowbit_decode256_avx512(ExtType type, const uint8_t* p, uint8_t* ucode, float* scale, float* offset_u);
+void lowbit_rows_q8_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+void lowbit_rows_q8_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+void lowbit_rows_avx512(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+void lowbit_rows_avx2(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+}  // namespace detail
+
+}  // namespace hmoe::cpu

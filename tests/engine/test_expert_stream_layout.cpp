@@ -1,0 +1,165 @@
+// What a streamed MoE layer's device slot holds (engine/layers/expert_stream_layout.h),
+// planned on the host without a GPU (timing mode: no host memory pinned or
+// copied): GGUF experts keep their GPU quantized format, regions are sized
+// from gpu::qrepack of the layer's first expert (not from constants), a
+// slot fits the largest layer, stored blocks are recognised as the GPU's
+// own bytes only where they are, and anything the GPU kernels do not take
+// (or experts of mixed types) streams as bf16 with the reason said.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "configs/error.h"
+#include "engine/layers/expert_stream_layout.h"
+#include "io/dtype.h"
+#include "numa/quant_gguf.h"
+#include "tests/quant_tools/quantizers.h"
+#include "tests/test_util.h"
+
+using namespace hmoe;
+
+namespace {
+
+constexpr int64_t H = 256, I = 256, E = 4;
+
+// Owns the quantized bytes of one layer's experts.
+struct Layer {
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<std::vector<uint16_t>> bf16;
+  std::vector<numa::ExpertWeights> experts;
+};
+
+cpu::Mat make(Layer& l, uint32_t type, int64_t rows, int64_t cols, uint64_t seed) {
+  const auto v = test::random_floats(static_cast<size_t>(rows * cols), seed, 0.05f);
+  if (type == 0) {
+    l.bf16.emplace_back(v.size());
+    for (size_t i = 0; i < v.size(); ++i) l.bf16.back()[i] = f32_to_bf16(v[i]);
+    return cpu::Mat{DType::bf16, l.bf16.back().data(), rows, cols};
+  }
+  l.bytes.push_back(qtools::quant_rows(static_cast<cpu::ExtType>(type), v.data(), rows, cols));
+  return cpu::ext_view(static_cast<cpu::ExtType>(type), l.bytes.back().data(), rows, cols, "expert");
+}
+
+// gate/up of type gu, down of type dn (0: bf16); expert `odd` gets gate type odd_type.
+void fill(Layer& l, uint32_t gu, uint32_t dn, int odd = -1, uint32_t odd_type = 0) {
+  l.bytes.reserve(3 * E);
+  l.bf16.reserve(3 * E);
+  for (int64_t e = 0; e < E; ++e) {
+    const uint64_t s = 100 + static_cast<uint64_t>(e) * 3;
+    const cpu::Mat g = make(l, e == odd ? odd_type : gu, I, H, s), u = make(l, gu, I, H, s + 1), d = make(l, dn, H, I, s + 2);
+    l.experts.push_back({g, u, d});
+  }
+}
+
+ModelConfig config() {
+  ModelConfig c;
+  c.hidden_size = H;
+  c.moe_intermediate_size = I;
+  c.num_experts = E;
+  c.num_experts_per_tok = 2;
+  return c;
+}
+
+size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+
+// Slot bytes of a layer from qrepack of its expert 0 (the rule the layout documents).
+size_t expected_bytes(const numa::ExpertWeights& w) {
+  auto region = [](const gpu::QHostMat& h) {
+    size_t b = align256(h.data.size() * E);
+    if (!h.scales.empty()) b += align256(h.scales.size() * 4 * E);
+    if (!h.zeros.empty()) b += align256(h.zeros.size() * 4 * E);
+    return b;
+  };
+  return region(gpu::qrepack({w.gate, w.up}, "gu")) + region(gpu::qrepack({w.down}, "dn"));
+}
+
+}  // namespace
+
+TEST_CASE("streamed slots of GGUF experts: their GPU format, sized on the largest layer") {
+  const ModelConfig c = config();
+  Layer q4, q4q6;
+  fill(q4, 12, 12);    // Q4_K everywhere (a Q4_K_M file's plain layers)
+  fill(q4q6, 12, 14);  // Q4_K gate/up, Q6_K down (its "more bits" layers)
+  StreamLayoutOptions o;
+  o.skip_copies = true;
+  const StreamLayout lay = build_stream_layout(c, {{5, &q4q6.experts}, {2, &q4.experts}}, o);
+  CHECK(lay.quantized);
+  REQUIRE(lay.layers.size() == 2);
+  CHECK(lay.layers[0].layer == 2);  // sorted by layer
+  CHECK(lay.layers[1].layer == 5);
+  const size_t b0 = expected_bytes(q4.experts[0]), b1 = expected_bytes(q4q6.experts[0]);
+  CHECK(lay.layers[0].bytes == b0);
+  CHECK(lay.layers[1].bytes == b1);
+  CHECK(lay.slot_bytes == std::max(b0, b1));
+  // Q4_K stored: 144-byte blocks, rows of 16-byte multiples, no scales: the GPU format is the file's bytes.
+  const gpu::QWeight& gu = lay.layers[0].gu;
+  CHECK(gu.format == gpu::QFormat::q4_k);
+  CHECK(gu.rows == E * 2 * I);
+  CHECK(gu.cols == H);
+  CHECK(reinterpret_cast<uintptr_t>(gu.data) == 0);
+  CHECK(gu.scales == nullptr);
+  CHECK(reinterpret_cast<uintptr_t>(lay.layers[0].dn.data) == align256(static_cast<size_t>(E * 2 * I) * 144));
+  // The Q6_K down matrices take whatever GPU format gpu::qformat_of gives them; regions follow qrepack.
+  const gpu::QHostMat d6 = gpu::qrepack({q4q6.experts[0].down}, "dn");
+  CHECK(lay.layers[1].dn.format == d6.w.format);
+  CHECK(lay.layers[1].dn.rows == E * H);
+  CHECK((lay.layers[1].dn.scales != nullptr) == !d6.scales.empty());
+  const std::string f0 = gpu::qformat_name(gpu::QFormat::q4_k), f6 = gpu::qformat_name(d6.w.format);
+  CHECK(lay.format == (f6 == f0 ? f0 : f0 + ", " + f0 + " / " + f6));
+  // Stored blocks only when every layer's GPU bytes are its stored bytes.
+  const bool d6_stored = d6.scales.empty() && d6.w.stride() == d6.w.row_bytes();
+  CHECK(lay.stored_blocks == d6_stored);
+  const StreamLayout only_q4 = build_stream_layout(c, {{2, &q4.experts}}, o);
+  CHECK(only_q4.stored_blocks);
+  CHECK(only_q4.slot_bytes == static_cast<size_t>(E) * 3 * static_cast<size_t>(I) / 256 * 144 * H);
+  // Rebasing the offsets onto a slot address.
+  char slot[16];
+  const gpu::QWeight at = lay.layers[1].at(lay.layers[1].dn, slot);
+  CHECK(static_cast<const char*>(at.data) == slot + reinterpret_cast<uintptr_t>(lay.layers[1].dn.data));
+  // Q8_0 (the fixture's type) is also stored as the GPU holds it.
+  Layer q8;
+  fill(q8, 8, 8);
+  CHECK(build_stream_layout(c, {{0, &q8.experts}}, o).stored_blocks);
+}
+
+TEST_CASE("streamed slots fall back to bf16 for experts the GPU kernels do not take, or of mixed types, and when asked") {
+  const ModelConfig c = config();
+  const size_t bf16_slot = static_cast<size_t>(E) * 3 * static_cast<size_t>(I) * H * 2;
+  StreamLayoutOptions o;
+  o.skip_copies = true;
+  Layer mixed;
+  fill(mixed, 12, 12, 1, 8);  // expert 1's gate is Q8_0, the others Q4_K
+  std::string why;
+  CHECK(!experts_stream_quantized(mixed.experts, &why));
+  CHECK_MESSAGE(why.find("expert 1") != std::string::npos, why);
+  const StreamLayout m = build_stream_layout(c, {{3, &mixed.experts}}, o);
+  CHECK(!m.quantized);
+  CHECK(m.format == "bf16");
+  CHECK(m.slot_bytes == bf16_slot);
+  CHECK(m.down_off == static_cast<size_t>(E) * 2 * I * H * 2);
+  CHECK_MESSAGE(m.why_image.find("layer 3") != std::string::npos, m.why_image);
+  Layer plain;
+  fill(plain, 0, 0);  // bf16 checkpoint
+  CHECK(!experts_stream_quantized(plain.experts, &why));
+  CHECK_MESSAGE(why.find("bf16") != std::string::npos, why);
+  CHECK(!build_stream_layout(c, {{0, &plain.experts}}, o).quantized);
+  Layer q4;
+  fill(q4, 12, 12);
+  o.quantized = false;  // --gpu-quantized-experts 0
+  const StreamLayout asked = build_stream_layout(c, {{0, &q4.experts}}, o);
+  CHECK(!asked.quantized);
+  CHECK(asked.slot_bytes == bf16_slot);
+  // A layer with the wrong expert count is an internal error naming it.
+  Layer few;
+  fill(few, 12, 12);
+  few.experts.pop_back();
+  o.quantized = true;
+  std::string err;
+  try {
+    build_stream_layout(c, {{7, &few.experts}}, o);
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  CHECK_MESSAGE(err.find("layer 7") != std::string::npos, err);
+}

@@ -1,0 +1,275 @@
+// GGUF blocks as stored on the GPU (gpu/quant.h: gguf_gemv, gguf_dequant,
+// gguf_moe_experts) against a plain scalar reference: cpu::dequant_block per
+// block, products in double, on random weights quantized by the test
+// quantizers and random activations. The kernels quantize activations per 32
+// to int8 (as llama.cpp and the CPU integer path do), so the bound per
+// output is that rounding's worst case, sum over 32-blocks b of
+// amax_b / 254 * sum_{k in b} |w_k|, plus fp32 rounding; a wrong code, scale,
+// min or row does not fit under it. Outputs are poisoned (NaN) first.
+// Shapes: real row lengths (768, 2048, 4096), segmented rows (7168), Q8_0 rows
+// that start on 2-byte boundaries (2112 columns), Q6_K ones (768).
+// Skips with a message where no GPU is present.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+
+#include "configs/error.h"
+#include "gpu/quant.h"
+#include "numa/quant_gguf.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/quant_tools/quantizers.h"
+#include "tests/test_util.h"
+
+using namespace hmoe;
+using test::bf16_of;
+using test::bf16_round;
+
+namespace {
+
+const cpu::ExtType kTypes[] = {cpu::ExtType::q4_k, cpu::ExtType::q5_k, cpu::ExtType::q6_k, cpu::ExtType::q8_0};
+
+struct HostW {
+  std::vector<uint8_t> bytes;
+  cpu::Mat view;
+  std::vector<float> deq;  // [rows, cols] as cpu::dequant_block gives them
+};
+
+HostW make(cpu::ExtType t, int64_t rows, int64_t cols, uint64_t seed) {
+  HostW h;
+  auto w = test::random_floats(static_cast<size_t>(rows * cols), seed, 0.05f);
+  h.bytes = qtools::quant_rows(t, w.data(), rows, cols);
+  h.view = cpu::ext_view(t, h.bytes.data(), rows, cols, "test");
+  const cpu::ExtTypeInfo* info = cpu::ext_type_info(static_cast<uint32_t>(t));
+  h.deq.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < cols / info->block_elems; ++b)
+      cpu::dequant_block(t, h.view.row(r) + b * info->block_bytes, h.deq.data() + r * cols + b * info->block_elems);
+  return h;
+}
+
+// ref = sum_k x_k w_k and the int8-activation bound, per output.
+void ref_dot(const float* w, const float* x, int64_t cols, double& ref, double& bound) {
+  ref = 0;
+  bound = 0;
+  double mag = 0;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    double amax = 0, wabs = 0;
+    for (int64_t k = b * 32; k < b * 32 + 32; ++k) {
+      amax = std::max(amax, std::fabs(static_cast<double>(x[k])));
+      wabs += std::fabs(static_cast<double>(w[k]));
+      ref += static_cast<double>(x[k]) * w[k];
+      mag += std::fabs(static_cast<double>(x[k]) * w[k]);
+    }
+    bound += amax / 254.0 * wabs;
+  }
+  bound = 1.02 * bound + 1e-5 * mag + 1e-7;
+}
+
+std::string name(cpu::ExtType t) { return cpu::ext_type_info(static_cast<uint32_t>(t))->name; }
+
+}  // namespace
+
+TEST_CASE("gpu gguf: types of CPU views and shapes the native kernels refuse") {
+  auto h = make(cpu::ExtType::q6_k, 3, 512, 1);
+  CHECK(gpu::gguf_native_supported(h.view));
+  CHECK(gpu::gguf_type_of(h.view, "t") == gpu::GgufType::q6_k);
+  auto q40 = make(cpu::ExtType::q4_0, 3, 512, 2);
+  CHECK_FALSE(gpu::gguf_native_supported(q40.view));
+  CHECK_THROWS_AS(gpu::gguf_type_of(q40.view, "t"), Error);
+  auto q8 = make(cpu::ExtType::q8_0, 3, 96, 3);  // Q8_0 needs cols % 64
+  CHECK_FALSE(gpu::gguf_native_supported(q8.view));
+  gpu::GgufWeight w;
+  w.type = gpu::GgufType::q4_k;
+  w.rows = 4;
+  w.cols = 300;
+  alignas(16) static const uint8_t buf[32] = {};
+  w.data = buf;
+  CHECK_THROWS_AS(gpu::check_gguf_weight(w, "t"), Error);
+  w.cols = 256;
+  w.data = buf + 2;
+  CHECK_THROWS_AS(gpu::check_gguf_weight(w, "t"), Error);
+  CHECK(gpu::GgufWeight{gpu::GgufType::q6_k, nullptr, 1, 768}.row_bytes() == 630);
+  CHECK(gpu::GgufWeight{gpu::GgufType::q8_0, nullptr, 1, 2112}.row_bytes() == 2244);
+}
+
+TEST_CASE("gpu gguf_gemv matches the scalar reference within the int8 activation rounding") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (cpu::ExtType t : kTypes) {
+    std::vector<Shape> shapes = {{37, 2048}, {41, 768}, {9, 4096}, {5, 7168}};
+    if (t == cpu::ExtType::q8_0) shapes.push_back({13, 2112});
+    for (auto [rows, cols] : shapes) {
+      auto h = make(t, rows, cols, 100 + static_cast<uint64_t>(cols) + static_cast<uint64_t>(t));
+      gpu::GgufDeviceMat dw({h.view}, s, "test weight");
+      CHECK(dw.weight().bytes() == static_cast<size_t>(rows) * h.view.row_bytes());
+      for (int64_t n : {1, 3, 8, 11}) {
+        auto x = bf16_round(test::random_floats(static_cast<size_t>(n * cols), 7 + static_cast<uint64_t>(n)));
+        auto dx = test::to_device(bf16_of(x), s);
+        const int64_t ldy = rows + 3;
+        std::vector<float> poison(static_cast<size_t>(n * ldy), std::nanf(""));
+        auto dy = test::to_device(poison, s);
+        gpu::gguf_gemv(dw.weight(), dx.as<uint16_t>(), n, dy.as<float>(), ldy, s);
+        auto y = test::to_host<float>(dy, static_cast<size_t>(n * ldy), s);
+        double worst = 0;
+        int64_t bad_t = -1, bad_r = -1;
+        for (int64_t tk = 0; tk < n; ++tk)
+          for (int64_t r = 0; r < rows; ++r) {
+            double ref, bound;
+            ref_dot(h.deq.data() + r * cols, x.data() + tk * cols, cols, ref, bound);
+            const double e = std::fabs(y[static_cast<size_t>(tk * ldy + r)] - ref) / bound;
+            if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : e, bad_t = tk, bad_r = r;
+          }
+        CHECK_MESSAGE(worst <= 1.0, name(t) << " rows=" << rows << " cols=" << cols << " n=" << n << ": worst error/bound " << worst << " at token "
+                                            << bad_t << " row " << bad_r);
+      }
+    }
+  }
+}
+
+TEST_CASE("gpu gguf_dequant gives every weight in bf16") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  for (cpu::ExtType t : kTypes) {
+    for (int64_t cols : {768, 2048, 7168}) {
+      const int64_t rows = 23;
+      auto h = make(t, rows, cols, 300 + static_cast<uint64_t>(t) + static_cast<uint64_t>(cols));
+      gpu::GgufDeviceMat dw({h.view}, s, "test");
+      gpu::DeviceBuffer out(static_cast<size_t>(17 * cols) * 2);
+      gpu::gguf_dequant(dw.weight(), 5, 17, out.as<uint16_t>(), s);  // rows 5..21
+      auto got = test::to_host<uint16_t>(out, static_cast<size_t>(17 * cols), s);
+      double worst = 0;
+      for (int64_t r = 0; r < 17; ++r)
+        for (int64_t k = 0; k < cols; ++k) {
+          const double ref = h.deq[static_cast<size_t>((r + 5) * cols + k)], v = bf16_to_f32(got[static_cast<size_t>(r * cols + k)]);
+          const double e = std::fabs(v - ref) / (std::fabs(ref) * 0x1p-8 + 1e-6);
+          if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : e;
+        }
+      CHECK_MESSAGE(worst <= 1.0, name(t) << " cols=" << cols << ": worst |bf16 - ref| / (2^-8 |ref| + 1e-6) " << worst);
+    }
+  }
+}
+
+TEST_CASE("gpu gguf_moe_experts matches a scalar SwiGLU expert reference") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  const int64_t H = 2048, I = 768, E = 6, K = 3;
+  struct Pair {
+    cpu::ExtType gu, dn;
+  };
+  for (Pair f : {Pair{cpu::ExtType::q4_k, cpu::ExtType::q6_k}, Pair{cpu::ExtType::q8_0, cpu::ExtType::q8_0}, Pair{cpu::ExtType::q5_k, cpu::ExtType::q4_k},
+                 Pair{cpu::ExtType::q6_k, cpu::ExtType::q5_k}}) {
+    std::vector<HostW> gu, dn;
+    std::vector<cpu::Mat> gu_views, dn_views;
+    for (int64_t e = 0; e < E; ++e) {
+      gu.push_back(make(f.gu, 2 * I, H, 500 + static_cast<uint64_t>(e) * 7 + static_cast<uint64_t>(f.gu)));
+      dn.push_back(make(f.dn, H, I, 900 + static_cast<uint64_t>(e) * 7 + static_cast<uint64_t>(f.dn)));
+    }
+    for (int64_t e = 0; e < E; ++e) {  // gate and up as two views, as the loader hands them
+      gu_views.push_back(gu[static_cast<size_t>(e)].view.slice_rows(0, I));
+      gu_views.push_back(gu[static_cast<size_t>(e)].view.slice_rows(I, 2 * I));
+      dn_views.push_back(dn[static_cast<size_t>(e)].view);
+    }
+    gpu::GgufDeviceMat dgu(gu_views, s, "gate_up"), ddn(dn_views, s, "down");
+    for (int64_t n : {1, 4}) {
+      auto x = bf16_round(test::random_floats(static_cast<size_t>(n * H), 31 + static_cast<uint64_t>(n)));
+      std::vector<int32_t> ids(static_cast<size_t>(n * K));
+      std::vector<float> rw(ids.size());
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t j = 0; j < K; ++j) {
+          ids[static_cast<size_t>(t * K + j)] = static_cast<int32_t>((t * 5 + 2 * j + 1) % E);
+          rw[static_cast<size_t>(t * K + j)] = 0.5f - 0.1f * static_cast<float>(j) + 0.01f * static_cast<float>(t);
+        }
+      std::vector<double> out(static_cast<size_t>(n * H), 0.0), mag(out.size(), 0.0);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t j = 0; j < K; ++j) {
+          const HostW& g = gu[static_cast<size_t>(ids[static_cast<size_t>(t * K + j)])];
+          const HostW& d = dn[static_cast<size_t>(ids[static_cast<size_t>(t * K + j)])];
+          std::vector<float> act(static_cast<size_t>(I));
+          for (int64_t i = 0; i < I; ++i) {
+            double gv, uv, b;
+            ref_dot(g.deq.data() + i * H, x.data() + t * H, H, gv, b);
+            ref_dot(g.deq.data() + (I + i) * H, x.data() + t * H, H, uv, b);
+            act[static_cast<size_t>(i)] = static_cast<float>(gv / (1.0 + std::exp(-gv)) * uv);
+          }
+          for (int64_t r = 0; r < H; ++r) {
+            double v = 0, m = 0;
+            for (int64_t i = 0; i < I; ++i) {
+              v += static_cast<double>(d.deq[static_cast<size_t>(r * I + i)]) * act[static_cast<size_t>(i)];
+              m += std::fabs(static_cast<double>(d.deq[static_cast<size_t>(r * I + i)]) * act[static_cast<size_t>(i)]);
+            }
+            out[static_cast<size_t>(t * H + r)] += rw[static_cast<size_t>(t * K + j)] * v;
+            mag[static_cast<size_t>(t * H + r)] += std::fabs(rw[static_cast<size_t>(t * K + j)]) * m;
+          }
+        }
+      auto dx = test::to_device(bf16_of(x), s);
+      auto di = test::to_device(ids, s), dwt = test::to_device(rw, s);
+      std::vector<float> poison(out.size(), std::nanf(""));
+      auto dout = test::to_device(poison, s);
+      gpu::DeviceBuffer gub(ids.size() * static_cast<size_t>(2 * I) * 4);
+      gpu::gguf_moe_experts(dx.as<uint16_t>(), n, K, di.as<int32_t>(), dwt.as<float>(), dgu.weight(), ddn.weight(), I, gub.as<float>(),
+                            dout.as<float>(), s);
+      auto y = test::to_host<float>(dout, out.size(), s);
+      // Two int8 roundings of activations (x, then silu(g) * u): a few 1/254 of sum |w x| at worst.
+      double worst = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        const double e = std::fabs(y[i] - out[i]) / (3e-2 * mag[i] + 1e-9);
+        if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : e;
+      }
+      CHECK_MESSAGE(worst <= 1.0, name(f.gu) << "/" << name(f.dn) << " n=" << n << ": worst error/bound " << worst);
+    }
+  }
+}
+
+TEST_CASE("gpu gguf_moe_gemm (grouped tensor-core product on the blocks) matches the scalar reference") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  const int64_t E = 5, N = 256, C = 512, K = 2;
+  for (cpu::ExtType t : kTypes) {
+    std::vector<HostW> ex;
+    std::vector<cpu::Mat> views;
+    for (int64_t e = 0; e < E; ++e) {
+      ex.push_back(make(t, N, C, 700 + static_cast<uint64_t>(e) + 10 * static_cast<uint64_t>(t)));
+      views.push_back(ex.back().view);
+    }
+    gpu::GgufDeviceMat dw(views, s, "experts");
+    REQUIRE(gpu::gguf_moe_gemm_supported(dw.weight(), N));
+    // 90 tokens, top-2: expert 0 gets none, expert 1 more than one 64-row tile.
+    const int64_t n = 90, P = n * K;
+    std::vector<int32_t> ids(static_cast<size_t>(P));
+    for (int64_t tk = 0; tk < n; ++tk) {
+      ids[static_cast<size_t>(tk * K)] = 1;
+      ids[static_cast<size_t>(tk * K + 1)] = static_cast<int32_t>(2 + tk % 3);
+    }
+    auto x = bf16_round(test::random_floats(static_cast<size_t>(n * C), 41));
+    auto dx = test::to_device(bf16_of(x), s);
+    auto di = test::to_device(ids, s);
+    gpu::DeviceBuffer off(static_cast<size_t>(E + 1) * 4), pl(static_cast<size_t>(P) * 4);
+    gpu::moe_route(di.as<int32_t>(), P, E, off.as<int32_t>(), pl.as<int32_t>(), s);
+    std::vector<float> poison(static_cast<size_t>(P * N), std::nanf(""));
+    auto dc = test::to_device(poison, s);
+    gpu::gguf_moe_gemm(dx.as<uint16_t>(), pl.as<int32_t>(), K, P, off.as<int32_t>(), E, dw.weight(), N, dc.as<float>(), s);
+    auto c = test::to_host<float>(dc, poison.size(), s);
+    auto pairs = test::to_host<int32_t>(pl, static_cast<size_t>(P), s);
+    double worst = 0;
+    for (int64_t i = 0; i < P; ++i) {
+      const int32_t p = pairs[static_cast<size_t>(i)];
+      const int64_t tk = p / K;
+      const HostW& w = ex[static_cast<size_t>(ids[static_cast<size_t>(p)])];
+      for (int64_t r = 0; r < N; ++r) {
+        double ref = 0, mag = 0;
+        for (int64_t k = 0; k < C; ++k) {
+          const double v = static_cast<double>(w.deq[static_cast<size_t>(r * C + k)]) * x[static_cast<size_t>(tk * C + k)];
+          ref += v;
+          mag += std::fabs(v);
+        }
+        const double e = std::fabs(c[static_cast<size_t>(i * N + r)] - ref) / (0x1p-8 * mag + 1e-6);
+        if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : e;
+      }
+    }
+    CHECK_MESSAGE(worst <= 1.0, name(t) << ": worst error / (2^-8 sum |w x|) " << worst);
+  }
+}

@@ -1,0 +1,235 @@
+// The low-bit ggml types (numa/quant_gguf_lowbit.h): dequantization bit for
+// bit against gguf-py's reference dequantizer (tests/fixtures/
+// gguf_lowbit_reference.json, made by tests/fixtures/gen/
+// gguf_lowbit_reference.py), the AVX-512 decoder against the scalar codes,
+// the exact and the int8 products of every ISA against plain double sums on
+// random blocks, the threaded cpu::gemm, and the shape errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "configs/error.h"
+#include "io/dtype.h"
+#include "numa/kernels.h"
+#include "numa/quant_gguf_lowbit.h"
+#include "numa/quant_gguf_q8.h"
+#include "numa/thread_pool.h"
+#include "tests/test_util.h"
+
+using namespace hmoe;
+using cpu::ExtType;
+
+namespace {
+
+std::vector<uint8_t> unhex(const std::string& s) {
+  std::vector<uint8_t> out(s.size() / 2);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(std::stoi(s.substr(2 * i, 2), nullptr, 16));
+  return out;
+}
+
+const cpu::ExtTypeInfo& info(ExtType t) { return *cpu::lowbit_type_info(static_cast<uint32_t>(t)); }
+
+// Random blocks with finite fp16 scales (as the generator of the reference makes them).
+std::vector<uint8_t> random_blocks(ExtType t, int64_t nblocks, uint32_t seed) {
+  const auto& ti = info(t);
+  std::mt19937 g(seed);
+  std::vector<uint8_t> b(static_cast<size_t>(nblocks * ti.block_bytes));
+  for (auto& v : b) v = static_cast<uint8_t>(g());
+  std::uniform_real_distribution<float> ex(-10.0f, 1.0f);
+  auto half = [&] {
+    const float m = std::exp2(ex(g)) * ((g() & 1) ? -1.0f : 1.0f);
+    return f32_to_f16(m);
+  };
+  auto put = [&](uint8_t* p, uint16_t h) { std::memcpy(p, &h, 2); };
+  const uint32_t id = static_cast<uint32_t>(t);
+  for (int64_t i = 0; i < nblocks; ++i) {
+    uint8_t* p = b.data() + i * ti.block_bytes;
+    if (id == 10) put(p + 80, half()), put(p + 82, half());
+    else if (id == 11) put(p + 108, half());
+    else if (id == 29) {
+      const uint16_t d = half();
+      for (int k = 0; k < 4; ++k) {
+        uint16_t s;
+        std::memcpy(&s, p + 48 + 2 * k, 2);
+        s = static_cast<uint16_t>((s & 0x0FFF) | (((d >> (4 * k)) & 0xF) << 12));
+        std::memcpy(p + 48 + 2 * k, &s, 2);
+      }
+    } else if (id == 39) p[0] = static_cast<uint8_t>(100 + g() % 51);
+    else put(p, half());
+  }
+  return b;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  for (size_t i = 0; i < n; i += 97) v[i] *= 8.0f;
+  return v;
+}
+
+std::vector<cpu::Isa> isas() {
+  std::vector<cpu::Isa> v{cpu::Isa::scalar};
+  if (cpu::best_isa() != cpu::Isa::scalar) v.push_back(cpu::Isa::avx2);
+  if (cpu::best_isa() == cpu::Isa::avx512) v.push_back(cpu::Isa::avx512);
+  return v;
+}
+
+struct IsaGuard {
+  cpu::Isa prev;
+  explicit IsaGuard(cpu::Isa i) : prev(cpu::set_isa_for_testing(i)) {}
+  ~IsaGuard() { cpu::set_isa_for_testing(prev); }
+};
+
+}  // namespace
+
+TEST_CASE("low-bit GGUF types: dequantization equals gguf-py's reference bit for bit") {
+  const auto ref = nlohmann::json::parse(test::read_file(test::fixture_ref("gguf_lowbit_reference.json")));
+  REQUIRE(ref["types"].size() == 12);
+  for (const auto& e : ref["types"]) {
+    const std::string name = e["name"];
+    INFO(name);
+    const auto t = static_cast<ExtType>(e["ggml_type"].get<uint32_t>());
+    REQUIRE(cpu::lowbit_type(static_cast<uint32_t>(t)));
+    REQUIRE(cpu::ggml_type_supported(static_cast<uint32_t>(t)));
+    CHECK(info(t).name == name);
+    CHECK(info(t).block_elems == e["block_elems"].get<int>());
+    CHECK(info(t).block_bytes == e["block_bytes"].get<int>());
+    const auto blocks = unhex(e["block_hex"]);
+    const auto vbytes = unhex(e["values_hex"]);
+    const int64_t nb = e["blocks"], be = info(t).block_elems;
+    std::vector<float> want(vbytes.size() / 4);
+    std::memcpy(want.data(), vbytes.data(), vbytes.size());
+    REQUIRE(static_cast<int64_t>(want.size()) == nb * be);
+    // As one row of nb blocks through the Quant::ext hook.
+    const cpu::Mat w = cpu::ext_view(t, blocks.data(), 1, nb * be, "ref");
+    std::vector<float> got(want.size());
+    cpu::ext_row_to_f32(w, 0, got.data());
+    int64_t bad = 0;
+    for (size_t k = 0; k < want.size(); ++k)
+      if (!(got[k] == want[k])) {  // exact (the sign of a zero aside)
+        if (bad++ < 5) FAIL_CHECK("value " << k << ": got " << got[k] << ", gguf-py " << want[k]);
+      }
+    CHECK(bad == 0);
+    CHECK(cpu::ext_weight_at(w, 0, nb * be - 3) == want[want.size() - 3]);
+  }
+}
+
+TEST_CASE("low-bit GGUF types: the AVX-512 decoder gives the scalar codes, scales and offsets") {
+  if (!(cpu::best_isa() == cpu::Isa::avx512 && cpu::detail::lowbit_has_avx512_vnni())) {
+    MESSAGE("no AVX-512 VNNI here: decoder not checked");
+    return;
+  }
+  for (ExtType t : cpu::lowbit::kAll) {
+    INFO(std::string(info(t).name));
+    const int64_t per = 256 / info(t).block_elems;
+    const auto b = random_blocks(t, per * 6, static_cast<uint32_t>(t) * 13u);
+    for (int64_t gi = 0; gi < 6; ++gi) {
+      const uint8_t* p = b.data() + gi * per * info(t).block_bytes;
+      int8_t code[256];
+      float s[16], o[16];
+      for (int64_t i = 0; i < per; ++i) cpu::lowbit_block_codes(t, p + i * info(t).block_bytes, code + i * info(t).block_elems,
+                                                                 s + i * info(t).block_elems / 16, o + i * info(t).block_elems / 16);
+      uint8_t uc[256];
+      float vs[16], vo[16];
+      cpu::detail::lowbit_decode256_avx512(t, p, uc, vs, vo);
+      int bad = 0;
+      for (int k = 0; k < 256; ++k) {
+        const int v = (uc[k] & 0x80) ? -(uc[k] & 0x7F) : uc[k];
+        if (v != code[k] && bad++ < 3) FAIL_CHECK("group " << gi << " weight " << k << ": " << v << " vs " << int(code[k]));
+      }
+      for (int j = 0; j < 16; ++j) {
+        CHECK(vs[j] == s[j]);
+        CHECK(vo[j] == o[j]);
+      }
+    }
+  }
+}
+
+TEST_CASE("low-bit GGUF types: exact and int8 products of every ISA against double sums") {
+  for (ExtType t : cpu::lowbit::kAll) {
+    INFO(std::string(info(t).name));
+    const int64_t be = info(t).block_elems;
+    for (int64_t cols : {int64_t{256}, int64_t{768}, be == 32 ? int64_t{96} : int64_t{512}}) {
+      const int64_t rows = 13;
+      const auto bytes = random_blocks(t, rows * cols / be, static_cast<uint32_t>(cols) + static_cast<uint32_t>(t));
+      const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, cols, "w");
+      const int64_t n = 5;
+      const auto x = randn(static_cast<size_t>(n * cols), static_cast<uint32_t>(cols * 3));
+      std::vector<float> row(static_cast<size_t>(cols));
+      std::vector<double> exact(static_cast<size_t>(n * rows)), absdot(exact.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::ext_row_to_f32(w, r, row.data());
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t k = 0; k < cols; ++k) {
+            const double p = static_cast<double>(row[static_cast<size_t>(k)]) * x[static_cast<size_t>(j * cols + k)];
+            exact[static_cast<size_t>(j * rows + r)] += p;
+            absdot[static_cast<size_t>(j * rows + r)] += std::fabs(p);
+          }
+      }
+      for (cpu::Isa isa : isas()) {
+        IsaGuard guard(isa);
+        INFO("isa " << cpu::isa_name(isa) << " cols " << cols);
+        std::vector<float> y(exact.size(), NAN);
+        cpu::gemm_rows(x.data(), cols, n, w, 0, rows, y.data(), rows);
+        for (size_t i = 0; i < y.size(); ++i) CHECK(std::fabs(y[i] - exact[i]) <= 1e-5 * absdot[i] + 1e-6);
+        if (isa == cpu::Isa::scalar || cols % 256 != 0) {
+          if (isa != cpu::Isa::scalar) CHECK_FALSE(cpu::gguf_q8_applies(w));
+          continue;
+        }
+        REQUIRE(cpu::gguf_q8_applies(w));
+        cpu::Q8Acts a;
+        a.reset(n + 1, w);
+        for (int64_t j = 0; j < n + 1; ++j) a.quantize(j, x.data() + ((j + n - 1) % n) * cols);  // row 1.. = x rows 0..
+        std::vector<float> ref(exact.size()), got(exact.size(), NAN);
+        cpu::gemm_rows_q8_reference(a, 1, n, w, 2, rows, ref.data(), rows);
+        cpu::gemm_rows_q8(a, 1, n, w, 2, rows, got.data(), rows);
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t r = 2; r < rows; ++r) {
+            const size_t i = static_cast<size_t>(j * rows + r);
+            CHECK(std::fabs(got[i] - ref[i]) <= 2e-5 * absdot[i] + 1e-5);
+            // activation rounding: |x - xq| <= d / 2 per element, d = max|x| / 127 per 256
+            CHECK(std::fabs(got[i] - exact[i]) <= 0.05 * absdot[i] + 1e-4);
+          }
+      }
+    }
+  }
+}
+
+TEST_CASE("low-bit GGUF types: threaded cpu::gemm on both paths; bad shapes are errors") {
+  numa::ThreadPool pool(2);
+  for (ExtType t : {cpu::lowbit::iq2_xxs, cpu::lowbit::q3_k, cpu::lowbit::mxfp4}) {
+    INFO(std::string(info(t).name));
+    const int64_t rows = 70, cols = 512, n = 3;
+    const auto bytes = random_blocks(t, rows * cols / info(t).block_elems, 7);
+    const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, cols, "w");
+    const auto x = randn(static_cast<size_t>(n * cols), 9);
+    std::vector<float> y1(static_cast<size_t>(n * rows)), y2(y1.size()), ye(y1.size());
+    cpu::gemm_rows(x.data(), cols, n, w, 0, rows, ye.data(), rows);
+    cpu::GemmOptions exact, int8;
+    exact.gguf_int8 = false;
+    int8.gguf_int8 = true;
+    cpu::gemm(x.data(), n, w, y1.data(), &pool, exact);
+    cpu::gemm(x.data(), n, w, y2.data(), &pool, int8);
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::ext_row_to_f32(w, r, row.data());
+      for (int64_t j = 0; j < n; ++j) {
+        double absdot = 0;
+        for (int64_t k = 0; k < cols; ++k) absdot += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * x[static_cast<size_t>(j * cols + k)]);
+        const size_t i = static_cast<size_t>(j * rows + r);
+        CHECK(std::fabs(y1[i] - ye[i]) <= 1e-5 * absdot);
+        CHECK(std::fabs(y2[i] - ye[i]) <= 0.05 * absdot);
+      }
+    }
+  }
+  std::vector<uint8_t> b(1000);
+  CHECK_THROWS_AS(cpu::ext_view(cpu::lowbit::iq2_s, b.data(), 1, 300, "w"), Error);
+  CHECK_THROWS_WITH(cpu::ext_view(cpu::lowbit::iq4_nl, b.data(), 1, 40, "blk.0.ffn_down"),
+                    doctest::Contains("blk.0.ffn_down: 40 columns are not a multiple of the IQ4_NL block (32)"));
+}
