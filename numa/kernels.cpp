@@ -10,6 +10,7 @@
 #include "configs/error.h"
 #include "numa/detail/kernels_impl.h"
 #include "numa/quant_gguf.h"
+#include "numa/quant_gguf_amx.h"
 #include "numa/quant_gguf_q8.h"
 
 namespace hmoe::cpu {
@@ -199,7 +200,8 @@ void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* p
     return;
   }
   if (gguf_int8() && gguf_q8_applies(w)) {
-    gemm_q8(x, n, w, y, pool);
+    if (amx_wanted(w, n)) gemm_amx(x, n, w, y, pool);
+    else gemm_q8(x, n, w, y, pool);
     return;
   }
   gemm_exact(x, n, w, y, pool);
