@@ -49,15 +49,21 @@ class GqaAttention : public AttentionBlock {
     cpu::gemm(x, n, wq_, q, &pool_);
     cpu::gemm(x, n, wk_, k, &pool_);
     cpu::gemm(x, n, wv_, v, &pool_);
-    ops::rms_norm(q, n * nh, hd, q_norm_, c_.rms_norm_eps, q);
-    ops::rms_norm(k, n * kvh, hd, k_norm_, c_.rms_norm_eps, k);
-    for (int64_t t = 0; t < n; ++t) {
-      rope_.apply(q + t * nh * hd, nh, slots[t].pos);
-      rope_.apply(k + t * kvh * hd, kvh, slots[t].pos);
-      kv.store(layer_, slots[t].seq, slots[t].pos, k + t * kvh * hd, v + t * kvh * hd);
-    }
+    // Norms, rotary and cache writes per token, split over the pool for prompt
+    // chunks (each token writes only its own cache row).
+    auto per_token = [&](int64_t b, int64_t e, int) {
+      ops::rms_norm(q + b * nh * hd, (e - b) * nh, hd, q_norm_, c_.rms_norm_eps, q + b * nh * hd);
+      ops::rms_norm(k + b * kvh * hd, (e - b) * kvh, hd, k_norm_, c_.rms_norm_eps, k + b * kvh * hd);
+      for (int64_t t = b; t < e; ++t) {
+        rope_.apply(q + t * nh * hd, nh, slots[t].pos);
+        rope_.apply(k + t * kvh * hd, kvh, slots[t].pos);
+        kv.store(layer_, slots[t].seq, slots[t].pos, k + t * kvh * hd, v + t * kvh * hd);
+      }
+    };
+    if (n >= 64) pool_.parallel_for(n, per_token, 8);
+    else per_token(0, n, 0);
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-    ops::attention(q, n, nh, kvh, hd, slots, kv, layer_, scale, ws.attn.data(), &pool_);
+    ops::attention_prefill(q, n, nh, kvh, hd, slots, kv, layer_, scale, ws.attn.data(), &pool_);
     cpu::gemm(ws.attn.data(), n, wo_, out, &pool_);
   }
 
