@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cpuid.h>
 #include <cstring>
 
@@ -119,6 +120,30 @@ AMX_ATTR void hw_begin() {
   _tile_loadconfig(&cfg);
 }
 AMX_ATTR void hw_end() { _tile_release(); }
+
+// `iters` x 8 tdpbf16ps on tiles already loaded (zeros: no denormal slow path).
+AMX_ATTR void hw_spin(int64_t iters) {
+  hw_begin();
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  hw_end();
+}
 #undef AMX_ATTR
 
 template <bool HW>
@@ -286,6 +311,25 @@ void gemm_amx(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPoo
   };
   if (pool && groups > 1) pool->parallel_for(groups, body, 1, 1);
   else body(0, groups, 0);
+}
+
+double amx_bf16_peak_flops(numa::ThreadPool* pool) {
+  if (!amx_hardware()) return 0.0;
+  constexpr int64_t kIters = 200000;
+  constexpr double kFlopsPerIter = 8.0 * 16 * 16 * 32 * 2;
+  hw_spin(1000);  // first use: the kernel grows this thread's state
+  const int threads = pool ? pool->size() : 1;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (pool) pool->parallel_for(threads, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) hw_spin(kIters);
+      }, 1, 1);
+    else hw_spin(kIters);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, kFlopsPerIter * kIters * threads / s);
+  }
+  return best;
 }
 
 namespace detail {

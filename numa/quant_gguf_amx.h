@@ -82,6 +82,11 @@ void gemm_rows_amx_reference(const AmxActs& xa, int64_t b0, int64_t n, const Mat
 // y[n, rows] = x W^T through this path, strips of 32 rows across the pool.
 void gemm_amx(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool);
 
+// The tiles' own limit: tdpbf16ps FLOP/s with all operands in tile
+// registers (no loads), summed over the pool's threads (hardware mode only; 0
+// otherwise). What the bench rows are measured against.
+double amx_bf16_peak_flops(numa::ThreadPool* pool);
+
 namespace detail {
 // Rows [r0, r0 + nr) (nr <= 32) of w dequantized and rounded to bf16 into
 // out[(kk * 32 + i) * 32 + c] = w[r0 + i, 32 kk + c]; rows nr..31 are not written.
