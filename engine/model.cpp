@@ -89,6 +89,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   cpu::set_round_activations_bf16(settings.cpu_emulate_gpu_bf16);
   cpu::set_gguf_int8(settings.cpu_gguf_int8);
   cpu::set_amx_min_tokens(settings.cpu_amx_min_tokens);
+  if (settings.cpu_amx_min_tokens > 0) cpu::amx_mode();  // probe (and self-check) AMX before the weights take memory
   cpu::set_split_inputs_bf16(settings.gpu_mla_split_inputs);
   m->pools_ = std::make_unique<numa::NodePools>(numa::PoolOptions::from_settings(settings));
   m->pool_ = &m->pools_->pool(0);
