@@ -87,9 +87,13 @@ class MoeBlock : public FfnBlock {
   void forward(const float* x, int64_t n, float* out, Workspace& ws) override {
     const int64_t E = c_.num_experts, K = c_.num_experts_per_tok;
     cpu::gemm(x, n, router_, ws.router.data(), &pool_);
-    for (int64_t t = 0; t < n; ++t)
-      ops::softmax_topk(ws.router.data() + t * E, E, K, c_.norm_topk_prob, ws.topk_ids.data() + t * K, ws.topk_w.data() + t * K);
-    std::fill(out, out + n * c_.hidden_size, 0.0f);
+    auto route = [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t)
+        ops::softmax_topk(ws.router.data() + t * E, E, K, c_.norm_topk_prob, ws.topk_ids.data() + t * K, ws.topk_w.data() + t * K);
+      std::fill(out + b * c_.hidden_size, out + e * c_.hidden_size, 0.0f);
+    };
+    if (n >= 64) pool_.parallel_for(n, route, 8);
+    else route(0, n, 0);
     experts_->run_host(x, n, ws.topk_ids.data(), ws.topk_w.data(), K, out);
   }
 
