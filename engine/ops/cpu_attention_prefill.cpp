@@ -13,7 +13,7 @@
 //  - one work item is (kv head, 16 query tokens): S = Q K^T per key block by
 //    an 8-row x 32-position register tile (16 accumulators, one K load per
 //    8 FMAs), the causal mask on the diagonal blocks, the online softmax per
-//    row, O += P V by a 2-row x hd register tile; keys past the block's last
+//    row, O += P V by a 4-row x 64-value register tile; keys past the block's last
 //    position are never visited;
 //  - the scale is folded into Q; fp32 throughout, so results equal
 //    attention_reference up to summation order.
@@ -126,22 +126,28 @@ HMOE_P512 inline void scores8(const float* qs, int64_t hd, const float* kt, floa
   }
 }
 
-// o[r] = o[r] * corr[r] + sum_p P[r][p] V[p] for rows r0, r0 + 1 (NV = hd / 16).
+// o[r] = o[r] * corr[r] + sum_p P[r][p] V[p] for rows r0..r0+3 (NV = hd / 16),
+// 64 values of hd at a time: each V vector is loaded once into a register
+// for four rows (16 accumulators, 4 loads + 4 broadcasts per 16 FMAs).
 template <int NV>
-HMOE_P512 inline void pv2(const float* p, const float* v, int64_t np, const float* corr, float* o) {
-  __m512 acc[2][NV];
-  for (int i = 0; i < 2; ++i)
-    for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_mul_ps(_mm512_loadu_ps(o + i * NV * 16 + c * 16), _mm512_set1_ps(corr[i]));
-  for (int64_t j = 0; j < np; ++j) {
-    const __m512 p0 = _mm512_set1_ps(p[j]), p1 = _mm512_set1_ps(p[kKB + j]);
-    for (int c = 0; c < NV; ++c) {
-      const __m512 vv = _mm512_loadu_ps(v + j * NV * 16 + c * 16);
-      acc[0][c] = _mm512_fmadd_ps(p0, vv, acc[0][c]);
-      acc[1][c] = _mm512_fmadd_ps(p1, vv, acc[1][c]);
+HMOE_P512 inline void pv4(const float* p, const float* v, int64_t np, const float* corr, float* o) {
+  constexpr int64_t hd = NV * 16;
+  for (int h = 0; h < NV / 4; ++h) {
+    __m512 acc[4][4];
+    for (int i = 0; i < 4; ++i)
+      for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_mul_ps(_mm512_loadu_ps(o + i * hd + h * 64 + c * 16), _mm512_set1_ps(corr[i]));
+    const float* vh = v + h * 64;
+    for (int64_t j = 0; j < np; ++j) {
+      __m512 vv[4];
+      for (int c = 0; c < 4; ++c) vv[c] = _mm512_loadu_ps(vh + j * hd + c * 16);
+      for (int i = 0; i < 4; ++i) {
+        const __m512 pi = _mm512_set1_ps(p[i * kKB + j]);
+        for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_fmadd_ps(pi, vv[c], acc[i][c]);
+      }
     }
+    for (int i = 0; i < 4; ++i)
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + i * hd + h * 64 + c * 16, acc[i][c]);
   }
-  for (int i = 0; i < 2; ++i)
-    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + i * NV * 16 + c * 16, acc[i][c]);
 }
 
 // One item: query tokens [q0, q0 + nq) of the run (nq <= kQ) against kv head g.
@@ -202,7 +208,7 @@ HMOE_P512 void run_item(const Run& run, int64_t q0, int64_t nq, int64_t g, const
       m[static_cast<size_t>(r)] = mnew;
       corr[static_cast<size_t>(r)] = cr;
     }
-    for (int64_t r = 0; r < Rp; r += 2) pv2<NV>(s.data() + r * kKB, vh + j0 * hd, np, corr.data() + r, o.data() + r * hd);
+    for (int64_t r = 0; r < Rp; r += 4) pv4<NV>(s.data() + r * kKB, vh + j0 * hd, np, corr.data() + r, o.data() + r * hd);
   }
   for (int64_t r = 0; r < R; ++r) {
     const int64_t tq = r / G;
