@@ -34,7 +34,7 @@
 #include <thread>
 
 #include "configs/error.h"
-#include "engine/demo_model.h"
+#include "engine/loading/demo_model.h"
 #include "server/server.h"
 
 using namespace hmoe;

@@ -31,9 +31,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/ops/cpu_ops.h"
-#include "engine/prefill_cost.h"
+#include "engine/placement/prefill_cost.h"
 #include "numa/expert_engine.h"
 #include "numa/quant_gguf.h"
 #include "numa/quant_gguf_amx.h"

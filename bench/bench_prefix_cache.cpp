@@ -28,9 +28,9 @@
 
 #include "bench/synthetic_model.h"
 #include "configs/error.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/kv/kv_storage_gpu.h"
 #include "engine/runtime/gpu_runtime.h"
-#include "engine/kv_cache.h"
-#include "engine/kv_storage_gpu.h"
 #include "gpu/device.h"
 #include "numa/node_pools.h"
 

@@ -28,8 +28,8 @@
 #include <thread>
 
 #include "configs/error.h"
-#include "engine/demo_model.h"
-#include "engine/logits.h"
+#include "engine/loading/demo_model.h"
+#include "engine/serving/logits.h"
 #include "server/server.h"
 
 using namespace hmoe;

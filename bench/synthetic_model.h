@@ -22,7 +22,7 @@
 #include <string>
 
 #include "engine/layers/weights.h"
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 #include "numa/thread_pool.h"
 
 namespace hmoe::bench {

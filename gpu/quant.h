@@ -1,6 +1,6 @@
 // Quantized weight matrices on the GPU: GEMV (decode, a few tokens) and the
 // grouped routed-expert SwiGLU, dequantizing in registers from the packed
-// layout the CPU path holds (numa/kernels.h, numa/quant_gguf.h), so the same
+// layout the CPU path holds (io/tensor/mat.h, io/tensor/quant_blocks.h), so the same
 // bytes are uploaded unchanged. Activations are bf16 (as every GPU matrix
 // product here); accumulation is fp32.
 //
@@ -10,7 +10,7 @@
 //  - q4_k:  ggml Q4_K super-blocks (f16 d, dmin, 12 bytes of 6-bit
 //           scales/mins, 128 bytes of nibbles), [rows][cols/256] x 144 bytes.
 //  - int4_group: the int4 view GPTQ/AWQ/compressed-tensors are repacked into
-//           (numa/kernels.h): data [rows, cols/2], runs of 32 elements in 16
+//           (io/tensor/mat.h): data [rows, cols/2], runs of 32 elements in 16
 //           bytes (low nibble i, high nibble i+16); scales (and zeros, or
 //           null for zero point 8) f32 [rows, cols/group]; group >= 32, a
 //           multiple of 32 dividing cols.
@@ -45,7 +45,7 @@
 #include <vector>
 
 #include "gpu/memory.h"
-#include "numa/kernels.h"
+#include "io/tensor/mat.h"
 
 namespace hmoe::gpu {
 

@@ -5,7 +5,7 @@
 
 #include "configs/error.h"
 #include "gpu/quant.h"
-#include "numa/quant_gguf.h"
+#include "io/tensor/quant_blocks.h"
 
 namespace hmoe::gpu {
 

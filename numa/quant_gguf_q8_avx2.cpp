@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "configs/error.h"
-#include "numa/detail/gguf_block_util.h"
+#include "io/tensor/gguf_block_util.h"
 #include "numa/quant_gguf_q8.h"
 
 #define HMOE_V256 __attribute__((target("avx2,fma,f16c")))

@@ -14,7 +14,7 @@
 #include <cstring>
 
 #include "configs/error.h"
-#include "numa/detail/gguf_block_util.h"
+#include "io/tensor/gguf_block_util.h"
 #include "numa/quant_gguf_q8.h"
 
 #define HMOE_V512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))

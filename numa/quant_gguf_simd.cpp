@@ -17,8 +17,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "numa/detail/gguf_block_util.h"
 #include "configs/error.h"
+#include "io/tensor/gguf_block_util.h"
 #include "numa/quant_gguf.h"
 #include "numa/quant_gguf_amx.h"
 

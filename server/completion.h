@@ -16,8 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/serving/scheduler.h"
 #include "engine/text/output_parser.h"
-#include "engine/scheduler.h"
 #include "engine/text/stop_strings.h"
 #include "engine/text/tokenizer/tokenizer.h"
 #include "server/request.h"

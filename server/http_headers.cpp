@@ -4,7 +4,7 @@
 #include <cctype>
 
 #include "configs/error.h"
-#include "engine/random_id.h"
+#include "engine/serving/random_id.h"
 
 namespace hmoe::server {
 

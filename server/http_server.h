@@ -47,7 +47,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/scheduler.h"
+#include "engine/serving/scheduler.h"
 #include "server/metrics.h"
 #include "server/request.h"
 

@@ -20,7 +20,7 @@
 #include <optional>
 
 #include "configs/error.h"
-#include "engine/random_id.h"
+#include "engine/serving/random_id.h"
 #include "server/api_error.h"
 #include "server/completion.h"
 #include "server/http_server_impl.h"

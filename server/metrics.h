@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "engine/scheduler.h"
+#include "engine/serving/scheduler.h"
 
 namespace hmoe::server {
 

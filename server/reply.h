@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/scheduler.h"
+#include "engine/serving/scheduler.h"
 #include "server/completion.h"
 
 namespace hmoe::server {

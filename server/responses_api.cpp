@@ -1,7 +1,7 @@
 #include "server/responses_api.h"
 
+#include "engine/serving/random_id.h"
 #include "engine/text/json_guard.h"
-#include "engine/random_id.h"
 #include "server/api_error.h"
 #include "server/json_body.h"
 
@@ -191,7 +191,7 @@ ResponsesRequest parse_responses_request(std::string_view body, const ModelInfo&
 ResponsesReply::ResponsesReply(const ResponsesRequest& req, const ModelInfo& m, std::string id, int64_t created)
     : req_(req), m_(m), b_(req.spec, m, id, created), id_(std::move(id)), created_(created), streaming_(req.spec.stream) {}
 
-// Item ids (msg_, fc_, rs_) from the kernel's CSPRNG, like every other id (engine/random_id.h).
+// Item ids (msg_, fc_, rs_) from the kernel's CSPRNG, like every other id (engine/serving/random_id.h).
 std::string ResponsesReply::item_id(const char* prefix) { return prefix + random_alnum(24); }
 
 std::string ResponsesReply::event(const char* type, ojson j) {

@@ -7,8 +7,8 @@
 #include <functional>
 
 #include "configs/error.h"
-#include "engine/generation_config.h"
-#include "engine/gguf_model.h"
+#include "engine/loading/generation_config.h"
+#include "engine/loading/gguf_model.h"
 #include "server/http_headers.h"
 
 namespace hmoe::server {
@@ -132,7 +132,7 @@ std::unique_ptr<ServerStack> make_server(const Settings& s, const std::string& m
   HttpOptions ho = http_options(s);
   st->model = Model::load(model_dir, s);
   const ModelConfig& c = st->model->config();
-  const bool gguf = is_gguf_path(model_dir);  // MODEL may be a .gguf file (engine/gguf_model.h)
+  const bool gguf = is_gguf_path(model_dir);  // MODEL may be a .gguf file (engine/loading/gguf_model.h)
   st->tokenizer = gguf ? tok::Tokenizer::from_gguf(model_dir) : tok::Tokenizer::from_dir(model_dir);
   try {
     st->chat_template = gguf ? gguf_chat_template(model_dir) : chat::ChatTemplate::from_dir(model_dir);

@@ -11,9 +11,9 @@
 #include <string>
 
 #include "configs/settings.h"
+#include "engine/loading/model.h"
+#include "engine/serving/scheduler.h"
 #include "engine/text/chat/chat_template.h"
-#include "engine/model.h"
-#include "engine/scheduler.h"
 #include "engine/text/tokenizer/tokenizer.h"
 #include "server/http_server.h"
 #include "server/request.h"

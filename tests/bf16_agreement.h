@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/kv_cache.h"
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loading/model.h"
+#include "engine/serving/logits.h"
 
 namespace hmoe::test {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/logits.h"
+#include "engine/serving/logits.h"
 
 namespace hmoe::test {
 

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/kv_cache.h"
-#include "engine/model.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loading/model.h"
 
 namespace hmoe::test {
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/layers/routed_experts.h"
 #include "engine/layers/weights.h"
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 #include "engine/ops/cpu_ops.h"
 #include "numa/expert_engine.h"
 

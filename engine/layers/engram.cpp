@@ -10,7 +10,7 @@
 #include "configs/error.h"
 #include "engine/layers/cpu_layers.h"
 #include "engine/ops/cpu_ops.h"
-#include "engine/placement.h"
+#include "engine/placement/placement.h"
 
 namespace hmoe {
 

@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "configs/settings.h"
-#include "engine/runtime/batch.h"
-#include "engine/kv_cache.h"
-#include "engine/model_config.h"
 #include "configs/settings.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loading/model_config.h"
+#include "engine/runtime/batch.h"
 #include "io/ple_table.h"
 #include "io/safetensors.h"
 

@@ -11,8 +11,8 @@
 
 #include "configs/error.h"
 #include "engine/layers/gpu_upload.h"
-#include "engine/placement.h"
-#include "engine/prefill_cost.h"
+#include "engine/placement/placement.h"
+#include "engine/placement/prefill_cost.h"
 #include "gpu/device.h"
 #include "gpu/moe_stream.h"
 #include "io/dtype.h"

@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "configs/settings.h"
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 #include "gpu/kernels.h"
 #include "gpu/memory.h"
 #include "numa/expert_engine.h"
@@ -79,7 +79,7 @@ double measure_pinned_h2d_bandwidth(size_t bytes = 128u << 20);
 // Options from --gpu-prefill-min-batch-size and --gpu-prefetch-window (bad
 // values: Error naming the flag or variable). "auto" measures the CPU expert
 // FLOP/s on `pool`, host read bandwidth and pinned PCIe bandwidth, and takes
-// the break-even of engine/prefill_cost.h; a line on stderr says what it
+// the break-even of engine/placement/prefill_cost.h; a line on stderr says what it
 // found unless `quiet`.
 ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& s, numa::ThreadPool* pool, bool quiet);
 

@@ -5,8 +5,8 @@
 
 #include "configs/error.h"
 #include "engine/layers/cpu_layers.h"
-#include "engine/model_config.h"
 #include "engine/layers/gpu_upload.h"
+#include "engine/loading/model_config.h"
 #include "gpu/kernels.h"
 #include "gpu/moe_stream.h"
 #include "gpu/quant.h"

@@ -6,11 +6,11 @@
 #include <string>
 
 #include "engine/layers/gpu_layer.h"
-#include "engine/layers/kinds.h"
 #include "engine/layers/gpu_upload.h"
+#include "engine/layers/kinds.h"
 #include "engine/layers/mla_attention.h"
 #include "engine/layers/routed_experts.h"
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 
 namespace hmoe {
 

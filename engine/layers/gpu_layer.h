@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/kv_storage_gpu.h"
+#include "engine/kv/kv_storage_gpu.h"
 #include "gpu/kernels.h"
 #include "gpu/memory.h"
 #include "numa/expert_engine.h"

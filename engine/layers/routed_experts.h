@@ -16,7 +16,7 @@
 
 #include "engine/layers/gpu_layer.h"
 #include "engine/layers/weights.h"
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 #include "numa/expert_engine.h"
 #include "numa/node_pools.h"
 

@@ -20,7 +20,7 @@
 namespace hmoe {
 
 // A checkpoint that is not plain safetensors weights (a GGUF file,
-// engine/gguf_model.h; a quantized HF checkpoint, engine/quant_config.h):
+// engine/loading/gguf_model.h; a quantized HF checkpoint, engine/loading/quant_config.h):
 // answers the binder by Hugging Face tensor name with views the kernels take
 // (ggml blocks, int4/int8/fp8 views), checking shapes and types itself.
 class WeightSource {

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/layers/kinds.h"
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 
 namespace hmoe {
 

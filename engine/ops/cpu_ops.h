@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "engine/kv/kv_cache.h"
 #include "numa/kernels.h"
 
 namespace hmoe::ops {

@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/layers/cpu_layers.h"
 #include "engine/layers/mla_attention.h"
 #include "engine/models/model_graph.h"

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "configs/error.h"
-#include "engine/kv_storage_gpu.h"
+#include "engine/kv/kv_storage_gpu.h"
 #include "engine/layers/engram.h"
 #include "engine/layers/engram_gpu.h"
 #include "engine/layers/gpu_experts.h"

@@ -30,12 +30,12 @@
 #include <vector>
 
 #include "configs/settings.h"
-#include "engine/kv_cache.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/layers/expert_stream.h"
 #include "engine/layers/mla_attention.h"
 #include "engine/layers/routed_experts.h"
 #include "engine/layers/weights.h"
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 #include "engine/models/model_graph.h"
 #include "engine/runtime/batch.h"
 #include "numa/node_pools.h"

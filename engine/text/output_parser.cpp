@@ -3,8 +3,8 @@
 #include <array>
 #include <nlohmann/json.hpp>
 
+#include "engine/serving/random_id.h"
 #include "engine/text/json_guard.h"
-#include "engine/random_id.h"
 
 namespace hmoe {
 

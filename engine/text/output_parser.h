@@ -39,7 +39,7 @@ struct ParsedDelta {
 class OutputParser {
  public:
   // Tool call ids are "call_" + 24 random [A-Za-z0-9] from the kernel's
-  // CSPRNG (engine/random_id.h); a nonzero id_seed makes them reproducible (tests).
+  // CSPRNG (engine/serving/random_id.h); a nonzero id_seed makes them reproducible (tests).
   OutputParser(bool parse_tools, bool parse_reasoning, bool start_in_reasoning = false, uint64_t id_seed = 0);
   ParsedDelta push(std::string_view text);
   ParsedDelta finish();

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "engine/logits.h"
+#include "engine/serving/logits.h"
 
 namespace hmoe {
 

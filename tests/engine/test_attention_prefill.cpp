@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/ops/cpu_ops.h"
 #include "numa/thread_pool.h"
 #include "tests/test_util.h"

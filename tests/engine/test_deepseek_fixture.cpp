@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "configs/error.h"
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/loading/model.h"
+#include "engine/serving/logits.h"
 #include "io/mmap_file.h"
 #include "numa/kernels.h"
 #include "tests/bf16_agreement.h"

@@ -10,9 +10,9 @@
 
 #include "configs/error.h"
 #include "engine/layers/engram.h"
-#include "engine/logits.h"
-#include "engine/model.h"
-#include "engine/model_config.h"
+#include "engine/loading/model.h"
+#include "engine/loading/model_config.h"
+#include "engine/serving/logits.h"
 #include "io/mmap_file.h"
 #include "tests/fixture_compare.h"
 #include "tests/test_util.h"

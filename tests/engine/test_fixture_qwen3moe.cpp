@@ -7,8 +7,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/loading/model.h"
+#include "engine/serving/logits.h"
 #include "io/mmap_file.h"
 #include "tests/fixture_compare.h"
 #include "tests/test_util.h"

@@ -1,4 +1,4 @@
-// Default sampling from generation_config.json (engine/generation_config.h):
+// Default sampling from generation_config.json (engine/loading/generation_config.h):
 // the keys vLLM reads, null and absent keys, the auto/none/path setting, and
 // bad files named with the key and value.
 #include <doctest/doctest.h>
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "configs/error.h"
-#include "engine/generation_config.h"
+#include "engine/loading/generation_config.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;

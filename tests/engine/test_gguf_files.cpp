@@ -11,14 +11,14 @@
 #include <random>
 
 #include "configs/error.h"
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/loading/model.h"
+#include "engine/serving/logits.h"
 #include "io/gguf.h"
 #include "numa/quant_gguf.h"
+#include "tests/model_run.h"
 #include "tests/quant_tools/gguf_models.h"
 #include "tests/quant_tools/gguf_writer.h"
 #include "tests/quant_tools/quantizers.h"
-#include "tests/model_run.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;

@@ -8,10 +8,10 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "engine/loading/gguf_model.h"
+#include "engine/loading/model.h"
+#include "engine/serving/logits.h"
 #include "engine/text/chat/chat_template.h"
-#include "engine/gguf_model.h"
-#include "engine/logits.h"
-#include "engine/model.h"
 #include "engine/text/tokenizer/tokenizer.h"
 #include "io/gguf.h"
 #include "io/mmap_file.h"

@@ -1,4 +1,4 @@
-// The CPU KV cache's storage dtypes (engine/kv_storage.h, setting
+// The CPU KV cache's storage dtypes (engine/kv/kv_storage.h, setting
 // kv_cache_dtype): row encoding against its bound, ops::attention on each
 // dtype against the scalar reference on the same stored rows (the kernel)
 // and against an fp32 cache (the storage's rounding), host-tier copies, the
@@ -13,10 +13,10 @@
 #include <tuple>
 
 #include "configs/error.h"
-#include "engine/kv_cache.h"
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loading/model.h"
 #include "engine/ops/cpu_ops.h"
+#include "engine/serving/logits.h"
 #include "io/mmap_file.h"
 #include "tests/test_util.h"
 

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "configs/error.h"
-#include "engine/model.h"
+#include "engine/loading/model.h"
 #include "io/safetensors_writer.h"
 #include "tests/test_util.h"
 

@@ -8,8 +8,8 @@
 
 #include "configs/error.h"
 
-#include "engine/logits.h"
 #include "engine/ops/cpu_ops.h"
+#include "engine/serving/logits.h"
 #include "numa/expert_engine.h"
 #include "numa/kernels.h"
 #include "tests/test_util.h"

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "configs/error.h"
-#include "engine/placement.h"
+#include "engine/placement/placement.h"
 
 using namespace hmoe;
 

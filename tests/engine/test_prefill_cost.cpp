@@ -1,4 +1,4 @@
-// The prefill streaming settings and cost model (engine/prefill_cost.h): bad
+// The prefill streaming settings and cost model (engine/placement/prefill_cost.h): bad
 // values are errors naming the flag or variable and the value; the
 // break-even is where the CPU side becomes the slower one. CPU only.
 #include <doctest/doctest.h>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "configs/error.h"
-#include "engine/prefill_cost.h"
+#include "engine/placement/prefill_cost.h"
 
 using namespace hmoe;
 

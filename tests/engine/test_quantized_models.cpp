@@ -10,15 +10,15 @@
 #include <nlohmann/json.hpp>
 
 #include "configs/error.h"
-#include "engine/logits.h"
-#include "engine/model.h"
-#include "engine/placement.h"
-#include "engine/quant_config.h"
+#include "engine/loading/model.h"
+#include "engine/loading/quant_config.h"
+#include "engine/placement/placement.h"
+#include "engine/serving/logits.h"
 #include "io/mmap_file.h"
 #include "io/safetensors.h"
+#include "tests/model_run.h"
 #include "tests/quant_tools/hf_pairs.h"
 #include "tests/quant_tools/hf_quantizers.h"
-#include "tests/model_run.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;

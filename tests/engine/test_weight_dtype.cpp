@@ -9,7 +9,7 @@
 #include <filesystem>
 
 #include "configs/error.h"
-#include "engine/model.h"
+#include "engine/loading/model.h"
 #include "tests/model_run.h"
 #include "tests/test_util.h"
 

@@ -13,11 +13,11 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "engine/loading/model.h"
 #include "engine/runtime/gpu_runtime.h"
-#include "engine/logits.h"
-#include "engine/model.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "engine/serving/logits.h"
 #include "tests/bf16_agreement.h"
+#include "tests/gpu/gpu_test_util.h"
 #include "tests/model_run.h"
 #include "tests/test_util.h"
 

@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/layers/engram.h"
+#include "engine/loading/model.h"
 #include "engine/runtime/gpu_runtime.h"
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/serving/logits.h"
 #include "io/mmap_file.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"

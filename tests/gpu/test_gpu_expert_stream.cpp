@@ -15,9 +15,9 @@
 #include <numeric>
 #include <random>
 
+#include "engine/loading/model.h"
 #include "engine/runtime/gpu_runtime.h"
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/serving/logits.h"
 #include "gpu/moe_stream.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"

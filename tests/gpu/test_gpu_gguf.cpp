@@ -12,14 +12,14 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/logits.h"
+#include "engine/loading/model.h"
 #include "engine/runtime/gpu_runtime.h"
-#include "engine/model.h"
+#include "engine/serving/logits.h"
 #include "numa/quant_gguf.h"
 #include "tests/bf16_agreement.h"
-#include "tests/quant_tools/gguf_models.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/model_run.h"
+#include "tests/quant_tools/gguf_models.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;

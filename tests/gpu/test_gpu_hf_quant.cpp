@@ -9,11 +9,11 @@
 
 #include <cmath>
 
+#include "engine/loading/model.h"
 #include "engine/runtime/gpu_runtime.h"
-#include "engine/model.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "tests/quant_tools/hf_pairs.h"
 #include "tests/model_run.h"
+#include "tests/quant_tools/hf_pairs.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;

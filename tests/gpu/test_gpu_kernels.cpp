@@ -8,7 +8,7 @@
 #include <numeric>
 
 #include "configs/error.h"
-#include "engine/kv_cache.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/ops/cpu_ops.h"
 #include "numa/expert_engine.h"
 #include "numa/kernels.h"

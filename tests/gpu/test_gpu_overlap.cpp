@@ -10,9 +10,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "engine/loading/model.h"
 #include "engine/runtime/gpu_runtime.h"
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/serving/logits.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
 

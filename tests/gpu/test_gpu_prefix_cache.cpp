@@ -1,5 +1,5 @@
 // Prefix caching and the pinned host KV pool on the GPU path
-// (engine/kv_storage_gpu.h): GpuKvStorage's queued copies against a plain
+// (engine/kv/kv_storage_gpu.h): GpuKvStorage's queued copies against a plain
 // host model of the same moves on random data; the tiny Qwen3-MoE fixture's
 // logits after a restore from the host pool against a run without caching;
 // greedy outputs through the scheduler identical with caching on, off, and
@@ -14,10 +14,10 @@
 #include <random>
 #include <thread>
 
+#include "engine/kv/kv_storage_gpu.h"
+#include "engine/loading/model.h"
 #include "engine/runtime/gpu_runtime.h"
-#include "engine/kv_storage_gpu.h"
-#include "engine/model.h"
-#include "engine/scheduler.h"
+#include "engine/serving/scheduler.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/prefix_reuse.h"
 #include "tests/test_util.h"

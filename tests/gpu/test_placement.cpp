@@ -4,7 +4,7 @@
 #include <cstdlib>
 
 #include "configs/error.h"
-#include "engine/placement.h"
+#include "engine/placement/placement.h"
 
 using namespace hmoe;
 

@@ -1,4 +1,4 @@
-// Prefix caching and the host KV tier (engine/kv_cache.h): block sharing and
+// Prefix caching and the host KV tier (engine/kv/kv_cache.h): block sharing and
 // LRU eviction against a plain reference of what was written, copy-on-write,
 // pool exhaustion, the host tier's offload/restore/drop; greedy outputs of
 // the tiny Qwen3-MoE fixture identical with caching on, off, and with a
@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "configs/error.h"
-#include "engine/model.h"
-#include "engine/scheduler.h"
+#include "engine/loading/model.h"
+#include "engine/serving/scheduler.h"
 #include "tests/server/server_fixture.h"
 
 using namespace hmoe;

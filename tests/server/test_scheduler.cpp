@@ -8,8 +8,8 @@
 #include <random>
 #include <nlohmann/json.hpp>
 
-#include "engine/model.h"
-#include "engine/scheduler.h"
+#include "engine/loading/model.h"
+#include "engine/serving/scheduler.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;

@@ -9,9 +9,9 @@
 #include <random>
 
 #include "configs/error.h"
+#include "engine/loading/model.h"
+#include "engine/placement/placement.h"
 #include "engine/runtime/gpu_runtime.h"
-#include "engine/model.h"
-#include "engine/placement.h"
 #include "tools/hmoe/command.h"
 
 namespace hmoe::cli {

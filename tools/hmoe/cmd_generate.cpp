@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "configs/error.h"
-#include "engine/demo_model.h"
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/loading/demo_model.h"
+#include "engine/loading/model.h"
+#include "engine/serving/logits.h"
 #include "tools/hmoe/command.h"
 
 namespace hmoe::cli {

@@ -9,17 +9,17 @@
 #include <vector>
 
 #include "configs/error.h"
-#include "engine/gguf_model.h"
 #include "engine/layers/cpu_layers.h"
-#include "engine/layers/gpu_experts.h"
-#include "engine/quant_config.h"
-#include "io/safetensors.h"
-#include "engine/model_config.h"
-#include "io/gguf.h"
-#include "engine/placement.h"
-#include "gpu/device.h"
 #include "engine/layers/engram.h"
 #include "engine/layers/expert_stream.h"
+#include "engine/layers/gpu_experts.h"
+#include "engine/loading/gguf_model.h"
+#include "engine/loading/model_config.h"
+#include "engine/loading/quant_config.h"
+#include "engine/placement/placement.h"
+#include "gpu/device.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
 #include "tools/hmoe/command.h"
 
 namespace hmoe::cli {

@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "configs/error.h"
-#include "engine/demo_model.h"
+#include "engine/loading/demo_model.h"
 #include "server/server.h"
 #include "tools/hmoe/command.h"
 

@@ -38,7 +38,7 @@
 
 #include "configs/error.h"
 #include "configs/settings.h"
-#include "engine/demo_model.h"
+#include "engine/loading/demo_model.h"
 #include "io/dtype.h"
 
 using namespace hmoe;

@@ -1,4 +1,4 @@
-#include "engine/progress.h"
+#include "engine/loading/progress.h"
 
 #include <unistd.h>
 

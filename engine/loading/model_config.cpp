@@ -1,4 +1,4 @@
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

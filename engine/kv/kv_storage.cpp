@@ -1,11 +1,11 @@
-#include "engine/kv_storage.h"
+#include "engine/kv/kv_storage.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "configs/error.h"
-#include "engine/kv_cache.h"
+#include "engine/kv/kv_cache.h"
 #include "io/dtype.h"
 
 namespace hmoe {

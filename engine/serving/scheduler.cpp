@@ -1,12 +1,12 @@
-#include "engine/scheduler.h"
+#include "engine/serving/scheduler.h"
 
 #include <algorithm>
 
 #include "configs/error.h"
-#include "engine/runtime/gpu_runtime.h"
 #include "engine/layers/engram.h"
-#include "engine/logits.h"
-#include "engine/model.h"
+#include "engine/loading/model.h"
+#include "engine/runtime/gpu_runtime.h"
+#include "engine/serving/logits.h"
 
 namespace hmoe {
 

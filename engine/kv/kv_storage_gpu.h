@@ -1,5 +1,5 @@
 // GpuKvStorage: a KvCache's keys and values on the GPU (bf16), with the
-// host tier in pinned memory (engine/kv_storage.h has the interface).
+// host tier in pinned memory (engine/kv/kv_storage.h has the interface).
 //
 // Layout: keys(l) / values(l) point at layer l's [num_blocks * block_size]
 // [k_width or v_width] bf16 plane, indexed by KvCache::slot_index(); the
@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/kv_storage.h"
+#include "engine/kv/kv_storage.h"
 #include "gpu/memory.h"
 
 namespace hmoe {

@@ -1,5 +1,5 @@
 // Small helpers shared by the scalar and SIMD GGUF block kernels
-// (numa/quant_gguf.cpp, numa/quant_gguf_simd.cpp). Private to numa/.
+// (io/tensor/quant_blocks.cpp; numa/quant_gguf_simd.cpp and the q8 kernels).
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "engine/demo_model.h"
+#include "engine/loading/demo_model.h"
 
 #include <sys/stat.h>
 

@@ -1,5 +1,5 @@
 // quantization_config parsing and the quantized-checkpoint WeightSource.
-#include "engine/quant_config.h"
+#include "engine/loading/quant_config.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -9,7 +9,7 @@
 
 #include "configs/error.h"
 #include "engine/layers/cpu_layers.h"
-#include "engine/progress.h"
+#include "engine/loading/progress.h"
 #include "io/safetensors.h"
 #include "numa/quant_hf.h"
 

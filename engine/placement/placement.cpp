@@ -1,7 +1,7 @@
 // Placement parsing and planning. Byte counts are for bf16 weights on the
 // GPU (the GPU path uploads every weight as bf16) and the checkpoint's dtype
 // on the CPU; activation workspace is an estimate with a fixed floor.
-#include "engine/placement.h"
+#include "engine/placement/placement.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,6 +1,6 @@
 // Model: a checkpoint loaded on its placement plan. load() reads config.json
 // (or a GGUF file), takes the architecture's graph (engine/models/), asks
-// the placement plan where each part lives (engine/placement.h) and
+// the placement plan where each part lives (engine/placement/placement.h) and
 // instantiates the graph once, on the runtime the plan names: the GPU step
 // executor (engine/runtime/gpu_runtime.h; routed experts of non-resident
 // layers in host memory) or the CPU one (engine/runtime/cpu_runtime.h). Only
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "configs/settings.h"
-#include "engine/kv_cache.h"
-#include "engine/model_config.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loading/model_config.h"
 #include "engine/runtime/batch.h"
 #include "io/safetensors.h"
 #include "numa/node_pools.h"

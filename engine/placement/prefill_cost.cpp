@@ -1,5 +1,5 @@
 // Prefill streaming cost model and settings (see prefill_cost.h).
-#include "engine/prefill_cost.h"
+#include "engine/placement/prefill_cost.h"
 
 #include <algorithm>
 #include <chrono>

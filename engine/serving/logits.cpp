@@ -1,4 +1,4 @@
-#include "engine/logits.h"
+#include "engine/serving/logits.h"
 
 #include <algorithm>
 #include <cmath>

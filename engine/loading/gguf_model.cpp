@@ -1,7 +1,7 @@
 // GGUF as a model source. The hyper-parameters are turned into the same
 // JSON fields a config.json would hold and validated by ModelConfig, so a
 // GGUF model and its Hugging Face twin are checked by one piece of code.
-#include "engine/gguf_model.h"
+#include "engine/loading/gguf_model.h"
 
 #include "engine/layers/gpu_experts.h"
 
@@ -13,8 +13,8 @@
 
 #include "configs/error.h"
 #include "engine/layers/cpu_layers.h"
+#include "engine/loading/progress.h"
 #include "engine/text/chat/chat_template.h"
-#include "engine/progress.h"
 #include "io/gguf.h"
 #include "numa/quant_gguf.h"
 

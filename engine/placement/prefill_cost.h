@@ -20,7 +20,7 @@
 #include <cstdint>
 
 #include "configs/settings.h"
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 #include "numa/thread_pool.h"
 
 namespace hmoe {

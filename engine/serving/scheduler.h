@@ -27,9 +27,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/kv_cache.h"
-#include "io/ple_table.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/text/sampler.h"
+#include "io/ple_table.h"
 
 namespace hmoe {
 
@@ -116,7 +116,7 @@ struct SchedulerConfig {
   int64_t max_queue = 256;
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
-  // Prefix caching (engine/kv_cache.h); ignored for layouts with per-sequence state.
+  // Prefix caching (engine/kv/kv_cache.h); ignored for layouts with per-sequence state.
   bool prefix_caching = true;
   uint64_t prefix_salt = 0;
   int64_t host_kv_blocks = 0;  // second KV tier, in blocks

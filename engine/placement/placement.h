@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "configs/settings.h"
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 
 namespace hmoe {
 

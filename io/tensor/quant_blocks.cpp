@@ -1,8 +1,10 @@
 // Scalar reference of the block formats (written from the ggml block
-// definitions: one function per type, block at a time), the checks, and the
-// run-time dispatch to the SIMD kernels in quant_gguf_simd.cpp.
-#include "numa/detail/gguf_block_util.h"
-#include "numa/quant_gguf.h"
+// definitions: one function per type, block at a time) and the checks. The
+// CPU matrix kernels on them are numa/quant_gguf_rows.cpp and
+// numa/quant_gguf_simd.cpp.
+#include "io/tensor/quant_blocks.h"
+
+#include "io/tensor/gguf_block_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -173,19 +175,6 @@ constexpr ExtTypeInfo kQ4_0{"Q4_0", 32, 18}, kQ4_1{"Q4_1", 32, 20}, kQ5_0{"Q5_0"
 
 bool is_ggml(uint32_t t) { return t < 1000; }
 
-void scalar_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  std::vector<float> row(static_cast<size_t>(w.cols));
-  for (int64_t r = r0; r < r1; ++r) {
-    ext_row_to_f32(w, r, row.data());
-    for (int64_t t = 0; t < n; ++t) {
-      const float* xt = x + t * ldx;
-      float s = 0;
-      for (int64_t k = 0; k < w.cols; ++k) s += xt[k] * row[static_cast<size_t>(k)];
-      y[t * ldy + r] = s;
-    }
-  }
-}
-
 }  // namespace
 
 float fp8_e4m3_to_f32(uint8_t b) {
@@ -294,15 +283,6 @@ float ext_weight_at(const Mat& w, int64_t r, int64_t k) {
   if (w.ext == static_cast<uint32_t>(ExtType::fp8_e4m3)) return fp8_e4m3_to_f32(p[k]) * w.scales[g];
   const float z = w.zeros ? w.zeros[g] : 128.0f;
   return (static_cast<float>(p[k]) - z) * w.scales[g];
-}
-
-void ext_gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  if (r1 <= r0 || n <= 0) return;
-  switch (best_isa()) {
-    case Isa::avx512: detail::ext_rows_avx512(x, ldx, n, w, r0, r1, y, ldy); break;
-    case Isa::avx2: detail::ext_rows_avx2(x, ldx, n, w, r0, r1, y, ldy); break;
-    default: scalar_rows(x, ldx, n, w, r0, r1, y, ldy); break;
-  }
 }
 
 }  // namespace hmoe::cpu

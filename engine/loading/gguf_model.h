@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/model_config.h"
+#include "engine/loading/model_config.h"
 
 namespace hmoe {
 

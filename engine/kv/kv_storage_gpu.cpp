@@ -1,9 +1,9 @@
-#include "engine/kv_storage_gpu.h"
+#include "engine/kv/kv_storage_gpu.h"
 
 #include <climits>
 
 #include "configs/error.h"
-#include "engine/kv_cache.h"
+#include "engine/kv/kv_cache.h"
 
 namespace hmoe {
 

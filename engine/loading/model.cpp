@@ -1,6 +1,6 @@
 // Model loading (see model.h): the checkpoint, the placement plan, and the
 // one runtime the plan names.
-#include "engine/model.h"
+#include "engine/loading/model.h"
 
 #include <chrono>
 #include <cstdio>
@@ -9,19 +9,19 @@
 #include <set>
 
 #include "configs/error.h"
-#include "engine/gguf_model.h"
 #include "engine/layers/engram.h"
 #include "engine/layers/gpu_experts.h"
 #include "engine/layers/weights.h"
+#include "engine/loading/gguf_model.h"
+#include "engine/loading/progress.h"
+#include "engine/loading/quant_config.h"
 #include "engine/models/model_graph.h"
-#include "engine/placement.h"
-#include "numa/quant_gguf_amx.h"
-#include "numa/quant_gguf_q8.h"
-#include "engine/progress.h"
-#include "engine/quant_config.h"
+#include "engine/placement/placement.h"
 #include "engine/runtime/cpu_runtime.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "gpu/device.h"
+#include "numa/quant_gguf_amx.h"
+#include "numa/quant_gguf_q8.h"
 
 namespace hmoe {
 
@@ -72,7 +72,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
-  // MODEL is a Hugging Face directory or a .gguf file (engine/gguf_model.h).
+  // MODEL is a Hugging Face directory or a .gguf file (engine/loading/gguf_model.h).
   if (is_gguf_path(dir)) m->source_ = open_gguf_source(dir, m->config_);
   else m->config_ = ModelConfig::from_dir(dir);
   const ModelConfig& c = m->config_;

@@ -1,5 +1,5 @@
 // Default sampling from generation_config.json (see generation_config.h).
-#include "engine/generation_config.h"
+#include "engine/loading/generation_config.h"
 
 #include <cmath>
 #include <filesystem>

@@ -1,4 +1,4 @@
-#include "engine/random_id.h"
+#include "engine/serving/random_id.h"
 
 #include <sys/random.h>
 

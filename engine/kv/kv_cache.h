@@ -19,7 +19,7 @@
 // blocks are dropped when full); attach_prefix() copies host-resident blocks
 // back instead of having them recomputed.
 //
-// Storage (engine/kv_storage.h): the bytes live in a KvStorage that the
+// Storage (engine/kv/kv_storage.h): the bytes live in a KvStorage that the
 // cache calls to copy, offload and restore blocks. By default that is
 // CpuKvStorage (arrays for both tiers in the layout's KvDtype: fp32, bf16
 // or q8_0; written through store(), read as rows through k_row()/v_row(),
@@ -43,7 +43,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/kv_storage.h"
+#include "engine/kv/kv_storage.h"
 
 namespace hmoe {
 
@@ -117,7 +117,7 @@ class KvCache {
   float* k(int64_t layer, int seq, int64_t pos) { return reinterpret_cast<float*>(k_row(layer, seq, pos)); }
   float* v(int64_t layer, int seq, int64_t pos) { return reinterpret_cast<float*>(v_row(layer, seq, pos)); }
   // The stored row of (layer, seq, pos) in the layout's dtype
-  // (kv_row_bytes(dtype, k_floats()) bytes; engine/kv_storage.h). CPU storage only.
+  // (kv_row_bytes(dtype, k_floats()) bytes; engine/kv/kv_storage.h). CPU storage only.
   uint8_t* k_row(int64_t layer, int seq, int64_t pos) { return cpu_->k_row(layer, block_of(seq, pos), pos % block_size_); }
   uint8_t* v_row(int64_t layer, int seq, int64_t pos) { return cpu_->v_row(layer, block_of(seq, pos), pos % block_size_); }
   // Writes one token's keys (k_floats() values) and values (v_floats(); v may

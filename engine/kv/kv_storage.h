@@ -6,7 +6,7 @@
 //   KvDtype (fp32, bf16 or q8_0), written once per token through
 //   KvCache::store() and read by ops::attention in that dtype; copies are
 //   memcpy.
-// - GpuKvStorage (engine/kv_storage_gpu.h): bf16 blocks on the GPU and a
+// - GpuKvStorage (engine/kv/kv_storage_gpu.h): bf16 blocks on the GPU and a
 //   pinned host pool; copies go on a copy stream and the next step waits.
 //
 // Contract: calls come from the thread that owns the KvCache, between steps,
