@@ -93,6 +93,10 @@ namespace detail {
 void ext_rows_to_bf16_tiles(const Mat& w, int64_t r0, int64_t nr, uint16_t* out);
 void ext_rows_to_bf16_tiles_avx512(const Mat& w, int64_t r0, int64_t nr, uint16_t* out);  // quant_gguf_simd.cpp
 bool has_avx512_bf16();
+// Runs one hardware tile pass in a forked child and compares it with the
+// emulation: true when equal; false when the child faulted (no AMX, no tile
+// state) or differed, with a notice on stderr. amx_hardware() uses it.
+bool amx_self_check();
 }  // namespace detail
 
 }  // namespace hmoe::cpu

@@ -223,3 +223,12 @@ TEST_CASE("ExpertEngine: experts with many tokens take the AMX path, within bf16
   }
   cpu::set_amx_min_tokens(old);
 }
+
+TEST_CASE("AMX self-check: a forked child runs the hardware tiles; where they fault the parent carries on") {
+  const bool ok = cpu::detail::amx_self_check();
+  if (cpu::amx_hardware()) CHECK(ok);
+  else {
+    MESSAGE("no AMX here: the child's first tile instruction faults, as it must, and the check says no");
+    CHECK_FALSE(ok);
+  }
+}
