@@ -83,9 +83,14 @@ SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
       fail(ErrorKind::invalid_argument, "--kv-offloading-size is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");
   }
   if (m.kv_layout().seq_state_bytes > 0 && c.prefix_caching) {
-    std::fprintf(stderr, "hmoe serve: prefix caching is off: the model keeps per-sequence Engram state that shared KV blocks cannot restore\n");
+    std::fprintf(stderr, "hmoe serve: prefix caching is off: the model keeps per-sequence state (Engram windows, linear-attention states) that shared KV blocks cannot restore\n");
     c.prefix_caching = false;
   }
+  if (m.kv_layout().seq_state_bytes > 0)
+    std::fprintf(stderr, "hmoe serve: each running sequence also holds %.2f MiB of per-sequence state beside its KV blocks (up to %.2f GiB at --max-num-seqs %lld)\n",
+                 static_cast<double>(m.kv_layout().seq_state_bytes) / (1 << 20),
+                 static_cast<double>(m.kv_layout().seq_state_bytes) * static_cast<double>(std::max<int64_t>(s.max_num_seqs, 1)) / (1 << 30),
+                 static_cast<long long>(s.max_num_seqs));
   if (!c.prefix_caching && c.host_kv_blocks > 0) {
     std::fprintf(stderr, "hmoe serve: --kv-offloading-size ignored: the host KV tier needs prefix caching\n");
     c.host_kv_blocks = 0;

@@ -78,6 +78,7 @@ void KvCache::free_sequence(int seq) {
   if (seq < 0 || static_cast<size_t>(seq) >= live_.size() || !live_[static_cast<size_t>(seq)]) return;
   truncate(seq, 0);
   live_[static_cast<size_t>(seq)] = false;
+  std::vector<uint8_t>().swap(seq_state_[static_cast<size_t>(seq)]);  // add_sequence allocates it again
 }
 
 void KvCache::uncache(int64_t b) {

@@ -84,6 +84,27 @@ cpu::Mat WeightBinder::vec(const std::string& name, int64_t n) {
   return taken(convert(t, 1, n));
 }
 
+cpu::Mat WeightBinder::mat_shaped(const std::string& name, const std::vector<int64_t>& shape) {
+  if (shape.empty()) fail(ErrorKind::internal, "mat_shaped: empty shape for '" + name + "'");
+  int64_t cols = 1;
+  for (size_t i = 1; i < shape.size(); ++i) cols *= shape[i];
+  if (lookup_) {
+    cpu::Mat m = lookup_(name, shape);
+    return cpu::Mat{m.dtype, m.data, shape[0], cols};
+  }
+  if (source_) return taken(source_->mat(name, shape[0], cols));
+  const io::TensorView& t = store_->get(name, shape);
+  check_float_dtype(t, name);
+  used_.insert(name);
+  return taken(convert(t, shape[0], cols));
+}
+
+void WeightBinder::skip_prefix(const std::string& prefix) {
+  if (!store_ || source_ || lookup_) return;
+  for (const auto& [name, t] : store_->all())
+    if (name.rfind(prefix, 0) == 0) used_.insert(name);
+}
+
 bool WeightBinder::has(const std::string& name) const {
   if (lookup_) {
     try {

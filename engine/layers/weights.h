@@ -55,6 +55,12 @@ class WeightBinder {
   uint64_t host_bytes() const;
   cpu::Mat mat(const std::string& name, int64_t rows, int64_t cols);
   cpu::Mat vec(const std::string& name, int64_t n);
+  // A float tensor of exactly `shape` (any rank >= 1), viewed as
+  // shape[0] rows of the product of the others (conv kernels [C, 1, K]).
+  cpu::Mat mat_shaped(const std::string& name, const std::vector<int64_t>& shape);
+  // Marks every tensor whose name starts with `prefix` as used without
+  // binding it (weights of a part that is not run, e.g. an MTP head).
+  void skip_prefix(const std::string& prefix);
   bool has(const std::string& name) const;
   // Any tensor of exactly this shape and dtype (integer tables, lookups).
   const io::TensorView& tensor(const std::string& name, const std::vector<int64_t>& shape, DType dtype);

@@ -98,7 +98,14 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   if (m->engram_) m->kv_layout_.seq_state_bytes = m->engram_->seq_state_bytes();
   m->kv_layout_.dtype = resolve_kv_dtype(settings.kv_cache_dtype, is_gguf_path(dir), graph.kv.k_token_floats >= 0);  // latent (MLA) caches: own widths, fp32
 
-  if (const std::optional<Plan> plan = plan_gpu(c, settings)) {
+  std::optional<Plan> plan;
+  if (graph.gpu_supported()) plan = plan_gpu(c, settings);
+  else if (settings.device == "cuda" || settings.device == "gpu")
+    fail(ErrorKind::unsupported, settings.origin("device") + "=" + settings.device + ": model_type '" + c.model_type +
+                                     "' runs on the CPU only for now (its linear-attention layers have no GPU implementation yet); use --device cpu");
+  else if (settings.progress != "none")
+    std::fprintf(stderr, "hmoe: model_type '%s' runs on the CPU (no GPU implementation of its layers yet)\n", c.model_type.c_str());
+  if (plan) {
     GpuRuntimeOptions o = GpuRuntimeOptions::from_settings(settings);
     o.resident = plan->resident();
     m->gpu_ = std::make_unique<GpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
@@ -111,6 +118,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
     o.mla_mode = parse_mla_mode(settings.mla_attention);
     m->cpu_ = std::make_unique<CpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
   }
+  for (const std::string& p : graph.unused_prefixes) bind.skip_prefix(p);
   bind.check_all_used(dir);
 
   if (!m->store_) {  // GGUF: the source reads its own map

@@ -136,6 +136,80 @@ void read_deepseek_v3(const Reader& r, ModelConfig& c) {
   if (m.yarn_attention_factor < 0) s.bad("attention_factor", "must be positive");
 }
 
+// Qwen3-Next: re-reads the shared fields with Qwen3NextConfig's defaults,
+// then the layer kinds (layer_types, or full_attention_interval: every n-th
+// layer full attention), the DeltaNet shapes and the rope fields.
+void read_qwen3_next(const Reader& r, ModelConfig& c) {
+  const nlohmann::json& j = r.j;
+  HybridConfig& h = c.hybrid;
+  c.hidden_size = r.integer("hidden_size", 2048);
+  c.intermediate_size = r.integer("intermediate_size", 5632);
+  c.moe_intermediate_size = r.integer("moe_intermediate_size", 512);
+  c.num_hidden_layers = r.integer("num_hidden_layers", 48);
+  c.num_attention_heads = r.integer("num_attention_heads", 16);
+  c.num_key_value_heads = r.integer("num_key_value_heads", 2);
+  c.head_dim = r.integer("head_dim", 256);
+  c.num_experts = r.integer("num_experts", 512, 0);
+  c.num_experts_per_tok = r.integer("num_experts_per_tok", 10);
+  c.norm_topk_prob = r.boolean("norm_topk_prob", true);
+  h.linear_conv_kernel_dim = r.integer("linear_conv_kernel_dim", 4);
+  h.linear_key_head_dim = r.integer("linear_key_head_dim", 128);
+  h.linear_value_head_dim = r.integer("linear_value_head_dim", 128);
+  h.linear_num_key_heads = r.integer("linear_num_key_heads", 16);
+  h.linear_num_value_heads = r.integer("linear_num_value_heads", 32);
+  h.shared_expert_intermediate_size = r.integer("shared_expert_intermediate_size", 512, 0);
+  h.mtp_layers = r.integer("num_nextn_predict_layers", 1, 0);
+  if (h.linear_num_value_heads % h.linear_num_key_heads != 0)
+    r.bad("linear_num_value_heads", "(" + std::to_string(h.linear_num_value_heads) + ") must be a multiple of linear_num_key_heads (" +
+                                         std::to_string(h.linear_num_key_heads) + ")");
+  if (h.linear_conv_kernel_dim > 64) r.bad("linear_conv_kernel_dim", "is too large (at most 64)");
+
+  const int64_t L = c.num_hidden_layers;
+  std::vector<bool> from_interval;
+  if (r.has("full_attention_interval")) {
+    const int64_t n = r.integer("full_attention_interval", 4);
+    for (int64_t l = 0; l < L; ++l) from_interval.push_back((l + 1) % n == 0);
+  }
+  if (r.has("layer_types")) {
+    const auto& v = j["layer_types"];
+    if (!v.is_array()) r.bad("layer_types", "must be a list of \"linear_attention\" / \"full_attention\", got " + v.dump());
+    if (static_cast<int64_t>(v.size()) != L)
+      r.bad("layer_types", "has " + std::to_string(v.size()) + " entries but num_hidden_layers is " + std::to_string(L));
+    for (size_t l = 0; l < v.size(); ++l) {
+      const std::string t = v[l].is_string() ? v[l].get<std::string>() : v[l].dump();
+      if (t != "linear_attention" && t != "full_attention")
+        r.bad("layer_types", "entry " + std::to_string(l) + " is " + (v[l].is_string() ? "'" + t + "'" : t) +
+                                 " (expected linear_attention or full_attention)");
+      h.full_attention.push_back(t == "full_attention");
+    }
+    if (!from_interval.empty() && from_interval != h.full_attention)
+      r.bad("layer_types", "disagrees with full_attention_interval (" + j["full_attention_interval"].dump() + ")");
+  } else {
+    h.full_attention = from_interval;
+    if (h.full_attention.empty())
+      for (int64_t l = 0; l < L; ++l) h.full_attention.push_back((l + 1) % 4 == 0);  // transformers' default interval
+  }
+
+  // Rope: rope_theta and partial_rotary_factor at the top (transformers 4
+  // configs, the published checkpoint) or in rope_parameters (transformers 5).
+  c.rope_theta = r.number("rope_theta", 10000.0);
+  h.partial_rotary_factor = r.number("partial_rotary_factor", 0.25);
+  for (const char* f : {"rope_parameters", "rope_scaling"}) {
+    if (!r.has(f)) continue;
+    if (!j[f].is_object()) r.bad(f, "must be an object, got " + j[f].dump());
+    const std::string fw = r.where + " (" + f + ")";
+    Reader s{j[f], fw};
+    const std::string type = s.string("rope_type", s.string("type", "default"));
+    if (type != "default") fail(ErrorKind::unsupported, fw + ": rope type '" + type + "' is not supported for qwen3_next (only default)");
+    c.rope_theta = s.number("rope_theta", c.rope_theta);
+    h.partial_rotary_factor = s.number("partial_rotary_factor", h.partial_rotary_factor);
+  }
+  if (!(h.partial_rotary_factor > 0 && h.partial_rotary_factor <= 1)) r.bad("partial_rotary_factor", "must be in (0, 1]");
+  const auto rot = static_cast<int64_t>(static_cast<double>(c.head_dim) * h.partial_rotary_factor);
+  if (rot < 2 || rot % 2 != 0)
+    r.bad("partial_rotary_factor", "gives " + std::to_string(rot) + " rotary dimensions of head_dim " + std::to_string(c.head_dim) + " (must be even, >= 2)");
+}
+
 }  // namespace
 
 bool ModelConfig::is_moe_layer(int64_t l) const {
@@ -153,8 +227,10 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
   if (c.model_type == "qwen3_moe") c.arch = Arch::qwen3_moe;
   else if (c.model_type == "qwen3_moe_engram") c.arch = Arch::qwen3_moe_engram;
   else if (c.model_type == "deepseek_v3" || c.model_type == "kimi_k2") c.arch = Arch::deepseek_v3;
+  else if (c.model_type == "qwen3_next") c.arch = Arch::qwen3_next;
   else
-    fail(ErrorKind::unsupported, where + ": model_type '" + c.model_type + "' is not supported (supported: qwen3_moe, qwen3_moe_engram, deepseek_v3, kimi_k2)");
+    fail(ErrorKind::unsupported,
+         where + ": model_type '" + c.model_type + "' is not supported (supported: qwen3_moe, qwen3_moe_engram, deepseek_v3, kimi_k2, qwen3_next)");
 
   // Defaults are those of transformers' Qwen3MoeConfig.
   c.vocab_size = r.integer("vocab_size", 151936);
@@ -183,6 +259,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
   c.bos_token_id = r.has("bos_token_id") ? r.integer("bos_token_id", -1, 0) : -1;
   c.torch_dtype = r.string("torch_dtype", r.string("dtype", "bfloat16"));
   if (c.arch == Arch::deepseek_v3) read_deepseek_v3(r, c);
+  if (c.arch == Arch::qwen3_next) read_qwen3_next(r, c);
 
   if (c.hidden_act != "silu") r.bad("hidden_act", "'" + c.hidden_act + "' is not supported (only silu)");
   if (c.num_attention_heads % c.num_key_value_heads != 0)

@@ -14,7 +14,7 @@
 
 namespace hmoe {
 
-enum class Arch { qwen3_moe, qwen3_moe_engram, deepseek_v3 };
+enum class Arch { qwen3_moe, qwen3_moe_engram, deepseek_v3, qwen3_next };
 
 // The `engram` block of a qwen3_moe_engram config.json: n-gram memory (PLE)
 // modules inserted before the layers in layer_ids (see engine/layers/engram.h).
@@ -60,6 +60,34 @@ struct MlaConfig {
   int64_t kv_token_floats() const { return kv_lora_rank + qk_rope_head_dim; }
 };
 
+// The Qwen3-Next fields of a qwen3_next config.json (defaults:
+// transformers' Qwen3NextConfig): which layers are Gated DeltaNet (linear
+// attention) and which gated full attention, the DeltaNet's shapes, partial
+// rotary embeddings, the sigmoid-gated shared expert and the MTP head.
+struct HybridConfig {
+  std::vector<bool> full_attention;  // per layer: true = full_attention, false = linear_attention
+  int64_t linear_conv_kernel_dim = 4;
+  int64_t linear_key_head_dim = 128;
+  int64_t linear_value_head_dim = 128;
+  int64_t linear_num_key_heads = 16;
+  int64_t linear_num_value_heads = 32;
+  double partial_rotary_factor = 0.25;
+  int64_t shared_expert_intermediate_size = 512;
+  int64_t mtp_layers = 1;  // num_nextn_predict_layers (the mtp.* weights, when the checkpoint has them)
+
+  int64_t key_dim() const { return linear_key_head_dim * linear_num_key_heads; }
+  int64_t value_dim() const { return linear_value_head_dim * linear_num_value_heads; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+  // Per sequence and linear-attention layer, the bytes of its recurrent
+  // state (engine/layers/gated_deltanet.h): a 64-byte header (tokens
+  // consumed), the conv window ((K - 1) x conv_dim) and the delta-rule state
+  // (value heads x key_head_dim x value_head_dim), fp32, 64-byte aligned.
+  int64_t state_bytes_per_layer() const {
+    const int64_t floats = (linear_conv_kernel_dim - 1) * conv_dim() + linear_num_value_heads * linear_key_head_dim * linear_value_head_dim;
+    return 64 + (floats * 4 + 63) / 64 * 64;
+  }
+};
+
 struct ModelConfig {
   Arch arch = Arch::qwen3_moe;
   std::string model_type;
@@ -93,6 +121,7 @@ struct ModelConfig {
   double gpu_expert_bytes_per_weight = 0;
   EngramConfig engram;  // qwen3_moe_engram only
   MlaConfig mla;        // deepseek_v3 only (num_experts holds n_routed_experts)
+  HybridConfig hybrid;  // qwen3_next only
 
   // True when layer `l` has a routed-experts block (else a dense MLP).
   bool is_moe_layer(int64_t l) const;

@@ -24,6 +24,12 @@ BlockDesc hf_decoder_block(int64_t layer, AttentionKind attention) {
   return b;
 }
 
+bool ModelGraph::gpu_supported() const {
+  for (const BlockDesc& b : blocks)
+    if (b.attention != AttentionKind::gqa && b.attention != AttentionKind::mla) return false;
+  return true;
+}
+
 std::string hf_mlp_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + ".mlp."; }
 
 ModelGraph model_graph(const ModelConfig& c, const HasTensor& has) {
@@ -31,6 +37,7 @@ ModelGraph model_graph(const ModelConfig& c, const HasTensor& has) {
     case Arch::qwen3_moe:
     case Arch::qwen3_moe_engram: return qwen3_moe_graph(c, has);
     case Arch::deepseek_v3: return deepseek_v3_graph(c, has);
+    case Arch::qwen3_next: return qwen3_next_graph(c, has);
   }
   fail(ErrorKind::unsupported, "model_type '" + c.model_type + "' is recognised but its graph is not implemented yet");
 }

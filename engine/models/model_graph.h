@@ -24,6 +24,8 @@ struct BlockDesc {
   std::string input_norm, post_norm;
   AttentionKind attention = AttentionKind::gqa;
   std::string attention_prefix;
+  int64_t kv_layer = -1;     // the block's layer in the KV cache (-1: `layer`); hybrid models give K/V only to attention layers
+  int64_t state_index = -1;  // gated_deltanet: which linear-attention state of the sequence's seq_state it owns
   FfnDesc ffn;
 };
 
@@ -32,6 +34,14 @@ struct ModelGraph {
   std::vector<BlockDesc> blocks;
   bool engram = false;  // n-gram memory modules (engine/layers/engram.h) before some blocks
   KvLayout kv;          // without the Engram state (the modules add theirs)
+  // RMSNorm weights stored zero-centred: the model scales by (1 + w)
+  // (Qwen3-Next's input, post-attention, q/k and final norms).
+  bool zero_centred_norms = false;
+  // Checkpoint tensors under these prefixes are not run (yet) and not
+  // reported as unexpected (Qwen3-Next's mtp.* head).
+  std::vector<std::string> unused_prefixes;
+  // Whether the GPU runtime has every layer kind of the graph.
+  bool gpu_supported() const;
 };
 
 // has(name): whether the checkpoint holds a tensor (for optional weights).
@@ -47,6 +57,7 @@ std::string hf_mlp_prefix(int64_t layer);
 
 ModelGraph qwen3_moe_graph(const ModelConfig& c, const HasTensor& has);    // qwen3_moe.cpp (and qwen3_moe_engram)
 ModelGraph deepseek_v3_graph(const ModelConfig& c, const HasTensor& has);  // deepseek_v3.cpp
+ModelGraph qwen3_next_graph(const ModelConfig& c, const HasTensor& has);   // qwen3_next.cpp
 
 // The graph of c.arch; Error(unsupported) for an architecture without one.
 ModelGraph model_graph(const ModelConfig& c, const HasTensor& has);

@@ -3,6 +3,7 @@
 
 #include "engine/layers/deepseek_moe.h"
 #include "engine/layers/engram.h"
+#include "engine/layers/gated_deltanet.h"
 
 namespace hmoe {
 
@@ -11,16 +12,22 @@ CpuRuntime::CpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
     : c_(c), pool_(pools.pool(0)), engram_(engram) {
   const int64_t H = c.hidden_size;
   embed_ = bind.mat(g.embed, c.vocab_size, H);
-  final_norm_ = bind.vec(g.final_norm, H);
+  final_norm_ = norms_.bind(bind, g.final_norm, H, g.zero_centred_norms);
   lm_head_ = g.lm_head == g.embed ? embed_ : bind.mat(g.lm_head, c.vocab_size, H);
   ExpertHomeOptions homes = o.experts;
   for (const BlockDesc& d : g.blocks) {
     Block b;
-    b.input_norm = bind.vec(d.input_norm, H);
-    b.post_norm = bind.vec(d.post_norm, H);
-    if (d.attention == AttentionKind::gqa) b.attn = make_gqa_attention(bind, c, d.layer, d.attention_prefix, pool_);
-    else b.attn = make_mla_attention(bind_mla_weights(bind, c, d.attention_prefix), c, d.layer, pool_, o.mla_mode);
+    b.input_norm = norms_.bind(bind, d.input_norm, H, g.zero_centred_norms);
+    b.post_norm = norms_.bind(bind, d.post_norm, H, g.zero_centred_norms);
+    const int64_t kv_layer = d.kv_layer >= 0 ? d.kv_layer : d.layer;
+    switch (d.attention) {
+      case AttentionKind::gqa: b.attn = make_gqa_attention(bind, c, kv_layer, d.attention_prefix, pool_); break;
+      case AttentionKind::mla: b.attn = make_mla_attention(bind_mla_weights(bind, c, d.attention_prefix), c, kv_layer, pool_, o.mla_mode); break;
+      case AttentionKind::gated_gqa: b.attn = make_gated_attention(bind, c, kv_layer, d.attention_prefix, pool_); break;
+      case AttentionKind::gated_deltanet: b.attn = make_gated_deltanet(bind, c, d.state_index, d.attention_prefix, pool_); break;
+    }
     if (!d.ffn.moe) b.ffn = make_dense_mlp(bind, H, d.ffn.inter, d.ffn.prefix, pool_);
+    else if (d.ffn.shared_gate) b.ffn = make_shared_gated_moe(bind, c, d.layer, d.ffn.prefix, d.ffn.shared_inter, pools, homes);
     else if (d.ffn.router == RouterKind::deepseek_grouped) b.ffn = make_deepseek_moe(bind, c, d.layer, d.ffn.prefix, pools, homes);
     else b.ffn = make_moe_block(bind, c, d.layer, d.ffn.prefix, pools, homes);
     blocks_.push_back(std::move(b));

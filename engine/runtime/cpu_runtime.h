@@ -13,6 +13,7 @@
 
 #include "engine/kv/kv_cache.h"
 #include "engine/layers/cpu_layers.h"
+#include "engine/layers/hybrid_blocks.h"
 #include "engine/layers/mla_attention.h"
 #include "engine/models/model_graph.h"
 #include "engine/runtime/batch.h"
@@ -44,6 +45,7 @@ class CpuRuntime {
   numa::ThreadPool& pool_;  // node 0's: attention, dense layers, lm_head
   EngramModules* engram_;
   Workspace ws_;
+  NormStore norms_;  // zero-centred norm weights as fp32 (1 + w)
   cpu::Mat embed_, final_norm_, lm_head_;
   std::vector<Block> blocks_;
 };
