@@ -31,7 +31,7 @@
 // rows and the SwiGLU output are quantized once per step. Off: the exact
 // fp32 dequantize path.
 //
-// amx_min_tokens (HMOE_CPU_AMX_MIN_TOKENS, default 8; -1 here: the
+// amx_min_tokens (HMOE_CPU_AMX_MIN_TOKENS, default 0 = off; -1 here: the
 // process-wide cpu::amx_min_tokens()): with gguf_int8 on a CPU with AMX-BF16
 // (cpu::amx_mode()), experts that get at least this many tokens in a step run
 // on AMX tiles (numa/quant_gguf_amx.h): their token rows and SwiGLU outputs

@@ -50,7 +50,7 @@ bool probe_amx() {
 }
 
 std::atomic<int> g_mode{-1};  // -1: not decided yet
-std::atomic<int64_t> g_min_tokens{8};
+std::atomic<int64_t> g_min_tokens{0};  // off unless set (batch invariance, see the setting)
 
 // ---- emulated tiles ---------------------------------------------------------------
 struct EmuTiles {
