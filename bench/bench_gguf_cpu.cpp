@@ -20,7 +20,10 @@
 // 3. One decode step of a whole layer at context 512 and 4096 (the ratio
 //    is what "decode stays flat with context" is about).
 //
-// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N (only this batch)] [--no-attention | --attention-only]
+// 3. --prefill-only: the prefill paths, VNNI against AMX-BF16 and the decode
+//    attention kernel against attention_prefill (bench_prefill below).
+//
+// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N (only this batch)] [--no-attention | --attention-only | --prefill-only]
 //                       [--kv-layers N (attention and layer step: cycle N layers' K/V; default: >= 256 MiB of them; 1: always hot)]
 #include <chrono>
 #include <cmath>
@@ -36,6 +39,7 @@
 #include "engine/placement/prefill_cost.h"
 #include "numa/expert_engine.h"
 #include "numa/quant_gguf.h"
+#include "numa/quant_gguf_amx.h"
 #include "numa/quant_gguf_q8.h"
 #include "tests/quant_tools/quantizers.h"
 
@@ -279,11 +283,104 @@ void bench_layer(numa::NodePools& pools, double min_seconds) {
   }
 }
 
+// Prefill paths (issue 26): the routed experts and a dense projection with
+// the 8-bit VNNI kernels against the AMX-BF16 tiles (numa/quant_gguf_amx.h),
+// and attention of a 2048-token prompt chunk at context 4096 through the
+// decode kernel (ops::attention) against ops::attention_prefill. FLOP/s
+// against the tiles' own peak (tdpbf16ps with operands in tile registers,
+// all threads) where the CPU has AMX.
+void bench_prefill(numa::NodePools& pools, double min_seconds) {
+  numa::ThreadPool& pool = pools.pool(0);
+  const bool amx = cpu::amx_hardware();
+  const double peak = cpu::amx_bf16_peak_flops(&pool);
+  std::printf("\n## prefill paths, %d threads; AMX-BF16 %s", pool.size(), amx ? "available" : "not available (AMX columns skipped)");
+  if (amx) std::printf(", measured tile peak %.0f GFLOP/s", peak / 1e9);
+  std::printf("\n\n| what | format | tokens | tokens / expert | VNNI ms | AMX ms | speed-up | VNNI GFLOP/s | AMX GFLOP/s | AMX / tile peak |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  const int64_t old_min = cpu::amx_min_tokens();
+  struct Fmt {
+    const char* name;
+    ExtType up, down;
+  };
+  const int64_t E = 128;
+  for (Fmt f : {Fmt{"Q4_K_M (Q4_K / Q6_K)", ExtType::q4_k, ExtType::q6_k}, Fmt{"Q8_0", ExtType::q8_0, ExtType::q8_0}}) {
+    ExpertSet set = make_experts(f.up, f.down, E);
+    numa::EngineOptions eo;
+    eo.print_memory = false;
+    numa::ExpertEngine eng(set.w, pools, eo);
+    for (int64_t n : {int64_t{128}, int64_t{512}, int64_t{2048}}) {
+      double ms[2] = {NAN, NAN};
+      for (int v = 0; v < (amx ? 2 : 1); ++v) {
+        cpu::set_amx_min_tokens(v == 0 ? 0 : 8);
+        ms[v] = time_forward(eng, n, E, min_seconds) * 1e3;
+      }
+      const double flop = 2.0 * 3.0 * static_cast<double>(H * I) * static_cast<double>(n * K);
+      std::printf("| routed experts (%ld of %ld per token) | %s | %ld | %ld | %.2f | %.2f | %.2fx | %.0f | %.0f | %.2f |\n", K, E, f.name, n, n * K / E, ms[0], ms[1],
+                  ms[0] / ms[1], flop / ms[0] / 1e6, flop / ms[1] / 1e6, flop / ms[1] / 1e6 / (peak / 1e9));
+    }
+  }
+  for (ExtType t : {ExtType::q4_k, ExtType::q8_0}) {
+    const int64_t rows = 4096, cols = 2048, n = 512;
+    const auto f = randn(static_cast<size_t>(rows * cols), 31, 0.02f);
+    const auto wb = qtools::quant_rows(t, f.data(), rows, cols);
+    const cpu::Mat w = cpu::ext_view(t, wb.data(), rows, cols, "q_proj");
+    const auto x = randn(static_cast<size_t>(n * cols), 32, 1.0f);
+    std::vector<float> y(static_cast<size_t>(n * rows));
+    double ms[2] = {NAN, NAN};
+    for (int v = 0; v < (amx ? 2 : 1); ++v) {
+      cpu::set_amx_min_tokens(v == 0 ? 0 : 8);
+      cpu::gemm(x.data(), n, w, y.data(), &pool);
+      double best = 1e30, total = 0;
+      for (int r = 0; total < min_seconds || r < 3; ++r) {
+        const auto t0 = clk::now();
+        cpu::gemm(x.data(), n, w, y.data(), &pool);
+        const double sec = std::chrono::duration<double>(clk::now() - t0).count();
+        best = std::min(best, sec);
+        total += sec;
+      }
+      ms[v] = best * 1e3;
+    }
+    const double flop = 2.0 * static_cast<double>(rows * cols * n);
+    std::printf("| cpu::gemm q_proj [4096 x 2048] | %s | %ld | - | %.2f | %.2f | %.2fx | %.0f | %.0f | %.2f |\n", cpu::ext_type_info(static_cast<uint32_t>(t))->name, n,
+                ms[0], ms[1], ms[0] / ms[1], flop / ms[0] / 1e6, flop / ms[1] / 1e6, flop / ms[1] / 1e6 / (peak / 1e9));
+  }
+  cpu::set_amx_min_tokens(old_min);
+  // attention: 32 q / 4 kv heads of 128, bf16 cache, a 2048-token chunk at positions 2048..4095
+  const int64_t heads = 32, kvh = 4, hd = 128, ctx = 4096, n = 2048;
+  auto kvp = filled_cache(KvDtype::bf16, kvh, hd, ctx, 200);
+  std::vector<ops::TokenSlot> slots;
+  for (int64_t t = 0; t < n; ++t) slots.push_back({0, ctx - n + t});
+  const auto q = randn(static_cast<size_t>(n * heads * hd), 5, 1.0f);
+  std::vector<float> out(q.size());
+  double ms[2];
+  for (int v = 0; v < 2; ++v) {
+    auto run = [&] {
+      if (v == 0) ops::attention(q.data(), n, heads, kvh, hd, slots.data(), *kvp, 0, 0.088f, out.data(), &pool);
+      else ops::attention_prefill(q.data(), n, heads, kvh, hd, slots.data(), *kvp, 0, 0.088f, out.data(), &pool);
+    };
+    run();
+    double best = 1e30, total = 0;
+    for (int r = 0; total < min_seconds || r < 2; ++r) {
+      const auto t0 = clk::now();
+      run();
+      const double sec = std::chrono::duration<double>(clk::now() - t0).count();
+      best = std::min(best, sec);
+      total += sec;
+    }
+    ms[v] = best * 1e3;
+  }
+  // causal: token at position p reads p + 1 keys; QK and PV, 2 FLOP per multiply-add
+  double pairs = 0;
+  for (int64_t t = 0; t < n; ++t) pairs += static_cast<double>(ctx - n + t + 1);
+  const double flop = pairs * static_cast<double>(heads * hd) * 4.0;
+  std::printf("\n| attention, 2048-token chunk at context 4096 (32/4 heads of 128, bf16 KV) | decode kernel ms | prefill kernel ms | speed-up | decode GFLOP/s | prefill GFLOP/s |\n"
+              "|---|---|---|---|---|---|\n| per layer | %.1f | %.1f | %.2fx | %.0f | %.0f |\n", ms[0], ms[1], ms[0] / ms[1], flop / ms[0] / 1e6, flop / ms[1] / 1e6);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false, all = true, attn = true, experts = true;
+  bool quick = false, all = true, attn = true, experts = true, prefill_only = false;
   int64_t only_batch = 0;
   std::string only_fmt;  // one format by name (Q8_0, Q4_K, ...)
   for (int i = 1; i < argc; ++i) {
@@ -299,8 +396,9 @@ int main(int argc, char** argv) {
     else if (a == "--no-attention") attn = false;
     else if (a == "--attention-only") experts = false;
     else if (a == "--kv-layers" && i + 1 < argc) g_kv_layers = std::stoll(argv[++i]);
+    else if (a == "--prefill-only") prefill_only = true;
     else {
-      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N] [--no-attention | --attention-only] [--kv-layers N]\n");
+      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N] [--no-attention | --attention-only | --prefill-only] [--kv-layers N]\n");
       return 2;
     }
   }
@@ -313,6 +411,10 @@ int main(int argc, char** argv) {
   const double min_s = quick ? 0.2 : 1.0;
   std::printf("# bench_gguf_cpu: %d threads, ISA %s%s, read bandwidth %.2f GB/s (256 MiB, same threads)\n", pool.size(),
               cpu::isa_name(cpu::best_isa()), cpu::detail::q8_has_vnni() ? " +VNNI" : "", bw / 1e9);
+  if (prefill_only) {
+    bench_prefill(pools, min_s);
+    return 0;
+  }
   if (experts) std::printf("\n## routed experts (ExpertEngine, hidden %ld, intermediate %ld, top-%ld, 64 experts cycled)\n\n", H, I, K);
   if (experts) std::printf("| format (gate,up / down) | MB/expert | batch | exact ms | int8 ms | speed-up | exact GB/s | int8 GB/s | int8 / read bw | exact GOP/s | int8 GOP/s |\n");
   if (experts) std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -19,6 +19,9 @@ inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 // Rows per work item: 16 keeps the 4-row micro-kernels full and gives every
 // thread many items even at one token.
 constexpr int64_t kRowBlock = 16;
+// AMX experts: rows per phase-1 item (four 32-row strips dequantized once
+// for all the expert's tokens) and per phase-2 item when any expert is AMX.
+constexpr int64_t kAmxRows1 = 128, kAmxRows2 = 64;
 
 // Boundaries of `parts` near-equal pieces of [0, total), on multiples of
 // `align` where the total allows it.
@@ -69,6 +72,9 @@ EngineOptions EngineOptions::from_settings(const Settings& s) {
   o.int8_act = s.cpu_int8_act;
   o.gguf_int8 = s.cpu_gguf_int8;
   o.onednn_min_tokens = s.cpu_onednn_min_tokens;
+  if (s.cpu_amx_min_tokens < 0)
+    fail(ErrorKind::invalid_argument, "HMOE_CPU_AMX_MIN_TOKENS / --cpu-amx-min-tokens must be >= 0, got " + std::to_string(s.cpu_amx_min_tokens));
+  o.amx_min_tokens = s.cpu_amx_min_tokens;
   o.print_memory = s.progress != "none";
   return o;
 }
@@ -87,6 +93,10 @@ struct ExpertEngine::Scratch {
   std::vector<float> ybig, ubuf;             // [big pairs, hidden], [max m, inter]
   std::vector<uint16_t> abuf;                // [max m, inter] bf16
   std::vector<std::vector<int64_t>> items1;  // per node: (active index << 32) | row block
+  std::vector<uint8_t> amx, pair_amx;        // per expert / per pair: through AMX tiles this step
+  std::vector<int64_t> ablk;                 // per AMX expert: its first token block in ax / aa
+  std::vector<int64_t> pack_items;           // (expert << 32) | token block, AMX experts
+  cpu::AmxActs ax, aa;                       // bf16 tiles of the AMX experts' token rows and SwiGLU outputs
 };
 
 ExpertEngine::ExpertEngine(const std::vector<ExpertWeights>& experts, NodePools& pools, const EngineOptions& opt)
@@ -212,15 +222,61 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
     sc.offset[static_cast<size_t>(e) + 1] = sc.offset[static_cast<size_t>(e)] + sc.count[static_cast<size_t>(e)];
     if (sc.count[static_cast<size_t>(e)]) sc.active.push_back(static_cast<int32_t>(e));
   }
+  // Experts with enough tokens go through AMX tiles (GGUF weights, AMX CPU).
+  const int64_t amin = opt_.amx_min_tokens >= 0 ? opt_.amx_min_tokens : cpu::amx_min_tokens();
+  const bool amx_ok = g_up_ && g_down_ && amin > 0 && cpu::amx_applies(q_up_like_) && cpu::amx_applies(q_down_like_);
+  sc.amx.assign(static_cast<size_t>(experts_), 0);
+  sc.ablk.assign(static_cast<size_t>(experts_), 0);
+  sc.pack_items.clear();
+  bool any_amx = false, any_q8 = false;
+  int64_t ablocks = 0;
+  for (int32_t e : sc.active) {
+    const int64_t m = sc.count[static_cast<size_t>(e)];
+    if (!amx_ok || m < amin) {
+      any_q8 = true;
+      continue;
+    }
+    any_amx = true;
+    sc.amx[static_cast<size_t>(e)] = 1;
+    sc.ablk[static_cast<size_t>(e)] = ablocks;
+    for (int64_t b = 0; b < (m + 15) / 16; ++b) sc.pack_items.push_back(static_cast<int64_t>(e) << 32 | b);
+    ablocks += (m + 15) / 16;
+  }
+  if (any_amx) ++amx_steps_;
   sc.pair_token.resize(static_cast<size_t>(P));
   sc.pair_weight.resize(static_cast<size_t>(P));
+  sc.pair_amx.resize(static_cast<size_t>(P));
   {
     std::vector<int64_t> fill(sc.offset.begin(), sc.offset.end() - 1);
     for (int64_t p = 0; p < P; ++p) {
       const int64_t slot = fill[static_cast<size_t>(ids[p])]++;
       sc.pair_token[static_cast<size_t>(slot)] = p / k;
       sc.pair_weight[static_cast<size_t>(slot)] = weights[p];
+      sc.pair_amx[static_cast<size_t>(slot)] = sc.amx[static_cast<size_t>(ids[p])];
     }
+  }
+  // AMX experts' rows (pairs in token blocks of 16, padded): x now, act after phase 1.
+  auto pack_amx = [&](cpu::AmxActs& dst, const float* src, int64_t width, bool by_token) {
+    auto body = [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t item = sc.pack_items[static_cast<size_t>(i)];
+        const auto ex = static_cast<size_t>(item >> 32);
+        const int64_t blk = item & 0xffffffff, m = sc.count[ex], off = sc.offset[ex];
+        for (int j = 0; j < 16; ++j) {
+          const int64_t t = blk * 16 + j;
+          const float* row = t >= m ? nullptr : by_token ? src + sc.pair_token[static_cast<size_t>(off + t)] * width : src + (off + t) * width;
+          dst.set_row(sc.ablk[ex] + blk, j, row);
+        }
+      }
+    };
+    const auto ni = static_cast<int64_t>(sc.pack_items.size());
+    if (ni > 1) pools_.pool(0).parallel_for(ni, body);
+    else body(0, ni, 0);
+  };
+  if (any_amx) {
+    sc.ax.reset(ablocks, H);
+    sc.aa.reset(ablocks, I);
+    pack_amx(sc.ax, x, H, true);
   }
   // Experts with many tokens go to oneDNN (bf16 weights only).
   sc.big.clear();
@@ -244,7 +300,7 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
     if (n * H >= (1 << 16)) pools_.pool(0).parallel_for(n, quant, 4);
     else quant(0, n, 0);
   }
-  if (g_up_) {
+  if (g_up_ && any_q8) {
     sc.gxt.reset(n, q_up_like_);
     sc.gxq.reset(P, q_up_like_);
     auto quant = [&](int64_t b, int64_t e, int) {
@@ -263,7 +319,7 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
         continue;
       }
       if (g_up_) {
-        sc.gxq.copy_row(p, sc.gxt, sc.pair_token[static_cast<size_t>(p)]);
+        if (!sc.pair_amx[static_cast<size_t>(p)]) sc.gxq.copy_row(p, sc.gxt, sc.pair_token[static_cast<size_t>(p)]);
         continue;
       }
       std::memcpy(sc.xs.data() + p * H, src, static_cast<size_t>(H) * sizeof(float));
@@ -314,9 +370,10 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
     auto& items = sc.items1[static_cast<size_t>(j)];
     items.clear();
     const int64_t rows = inter_split_[static_cast<size_t>(j) + 1] - inter_split_[static_cast<size_t>(j)];
-    const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-    for (size_t a = 0; a < sc.active.size(); ++a)
-      for (int64_t b = 0; b < blocks; ++b) items.push_back(static_cast<int64_t>(a) << 32 | b);
+    for (size_t a = 0; a < sc.active.size(); ++a) {
+      const int64_t rb = sc.amx[static_cast<size_t>(sc.active[a])] ? kAmxRows1 : kRowBlock;
+      for (int64_t b = 0; b < (rows + rb - 1) / rb; ++b) items.push_back(static_cast<int64_t>(a) << 32 | b);
+    }
     n1[static_cast<size_t>(j)] = static_cast<int64_t>(items.size());
   }
   pools_.run(n1, [&](int j, int64_t b, int64_t e, int) {
@@ -326,14 +383,19 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
       const int32_t ex = sc.active[static_cast<size_t>(item >> 32)];
       const int64_t blk = item & 0xffffffff;
       const Slice& s = slices_[static_cast<size_t>(j)][static_cast<size_t>(ex)];
-      const int64_t r0 = blk * kRowBlock, r1 = std::min(s.gate.rows, r0 + kRowBlock), nr = r1 - r0;
+      const bool amx = sc.amx[static_cast<size_t>(ex)];
+      const int64_t rb = amx ? kAmxRows1 : kRowBlock;
+      const int64_t r0 = blk * rb, r1 = std::min(s.gate.rows, r0 + rb), nr = r1 - r0;
       const int64_t m = sc.count[static_cast<size_t>(ex)], off = sc.offset[static_cast<size_t>(ex)];
       if (g.size() < static_cast<size_t>(m * nr)) {
         g.resize(static_cast<size_t>(m * nr));
         u.resize(static_cast<size_t>(m * nr));
       }
       const cpu::Mat gs = s.gate.slice_rows(r0, r1), us = s.up.slice_rows(r0, r1);
-      if (q_up_) {
+      if (amx) {
+        cpu::gemm_rows_amx(sc.ax, sc.ablk[static_cast<size_t>(ex)], m, gs, 0, nr, g.data(), nr);
+        cpu::gemm_rows_amx(sc.ax, sc.ablk[static_cast<size_t>(ex)], m, us, 0, nr, u.data(), nr);
+      } else if (q_up_) {
         cpu::gemm_rows_q(sc.xq, off, m, gs, 0, nr, g.data(), nr);
         cpu::gemm_rows_q(sc.xq, off, m, us, 0, nr, u.data(), nr);
       } else if (g_up_) {
@@ -355,11 +417,12 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
   }, 1, 1);  // chunks of one item: a decode step is only ~20 items per thread
 
   // int8_act: quantize act once per pair (its groups span the nodes' slices).
-  if (q_down_ || g_down_) {
+  if (any_amx) pack_amx(sc.aa, sc.act.data(), I, false);
+  if (q_down_ || (g_down_ && any_q8)) {
     auto quant = [&](int64_t b, int64_t e, int) {
       for (int64_t p = b; p < e; ++p) {
         if (q_down_) sc.aq.quantize(p, sc.act.data() + p * I);
-        else sc.gaq.quantize(p, sc.act.data() + p * I);
+        else if (!sc.pair_amx[static_cast<size_t>(p)]) sc.gaq.quantize(p, sc.act.data() + p * I);
       }
     };
     if (P * I >= (1 << 16)) pools_.pool(0).parallel_for(P, quant, 4);
@@ -369,17 +432,19 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
   // Phase 2: out[token, h] += w * (down . act) for each node's h slice; one
   // item owns a block of hidden rows across all active experts.
   std::vector<int64_t> n2(static_cast<size_t>(nn));
+  const int64_t rb2 = any_amx ? kAmxRows2 : kRowBlock;
   for (int j = 0; j < nn; ++j)
-    n2[static_cast<size_t>(j)] = (hidden_split_[static_cast<size_t>(j) + 1] - hidden_split_[static_cast<size_t>(j)] + kRowBlock - 1) / kRowBlock;
+    n2[static_cast<size_t>(j)] = (hidden_split_[static_cast<size_t>(j) + 1] - hidden_split_[static_cast<size_t>(j)] + rb2 - 1) / rb2;
   pools_.run(n2, [&](int j, int64_t b, int64_t e, int) {
     thread_local std::vector<float> y;
     for (int64_t blk = b; blk < e; ++blk) {
       for (int32_t ex : sc.active) {
         const Slice& s = slices_[static_cast<size_t>(j)][static_cast<size_t>(ex)];
-        const int64_t r0 = blk * kRowBlock, r1 = std::min(s.down.rows, r0 + kRowBlock), nr = r1 - r0;
+        const int64_t r0 = blk * rb2, r1 = std::min(s.down.rows, r0 + rb2), nr = r1 - r0;
         const int64_t m = sc.count[static_cast<size_t>(ex)], off = sc.offset[static_cast<size_t>(ex)];
         if (y.size() < static_cast<size_t>(m * nr)) y.resize(static_cast<size_t>(m * nr));
-        if (q_down_) cpu::gemm_rows_q(sc.aq, off, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
+        if (sc.amx[static_cast<size_t>(ex)]) cpu::gemm_rows_amx(sc.aa, sc.ablk[static_cast<size_t>(ex)], m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
+        else if (q_down_) cpu::gemm_rows_q(sc.aq, off, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
         else if (g_down_) cpu::gemm_rows_q8(sc.gaq, off, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
         else cpu::gemm_rows(sc.act.data() + off * I, I, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
         const int64_t h0 = hidden_split_[static_cast<size_t>(j)] + r0;
@@ -390,8 +455,8 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
         }
       }
       // The oneDNN experts' outputs, in the same (ascending) order.
-      const int64_t h0 = hidden_split_[static_cast<size_t>(j)] + blk * kRowBlock;
-      const int64_t nr = std::min(hidden_split_[static_cast<size_t>(j) + 1], h0 + kRowBlock) - h0;
+      const int64_t h0 = hidden_split_[static_cast<size_t>(j)] + blk * rb2;
+      const int64_t nr = std::min(hidden_split_[static_cast<size_t>(j) + 1], h0 + rb2) - h0;
       for (size_t bi = 0; bi < sc.big.size(); ++bi) {
         const int32_t ex = sc.big[bi];
         const int64_t m = sc.count[static_cast<size_t>(ex)], off = sc.offset[static_cast<size_t>(ex)];

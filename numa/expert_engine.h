@@ -31,6 +31,14 @@
 // rows and the SwiGLU output are quantized once per step. Off: the exact
 // fp32 dequantize path.
 //
+// amx_min_tokens (HMOE_CPU_AMX_MIN_TOKENS, default 0 = off; -1 here: the
+// process-wide cpu::amx_min_tokens()): with gguf_int8 on a CPU with AMX-BF16
+// (cpu::amx_mode()), experts that get at least this many tokens in a step run
+// on AMX tiles (numa/quant_gguf_amx.h): their token rows and SwiGLU outputs
+// are rounded to bf16 and packed per 16 tokens once per step, and each work
+// item dequantizes a strip of up to 128 weight rows to bf16 once for all the
+// expert's tokens. The other experts take the 8-bit path in the same step.
+//
 // onednn_min_tokens (HMOE_CPU_ONEDNN_MIN_TOKENS, 0 = off): with bf16
 // weights, experts that get at least this many tokens in a step (prefill)
 // run as oneDNN bf16 matmuls on oneDNN's threads (numa/onednn_matmul.h:
@@ -49,6 +57,7 @@
 #include "numa/kernels.h"
 #include "numa/node_pools.h"
 #include "numa/onednn_matmul.h"
+#include "numa/quant_gguf_amx.h"
 #include "numa/quant_gguf_q8.h"
 #include "numa/thread_pool.h"
 
@@ -68,6 +77,7 @@ struct EngineOptions {
   bool int8_act = true;       // see the file comment
   bool gguf_int8 = true;      // see the file comment
   int64_t onednn_min_tokens = 0;  // see the file comment
+  int64_t amx_min_tokens = -1;    // see the file comment
   int copy_to_nodes = -1;     // -1: copy when more than one node; 0: views; 1: always copy
   bool print_memory = true;   // memory per node on stderr at load
   std::string name = "experts";
@@ -101,6 +111,8 @@ class ExpertEngine {
   bool gguf_int8_used() const { return g_up_ || g_down_; }
   // Steps so far in which at least one expert went through oneDNN.
   int64_t onednn_steps() const { return onednn_steps_; }
+  // Steps so far in which at least one expert went through AMX tiles.
+  int64_t amx_steps() const { return amx_steps_; }
   // Where node `node` starts its intermediate and hidden slices.
   int64_t inter_begin(int node) const { return inter_split_[static_cast<size_t>(node)]; }
   int64_t hidden_begin(int node) const { return hidden_split_[static_cast<size_t>(node)]; }
@@ -121,6 +133,7 @@ class ExpertEngine {
   bool g_up_ = false, g_down_ = false;  // gate/up, down through the GGUF 8-bit-activation path
   std::unique_ptr<OnednnBf16> onednn_;  // when onednn_min_tokens > 0 and every weight is bf16
   int64_t onednn_steps_ = 0;
+  int64_t amx_steps_ = 0;
   std::vector<int64_t> inter_split_, hidden_split_;  // nodes + 1 boundaries
   std::vector<std::vector<Slice>> slices_;           // [node][expert]
   std::vector<NodeBuffer> buffers_;                  // one per node when copied

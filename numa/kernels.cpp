@@ -9,6 +9,7 @@
 #include "configs/error.h"
 #include "numa/detail/kernels_impl.h"
 #include "numa/quant_gguf.h"
+#include "numa/quant_gguf_amx.h"
 #include "numa/quant_gguf_q8.h"
 
 namespace hmoe::cpu {
@@ -151,7 +152,8 @@ void gemm(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* p
     return;
   }
   if (o.gguf_int8 && gguf_q8_applies(w)) {
-    gemm_q8(x, n, w, y, pool);
+    if (o.amx_min_tokens > 0 && n >= o.amx_min_tokens && amx_applies(w)) gemm_amx(x, n, w, y, pool);
+    else gemm_q8(x, n, w, y, pool);
     return;
   }
   gemm_exact(x, n, w, y, pool);

@@ -46,6 +46,10 @@ struct GemmOptions {
   // Setting cpu_gguf_int8: ggml block weights go through the 8-bit
   // activation integer path (numa/quant_gguf_q8.h) where it applies.
   bool gguf_int8 = true;
+  // Setting cpu_amx_min_tokens: with gguf_int8, products of at least this
+  // many rows on GGUF weights take the AMX-BF16 path where the CPU has it
+  // (numa/quant_gguf_amx.h); 0 = off.
+  int64_t amx_min_tokens = 0;
 };
 // Same over all rows, split across the pool's threads by row blocks, with
 // the input treatment of o (see GemmOptions).

@@ -74,7 +74,9 @@ void Q8Acts::quantize(int64_t t, const float* x) {
   int8_t* qt = q.data() + t * cols;
   float* dt = d.data() + t * (cols / block);
   int8_t tmp[256];
+  const bool simd = best_isa() == Isa::avx512 && detail::q8_has_vnni();
   for (int64_t b = 0; b < cols / block; ++b) {
+    if (simd && detail::q8_quantize_block_avx512(*this, t, b, x + b * block)) continue;
     const float* xb = x + b * block;
     float amax = 0;
     for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xb[i]));

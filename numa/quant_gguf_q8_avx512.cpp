@@ -262,6 +262,36 @@ HMOE_V512 void rows(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64
 
 }  // namespace
 
+HMOE_V512 bool q8_quantize_block_avx512(Q8Acts& a, int64_t t, int64_t b, const float* xb) {
+  const int nv = static_cast<int>(a.block / 16);  // 16 or 2 vectors
+  __m512 v[16];
+  __m512 mx = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  for (int i = 0; i < nv; ++i) {
+    v[i] = _mm512_loadu_ps(xb + 16 * i);
+    bad |= _mm512_fpclass_ps_mask(v[i], 0x99);  // NaN or inf: the scalar path says what to do
+    mx = _mm512_max_ps(mx, _mm512_abs_ps(v[i]));
+  }
+  if (bad) return false;
+  const float amax = _mm512_reduce_max_ps(mx);
+  const float id = amax > 0 ? 127.0f / amax : 0.0f;
+  a.d[static_cast<size_t>(t * (a.cols / a.block) + b)] = amax / 127.0f;
+  int8_t* qt = a.q.data() + t * a.cols;
+  const bool k = a.block == 256;
+  int16_t* bs = k ? a.bsum.data() + (t * (a.cols / 256) + b) * 16 : nullptr;
+  const int run = a.type == ExtType::q6_k ? 1 : 2;  // vectors of 16 per block sum
+  if (k) std::fill(bs, bs + 16, int16_t{0});
+  for (int i = 0; i < nv; ++i) {
+    // round to nearest even (the MXCSR default), as std::nearbyint in the scalar path
+    const __m512i qi = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[i], _mm512_set1_ps(id))), _mm512_set1_epi32(127)),
+                                        _mm512_set1_epi32(-127));
+    const int64_t k0 = b * a.block + 16 * i;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qt + a.pos(k0)), _mm512_cvtepi32_epi8(qi));
+    if (k) bs[i / run] = static_cast<int16_t>(bs[i / run] + _mm512_reduce_add_epi32(qi));
+  }
+  return true;
+}
+
 void q8_rows_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   switch (static_cast<ExtType>(w.ext)) {
     case ExtType::q4_k: return rows<ExtType::q4_k>(xa, t0, n, w, r0, r1, y, ldy);

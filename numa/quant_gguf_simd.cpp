@@ -20,6 +20,7 @@
 #include "configs/error.h"
 #include "io/tensor/gguf_block_util.h"
 #include "numa/quant_gguf.h"
+#include "numa/quant_gguf_amx.h"
 
 #define HMOE_Q512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
 #define HMOE_Q256 __attribute__((target("avx2,fma,f16c")))
@@ -206,6 +207,37 @@ HMOE_Q512 void rows512(const float* x, int64_t ldx, int64_t n, const Mat& w, int
     int64_t t = 0;
     for (; t + 4 <= n; t += 4) tile512<T, 1, 4>(x, ldx, t, w, r, y, ldy);
     for (; t < n; ++t) tile512<T, 1, 1>(x, ldx, t, w, r, y, ldy);
+  }
+}
+
+// ---- bf16 tiles for the AMX path (numa/quant_gguf_amx.h) ------------------
+// Each run of 32 weights is dequantized as for the fp32 kernels above and
+// rounded to bf16 (round to nearest even) into its A-tile row.
+#define HMOE_B512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")))
+
+template <ExtType T>
+HMOE_B512 void tiles512(const Mat& w, int64_t r0, int64_t nr, uint16_t* out) {
+  for (int64_t i = 0; i < nr; ++i) {
+    const uint8_t* row = w.row(r0 + i);
+    __m512 a, b;
+    if constexpr (is_block(T)) {
+      constexpr int BE = kElems<T>, BB = kBytes<T>;
+      const int64_t nb = w.cols / BE;
+      for (int64_t bi = 0; bi < nb; ++bi) {
+        BlockScales sc;
+        prep<T>(row + bi * BB, sc);
+        for (int c = 0; c < BE / 32; ++c) {
+          block_chunk<T>(row + bi * BB, c, sc, a, b);
+          const int64_t kk = bi * (BE / 32) + c;
+          _mm512_storeu_si512(out + (kk * 32 + i) * 32, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+        }
+      }
+    } else {
+      for (int64_t kk = 0; kk < w.cols / 32; ++kk) {
+        elem_chunk<T>(w, row, r0 + i, kk, a, b);
+        _mm512_storeu_si512(out + (kk * 32 + i) * 32, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+      }
+    }
   }
 }
 
@@ -406,6 +438,22 @@ void ext_rows_avx2(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t
     case ExtType::int8_group: return rows256<ExtType::int8_group>(x, ldx, n, w, r0, r1, y, ldy);
   }
   fail(ErrorKind::internal, "ext_rows_avx2: unknown type " + std::to_string(w.ext));
+}
+
+void ext_rows_to_bf16_tiles_avx512(const Mat& w, int64_t r0, int64_t nr, uint16_t* out) {
+  switch (static_cast<ExtType>(w.ext)) {
+    case ExtType::q4_0: return tiles512<ExtType::q4_0>(w, r0, nr, out);
+    case ExtType::q4_1: return tiles512<ExtType::q4_1>(w, r0, nr, out);
+    case ExtType::q5_0: return tiles512<ExtType::q5_0>(w, r0, nr, out);
+    case ExtType::q5_1: return tiles512<ExtType::q5_1>(w, r0, nr, out);
+    case ExtType::q8_0: return tiles512<ExtType::q8_0>(w, r0, nr, out);
+    case ExtType::q4_k: return tiles512<ExtType::q4_k>(w, r0, nr, out);
+    case ExtType::q5_k: return tiles512<ExtType::q5_k>(w, r0, nr, out);
+    case ExtType::q6_k: return tiles512<ExtType::q6_k>(w, r0, nr, out);
+    case ExtType::fp8_e4m3: return tiles512<ExtType::fp8_e4m3>(w, r0, nr, out);
+    case ExtType::int8_group: return tiles512<ExtType::int8_group>(w, r0, nr, out);
+  }
+  fail(ErrorKind::internal, "ext_rows_to_bf16_tiles_avx512: unknown type " + std::to_string(w.ext));
 }
 
 }  // namespace hmoe::cpu::detail

@@ -50,18 +50,29 @@ void CpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   float* x = ws_.hidden.data();
   float* h = ws_.normed.data();
   float* o = ws_.block_out.data();
-  for (int64_t i = 0; i < n; ++i) cpu::row_to_f32(embed_, b.tokens[static_cast<size_t>(i)], x + i * H);
+  // Row-wise work of a prompt chunk (embedding, norms, residual adds) split over the pool.
+  auto rows = [&](int64_t count, const auto& fn) {
+    if (count >= 64) pool_.parallel_for(count, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); }, 8);
+    else fn(0, count);
+  };
+  rows(n, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) cpu::row_to_f32(embed_, b.tokens[static_cast<size_t>(i)], x + i * H);
+  });
   if (engram_) engram_->begin_step(b, kv);  // starts the PLE row reads for every module
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& blk = blocks_[l];
     if (engram_)
       if (int em = engram_->module_before(static_cast<int64_t>(l)); em >= 0) engram_->apply(em, x, b, kv);
-    ops::rms_norm(x, n, H, blk.input_norm, c_.rms_norm_eps, h);
+    rows(n, [&](int64_t r0, int64_t r1) { ops::rms_norm(x + r0 * H, r1 - r0, H, blk.input_norm, c_.rms_norm_eps, h + r0 * H); });
     blk.attn->forward(h, n, b.slots.data(), kv, o, ws_);
-    for (int64_t i = 0; i < n * H; ++i) x[i] += o[i];
-    ops::rms_norm(x, n, H, blk.post_norm, c_.rms_norm_eps, h);
+    rows(n, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * H; i < r1 * H; ++i) x[i] += o[i];
+      ops::rms_norm(x + r0 * H, r1 - r0, H, blk.post_norm, c_.rms_norm_eps, h + r0 * H);
+    });
     blk.ffn->forward(h, n, o, ws_);
-    for (int64_t i = 0; i < n * H; ++i) x[i] += o[i];
+    rows(n, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * H; i < r1 * H; ++i) x[i] += o[i];
+    });
   }
   const int64_t m = static_cast<int64_t>(b.logit_rows.size());
   std::vector<float> last(static_cast<size_t>(m * H));

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -246,5 +247,33 @@ TEST_CASE("ExpertEngine on GGUF experts: the 8-bit path is within the activation
       CHECK(diff > 0);              // the 8-bit path really ran
       CHECK(diff < 0.03 * scale);   // 8-bit activations: ~1% of a SwiGLU expert's output
     }
+  }
+}
+
+TEST_CASE("Q8Acts: the AVX-512 quantizer equals the scalar one bit for bit (codes, scales, sums, lanes)") {
+  if (cpu::best_isa() != cpu::Isa::avx512 || !cpu::detail::q8_has_vnni()) {
+    MESSAGE("no AVX-512 VNNI here: the SIMD quantizer is not used");
+    return;
+  }
+  for (ExtType t : kTypes) {
+    const int64_t cols = unit(t) * 4, n = 3;
+    QW q = make(t, 1, cols, 3);
+    auto x = randn(static_cast<size_t>(n * cols), 4);
+    x[5] = 0.0f;
+    std::fill(x.begin() + cols, x.begin() + cols + unit(t), 0.0f);  // an all-zero block
+    x[static_cast<size_t>(2 * cols + 7)] = INFINITY;                   // a block the scalar path handles
+    cpu::Q8Acts a, b;
+    a.reset(n, q.w);
+    b.reset(n, q.w);
+    for (int64_t i = 0; i < n; ++i) a.quantize(i, x.data() + i * cols);
+    const cpu::Isa old = cpu::set_isa_for_testing(cpu::Isa::avx2);
+    for (int64_t i = 0; i < n; ++i) b.quantize(i, x.data() + i * cols);
+    cpu::set_isa_for_testing(old);
+    INFO(cpu::ext_type_info(static_cast<uint32_t>(t))->name);
+    CHECK(a.q == b.q);
+    CHECK(a.bsum == b.bsum);
+    CHECK(a.init == b.init);
+    CHECK(std::memcmp(a.d.data(), b.d.data(), a.d.size() * sizeof(float)) == 0);  // NaN scales compare equal bytewise
+    CHECK(std::memcmp(a.dv.data(), b.dv.data(), a.dv.size() * sizeof(float)) == 0);
   }
 }
