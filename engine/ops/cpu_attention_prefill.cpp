@@ -83,7 +83,7 @@ void decode_context(const Run& run, int64_t kv_heads, int64_t hd, KvCache& kv, i
   c.v.resize(per * static_cast<size_t>(kv_heads));
   const int64_t kw = kv.layout().k_floats(), vw = kv.layout().v_floats();
   auto body = [&](int64_t b, int64_t e, int) {
-    std::vector<float> row(static_cast<size_t>(hd));
+    std::vector<float> krow(static_cast<size_t>(kw)), vrow(static_cast<size_t>(vw));
     for (int64_t it = b; it < e; ++it) {
       const int64_t g = it / c.blocks, blk = it % c.blocks;
       float* kt = c.kt_head(g) + blk * hd * kKB;
@@ -95,9 +95,11 @@ void decode_context(const Run& run, int64_t kv_heads, int64_t hd, KvCache& kv, i
           std::fill(vv + p * hd, vv + (p + 1) * hd, 0.0f);
           continue;
         }
-        kv_decode_row(kv.dtype(), kv.k_row(layer, run.seq, pos), kw, g * hd, hd, row.data());
-        for (int64_t d = 0; d < hd; ++d) kt[d * kKB + p] = row[static_cast<size_t>(d)];
-        kv_decode_row(kv.dtype(), kv.v_row(layer, run.seq, pos), vw, g * hd, hd, vv + p * hd);
+        // One token's keys and values of every head, back in fp32 (the
+        // cache's head-major layout, engine/kv/kv_storage.h); this head's slice.
+        kv.load(layer, run.seq, pos, krow.data(), vrow.data());
+        for (int64_t d = 0; d < hd; ++d) kt[d * kKB + p] = krow[static_cast<size_t>(g * hd + d)];
+        std::copy(vrow.begin() + g * hd, vrow.begin() + (g + 1) * hd, vv + p * hd);
       }
     }
   };
