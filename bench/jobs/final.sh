@@ -2,7 +2,7 @@
 # transformers reference of tiny-qwen3next, and bench/side_by_side.sh's gpu,
 # hybrid and cpu rows on the Q4_K_M slice against llama.cpp built in the call
 # (CPU-only and CUDA builds in parallel while test_gpu runs). Run by
-# `scripts/device run final:560` from a root packed with
+# `scripts/device run final:400` from a root packed with
 #   DEVICE_ROOT=DIR scripts/device pack BUILD BUILD/bin/hmoe BUILD/bin/slice_gguf BUILD/tests/test_gpu
 # plus DIR/side_by_side.sh, DIR/llama.tar.xz (the peer tarball) and this file
 # as DIR/.device/jobs/final.sh. Each part has its own time limit so that a slow
@@ -18,7 +18,7 @@ cpu_pid=$!
 ( cmake -S "$W/llama-src" -B "$W/llama-cuda" "${flags[@]}" -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF && cmake --build "$W/llama-cuda" -j 16 --target llama-bench ) >"$W/llama-cuda.log" 2>&1 &
 cuda_pid=$!
 echo "== test_gpu $(date -u +%T)"
-timeout 170 $B test_gpu >"$O/test_gpu.log" 2>&1; echo "test_gpu rc $?"
+timeout 130 $B test_gpu >"$O/test_gpu.log" 2>&1; echo "test_gpu rc $?"
 grep -E "test cases|assertions|Status|ERROR|FAILED" "$O/test_gpu.log" | tail -30
 echo "== qwen3_next reference $(date -u +%T) t=$SECONDS"
 py=python3
@@ -37,8 +37,8 @@ sbs() {  # ROWS LIMIT
     --layers 8 --threads 16 --types Q4_K_M --prompts 512,4096 --gen 64 --reps 2 --batch 1 --depths 0 --rows "$1" 2>&1 | tail -25
   cat "$W/res-$1/tables.md" >>"$O/tables.md" 2>/dev/null
 }
-echo "== side by side gpu t=$SECONDS"; sbs gpu 120
-echo "== side by side hybrid t=$SECONDS"; sbs hybrid 150
-left=$((545 - SECONDS)); echo "== side by side cpu t=$SECONDS (limit $left s)"; ((left > 60)) && sbs cpu $left
+echo "== side by side gpu t=$SECONDS"; sbs gpu 100
+echo "== side by side hybrid t=$SECONDS"; sbs hybrid 120
+left=$((380 - SECONDS)); echo "== side by side cpu t=$SECONDS (limit $left s)"; ((left > 60)) && sbs cpu $left
 tar -C "$W" -czf "$O/results.tar.gz" $(cd "$W" && ls -d res-* 2>/dev/null) 2>/dev/null
 echo "== done t=$SECONDS"
