@@ -346,7 +346,7 @@ void bench_prefill(numa::NodePools& pools, double min_seconds) {
   cpu::set_amx_min_tokens(old_min);
   // attention: 32 q / 4 kv heads of 128, bf16 cache, a 2048-token chunk at positions 2048..4095
   const int64_t heads = 32, kvh = 4, hd = 128, ctx = 4096, n = 2048;
-  auto kvp = filled_cache(KvDtype::bf16, kvh, hd, ctx, 200);
+  auto kvp = filled_cache(KvDtype::bf16, 1, kvh, hd, ctx, 200);
   std::vector<ops::TokenSlot> slots;
   for (int64_t t = 0; t < n; ++t) slots.push_back({0, ctx - n + t});
   const auto q = randn(static_cast<size_t>(n * heads * hd), 5, 1.0f);
