@@ -15,6 +15,7 @@
 
 #include "configs/error.h"
 #include "io/tensor/gguf_block_util.h"
+#include "io/tensor/quant_blocks_lowbit.h"
 #include "numa/quant_gguf_q8.h"
 
 #define HMOE_V512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
@@ -279,7 +280,7 @@ HMOE_V512 bool q8_quantize_block_avx512(Q8Acts& a, int64_t t, int64_t b, const f
   int8_t* qt = a.q.data() + t * a.cols;
   const bool k = a.block == 256;
   int16_t* bs = k ? a.bsum.data() + (t * (a.cols / 256) + b) * 16 : nullptr;
-  const int run = a.type == ExtType::q6_k ? 1 : 2;  // vectors of 16 per block sum
+  const int run = a.type == ExtType::q6_k || lowbit_type(static_cast<uint32_t>(a.type)) ? 1 : 2;  // vectors of 16 per block sum
   if (k) std::fill(bs, bs + 16, int16_t{0});
   for (int i = 0; i < nv; ++i) {
     // round to nearest even (the MXCSR default), as std::nearbyint in the scalar path
