@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "configs/error.h"
+#include "engine/loading/gguf_model.h"
 #include "io/gguf.h"
 #include "numa/kernels.h"
 #include "numa/quant_gguf.h"
@@ -40,13 +41,6 @@ const std::pair<const char*, const char*> kLayerNames[] = {
     {"mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"},
 };
 
-bool parse_index(const std::string& s, size_t& pos, int64_t& out) {
-  const size_t start = pos;
-  out = 0;
-  while (pos < s.size() && std::isdigit(static_cast<unsigned char>(s[pos])) && pos - start < 9) out = out * 10 + (s[pos++] - '0');
-  return pos > start && pos < s.size() && s[pos] == '.';
-}
-
 std::string shape_str(const std::vector<uint64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
@@ -75,32 +69,7 @@ cpu::Mat view2d(const io::GgufFile& f, const io::GgufTensor& t, int64_t rows, in
 
 }  // namespace
 
-bool gguf_deepseek2_tensor_for(const std::string& hf, std::string& g, int64_t& expert) {
-  expert = -1;
-  if (hf == "model.embed_tokens.weight") return g = "token_embd.weight", true;
-  if (hf == "model.norm.weight") return g = "output_norm.weight", true;
-  if (hf == "lm_head.weight") return g = "output.weight", true;
-  const std::string pre = "model.layers.";
-  if (hf.compare(0, pre.size(), pre) != 0) return false;
-  size_t pos = pre.size();
-  int64_t layer;
-  if (!parse_index(hf, pos, layer)) return false;
-  const std::string rest = hf.substr(pos + 1), blk = "blk." + std::to_string(layer) + ".";
-  for (const auto& [h, n] : kLayerNames)
-    if (rest == h) return g = blk + n, true;
-  const std::string ex = "mlp.experts.";
-  if (rest.compare(0, ex.size(), ex) != 0) return false;
-  size_t p2 = ex.size();
-  int64_t e;
-  if (!parse_index(rest, p2, e)) return false;
-  const std::string w = rest.substr(p2 + 1);
-  const char* stacked = w == "gate_proj.weight" ? "ffn_gate_exps.weight" : w == "up_proj.weight" ? "ffn_up_exps.weight"
-                        : w == "down_proj.weight" ? "ffn_down_exps.weight" : nullptr;
-  if (!stacked) return false;
-  expert = e;
-  g = blk + stacked;
-  return true;
-}
+bool gguf_deepseek2_tensor_for(const std::string& hf, std::string& g, int64_t& expert) { return gguf_tensor_for(hf, kLayerNames, g, expert); }
 
 bool gguf_deepseek2_kv_b(const io::GgufFile& f, int64_t layer, int64_t rows, int64_t cols, std::vector<uint8_t>& out, DType& dtype,
                          std::vector<std::string>& used) {

@@ -203,7 +203,9 @@ bool is_gguf_path(const std::string& path) {
   return ext == ".gguf" && (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode));
 }
 
-bool gguf_tensor_for(const std::string& hf, std::string& g, int64_t& expert) {
+bool gguf_tensor_for(const std::string& hf, std::string& g, int64_t& expert) { return gguf_tensor_for(hf, kLayerNames, g, expert); }
+
+bool gguf_tensor_for(const std::string& hf, GgufLayerNames layer_names, std::string& g, int64_t& expert) {
   expert = -1;
   if (hf == "model.embed_tokens.weight") return g = "token_embd.weight", true;
   if (hf == "model.norm.weight") return g = "output_norm.weight", true;
@@ -214,7 +216,7 @@ bool gguf_tensor_for(const std::string& hf, std::string& g, int64_t& expert) {
   int64_t layer;
   if (!parse_index(hf, pos, layer)) return false;
   const std::string rest = hf.substr(pos + 1), blk = "blk." + std::to_string(layer) + ".";
-  for (const auto& [h, n] : kLayerNames)
+  for (const auto& [h, n] : layer_names)
     if (rest == h) return g = blk + n, true;
   const std::string ex = "mlp.experts.";
   if (rest.compare(0, ex.size(), ex) != 0) return false;

@@ -12,7 +12,9 @@
 // tensor and the type; shapes that disagree with the metadata name both.
 #pragma once
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
 
 #include "engine/loading/model_config.h"
 
@@ -43,5 +45,10 @@ std::unique_ptr<chat::ChatTemplate> gguf_chat_template(const std::string& path);
 // The GGUF tensor name (and expert index, or -1) that holds a Hugging Face
 // tensor of the Qwen3-MoE layout; false for a name with no GGUF counterpart.
 bool gguf_tensor_for(const std::string& hf_name, std::string& gguf_name, int64_t& expert);
+// The same mapping for any architecture: the names shared by every MoE file
+// (embedding, final norm, output, routed experts stacked as ffn_*_exps) plus
+// the architecture's per-layer table of (Hugging Face suffix, GGUF suffix).
+using GgufLayerNames = std::span<const std::pair<const char*, const char*>>;
+bool gguf_tensor_for(const std::string& hf_name, GgufLayerNames layer_names, std::string& gguf_name, int64_t& expert);
 
 }  // namespace hmoe
