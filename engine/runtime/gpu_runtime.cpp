@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -31,6 +32,8 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.cpu_overlap = s.gpu_cpu_overlap;
   o.tiled_attention = s.gpu_tiled_attention;
   o.quantized_dense = s.gpu_quantized_dense;
+  o.programmatic_launch = s.gpu_programmatic_launch;
+  o.decode_fusion = s.gpu_decode_fusion;
   return o;
 }
 
@@ -48,6 +51,8 @@ struct GpuRuntime::Impl {
   GpuDense lm_head;
   std::vector<Block> blocks;
   uint64_t weight_bytes = 0;
+  uint64_t dense_bytes = 0;                 // GPU weights but the embedding table and the resident experts
+  std::vector<uint64_t> expert_layer_bytes;  // per resident MoE layer: all its experts' bytes
   int64_t topk = 1;
   GpuScratch scratch;
   ExpertScratch expert_scratch;  // big passes of the resident layers, shared
@@ -56,7 +61,7 @@ struct GpuRuntime::Impl {
   std::vector<gpu::Event> events;  // 8 per layer: per micro-batch D2H start/end, H2D start/end
   GpuStepTimes times;
   static constexpr int64_t kGraphMaxTokens = 64;  // larger steps are launched plainly
-  bool use_graphs = false, overlap = false, tiled_attention = true;
+  bool use_graphs = false, overlap = false, tiled_attention = true, decode_fusion = true;
   int64_t overlap_b_rows = 0;
   SegmentGraphs seg_graphs;
   std::unique_ptr<ExpertStream> xstream;  // streamed host experts for big passes (null: off)
@@ -93,6 +98,8 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.overlap = o.cpu_overlap;
   m.overlap_b_rows = std::max<int64_t>(o.overlap_second_rows, 0);
   m.tiled_attention = o.tiled_attention;
+  m.stream.set_programmatic_launch(o.programmatic_launch);
+  m.decode_fusion = o.decode_fusion;
   GpuUploader up(bind, m.stream);
   up.set_keep_gguf(o.quantized_dense);
   m.embed = up.bf16({bind.mat(g.embed, c.vocab_size, H)});
@@ -113,11 +120,15 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
       const auto home = o.resident[static_cast<size_t>(d.layer)] ? RoutedExperts::Home::gpu : RoutedExperts::Home::host;
       b.ffn = make_moe_gpu(up, c, d.layer, d.ffn.prefix, d.ffn.router, d.ffn.shared_inter, home, pools, homes);
       m.topk = std::max(m.topk, b.ffn->topk());
-      if (home == RoutedExperts::Home::gpu) expert_bytes += b.ffn->bytes();
+      if (home == RoutedExperts::Home::gpu) {
+        expert_bytes += b.ffn->bytes();
+        m.expert_layer_bytes.push_back(b.ffn->routed_expert_bytes());
+      }
     }
     m.blocks.push_back(std::move(b));
   }
   m.weight_bytes = up.bytes() + expert_bytes;
+  m.dense_bytes = up.bytes() - m.embed.bytes();
   if (engram) {
     WeightLookup get = [&bind](const std::string& name, const std::vector<int64_t>& shape) {
       return shape.size() == 1 ? bind.vec(name, shape[0]) : bind.mat(name, shape[0], shape[1]);
@@ -148,6 +159,17 @@ void GpuRuntime::set_cpu_overlap(bool on, int64_t second_rows) {
   impl_->overlap_b_rows = std::max<int64_t>(second_rows, 0);
 }
 size_t GpuRuntime::graph_captures() const { return impl_->seg_graphs.captures(); }
+size_t GpuRuntime::last_step_graphs() const { return impl_->seg_graphs.last_graphs(); }
+std::vector<std::string> GpuRuntime::last_step_kernels() const { return impl_->seg_graphs.last_kernels(); }
+double GpuRuntime::decode_weight_bytes(int64_t tokens) const {
+  const Impl& m = *impl_;
+  const ModelConfig& c = m.c;
+  const double E = static_cast<double>(std::max<int64_t>(c.num_experts, 1)), K = static_cast<double>(c.num_experts_per_tok);
+  const double touched = tokens == 1 ? std::min(K, E) : E * (1.0 - std::pow(1.0 - std::min(K, E) / E, static_cast<double>(tokens)));
+  double b = static_cast<double>(m.dense_bytes) + static_cast<double>(tokens * c.hidden_size * 2);
+  for (uint64_t x : m.expert_layer_bytes) b += static_cast<double>(x) * touched / E;
+  return b;
+}
 uint64_t GpuRuntime::weight_bytes() const { return impl_->weight_bytes; }
 uint64_t GpuRuntime::kv_bytes_per_token() const {
   const KvLayout& l = impl_->kv_layout;
@@ -250,6 +272,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   st.tiles = st.lists + st.list_len;
   st.kv = &kvs;
   st.stream_pass = m.xstream && m.xstream->wants(n);
+  st.fused = m.decode_fusion;
 
   // The step is GPU segments separated by host work: hand-offs (blocks
   // whose routed experts are in host memory; such a block's GPU part ends
@@ -316,8 +339,10 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     if (em >= 0 && l == 0) m.engram->apply(em, xr, nullptr, r.r0, r.rn, m.blas, s);
     gpu::add_rms_norm(xr, l > 0 && em < 0 ? dr : nullptr, nullptr, r.rn, H, blk.in_norm.as<bf16_t>(), eps, hr, blk.attn->fp32_input() ? hfr : nullptr, s);
     blk.attn->enqueue(ctx, r);
+    const bool handoff = blk.ffn->host_experts() && !st.stream_pass;
+    if (blk.ffn->fuses_norm(ctx, r)) return blk.ffn->enqueue_with_norm(ctx, r, blk.post_norm.as<bf16_t>(), eps, handoff);
     gpu::add_rms_norm(xr, dr, nullptr, r.rn, H, blk.post_norm.as<bf16_t>(), eps, hr, blk.ffn->fp32_input() ? hfr : nullptr, s);
-    blk.ffn->enqueue(ctx, r, blk.ffn->host_experts() && !st.stream_pass);
+    blk.ffn->enqueue(ctx, r, handoff);
   };
   auto enqueue_tail = [&] {
     gpu::add_rms_norm(a.x, nullptr, st.rows, mrows, H, m.final_norm.as<bf16_t>(), eps, a.hb, nullptr, s);

@@ -64,6 +64,8 @@ struct GpuRuntimeOptions {
   bool split_inputs = true;       // precise layers (FfnDesc::precise, MLA) split their products' inputs
   bool quantized_dense = true;    // GGUF attention / lm_head weights stay in their blocks (setting gpu_quantized_dense)
   bool cuda_graphs = false, cpu_overlap = false, tiled_attention = true;
+  bool programmatic_launch = true;  // setting gpu_programmatic_launch (gpu::Stream::set_programmatic_launch)
+  bool decode_fusion = true;        // setting gpu_decode_fusion (GpuStepInfo::fused)
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
   // Everything from the settings but `resident` and `devices` (the placement's).
   static GpuRuntimeOptions from_settings(const Settings& s);
@@ -86,6 +88,16 @@ class GpuRuntime {
   void set_cpu_overlap(bool on, int64_t second_rows = 0);
   void set_tiled_attention(bool on);
   size_t graph_captures() const;  // CUDA graphs captured so far
+  // The CUDA graphs the last graph-replayed step ran (its segments and
+  // micro-batches; 0 when none) and their kernel nodes' names: what one
+  // decode step launches (benchmarks).
+  size_t last_step_graphs() const;
+  std::vector<std::string> last_step_kernels() const;
+  // Bytes of GPU weights a decode step of `tokens` sequences reads: every
+  // dense weight once (embedding: the tokens' rows), and per resident MoE
+  // layer the experts the step touches, expected under uniform routing
+  // (E * (1 - (1 - K/E)^tokens); exactly K at one token).
+  double decode_weight_bytes(int64_t tokens) const;
   // min_batch 0 turns streaming off; off (with a notice) when the slots do not fit.
   void enable_expert_streaming(const ExpertStreamOptions& o);
   const ExpertStream* expert_stream() const;  // null when off

@@ -5,7 +5,7 @@ namespace hmoe {
 void SegmentGraphs::run(const std::vector<const void*>& key, size_t index, gpu::Stream& s, const std::function<void()>& enqueue) {
   auto it = sets_.find(key);
   if (it == sets_.end()) {
-    if (sets_.size() >= kMaxKeys) sets_.clear();
+    if (sets_.size() >= kMaxKeys) clear();
     it = sets_.emplace(key, std::vector<std::unique_ptr<gpu::Graph>>{}).first;
   }
   auto& graphs = it->second;
@@ -27,6 +27,22 @@ void SegmentGraphs::run(const std::vector<const void*>& key, size_t index, gpu::
     ++captures_;
   }
   graphs[index]->launch(s);
+  last_ = &graphs;
+}
+
+size_t SegmentGraphs::last_graphs() const {
+  size_t n = 0;
+  if (last_)
+    for (const auto& g : *last_) n += g != nullptr;
+  return n;
+}
+
+std::vector<std::string> SegmentGraphs::last_kernels() const {
+  std::vector<std::string> k;
+  if (last_)
+    for (const auto& g : *last_)
+      if (g) k.insert(k.end(), g->kernels().begin(), g->kernels().end());
+  return k;
 }
 
 }  // namespace hmoe
