@@ -136,11 +136,9 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a) {
     }
     if (row + stride < a.experts) fetch(row + stride, 0);
   }
+  __threadfence();  // every writer's logits visible device-wide before the block counts itself
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(a.counter, 1) == static_cast<int>(gridDim.x) - 1;
-  }
+  if (threadIdx.x == 0) last = atomicAdd(a.counter, 1) == static_cast<int>(gridDim.x) - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();

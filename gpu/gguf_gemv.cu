@@ -118,12 +118,14 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
     tk.slot = MODE == kDown ? warp : 0;
     tk.mrow0 = tk.row0;
     tk.out = p.y;
+    // The routing through L2 (ld.global.cg): the down kernel reads it before
+    // its wait, when an L1 line of an earlier layer's routing could be stale.
     if (MODE == kGateUp) {
       const int pair = by * p.k + j;
-      tk.mrow0 += static_cast<int64_t>(__ldg(p.ids + pair)) * p.rows;
+      tk.mrow0 += static_cast<int64_t>(__ldcg(p.ids + pair)) * p.rows;
       tk.out = p.y + static_cast<int64_t>(pair) * p.rows;
     }
-    if (MODE == kDown) tk.mrow0 += static_cast<int64_t>(__ldg(p.ids + by * p.k + warp)) * p.rows;
+    if (MODE == kDown) tk.mrow0 += static_cast<int64_t>(__ldcg(p.ids + by * p.k + warp)) * p.rows;
     if (MODE == kDequant) tk.mrow0 += p.r0;
   };
   auto span = [&](const Task& tk, int seg, const uint8_t*& g0, const uint8_t*& g1) {
@@ -153,11 +155,15 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
     }
   };
 
-  // Dense products read resident weights that no kernel writes: the first
-  // task's bytes are requested before waiting for the kernel in front
-  // (programmatic launch, gpu/common.cuh); the other modes read the
-  // routing or write scratch, so they wait first.
-  constexpr bool kEarly = MODE == kDense;
+  // The first task's bytes are requested before waiting for the kernel in
+  // front (programmatic launch, gpu/common.cuh) where nothing they depend on
+  // can still be in flight: dense products (resident weights that no kernel
+  // writes) and the down kernel, whose routing was written before the
+  // gate/up kernel in front of it passed its own wait (and so before this
+  // grid was launched); its gate/up products are read after the wait.
+  // Gate/up reads the routing of the kernel right in front; dequantization
+  // writes scratch that kernel may read: both wait first.
+  constexpr bool kEarly = MODE == kDense || MODE == kDown;
   if (!kEarly) {
     pdl_wait();
     pdl_trigger();

@@ -119,7 +119,7 @@ class MoeGpu : public GpuFfn {
       gpu::add_rms_norm_router_topk(ctx.a.x + r.r0 * H_, ctx.a.d + r.r0 * H_, r.rn, H_, norm_w, eps, ctx.a.hb + r.r0 * H_,
                                     fp32_input() ? ctx.a.hf + r.r0 * H_ : nullptr, router_.as<bf16_t>(), E_, K_, c_.norm_topk_prob, logits,
                                     router_count_.as<int32_t>(), ids, wts, s);
-    } else if (router_kind_ == RouterKind::softmax_topk && r.rn <= gpu::router_gemv_max_tokens() && E_ <= 1024) {  // decode: one launch
+    } else if (router_kind_ == RouterKind::softmax_topk && ctx.step.fused && r.rn <= gpu::router_gemv_max_tokens() && E_ <= 1024) {  // decode: one launch
       gpu::router_gemv_topk(x, r.rn, router_.as<bf16_t>(), E_, H_, K_, c_.norm_topk_prob, logits, router_count_.as<int32_t>(), ids, wts, s);
     } else if (router_kind_ == RouterKind::softmax_topk) {
       ctx.blas.gemm(x, r.rn, router_.as<bf16_t>(), E_, H_, logits, E_);

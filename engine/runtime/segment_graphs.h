@@ -43,4 +43,10 @@ class SegmentGraphs {
   size_t captures_ = 0;
 };
 
+// A kernel's demangled name without its return type, parameter list and
+// namespace qualifiers: "void hmoe::gpu::(anonymous namespace)::gg_kernel<
+// hmoe::gpu::detail::gguf::Q4K, 1, 0>(hmoe::gpu::(anonymous namespace)::
+// Params)" -> "gg_kernel<Q4K, 1, 0>" (benchmark tables).
+std::string kernel_short_name(std::string name);
+
 }  // namespace hmoe

@@ -1,15 +1,18 @@
 // The decode step as launched on the GPU: the one-launch router
-// (gpu::router_gemv_topk) against a scalar reference, and a GGUF model's
-// decode steps with programmatic dependent launch on and off (the same
-// kernels, so the same logits bit for bit), with and without CUDA graphs,
-// and at one and eight sequences one captured graph per step holding only
-// hmoe's own kernels (no cuBLAS call, no host round trip inside the step).
-// Skips without a GPU.
+// (gpu::router_gemv_topk) against a scalar reference; the fused launches of
+// gpu/decode_fused.h against the unfused ones they replace (bit for bit);
+// and a GGUF model's decode steps with programmatic dependent launch on and
+// off and with and without CUDA graphs (the same kernels, so the same
+// logits bit for bit), fused against unfused (the same clear top-1), and at
+// one and eight sequences one captured graph per step holding only hmoe's
+// own kernels, with the fused router and attention once per layer (no
+// cuBLAS call, no host round trip inside the step). Skips without a GPU.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 
 #include "configs/error.h"
@@ -213,9 +216,10 @@ TEST_CASE("gpu norm_rope_store_attention equals qkv_norm_rope_store + attention 
 
 namespace {
 
-// `steps` greedy decode steps of `seqs` sequences after a 5-token prompt
-// each (their own ids); every step's logits appended. Also returns the
-// graphs and kernels of the last step.
+// `steps` decode steps of `seqs` sequences after a 5-token prompt each,
+// teacher-forced (fixed ids, so that runs stay comparable row by row);
+// every step's logits appended. Also returns the graphs and kernels of the
+// last step.
 struct DecodeRun {
   std::vector<float> logits;
   size_t graphs = 0;
@@ -225,7 +229,6 @@ DecodeRun decode(Model& m, int64_t seqs, int64_t steps) {
   const int64_t V = m.config().vocab_size;
   KvCache kv(m.kv_layout(), seqs * 4 + 2, 16);
   std::vector<int> ids;
-  std::vector<int32_t> next;
   Batch b;
   for (int64_t q = 0; q < seqs; ++q) {
     ids.push_back(kv.add_sequence());
@@ -236,15 +239,13 @@ DecodeRun decode(Model& m, int64_t seqs, int64_t steps) {
     b.clear();
     for (int64_t p = 0; p < 5; ++p) b.add(static_cast<int32_t>((q * 31 + p * 7 + 3) % V), ids[static_cast<size_t>(q)], p, p == 4);
     m.forward(b, kv, lg);
-    next.push_back(argmax(lg.data(), V));
   }
   DecodeRun r;
   for (int64_t t = 0; t < steps; ++t) {
     b.clear();
-    for (int64_t q = 0; q < seqs; ++q) b.add(next[static_cast<size_t>(q)], ids[static_cast<size_t>(q)], 5 + t, true);
+    for (int64_t q = 0; q < seqs; ++q) b.add(static_cast<int32_t>((q * 53 + t * 17 + 11) % V), ids[static_cast<size_t>(q)], 5 + t, true);
     m.forward(b, kv, lg);
     r.logits.insert(r.logits.end(), lg.begin(), lg.end());
-    for (int64_t q = 0; q < seqs; ++q) next[static_cast<size_t>(q)] = argmax(lg.data() + q * V, V);
   }
   r.graphs = m.gpu()->last_step_graphs();
   r.kernels = m.gpu()->last_step_kernels();
@@ -257,30 +258,52 @@ TEST_CASE("GGUF decode on the GPU: one graph per step of hmoe kernels; programma
   if (!test::have_gpu()) return;
   const std::string gguf = test::fixture_ref("tiny-qwen3moe-Q8_0.gguf");
   REQUIRE_MESSAGE(std::filesystem::exists(gguf), gguf << " missing");
-  auto load = [&](const char* pdl, const char* graphs) {
+  auto load = [&](const char* pdl, const char* graphs, const char* fusion = "1") {
     std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", "all", "--progress", "none", "--gpu-programmatic-launch",
-                                     pdl, "--cuda-graphs", graphs};
+                                     pdl, "--cuda-graphs", graphs, "--gpu-decode-fusion", fusion};
     return Model::load(gguf, Settings::load(args));
   };
   for (const int64_t seqs : {1, 8}) {
-    auto on = load("1", "1"), off = load("0", "1"), plain = load("1", "0");
-    const DecodeRun a = decode(*on, seqs, 12), b = decode(*off, seqs, 12), c = decode(*plain, seqs, 12);
+    auto on = load("1", "1"), off = load("0", "1"), plain = load("1", "0"), unfused = load("0", "1", "0");
+    const DecodeRun a = decode(*on, seqs, 12), b = decode(*off, seqs, 12), c = decode(*plain, seqs, 12), u = decode(*unfused, seqs, 12);
     REQUIRE(a.logits.size() == b.logits.size());
     CHECK_MESSAGE(a.logits == b.logits, seqs << " sequences: programmatic launch changed the logits");
     CHECK_MESSAGE(a.logits == c.logits, seqs << " sequences: graph replay changed the logits");
+    // One launch per operation (main's sequence): the same top-1 wherever it is clear (the tiny model has
+    // near-tied routing choices that summation order may flip), logits within that rounding.
+    const int64_t V = on->config().vocab_size;
+    REQUIRE(u.logits.size() == a.logits.size());
+    const int64_t rows = static_cast<int64_t>(a.logits.size()) / V;
+    int64_t clear = 0, same = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = u.logits.data() + r * V;
+      std::vector<float> top(x, x + V);
+      std::nth_element(top.begin(), top.begin() + 1, top.end(), std::greater<>());
+      if (std::max(top[0], top[1]) - std::min(top[0], top[1]) <= 0.5f) continue;
+      ++clear;
+      same += argmax(a.logits.data() + r * V, V) == argmax(x, V);
+    }
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.logits.size(); ++i) num += (a.logits[i] - u.logits[i]) * (a.logits[i] - u.logits[i]), den += u.logits[i] * u.logits[i];
+    MESSAGE(seqs << " sequences: fused vs unfused decode: " << same << "/" << clear << " clear-margin top-1 equal, rel. logit error "
+                 << std::sqrt(num / den));
+    CHECK(same == clear);
+    CHECK(std::sqrt(num / den) < 2e-2);
     CHECK(a.graphs == 1);
     CHECK(c.graphs == 0);
     const int64_t L = on->config().num_hidden_layers;
     CHECK(static_cast<int64_t>(a.kernels.size()) > L);
     std::string names;
-    int64_t routers = 0, foreign = 0;
+    int64_t routers = 0, attentions = 0, foreign = 0;
     for (const auto& k : a.kernels) {
       names += k + "; ";
-      routers += k.find("router_gemv_topk") != std::string::npos;
+      attentions += k.find("attention_kernel<true>") != std::string::npos;  // norms + rope + KV store + attention
+      routers += k.find("router_kernel") != std::string::npos;  // the fused norm + router of gpu/decode_fused.cu
       foreign += k.find("hmoe::") == std::string::npos;  // cuBLAS or unnamed
     }
     MESSAGE(seqs << " sequences: " << a.kernels.size() << " kernels per decode step: " << names);
     CHECK(routers == L);
+    CHECK(attentions == L);
     CHECK(foreign == 0);
   }
 }

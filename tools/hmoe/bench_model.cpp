@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -14,6 +13,7 @@
 #include "engine/loading/model.h"
 #include "engine/placement/placement.h"
 #include "engine/runtime/gpu_runtime.h"
+#include "engine/runtime/segment_graphs.h"
 #include "gpu/memory.h"
 #include "gpu/quant.h"
 #include "tools/hmoe/command.h"
@@ -154,7 +154,7 @@ class Bench {
   Bench(Model& m, const Settings& s) : m_(m), s_(s), rng_(static_cast<uint64_t>(s.seed)) {}
 
   Result prefill(int64_t prompt, int64_t depth, int64_t reps) {
-    Result r{"prefill", prompt, 0, depth, 1, {}};
+    Result r{"prefill", prompt, 0, depth, 1, {}, 0, {}, 0};
     KvCache kv(m_.kv_layout(), blocks_for(1, depth + prompt), block_);
     const int seq = kv.add_sequence();
     kv.reserve(seq, depth + prompt);
@@ -171,7 +171,7 @@ class Bench {
   }
 
   Result decode(int64_t gen, int64_t depth, int64_t batch, int64_t reps) {
-    Result r{"decode", 0, gen, depth, batch, {}};
+    Result r{"decode", 0, gen, depth, batch, {}, 0, {}, 0};
     KvCache kv(m_.kv_layout(), blocks_for(batch, depth + gen), block_);
     std::vector<int> seqs;
     for (int64_t b = 0; b < batch; ++b) {
@@ -248,34 +248,6 @@ std::string share(double part, double whole) {
   return buf;
 }
 
-// "void hmoe::gpu::(anonymous namespace)::gg_kernel<hmoe::gpu::detail::gguf::Q4K, 1, 0>(...)" -> "gg_kernel<Q4K, 1, 0>".
-std::string short_kernel(std::string n) {
-  if (n.rfind("void ", 0) == 0) n.erase(0, 5);
-  int depth = 0;
-  for (size_t i = 0; i < n.size(); ++i) {  // the parameter list: the first '(' outside template brackets, not "(anonymous"
-    if (n[i] == '<') ++depth;
-    if (n[i] == '>') --depth;
-    if (n[i] == '(' && depth == 0 && n.compare(i, 10, "(anonymous") != 0) {
-      n.erase(i);
-      break;
-    }
-  }
-  for (size_t p; (p = n.find("(anonymous namespace)::")) != std::string::npos;) n.erase(p, 23);
-  std::string out;
-  for (size_t i = 0; i < n.size();) {  // drops every "qualifier::"
-    size_t j = i;
-    while (j < n.size() && (std::isalnum(static_cast<unsigned char>(n[j])) || n[j] == '_')) ++j;
-    if (j > i && n.compare(j, 2, "::") == 0) {
-      i = j + 2;
-      continue;
-    }
-    if (j == i) ++j;
-    out.append(n, i, j - i);
-    i = j;
-  }
-  return out;
-}
-
 // The device's read bandwidth: gpu::read_probe over 1 GiB, the best of 3 after a warm-up.
 double device_read_bandwidth() {
   gpu::Stream s;
@@ -316,13 +288,43 @@ void print_decode_breakdown(const std::vector<Result>& results, int64_t layers, 
     std::map<std::string, int> count;
     std::vector<std::string> order;
     for (const auto& k : r.kernels) {
-      const std::string n = short_kernel(k);
+      const std::string n = kernel_short_name(k);
       if (count[n]++ == 0) order.push_back(n);
     }
     std::printf("\n%s batch %lld, kernels per step:", r.name().c_str(), static_cast<long long>(r.batch));
     for (const auto& n : order) std::printf(" %s x%d;", n.c_str(), count[n]);
     std::printf("\n");
   }
+}
+
+// Per layer: the attention and feed-forward parts of a decode step (plain
+// launches, events between the parts), us per step, one column pair per batch.
+void print_part_times(const std::vector<std::pair<int64_t, GpuPartTimes>>& parts) {
+  if (parts.empty() || parts[0].second.steps == 0) return;
+  std::printf("\nPer-layer device time of one decode step (us; launched plainly with an event between every two parts, so launch gaps are "
+              "inside and the sum exceeds a graph step):\n\n| part |");
+  for (const auto& [b, t] : parts) std::printf(" attention, batch %lld | feed-forward, batch %lld |", static_cast<long long>(b), static_cast<long long>(b));
+  std::printf("\n|---|");
+  for (size_t i = 0; i < parts.size(); ++i) std::printf("---|---|");
+  std::printf("\n");
+  auto per = [](const GpuPartTimes& t, double ms) { return 1e3 * ms / static_cast<double>(std::max<int64_t>(t.steps, 1)); };
+  std::printf("| embedding |");
+  for (const auto& [b, t] : parts) std::printf(" %.1f | |", per(t, t.embed_ms));
+  std::printf("\n");
+  for (size_t l = 0; l < parts[0].second.attn_ms.size(); ++l) {
+    std::printf("| layer %zu |", l);
+    for (const auto& [b, t] : parts) std::printf(" %.1f | %.1f |", per(t, t.attn_ms[l]), per(t, t.ffn_ms[l]));
+    std::printf("\n");
+  }
+  std::printf("| tail (final norm, lm_head) |");
+  for (const auto& [b, t] : parts) std::printf(" %.1f | |", per(t, t.tail_ms));
+  std::printf("\n| step |");
+  for (const auto& [b, t] : parts) {
+    double sum = t.embed_ms + t.tail_ms;
+    for (size_t l = 0; l < t.attn_ms.size(); ++l) sum += t.attn_ms[l] + t.ffn_ms[l];
+    std::printf(" %.1f | |", per(t, sum));
+  }
+  std::printf("\n");
 }
 
 nlohmann::json result_json(const Result& r) {
@@ -444,7 +446,17 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
                 split ? share(t.gpu_s(), w).c_str() : "-", split ? share(t.cpu_experts_s, w).c_str() : "-", split ? share(t.transfer_s, w).c_str() : "-");
   }
   if (!on_gpu) std::printf("\nCPU path: no GPU/CPU split (all of the time is CPU work).\n");
-  if (on_gpu && o.breakdown) print_decode_breakdown(results, c.num_hidden_layers, device_read_bandwidth());
+  if (on_gpu && o.breakdown) {
+    print_decode_breakdown(results, c.num_hidden_layers, device_read_bandwidth());
+    std::vector<std::pair<int64_t, GpuPartTimes>> parts;
+    for (int64_t b : o.batches) {  // 8 steps after a short context, profiled as they run (no repetition recorded)
+      model->gpu()->set_part_profile(true);
+      bench.decode(8, 0, b, 0);
+      parts.emplace_back(b, model->gpu()->part_times());
+      model->gpu()->set_part_profile(false);
+    }
+    print_part_times(parts);
+  }
   return 0;
 }
 
