@@ -23,8 +23,8 @@ bench() {  # NAME LIMIT FILE [VAR=VALUE...]
   echo "k26d $name rc $?"; cat "$O/k26d-$name.md"; tail -3 "$O/k26d-$name.err"
 }
 bench q4km 30 "${SLICE_Q4KM:-}"
-bench q8_0 30 "${SLICE_Q8_0:-}"
+bench q8_0 35 "${SLICE_Q8_0:-}"
 bench q4km-main-launches 25 "${SLICE_Q4KM:-}" HMOE_GPU_PROGRAMMATIC_LAUNCH=0 HMOE_GPU_DECODE_FUSION=0
-if ((SECONDS - T0 < 60)); then bench q4km-no-pdl 15 "${SLICE_Q4KM:-}" HMOE_GPU_PROGRAMMATIC_LAUNCH=0; fi
-if ((SECONDS - T0 < 75)); then bench q4km-no-fusion 15 "${SLICE_Q4KM:-}" HMOE_GPU_DECODE_FUSION=0; fi
+if ((SECONDS - T0 < 66)); then bench q4km-no-pdl 12 "${SLICE_Q4KM:-}" HMOE_GPU_PROGRAMMATIC_LAUNCH=0; fi
+if ((SECONDS - T0 < 78)); then bench q4km-no-fusion 12 "${SLICE_Q4KM:-}" HMOE_GPU_DECODE_FUSION=0; fi
 echo "== k26d done t=$((SECONDS - T0))"

@@ -64,7 +64,7 @@ struct GpuRuntime::Impl {
   GpuPartTimes part_times;
   GpuStepTimes times;
   static constexpr int64_t kGraphMaxTokens = 64;  // larger steps are launched plainly
-  bool use_graphs = false, overlap = false, tiled_attention = true, decode_fusion = true;
+  bool use_graphs = false, overlap = false, tiled_attention = true, decode_fusion = true, programmatic_launch = true;
   int64_t overlap_b_rows = 0;
   SegmentGraphs seg_graphs;
   std::unique_ptr<ExpertStream> xstream;  // streamed host experts for big passes (null: off)
@@ -101,7 +101,7 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.overlap = o.cpu_overlap;
   m.overlap_b_rows = std::max<int64_t>(o.overlap_second_rows, 0);
   m.tiled_attention = o.tiled_attention;
-  m.stream.set_programmatic_launch(o.programmatic_launch);
+  m.programmatic_launch = o.programmatic_launch;
   m.decode_fusion = o.decode_fusion;
   GpuUploader up(bind, m.stream);
   up.set_keep_gguf(o.quantized_dense);
@@ -294,6 +294,9 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   st.kv = &kvs;
   st.stream_pass = m.xstream && m.xstream->wants(n);
   st.fused = m.decode_fusion;
+  // Programmatic launch for decode-sized steps only: prefill passes are few
+  // long kernels (and streamed passes wait on copy events), nothing to gain.
+  s.set_programmatic_launch(m.programmatic_launch && n <= Impl::kGraphMaxTokens && !st.stream_pass);
 
   // The step is GPU segments separated by host work: hand-offs (blocks
   // whose routed experts are in host memory; such a block's GPU part ends
