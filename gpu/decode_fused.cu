@@ -25,7 +25,7 @@ using namespace detail;
 namespace {
 
 constexpr int kWarps = 8, kThreads = kWarps * 32, kTokens = 8, kChunks = 8;  // chunks: 16-byte loads per lane held at once
-constexpr int kNormPer = 16;                                                  // norm values per thread: hidden <= 4096
+constexpr int kNormPer = 16;  // hidden <= kThreads * kNormPer
 
 struct RouterArgs {
   const uint16_t* x;  // bf16 [n, hidden] (without the norm)
@@ -66,34 +66,37 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a) {
   pdl_wait();
   pdl_trigger();
 
-  if (NORM) {  // add_rms_norm's arithmetic, in its order (256 threads, values j = tid + 256 i)
+  if (NORM) {
+    // Warp t normalises token t (tokens in parallel), in add_rms_norm's
+    // order: its 256 threads (thread tv sums the squares of values tv + 256 i
+    // in i order; each warp's sum as lane 0 of its butterfly gets it; the
+    // warps' sums in warp order) emulated as 8 virtual warps. Values are
+    // read twice (the second time from L1) rather than held.
     const int per = (H + kThreads - 1) / kThreads;
-    for (int t = 0; t < a.n; ++t) {
+    for (int t = warp; t < a.n; t += kWarps) {
       const float* xr = a.xres + static_cast<int64_t>(t) * H;
       const float* dr = a.delta ? a.delta + static_cast<int64_t>(t) * H : nullptr;
-      float v[kNormPer];
+      float part[kWarps];
 #pragma unroll
-      for (int i = 0; i < kNormPer; ++i) {
-        const int j = threadIdx.x + i * kThreads;
-        v[i] = i < per && j < H ? xr[j] : 0.0f;
-      }
-      if (dr) {
+      for (int w = 0; w < kWarps; ++w) part[w] = 0;
+      for (int i = 0; i < per; ++i) {
 #pragma unroll
-        for (int i = 0; i < kNormPer; ++i) {
-          const int j = threadIdx.x + i * kThreads;
-          if (i < per && j < H) v[i] += dr[j];
+        for (int w = 0; w < kWarps; ++w) {
+          const int j = lane + 32 * w + i * kThreads;
+          if (j >= H) continue;
+          float v = xr[j];
+          if (dr) v += dr[j];
+          part[w] += v * v;
         }
       }
       float ss = 0;
 #pragma unroll
-      for (int i = 0; i < kNormPer; ++i) ss += v[i] * v[i];
-      ss = block_sum(ss);
+      for (int w = 0; w < kWarps; ++w) ss += __shfl_sync(0xffffffffu, warp_sum(part[w]), 0);
       const float inv = rsqrtf(ss / static_cast<float>(H) + a.eps);
-#pragma unroll
-      for (int i = 0; i < kNormPer; ++i) {
-        const int j = threadIdx.x + i * kThreads;
-        if (i >= per || j >= H) continue;
-        const float o = bf2f(a.norm_w[j]) * (v[i] * inv);
+      for (int j = lane; j < H; j += 32) {
+        float v = xr[j];
+        if (dr) v += dr[j];
+        const float o = bf2f(a.norm_w[j]) * (v * inv);
         const uint16_t ob = f2bf(o);
         xs[t * H + j] = ob;
         if (blockIdx.x == 0) {
