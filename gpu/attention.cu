@@ -9,6 +9,7 @@
 
 #include "configs/error.h"
 #include "gpu/common.cuh"
+#include "gpu/decode_fused.h"
 #include "gpu/kernels.h"
 
 namespace hmoe::gpu {
@@ -18,15 +19,70 @@ namespace {
 
 constexpr int kThreads = 128, kChunk = 128;
 
+// FUSED (decode, one token per sequence): q/k RMSNorm + rotary of the raw
+// q|k|v row and the KV store (qkv_norm_rope_store's arithmetic) in the same
+// launch. The token's own key and value (its last position) come from
+// shared memory, rounded to bf16 as the cache holds them, because the
+// block of the group's first head stores them concurrently.
+struct FusedRope {
+  const uint16_t *wq, *wk;
+  float eps;
+  const int32_t *pos, *slots;
+  const float* inv_freq;
+  uint16_t *kc_out, *vc_out;
+};
+
+// Normalises the head of `hd` floats at src with weight w and rotates it at
+// position p, into dst (hd floats of shared memory). Every thread of the block calls it.
+__device__ __forceinline__ void norm_rope_head(const float* src, int hd, const uint16_t* w, float eps, float p, const float* inv_freq, float* tmp,
+                                               float* dst) {
+  const int i = threadIdx.x;
+  const float a = i < hd ? src[i] : 0.0f;
+  const float ss = block_sum(a * a);
+  const float inv = rsqrtf(ss / static_cast<float>(hd) + eps);
+  if (i < hd) tmp[i] = bf2f(w[i]) * (a * inv);
+  __syncthreads();
+  const int half = hd / 2;
+  if (i < half) {
+    const float f = p * inv_freq[i];
+    const float c = static_cast<float>(cos(static_cast<double>(f))), sn = static_cast<float>(sin(static_cast<double>(f)));
+    const float x0 = tmp[i], x1 = tmp[i + half];
+    dst[i] = x0 * c - x1 * sn;
+    dst[i + half] = x1 * c + x0 * sn;
+  }
+  __syncthreads();
+}
+
 // splits == 1: writes out; else writes scratch[((t*heads + h)*splits + z)*(hd + 2)] = {m, l, acc[hd]}.
+template <bool FUSED>
 __global__ void attention_kernel(const float* q, int64_t ldq, int heads, int kv_heads, int hd, const uint16_t* kc, const uint16_t* vc,
                                  const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, float scale, int splits,
-                                 float* scratch, uint16_t* out) {
+                                 float* scratch, uint16_t* out, FusedRope fr) {
   __shared__ float qs[128];
   __shared__ float sc[kChunk];
+  __shared__ float ks[128], vs[128], tmp[128];
+  pdl_wait();
+  pdl_trigger();
   const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, g = h / (heads / kv_heads);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (tid < hd) qs[tid] = q[static_cast<int64_t>(t) * ldq + h * hd + tid];
+  const float* qrow = q + static_cast<int64_t>(t) * ldq;
+  if (FUSED) {
+    const float p = static_cast<float>(fr.pos[t]);
+    norm_rope_head(qrow + h * hd, hd, fr.wq, fr.eps, p, fr.inv_freq, tmp, qs);
+    norm_rope_head(qrow + (heads + g) * hd, hd, fr.wk, fr.eps, p, fr.inv_freq, tmp, ks);
+    if (tid < hd) {
+      const uint16_t kb = f2bf(ks[tid]), vb = f2bf(qrow[(heads + kv_heads + g) * hd + tid]);
+      ks[tid] = bf2f(kb);
+      vs[tid] = bf2f(vb);
+      if (h % (heads / kv_heads) == 0 && z == 0) {  // the group's first head stores the token's key and value
+        const int64_t at = static_cast<int64_t>(fr.slots[t]) * kv_heads * hd + g * hd + tid;
+        fr.kc_out[at] = kb;
+        fr.vc_out[at] = vb;
+      }
+    }
+  } else if (tid < hd) {
+    qs[tid] = qrow[h * hd + tid];
+  }
   __syncthreads();
   const int len = lens[t];
   const int per = (len + splits - 1) / splits;
@@ -39,7 +95,10 @@ __global__ void attention_kernel(const float* q, int64_t ldq, int heads, int kv_
     for (int j = warp; j < cn; j += kThreads / 32) {
       const uint16_t* kp = kc + static_cast<int64_t>(sl[base + j]) * row + g * hd;
       float s = 0;
-      for (int d = lane; d < hd; d += 32) s += qs[d] * bf2f(kp[d]);
+      if (FUSED && base + j == len - 1)
+        for (int d = lane; d < hd; d += 32) s += qs[d] * ks[d];
+      else
+        for (int d = lane; d < hd; d += 32) s += qs[d] * bf2f(kp[d]);
       s = warp_sum(s);
       if (lane == 0) sc[j] = s * scale;
     }
@@ -51,7 +110,7 @@ __global__ void attention_kernel(const float* q, int64_t ldq, int heads, int kv_
     for (int j = 0; j < cn; ++j) {
       const float p = expf(sc[j] - nm);
       psum += p;
-      if (tid < hd) part += p * bf2f(vc[static_cast<int64_t>(sl[base + j]) * row + g * hd + tid]);
+      if (tid < hd) part += p * (FUSED && base + j == len - 1 ? vs[tid] : bf2f(vc[static_cast<int64_t>(sl[base + j]) * row + g * hd + tid]));
     }
     l = l * corr + psum;
     acc = acc * corr + part;
@@ -72,6 +131,8 @@ __global__ void attention_kernel(const float* q, int64_t ldq, int heads, int kv_
 
 // One block of hd threads per (token, head).
 __global__ void attention_combine_kernel(int heads, int hd, int splits, const float* scratch, uint16_t* out) {
+  pdl_wait();
+  pdl_trigger();
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   const float* src = scratch + (static_cast<int64_t>(t) * heads + h) * splits * (hd + 2);
   float mx = -INFINITY;
@@ -99,23 +160,46 @@ int64_t attention_scratch_floats(int64_t n, int64_t heads, int64_t hd, int64_t m
   return s == 1 ? 0 : n * heads * s * (hd + 2);
 }
 
-void attention(const float* q, int64_t ldq, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const bf16_t* kc, const bf16_t* vc,
-               const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, int64_t max_len, float scale, float* scratch,
-               bf16_t* out, Stream& s) {
-  if (hd % 32 != 0 || hd > 128) fail(ErrorKind::unsupported, "gpu::attention: head_dim " + std::to_string(hd) + " (need 32, 64, 96 or 128)");
-  if (kv_heads <= 0 || heads % kv_heads != 0) fail(ErrorKind::invalid_argument, "gpu::attention: heads must be a multiple of kv_heads");
-  if (n <= 0) return;
+namespace {
+
+template <bool FUSED>
+void attention_launch(const float* q, int64_t ldq, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const bf16_t* kc, const bf16_t* vc,
+                      const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, int64_t max_len, float scale, float* scratch,
+                      bf16_t* out, const FusedRope& fr, Stream& s) {
   const int64_t splits = attention_splits(n, heads, max_len);
   if (splits > 1 && scratch == nullptr) fail(ErrorKind::internal, "gpu::attention: split-K needs scratch");
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(heads), static_cast<unsigned>(splits));
-  attention_kernel<<<grid, kThreads, 0, cs(s)>>>(q, ldq, static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(hd), kc, vc,
-                                                 slot_lists, offsets, lens, scale, static_cast<int>(splits), scratch, out);
-  HMOE_CUDA_LAUNCHED();
+  launch_pdl(s, attention_kernel<FUSED>, grid, dim3(kThreads), 0, q, ldq, static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(hd), kc,
+             vc, slot_lists, offsets, lens, scale, static_cast<int>(splits), scratch, out, fr);
   if (splits > 1) {
-    attention_combine_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), static_cast<unsigned>(hd), 0, cs(s)>>>(
-        static_cast<int>(heads), static_cast<int>(hd), static_cast<int>(splits), scratch, out);
-    HMOE_CUDA_LAUNCHED();
+    launch_pdl(s, attention_combine_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), dim3(static_cast<unsigned>(hd)), 0,
+               static_cast<int>(heads), static_cast<int>(hd), static_cast<int>(splits), scratch, out);
   }
+}
+
+void check_attention(const char* what, int64_t heads, int64_t kv_heads, int64_t hd) {
+  if (hd % 32 != 0 || hd > 128) fail(ErrorKind::unsupported, std::string("gpu::") + what + ": head_dim " + std::to_string(hd) + " (need 32, 64, 96 or 128)");
+  if (kv_heads <= 0 || heads % kv_heads != 0) fail(ErrorKind::invalid_argument, std::string("gpu::") + what + ": heads must be a multiple of kv_heads");
+}
+
+}  // namespace
+
+void attention(const float* q, int64_t ldq, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const bf16_t* kc, const bf16_t* vc,
+               const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, int64_t max_len, float scale, float* scratch,
+               bf16_t* out, Stream& s) {
+  check_attention("attention", heads, kv_heads, hd);
+  if (n <= 0) return;
+  attention_launch<false>(q, ldq, n, heads, kv_heads, hd, kc, vc, slot_lists, offsets, lens, max_len, scale, scratch, out, FusedRope{}, s);
+}
+
+void norm_rope_store_attention(float* qkv, int64_t ldq, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const bf16_t* w_q,
+                               const bf16_t* w_k, float eps, const int32_t* pos, const float* inv_freq, const int32_t* slots, bf16_t* kc,
+                               bf16_t* vc, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, int64_t max_len, float scale,
+                               float* scratch, bf16_t* out, Stream& s) {
+  check_attention("norm_rope_store_attention", heads, kv_heads, hd);
+  if (n <= 0) return;
+  const FusedRope fr{w_q, w_k, eps, pos, slots, inv_freq, kc, vc};
+  attention_launch<true>(qkv, ldq, n, heads, kv_heads, hd, kc, vc, slot_lists, offsets, lens, max_len, scale, scratch, out, fr, s);
 }
 
 }  // namespace hmoe::gpu

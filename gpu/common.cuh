@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "gpu/check.h"
 #include "gpu/memory.h"
@@ -11,6 +12,46 @@
 namespace hmoe::gpu::detail {
 
 inline cudaStream_t cs(Stream& s) { return static_cast<cudaStream_t>(s.handle()); }
+
+// Programmatic dependent launch (sm_90+). A kernel launched by launch_pdl on
+// a stream with programmatic_launch() may be scheduled before the kernel in
+// front of it has finished; it must call pdl_wait() in every block before it
+// reads anything that kernel (or any earlier one) wrote, and before it
+// returns (so that a grid that completes implies its predecessors did).
+// Work before pdl_wait() may only read what no kernel of the step writes
+// (weights). pdl_trigger() lets the next kernel be scheduled; called after
+// pdl_wait(), at most two kernels of a chain are resident at once. On older
+// architectures and on plain launches both are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether the current device takes programmatic launches (compute 9.0+).
+bool pdl_supported();
+
+// kern<<<grid, block, smem, s>>>(args...), with the programmatic-serialization
+// attribute when s asks for it and the device takes it. Checks the launch.
+template <class... KArgs, class... Args>
+void launch_pdl(Stream& s, void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = cs(s);
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = s.programmatic_launch() && pdl_supported() ? 1 : 0;
+  HMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(std::forward<Args>(args))...));
+}
 
 __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 __device__ __forceinline__ uint16_t f2bf(float f) {

@@ -10,6 +10,8 @@ using namespace detail;
 namespace {
 
 __global__ void embedding_kernel(const uint16_t* table, const int32_t* ids, int64_t hidden, float* out) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const uint16_t* row = table + static_cast<int64_t>(ids[t]) * hidden;
   for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) out[t * hidden + i] = bf2f(row[i]);
@@ -20,6 +22,8 @@ __global__ void embedding_kernel(const uint16_t* table, const int32_t* ids, int6
 constexpr int kNormPer = 8, kNormThreads = 512;
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(float* x, const float* delta, const int32_t* rows, int64_t d, const uint16_t* w,
                                                                     float eps, uint16_t* y, float* y_f32) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t i = blockIdx.x, r = rows ? rows[i] : i;
   float* xr = x + r * d;
   float ss = 0;
@@ -102,6 +106,8 @@ __global__ void qkv_norm_rope_store_kernel(float* x, int64_t ld, int heads, int6
                                            const int32_t* pos, const float* inv_freq, int kv_heads, const int32_t* slots, uint16_t* kc,
                                            uint16_t* vc) {
   __shared__ float v[256];
+  pdl_wait();
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y, i = threadIdx.x;
   const bool is_k = h >= heads;
@@ -155,6 +161,8 @@ __global__ void split_bf16_kernel(const float* x, int64_t count, uint16_t* hi, u
 }
 
 __global__ void add_kernel(const float* x, const float* d, int64_t count, float* y) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx < count) y[idx] = x[idx] + d[idx];
 }
@@ -165,16 +173,14 @@ unsigned blocks_for(int64_t count, int threads) { return static_cast<unsigned>((
 
 void embedding(const bf16_t* table, const int32_t* ids, int64_t n, int64_t hidden, float* out, Stream& s) {
   if (n <= 0) return;
-  embedding_kernel<<<static_cast<unsigned>(n), 256, 0, cs(s)>>>(table, ids, hidden, out);
-  HMOE_CUDA_LAUNCHED();
+  launch_pdl(s, embedding_kernel, dim3(static_cast<unsigned>(n)), dim3(256), 0, table, ids, hidden, out);
 }
 
 void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, int64_t d, const bf16_t* w, float eps, bf16_t* y,
                   float* y_f32, Stream& s) {
   if (n <= 0) return;
   const unsigned threads = d <= 8 * 256 ? 256 : kNormThreads;  // up to 8 values a thread in registers
-  add_rms_norm_kernel<<<static_cast<unsigned>(n), threads, 0, cs(s)>>>(x, delta, rows, d, w, eps, y, y_f32);
-  HMOE_CUDA_LAUNCHED();
+  launch_pdl(s, add_rms_norm_kernel, dim3(static_cast<unsigned>(n)), dim3(threads), 0, x, delta, rows, d, w, eps, y, y_f32);
 }
 
 void qk_norm_rope(float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd, const bf16_t* w, float eps, const int32_t* pos,
@@ -190,9 +196,8 @@ void qkv_norm_rope_store(float* x, int64_t n, int64_t ld, int64_t heads, int64_t
                          float eps, const int32_t* pos, const float* inv_freq, const int32_t* slots, bf16_t* kc, bf16_t* vc, Stream& s) {
   if (hd % 32 != 0 || hd > 256) fail(ErrorKind::unsupported, "gpu::qkv_norm_rope_store: head_dim " + std::to_string(hd) + " (need a multiple of 32, <= 256)");
   if (n <= 0) return;
-  qkv_norm_rope_store_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads + kv_heads)), static_cast<unsigned>(hd), 0, cs(s)>>>(
-      x, ld, static_cast<int>(heads), hd, w_q, w_k, eps, pos, inv_freq, static_cast<int>(kv_heads), slots, kc, vc);
-  HMOE_CUDA_LAUNCHED();
+  launch_pdl(s, qkv_norm_rope_store_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads + kv_heads)), dim3(static_cast<unsigned>(hd)), 0,
+             x, ld, static_cast<int>(heads), hd, w_q, w_k, eps, pos, inv_freq, static_cast<int>(kv_heads), slots, kc, vc);
 }
 
 void kv_store(const float* k, const float* v, int64_t ld, int64_t n, int64_t width, const int32_t* slots, bf16_t* kc, bf16_t* vc,
@@ -216,8 +221,7 @@ void split_bf16(const float* x, int64_t count, bf16_t* hi, bf16_t* lo, Stream& s
 
 void add(const float* x, const float* d, int64_t count, float* y, Stream& s) {
   if (count <= 0) return;
-  add_kernel<<<blocks_for(count, 256), 256, 0, cs(s)>>>(x, d, count, y);
-  HMOE_CUDA_LAUNCHED();
+  launch_pdl(s, add_kernel, dim3(blocks_for(count, 256)), dim3(256), 0, x, d, count, y);
 }
 
 }  // namespace hmoe::gpu

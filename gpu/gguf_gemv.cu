@@ -99,6 +99,86 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
   float* dsum = reinterpret_cast<float*>(stage_all + W * kStage) + W * TB * 64;    // down: [W][8]
   const int by = blockIdx.y;
 
+  // Tasks: row groups of the matrix (dense, dequant); (slot, row group) of
+  // the token's experts (gate/up); row groups with the block's warps as the
+  // token's slots (down, block-uniform). Persistent: a warp walks its tasks
+  // with the next step's bytes loaded before the current step is computed.
+  const int ntask = MODE == kGateUp ? p.k * p.tasks : p.tasks;
+  const int first = MODE == kDown ? static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x) * W + warp;
+  const int stride = MODE == kDown ? static_cast<int>(gridDim.x) : static_cast<int>(gridDim.x) * W;
+  const int U = cols / 64, groups = cols / F::EB;
+  auto task_of = [&](int task, Task& tk) {
+    int rg = task, j = 0;
+    if (MODE == kGateUp) {
+      j = task / p.tasks;
+      rg = task - j * p.tasks;
+    }
+    tk.row0 = rg * p.R;
+    tk.Rv = min(p.R, p.rows - tk.row0);
+    tk.slot = MODE == kDown ? warp : 0;
+    tk.mrow0 = tk.row0;
+    tk.out = p.y;
+    // The routing through L2 (ld.global.cg): the down kernel reads it before
+    // its wait, when an L1 line of an earlier layer's routing could be stale.
+    if (MODE == kGateUp) {
+      const int pair = by * p.k + j;
+      tk.mrow0 += static_cast<int64_t>(__ldcg(p.ids + pair)) * p.rows;
+      tk.out = p.y + static_cast<int64_t>(pair) * p.rows;
+    }
+    if (MODE == kDown) tk.mrow0 += static_cast<int64_t>(__ldcg(p.ids + by * p.k + warp)) * p.rows;
+    if (MODE == kDequant) tk.mrow0 += p.r0;
+  };
+  auto span = [&](const Task& tk, int seg, const uint8_t*& g0, const uint8_t*& g1) {
+    const uint8_t* base = p.data + tk.mrow0 * p.rb;
+    if (p.nseg == 1) {
+      g0 = base;
+      g1 = base + tk.Rv * p.rb;
+    } else {
+      const int64_t o0 = static_cast<int64_t>(seg) * p.SG * F::BB;
+      g0 = base + o0;
+      g1 = base + min(o0 + static_cast<int64_t>(p.SG) * F::BB, p.rb);
+    }
+  };
+  uint4 pre[kLoads];
+  auto load = [&](const Task& tk, int seg) {
+    const uint8_t *g0, *g1;
+    span(tk, seg, g0, g1);
+    const uint8_t* a0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(g0) & ~static_cast<uintptr_t>(15));
+    const int nu4 = static_cast<int>((g1 - a0 + 15) / 16);
+#pragma unroll
+    for (int c = 0; c < kLoads; ++c) {
+      const int i = lane + 32 * c;
+      if (i < nu4) {
+        const uint8_t* a = a0 + 16 * i;
+        pre[c] = a + 16 <= p.end ? __ldg(reinterpret_cast<const uint4*>(a)) : load_tail(a, p.end);
+      }
+    }
+  };
+
+  // The first task's bytes are requested before waiting for the kernel in
+  // front (programmatic launch, gpu/common.cuh) where nothing they depend on
+  // can still be in flight: dense products (resident weights that no kernel
+  // writes) and the down kernel, whose routing was written before the
+  // gate/up kernel in front of it passed its own wait (and so before this
+  // grid was launched); its gate/up products are read after the wait.
+  // Gate/up reads the routing of the kernel right in front; dequantization
+  // writes scratch that kernel may read: both wait first.
+  constexpr bool kEarly = MODE == kDense || MODE == kDown;
+  if (!kEarly) {
+    pdl_wait();
+    pdl_trigger();
+  }
+  Task cur{}, nxt{};
+  int task = first, seg = 0;
+  if (task < ntask) {
+    task_of(task, cur);
+    load(cur, 0);
+  }
+  if (kEarly) {
+    pdl_wait();
+    pdl_trigger();
+  }
+
   // Prologue: the block's activation slots as two int8 planes per 32,
   // x ~ d * (q1 + q2 / 254) (about 16 bits), one lane per 32.
   if (MODE != kDequant) {
@@ -162,66 +242,6 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
     __syncthreads();
   }
 
-  // Tasks: row groups of the matrix (dense, dequant); (slot, row group) of
-  // the token's experts (gate/up); row groups with the block's warps as the
-  // token's slots (down, block-uniform). Persistent: a warp walks its tasks
-  // with the next step's bytes loaded before the current step is computed.
-  const int ntask = MODE == kGateUp ? p.k * p.tasks : p.tasks;
-  const int first = MODE == kDown ? static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x) * W + warp;
-  const int stride = MODE == kDown ? static_cast<int>(gridDim.x) : static_cast<int>(gridDim.x) * W;
-  const int U = cols / 64, groups = cols / F::EB;
-  auto task_of = [&](int task, Task& tk) {
-    int rg = task, j = 0;
-    if (MODE == kGateUp) {
-      j = task / p.tasks;
-      rg = task - j * p.tasks;
-    }
-    tk.row0 = rg * p.R;
-    tk.Rv = min(p.R, p.rows - tk.row0);
-    tk.slot = MODE == kDown ? warp : 0;
-    tk.mrow0 = tk.row0;
-    tk.out = p.y;
-    if (MODE == kGateUp) {
-      const int pair = by * p.k + j;
-      tk.mrow0 += static_cast<int64_t>(__ldg(p.ids + pair)) * p.rows;
-      tk.out = p.y + static_cast<int64_t>(pair) * p.rows;
-    }
-    if (MODE == kDown) tk.mrow0 += static_cast<int64_t>(__ldg(p.ids + by * p.k + warp)) * p.rows;
-    if (MODE == kDequant) tk.mrow0 += p.r0;
-  };
-  auto span = [&](const Task& tk, int seg, const uint8_t*& g0, const uint8_t*& g1) {
-    const uint8_t* base = p.data + tk.mrow0 * p.rb;
-    if (p.nseg == 1) {
-      g0 = base;
-      g1 = base + tk.Rv * p.rb;
-    } else {
-      const int64_t o0 = static_cast<int64_t>(seg) * p.SG * F::BB;
-      g0 = base + o0;
-      g1 = base + min(o0 + static_cast<int64_t>(p.SG) * F::BB, p.rb);
-    }
-  };
-  uint4 pre[kLoads];
-  auto load = [&](const Task& tk, int seg) {
-    const uint8_t *g0, *g1;
-    span(tk, seg, g0, g1);
-    const uint8_t* a0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(g0) & ~static_cast<uintptr_t>(15));
-    const int nu4 = static_cast<int>((g1 - a0 + 15) / 16);
-#pragma unroll
-    for (int c = 0; c < kLoads; ++c) {
-      const int i = lane + 32 * c;
-      if (i < nu4) {
-        const uint8_t* a = a0 + 16 * i;
-        pre[c] = a + 16 <= p.end ? __ldg(reinterpret_cast<const uint4*>(a)) : load_tail(a, p.end);
-      }
-    }
-  };
-
-  Task cur{}, nxt{};
-  int task = first, seg = 0;
-  if (task < ntask) {
-    task_of(task, cur);
-    load(cur, 0);
-  }
   float tot[TB];
 #pragma unroll
   for (int t = 0; t < TB; ++t) tot[t] = 0.0f;
@@ -438,16 +458,15 @@ size_t smem_bytes(int nx, int cols, int warps, int tb) {
 }
 
 template <class F, int TB, int MODE>
-void launch_one(const Params& p, dim3 grid, int warps, size_t smem, cudaStream_t st) {
+void launch_one(const Params& p, dim3 grid, int warps, size_t smem, Stream& st) {
   if (smem > 227 * 1024) fail(ErrorKind::unsupported, "gpu GGUF kernels: " + std::to_string(p.cols) + " columns need too much shared memory");
   auto kern = gg_kernel<F, TB, MODE>;
   if (smem > 48 * 1024) HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kern<<<grid, warps * 32, smem, st>>>(p);
-  HMOE_CUDA_LAUNCHED();
+  launch_pdl(st, kern, grid, dim3(static_cast<unsigned>(warps * 32)), smem, p);
 }
 
 template <int TB, int MODE>
-void launch(GgufType t, const Params& p, dim3 grid, int warps, size_t smem, cudaStream_t st) {
+void launch(GgufType t, const Params& p, dim3 grid, int warps, size_t smem, Stream& st) {
   switch (t) {
     case GgufType::q4_k: return launch_one<Q4K, TB, MODE>(p, grid, warps, smem, st);
     case GgufType::q5_k: return launch_one<Q5K, TB, MODE>(p, grid, warps, smem, st);
@@ -483,7 +502,7 @@ void gguf_gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_
   p.n = static_cast<int>(n);
   p.y = y;
   p.ldy = ldy;
-  cudaStream_t st = cs(s);
+  Stream& st = s;
   if (n == 1) return launch<1, kDense>(w.type, p, dim3(persistent_blocks(p.tasks, kWarps, 1)), kWarps, smem_bytes(1, p.cols, kWarps, 1), st);
   if (n <= 4) return launch<4, kDense>(w.type, p, dim3(persistent_blocks(p.tasks, kWarps, 1)), kWarps, smem_bytes(4, p.cols, kWarps, 4), st);
   const unsigned ty = static_cast<unsigned>((n + 7) / 8);
@@ -497,7 +516,7 @@ void gguf_dequant(const GgufWeight& w, int64_t r0, int64_t rows, bf16_t* out, St
   Params p = plan(w, rows);
   p.out = out;
   p.r0 = r0;
-  launch<1, kDequant>(w.type, p, dim3(blocks_for(p.tasks, kWarps)), kWarps, smem_bytes(0, p.cols, kWarps, 1), cs(s));
+  launch<1, kDequant>(w.type, p, dim3(blocks_for(p.tasks, kWarps)), kWarps, smem_bytes(0, p.cols, kWarps, 1), s);
 }
 
 void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* weights, const GgufWeight& w_gate_up,
@@ -512,7 +531,7 @@ void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids,
   if (k < 1 || k > 16) fail(ErrorKind::unsupported, "gpu::gguf_moe_experts: k = " + std::to_string(k) + " (1..16 supported)");
   if (n <= 0) return;
   if (n > 65535) fail(ErrorKind::unsupported, "gpu::gguf_moe_experts: too many tokens for the decode kernels");
-  cudaStream_t st = cs(s);
+  Stream& st = s;
   const unsigned ny = static_cast<unsigned>(n);
   Params g = plan(w_gate_up, 2 * inter);
   g.x = x;

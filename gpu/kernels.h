@@ -95,6 +95,15 @@ void split_bf16(const float* x, int64_t count, bf16_t* hi, bf16_t* lo, Stream& s
 // lower index), renormalised when `normalize`. ids/weights: [n, k].
 void router_topk(const float* logits, int64_t n, int64_t experts, int64_t k, bool normalize, int32_t* ids, float* weights,
                  Stream& s);
+// The same for the logits x W^T of n <= router_gemv_max_tokens() tokens
+// (x bf16 [n, hidden], W bf16 [experts, hidden], fp32 sums), product and
+// selection in one launch (decode). logits: [n, experts] fp32 scratch,
+// overwritten. counter: one int32 of device memory that is 0 before the
+// call and is 0 again after it (the blocks count themselves in it; one
+// counter per stream at a time). experts <= 1024, hidden a multiple of 8.
+void router_gemv_topk(const bf16_t* x, int64_t n, const bf16_t* w, int64_t experts, int64_t hidden, int64_t k, bool normalize, float* logits,
+                      int32_t* counter, int32_t* ids, float* weights, Stream& s);
+int64_t router_gemv_max_tokens();
 
 // Groups the n*k (token, slot) pairs by expert: offsets[e]..offsets[e+1]
 // index pair_list, which holds pair indices p = t*k + j. experts <= 4096.

@@ -1,9 +1,33 @@
+#include <cxxabi.h>
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+
 #include "gpu/check.h"
+#include "gpu/common.cuh"
 #include "gpu/memory.h"
 
 namespace hmoe::gpu {
 
-static cudaStream_t cs(Stream& s) { return static_cast<cudaStream_t>(s.handle()); }
+namespace detail {
+bool pdl_supported() {
+  static std::array<std::atomic<int>, 64> known{};  // per device: 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  HMOE_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= static_cast<int>(known.size())) return false;
+  int k = known[static_cast<size_t>(dev)].load(std::memory_order_relaxed);
+  if (k == 0) {
+    int major = 0;
+    HMOE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    k = major >= 9 ? 2 : 1;
+    known[static_cast<size_t>(dev)].store(k, std::memory_order_relaxed);
+  }
+  return k == 2;
+}
+}  // namespace detail
+
+using detail::cs;
 
 Stream::Stream() {
   cudaStream_t s = nullptr;
@@ -76,6 +100,27 @@ void Graph::end_capture(Stream& s) {
   cudaGraph_t g = nullptr;
   HMOE_CUDA_CHECK(cudaStreamEndCapture(cs(s), &g));
   reset();
+  kernels_.clear();
+  nodes_ = 0;
+  size_t count = 0;
+  if (cudaGraphGetNodes(g, nullptr, &count) == cudaSuccess && count > 0) {
+    std::vector<cudaGraphNode_t> nodes(count);
+    if (cudaGraphGetNodes(g, nodes.data(), &count) == cudaSuccess) {
+      nodes_ = count;
+      for (size_t i = 0; i < count; ++i) {
+        cudaGraphNodeType t{};
+        if (cudaGraphNodeGetType(nodes[i], &t) != cudaSuccess || t != cudaGraphNodeTypeKernel) continue;
+        cudaKernelNodeParams kp{};
+        const char* name = nullptr;
+        if (cudaGraphKernelNodeGetParams(nodes[i], &kp) != cudaSuccess || cudaFuncGetName(&name, kp.func) != cudaSuccess || !name) name = "?";
+        int st = 0;
+        char* dm = abi::__cxa_demangle(name, nullptr, nullptr, &st);
+        kernels_.emplace_back(st == 0 && dm ? dm : name);
+        std::free(dm);
+      }
+    }
+  }
+  (void)cudaGetLastError();  // a kernel the runtime could not name (a library's) is not an error
   cudaGraphExec_t e = nullptr;
   const cudaError_t err = cudaGraphInstantiate(&e, g, 0);
   cudaGraphDestroy(g);

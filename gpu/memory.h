@@ -10,7 +10,9 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace hmoe::gpu {
 
@@ -20,18 +22,26 @@ class Stream {
  public:
   Stream();  // a new non-blocking stream on the current device
   ~Stream();
-  Stream(Stream&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)) {}
+  Stream(Stream&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)), programmatic_(o.programmatic_) {}
   Stream& operator=(Stream&& o) noexcept {
     std::swap(handle_, o.handle_);
+    std::swap(programmatic_, o.programmatic_);
     return *this;
   }
   void synchronize();
   // Work enqueued on this stream after the call waits for `e` (its latest record).
   void wait(const Event& e);
   void* handle() const { return handle_; }  // cudaStream_t
+  // Programmatic dependent launch (sm_90+): the decode kernels launched on
+  // this stream may start while the kernel before them finishes (each waits
+  // for its inputs with griddepcontrol.wait; see gpu/common.cuh). Off by
+  // default; a no-op on older GPUs.
+  void set_programmatic_launch(bool on) { programmatic_ = on; }
+  bool programmatic_launch() const { return programmatic_; }
 
  private:
   void* handle_ = nullptr;
+  bool programmatic_ = false;
 };
 
 class DeviceBuffer {
@@ -111,9 +121,15 @@ class Graph {
   void launch(Stream& s);
   bool ready() const { return exec_ != nullptr; }
   void reset();
+  // The captured graph's kernel nodes: the kernels' names ("?" where the
+  // runtime cannot name one), in the graph's node order; and all its nodes.
+  const std::vector<std::string>& kernels() const { return kernels_; }
+  size_t nodes() const { return nodes_; }
 
  private:
   void* exec_ = nullptr;  // cudaGraphExec_t
+  std::vector<std::string> kernels_;
+  size_t nodes_ = 0;
 };
 
 void copy_to_device(void* dst, const void* src, size_t bytes, Stream& s);

@@ -6,6 +6,7 @@
 #include "configs/error.h"
 #include "gpu/common.cuh"
 #include "gpu/kernels.h"
+#include "gpu/router_topk.cuh"
 
 namespace hmoe::gpu {
 using namespace detail;
@@ -17,47 +18,10 @@ constexpr int kRowsPerBlock = 8;  // one warp per weight row
 // One warp per token; logits of the row in shared memory.
 __global__ void router_topk_kernel(const float* logits, int experts, int k, bool normalize, int32_t* ids, float* weights) {
   extern __shared__ float p[];
-  const int t = blockIdx.x, lane = threadIdx.x;
-  const float* row = logits + static_cast<int64_t>(t) * experts;
-  float mx = -INFINITY;
-  for (int e = lane; e < experts; e += 32) mx = fmaxf(mx, row[e]);
-  mx = warp_max(mx);
-  float sum = 0;
-  for (int e = lane; e < experts; e += 32) {
-    p[e] = expf(row[e] - mx);
-    sum += p[e];
-  }
-  sum = warp_sum(sum);
-  __syncwarp();
-  for (int e = lane; e < experts; e += 32) p[e] /= sum;
-  __syncwarp();
-  float chosen_sum = 0;
-  for (int j = 0; j < k; ++j) {
-    float best = -1;
-    int best_e = experts;
-    for (int e = lane; e < experts; e += 32)
-      if (p[e] > best) {
-        best = p[e];
-        best_e = e;
-      }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-      if (ob > best || (ob == best && oe < best_e)) {
-        best = ob;
-        best_e = oe;
-      }
-    }
-    if (lane == 0) {
-      ids[t * k + j] = best_e;
-      weights[t * k + j] = best;
-      p[best_e] = -2;  // below any probability
-    }
-    chosen_sum += best;
-    __syncwarp();
-  }
-  if (normalize && lane == 0)
-    for (int j = 0; j < k; ++j) weights[t * k + j] /= chosen_sum;
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x;
+  softmax_topk_warp(logits + static_cast<int64_t>(t) * experts, experts, k, normalize, p, ids + t * k, weights + t * k);
 }
 
 // Counting sort of pair indices by expert; one block.
@@ -208,9 +172,8 @@ void router_topk(const float* logits, int64_t n, int64_t experts, int64_t k, boo
   if (k < 1 || k > experts) fail(ErrorKind::invalid_argument, "gpu::router_topk: k must be in 1..experts");
   if (experts > 12 * 1024) fail(ErrorKind::unsupported, "gpu::router_topk: more than 12288 experts");
   if (n <= 0) return;
-  router_topk_kernel<<<static_cast<unsigned>(n), 32, static_cast<size_t>(experts) * sizeof(float), cs(s)>>>(
-      logits, static_cast<int>(experts), static_cast<int>(k), normalize, ids, weights);
-  HMOE_CUDA_LAUNCHED();
+  launch_pdl(s, router_topk_kernel, dim3(static_cast<unsigned>(n)), dim3(32), static_cast<size_t>(experts) * sizeof(float), logits,
+             static_cast<int>(experts), static_cast<int>(k), normalize, ids, weights);
 }
 
 void moe_route(const int32_t* ids, int64_t pairs, int64_t experts, int32_t* offsets, int32_t* pair_list, Stream& s) {

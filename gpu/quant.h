@@ -173,7 +173,10 @@ class GgufDeviceMat {
 
 // y[t, r] (row stride ldy) = sum_k x[t, k] W[r, k] for t < n, x bf16 [n, cols].
 // For decode-sized n (each weight byte is read once per 8 tokens); larger
-// passes should dequantize (gguf_dequant) and use cuBLAS.
+// passes should dequantize (gguf_dequant) and use cuBLAS. On a stream with
+// programmatic launch (Stream::set_programmatic_launch) it reads w before it
+// waits for the kernel in front: w must not be written by device work of
+// the same stream (resident weights never are); x after the wait.
 void gguf_gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy, Stream& s);
 
 // Rows [r0, r0 + rows) of w as bf16 into out ([rows, cols], 16-byte aligned).
@@ -186,7 +189,9 @@ void gguf_dequant(const GgufWeight& w, int64_t r0, int64_t rows, bf16_t* out, St
 // up_e x_t), e = ids[t*k+j] (overwritten; the sum over j in slot order).
 // Two launches: gate/up per (token, slot) pair; down per token with the
 // SwiGLU and the weighted sum fused. Each pair reads its expert's bytes, so
-// this is for n*k up to a few hundred pairs. k <= 16.
+// this is for n*k up to a few hundred pairs. k <= 16. With programmatic
+// launch the down kernel reads ids and its weights while the gate/up kernel
+// runs (the gate/up kernel has waited for the writer of ids by then).
 void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* weights, const GgufWeight& w_gate_up,
                       const GgufWeight& w_down, int64_t inter, float* gu, float* out, Stream& s);
 

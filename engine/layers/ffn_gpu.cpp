@@ -2,6 +2,7 @@
 // (router, optional shared expert, routed experts in their home).
 #include "configs/error.h"
 #include "engine/layers/gpu_factories.h"
+#include "gpu/decode_fused.h"
 #include "gpu/mla.h"
 
 namespace hmoe {
@@ -70,6 +71,9 @@ class MoeGpu : public GpuFfn {
     const uint64_t before = up.bytes();
     if (router == RouterKind::softmax_topk) {
       router_ = up.bf16({b.mat(f + "gate.weight", E_, H_)});
+      router_count_ = gpu::DeviceBuffer(16);  // gpu::router_gemv_topk's block counter, 0 between launches
+      gpu::memset_device(router_count_.data(), 0, router_count_.bytes(), up.stream());
+      up.stream().synchronize();
     } else {  // fp32, as in the reference: bf16 rounding flips group-limited top-k choices
       router_ = up.f32(b.mat(f + "gate.weight", E_, H_));
       bias_ = up.f32(b.vec(f + "gate.e_score_correction_bias", E_));
@@ -84,6 +88,7 @@ class MoeGpu : public GpuFfn {
   const std::vector<numa::ExpertWeights>* host_expert_weights() const override { return host_experts() ? &experts_->host_weights() : nullptr; }
   int64_t topk() const override { return K_; }
   uint64_t bytes() const override { return bytes_; }
+  uint64_t routed_expert_bytes() const override { return experts_->gpu_bytes(); }
 
   void reserve(GpuCtx& ctx) override {
     const int64_t n = ctx.step.n;
@@ -95,13 +100,28 @@ class MoeGpu : public GpuFfn {
     experts_->reserve(ctx, K_);
   }
 
-  void enqueue(GpuCtx& ctx, const Rows& r, bool handoff) override {
+  void enqueue(GpuCtx& ctx, const Rows& r, bool handoff) override { enqueue_with(ctx, r, nullptr, 0, handoff); }
+  bool fuses_norm(const GpuCtx& ctx, const Rows& r) const override {
+    return ctx.step.fused && router_kind_ == RouterKind::softmax_topk && gpu::norm_router_fits(r.rn, H_, E_);
+  }
+  void enqueue_with_norm(GpuCtx& ctx, const Rows& r, const bf16_t* norm_w, float eps, bool handoff) override {
+    enqueue_with(ctx, r, norm_w, eps, handoff);
+  }
+
+  // norm_w: the post-attention add + RMSNorm runs in the router's launch (fuses_norm).
+  void enqueue_with(GpuCtx& ctx, const Rows& r, const bf16_t* norm_w, float eps, bool handoff) {
     gpu::Stream& s = ctx.s;
     float* logits = ctx.scratch.get<float>("moe.logits");
     int32_t* ids = ctx.a.ids + r.r0 * K_;
     float* wts = ctx.a.wts + r.r0 * K_;
     const bf16_t* x = ctx.a.hb + r.r0 * H_;
-    if (router_kind_ == RouterKind::softmax_topk) {
+    if (norm_w) {
+      gpu::add_rms_norm_router_topk(ctx.a.x + r.r0 * H_, ctx.a.d + r.r0 * H_, r.rn, H_, norm_w, eps, ctx.a.hb + r.r0 * H_,
+                                    fp32_input() ? ctx.a.hf + r.r0 * H_ : nullptr, router_.as<bf16_t>(), E_, K_, c_.norm_topk_prob, logits,
+                                    router_count_.as<int32_t>(), ids, wts, s);
+    } else if (router_kind_ == RouterKind::softmax_topk && ctx.step.fused && r.rn <= gpu::router_gemv_max_tokens() && E_ <= 1024) {  // decode: one launch
+      gpu::router_gemv_topk(x, r.rn, router_.as<bf16_t>(), E_, H_, K_, c_.norm_topk_prob, logits, router_count_.as<int32_t>(), ids, wts, s);
+    } else if (router_kind_ == RouterKind::softmax_topk) {
       ctx.blas.gemm(x, r.rn, router_.as<bf16_t>(), E_, H_, logits, E_);
       gpu::router_topk(logits, r.rn, E_, K_, c_.norm_topk_prob, ids, wts, s);
     } else {
@@ -129,7 +149,7 @@ class MoeGpu : public GpuFfn {
   const ModelConfig& c_;
   RouterKind router_kind_;
   int64_t H_, E_, K_;
-  gpu::DeviceBuffer router_, bias_;
+  gpu::DeviceBuffer router_, bias_, router_count_;
   SwiGlu shared_;
   std::unique_ptr<RoutedExperts> experts_;
   uint64_t bytes_ = 0;

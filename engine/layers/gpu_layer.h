@@ -42,6 +42,7 @@ struct GpuStepInfo {
   std::vector<int64_t> mb_rows;     // rows of each micro-batch
   GpuKvStorage* kv = nullptr;
   bool stream_pass = false;  // host experts stream to the GPU this pass (no hand-offs)
+  bool fused = true;         // decode launches may be fused (setting gpu_decode_fusion)
 };
 
 struct Rows {
@@ -109,6 +110,11 @@ class GpuFfn {
   // in ctx.a.ids / ctx.a.wts (the executor copies hf and the routing down,
   // runs run_host and copies the expert sums into d).
   virtual void enqueue(GpuCtx& ctx, const Rows& r, bool handoff) = 0;
+  // Whether enqueue_with_norm() takes rows r: the block's post-attention
+  // residual add + RMSNorm (ctx.a.x += ctx.a.d; normed into hb, and hf where
+  // fp32_input()) fused into the layer's first launch (decode).
+  virtual bool fuses_norm(const GpuCtx&, const Rows&) const { return false; }
+  virtual void enqueue_with_norm(GpuCtx&, const Rows&, const gpu::bf16_t* /*norm_w*/, float /*eps*/, bool /*handoff*/) {}
   // During a hand-off: device work queued after the copies down, running
   // while the host computes (a shared expert).
   virtual void enqueue_during_handoff(GpuCtx&, const Rows&) {}
@@ -117,6 +123,8 @@ class GpuFfn {
   // Host: the routed experts for n rows; out [n, hidden] overwritten.
   virtual void run_host(const float*, int64_t, const int32_t*, const float*, float*) {}
   virtual uint64_t bytes() const = 0;
+  // Of bytes(): the routed experts resident on the GPU (0: none).
+  virtual uint64_t routed_expert_bytes() const { return 0; }
 };
 
 }  // namespace hmoe

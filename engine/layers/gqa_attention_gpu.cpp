@@ -7,6 +7,7 @@
 #include "configs/error.h"
 #include "engine/layers/gpu_factories.h"
 #include "engine/ops/cpu_ops.h"
+#include "gpu/decode_fused.h"
 
 namespace hmoe {
 
@@ -62,6 +63,7 @@ class GqaAttentionGpu : public GpuAttention {
   }
   void key(const GpuStepInfo& st, std::vector<int64_t>& k) const override {
     for (int64_t rn : st.mb_rows) k.push_back(gpu::attention_splits(rn, nh_, st.max_len));
+    k.push_back(fused(st) ? 1 : 0);
   }
   uint64_t bytes() const override { return bytes_; }
 
@@ -82,9 +84,15 @@ class GqaAttentionGpu : public GpuAttention {
     } else {
       ctx.blas.gemm(hr, r.rn, qkv_.as<bf16_t>(), ld, H_, q, ld);
     }
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd_)));
+    if (fused(st)) {  // decode: norms, rotary, KV store and attention in one launch
+      gpu::norm_rope_store_attention(q, ld, r.rn, nh_, kvh_, hd_, q_norm_.as<bf16_t>(), k_norm_.as<bf16_t>(), eps_, pos, inv_freq_.as<float>(),
+                                     st.slot + r.r0, kc, vc, st.lists, st.off + r.r0, st.len + r.r0, st.max_len, scale,
+                                     ctx.scratch.get<float>("gqa.scratch"), attn, s);
+      return o_.gemm(ctx.blas, attn, r.rn, ctx.a.d + r.r0 * H_, H_, deq, s);
+    }
     gpu::qkv_norm_rope_store(q, r.rn, ld, nh_, kvh_, hd_, q_norm_.as<bf16_t>(), k_norm_.as<bf16_t>(), eps_, pos, inv_freq_.as<float>(), st.slot + r.r0,
                              kc, vc, s);
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd_)));
     if ((hd_ == 64 || hd_ == 128) && st.ntiles > 0 && r.r0 == 0 && r.rn == st.n)
       gpu::attention_tiles(q, ld, st.ntiles, st.tiles, nh_, kvh_, hd_, kc, vc, st.lists, st.off, st.len, scale, attn, s);
     else
@@ -95,6 +103,8 @@ class GqaAttentionGpu : public GpuAttention {
 
  private:
   int64_t ld() const { return (nh_ + 2 * kvh_) * hd_; }
+  // Decode steps (every sequence one token, no prefill tiles) take the fused attention launch.
+  static bool fused(const GpuStepInfo& st) { return st.fused && st.multi_tokens == 0 && st.ntiles == 0; }
   int64_t layer_, H_, nh_, kvh_, hd_;
   float eps_;
   gpu::DeviceBuffer qkv_, q_norm_, k_norm_, inv_freq_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -31,6 +32,8 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.cpu_overlap = s.gpu_cpu_overlap;
   o.tiled_attention = s.gpu_tiled_attention;
   o.quantized_dense = s.gpu_quantized_dense;
+  o.programmatic_launch = s.gpu_programmatic_launch;
+  o.decode_fusion = s.gpu_decode_fusion;
   return o;
 }
 
@@ -48,15 +51,20 @@ struct GpuRuntime::Impl {
   GpuDense lm_head;
   std::vector<Block> blocks;
   uint64_t weight_bytes = 0;
+  uint64_t dense_bytes = 0;                 // GPU weights but the embedding table and the resident experts
+  std::vector<uint64_t> expert_layer_bytes;  // per resident MoE layer: all its experts' bytes
   int64_t topk = 1;
   GpuScratch scratch;
   ExpertScratch expert_scratch;  // big passes of the resident layers, shared
   gpu::DeviceBuffer meta;
   gpu::PinnedBuffer meta_h, hf_h, ids_h, w_h, out_h, logits_h;
   std::vector<gpu::Event> events;  // 8 per layer: per micro-batch D2H start/end, H2D start/end
+  bool part_profile = false;
+  std::vector<gpu::Event> part_events;  // start, after the embedding, per layer after attention and after the FFN, after the tail
+  GpuPartTimes part_times;
   GpuStepTimes times;
   static constexpr int64_t kGraphMaxTokens = 64;  // larger steps are launched plainly
-  bool use_graphs = false, overlap = false, tiled_attention = true;
+  bool use_graphs = false, overlap = false, tiled_attention = true, decode_fusion = true, programmatic_launch = true;
   int64_t overlap_b_rows = 0;
   SegmentGraphs seg_graphs;
   std::unique_ptr<ExpertStream> xstream;  // streamed host experts for big passes (null: off)
@@ -93,6 +101,8 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.overlap = o.cpu_overlap;
   m.overlap_b_rows = std::max<int64_t>(o.overlap_second_rows, 0);
   m.tiled_attention = o.tiled_attention;
+  m.programmatic_launch = o.programmatic_launch;
+  m.decode_fusion = o.decode_fusion;
   GpuUploader up(bind, m.stream);
   up.set_keep_gguf(o.quantized_dense);
   m.embed = up.bf16({bind.mat(g.embed, c.vocab_size, H)});
@@ -113,11 +123,15 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
       const auto home = o.resident[static_cast<size_t>(d.layer)] ? RoutedExperts::Home::gpu : RoutedExperts::Home::host;
       b.ffn = make_moe_gpu(up, c, d.layer, d.ffn.prefix, d.ffn.router, d.ffn.shared_inter, home, pools, homes);
       m.topk = std::max(m.topk, b.ffn->topk());
-      if (home == RoutedExperts::Home::gpu) expert_bytes += b.ffn->bytes();
+      if (home == RoutedExperts::Home::gpu) {
+        expert_bytes += b.ffn->bytes();
+        m.expert_layer_bytes.push_back(b.ffn->routed_expert_bytes());
+      }
     }
     m.blocks.push_back(std::move(b));
   }
   m.weight_bytes = up.bytes() + expert_bytes;
+  m.dense_bytes = up.bytes() - m.embed.bytes();
   if (engram) {
     WeightLookup get = [&bind](const std::string& name, const std::vector<int64_t>& shape) {
       return shape.size() == 1 ? bind.vec(name, shape[0]) : bind.mat(name, shape[0], shape[1]);
@@ -148,6 +162,35 @@ void GpuRuntime::set_cpu_overlap(bool on, int64_t second_rows) {
   impl_->overlap_b_rows = std::max<int64_t>(second_rows, 0);
 }
 size_t GpuRuntime::graph_captures() const { return impl_->seg_graphs.captures(); }
+void GpuRuntime::set_part_profile(bool on) {
+  Impl& m = *impl_;
+  m.part_profile = on;
+  if (!on) return;
+  const size_t L = m.blocks.size();
+  m.part_times = GpuPartTimes{};
+  m.part_times.attn_ms.assign(L, 0.0);
+  m.part_times.ffn_ms.assign(L, 0.0);
+  while (m.part_events.size() < 2 * L + 3) m.part_events.emplace_back();
+}
+const GpuPartTimes& GpuRuntime::part_times() const { return impl_->part_times; }
+size_t GpuRuntime::last_step_graphs() const { return impl_->seg_graphs.last_graphs(); }
+std::vector<std::string> GpuRuntime::last_step_kernels() const { return impl_->seg_graphs.last_kernels(); }
+double expected_experts_touched(int64_t e, int64_t k, int64_t tokens) {
+  if (e <= 0 || k <= 0 || tokens <= 0) return 0;
+  const double E = static_cast<double>(e), K = static_cast<double>(std::min(k, e));
+  if (tokens == 1) return K;
+  return E * (1.0 - std::pow(1.0 - K / E, static_cast<double>(tokens)));
+}
+
+double GpuRuntime::decode_weight_bytes(int64_t tokens) const {
+  const Impl& m = *impl_;
+  const ModelConfig& c = m.c;
+  const double E = static_cast<double>(std::max<int64_t>(c.num_experts, 1));
+  const double touched = expected_experts_touched(c.num_experts, c.num_experts_per_tok, tokens);
+  double b = static_cast<double>(m.dense_bytes) + static_cast<double>(tokens * c.hidden_size * 2);
+  for (uint64_t x : m.expert_layer_bytes) b += static_cast<double>(x) * touched / E;
+  return b;
+}
 uint64_t GpuRuntime::weight_bytes() const { return impl_->weight_bytes; }
 uint64_t GpuRuntime::kv_bytes_per_token() const {
   const KvLayout& l = impl_->kv_layout;
@@ -250,6 +293,10 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   st.tiles = st.lists + st.list_len;
   st.kv = &kvs;
   st.stream_pass = m.xstream && m.xstream->wants(n);
+  st.fused = m.decode_fusion;
+  // Programmatic launch for decode-sized steps only: prefill passes are few
+  // long kernels (and streamed passes wait on copy events), nothing to gain.
+  s.set_programmatic_launch(m.programmatic_launch && n <= Impl::kGraphMaxTokens && !st.stream_pass);
 
   // The step is GPU segments separated by host work: hand-offs (blocks
   // whose routed experts are in host memory; such a block's GPU part ends
@@ -279,6 +326,8 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     mbs = {{0, n - nb}, {n - nb, nb}};
   }
   for (const Rows& r : mbs) st.mb_rows.push_back(r.rn);
+  // Part profiling: all-GPU steps of one micro-batch only (see set_part_profile).
+  const bool prof = m.part_profile && !handoffs && mbs.size() == 1 && !st.stream_pass && !m.engram;
 
   // Activations and scratch, grown to this step's size before anything is enqueued.
   GpuScratch& sc = m.scratch;
@@ -316,15 +365,25 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     if (em >= 0 && l == 0) m.engram->apply(em, xr, nullptr, r.r0, r.rn, m.blas, s);
     gpu::add_rms_norm(xr, l > 0 && em < 0 ? dr : nullptr, nullptr, r.rn, H, blk.in_norm.as<bf16_t>(), eps, hr, blk.attn->fp32_input() ? hfr : nullptr, s);
     blk.attn->enqueue(ctx, r);
-    gpu::add_rms_norm(xr, dr, nullptr, r.rn, H, blk.post_norm.as<bf16_t>(), eps, hr, blk.ffn->fp32_input() ? hfr : nullptr, s);
-    blk.ffn->enqueue(ctx, r, blk.ffn->host_experts() && !st.stream_pass);
+    if (prof) m.part_events[2 + 2 * l].record(s);
+    const bool handoff = blk.ffn->host_experts() && !st.stream_pass;
+    if (blk.ffn->fuses_norm(ctx, r)) {
+      blk.ffn->enqueue_with_norm(ctx, r, blk.post_norm.as<bf16_t>(), eps, handoff);
+    } else {
+      gpu::add_rms_norm(xr, dr, nullptr, r.rn, H, blk.post_norm.as<bf16_t>(), eps, hr, blk.ffn->fp32_input() ? hfr : nullptr, s);
+      blk.ffn->enqueue(ctx, r, handoff);
+    }
+    if (prof) m.part_events[3 + 2 * l].record(s);
   };
   auto enqueue_tail = [&] {
     gpu::add_rms_norm(a.x, nullptr, st.rows, mrows, H, m.final_norm.as<bf16_t>(), eps, a.hb, nullptr, s);
     m.lm_head.gemm(m.blas, a.hb, mrows, sc.get<float>("act.logits"), V, sc.get<void>("dense.deq"), s);
+    if (prof) m.part_events[2 * L + 2].record(s);
   };
   auto enqueue_segment = [&](size_t i, const Rows& r, bool tail) {
+    if (i == 0 && prof) m.part_events[0].record(s);
     if (i == 0) gpu::embedding(m.embed.as<bf16_t>(), st.tok + r.r0, r.rn, H, a.x + r.r0 * H, s);
+    if (i == 0 && prof) m.part_events[1].record(s);
     if (i > 0 && cuts[i - 1].handoff) m.blocks[cuts[i - 1].after].ffn->enqueue_after_handoff(ctx, r);
     const size_t first = i == 0 ? 0 : cuts[i - 1].after + 1, last = i + 1 < nseg ? cuts[i].after + 1 : L;
     for (size_t l = first; l < last; ++l) enqueue_block(l, r);
@@ -335,7 +394,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   // (shape, micro-batches, hand-offs, every buffer address and what the
   // layers' launches depend on) holds. A module before layer 0 runs inside
   // the first segment: no graphs then.
-  const bool graphs = m.use_graphs && n <= Impl::kGraphMaxTokens && !st.stream_pass && !(m.engram && m.engram->module_before(0) >= 0);
+  const bool graphs = m.use_graphs && !prof && n <= Impl::kGraphMaxTokens && !st.stream_pass && !(m.engram && m.engram->module_before(0) >= 0);
   if (st.stream_pass) m.xstream->begin(n);  // the first window's copies start now
   std::vector<const void*> key;
   if (graphs) {
@@ -413,6 +472,17 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   for (const auto& [l, mb] : handed) {
     gpu::Event* ev = &m.events[8 * l + 4 * mb];
     transfer_s += (ev[1].elapsed_ms(ev[0]) + ev[3].elapsed_ms(ev[2])) * 1e-3;
+  }
+  if (prof) {
+    GpuPartTimes& pt = m.part_times;
+    const auto& e = m.part_events;
+    pt.embed_ms += e[1].elapsed_ms(e[0]);
+    for (size_t l = 0; l < L; ++l) {
+      pt.attn_ms[l] += e[2 + 2 * l].elapsed_ms(e[1 + 2 * l]);
+      pt.ffn_ms[l] += e[3 + 2 * l].elapsed_ms(e[2 + 2 * l]);
+    }
+    pt.tail_ms += e[2 * L + 2].elapsed_ms(e[2 * L + 1]);
+    pt.steps += 1;
   }
   m.times.total_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   m.times.cpu_experts_s += cpu_s;

@@ -53,6 +53,22 @@ struct GpuStepTimes {
   double gpu_s() const { return total_s - cpu_experts_s - transfer_s; }  // GPU work and launch overhead
 };
 
+// Device time per part of the steps run with part profiling on
+// (GpuRuntime::set_part_profile), summed over those steps: embedding; per
+// layer its attention part (input norm to o_proj) and feed-forward part
+// (post-attention norm to the expert sums); the tail (last residual add,
+// final norm, lm_head). Events between the parts, plain launches.
+struct GpuPartTimes {
+  double embed_ms = 0, tail_ms = 0;
+  std::vector<double> attn_ms, ffn_ms;
+  int64_t steps = 0;
+};
+
+// Experts of one MoE layer that `tokens` tokens touch, expected when each
+// token picks k of e uniformly: e * (1 - (1 - k/e)^tokens); exactly k at one
+// token, at most e.
+double expected_experts_touched(int64_t e, int64_t k, int64_t tokens);
+
 struct GpuRuntimeOptions {
   std::vector<bool> resident;     // per layer: a MoE layer's routed experts on the GPU
   // Per layer: the GPU that runs it (the placement's; empty: all GPU 0).
@@ -64,6 +80,8 @@ struct GpuRuntimeOptions {
   bool split_inputs = true;       // precise layers (FfnDesc::precise, MLA) split their products' inputs
   bool quantized_dense = true;    // GGUF attention / lm_head weights stay in their blocks (setting gpu_quantized_dense)
   bool cuda_graphs = false, cpu_overlap = false, tiled_attention = true;
+  bool programmatic_launch = true;  // setting gpu_programmatic_launch (gpu::Stream::set_programmatic_launch)
+  bool decode_fusion = true;        // setting gpu_decode_fusion (GpuStepInfo::fused)
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
   // Everything from the settings but `resident` and `devices` (the placement's).
   static GpuRuntimeOptions from_settings(const Settings& s);
@@ -86,6 +104,22 @@ class GpuRuntime {
   void set_cpu_overlap(bool on, int64_t second_rows = 0);
   void set_tiled_attention(bool on);
   size_t graph_captures() const;  // CUDA graphs captured so far
+  // The CUDA graphs the last graph-replayed step ran (its segments and
+  // micro-batches; 0 when none) and their kernel nodes' names: what one
+  // decode step launches (benchmarks).
+  size_t last_step_graphs() const;
+  std::vector<std::string> last_step_kernels() const;
+  // Bytes of GPU weights a decode step of `tokens` sequences reads: every
+  // dense weight once (embedding: the tokens' rows), and per resident MoE
+  // layer the experts the step touches, expected under uniform routing
+  // (E * (1 - (1 - K/E)^tokens); exactly K at one token).
+  double decode_weight_bytes(int64_t tokens) const;
+  // Part profiling (benchmarks): while on, steps without hand-offs, Engram
+  // modules or streamed experts launch plainly (no graphs) with an event
+  // between every two parts and add their times to part_times(); turning it
+  // on clears them.
+  void set_part_profile(bool on);
+  const GpuPartTimes& part_times() const;
   // min_batch 0 turns streaming off; off (with a notice) when the slots do not fit.
   void enable_expert_streaming(const ExpertStreamOptions& o);
   const ExpertStream* expert_stream() const;  // null when off

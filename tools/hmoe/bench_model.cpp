@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -12,6 +13,9 @@
 #include "engine/loading/model.h"
 #include "engine/placement/placement.h"
 #include "engine/runtime/gpu_runtime.h"
+#include "engine/runtime/segment_graphs.h"
+#include "gpu/memory.h"
+#include "gpu/quant.h"
 #include "tools/hmoe/command.h"
 
 namespace hmoe::cli {
@@ -21,6 +25,7 @@ struct Options {
   std::vector<int64_t> prompts, gens, depths, batches;
   int64_t reps = 3;
   bool json = false;
+  bool breakdown = false;  // --decode-breakdown
   std::string model;
 };
 
@@ -56,6 +61,7 @@ Options parse_options(std::vector<std::string>& args) {
   take_any(args, {"--batch"}, b, used);
   take_any(args, {"-r", "--repetitions"}, r, used);
   o.json = take_flag(args, "--json");
+  o.breakdown = take_flag(args, "--decode-breakdown");
   reject_unknown_flags(args, "bench");
   if (args.size() != 1)
     fail(ErrorKind::invalid_argument, "bench takes one MODEL (a model directory or .gguf file), or 'experts' or 'disk'; got " +
@@ -84,6 +90,11 @@ struct Result {
   std::string kind;  // "prefill" or "decode"
   int64_t prompt = 0, gen = 0, depth = 0, batch = 1;
   std::vector<Sample> samples;
+  // Decode on the GPU: the graphs and kernels of the last step replayed, and
+  // the weight bytes a step reads (GpuRuntime::decode_weight_bytes).
+  size_t graphs = 0;
+  std::vector<std::string> kernels;
+  double step_weight_bytes = 0;
   int64_t tokens() const { return kind == "prefill" ? prompt : gen * batch; }
   std::string name() const {
     std::string t = kind == "prefill" ? "pp" + std::to_string(prompt) : "tg" + std::to_string(gen);
@@ -143,7 +154,7 @@ class Bench {
   Bench(Model& m, const Settings& s) : m_(m), s_(s), rng_(static_cast<uint64_t>(s.seed)) {}
 
   Result prefill(int64_t prompt, int64_t depth, int64_t reps) {
-    Result r{"prefill", prompt, 0, depth, 1, {}};
+    Result r{"prefill", prompt, 0, depth, 1, {}, 0, {}, 0};
     KvCache kv(m_.kv_layout(), blocks_for(1, depth + prompt), block_);
     const int seq = kv.add_sequence();
     kv.reserve(seq, depth + prompt);
@@ -160,7 +171,7 @@ class Bench {
   }
 
   Result decode(int64_t gen, int64_t depth, int64_t batch, int64_t reps) {
-    Result r{"decode", 0, gen, depth, batch, {}};
+    Result r{"decode", 0, gen, depth, batch, {}, 0, {}, 0};
     KvCache kv(m_.kv_layout(), blocks_for(batch, depth + gen), block_);
     std::vector<int> seqs;
     for (int64_t b = 0; b < batch; ++b) {
@@ -182,6 +193,11 @@ class Bench {
       }
       Sample smp = end();
       if (i > 0) r.samples.push_back(smp);
+    }
+    if (GpuRuntime* g = m_.gpu()) {
+      r.graphs = g->last_step_graphs();
+      r.kernels = g->last_step_kernels();
+      r.step_weight_bytes = g->decode_weight_bytes(batch);
     }
     return r;
   }
@@ -232,6 +248,85 @@ std::string share(double part, double whole) {
   return buf;
 }
 
+// The device's read bandwidth: gpu::read_probe over 1 GiB, the best of 3 after a warm-up.
+double device_read_bandwidth() {
+  gpu::Stream s;
+  const size_t bytes = size_t{1} << 30;
+  gpu::DeviceBuffer a(bytes), sink(64);
+  gpu::memset_device(a.data(), 1, bytes, s);
+  gpu::Event e0, e1;
+  double best = 0;
+  for (int i = 0; i < 4; ++i) {
+    e0.record(s);
+    gpu::read_probe(a.data(), bytes, sink.as<uint32_t>(), s);
+    e1.record(s);
+    e1.synchronize();
+    if (i > 0) best = std::max(best, static_cast<double>(bytes) / (e1.elapsed_ms(e0) * 1e-3));
+  }
+  return best;
+}
+
+// Per decode test: kernels per step (graph kernel nodes), per layer, step
+// time, weights read per step and the bandwidth that makes; then which
+// kernels a step launches.
+void print_decode_breakdown(const std::vector<Result>& results, int64_t layers, double read_bw) {
+  std::printf("\nDecode step breakdown (kernels: the kernel nodes of the CUDA graphs one step replays; weights: GPU weight bytes a step "
+              "reads, routed experts expected under uniform routing; device read bandwidth %.0f GB/s, gpu::read_probe over 1 GiB):\n\n",
+              read_bw / 1e9);
+  std::printf("| test | batch | graphs | kernels per step | per layer | ms per step | weights MB per step | GB/s | of read bandwidth |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& r : results) {
+    if (r.kind != "decode") continue;
+    const double step_s = r.wall() / static_cast<double>(r.samples.size() * static_cast<size_t>(r.gen));
+    const double gbs = r.step_weight_bytes / step_s;
+    std::printf("| %s | %lld | %zu | %zu | %.1f | %.3f | %.1f | %.0f | %.0f%% |\n", r.name().c_str(), static_cast<long long>(r.batch), r.graphs,
+                r.kernels.size(), static_cast<double>(r.kernels.size()) / static_cast<double>(std::max<int64_t>(layers, 1)), step_s * 1e3,
+                r.step_weight_bytes / 1e6, gbs / 1e9, read_bw > 0 ? 100.0 * gbs / read_bw : 0.0);
+  }
+  for (const auto& r : results) {
+    if (r.kind != "decode" || r.kernels.empty()) continue;
+    std::map<std::string, int> count;
+    std::vector<std::string> order;
+    for (const auto& k : r.kernels) {
+      const std::string n = kernel_short_name(k);
+      if (count[n]++ == 0) order.push_back(n);
+    }
+    std::printf("\n%s batch %lld, kernels per step:", r.name().c_str(), static_cast<long long>(r.batch));
+    for (const auto& n : order) std::printf(" %s x%d;", n.c_str(), count[n]);
+    std::printf("\n");
+  }
+}
+
+// Per layer: the attention and feed-forward parts of a decode step (plain
+// launches, events between the parts), us per step, one column pair per batch.
+void print_part_times(const std::vector<std::pair<int64_t, GpuPartTimes>>& parts) {
+  if (parts.empty() || parts[0].second.steps == 0) return;
+  std::printf("\nPer-layer device time of one decode step (us; launched plainly with an event between every two parts, so launch gaps are "
+              "inside and the sum exceeds a graph step):\n\n| part |");
+  for (const auto& [b, t] : parts) std::printf(" attention, batch %lld | feed-forward, batch %lld |", static_cast<long long>(b), static_cast<long long>(b));
+  std::printf("\n|---|");
+  for (size_t i = 0; i < parts.size(); ++i) std::printf("---|---|");
+  std::printf("\n");
+  auto per = [](const GpuPartTimes& t, double ms) { return 1e3 * ms / static_cast<double>(std::max<int64_t>(t.steps, 1)); };
+  std::printf("| embedding |");
+  for (const auto& [b, t] : parts) std::printf(" %.1f | |", per(t, t.embed_ms));
+  std::printf("\n");
+  for (size_t l = 0; l < parts[0].second.attn_ms.size(); ++l) {
+    std::printf("| layer %zu |", l);
+    for (const auto& [b, t] : parts) std::printf(" %.1f | %.1f |", per(t, t.attn_ms[l]), per(t, t.ffn_ms[l]));
+    std::printf("\n");
+  }
+  std::printf("| tail (final norm, lm_head) |");
+  for (const auto& [b, t] : parts) std::printf(" %.1f | |", per(t, t.tail_ms));
+  std::printf("\n| step |");
+  for (const auto& [b, t] : parts) {
+    double sum = t.embed_ms + t.tail_ms;
+    for (size_t l = 0; l < t.attn_ms.size(); ++l) sum += t.attn_ms[l] + t.ffn_ms[l];
+    std::printf(" %.1f | |", per(t, sum));
+  }
+  std::printf("\n");
+}
+
 nlohmann::json result_json(const Result& r) {
   const GpuStepTimes t = r.summed();
   nlohmann::json samples_s = nlohmann::json::array(), samples_ts = nlohmann::json::array();
@@ -251,6 +346,11 @@ nlohmann::json result_json(const Result& r) {
                       {"avg_ts", r.mean()},
                       {"stddev_ts", r.sd()},
                       {"wall_s", r.wall()}};
+  if (r.kind == "decode" && r.step_weight_bytes > 0) {
+    j["graphs_per_step"] = r.graphs;
+    j["kernels_per_step"] = r.kernels.size();
+    j["step_weight_bytes"] = r.step_weight_bytes;
+  }
   if (t.steps > 0)
     j["gpu_times"] = {{"forward_s", t.total_s}, {"gpu_s", t.gpu_s()}, {"cpu_experts_s", t.cpu_experts_s}, {"transfer_s", t.transfer_s}, {"steps", t.steps}};
   if (const ExpertStreamStats x = r.streamed(); x.passes > 0)
@@ -346,6 +446,17 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
                 split ? share(t.gpu_s(), w).c_str() : "-", split ? share(t.cpu_experts_s, w).c_str() : "-", split ? share(t.transfer_s, w).c_str() : "-");
   }
   if (!on_gpu) std::printf("\nCPU path: no GPU/CPU split (all of the time is CPU work).\n");
+  if (on_gpu && o.breakdown) {
+    print_decode_breakdown(results, c.num_hidden_layers, device_read_bandwidth());
+    std::vector<std::pair<int64_t, GpuPartTimes>> parts;
+    for (int64_t b : o.batches) {  // 8 steps after a short context, profiled as they run (no repetition recorded)
+      model->gpu()->set_part_profile(true);
+      bench.decode(8, 0, b, 0);
+      parts.emplace_back(b, model->gpu()->part_times());
+      model->gpu()->set_part_profile(false);
+    }
+    print_part_times(parts);
+  }
   return 0;
 }
 

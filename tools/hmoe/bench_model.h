@@ -18,6 +18,13 @@
 // exactly as `serve` does it (the settings table: --device, --threads,
 // --gpu-resident-moe-layers, ...). On the GPU path the time is split as
 // GpuStepTimes reports it (GPU work, CPU experts, host<->device transfers).
+// --decode-breakdown (GPU) adds a table per decode test: the CUDA graphs and
+// kernel nodes one step replays (and per layer), ms per step, the GPU weight
+// bytes a step reads (GpuRuntime::decode_weight_bytes) and the GB/s that
+// makes against the device's read bandwidth (gpu::read_probe), then the
+// step's kernels by name and count, then per layer the device time of its
+// attention and feed-forward parts in 8 more steps per batch launched
+// plainly with events between the parts (GpuRuntime::set_part_profile).
 #pragma once
 #include <string>
 #include <vector>
