@@ -13,8 +13,14 @@
 // Weights are random blocks with finite fp16 scales: the kernels' work does
 // not depend on the values.
 //
-// Usage: bench_gguf_lowbit [--threads T] [--quick] [--type NAME] [--experts E] [--shape deepseek|qwen]
+// --kernel: the int8 kernel alone on one thread, rows resident in L2 (64 x
+// hidden), batch 1 and 4, timed by the thread's CPU time (what a loaded
+// machine's preemption does not inflate): the compute roof, as the GB/s of
+// weights one core could consume.
+//
+// Usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--type NAME] [--experts E] [--shape deepseek|qwen]
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -116,26 +122,78 @@ double time_forward(numa::ExpertEngine& eng, int64_t n, int64_t E, double min_se
   return best;
 }
 
+double thread_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// The int8 kernel alone: rows x H of type t, resident in L2, n tokens; best of 5 runs of ~min_s CPU seconds.
+void kernel_row(const std::string& name, ExtType t, double min_s) {
+  const int64_t rows = 64;
+  const auto bytes = random_matrix(t, rows, H, 5);
+  const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, H, "w");
+  std::printf("| %s |", name.c_str());
+  for (int64_t n : {int64_t{1}, int64_t{4}}) {
+    std::mt19937 g(3);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(n * H)), y(static_cast<size_t>(n * rows));
+    for (auto& v : x) v = nd(g);
+    cpu::Q8Acts a;
+    a.reset(n, w);
+    for (int64_t j = 0; j < n; ++j) a.quantize(j, x.data() + j * H);
+    double best = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+      int64_t calls = 0;
+      const double t0 = thread_seconds();
+      double el = 0;
+      while (el < min_s / 5) {
+        for (int i = 0; i < 16; ++i) cpu::gemm_rows_q8(a, 0, n, w, 0, rows, y.data(), rows);
+        calls += 16;
+        el = thread_seconds() - t0;
+      }
+      best = std::min(best, el / static_cast<double>(calls));
+    }
+    const double groups = static_cast<double>(rows * H / 256);
+    std::printf(" %.1f | %.2f |", best / groups * 1e9, static_cast<double>(w.bytes()) / best / 1e9);
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false;
+  bool quick = false, kernel = false;
   int64_t E = 24;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
     else if (a == "--quick") quick = true;
+    else if (a == "--kernel") kernel = true;
     else if (a == "--type" && i + 1 < argc) only = argv[++i];
     else if (a == "--experts" && i + 1 < argc) E = std::stoll(argv[++i]);
     else if (a == "--shape" && i + 1 < argc) {
       const std::string s = argv[++i];
       if (s == "qwen") H = 2048, I = 768;
     } else {
-      std::fprintf(stderr, "usage: bench_gguf_lowbit [--threads T] [--quick] [--type NAME] [--experts E] [--shape deepseek|qwen]\n");
+      std::fprintf(stderr, "usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--type NAME] [--experts E] [--shape deepseek|qwen]\n");
       return 2;
     }
+  }
+  if (kernel) {
+    std::printf("# bench_gguf_lowbit --kernel: int8 kernel alone, 1 thread, 64 x %ld rows in L2, thread CPU time; ISA %s%s%s\n\n", H,
+                cpu::isa_name(cpu::best_isa()), cpu::detail::lowbit_has_avx512_vnni() ? " +VNNI" : "",
+                cpu::detail::lowbit_has_avx512_vbmi() ? " +VBMI" : "");
+    std::printf("| type | batch 1 ns/group | batch 1 GB/s | batch 4 ns/group | batch 4 GB/s |\n|---|---|---|---|---|\n");
+    for (ExtType t : cpu::lowbit::kAll) {
+      const std::string name = cpu::ext_type_info(static_cast<uint32_t>(t))->name;
+      if (only.empty() || only == name) kernel_row(name, t, quick ? 0.2 : 0.5);
+    }
+    if (only.empty() || only == "Q4_K") kernel_row("Q4_K", ExtType::q4_k, quick ? 0.2 : 0.5);
+    std::printf("\n(ns per 256-weight group and row; GB/s: stored weight bytes per second one core consumes.)\n");
+    return 0;
   }
   numa::PoolOptions po;
   po.threads = threads;

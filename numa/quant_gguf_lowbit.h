@@ -35,6 +35,10 @@ bool lowbit_has_avx512_vnni();
 // or 8 consecutive 32-blocks), with w = scale * (ucode - bias) + offset
 // folded as w = scale * ucode + offset_u (offset_u = offset - bias * scale).
 void lowbit_decode256_avx512(ExtType type, const uint8_t* p, uint8_t* ucode, float* scale, float* offset_u);
+// v2 (quant_gguf_lowbit_vbmi.cpp): registers only, integer scales; needs VBMI as well.
+bool lowbit_has_avx512_vbmi();
+void lowbit_rows_q8_vbmi(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// v1: for AVX-512 VNNI CPUs without VBMI.
 void lowbit_rows_q8_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void lowbit_rows_q8_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void lowbit_rows_avx512(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
