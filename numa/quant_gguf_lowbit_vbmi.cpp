@@ -102,7 +102,18 @@ struct Tables {
   alignas(16) uint8_t q3_ms[16];      // Q3_K: bit offset of scale j's high 2 bits
   alignas(16) uint8_t m1_ms[16];      // IQ1_M: bit offset of scale j in the 64 scale bits
   alignas(64) uint8_t q3_bits[4][64]; // Q3_K: hmask bit of chunk c, per byte
+  alignas(64) int16_t e_quarter[32], e_half[32], e_sh3[32], e_sh4[32];  // grid entry e: e / 4, e / 2, 3 (e % 4), 4 (e % 2)
+  alignas(64) int16_t w2q[4][32];     // chunk c: word 4i = entry 8c + i (the qword lanes of a gather)
+  // The word permutations above as byte permutations (vpermb: one uop, vpermw: two).
+  alignas(64) uint8_t run16_b[4][64], half16_b[64], xxs_sc_b[64], x3_sc_b[64], e_quarter_b[64], e_half_b[64], w2q_b[4][64];
 };
+
+constexpr void words_to_bytes(const int16_t (&w)[32], uint8_t (&b)[64]) {
+  for (int j = 0; j < 32; ++j) {
+    b[2 * j] = static_cast<uint8_t>(2 * w[j]);
+    b[2 * j + 1] = static_cast<uint8_t>(2 * w[j] + 1);
+  }
+}
 
 constexpr Tables make_tables() {
   Tables t{};
@@ -139,11 +150,58 @@ constexpr Tables make_tables() {
     t.q3_ms[j] = static_cast<uint8_t>(8 * (j % 4) + 2 * (j / 4));
     t.m1_ms[j] = static_cast<uint8_t>(16 * (j / 4) + 3 * (j % 4));
   }
+  for (int e = 0; e < 32; ++e) {
+    t.e_quarter[e] = static_cast<int16_t>(e / 4);
+    t.e_half[e] = static_cast<int16_t>(e / 2);
+    t.e_sh3[e] = static_cast<int16_t>(3 * (e % 4));
+    t.e_sh4[e] = static_cast<int16_t>(4 * (e % 2));
+  }
+  for (int c = 0; c < 4; ++c)
+    for (int j = 0; j < 32; ++j) t.w2q[c][j] = static_cast<int16_t>(j % 4 == 0 ? 8 * c + j / 4 : 0);
+  for (int c = 0; c < 4; ++c) {
+    words_to_bytes(t.run16[c], t.run16_b[c]);
+    words_to_bytes(t.w2q[c], t.w2q_b[c]);
+  }
+  words_to_bytes(t.half16, t.half16_b);
+  words_to_bytes(t.xxs_sc, t.xxs_sc_b);
+  words_to_bytes(t.x3_sc, t.x3_sc_b);
+  words_to_bytes(t.e_quarter, t.e_quarter_b);
+  words_to_bytes(t.e_half, t.e_half_b);
   return t;
 }
 constexpr Tables kT = make_tables();
 
 HMOE_LV inline __m512i ld(const void* p) { return _mm512_load_si512(p); }
+
+// The grids with the bias added to every byte (IQ2: 43 + v, IQ3: 62 + v /
+// 15 + v) and IQ1's as 8 (v + 1): a gathered row is then u for positive
+// codes, and 2 bias - u for negative ones, one masked subtract.
+struct BiasedGrids {
+  alignas(64) uint64_t iq2xxs[256], iq2xs[512], iq2s[1024], iq1s[2048];
+  alignas(64) uint32_t iq3xxs[256], iq3s[512];
+};
+template <class G, size_t N>
+void add_bytes(const G (&src)[N], G (&dst)[N], int add, int mul) {
+  for (size_t i = 0; i < N; ++i) {
+    G v = 0;
+    for (size_t j = 0; j < sizeof(G); ++j) v |= static_cast<G>((((src[i] >> (8 * j)) & 0xFF) * mul + add) & 0xFF) << (8 * j);
+    dst[i] = v;
+  }
+}
+const BiasedGrids& biased_grids() {
+  static const BiasedGrids g = [] {
+    BiasedGrids t;
+    add_bytes(kIq2xxsGrid, t.iq2xxs, 43, 1);
+    add_bytes(kIq2xsGrid, t.iq2xs, 43, 1);
+    add_bytes(kIq2sGrid, t.iq2s, 43, 1);
+    add_bytes(kIq1sGrid, t.iq1s, 0, 8);
+    add_bytes(kIq3xxsGrid, t.iq3xxs, 62, 1);
+    add_bytes(kIq3sGrid, t.iq3s, 15, 1);
+    return t;
+  }();
+  return g;
+}
+const BiasedGrids& kG = biased_grids();  // built at load time (the grids are constant-initialized)
 
 // One row's 256-weight group, decoded.
 struct Dec {
@@ -155,11 +213,10 @@ struct Dec {
   float d, dmin;
 };
 
-// u = bias + |code| where positive, bias - |code| where negative.
+// u = bias + |code| where positive, bias - |code| where negative, from bu = bias + |code|.
 template <int B>
-HMOE_LV inline __m512i biased(__m512i mag, __mmask64 neg) {
-  const __m512i b = _mm512_set1_epi8(B);
-  return _mm512_mask_sub_epi8(_mm512_add_epi8(mag, b), neg, b, mag);
+HMOE_LV inline __m512i biased(__m512i bu, __mmask64 neg) {
+  return _mm512_mask_sub_epi8(bu, neg, _mm512_set1_epi8(2 * B), bu);
 }
 
 // 16 integer scales (s16, one per run of 16) -> Dec::s and Dec::sb.
@@ -167,13 +224,13 @@ template <uint32_t T>
 HMOE_LV inline void put_scales(__m256i sc16, Dec& k) {
   const __m512i s = _mm512_castsi256_si512(sc16);
   #pragma GCC unroll 4
-  for (int v = 0; v < 4; ++v) k.s[v] = _mm512_permutexvar_epi16(ld(kT.run16[v]), s);
+  for (int v = 0; v < 4; ++v) k.s[v] = _mm512_permutexvar_epi8(ld(kT.run16_b[v]), s);
   if constexpr (kBias<T> != 0) k.sb = _mm256_mullo_epi16(sc16, _mm256_set1_epi16(kBias<T>));
 }
 
 // 8 values (one per 32 weights, s16 lanes 0..7) spread over the 16 runs.
 HMOE_LV inline __m256i per32_to_runs(__m128i v8) {
-  return _mm512_castsi512_si256(_mm512_permutexvar_epi16(ld(kT.half16), _mm512_castsi128_si512(v8)));
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi8(ld(kT.half16_b), _mm512_castsi128_si512(v8)));
 }
 
 // 8 bytes of nibbles -> 16 bytes, nibble j at byte j.
@@ -241,12 +298,12 @@ HMOE_LV inline void decode(const uint8_t* b, Dec& k) {
     k.d = half(b) * 0.125f;
     const __m512i q = _mm512_loadu_si512(b + 2);
     const __m512i sg = sign_bytes(_mm512_multishift_epi64_epi8(ld(kT.xxs_ms), q));
-    const __m256i sc = _mm512_castsi512_si256(_mm512_permutexvar_epi16(ld(kT.xxs_sc), _mm512_srli_epi32(q, 28)));
+    const __m256i sc = _mm512_castsi512_si256(_mm512_permutexvar_epi8(ld(kT.xxs_sc_b), _mm512_srli_epi32(q, 28)));
     put_scales<T>(odd16(sc), k);
     #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       const __m512i idx = _mm512_maskz_permutexvar_epi8(0x0101010101010101ull, ld(kT.xxs_idx[c]), q);
-      k.u[c] = biased<43>(gather8(kIq2xxsGrid, idx), spread_signs(sg, kT.xxs_spread[c]));
+      k.u[c] = biased<43>(gather8(kG.iq2xxs, idx), spread_signs(sg, kT.xxs_spread[c]));
     }
   } else if constexpr (T == kIq2xs || T == kIq2s) {
     k.d = half(b) * 0.125f;
@@ -259,7 +316,7 @@ HMOE_LV inline void decode(const uint8_t* b, Dec& k) {
       #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         const __m512i idx = _mm512_and_si512(_mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(q, c)), m9);
-        k.u[c] = biased<43>(gather8(kIq2xsGrid, idx), spread_signs(sg, kT.xs_spread[c]));
+        k.u[c] = biased<43>(gather8(kG.iq2xs, idx), spread_signs(sg, kT.xs_spread[c]));
       }
     } else {
       const __m512i sh = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), m3 = _mm512_set1_epi64(3);
@@ -267,18 +324,18 @@ HMOE_LV inline void decode(const uint8_t* b, Dec& k) {
       for (int c = 0; c < 4; ++c) {
         const __m512i lo = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * c)));
         const __m512i hi = _mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64(u16(b + 66 + 2 * c)), sh), m3);
-        k.u[c] = biased<43>(gather8(kIq2sGrid, _mm512_or_si512(lo, _mm512_slli_epi64(hi, 8))), _cvtu64_mask64(u64(b + 34 + 8 * c)));
+        k.u[c] = biased<43>(gather8(kG.iq2s, _mm512_or_si512(lo, _mm512_slli_epi64(hi, 8))), _cvtu64_mask64(u64(b + 34 + 8 * c)));
       }
     }
   } else if constexpr (T == kIq3xxs) {
     k.d = half(b) * 0.25f;
     const __m512i a = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 66)));
     const __m512i sg = sign_bytes(_mm512_multishift_epi64_epi8(ld(kT.x3_ms), a));
-    put_scales<T>(odd16(_mm512_castsi512_si256(_mm512_permutexvar_epi16(ld(kT.x3_sc), _mm512_srli_epi32(a, 28)))), k);
+    put_scales<T>(odd16(_mm512_castsi512_si256(_mm512_permutexvar_epi8(ld(kT.x3_sc_b), _mm512_srli_epi32(a, 28)))), k);
     #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * c)));
-      k.u[c] = biased<62>(gather16(kIq3xxsGrid, idx), spread_signs(sg, kT.run_spread[c]));
+      k.u[c] = biased<62>(gather16(kG.iq3xxs, idx), spread_signs(sg, kT.run_spread[c]));
     }
   } else if constexpr (T == kIq3s) {
     k.d = half(b);
@@ -288,23 +345,23 @@ HMOE_LV inline void decode(const uint8_t* b, Dec& k) {
     for (int c = 0; c < 4; ++c) {
       __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * c)));
       idx = _mm512_mask_or_epi32(idx, static_cast<__mmask16>(u16(b + 66 + 2 * c)), idx, bit8);
-      k.u[c] = biased<15>(gather16(kIq3sGrid, idx), _cvtu64_mask64(u64(b + 74 + 8 * c)));
+      k.u[c] = biased<15>(gather16(kG.iq3s, idx), _cvtu64_mask64(u64(b + 74 + 8 * c)));
     }
   } else if constexpr (T == kIq1s) {
     k.d = half(b) * 0.125f;
     const __m128i qh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 34));
     put_scales<T>(odd16(per32_to_runs(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)))), k);
-    const __m512i sh = _mm512_setr_epi64(0, 3, 6, 9, 0, 3, 6, 9), m7 = _mm512_set1_epi64(7), two = _mm512_set1_epi8(2);
-    #pragma GCC unroll 4
+    // the 32 grid indices as words: qs[e] | (qh[e / 4] >> 3 (e % 4) & 7) << 8
+    const __m512i qhw = _mm512_permutexvar_epi8(ld(kT.e_quarter_b), _mm512_castsi128_si512(qh));
+    const __m512i hi = _mm512_and_si512(_mm512_srlv_epi16(qhw, ld(kT.e_sh3)), _mm512_set1_epi16(7));
+    const __m512i w = _mm512_or_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2))), _mm512_slli_epi16(hi, 8));
+    // u = 8 t + 2 where the delta is +1 (bit 15 of qh clear), 8 t where it is -1
+    const uint32_t pos = ~_cvtmask32_u32(_mm512_movepi16_mask(qhw));
+    const __m512i two = _mm512_set1_epi8(2);
+#pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
-      const uint16_t q0 = u16(b + 34 + 4 * c), q1 = u16(b + 36 + 4 * c);
-      const __m512i h = _mm512_mask_blend_epi64(0xF0, _mm512_set1_epi64(q0), _mm512_set1_epi64(q1));
-      const __m512i lo = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * c)));
-      const __m512i idx = _mm512_or_si512(lo, _mm512_slli_epi64(_mm512_and_si512(_mm512_srlv_epi64(h, sh), m7), 8));
-      // u = 8 t + 2 where the delta is +1 (bit 15 clear), 8 t where it is -1
-      const __mmask8 pos = static_cast<__mmask8>(((q0 & 0x8000) ? 0 : 0x0F) | ((q1 & 0x8000) ? 0 : 0xF0));
-      const __m512i t = _mm512_slli_epi16(gather8(kIq1sGrid, idx), 3);
-      k.u[c] = _mm512_mask_add_epi64(t, pos, t, two);
+      const __m512i g = gather8(kG.iq1s, _mm512_maskz_permutexvar_epi8(0x0303030303030303ull, ld(kT.w2q_b[c]), w));
+      k.u[c] = _mm512_mask_add_epi64(g, static_cast<__mmask8>(pos >> (8 * c)), g, two);
     }
   } else if constexpr (T == kIq1m) {
     const uint64_t s64 = u64(b + 48);
@@ -314,15 +371,17 @@ HMOE_LV inline void decode(const uint8_t* b, Dec& k) {
                                                                _mm_set1_epi64x(static_cast<long long>(s64))),
                                      _mm_set1_epi8(7));
     put_scales<T>(odd16(_mm256_cvtepu8_epi16(sc)), k);
-    const __m512i sh = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28), m15 = _mm512_set1_epi64(15), m7 = _mm512_set1_epi64(7);
-    #pragma GCC unroll 4
+    // entry e: h = qh[e / 2] >> 4 (e % 2) & 15; index qs[e] | (h & 7) << 8, delta -1 where h & 8
+    const __m512i qhw = _mm512_permutexvar_epi8(ld(kT.e_half_b), _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 32)))));
+    const __m512i h = _mm512_srlv_epi16(qhw, ld(kT.e_sh4));
+    const __m512i w = _mm512_or_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))),
+                                      _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi16(7)), 8));
+    const uint32_t pos = _cvtmask32_u32(_mm512_testn_epi16_mask(h, _mm512_set1_epi16(8)));
+    const __m512i two = _mm512_set1_epi8(2);
+#pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
-      const __m512i h = _mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64(u32(b + 32 + 4 * c)), sh), m15);
-      const __m512i lo = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 8 * c)));
-      const __m512i idx = _mm512_or_si512(lo, _mm512_slli_epi64(_mm512_and_si512(h, m7), 8));
-      const __mmask8 pos = _mm512_testn_epi64_mask(h, _mm512_set1_epi64(8));
-      const __m512i t = _mm512_slli_epi16(gather8(kIq1sGrid, idx), 3);
-      k.u[c] = _mm512_mask_add_epi64(t, pos, t, _mm512_set1_epi8(2));
+      const __m512i g = gather8(kG.iq1s, _mm512_maskz_permutexvar_epi8(0x0303030303030303ull, ld(kT.w2q_b[c]), w));
+      k.u[c] = _mm512_mask_add_epi64(g, static_cast<__mmask8>(pos >> (8 * c)), g, two);
     }
   } else if constexpr (T == kIq4xs) {
     k.d = half(b);
@@ -371,34 +430,43 @@ HMOE_LV inline void decode(const uint8_t* b, Dec& k) {
   }
 }
 
-// acc += the group's product with one token (xq: its 256 codes, bs: its 16 run sums, dx: its scale).
+// One token's part of a group: its 256 codes, 16 run sums and scale.
+struct Xg {
+  __m512i x[4];
+  __m256i bs;
+  float dx;
+};
+HMOE_LV inline void load_x(const int8_t* xq, const int16_t* bs, float dx, Xg& g) {
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) g.x[c] = _mm512_loadu_si512(xq + 64 * c);
+  g.bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs));
+  g.dx = dx;
+}
+
+// acc += the group's product with one token.
 template <uint32_t T>
-HMOE_LV inline __m512 dot(const Dec& k, const int8_t* xq, const int16_t* bs, float dx, __m512 acc) {
+HMOE_LV inline __m512 dot(const Dec& k, const Xg& g, __m512 acc) {
   if constexpr (kFpLanes<T>) {
     __m512 f = _mm512_setzero_ps();
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
-      const __m512i x = _mm512_loadu_si512(xq + 64 * c);
-      const __m512i xs = _mm512_mask_sub_epi8(x, k.neg[c], _mm512_setzero_si512(), x);
+      const __m512i xs = _mm512_mask_sub_epi8(g.x[c], k.neg[c], _mm512_setzero_si512(), g.x[c]);
       f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), k.u[c], xs)), k.dl[c], f);
     }
-    return _mm512_fmadd_ps(f, _mm512_set1_ps(dx), acc);
+    return _mm512_fmadd_ps(f, _mm512_set1_ps(g.dx), acc);
   } else {
     __m512i a = _mm512_setzero_si512();
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
-      __m512i x = _mm512_loadu_si512(xq + 64 * c);
+      __m512i x = g.x[c];
       if constexpr (kSignedX<T>) x = _mm512_mask_sub_epi8(x, k.neg[c], _mm512_setzero_si512(), x);
       a = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(k.u[c], x), k.s[c]);
     }
-    if constexpr (kBias<T> != 0) {
-      const __m256i corr = _mm256_madd_epi16(k.sb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs)));
-      a = _mm512_sub_epi32(a, _mm512_zextsi256_si512(corr));
-    }
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(k.d * dx), acc);
+    if constexpr (kBias<T> != 0) a = _mm512_sub_epi32(a, _mm512_zextsi256_si512(_mm256_madd_epi16(k.sb, g.bs)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(k.d * g.dx), acc);
     if constexpr (T == kQ2K) {
-      const __m256i ms = _mm256_madd_epi16(k.sb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs)));
-      acc = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(ms)), _mm512_set1_ps(k.dmin * dx), acc);
+      const __m256i ms = _mm256_madd_epi16(k.sb, g.bs);
+      acc = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(ms)), _mm512_set1_ps(k.dmin * g.dx), acc);
     }
     return acc;
   }
@@ -428,6 +496,12 @@ HMOE_LV void tile(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* 
     #pragma GCC unroll 4
     for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t gi = 0; gi < ng; ++gi) {
+    // up to 2 tokens: their codes stay in registers across the R rows
+    Xg xg[NT <= 2 ? NT : 1];
+    if constexpr (NT <= 2) {
+#pragma GCC unroll 2
+      for (int j = 0; j < NT; ++j) load_x(xq[j] + gi * 256, xb[j] + gi * 16, xd[j][gi], xg[j]);
+    }
     #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
       const uint8_t* b = rows[i] + gi * GB;
@@ -437,7 +511,14 @@ HMOE_LV void tile(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* 
       Dec k;
       decode<T>(b, k);
       #pragma GCC unroll 4
-      for (int j = 0; j < NT; ++j) acc[i][j] = dot<T>(k, xq[j] + gi * 256, xb[j] + gi * 16, xd[j][gi], acc[i][j]);
+      for (int j = 0; j < NT; ++j) {
+        if constexpr (NT <= 2) {
+          acc[i][j] = dot<T>(k, xg[j], acc[i][j]);
+        } else {
+          load_x(xq[j] + gi * 256, xb[j] + gi * 16, xd[j][gi], xg[0]);
+          acc[i][j] = dot<T>(k, xg[0], acc[i][j]);
+        }
+      }
     }
   }
   #pragma GCC unroll 4
