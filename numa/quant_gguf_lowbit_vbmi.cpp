@@ -82,6 +82,11 @@ template <uint32_t T> constexpr int kBias = T == kQ3K ? 4 : (T == kIq2xxs || T =
 template <uint32_t T> constexpr bool kFpLanes = T == kIq4nl || T == kMxfp4;
 // |code| with the signs on the activations
 template <uint32_t T> constexpr bool kSignedX = T == kIq4xs || kFpLanes<T>;
+// Small codes (u * 127 * 4 < 2^15): vpdpbusd sums 4 products into int32
+// lanes, vpackssdw packs two chunks' lanes into s16 (exactly), and one
+// vpdpwssd per 128 weights applies the scales: 6 multiplies per 256 weights
+// instead of 8.
+template <uint32_t T> constexpr bool kPack = T == kQ2K || T == kQ3K || T == kIq1s || T == kIq1m || T == kIq3s;
 
 // Constant vectors (index tables), built once.
 struct Tables {
@@ -105,6 +110,8 @@ struct Tables {
   alignas(64) int16_t e_quarter[32], e_half[32], e_sh3[32], e_sh4[32];  // grid entry e: e / 4, e / 2, 3 (e % 4), 4 (e % 2)
   alignas(64) int16_t w2q[4][32];     // chunk c: word 4i = entry 8c + i (the qword lanes of a gather)
   // The word permutations above as byte permutations (vpermb: one uop, vpermw: two).
+  alignas(64) int16_t pack[2][32];     // kPack: s16 lane 8k + m of chunks (2p, 2p + 1) packed: run 8p + (m < 4 ? k : 4 + k)
+  alignas(64) uint8_t pack_b[2][64];
   alignas(64) uint8_t run16_b[4][64], half16_b[64], xxs_sc_b[64], x3_sc_b[64], e_quarter_b[64], e_half_b[64], w2q_b[4][64];
 };
 
@@ -158,6 +165,10 @@ constexpr Tables make_tables() {
   }
   for (int c = 0; c < 4; ++c)
     for (int j = 0; j < 32; ++j) t.w2q[c][j] = static_cast<int16_t>(j % 4 == 0 ? 8 * c + j / 4 : 0);
+  for (int p = 0; p < 2; ++p) {
+    for (int j = 0; j < 32; ++j) t.pack[p][j] = static_cast<int16_t>(8 * p + (j % 8 < 4 ? j / 8 : 4 + j / 8));
+    words_to_bytes(t.pack[p], t.pack_b[p]);
+  }
   for (int c = 0; c < 4; ++c) {
     words_to_bytes(t.run16[c], t.run16_b[c]);
     words_to_bytes(t.w2q[c], t.w2q_b[c]);
@@ -223,8 +234,13 @@ HMOE_LV inline __m512i biased(__m512i bu, __mmask64 neg) {
 template <uint32_t T>
 HMOE_LV inline void put_scales(__m256i sc16, Dec& k) {
   const __m512i s = _mm512_castsi256_si512(sc16);
-  #pragma GCC unroll 4
-  for (int v = 0; v < 4; ++v) k.s[v] = _mm512_permutexvar_epi8(ld(kT.run16_b[v]), s);
+  if constexpr (kPack<T>) {
+    k.s[0] = _mm512_permutexvar_epi8(ld(kT.pack_b[0]), s);
+    k.s[1] = _mm512_permutexvar_epi8(ld(kT.pack_b[1]), s);
+  } else {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) k.s[v] = _mm512_permutexvar_epi8(ld(kT.run16_b[v]), s);
+  }
   if constexpr (kBias<T> != 0) k.sb = _mm256_mullo_epi16(sc16, _mm256_set1_epi16(kBias<T>));
 }
 
@@ -456,11 +472,20 @@ HMOE_LV inline __m512 dot(const Dec& k, const Xg& g, __m512 acc) {
     return _mm512_fmadd_ps(f, _mm512_set1_ps(g.dx), acc);
   } else {
     __m512i a = _mm512_setzero_si512();
+    if constexpr (kPack<T>) {
+      const __m512i z = _mm512_setzero_si512();
+#pragma GCC unroll 2
+      for (int p = 0; p < 2; ++p) {
+        const __m512i lo = _mm512_dpbusd_epi32(z, k.u[2 * p], g.x[2 * p]), hi = _mm512_dpbusd_epi32(z, k.u[2 * p + 1], g.x[2 * p + 1]);
+        a = _mm512_dpwssd_epi32(a, _mm512_packs_epi32(lo, hi), k.s[p]);
+      }
+    } else {
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      __m512i x = g.x[c];
-      if constexpr (kSignedX<T>) x = _mm512_mask_sub_epi8(x, k.neg[c], _mm512_setzero_si512(), x);
-      a = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(k.u[c], x), k.s[c]);
+      for (int c = 0; c < 4; ++c) {
+        __m512i x = g.x[c];
+        if constexpr (kSignedX<T>) x = _mm512_mask_sub_epi8(x, k.neg[c], _mm512_setzero_si512(), x);
+        a = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(k.u[c], x), k.s[c]);
+      }
     }
     if constexpr (kBias<T> != 0) a = _mm512_sub_epi32(a, _mm512_zextsi256_si512(_mm256_madd_epi16(k.sb, g.bs)));
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(k.d * g.dx), acc);
