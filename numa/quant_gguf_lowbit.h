@@ -12,6 +12,9 @@
 //    the 32-types) multiplied in integers with VNNI (AVX-512) or maddubs
 //    (AVX2): y = sum_16 dx * (scale * sum(code * xq) + offset * sum(xq)).
 //    Needs cols % 256 == 0 (otherwise the exact path runs).
+//    Kernels, best first: v2 (AVX-512 VNNI + VBMI, quant_gguf_lowbit_vbmi.cpp:
+//    registers only, integer sub-block scales, R rows x NT tokens per tile),
+//    v1 (AVX-512 VNNI without VBMI, quant_gguf_lowbit_avx512.cpp), AVX2.
 #pragma once
 #include <cstdint>
 

@@ -3,7 +3,8 @@
 // gguf_lowbit_reference.json, made by tests/fixtures/gen/
 // gguf_lowbit_reference.py), the AVX-512 decoder against the scalar codes,
 // the exact and the int8 products of every ISA against plain double sums on
-// random blocks, the threaded cpu::gemm, and the shape errors.
+// random blocks, the AVX-512 int8 kernels v1 and v2 on row and token tails
+// (every type, IQ2_S included), the threaded cpu::gemm, and the shape errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -203,7 +204,7 @@ TEST_CASE("low-bit GGUF types: exact and int8 products of every ISA against doub
 
 TEST_CASE("low-bit GGUF types: threaded cpu::gemm on both paths; bad shapes are errors") {
   numa::ThreadPool pool(2);
-  for (ExtType t : {cpu::lowbit::iq2_xxs, cpu::lowbit::q3_k, cpu::lowbit::mxfp4}) {
+  for (ExtType t : {cpu::lowbit::iq2_xxs, cpu::lowbit::iq2_s, cpu::lowbit::q3_k, cpu::lowbit::mxfp4}) {
     INFO(std::string(info(t).name));
     const int64_t rows = 70, cols = 512, n = 3;
     const auto bytes = random_blocks(t, rows * cols / info(t).block_elems, 7);
