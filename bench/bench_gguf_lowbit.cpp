@@ -5,16 +5,25 @@
 // (gate/up IQ1_S or IQ2_XXS, down one step up):
 //  - batch 1: weight GB/s (the stored bytes of the 8 experts a token
 //    touches / step time) against a read bandwidth measured here with the
-//    same threads (engine/placement/prefill_cost.h, 256 MiB); experts are cycled over
-//    E so the working set is past the caches;
+//    same threads (the probe of engine/placement/prefill_cost.h, 256 MiB,
+//    taken before every format, the best one counting); the same over
+//    process CPU time per thread (a shared machine's preemption left out);
+//    experts are cycled over E so the working set is past the caches;
 //  - batch 32: integer GOP/s (2 x 3 x H x I per (token, expert) pair).
 // "int8" is the default path (8-bit activations, VNNI), "exact" the fp32
 // dequantize path (setting cpu_gguf_int8=0).
 // Weights are random blocks with finite fp16 scales: the kernels' work does
 // not depend on the values.
 //
-// Usage: bench_gguf_lowbit [--threads T] [--quick] [--type NAME] [--experts E] [--shape deepseek|qwen]
+// --kernel: the int8 kernel alone on one thread, rows resident in L2 (64 x
+// hidden), batch 1 and 4, timed by the thread's CPU time (what a loaded
+// machine's preemption does not inflate): the compute roof, as the GB/s of
+// weights one core could consume.
+//
+// Usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--type NAME] [--experts E] [--shape deepseek|qwen]
+#include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -22,7 +31,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/placement/prefill_cost.h"
 #include "io/dtype.h"
 #include "numa/expert_engine.h"
 #include "numa/quant_gguf_lowbit.h"
@@ -87,7 +95,47 @@ ExpertSet make_experts(ExtType tu, ExtType td, int64_t E) {
 }
 
 // Fastest forward of n tokens (each to K distinct experts; the routing moves every step).
-double time_forward(numa::ExpertEngine& eng, int64_t n, int64_t E, double min_seconds) {
+double process_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Read bandwidth as engine/placement/prefill_cost.h measures it (sums of
+// 256 MiB of u64 in 64K-word chunks over the pool, best of 3), over wall time
+// and over process CPU time per thread (what the machine reads while we run:
+// a loaded machine's preemption left out, its memory traffic not).
+void read_probe(numa::ThreadPool& pool, double& wall_gbps, double& cpu_gbps) {
+  static std::vector<uint64_t> buf;
+  const size_t words = (256u << 20) / 8, chunk = 1u << 16;
+  if (buf.empty()) {
+    buf.resize(words);
+    for (size_t i = 0; i < words; ++i) buf[i] = i * 0x9e3779b97f4a7c15ull;
+  }
+  const int64_t chunks = static_cast<int64_t>(words / chunk);
+  std::vector<uint64_t> sums(static_cast<size_t>(chunks));
+  auto body = [&](int64_t b, int64_t e, int) {
+    for (int64_t ch = b; ch < e; ++ch) {
+      uint64_t acc = 0;
+      for (size_t i = static_cast<size_t>(ch) * chunk; i < static_cast<size_t>(ch + 1) * chunk; ++i) acc += buf[i];
+      sums[static_cast<size_t>(ch)] = acc;
+    }
+  };
+  wall_gbps = cpu_gbps = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const double c0 = process_seconds();
+    const auto t0 = clk::now();
+    pool.parallel_for(chunks, body);
+    const double wall = std::chrono::duration<double>(clk::now() - t0).count(), cpu = (process_seconds() - c0) / pool.size();
+    wall_gbps = std::max(wall_gbps, static_cast<double>(words * 8) / wall / 1e9);
+    cpu_gbps = std::max(cpu_gbps, static_cast<double>(words * 8) / cpu / 1e9);
+  }
+  volatile uint64_t sink = 0;
+  for (auto v : sums) sink = sink + v;
+}
+
+// Fastest step over wall time; *cpu_best: the smallest process CPU time per thread of a step.
+double time_forward(numa::ExpertEngine& eng, int64_t n, int64_t E, double min_seconds, int threads = 1, double* cpu_best = nullptr) {
   std::mt19937 g(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(n * H)), out(static_cast<size_t>(n * H));
@@ -106,49 +154,102 @@ double time_forward(numa::ExpertEngine& eng, int64_t n, int64_t E, double min_se
   int reps = 0;
   while (total < min_seconds || reps < 3) {
     route();
+    const double c0 = process_seconds();
     const auto t0 = clk::now();
     eng.forward(x.data(), n, ids.data(), wts.data(), K, out.data());
     const double s = std::chrono::duration<double>(clk::now() - t0).count();
+    const double c = (process_seconds() - c0) / threads;
     total += s;
     best = std::min(best, s);
+    if (cpu_best) *cpu_best = reps == 0 ? c : std::min(*cpu_best, c);
     ++reps;
   }
   return best;
+}
+
+double thread_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// The int8 kernel alone: rows x H of type t, resident in L2, n tokens; best of 5 runs of ~min_s CPU seconds.
+void kernel_row(const std::string& name, ExtType t, double min_s) {
+  const int64_t rows = 64;
+  const auto bytes = random_matrix(t, rows, H, 5);
+  const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, H, "w");
+  std::printf("| %s |", name.c_str());
+  for (int64_t n : {int64_t{1}, int64_t{4}}) {
+    std::mt19937 g(3);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(n * H)), y(static_cast<size_t>(n * rows));
+    for (auto& v : x) v = nd(g);
+    cpu::Q8Acts a;
+    a.reset(n, w);
+    for (int64_t j = 0; j < n; ++j) a.quantize(j, x.data() + j * H);
+    double best = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+      int64_t calls = 0;
+      const double t0 = thread_seconds();
+      double el = 0;
+      while (el < min_s / 5) {
+        for (int i = 0; i < 16; ++i) cpu::gemm_rows_q8(a, 0, n, w, 0, rows, y.data(), rows);
+        calls += 16;
+        el = thread_seconds() - t0;
+      }
+      best = std::min(best, el / static_cast<double>(calls));
+    }
+    const double groups = static_cast<double>(rows * H / 256);
+    std::printf(" %.1f | %.2f |", best / groups * 1e9, static_cast<double>(w.bytes()) / best / 1e9);
+  }
+  std::printf("\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false;
+  bool quick = false, kernel = false;
   int64_t E = 24;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
     else if (a == "--quick") quick = true;
+    else if (a == "--kernel") kernel = true;
     else if (a == "--type" && i + 1 < argc) only = argv[++i];
     else if (a == "--experts" && i + 1 < argc) E = std::stoll(argv[++i]);
     else if (a == "--shape" && i + 1 < argc) {
       const std::string s = argv[++i];
       if (s == "qwen") H = 2048, I = 768;
     } else {
-      std::fprintf(stderr, "usage: bench_gguf_lowbit [--threads T] [--quick] [--type NAME] [--experts E] [--shape deepseek|qwen]\n");
+      std::fprintf(stderr, "usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--type NAME] [--experts E] [--shape deepseek|qwen]\n");
       return 2;
     }
+  }
+  if (kernel) {
+    std::printf("# bench_gguf_lowbit --kernel: int8 kernel alone, 1 thread, 64 x %ld rows in L2, thread CPU time; ISA %s%s%s\n\n", H,
+                cpu::isa_name(cpu::best_isa()), cpu::detail::lowbit_has_avx512_vnni() ? " +VNNI" : "",
+                cpu::detail::lowbit_has_avx512_vbmi() ? " +VBMI" : "");
+    std::printf("| type | batch 1 ns/group | batch 1 GB/s | batch 4 ns/group | batch 4 GB/s |\n|---|---|---|---|---|\n");
+    for (ExtType t : cpu::lowbit::kAll) {
+      const std::string name = cpu::ext_type_info(static_cast<uint32_t>(t))->name;
+      if (only.empty() || only == name) kernel_row(name, t, quick ? 0.2 : 0.5);
+    }
+    if (only.empty() || only == "Q4_K") kernel_row("Q4_K", ExtType::q4_k, quick ? 0.2 : 0.5);
+    std::printf("\n(ns per 256-weight group and row; GB/s: stored weight bytes per second one core consumes.)\n");
+    return 0;
   }
   numa::PoolOptions po;
   po.threads = threads;
   po.quiet = true;
   numa::NodePools pools(po);
   numa::ThreadPool& pool = pools.pool(0);
-  const double bw = measure_host_read_bandwidth(&pool);
+  // The read bandwidth is probed again before every format and the rows are
+  // printed at the end against the best probe: on a shared machine one probe
+  // can land in a quiet or a busy moment, and the steps are best-of-N too.
+  double bw = 0, bw_cpu = 0, bw_low = 1e30;
   const double min_s = quick ? 0.3 : 1.0;
-  std::printf("# bench_gguf_lowbit: %d threads, ISA %s%s, read bandwidth %.2f GB/s (256 MiB, same threads)\n", pool.size(),
-              cpu::isa_name(cpu::best_isa()), cpu::detail::lowbit_has_avx512_vnni() ? " +VNNI" : "", bw / 1e9);
-  std::printf("\n## routed experts (ExpertEngine, hidden %ld, intermediate %ld, top-%ld, %ld experts cycled)\n\n", H, I, K, E);
-  std::printf("| format (gate,up / down) | bits/weight | MB/expert | batch | exact ms | int8 ms | int8 GB/s | int8 / read bw | int8 GOP/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
   struct Fmt {
     std::string name;
     ExtType up, down;
@@ -158,8 +259,22 @@ int main(int argc, char** argv) {
   fmts.push_back({"IQ1_S / IQ2_XXS (UD-IQ1_S-like)", cpu::lowbit::iq1_s, cpu::lowbit::iq2_xxs});
   fmts.push_back({"IQ2_XXS / IQ3_XXS (UD-IQ2_XXS-like)", cpu::lowbit::iq2_xxs, cpu::lowbit::iq3_xxs});
   fmts.push_back({"Q4_K (baseline)", ExtType::q4_k, ExtType::q4_k});
+  struct Row {
+    std::string name;
+    double bpw, mb;
+    int64_t n;
+    double se, sq, sq_cpu, bytes, ops;
+  };
+  std::vector<Row> out;
+  int probes = 0;
   for (const Fmt& f : fmts) {
     if (!only.empty() && only != f.name) continue;
+    double b, bc;
+    read_probe(pool, b, bc);
+    bw = std::max(bw, b);
+    bw_cpu = std::max(bw_cpu, bc);
+    bw_low = std::min(bw_low, b);
+    ++probes;
     ExpertSet set = make_experts(f.up, f.down, E);
     numa::EngineOptions on, off;
     on.print_memory = off.print_memory = false;
@@ -168,15 +283,28 @@ int main(int argc, char** argv) {
     const double bpw = 8.0 * set.expert_bytes / static_cast<double>(3 * H * I);
     for (int64_t n : {int64_t{1}, int64_t{32}}) {
       const double se = (quick && n > 1) ? NAN : time_forward(ee, n, E, min_s * (n > 1 ? 0.5 : 1.0));
-      const double sq = time_forward(eq, n, E, min_s);
+      double sq_cpu = 0;
+      const double sq = time_forward(eq, n, E, min_s, pool.size(), &sq_cpu);
       const double touched = static_cast<double>(n == 1 ? K : std::min<int64_t>(E, 3 * K));  // distinct experts per step
       const double bytes = touched * set.expert_bytes;
       const double ops = 2.0 * 3.0 * static_cast<double>(H * I) * static_cast<double>(n * K);
-      std::printf("| %s | %.3f | %.2f | %ld | %.2f | %.2f | %.2f | %.2f | %.1f |\n", f.name.c_str(), bpw, set.expert_bytes / 1e6, n, se * 1e3,
-                  sq * 1e3, bytes / sq / 1e9, bytes / sq / bw, ops / sq / 1e9);
+      out.push_back({f.name, bpw, set.expert_bytes / 1e6, n, se, sq, sq_cpu, bytes, ops});
     }
   }
+  std::printf("# bench_gguf_lowbit: %d threads, ISA %s%s%s, read bandwidth %.2f GB/s (best of %d probes of 256 MiB with the same threads, "
+              "one before each format; lowest %.2f), over CPU time %.2f GB/s\n",
+              pool.size(), cpu::isa_name(cpu::best_isa()), cpu::detail::lowbit_has_avx512_vnni() ? " +VNNI" : "",
+              cpu::detail::lowbit_has_avx512_vbmi() ? " +VBMI" : "", bw, probes, bw_low, bw_cpu);
+  std::printf("\n## routed experts (ExpertEngine, hidden %ld, intermediate %ld, top-%ld, %ld experts cycled)\n\n", H, I, K, E);
+  std::printf("| format (gate,up / down) | bits/weight | MB/expert | batch | exact ms | int8 ms | int8 GB/s | int8 / read bw | int8 GOP/s "
+              "| int8 CPU ms | CPU-time GB/s / read bw |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Row& r : out)
+    std::printf("| %s | %.3f | %.2f | %ld | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f |\n", r.name.c_str(), r.bpw, r.mb, r.n, r.se * 1e3,
+                r.sq * 1e3, r.bytes / r.sq / 1e9, r.bytes / r.sq / 1e9 / bw, r.ops / r.sq / 1e9, r.sq_cpu * 1e3,
+                r.bytes / r.sq_cpu / 1e9 / bw_cpu);
   std::printf("\n(GB/s at batch 1: stored bytes of the 8 experts a token touches / fastest step; GOP/s: 2 x 3 x H x I per (token,\n"
-              " expert) pair; exact = the fp32 dequantize path.)\n");
+              " expert) pair; exact = the fp32 dequantize path. CPU ms: the smallest process CPU time per thread of a step (waits\n"
+              " that spin count as busy); its GB/s against the probe's over CPU time.)\n");
   return 0;
 }

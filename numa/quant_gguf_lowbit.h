@@ -12,6 +12,9 @@
 //    the 32-types) multiplied in integers with VNNI (AVX-512) or maddubs
 //    (AVX2): y = sum_16 dx * (scale * sum(code * xq) + offset * sum(xq)).
 //    Needs cols % 256 == 0 (otherwise the exact path runs).
+//    Kernels, best first: v2 (AVX-512 VNNI + VBMI, quant_gguf_lowbit_vbmi.cpp:
+//    registers only, integer sub-block scales, R rows x NT tokens per tile),
+//    v1 (AVX-512 VNNI without VBMI, quant_gguf_lowbit_avx512.cpp), AVX2.
 #pragma once
 #include <cstdint>
 
@@ -35,6 +38,10 @@ bool lowbit_has_avx512_vnni();
 // or 8 consecutive 32-blocks), with w = scale * (ucode - bias) + offset
 // folded as w = scale * ucode + offset_u (offset_u = offset - bias * scale).
 void lowbit_decode256_avx512(ExtType type, const uint8_t* p, uint8_t* ucode, float* scale, float* offset_u);
+// v2 (quant_gguf_lowbit_vbmi.cpp): registers only, integer scales; needs VBMI as well.
+bool lowbit_has_avx512_vbmi();
+void lowbit_rows_q8_vbmi(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// v1: for AVX-512 VNNI CPUs without VBMI.
 void lowbit_rows_q8_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void lowbit_rows_q8_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void lowbit_rows_avx512(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);

@@ -3,7 +3,8 @@
 // gguf_lowbit_reference.json, made by tests/fixtures/gen/
 // gguf_lowbit_reference.py), the AVX-512 decoder against the scalar codes,
 // the exact and the int8 products of every ISA against plain double sums on
-// random blocks, the threaded cpu::gemm, and the shape errors.
+// random blocks, the AVX-512 int8 kernels v1 and v2 on row and token tails
+// (every type, IQ2_S included), the threaded cpu::gemm, and the shape errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -203,7 +204,7 @@ TEST_CASE("low-bit GGUF types: exact and int8 products of every ISA against doub
 
 TEST_CASE("low-bit GGUF types: threaded cpu::gemm on both paths; bad shapes are errors") {
   numa::ThreadPool pool(2);
-  for (ExtType t : {cpu::lowbit::iq2_xxs, cpu::lowbit::q3_k, cpu::lowbit::mxfp4}) {
+  for (ExtType t : {cpu::lowbit::iq2_xxs, cpu::lowbit::iq2_s, cpu::lowbit::q3_k, cpu::lowbit::mxfp4}) {
     INFO(std::string(info(t).name));
     const int64_t rows = 70, cols = 512, n = 3;
     const auto bytes = random_blocks(t, rows * cols / info(t).block_elems, 7);
@@ -232,4 +233,45 @@ TEST_CASE("low-bit GGUF types: threaded cpu::gemm on both paths; bad shapes are 
   CHECK_THROWS_AS(cpu::ext_view(cpu::lowbit::iq2_s, b.data(), 1, 300, "w"), Error);
   CHECK_THROWS_WITH(cpu::ext_view(cpu::lowbit::iq4_nl, b.data(), 1, 40, "blk.0.ffn_down"),
                     doctest::Contains("blk.0.ffn_down: 40 columns are not a multiple of the IQ4_NL block (32)"));
+}
+
+TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1 and v2 (VBMI) on row and token tails") {
+  if (!(cpu::best_isa() == cpu::Isa::avx512 && cpu::detail::lowbit_has_avx512_vnni())) {
+    MESSAGE("no AVX-512 VNNI here: not checked");
+    return;
+  }
+  const bool vbmi = cpu::detail::lowbit_has_avx512_vbmi();
+  if (!vbmi) MESSAGE("no AVX-512 VBMI here: v2 not checked");
+  for (ExtType t : cpu::lowbit::kAll) {
+    INFO(std::string(info(t).name));
+    const int64_t rows = 11, cols = 1024, be = info(t).block_elems;
+    const auto bytes = random_blocks(t, rows * cols / be, static_cast<uint32_t>(t) * 7u + 1u);
+    const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, cols, "w");
+    for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}}) {
+      INFO("tokens " << n);
+      const auto x = randn(static_cast<size_t>(n * cols), static_cast<uint32_t>(n * 31 + 5));
+      cpu::Q8Acts a;
+      a.reset(n, w);
+      for (int64_t j = 0; j < n; ++j) a.quantize(j, x.data() + j * cols);
+      std::vector<double> absdot(static_cast<size_t>(n * rows));
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::ext_row_to_f32(w, r, row.data());
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t k = 0; k < cols; ++k)
+            absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
+      }
+      std::vector<float> ref(absdot.size()), v1(absdot.size(), NAN), v2(absdot.size(), NAN);
+      cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
+      cpu::detail::lowbit_rows_q8_avx512(a, 0, n, w, 0, rows, v1.data(), rows);
+      if (vbmi) cpu::detail::lowbit_rows_q8_vbmi(a, 0, n, w, 0, rows, v2.data(), rows);
+      int bad = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double tol = 2e-5 * absdot[i] + 1e-5;
+        if (!(std::fabs(v1[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v1 " << i << ": " << v1[i] << " vs " << ref[i]);
+        if (vbmi && !(std::fabs(v2[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v2 " << i << ": " << v2[i] << " vs " << ref[i]);
+      }
+      CHECK(bad == 0);
+    }
+  }
 }
