@@ -25,11 +25,14 @@
 
 #include "configs/error.h"
 #include "engine/kv/kv_cache.h"
+#include "engine/loading/gguf_model.h"
 #include "engine/loading/model.h"
+#include "engine/placement/placement.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "engine/serving/logits.h"
 #include "gpu/gguf_lowbit_units.h"
 #include "gpu/quant.h"
+#include "io/gguf.h"
 #include "io/tensor/gguf_iq_grids.h"
 #include "io/tensor/quant_blocks_lowbit.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -458,6 +461,33 @@ TEST_CASE("gpu gguf low-bit: the deepseek2 test files load on the CPU with clear
     MESSAGE(name(t) << ": " << clear << " of " << ids.size() << " positions with a top-1 margin over 0.5");
     CHECK(finite == 1);
     CHECK(clear * 2 >= static_cast<int>(ids.size()));
+  }
+}
+
+// hmoe plan / placement: resident low-bit experts count as the file's bytes
+// (the GPU holds them as stored), not as bf16.
+TEST_CASE("gpu gguf low-bit: the plan counts resident low-bit experts at their stored bytes") {
+  test::TempDir dir("gguf-lowbit-plan");
+  struct Case {
+    ExtType type, down;
+    double bytes_per_weight;
+  };
+  for (Case c : {Case{cpu::lowbit::iq2_xxs, static_cast<ExtType>(0), 66.0 / 256}, Case{cpu::lowbit::iq1_s, cpu::lowbit::iq2_xxs, (50.0 + 50.0 + 66.0) / 768},
+                 Case{cpu::lowbit::mxfp4, static_cast<ExtType>(0), 17.0 / 32}}) {
+    INFO(name(c.type));
+    const std::string path = dir.str() + "/m.gguf";
+    test::write_file(path, qtools::deepseek2_lowbit_gguf(c.type, c.down).bytes());
+    const ModelConfig mc = gguf_model_config(*io::GgufFile::open(path));
+    CHECK(mc.expert_bytes_per_weight == doctest::Approx(c.bytes_per_weight));
+    CHECK(mc.gpu_expert_bytes_per_weight == doctest::Approx(c.bytes_per_weight));
+    std::vector<std::string> args = {"--gpu-resident-moe-layers", "all"};
+    const Settings st = Settings::load(args);
+    GpuTarget gpu;
+    gpu.total_bytes = 24ull << 30;
+    const Plan p = make_plan(mc, st, gpu);
+    CHECK(p.resident_moe_layers() == 2);
+    const double expert_weights = 2.0 * 4 * 3 * 256 * 256;
+    CHECK(static_cast<double>(p.gpu_expert_bytes) == doctest::Approx(expert_weights * c.bytes_per_weight).epsilon(0.01));
   }
 }
 
