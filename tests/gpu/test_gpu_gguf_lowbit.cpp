@@ -15,12 +15,17 @@
 //    tests/gpu/test_gpu_gguf_native.cpp uses for Q4_K..Q8_0, per output from
 //    that type's |w|); and a small deepseek2 GGUF of each type (and a mixed
 //    one) run with every layer on the GPU gives the CPU path's top-1 where
-//    the CPU's margin exceeds 0.5.
+//    the CPU's margin exceeds 0.5 (and llama.cpp's own files of issue 28,
+//    where present, as the CPU path and llama.cpp);
+//  - without a GPU too: those deepseek2 files load on the CPU with clear
+//    margins, and the plan counts their resident experts at stored bytes.
 // GPU cases skip with a message where no GPU is present.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "configs/error.h"
@@ -551,4 +556,58 @@ TEST_CASE("gpu gguf low-bit: deepseek2 GGUF files of each type with every layer 
       CHECK(mg->gpu()->weight_bytes() < mb->gpu()->weight_bytes());
     }
   }
+}
+
+// llama.cpp's own deepseek2 files per low-bit type (tests/fixtures/README.md,
+// llamacpp_deepseek2_reference.json; made on the device by
+// tests/fixtures/gen/llamacpp_deepseek2.sh, not checked in): where they are,
+// every layer on the GPU must give the CPU path's top-1 where the CPU's
+// margin > 0.5, and llama.cpp's top-1 as often as the CPU path is required
+// to (85% of the positions where llama.cpp's margin > 0.5; its routing
+// near-ties, see tests/engine/test_gguf_llamacpp_ds2.cpp).
+TEST_CASE("gpu gguf low-bit: llama.cpp's deepseek2 files per type on the GPU agree with the CPU path and llama.cpp") {
+  if (!test::have_gpu()) return;
+  const std::string ref_path = test::fixture_ref("llamacpp_deepseek2_reference.json");
+  if (!std::filesystem::exists(ref_path)) {
+    MESSAGE("SKIP: no " << ref_path);
+    return;
+  }
+  const auto ref = nlohmann::json::parse(test::read_file(ref_path));
+  const auto prompts = ref["prompts"].get<std::vector<std::vector<int32_t>>>();
+  int files_run = 0;
+  for (const auto& file : ref["files"]) {
+    const std::string label = file["label"];
+    const std::string path = test::fixture_ref("llamacpp-ds2/" + label + ".gguf");
+    if (!std::filesystem::exists(path)) continue;
+    INFO(label);
+    auto load = [&](const std::string& device) {
+      std::vector<std::string> args = {"--device", device, "--gpu-resident-moe-layers", "all", "--progress", "none"};
+      return Model::load(path, Settings::load(args));
+    };
+    auto mc = load("cpu"), mg = load("cuda");
+    REQUIRE(mg->gpu() != nullptr);
+    const int64_t V = mc->config().vocab_size;
+    int cpu_checked = 0, cpu_agreed = 0, ll_checked = 0, ll_agreed = 0;
+    for (size_t c = 0; c < prompts.size(); ++c) {
+      const auto lc = test::prompt_logits(*mc, prompts[c]), lg = test::prompt_logits(*mg, prompts[c]);
+      for (size_t p = 0; p < prompts[c].size(); ++p) {
+        const float* rc = lc.data() + p * V;
+        const float* rg = lg.data() + p * V;
+        std::vector<int32_t> top;
+        std::vector<float> tv;
+        top_k(rc, V, 2, top, tv);
+        const int32_t mine = argmax(rg, V);
+        if (tv[0] - tv[1] > 0.5f) ++cpu_checked, cpu_agreed += mine == top[0];
+        const auto& pos = file["chats"][c]["positions"][p];
+        const auto vals = pos["logits"].get<std::vector<double>>();
+        if (vals[0] - vals[1] > 0.5) ++ll_checked, ll_agreed += mine == pos["ids"][0].get<int32_t>();
+      }
+    }
+    MESSAGE(label << " on the GPU: top-1 as the CPU path " << cpu_agreed << "/" << cpu_checked << ", as llama.cpp " << ll_agreed << "/" << ll_checked);
+    CHECK(cpu_checked > 10);
+    CHECK(cpu_agreed * 100 >= cpu_checked * 90);
+    CHECK(ll_agreed * 100 >= ll_checked * 85);
+    ++files_run;
+  }
+  if (files_run == 0) MESSAGE("SKIP: no llama.cpp deepseek2 GGUF files under " << test::fixture_ref("llamacpp-ds2") << " (tests/fixtures/README.md)");
 }
