@@ -8,9 +8,8 @@
 // kernels run (gpu/gguf_gemv.cu, gpu/gguf_moe_gemm.cu) and also builds in a
 // CPU-only build, where tests/gpu/test_gpu_gguf_lowbit.cpp checks it against
 // cpu::lowbit_block_codes on random blocks without a GPU. The device reads
-// differ only in how bytes are fetched (aligned words and funnel shifts,
-// __ldg for the codebooks, __byte_perm for the 16-entry tables), each with a
-// host twin.
+// use device intrinsics (funnel shifts, __byte_perm, __ldg, __half2float)
+// only through small functions with host twins of the same semantics.
 //
 // The runs equal the CPU decomposition exactly: codes are the CPU's codes
 // (IQ1's deltas folded in as 8 * grid +- 1), a its per-16 scale, computed by
@@ -20,9 +19,9 @@
 // fp32 value as cpu::lowbit_dequant_block (no fused multiply-add).
 //
 // Reads: unit(s, off, q, r, t) reads the group at byte offset off of s (any
-// offset; on the device s is 4-byte aligned and words up to 8 bytes past the
-// group are read and ignored, as gguf_units.cuh's). t holds the codebooks
-// (host arrays, or their device copy from device_lowbit_tables()).
+// offset; s 4-byte aligned on the device) through aligned words, up to 8
+// bytes past the group (read and ignored, as gguf_units.cuh's). t holds the
+// codebooks (host arrays, or their device copy from device_lowbit_tables()).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -74,31 +73,52 @@ inline LowbitTables host_lowbit_tables() {
 LowbitTables device_lowbit_tables();
 
 // ---- byte access -----------------------------------------------------------------
+// The device intrinsics the decoders use, with host twins of the same
+// semantics, so that the host build runs the device's algorithm.
 
-// The 4 bytes at s + off (little-endian).
-HMOE_GG_HD uint32_t lw(const uint8_t* s, int off) {
+// (hi:lo) >> sh, low word (sh < 32).
+HMOE_GG_HD uint32_t funnel_r(uint32_t lo, uint32_t hi, int sh) {
 #ifdef __CUDA_ARCH__
-  const uint32_t* p = reinterpret_cast<const uint32_t*>(s + (off & ~3));
-  return __funnelshift_r(p[0], p[1], (off & 3) * 8);
+  return __funnelshift_r(lo, hi, sh);
+#else
+  return static_cast<uint32_t>(((static_cast<uint64_t>(hi) << 32) | lo) >> (sh & 31));
+#endif
+}
+// Byte j of the result: byte (sel >> 4j) & 7 of y:x (selectors 0..7 only).
+HMOE_GG_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t sel) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, sel);
+#else
+  const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int j = 0; j < 4; ++j) r |= static_cast<uint32_t>((v >> (8 * ((sel >> (4 * j)) & 7u))) & 0xFFu) << (8 * j);
+  return r;
+#endif
+}
+// The word at p (4-byte aligned on the device).
+HMOE_GG_HD uint32_t word_at(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint32_t*>(p);
 #else
   uint32_t v;
-  std::memcpy(&v, s + off, 4);
+  std::memcpy(&v, p, 4);
   return v;
 #endif
 }
+// The 4 bytes at s + off (little-endian), from the two aligned words around them.
+HMOE_GG_HD uint32_t lw(const uint8_t* s, int off) {
+  const uint8_t* a = s + (off & ~3);
+  return funnel_r(word_at(a), word_at(a + 4), (off & 3) * 8);
+}
 // 16 bytes at s + off as 4 words.
 HMOE_GG_HD void l16(const uint8_t* s, int off, uint32_t* o) {
-#ifdef __CUDA_ARCH__
-  const uint32_t* p = reinterpret_cast<const uint32_t*>(s + (off & ~3));
+  const uint8_t* p = s + (off & ~3);
   const int sh = (off & 3) * 8;
   uint32_t a[5];
 HMOE_GG_UNROLL
-  for (int i = 0; i < 5; ++i) a[i] = p[i];
+  for (int i = 0; i < 5; ++i) a[i] = word_at(p + 4 * i);
 HMOE_GG_UNROLL
-  for (int i = 0; i < 4; ++i) o[i] = __funnelshift_r(a[i], a[i + 1], sh);
-#else
-  std::memcpy(o, s + off, 16);
-#endif
+  for (int i = 0; i < 4; ++i) o[i] = funnel_r(a[i], a[i + 1], sh);
 }
 template <class T>
 HMOE_GG_HD T ldt(const T* p) {
@@ -149,24 +169,15 @@ HMOE_GG_HD uint32_t sign_byte(uint32_t i) {
   const uint32_t v = i & 127u;
   return v | ((static_cast<uint32_t>(popc(v)) & 1u) << 7);
 }
-// Bytes of n (each 0..15) looked up in the 16-byte table t0..t3.
+// Bytes of n (each 0..15) looked up in the 16-byte table t0..t3: the low 3
+// bits of each select a byte of t1:t0 and of t3:t2, bit 3 which of the two.
 HMOE_GG_HD uint32_t lut16(uint32_t n, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3) {
-#ifdef __CUDA_ARCH__
   const uint32_t lo3 = n & 0x07070707u;
   const uint32_t x = lo3 | (lo3 >> 4);  // byte 0: sel0 | sel1 << 4; byte 2: sel2 | sel3 << 4
-  const uint32_t sel = __byte_perm(x, 0, 0x4420);
-  const uint32_t lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
+  const uint32_t sel = byte_perm(x, 0, 0x4420);
+  const uint32_t lo = byte_perm(t0, t1, sel), hi = byte_perm(t2, t3, sel);
   const uint32_t m = ((n >> 3) & 0x01010101u) * 0xFFu;
   return (lo & ~m) | (hi & m);
-#else
-  const uint32_t t[4] = {t0, t1, t2, t3};
-  uint32_t r = 0;
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t k = (n >> (8 * j)) & 15u;
-    r |= ((t[k / 4] >> (8 * (k % 4))) & 0xFFu) << (8 * j);
-  }
-  return r;
-#endif
 }
 
 // The 16-entry code tables packed 4 per word (IQ4's non-linear levels and

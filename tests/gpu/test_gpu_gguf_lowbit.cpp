@@ -58,22 +58,22 @@ namespace gg = gpu::detail::gguf;
 const cpu::ExtTypeInfo& info(ExtType t) { return *cpu::lowbit_type_info(static_cast<uint32_t>(t)); }
 std::string name(ExtType t) { return info(t).name; }
 
-// The host-compiled decoder of type t: unit q of the group at p.
-void decode_unit(ExtType t, const uint8_t* p, int q, gg::Run* r) {
+// The host-compiled decoder of type t: unit q of the group at byte offset off of s.
+void decode_unit(ExtType t, const uint8_t* s, int off, int q, gg::Run* r) {
   const gg::LowbitTables tb = gg::host_lowbit_tables();
   switch (static_cast<uint32_t>(t)) {
-    case 10: return gg::Q2K::unit(p, 0, q, r, tb);
-    case 11: return gg::Q3K::unit(p, 0, q, r, tb);
-    case 16: return gg::IQ2XXS::unit(p, 0, q, r, tb);
-    case 17: return gg::IQ2XS::unit(p, 0, q, r, tb);
-    case 18: return gg::IQ3XXS::unit(p, 0, q, r, tb);
-    case 19: return gg::IQ1S::unit(p, 0, q, r, tb);
-    case 20: return gg::IQ4NL::unit(p, 0, q, r, tb);
-    case 21: return gg::IQ3S::unit(p, 0, q, r, tb);
-    case 22: return gg::IQ2S::unit(p, 0, q, r, tb);
-    case 23: return gg::IQ4XS::unit(p, 0, q, r, tb);
-    case 29: return gg::IQ1M::unit(p, 0, q, r, tb);
-    case 39: return gg::MXFP4::unit(p, 0, q, r, tb);
+    case 10: return gg::Q2K::unit(s, off, q, r, tb);
+    case 11: return gg::Q3K::unit(s, off, q, r, tb);
+    case 16: return gg::IQ2XXS::unit(s, off, q, r, tb);
+    case 17: return gg::IQ2XS::unit(s, off, q, r, tb);
+    case 18: return gg::IQ3XXS::unit(s, off, q, r, tb);
+    case 19: return gg::IQ1S::unit(s, off, q, r, tb);
+    case 20: return gg::IQ4NL::unit(s, off, q, r, tb);
+    case 21: return gg::IQ3S::unit(s, off, q, r, tb);
+    case 22: return gg::IQ2S::unit(s, off, q, r, tb);
+    case 23: return gg::IQ4XS::unit(s, off, q, r, tb);
+    case 29: return gg::IQ1M::unit(s, off, q, r, tb);
+    case 39: return gg::MXFP4::unit(s, off, q, r, tb);
     default: FAIL("no decoder for type " << static_cast<uint32_t>(t));
   }
 }
@@ -129,10 +129,11 @@ TEST_CASE("gpu gguf low-bit: the kernels' decoders (host build) give the CPU's c
     const int per = 256 / ti.block_elems;  // blocks per 256 weights (IQ4_NL, MXFP4: 8, in groups of 2)
     const int64_t groups = 24;
     auto b = qtools::lowbit_random_rows(t, 1, 256 * groups, 40 + static_cast<uint64_t>(t), 0.05f);
-    b.resize(b.size() + 16, 0);  // the decoders may read a word past a block
+    b.resize(b.size() + 16, 0);  // the decoders read aligned words up to 8 bytes past a block
     int64_t bad_code = 0, bad_scale = 0, bad_value = 0, zeros = 0;
     for (int64_t gi = 0; gi < groups; ++gi) {
-      const uint8_t* p = b.data() + gi * per * ti.block_bytes;
+      const int goff = static_cast<int>(gi * per * ti.block_bytes);  // groups at every offset mod 4, as rows are on the device
+      const uint8_t* p = b.data() + goff;
       int8_t code[256];
       float s[16], o[16], want[256];
       for (int i = 0; i < per; ++i) {
@@ -142,8 +143,8 @@ TEST_CASE("gpu gguf low-bit: the kernels' decoders (host build) give the CPU's c
       // The GPU's units of these 256 weights: 4 per super-block, or one per pair of 32-blocks.
       for (int u = 0; u < 4; ++u) {
         gg::Run r[4];
-        if (ti.block_elems == 256) decode_unit(t, p, u, r);
-        else decode_unit(t, p + 2 * u * ti.block_bytes, 0, r);
+        if (ti.block_elems == 256) decode_unit(t, b.data(), goff, u, r);
+        else decode_unit(t, b.data(), goff + 2 * u * ti.block_bytes, 0, r);
         const int base = ti.block_elems == 256 ? 0 : 64 * u;
         for (int k = 0; k < 4; ++k) {
           const int e0 = base + r[k].e;
@@ -180,6 +181,16 @@ TEST_CASE("gpu gguf low-bit: packed tables, byte helpers and the type mapping") 
   CHECK(gg::lut16(0x0F080701u, gg::kIq4W0, gg::kIq4W1, gg::kIq4W2, gg::kIq4W3) == gg::pack_bytes(-104, -10, 1, 113));
   for (uint32_t i = 0; i < 128; ++i) CHECK(gg::sign_byte(i) == cpu::detail::iq_sign_byte(i));
   CHECK(gg::signed4(gg::pack_bytes(8, 25, 43, 0), 0x5u) == gg::pack_bytes(-8, 25, -43, 0));
+  alignas(4) uint8_t bytes[32];
+  for (int i = 0; i < 32; ++i) bytes[i] = static_cast<uint8_t>(1 + 7 * i);
+  for (int off = 0; off < 8; ++off) {  // the aligned-word reads with funnel shifts give the bytes at off
+    uint32_t w[4], want[4];
+    std::memcpy(want, bytes + off, 16);
+    CHECK(gg::lw(bytes, off) == want[0]);
+    gg::l16(bytes, off, w);
+    for (int i = 0; i < 4; ++i) CHECK(w[i] == want[i]);
+  }
+  CHECK(gg::byte_perm(0x44332211u, 0x88776655u, 0x7430u) == 0x88554411u);
   CHECK(gg::vadd4(gg::pack_bytes(16, 0, 8, 1), gg::pack_bytes(-9, -9, -7, 127)) == gg::pack_bytes(7, -9, 1, -128));
 
   for (ExtType t : cpu::lowbit::kAll) {
