@@ -9,8 +9,8 @@
 //
 // Shapes: DeepSeek-V3 / Kimi-K2 (hidden 7168, 256 routed experts of 2048,
 // top-8, o_proj [7168, 16384]); every type's blocks random with realistic
-// scales (tests/quant_tools/lowbit_blocks.h), one expert made on the host
-// and replicated on the device:
+// scales (tests/quant_tools/lowbit_blocks.h), one expert (and an eighth of
+// o_proj) made on the host and replicated on the device:
 //  - gemv experts gate/up [256 * 4096, 7168] at 1 and 8 tokens (the dense
 //    decode GEMV over 1.4-4 GB: the bandwidth figure), gemv o_proj at 1;
 //  - moe layer (gguf_moe_experts, the decode experts: gate/up per pair,
@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
   gpu::copy_to_device(x.data(), xh.data(), xh.size() * 2, s);
   for (cpu::ExtType t : types) {
     const auto gu_h = host_matrix(t, 2 * I, H, 11 + static_cast<uint64_t>(t)), dn_h = host_matrix(t, H, I, 13 + static_cast<uint64_t>(t));
-    const auto o_h = host_matrix(t, H, O, 17 + static_cast<uint64_t>(t));
+    const auto o_h = host_matrix(t, H / 8, O, 17 + static_cast<uint64_t>(t));  // an eighth, replicated
     Stack gu = stack(t, gu_h, 2 * I, H, E, s), dn = stack(t, dn_h, H, I, E, s);
     {
       gpu::DeviceBuffer y(static_cast<size_t>(8 * gu.w.rows) * 4);
@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
         const double us = timer.us([&] { gpu::gguf_gemv(gu.w, x.as<uint16_t>(), n, y.as<float>(), gu.w.rows, s); });
         row(t, "gemv experts gate/up [" + std::to_string(gu.w.rows) + "x" + std::to_string(H) + "]", n, us, static_cast<double>(gu.w.bytes()));
       }
-      Stack o = stack(t, o_h, H, O, 1, s);
+      Stack o = stack(t, o_h, H / 8, O, 8, s);
       const double us = timer.us([&] { gpu::gguf_gemv(o.w, x.as<uint16_t>(), 1, y.as<float>(), o.w.rows, s); });
       row(t, "gemv o_proj [7168x16384]", 1, us, static_cast<double>(o.w.bytes()));
     }

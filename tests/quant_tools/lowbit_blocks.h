@@ -7,6 +7,7 @@
 // decoding of the same bytes (cpu::lowbit_dequant_block, itself checked bit
 // for bit against gguf-py), so only the bytes' layout must be the format's.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -19,7 +20,7 @@
 
 namespace hmoe::qtools {
 
-// Sets block p's scale to d (the f16 d; Q2_K: d and dmin = d / 2; IQ1_M: d in
+// Sets block p's scale to d (the f16 d; Q2_K: d and dmin = 1.5 d; IQ1_M: d in
 // the scales' top nibbles; MXFP4: the power of two nearest |d|).
 inline void lowbit_set_scale(cpu::ExtType t, uint8_t* p, float d) {
   const uint32_t id = static_cast<uint32_t>(t);
@@ -27,9 +28,9 @@ inline void lowbit_set_scale(cpu::ExtType t, uint8_t* p, float d) {
     const uint16_t h = f32_to_f16(v);
     std::memcpy(q, &h, 2);
   };
-  if (id == 10) {
+  if (id == 10) {  // dmin 1.5 d: the mins cancel the codes' mean (1.5 sc) on average, as in real files
     put(p + 80, d);
-    put(p + 82, 0.5f * d);
+    put(p + 82, 1.5f * d);
   } else if (id == 11) {
     put(p + 108, d);
   } else if (id == 29) {
@@ -61,16 +62,17 @@ inline std::vector<uint8_t> lowbit_random_rows(cpu::ExtType t, int64_t rows, int
   std::uniform_real_distribution<float> u(0.5f, 1.5f);
   const bool fp4 = static_cast<uint32_t>(t) == 39;
   for (auto& x : f) x = u(g) * (!fp4 && g() % 4 == 0 ? -1.0f : 1.0f);
-  // Scale 1 first, to measure the RMS of the codes times the sub-scales.
+  // Scale 1 first, to measure the RMS of the codes times the sub-scales (on up to 4096 blocks).
   double sum = 0;
   std::vector<float> deq(static_cast<size_t>(ti->block_elems));
-  for (int64_t i = 0; i < nb; ++i) {
+  const int64_t sample = std::min<int64_t>(nb, 4096);
+  for (int64_t i = 0; i < sample; ++i) {
     uint8_t* p = b.data() + i * ti->block_bytes;
     lowbit_set_scale(t, p, 1.0f);
     cpu::lowbit_dequant_block(t, p, deq.data());
     for (float v : deq) sum += static_cast<double>(v) * v;
   }
-  const double have = std::sqrt(sum / static_cast<double>(nb * ti->block_elems));
+  const double have = std::sqrt(sum / static_cast<double>(sample * ti->block_elems));
   const float k = static_cast<float>(rms / std::max(have, 1e-12));
   for (int64_t i = 0; i < nb; ++i) lowbit_set_scale(t, b.data() + i * ti->block_bytes, k * f[static_cast<size_t>(i)]);
   return b;
