@@ -1,6 +1,7 @@
 // GGUF blocks as stored on the GPU (gpu/quant.h): GEMV for decode, the
 // decode routed-expert pair kernels, and dequantization to bf16 for the
-// cuBLAS path of big passes. Q4_K, Q5_K, Q6_K and Q8_0 read the file's bytes.
+// cuBLAS path of big passes. Q4_K, Q5_K, Q6_K, Q8_0 and the low-bit types
+// (Q2_K, Q3_K, IQ1-IQ4, MXFP4: gpu/gguf_lowbit_units.h) read the file's bytes.
 //
 // Why this shape. At decode every matrix is small (a few MB per layer), so a
 // kernel is bound by how many bytes it keeps in flight and by its fixed
@@ -53,6 +54,7 @@ struct Params {
   const float* weights;
   uint16_t* out;       // dequant: bf16 [rows, cols]
   int64_t r0;          // dequant: first row
+  LowbitTables tabs;   // the IQ codebooks (low-bit types)
 };
 
 __device__ __forceinline__ uint4 load_tail(const uint8_t* a, const uint8_t* end) {
@@ -291,7 +293,7 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
           eg = (seg * p.SG + gl) * F::EB;
         }
         Run run[4];
-        F::unit(st, off, q, run);
+        F::unit(st, off, q, run, p.tabs);
         if (MODE == kDequant) {
           uint16_t* o = p.out + static_cast<int64_t>(cur.row0 + r) * cols + eg;
 #pragma unroll
@@ -300,8 +302,8 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
               const uint32_t w = run[k].w[i / 2];
-              const float lo = run[k].a * static_cast<float>(static_cast<int8_t>(w >> (16 * (i & 1)))) - run[k].c;
-              const float hi = run[k].a * static_cast<float>(static_cast<int8_t>(w >> (16 * (i & 1) + 8))) - run[k].c;
+              const float lo = run_value(run[k].a, static_cast<int8_t>(w >> (16 * (i & 1))), run[k].c);
+              const float hi = run_value(run[k].a, static_cast<int8_t>(w >> (16 * (i & 1) + 8)), run[k].c);
               hv[i] = static_cast<uint32_t>(f2bf(lo)) | (static_cast<uint32_t>(f2bf(hi)) << 16);
             }
             uint4* o4 = reinterpret_cast<uint4*>(o + run[k].e);
@@ -420,6 +422,18 @@ Fmt fmt_of(GgufType t) {
     case GgufType::q5_k: return {Q5K::BB, Q5K::EB, Q5K::UPB};
     case GgufType::q6_k: return {Q6K::BB, Q6K::EB, Q6K::UPB};
     case GgufType::q8_0: return {Q80::BB, Q80::EB, Q80::UPB};
+    case GgufType::q2_k: return {Q2K::BB, Q2K::EB, Q2K::UPB};
+    case GgufType::q3_k: return {Q3K::BB, Q3K::EB, Q3K::UPB};
+    case GgufType::iq1_s: return {IQ1S::BB, IQ1S::EB, IQ1S::UPB};
+    case GgufType::iq1_m: return {IQ1M::BB, IQ1M::EB, IQ1M::UPB};
+    case GgufType::iq2_xxs: return {IQ2XXS::BB, IQ2XXS::EB, IQ2XXS::UPB};
+    case GgufType::iq2_xs: return {IQ2XS::BB, IQ2XS::EB, IQ2XS::UPB};
+    case GgufType::iq2_s: return {IQ2S::BB, IQ2S::EB, IQ2S::UPB};
+    case GgufType::iq3_xxs: return {IQ3XXS::BB, IQ3XXS::EB, IQ3XXS::UPB};
+    case GgufType::iq3_s: return {IQ3S::BB, IQ3S::EB, IQ3S::UPB};
+    case GgufType::iq4_xs: return {IQ4XS::BB, IQ4XS::EB, IQ4XS::UPB};
+    case GgufType::iq4_nl: return {IQ4NL::BB, IQ4NL::EB, IQ4NL::UPB};
+    case GgufType::mxfp4: return {MXFP4::BB, MXFP4::EB, MXFP4::UPB};
   }
   return {1, 1, 1};
 }
@@ -449,6 +463,7 @@ Params plan(const GgufWeight& w, int64_t rows) {
     p.nseg = (groups + p.SG - 1) / p.SG;
   }
   p.tasks = (p.rows + p.R - 1) / p.R;
+  if (gguf_type_lowbit(w.type)) p.tabs = device_lowbit_tables();
   return p;
 }
 
@@ -472,6 +487,18 @@ void launch(GgufType t, const Params& p, dim3 grid, int warps, size_t smem, Stre
     case GgufType::q5_k: return launch_one<Q5K, TB, MODE>(p, grid, warps, smem, st);
     case GgufType::q6_k: return launch_one<Q6K, TB, MODE>(p, grid, warps, smem, st);
     case GgufType::q8_0: return launch_one<Q80, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::q2_k: return launch_one<Q2K, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::q3_k: return launch_one<Q3K, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::iq1_s: return launch_one<IQ1S, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::iq1_m: return launch_one<IQ1M, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::iq2_xxs: return launch_one<IQ2XXS, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::iq2_xs: return launch_one<IQ2XS, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::iq2_s: return launch_one<IQ2S, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::iq3_xxs: return launch_one<IQ3XXS, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::iq3_s: return launch_one<IQ3S, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::iq4_xs: return launch_one<IQ4XS, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::iq4_nl: return launch_one<IQ4NL, TB, MODE>(p, grid, warps, smem, st);
+    case GgufType::mxfp4: return launch_one<MXFP4, TB, MODE>(p, grid, warps, smem, st);
   }
 }
 

@@ -6,12 +6,13 @@
 // Tiles. A block computes 64 sorted rows (one expert's routed tokens, from
 // the device offsets) x 128 output rows. Per K step of 256 columns it copies
 // the 64 activation rows (bf16) and dequantizes the expert's 128 x 256
-// weights (the format's units, gpu/gguf_units.cuh) into shared memory (rows
-// padded by 8 bf16: conflict-free fragment reads), then 8 warps (2 x 4, each
-// 32 x 32) run mma.sync m16n8k16 (bf16 in, fp32 accumulate). The grid's
-// second dimension covers an upper bound of the 64-row tiles over all
-// experts (pairs / 64 + experts); a block past the real count exits after
-// scanning the offsets, so the launch can be captured in a graph.
+// weights (the format's units, gpu/gguf_units.cuh and gpu/gguf_lowbit_units.h)
+// into shared memory (rows padded by 8 bf16: conflict-free fragment reads),
+// then 8 warps (2 x 4, each 32 x 32) run mma.sync m16n8k16 (bf16 in, fp32
+// accumulate). The grid's second dimension covers an upper bound of the
+// 64-row tiles over all experts (pairs / 64 + experts); a block past the
+// real count exits after scanning the offsets, so the launch can be
+// captured in a graph.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -41,6 +42,7 @@ struct GemmParams {
   int64_t rb;
   int cols, rows_per_expert;
   float* c;
+  LowbitTables tabs;  // the IQ codebooks (low-bit types)
 };
 
 __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
@@ -101,10 +103,10 @@ __global__ void __launch_bounds__(kThreads) moe_gemm_kernel(GemmParams p) {
       Run run[4];
       int eg;
       if (F::EB == 256) {
-        F::unit(al, lead + (kb / 256) * F::BB, q, run);
+        F::unit(al, lead + (kb / 256) * F::BB, q, run, p.tabs);
         eg = 0;
-      } else {  // Q8_0: a group is 64 elements
-        F::unit(al, lead + (kb / 64 + q) * F::BB, 0, run);
+      } else {  // Q8_0, IQ4_NL, MXFP4: a group is 64 elements
+        F::unit(al, lead + (kb / 64 + q) * F::BB, 0, run, p.tabs);
         eg = 64 * q;
       }
       uint16_t* o = Ws + r * LDS + eg;
@@ -114,8 +116,8 @@ __global__ void __launch_bounds__(kThreads) moe_gemm_kernel(GemmParams p) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const uint32_t w = run[k].w[i / 2];
-          const float lo = run[k].a * static_cast<float>(static_cast<int8_t>(w >> (16 * (i & 1)))) - run[k].c;
-          const float hi = run[k].a * static_cast<float>(static_cast<int8_t>(w >> (16 * (i & 1) + 8))) - run[k].c;
+          const float lo = run_value(run[k].a, static_cast<int8_t>(w >> (16 * (i & 1))), run[k].c);
+          const float hi = run_value(run[k].a, static_cast<int8_t>(w >> (16 * (i & 1) + 8)), run[k].c);
           hv[i] = static_cast<uint32_t>(f2bf(lo)) | (static_cast<uint32_t>(f2bf(hi)) << 16);
         }
         uint4* o4 = reinterpret_cast<uint4*>(o + run[k].e);
@@ -193,6 +195,7 @@ void gguf_moe_gemm(const bf16_t* a, const int32_t* rowmap, int64_t k_div, int64_
   p.cols = static_cast<int>(w.cols);
   p.rows_per_expert = static_cast<int>(rows_per_expert);
   p.c = c;
+  if (gguf_type_lowbit(w.type)) p.tabs = device_lowbit_tables();
   const dim3 grid(static_cast<unsigned>(rows_per_expert / BN), static_cast<unsigned>(tiles));
   cudaStream_t st = cs(s);
   switch (w.type) {
@@ -200,6 +203,18 @@ void gguf_moe_gemm(const bf16_t* a, const int32_t* rowmap, int64_t k_div, int64_
     case GgufType::q5_k: return launch<Q5K>(p, grid, st);
     case GgufType::q6_k: return launch<Q6K>(p, grid, st);
     case GgufType::q8_0: return launch<Q80>(p, grid, st);
+    case GgufType::q2_k: return launch<Q2K>(p, grid, st);
+    case GgufType::q3_k: return launch<Q3K>(p, grid, st);
+    case GgufType::iq1_s: return launch<IQ1S>(p, grid, st);
+    case GgufType::iq1_m: return launch<IQ1M>(p, grid, st);
+    case GgufType::iq2_xxs: return launch<IQ2XXS>(p, grid, st);
+    case GgufType::iq2_xs: return launch<IQ2XS>(p, grid, st);
+    case GgufType::iq2_s: return launch<IQ2S>(p, grid, st);
+    case GgufType::iq3_xxs: return launch<IQ3XXS>(p, grid, st);
+    case GgufType::iq3_s: return launch<IQ3S>(p, grid, st);
+    case GgufType::iq4_xs: return launch<IQ4XS>(p, grid, st);
+    case GgufType::iq4_nl: return launch<IQ4NL>(p, grid, st);
+    case GgufType::mxfp4: return launch<MXFP4>(p, grid, st);
   }
 }
 

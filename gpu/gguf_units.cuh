@@ -1,10 +1,11 @@
-// Device decoders of the GGUF block types (Q4_K, Q5_K, Q6_K, Q8_0) shared by
-// gpu/gguf_gemv.cu and gpu/gguf_moe_gemm.cu. Private to gpu/*.cu.
+// Device decoders of the GGUF block types (Q4_K, Q5_K, Q6_K, Q8_0; the
+// low-bit types are gpu/gguf_lowbit_units.h's) shared by gpu/gguf_gemv.cu
+// and gpu/gguf_moe_gemm.cu. Private to gpu/*.cu.
 //
 // A "unit" is 64 weights of one row, as 4 runs of 16: each run 4 words of
 // int8 codes q with a scale a and an offset c (w = a * q - c) and the first
 // element of the run within its group (super-block of 256, or for Q8_0 a
-// pair of 34-byte blocks, 64 elements). unit(s, off, q, run) reads the
+// pair of 34-byte blocks, 64 elements). unit(s, off, q, run, tables) reads the
 // group at byte offset `off` (even) of s (4-byte aligned; words up to 8 bytes
 // past the group are read and ignored) and decodes its unit q (< UPB).
 #pragma once
@@ -12,13 +13,9 @@
 
 #include <cstdint>
 
-namespace hmoe::gpu::detail::gguf {
+#include "gpu/gguf_lowbit_units.h"  // Run, and the low-bit types' units
 
-struct Run {
-  uint32_t w[4];  // 16 int8 codes
-  float a, c;     // w = a * q - c
-  int e;          // first element of the run within the group
-};
+namespace hmoe::gpu::detail::gguf {
 
 // 4 bytes at an even offset of shared memory (reads the next word too).
 __device__ __forceinline__ uint32_t ldw(const uint8_t* s, int off) {
@@ -53,7 +50,7 @@ __device__ __forceinline__ void k_scale_min(uint32_t s0, uint32_t s1, uint32_t s
 struct Q4K {
   static constexpr int BB = 144, EB = 256, UPB = 4;
   // Unit q: sub-blocks 2q (low nibbles of qs[32q..32q+31]) and 2q+1 (high nibbles).
-  __device__ __forceinline__ static void unit(const uint8_t* s, int off, int q, Run* r) {
+  __device__ __forceinline__ static void unit(const uint8_t* s, int off, int q, Run* r, const LowbitTables&) {
     const uint32_t hdr = ldw(s, off);
     const float d = h2f(hdr), dmin = h2f(hdr >> 16);
     const uint32_t s0 = ldw(s, off + 4), s1 = ldw(s, off + 8), s2 = ldw(s, off + 12);
@@ -84,7 +81,7 @@ struct Q4K {
 struct Q5K {
   static constexpr int BB = 176, EB = 256, UPB = 4;
   // As Q4_K, with the fifth bit of element l of chunk q at bit 2q (low) / 2q+1 (high) of qh[l].
-  __device__ __forceinline__ static void unit(const uint8_t* s, int off, int q, Run* r) {
+  __device__ __forceinline__ static void unit(const uint8_t* s, int off, int q, Run* r, const LowbitTables&) {
     const uint32_t hdr = ldw(s, off);
     const float d = h2f(hdr), dmin = h2f(hdr >> 16);
     const uint32_t s0 = ldw(s, off + 4), s1 = ldw(s, off + 8), s2 = ldw(s, off + 12);
@@ -120,7 +117,7 @@ struct Q6K {
   // Unit q = (half h, group g): l = 16g..16g+15 of half h; runs k = 0..3 are
   // elements 128h + 32k + l with scale sc[8h + g + 2k]; codes from ql[64h + l],
   // ql[64h + 32 + l] (low / high nibbles) and two bits of qh[32h + l].
-  __device__ __forceinline__ static void unit(const uint8_t* s, int off, int q, Run* r) {
+  __device__ __forceinline__ static void unit(const uint8_t* s, int off, int q, Run* r, const LowbitTables&) {
     const int h = q >> 1, g = q & 1;
     uint32_t A[4], B[4], C[4];
     ld16(s, off + 64 * h + 16 * g, A);
@@ -148,7 +145,7 @@ struct Q6K {
 
 struct Q80 {
   static constexpr int BB = 68, EB = 64, UPB = 1;  // a group is two 34-byte blocks
-  __device__ __forceinline__ static void unit(const uint8_t* s, int off, int, Run* r) {
+  __device__ __forceinline__ static void unit(const uint8_t* s, int off, int, Run* r, const LowbitTables&) {
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       const float d = h2f(ldw(s, off + 34 * b));

@@ -126,21 +126,31 @@ void quant_moe_experts(const bf16_t* x, int64_t n, int64_t hidden, int64_t inter
 // row-major, 16-byte aligned): what the big-pass path feeds cuBLAS.
 void quant_dequant(const QWeight& w, int64_t r0, int64_t rows, bf16_t* out, Stream& s);
 
-// ---- GGUF blocks as stored: Q4_K, Q5_K, Q6_K, Q8_0 (gpu/gguf_gemv.cu) ----
+// ---- GGUF blocks as stored (gpu/gguf_gemv.cu, gpu/gguf_moe_gemm.cu) -----------
 //
+// Q4_K, Q5_K, Q6_K, Q8_0 and the low-bit types of the "dynamic" quants
+// (Q2_K, Q3_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS,
+// IQ4_NL, MXFP4; io/tensor/quant_blocks_lowbit.h, decoded on the GPU by
+// gpu/gguf_lowbit_units.h to the same codes and scales as the CPU).
 // The bytes of the file, unchanged: rows of cols/256 super-blocks (Q4_K 144,
-// Q5_K 176, Q6_K 210 bytes) or cols/32 blocks of 34 bytes (Q8_0), rows
-// contiguous (row_bytes() apart), `data` 16-byte aligned (rows themselves
-// need not be: Q6_K and Q8_0 rows are 2-byte aligned). The kernels never
-// read past data + bytes(). cols: a multiple of 256 (K types) or 64 (Q8_0).
+// Q5_K 176, Q6_K 210 bytes, the low-bit K and IQ types 50 to 136) or cols/32
+// blocks (Q8_0 34, IQ4_NL 18, MXFP4 17 bytes), rows contiguous (row_bytes()
+// apart), `data` 16-byte aligned (rows themselves need not be: most rows
+// are 2-byte aligned). The kernels never read past data + bytes(). cols: a
+// multiple of 256 (K and IQ types but IQ4_NL) or 64 (Q8_0, IQ4_NL, MXFP4).
 //
 // Numerics (as llama.cpp's and the CPU's integer path, numa/quant_gguf_q8.h):
 // activations are quantized per 32 to int8 (scale amax / 127) in shared
 // memory by each block, products are int8 dot products (dp4a) per run of 16
 // weights, scaled in fp32. Error against the exact product: at most
 // sum over 32-blocks of (amax_b / 254) * sum_k |w_k| (plus fp32 rounding).
-enum class GgufType : uint8_t { q4_k, q5_k, q6_k, q8_0 };
+enum class GgufType : uint8_t { q4_k, q5_k, q6_k, q8_0, q2_k, q3_k, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq4_xs, iq4_nl, mxfp4 };
 const char* gguf_type_name(GgufType t);
+// True for the low-bit types (Q2_K .. MXFP4), whose kernels read the IQ
+// codebooks (uploaded to each device once, by GgufDeviceMat or the first launch).
+bool gguf_type_lowbit(GgufType t);
+// The GgufType of a ggml type id, or false when there is none.
+bool gguf_type_from_ggml(uint32_t ggml_type, GgufType& t);
 
 struct GgufWeight {
   GgufType type = GgufType::q4_k;
@@ -149,7 +159,7 @@ struct GgufWeight {
   size_t row_bytes() const;
   size_t bytes() const { return static_cast<size_t>(rows) * row_bytes(); }
 };
-// True when m is a GGUF view (cpu::Quant::ext) of one of the four types
+// True when m is a GGUF view (cpu::Quant::ext) of one of the types above
 // with a shape the kernels take.
 bool gguf_native_supported(const cpu::Mat& m);
 // The type of m, or Error(unsupported) naming `what`.

@@ -35,4 +35,8 @@ void gguf_moe_gemm(const bf16_t*, const int32_t*, int64_t, int64_t, const int32_
 
 void read_probe(const void*, size_t, uint32_t*, Stream&) { fail(ErrorKind::unsupported, "gpu::read_probe: not built with CUDA"); }
 
+namespace detail::gguf {
+LowbitTables device_lowbit_tables() { fail(ErrorKind::unsupported, "gpu::device_lowbit_tables: not built with CUDA"); }
+}  // namespace detail::gguf
+
 }  // namespace hmoe::gpu

@@ -3,10 +3,13 @@
 // CPU-only build compiles it too (gpu/quant_nocuda.cpp includes this file).
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "configs/error.h"
+#include "gpu/gguf_lowbit_units.h"
 #include "gpu/quant.h"
 #include "io/tensor/quant_blocks.h"
+#include "io/tensor/quant_blocks_lowbit.h"
 
 namespace hmoe::gpu {
 
@@ -284,37 +287,53 @@ const char* gguf_type_name(GgufType t) {
     case GgufType::q5_k: return "Q5_K";
     case GgufType::q6_k: return "Q6_K";
     case GgufType::q8_0: return "Q8_0";
+    case GgufType::q2_k: return "Q2_K";
+    case GgufType::q3_k: return "Q3_K";
+    case GgufType::iq1_s: return "IQ1_S";
+    case GgufType::iq1_m: return "IQ1_M";
+    case GgufType::iq2_xxs: return "IQ2_XXS";
+    case GgufType::iq2_xs: return "IQ2_XS";
+    case GgufType::iq2_s: return "IQ2_S";
+    case GgufType::iq3_xxs: return "IQ3_XXS";
+    case GgufType::iq3_s: return "IQ3_S";
+    case GgufType::iq4_xs: return "IQ4_XS";
+    case GgufType::iq4_nl: return "IQ4_NL";
+    case GgufType::mxfp4: return "MXFP4";
   }
   return "?";
 }
 
+namespace {
+// ggml type ids of the GgufType values, in enum order.
+constexpr uint32_t kGgmlIds[] = {12, 13, 14, 8, 10, 11, 19, 29, 16, 17, 22, 18, 21, 23, 20, 39};
+uint32_t ggml_id(GgufType t) { return kGgmlIds[static_cast<size_t>(t)]; }
+}  // namespace
+
+bool gguf_type_lowbit(GgufType t) { return cpu::lowbit_type(ggml_id(t)); }
+
+bool gguf_type_from_ggml(uint32_t ggml_type, GgufType& t) {
+  for (size_t i = 0; i < std::size(kGgmlIds); ++i)
+    if (kGgmlIds[i] == ggml_type) {
+      t = static_cast<GgufType>(i);
+      return true;
+    }
+  return false;
+}
+
 size_t GgufWeight::row_bytes() const {
-  switch (type) {
-    case GgufType::q4_k: return static_cast<size_t>(cols / 256) * 144;
-    case GgufType::q5_k: return static_cast<size_t>(cols / 256) * 176;
-    case GgufType::q6_k: return static_cast<size_t>(cols / 256) * 210;
-    case GgufType::q8_0: return static_cast<size_t>(cols / 32) * 34;
-  }
-  return 0;
+  const cpu::ExtTypeInfo* ti = cpu::ext_type_info(ggml_id(type));
+  return ti ? static_cast<size_t>(cols / ti->block_elems) * static_cast<size_t>(ti->block_bytes) : 0;
 }
 
 namespace {
-bool gguf_type_from(const cpu::Mat& m, GgufType& t) {
-  if (m.quant != cpu::Quant::ext) return false;
-  switch (static_cast<cpu::ExtType>(m.ext)) {
-    case cpu::ExtType::q4_k: t = GgufType::q4_k; return true;
-    case cpu::ExtType::q5_k: t = GgufType::q5_k; return true;
-    case cpu::ExtType::q6_k: t = GgufType::q6_k; return true;
-    case cpu::ExtType::q8_0: t = GgufType::q8_0; return true;
-    default: return false;
-  }
-}
+bool gguf_type_from(const cpu::Mat& m, GgufType& t) { return m.quant == cpu::Quant::ext && gguf_type_from_ggml(static_cast<uint32_t>(m.ext), t); }
 }  // namespace
 
 GgufType gguf_type_of(const cpu::Mat& m, const std::string& what) {
   GgufType t{};
   if (!gguf_type_from(m, t))
-    fail(ErrorKind::unsupported, what + ": weights of type " + cpu::mat_type_name(m) + " are not GGUF Q4_K/Q5_K/Q6_K/Q8_0 blocks");
+    fail(ErrorKind::unsupported, what + ": weights of type " + cpu::mat_type_name(m) +
+                                     " are not GGUF blocks the GPU kernels read as stored (Q4_K/Q5_K/Q6_K/Q8_0 and Q2_K/Q3_K/IQ1-IQ4/MXFP4)");
   return t;
 }
 
@@ -322,7 +341,7 @@ void check_gguf_weight(const GgufWeight& w, const std::string& what) {
   auto bad = [&](const std::string& msg) { fail(ErrorKind::unsupported, what + " (" + gguf_type_name(w.type) + "): " + msg); };
   if (w.rows < 0 || w.cols <= 0) bad("rows " + std::to_string(w.rows) + ", cols " + std::to_string(w.cols) + ": not a matrix");
   if (w.rows > INT32_MAX / 2 || w.cols > (1 << 20)) bad("matrix too large");
-  const int64_t unit = w.type == GgufType::q8_0 ? 64 : 256;
+  const int64_t unit = w.type == GgufType::q8_0 || w.type == GgufType::iq4_nl || w.type == GgufType::mxfp4 ? 64 : 256;
   if (w.cols % unit != 0) bad("cols " + std::to_string(w.cols) + " is not a multiple of " + std::to_string(unit));
   if (w.rows > 0 && !w.data) bad("no data");
   if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0) bad("data is not 16-byte aligned");
@@ -369,6 +388,7 @@ GgufDeviceMat::GgufDeviceMat(const std::vector<cpu::Mat>& parts, Stream& s, cons
   memset_device(data_.as<uint8_t>() + at, 0, 16, s);
   s.synchronize();
   w_.data = data_.data();
+  if (gguf_type_lowbit(w_.type)) detail::gguf::device_lowbit_tables();  // uploaded now, before any graph capture
 }
 
 }  // namespace hmoe::gpu

@@ -1,5 +1,7 @@
 // Feed-forward layers on the GPU: the dense SwiGLU MLP, and the MoE layer
 // (router, optional shared expert, routed experts in their home).
+#include <algorithm>
+
 #include "configs/error.h"
 #include "engine/layers/gpu_factories.h"
 #include "gpu/decode_fused.h"
@@ -11,10 +13,12 @@ namespace {
 
 using gpu::bf16_t;
 
-// SwiGLU on rows: gate_up [2I, H], down [H, I]. split_down: the down
-// product's input is a bf16 hi + lo pair.
+// SwiGLU on rows: gate_up [2I, H], down [H, I], as GpuDense (bf16, or GGUF
+// blocks as stored: Q4_K..Q8_0 and the low-bit types of the dynamic quants,
+// when the uploader keeps them). split_down: the down product's input is a
+// bf16 hi + lo pair.
 struct SwiGlu {
-  gpu::DeviceBuffer gate_up, down;
+  GpuDense gate_up, down;
   int64_t H = 0, I = 0;
   bool split_down = false;
 
@@ -23,23 +27,25 @@ struct SwiGlu {
     H = hidden;
     I = inter;
     if (H % 8 != 0 || I % 8 != 0) fail(ErrorKind::unsupported, "GPU path: hidden and MLP sizes must be multiples of 8");
-    gate_up = up.bf16({b.mat(p + "gate_proj.weight", I, H), b.mat(p + "up_proj.weight", I, H)});
-    down = up.bf16({b.mat(p + "down_proj.weight", H, I)});
+    gate_up = up.dense(std::vector<cpu::Mat>{b.mat(p + "gate_proj.weight", I, H), b.mat(p + "up_proj.weight", I, H)});
+    down = up.dense(b.mat(p + "down_proj.weight", H, I));
   }
   void reserve(GpuScratch& sc, int64_t n) const {
     sc.fit("mlp.gu", n * 2 * I * 4);
     sc.fit("mlp.act", n * 2 * I * 2);
     sc.fit("mlp.y", n * 2 * H * 4);
+    sc.fit("mlp.deq", static_cast<int64_t>(std::max(gate_up.scratch_bytes(n), down.scratch_bytes(2 * n))));
   }
   // x: rn rows of bf16 -> out rows (overwritten).
   void enqueue(GpuCtx& ctx, const bf16_t* x, int64_t rn, float* out) const {
     float* gu = ctx.scratch.get<float>("mlp.gu");
     bf16_t* act = ctx.scratch.get<bf16_t>("mlp.act");
-    ctx.blas.gemm(x, rn, gate_up.as<bf16_t>(), 2 * I, H, gu, 2 * I);
+    void* deq = ctx.scratch.get<void>("mlp.deq");
+    gate_up.gemm(ctx.blas, x, rn, gu, 2 * I, deq, ctx.s);
     gpu::silu_mul(gu, rn, I, act, split_down ? act + rn * I : nullptr, ctx.s);
-    if (!split_down) return ctx.blas.gemm(act, rn, down.as<bf16_t>(), H, I, out, H);
+    if (!split_down) return down.gemm(ctx.blas, act, rn, out, H, deq, ctx.s);
     float* y = ctx.scratch.get<float>("mlp.y");
-    ctx.blas.gemm(act, 2 * rn, down.as<bf16_t>(), H, I, y, H);
+    down.gemm(ctx.blas, act, 2 * rn, y, H, deq, ctx.s);
     gpu::add(y, y + rn * H, rn * H, out, ctx.s);
   }
 };

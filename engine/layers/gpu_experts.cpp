@@ -15,13 +15,18 @@ namespace hmoe {
 
 namespace {
 bool plain(const cpu::Mat& m) { return m.quant == cpu::Quant::none; }
-bool gpu_takes(const cpu::Mat& m) { return !plain(m) && gpu::qformat_supported(m); }
+// A GPU quantized format takes m: repacked (gpu::QDeviceMat) or, for the GGUF
+// types with kernels on the stored blocks (the low-bit ones have only
+// those), as stored.
+bool repack_takes(const cpu::Mat& m) { return !plain(m) && gpu::qformat_supported(m); }
+bool gpu_takes(const cpu::Mat& m) { return repack_takes(m) || gpu::gguf_native_supported(m); }
 // Bytes per weight the GPU holds for m kept quantized: the file's bytes when
 // the layer's experts are all GGUF types with kernels on the stored blocks
-// (GpuResidentExperts holds them so), else the repacked format's.
+// (GpuResidentExperts holds them so), else the repacked format's (bf16 when
+// there is none).
 double held_bytes_per_weight(const cpu::Mat& m, bool layer_native) {
   if (layer_native) return static_cast<double>(m.row_bytes()) / static_cast<double>(m.cols);
-  return gpu::qformat_bytes_per_weight(m);
+  return repack_takes(m) ? gpu::qformat_bytes_per_weight(m) : 2.0;
 }
 }  // namespace
 
@@ -43,15 +48,15 @@ void set_expert_bytes_from(ModelConfig& c, WeightSource& src) {
     const cpu::Mat m[3] = {src.mat(e + "gate_proj.weight", I, H), src.mat(e + "up_proj.weight", I, H), src.mat(e + "down_proj.weight", H, I)};
     const double weights = 3.0 * static_cast<double>(I * H);
     double cpu = 0, gpu = 0;
-    bool all_quant = true, native = true;
+    bool repack = true, native = true;
     for (const cpu::Mat& x : m) native = native && gpu::gguf_native_supported(x);
     for (const cpu::Mat& x : m) {
       cpu += static_cast<double>(x.bytes());
-      all_quant = all_quant && gpu_takes(x);
-      if (gpu_takes(x)) gpu += held_bytes_per_weight(x, native) * static_cast<double>(x.rows * x.cols);
+      repack = repack && repack_takes(x);
+      gpu += held_bytes_per_weight(x, native) * static_cast<double>(x.rows * x.cols);
     }
     c.expert_bytes_per_weight = cpu / weights;
-    c.gpu_expert_bytes_per_weight = all_quant ? gpu / weights : 2.0;  // one unquantized matrix puts the layer in bf16
+    c.gpu_expert_bytes_per_weight = native || repack ? gpu / weights : 2.0;  // a matrix no GPU format takes puts the layer in bf16
     return;
   }
 }
@@ -97,18 +102,19 @@ GpuResidentExperts::GpuResidentExperts(const std::vector<numa::ExpertWeights>& e
   m.E = static_cast<int64_t>(ex.size());
   m.I = ex[0].gate.rows;
   m.H = ex[0].gate.cols;
-  bool quant = keep_quantized;
+  bool same = keep_quantized, repack = true, native = true;
   for (const auto& e : ex) {
     if (e.gate.rows != m.I || e.up.rows != m.I || e.gate.cols != m.H || e.up.cols != m.H || e.down.rows != m.H || e.down.cols != m.I)
       fail(ErrorKind::bad_model, what + ": experts differ in shape");
     // One format per stacked matrix: gate and up together, down on its own.
-    quant = quant && gpu_takes(e.gate) && gpu_takes(e.up) && gpu_takes(e.down) && e.gate.quant == ex[0].gate.quant && e.gate.ext == ex[0].gate.ext &&
-            e.up.quant == e.gate.quant && e.up.ext == e.gate.ext && e.down.quant == ex[0].down.quant && e.down.ext == ex[0].down.ext;
-  }
-  // GGUF Q4_K/Q5_K/Q6_K/Q8_0: the file's blocks, read by the native kernels.
-  bool native = quant;
-  for (const auto& e : ex)
+    same = same && e.gate.quant == ex[0].gate.quant && e.gate.ext == ex[0].gate.ext && e.up.quant == e.gate.quant && e.up.ext == e.gate.ext &&
+           e.down.quant == ex[0].down.quant && e.down.ext == ex[0].down.ext;
+    repack = repack && repack_takes(e.gate) && repack_takes(e.up) && repack_takes(e.down);
     native = native && gpu::gguf_native_supported(e.gate) && gpu::gguf_native_supported(e.up) && gpu::gguf_native_supported(e.down);
+  }
+  // GGUF Q4_K/Q5_K/Q6_K/Q8_0 and the low-bit types: the file's blocks, read by the native kernels.
+  native = native && same;
+  const bool quant = same && repack;
   if (native) {
     std::vector<cpu::Mat> gu, dn;
     for (const auto& e : ex) {

@@ -10,9 +10,11 @@
 //    stay quantized when `keep_quantized` (setting gpu_quantized_experts) and
 //    run by gpu::quant_moe_experts: the GPU holds about the stored bytes
 //    instead of 2 per weight. Otherwise they are dequantized to bf16.
-//    GGUF Q4_K/Q5_K/Q6_K/Q8_0 experts keep the file's blocks unchanged and
-//    run by gpu::gguf_moe_experts (passes below the cuBLAS threshold) or
-//    gpu::gguf_dequant + cuBLAS (big passes).
+//    GGUF Q4_K/Q5_K/Q6_K/Q8_0 and low-bit (Q2_K, Q3_K, IQ1-IQ4, MXFP4)
+//    experts keep the file's blocks unchanged (the low-bit types have no
+//    other GPU format) and run by gpu::gguf_moe_experts (decode-sized
+//    passes), gpu::gguf_moe_gemm (grouped tensor cores, passes over 64
+//    tokens) or gpu::gguf_dequant + cuBLAS (big passes).
 //  - run() needs gpu::moe_route's offsets and pair list for `ids`; act and
 //    partial are the scratch both kernels take ([n*K, I] bf16, [n*K, H] f32).
 // Upload is synchronous on the given stream; errors are Error exceptions

@@ -33,8 +33,9 @@ gpu::DeviceBuffer upload(const void* src, size_t bytes, gpu::Stream& s);
 gpu::DeviceBuffer upload_bf16(const std::vector<cpu::Mat>& parts, gpu::Stream& s);
 
 // A dense weight [rows, cols] on the GPU: bf16, or, for GGUF Q4_K/Q5_K/Q6_K/
-// Q8_0 views when the uploader keeps them (setting gpu_quantized_dense), the
-// file's blocks (gpu/quant.h), multiplied by gpu::gguf_gemv for up to
+// Q8_0 and low-bit (Q2_K, Q3_K, IQ1-IQ4, MXFP4) views when the uploader keeps
+// them (setting gpu_quantized_dense), the file's blocks (gpu/quant.h),
+// multiplied by gpu::gguf_gemv for up to
 // kGemvMaxTokens rows of x and, for more, dequantized to bf16 a chunk of rows
 // at a time into a scratch buffer for cuBLAS.
 class GpuDense {

@@ -1,7 +1,9 @@
 // Multi-head latent attention on the GPU (see mla_attention.h for the math
 // and MlaMode). Per rows: fused [q_a | kv_a] product, q_a norm + q_b,
 // latent cache store (norm + rope), q rope, latent and/or expanded
-// attention, o_proj. With split inputs the products take a bf16 hi + lo
+// attention, o_proj. The three plain products are GpuDense (GGUF blocks
+// kept as stored, e.g. a dynamic quant's low-bit q_b and o_proj); kv_b,
+// read per head, is bf16. With split inputs the products take a bf16 hi + lo
 // pair of their input (one product over 2n rows, halves added): the tiny
 // fixture's routing rides on near-ties that one bf16 rounding flips
 // (bench/README.md, "DeepSeek-V3 GPU top-1").
@@ -38,11 +40,11 @@ class MlaAttentionGpu : public GpuAttention {
     const uint64_t before = up.bytes();
     const cpu::Mat kv_a = b.mat(a + "kv_a_proj_with_mqa.weight", lw, H_);
     if (ml_.q_lora_rank > 0) {
-      qkv_a_ = up.bf16({b.mat(a + "q_a_proj.weight", ml_.q_lora_rank, H_), kv_a});
+      qkv_a_ = up.dense(std::vector<cpu::Mat>{b.mat(a + "q_a_proj.weight", ml_.q_lora_rank, H_), kv_a});
       q_a_norm_ = up.bf16({b.vec(a + "q_a_layernorm.weight", ml_.q_lora_rank)});
-      q_b_ = up.bf16({b.mat(a + "q_b_proj.weight", nh_ * qk, ml_.q_lora_rank)});
+      q_b_ = up.dense(b.mat(a + "q_b_proj.weight", nh_ * qk, ml_.q_lora_rank));
     } else {
-      qkv_a_ = up.bf16({b.mat(a + "q_proj.weight", nh_ * qk, H_), kv_a});
+      qkv_a_ = up.dense(std::vector<cpu::Mat>{b.mat(a + "q_proj.weight", nh_ * qk, H_), kv_a});
     }
     kv_a_norm_ = up.bf16({b.vec(a + "kv_a_layernorm.weight", r)});
     const cpu::Mat kv_b = b.mat(a + "kv_b_proj.weight", nh_ * ew, r);
@@ -57,7 +59,7 @@ class MlaAttentionGpu : public GpuAttention {
       uk_t_ = up.raw(t.data(), t.size() * 2);
     }
     kv_b_ = up.bf16({kv_b});
-    o_ = up.bf16({b.mat(a + "o_proj.weight", H_, nh_ * vd)});
+    o_ = up.dense(b.mat(a + "o_proj.weight", H_, nh_ * vd));
     const MlaRope rope(c);
     inv_freq_ = upload(rope.inv_freq.data(), rope.inv_freq.size() * sizeof(float), up.stream());
     rope_ = {inv_freq_.as<float>(), rope.dim, rope.attention_factor, rope.interleave};
@@ -92,6 +94,7 @@ class MlaAttentionGpu : public GpuAttention {
     ctx.scratch.fit("mla.olat", n * nh_ * r * 4);
     ctx.scratch.fit("mla.attn", n2 * nh_ * vd * 2);
     ctx.scratch.fit("mla.attn_f", n * nh_ * vd * 4);
+    ctx.scratch.fit("mla.deq", static_cast<int64_t>(std::max({qkv_a_.scratch_bytes(n2), q_b_.scratch_bytes(n2), o_.scratch_bytes(n2)})));
     const int64_t ne = expanded(st);
     if (ne < n) ctx.scratch.fit("mla.lat_work", gpu::mla_attention_latent_workspace(n, nh_, r, ml_.qk_rope_head_dim) * 4);
     if (ne > 0) {
@@ -111,9 +114,10 @@ class MlaAttentionGpu : public GpuAttention {
     const bool any_expanded = ne > 0, any_latent = ne < st.n;
     bf16_t* cache = st.kv->keys(layer_);
     const int32_t *pos = st.pos + r0, *off = st.off + r0, *len = st.len + r0, *multi = st.multi + r0;
+    void* deq = sc.get<void>("mla.deq");
     // y[rn, rows] = x W^T for a split input x = [hi; lo] (2rn rows): the halves' products added.
-    auto gemm_in = [&](const bf16_t* x, const gpu::DeviceBuffer& w, int64_t out_rows, int64_t cols, float* y) {
-      ctx.blas.gemm(x, n2, w.as<bf16_t>(), out_rows, cols, y, out_rows);
+    auto gemm_in = [&](const bf16_t* x, const GpuDense& w, int64_t out_rows, float* y) {
+      w.gemm(ctx.blas, x, n2, y, out_rows, deq, s);
       if (split_) gpu::add(y, y + rn * out_rows, rn * out_rows, y, s);
     };
     const bf16_t* in = ctx.a.hb + r0 * H_;
@@ -123,7 +127,7 @@ class MlaAttentionGpu : public GpuAttention {
       in = hs;
     }
     float* a = sc.get<float>("mla.a");
-    gemm_in(in, qkv_a_, ra, H_, a);
+    gemm_in(in, qkv_a_, ra, a);
     float* q = a;
     int64_t ldq = ra;
     if (ql > 0) {
@@ -131,7 +135,7 @@ class MlaAttentionGpu : public GpuAttention {
       gpu::rms_norm_rows(a, ra, rn, ql, q_a_norm_.as<bf16_t>(), eps_, qa_b, split_ ? qa_b + rn * ql : nullptr, s);
       q = sc.get<float>("mla.q");
       ldq = nh_ * qk;
-      gemm_in(qa_b, q_b_, nh_ * qk, ql, q);
+      gemm_in(qa_b, q_b_, nh_ * qk, q);
     }
     gpu::mla_kv_store(a + qa_rows, ra, rn, r, kv_a_norm_.as<bf16_t>(), eps_, rope_, pos, st.slot + r0, cache, s);
     gpu::mla_rope(q + nope, ldq, qk, rn, nh_, rope_, pos, s);
@@ -154,9 +158,9 @@ class MlaAttentionGpu : public GpuAttention {
                                   split_ ? attn + rn * nh_ * vd : nullptr, s);
     }
     float* d = ctx.a.d + r0 * H_;
-    if (!split_) return ctx.blas.gemm(attn, rn, o_.as<bf16_t>(), H_, nh_ * vd, d, H_);
+    if (!split_) return o_.gemm(ctx.blas, attn, rn, d, H_, deq, s);
     float* y = sc.get<float>("mla.y");
-    ctx.blas.gemm(attn, n2, o_.as<bf16_t>(), H_, nh_ * vd, y, H_);
+    o_.gemm(ctx.blas, attn, n2, y, H_, deq, s);
     gpu::add(y, y + rn * H_, rn * H_, d, s);
   }
 
@@ -167,7 +171,8 @@ class MlaAttentionGpu : public GpuAttention {
   MlaMode mode_;
   bool split_;
   float eps_, scale_;
-  gpu::DeviceBuffer qkv_a_, q_a_norm_, q_b_, kv_a_norm_, kv_b_, uk_t_, o_, inv_freq_;
+  GpuDense qkv_a_, q_b_, o_;  // bf16, or GGUF blocks as stored (GpuUploader::dense)
+  gpu::DeviceBuffer q_a_norm_, kv_a_norm_, kv_b_, uk_t_, inv_freq_;
   gpu::MlaRopeArgs rope_;
   uint64_t bytes_ = 0;
 };
