@@ -72,10 +72,9 @@ class GqaAttention : public AttentionBlock {
     if (n >= 64) pool_.parallel_for(n, per_token, 8);
     else per_token(0, n, 0);
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-    // ops::attention_prefill (3-4x faster on prompt chunks) is not wired in: its
-    // summation order differs from ops::attention, so a token's logits would
-    // depend on whether it came in a prompt run or alone (tests/server batch invariance).
-    ops::attention(q, n, nh, kvh, hd, slots, kv, layer_, scale, ws.attn.data(), &pool_);
+    // Prompt runs as blocked matrix products; each token's bits are those of
+    // ops::attention (batch invariance, tests/server).
+    ops::attention_prefill(q, n, nh, kvh, hd, slots, kv, layer_, scale, ws.attn.data(), &pool_);
     cpu::gemm(ws.attn.data(), n, wo_, out, &pool_, gemm_);
   }
 

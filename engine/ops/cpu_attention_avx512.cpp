@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/ops/cpu_attention_exp512.h"
 #include "engine/ops/cpu_attention_kernel.h"
 
 namespace hmoe::ops::detail {
@@ -42,22 +43,8 @@ struct Isa {
   }
   static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
   static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
-  // exp(x) for x <= 0 (and -inf): 2^n e^y, y = x - n ln2 in [-ln2/2, ln2/2],
-  // e^y by its degree-6 Taylor polynomial (relative error < 2e-7).
-  static V exp_neg(V x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    V y = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    y = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), y);
-    V p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-  }
+  // exp(x) for x <= 0 (and -inf), shared with the prompt kernel (cpu_attention_exp512.h).
+  static V exp_neg(V x) { return attn_exp_neg(x); }
   static float exp1(float x) { return _mm512_cvtss_f32(exp_neg(_mm512_set1_ps(x))); }
   static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 };

@@ -11,14 +11,23 @@
 //    fp32 (any KvDtype, through kv_decode_row): keys transposed per block of
 //    64 positions ([block][hd][64]), values as rows;
 //  - one work item is (kv head, 16 query tokens): S = Q K^T per key block by
-//    an 8-row x 32-position register tile (16 accumulators, one K load per
-//    8 FMAs), the causal mask on the diagonal blocks, the online softmax per
-//    row, O += P V by a 4-row x 64-value register tile; keys past the block's last
-//    position are never visited;
-//  - the scale is folded into Q; fp32 throughout, so results equal
-//    attention_reference up to summation order.
-// Tokens outside runs of at least kMinRun (decode tokens, short chunks) go to
-// ops::attention, compacted, in the same call.
+//    an 8-row x 32-position register tile, the causal mask on the diagonal
+//    blocks, the online softmax per row, O += P V by a 4-row x 64-value
+//    register tile; keys past the block's last position are never visited.
+// Batch invariance (tests/server: a token's logits are the same bits alone
+// and inside any batch): every (token, head) is computed with exactly the
+// arithmetic of the decode kernel (cpu_attention_kernel.inc, AVX-512) when
+// that runs the token's context as one chunk (contexts below two chunks of
+// kMinChunk, or a batch with enough rows for every thread): the same score
+// chains over d (score_chains), the online softmax per key tile of 16
+// (running max, sum, correction, exp from cpu_attention_exp512.h), the same
+// fma order over positions, the same normalisation; only which values share
+// a register differs. tests/engine/test_attention_prefill.cpp checks the
+// bits. Where that cannot hold (q8_0 keys, which the decode kernel sums per
+// group of 32 before scaling; key tiles narrower than 16 from blocks of 8 or
+// fewer tokens; no AVX-512; hd other than 64/128) every token takes
+// ops::attention, as do tokens outside runs of at least kMinRun (decode
+// tokens, short chunks), compacted, in the same call.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
@@ -27,6 +36,7 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/ops/cpu_attention_exp512.h"
 #include "engine/ops/cpu_ops.h"
 
 #define HMOE_P512 __attribute__((target("avx512f,avx512dq,fma")))
@@ -35,9 +45,13 @@ namespace hmoe::ops {
 
 namespace {
 
+using detail::attn_exp_neg;
+
 constexpr int64_t kMinRun = 16;  // tokens: shorter runs stay on the decode kernel
 constexpr int64_t kQ = 16;       // query tokens per item
 constexpr int64_t kKB = 64;      // key positions per block
+constexpr int64_t kTile = 16;    // positions per online-softmax step (the decode kernel's key tile)
+constexpr int64_t kTiles = kKB / kTile;
 
 struct Run {
   int64_t t0, len;  // batch tokens [t0, t0 + len): one sequence, positions p0.. consecutive
@@ -45,24 +59,12 @@ struct Run {
   int64_t p0;
 };
 
-bool simd_ok(int64_t hd) {
+bool simd_ok(int64_t hd, const KvCache& kv) {
   static const bool ok = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   }();
-  return ok && cpu::best_isa() == cpu::Isa::avx512 && (hd == 64 || hd == 128);
-}
-
-// e^x for x <= 0 (-inf gives 0): 2^n e^r with |r| <= ln2 / 2, e^r by a
-// degree-6 polynomial (relative error about 2e-7).
-HMOE_P512 inline __m512 exp_le0(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-100.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
+  return ok && cpu::best_isa() == cpu::Isa::avx512 && (hd == 64 || hd == 128) && kv.dtype() != KvDtype::q8_0 && kv.geometry().tile == kTile;
 }
 
 // The context of one run, decoded: per kv head, keys [blocks][hd][kKB] and
@@ -108,43 +110,91 @@ void decode_context(const Run& run, int64_t kv_heads, int64_t hd, KvCache& kv, i
   else body(0, items, 0);
 }
 
-// S[r][0..kKB) = Q[r] . K[j0 + .] for rows r0..r0+8 (qs: [R][hd], kt: the key block [hd][kKB]).
-HMOE_P512 inline void scores8(const float* qs, int64_t hd, const float* kt, float* s) {
+// Accumulators the decode kernel (cpu_attention_kernel.inc, AVX-512: 8
+// score accumulators per pass) splits a head's score sum over: its passes
+// take 8 heads at a time, then 4, 2 and 1, and a pass of HG heads sums every
+// score in 8 / HG interleaved chains over d, added in order at the end.
+int64_t score_chains(int64_t h, int64_t G) {
+  int64_t h0 = G / 8 * 8;
+  if (h < h0) return 1;
+  for (int64_t hg : {4, 2, 1}) {
+    if (h0 + hg <= G) {
+      if (h < h0 + hg) return 8 / hg;
+      h0 += hg;
+    }
+  }
+  return 8;
+}
+
+// S[i][0..kKB) = Q[i] . K[j0 + .] for RR rows (qs: [RR][hd], kt: the key
+// block [hd][kKB]), each score summed in NS chains over d as the decode
+// kernel sums it (the same fma order per lane, so the same bits).
+template <int NS, int RR>
+HMOE_P512 inline void scores(const float* qs, int64_t hd, const float* kt, float* s) {
   for (int jv = 0; jv < kKB / 32; ++jv) {
-    __m512 acc[8][2];
-    for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < hd; ++d) {
-      const __m512 k0 = _mm512_loadu_ps(kt + d * kKB + jv * 32), k1 = _mm512_loadu_ps(kt + d * kKB + jv * 32 + 16);
-      for (int i = 0; i < 8; ++i) {
-        const __m512 q = _mm512_set1_ps(qs[i * hd + d]);
-        acc[i][0] = _mm512_fmadd_ps(q, k0, acc[i][0]);
-        acc[i][1] = _mm512_fmadd_ps(q, k1, acc[i][1]);
+    __m512 acc[RR][2][NS];
+    for (auto& a : acc)
+      for (auto& b : a)
+        for (auto& c : b) c = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d += NS)
+      for (int u = 0; u < NS; ++u) {
+        const __m512 k0 = _mm512_loadu_ps(kt + (d + u) * kKB + jv * 32), k1 = _mm512_loadu_ps(kt + (d + u) * kKB + jv * 32 + 16);
+        for (int i = 0; i < RR; ++i) {
+          const __m512 q = _mm512_set1_ps(qs[i * hd + d + u]);
+          acc[i][0][u] = _mm512_fmadd_ps(q, k0, acc[i][0][u]);
+          acc[i][1][u] = _mm512_fmadd_ps(q, k1, acc[i][1][u]);
+        }
       }
-    }
-    for (int i = 0; i < 8; ++i) {
-      _mm512_storeu_ps(s + i * kKB + jv * 32, acc[i][0]);
-      _mm512_storeu_ps(s + i * kKB + jv * 32 + 16, acc[i][1]);
-    }
+    for (int i = 0; i < RR; ++i)
+      for (int c = 0; c < 2; ++c) {
+        __m512 v = acc[i][c][0];
+        for (int u = 1; u < NS; ++u) v = _mm512_add_ps(v, acc[i][c][u]);
+        _mm512_storeu_ps(s + i * kKB + jv * 32 + c * 16, v);
+      }
   }
 }
 
-// o[r] = o[r] * corr[r] + sum_p P[r][p] V[p] for rows r0..r0+3 (NV = hd / 16),
-// 64 values of hd at a time: each V vector is loaded once into a register
-// for four rows (16 accumulators, 4 loads + 4 broadcasts per 16 FMAs).
+// 8 rows of one head (NS chains each).
+HMOE_P512 inline void scores8(int64_t ns, const float* qs, int64_t hd, const float* kt, float* s) {
+  switch (ns) {
+    case 1: return scores<1, 8>(qs, hd, kt, s);
+    case 2:
+      for (int i = 0; i < 8; i += 4) scores<2, 4>(qs + i * hd, hd, kt, s + i * kKB);
+      return;
+    case 4:
+      for (int i = 0; i < 8; i += 2) scores<4, 2>(qs + i * hd, hd, kt, s + i * kKB);
+      return;
+    default:
+      for (int i = 0; i < 8; ++i) scores<8, 1>(qs + i * hd, hd, kt, s + i * kKB);
+  }
+}
+
+// o[r] = o[r] * corr[r][t] + sum_p P[r][p] V[p] for rows r..r+3, tile t of
+// kTile positions at a time (NV = hd / 16), 64 values of hd at a time: each
+// V vector is loaded once into a register for four rows (16 accumulators,
+// 4 loads + 4 broadcasts per 16 FMAs). The per-tile rescale and the fma
+// order over positions are the decode kernel's.
 template <int NV>
 HMOE_P512 inline void pv4(const float* p, const float* v, int64_t np, const float* corr, float* o) {
   constexpr int64_t hd = NV * 16;
   for (int h = 0; h < NV / 4; ++h) {
     __m512 acc[4][4];
     for (int i = 0; i < 4; ++i)
-      for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_mul_ps(_mm512_loadu_ps(o + i * hd + h * 64 + c * 16), _mm512_set1_ps(corr[i]));
+      for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_loadu_ps(o + i * hd + h * 64 + c * 16);
     const float* vh = v + h * 64;
-    for (int64_t j = 0; j < np; ++j) {
-      __m512 vv[4];
-      for (int c = 0; c < 4; ++c) vv[c] = _mm512_loadu_ps(vh + j * hd + c * 16);
+    for (int64_t t0 = 0; t0 < np; t0 += kTile) {
       for (int i = 0; i < 4; ++i) {
-        const __m512 pi = _mm512_set1_ps(p[i * kKB + j]);
-        for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_fmadd_ps(pi, vv[c], acc[i][c]);
+        const __m512 ci = _mm512_set1_ps(corr[i * kTiles + t0 / kTile]);
+        for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_mul_ps(acc[i][c], ci);
+      }
+      const int64_t t1 = std::min(np, t0 + kTile);
+      for (int64_t j = t0; j < t1; ++j) {
+        __m512 vv[4];
+        for (int c = 0; c < 4; ++c) vv[c] = _mm512_loadu_ps(vh + j * hd + c * 16);
+        for (int i = 0; i < 4; ++i) {
+          const __m512 pi = _mm512_set1_ps(p[i * kKB + j]);
+          for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_fmadd_ps(pi, vv[c], acc[i][c]);
+        }
       }
     }
     for (int i = 0; i < 4; ++i)
@@ -152,26 +202,30 @@ HMOE_P512 inline void pv4(const float* p, const float* v, int64_t np, const floa
   }
 }
 
-// One item: query tokens [q0, q0 + nq) of the run (nq <= kQ) against kv head g.
+// One item: query tokens [q0, q0 + nq) of the run (nq <= kQ) against kv head
+// g. Rows are head-major (row h * nqp + i: head g G + h, token q0 + i; nqp =
+// nq rounded up to 8, padding rows repeat the last token and are dropped),
+// so every 8-row score tile belongs to one head.
 template <int NV>
 HMOE_P512 void run_item(const Run& run, int64_t q0, int64_t nq, int64_t g, const float* q, int64_t heads, int64_t G, float scale, Context& c,
                         float* out) {
   constexpr int64_t hd = NV * 16;
-  const int64_t R = nq * G, Rp = (R + 7) / 8 * 8;
+  const int64_t nqp = (nq + 7) / 8 * 8, Rp = G * nqp;
   thread_local std::vector<float> qs, s, o, m, l, corr;
-  thread_local std::vector<int64_t> rowpos;
-  qs.assign(static_cast<size_t>(Rp * hd), 0.0f);
+  thread_local std::vector<int64_t> rowpos, chains;
+  qs.resize(static_cast<size_t>(Rp * hd));
   s.resize(static_cast<size_t>(Rp * kKB));
   o.assign(static_cast<size_t>(Rp * hd), 0.0f);
   m.assign(static_cast<size_t>(Rp), -INFINITY);
   l.assign(static_cast<size_t>(Rp), 0.0f);
-  corr.resize(static_cast<size_t>(Rp));
+  corr.resize(static_cast<size_t>(Rp * kTiles));
   rowpos.resize(static_cast<size_t>(Rp));
+  chains.resize(static_cast<size_t>(G));
+  for (int64_t h = 0; h < G; ++h) chains[static_cast<size_t>(h)] = score_chains(h, G);
   for (int64_t r = 0; r < Rp; ++r) {
-    const int64_t tq = std::min(r / G, nq - 1);  // padding rows repeat the last token's position (their output is dropped)
+    const int64_t h = r / nqp, tq = std::min(r % nqp, nq - 1);
     rowpos[static_cast<size_t>(r)] = run.p0 + q0 + tq;
-    if (r >= R) continue;
-    const float* src = q + ((run.t0 + q0 + tq) * heads + g * G + r % G) * hd;
+    const float* src = q + ((run.t0 + q0 + tq) * heads + g * G + h) * hd;
     for (int64_t d = 0; d < hd; ++d) qs[static_cast<size_t>(r * hd + d)] = src[d] * scale;
   }
   const int64_t last = run.p0 + q0 + nq - 1, first = run.p0 + q0;
@@ -179,45 +233,41 @@ HMOE_P512 void run_item(const Run& run, int64_t q0, int64_t nq, int64_t g, const
   const float* vh = c.v_head(g);
   for (int64_t blk = 0; blk * kKB <= last; ++blk) {
     const int64_t j0 = blk * kKB;
-    const int64_t np = std::min(kKB, last + 1 - j0);
-    for (int64_t r = 0; r < Rp; r += 8) scores8(qs.data() + r * hd, hd, kt + blk * hd * kKB, s.data() + r * kKB);
+    const int64_t np = std::min(kKB, last + 1 - j0), ntile = (np + kTile - 1) / kTile;
+    for (int64_t r = 0; r < Rp; r += 8) scores8(chains[static_cast<size_t>(r / nqp)], qs.data() + r * hd, hd, kt + blk * hd * kKB, s.data() + r * kKB);
     const bool diag = j0 + kKB - 1 > first;
+    // Online softmax per key tile of 16, as the decode kernel runs it.
     for (int64_t r = 0; r < Rp; ++r) {
       float* sr = s.data() + r * kKB;
-      __m512 sv[kKB / 16];
-      __mmask16 lives[kKB / 16];
-      __m512 mx = _mm512_set1_ps(-INFINITY);
-      for (int v = 0; v < kKB / 16; ++v) {
+      float& mr = m[static_cast<size_t>(r)];
+      float& lr = l[static_cast<size_t>(r)];
+      for (int64_t t = 0; t < ntile; ++t) {
         __mmask16 live = 0xFFFF;
         if (diag) {
-          const int64_t lim = rowpos[static_cast<size_t>(r)] - (j0 + v * 16);  // lanes 0..lim are visible
+          const int64_t lim = rowpos[static_cast<size_t>(r)] - (j0 + t * kTile);  // lanes 0..lim are visible
           live = lim < 0 ? 0 : lim >= 15 ? 0xFFFF : static_cast<__mmask16>((1u << (lim + 1)) - 1);
         }
-        lives[v] = live;
-        sv[v] = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), live, sr + v * 16);
-        mx = _mm512_max_ps(mx, sv[v]);
+        const __m512 sv = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), live, sr + t * kTile);
+        const float mnew = std::max(mr, _mm512_reduce_max_ps(sv));
+        const __m512 pv = _mm512_maskz_mov_ps(live, attn_exp_neg(_mm512_sub_ps(sv, _mm512_set1_ps(mnew))));
+        const float cr = mnew == mr ? 1.0f : _mm512_cvtss_f32(attn_exp_neg(_mm512_set1_ps(mr - mnew)));
+        lr = lr * cr + _mm512_reduce_add_ps(pv);
+        mr = mnew;
+        corr[static_cast<size_t>(r * kTiles + t)] = cr;
+        _mm512_storeu_ps(sr + t * kTile, pv);
       }
-      const float mold = m[static_cast<size_t>(r)];
-      const float mnew = std::max(mold, _mm512_reduce_max_ps(mx));
-      const float cr = mold == -INFINITY ? 0.0f : _mm512_cvtss_f32(exp_le0(_mm512_set1_ps(mold - mnew)));
-      __m512 sum = _mm512_setzero_ps();
-      for (int v = 0; v < kKB / 16; ++v) {
-        const __m512 pv = _mm512_maskz_mov_ps(lives[v], exp_le0(_mm512_sub_ps(sv[v], _mm512_set1_ps(mnew))));
-        sum = _mm512_add_ps(sum, pv);
-        _mm512_storeu_ps(sr + v * 16, pv);
-      }
-      l[static_cast<size_t>(r)] = l[static_cast<size_t>(r)] * cr + _mm512_reduce_add_ps(sum);
-      m[static_cast<size_t>(r)] = mnew;
-      corr[static_cast<size_t>(r)] = cr;
     }
-    for (int64_t r = 0; r < Rp; r += 4) pv4<NV>(s.data() + r * kKB, vh + j0 * hd, np, corr.data() + r, o.data() + r * hd);
+    for (int64_t r = 0; r < Rp; r += 4)
+      pv4<NV>(s.data() + r * kKB, vh + j0 * hd, np, corr.data() + r * kTiles, o.data() + r * hd);
   }
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t tq = r / G;
-    float* dst = out + ((run.t0 + q0 + tq) * heads + g * G + r % G) * hd;
-    const float inv = 1.0f / l[static_cast<size_t>(r)];
-    for (int64_t d = 0; d < hd; ++d) dst[d] = o[static_cast<size_t>(r * hd + d)] * inv;
-  }
+  // Normalised as the decode kernel's one-chunk merge does (1 / l in double).
+  for (int64_t h = 0; h < G; ++h)
+    for (int64_t tq = 0; tq < nq; ++tq) {
+      const int64_t r = h * nqp + tq;
+      float* dst = out + ((run.t0 + q0 + tq) * heads + g * G + h) * hd;
+      const float inv = static_cast<float>(1.0 / static_cast<double>(l[static_cast<size_t>(r)]));
+      for (int64_t d = 0; d < hd; ++d) dst[d] = o[static_cast<size_t>(r * hd + d)] * inv;
+    }
 }
 
 void run_prefill(const Run& run, const float* q, int64_t heads, int64_t kv_heads, int64_t hd, KvCache& kv, int64_t layer, float scale, float* out,
@@ -246,7 +296,7 @@ void attention_prefill(const float* q, int64_t n, int64_t heads, int64_t kv_head
                        int64_t layer, float scale, float* out, numa::ThreadPool* pool) {
   std::vector<Run> runs;
   std::vector<int64_t> rest;  // tokens for ops::attention
-  if (simd_ok(hd) && heads % kv_heads == 0) {
+  if (simd_ok(hd, kv) && heads % kv_heads == 0) {
     for (int64_t t = 0; t < n;) {
       int64_t e = t + 1;
       while (e < n && slots[e].seq == slots[t].seq && slots[e].pos == slots[e - 1].pos + 1) ++e;

@@ -147,10 +147,20 @@ TEST_CASE("gemm_rows_q8: every SIMD kernel equals the reference; the product is 
               worst = std::max(worst, std::fabs(y[i] - ref[i]) / (absdot[i] + 1e-30));
             }
           }
+          // batch invariance: each token's products have the same bits when it is multiplied alone
+          int64_t differ = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            std::vector<float> y1(static_cast<size_t>(rows), -7.0f);
+            cpu::set_isa_for_testing(isa);
+            cpu::gemm_rows_q8(a, t0 + j, 1, q.w, r0, r1, y1.data(), rows);
+            cpu::set_isa_for_testing(old);
+            differ += std::memcmp(y1.data() + r0, y.data() + j * rows + r0, static_cast<size_t>(r1 - r0) * sizeof(float)) != 0;
+          }
           INFO(cpu::ext_type_info(static_cast<uint32_t>(t))->name << " cols " << cols << " n " << n << " isa " << cpu::isa_name(isa)
                                                                   << " worst rel " << worst);
           CHECK(untouched);
           CHECK(worst < 2e-6);
+          CHECK(differ == 0);
         }
       }
     }
