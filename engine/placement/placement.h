@@ -72,6 +72,17 @@ uint64_t expert_layer_bytes(const ModelConfig& c, double bytes_per_weight = 2.0)
 // latent_path: with the transposed W_UK the absorbed path keeps).
 uint64_t mla_attention_bytes(const ModelConfig& c, bool latent_path);
 
+// The GPU memory budget: gpu_memory (when set; the card's total otherwise)
+// times gpu_memory_utilization. Error(invalid_argument) naming the flag when
+// gpu_memory is more than a probed card has (gpu.assumed: any size).
+uint64_t gpu_memory_budget(const Settings& s, const GpuTarget& gpu);
+// "0.90 (default) x --gpu-memory 24.00 GiB": the budget's terms and where they came from.
+std::string gpu_memory_budget_origin(const Settings& s, const GpuTarget& gpu);
+// Whether the user set a cap (gpu_memory, or gpu_memory_utilization away
+// from its default): then every GPU allocation counts against the budget
+// (gpu/memory_cap.h); otherwise only the plan uses it.
+bool gpu_memory_capped(const Settings& s);
+
 // Plans the placement of `c` on `gpu` from the settings
 // (gpu_resident_moe_layers, gpu_memory_utilization, kv_cache_memory_bytes,
 // max_model_len, max_num_batched_tokens). Throws out_of_memory naming the
