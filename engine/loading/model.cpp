@@ -59,6 +59,8 @@ std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s, numa::Thre
   const GpuTarget target{info.name, info.total_bytes, 0, false};
   // auto: the automatic fit (engine/placement/auto_fit.h) on measured bandwidths, unless every layer fits anyway.
   Settings sp = s;
+  uint64_t fit_cache_bytes = 0;
+  int64_t fit_kv_blocks = 0;
   if (parse_layer_spec(s.origin("gpu_resident_moe_layers"), s.gpu_resident_moe_layers, c.num_hidden_layers).mode == LayerSpec::Mode::automatic) {
     Settings all = s;
     all.gpu_resident_moe_layers = "all";
@@ -77,6 +79,8 @@ std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s, numa::Thre
       in.window = parse_prefetch_window(s);
       const FitChoice fit = auto_fit(c, s, target, in);
       sp.gpu_resident_moe_layers = first_moe_layers(c, fit.chosen().resident);
+      fit_cache_bytes = fit.chosen().cache_bytes;
+      fit_kv_blocks = fit.chosen().kv_blocks;
       if (!quiet)
         std::fprintf(stderr, "hmoe: --gpu-resident-moe-layers auto -> %s (decode bound %.1f tok/s at batch 1; GPU %.0f GB/s, host %.1f GB/s, PCIe %.1f GB/s "
                              "measured; expert cache room %s; `hmoe plan` prints the options)\n",
@@ -86,6 +90,8 @@ std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s, numa::Thre
   }
   Plan plan = make_plan(c, sp, target);  // throws out_of_memory before any allocation
   plan.spec = s.gpu_resident_moe_layers;
+  plan.expert_cache_bytes = fit_cache_bytes;
+  plan.fit_kv_blocks = fit_kv_blocks;
   // --gpu-memory / --gpu-memory-utilization: every GPU allocation from here on counts against the budget.
   if (gpu_memory_capped(s)) gpu::memory_ledger().set_cap(plan.gpu_budget, gpu_memory_budget_origin(s, target));
   if (!quiet)

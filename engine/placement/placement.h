@@ -57,6 +57,11 @@ struct Plan {
   uint64_t cpu_bytes_per_token = 0;    // cold expert bytes the CPU reads per decode token (batch 1)
   std::string spec;                    // the value the plan was made from
   std::string kv_tier;                 // where the KV cache lives ("GPU 0", "GPU 0 + N host blocks")
+  // Set by the automatic fit (engine/placement/auto_fit.h) when it chose the
+  // placement: the room it leaves for a GPU expert cache of host-layer
+  // experts, and the KV blocks it kept for the target context and batch (0: not chosen).
+  uint64_t expert_cache_bytes = 0;
+  int64_t fit_kv_blocks = 0;
 
   std::vector<bool> resident() const;  // per layer
   std::vector<int> devices() const;    // per layer: the GPU that runs it
