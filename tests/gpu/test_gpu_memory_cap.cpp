@@ -105,5 +105,5 @@ TEST_CASE("--defer-experts in the GPU hybrid step matches the CPU runtime's defe
   // Layers 1-2 resident: layer 0 hands off to a resident layer (no deferral), layer 3 is last: same as no deferral.
   const auto mixed0 = run(*load(dir, {"--device", "cuda", "--gpu-resident-moe-layers", "1-2"}), ids);
   const auto mixed1 = run(*load(dir, {"--device", "cuda", "--gpu-resident-moe-layers", "1-2", "--defer-experts", "1"}), ids);
-  CHECK(test::rel_error(mixed1, mixed0) == 0);
+  CHECK(test::rel_error(mixed1, mixed0) <= 1e-5);  // run-to-run noise at most; deferral moves these logits by ~10%
 }
