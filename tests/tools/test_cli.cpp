@@ -446,6 +446,9 @@ TEST_CASE("hmoe plan --context/--batch/--trace, bench trace and bench cache-sim:
     CHECK_MESSAGE(b.code != 0, bad);
     CHECK_MESSAGE(contains(b.out, std::string(bad).substr(1, std::string(bad).find(' ', 1) - 1)), b.out);
   }
+  const Run missing = run("plan" + model + " --trace /nonexistent-trace.bin");
+  CHECK(missing.code != 0);
+  CHECK_MESSAGE(contains(missing.out, "routing trace '/nonexistent-trace.bin' cannot be opened"), missing.out);
   const std::string trace = std::string(HMOE_BINARY_DIR) + "/cli_zipf_trace.bin";
   const Run t = run("bench trace --zipf 1.0 --experts 16 --topk 4 --layers 4 --tokens 200 --hidden 64 --moe-intermediate 32 --out " + trace);
   CHECK_MESSAGE(t.code == 0, t.out);
