@@ -1,6 +1,7 @@
 // cuBLAS products: bf16 (or fp32) inputs, fp32 output and accumulation.
 #include "gpu/common.cuh"
 #include "gpu/kernels.h"
+#include "gpu/memory_cap.h"
 
 namespace hmoe::gpu {
 
@@ -10,12 +11,21 @@ Blas::Blas(Stream& s) {
   handle_ = h;
   HMOE_CUBLAS_CHECK(cublasSetStream(h, detail::cs(s)));
   constexpr size_t kWorkspace = 32u << 20;
-  HMOE_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspace));
+  memory_ledger().acquire(kWorkspace, "the cuBLAS workspace");
+  const cudaError_t e = cudaMalloc(&workspace_, kWorkspace);
+  if (e != cudaSuccess) {
+    memory_ledger().release(kWorkspace);
+    workspace_ = nullptr;
+    HMOE_CUDA_CHECK(e);
+  }
   HMOE_CUBLAS_CHECK(cublasSetWorkspace(h, workspace_, kWorkspace));
 }
 Blas::~Blas() {
   if (handle_) cublasDestroy(static_cast<cublasHandle_t>(handle_));
-  if (workspace_) cudaFree(workspace_);
+  if (workspace_) {
+    cudaFree(workspace_);
+    memory_ledger().release(32u << 20);
+  }
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include "gpu/check.h"
 #include "gpu/common.cuh"
 #include "gpu/memory.h"
+#include "gpu/memory_cap.h"
 
 namespace hmoe::gpu {
 
@@ -42,19 +43,27 @@ void Stream::wait(const Event& e) { HMOE_CUDA_CHECK(cudaStreamWaitEvent(static_c
 
 DeviceBuffer::DeviceBuffer(size_t bytes) { reserve(bytes); }
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) cudaFree(ptr_);
+  if (ptr_) {
+    cudaFree(ptr_);
+    memory_ledger().release(bytes_);
+  }
 }
 void DeviceBuffer::reserve(size_t bytes) {
   if (bytes <= bytes_) return;
-  if (ptr_) HMOE_CUDA_CHECK(cudaFree(ptr_));
+  if (ptr_) {
+    HMOE_CUDA_CHECK(cudaFree(ptr_));
+    memory_ledger().release(bytes_);
+  }
   ptr_ = nullptr;
   bytes_ = 0;
+  memory_ledger().acquire(bytes, MemoryUse::current());  // the cap (gpu/memory_cap.h): throws before CUDA is asked
   cudaError_t e = cudaMalloc(&ptr_, bytes);
+  if (e != cudaSuccess) memory_ledger().release(bytes);
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    fail(ErrorKind::out_of_memory, "GPU allocation of " + std::to_string(bytes >> 20) + " MiB failed (" + std::to_string(free_b >> 20) +
+    fail(ErrorKind::out_of_memory, "GPU allocation of " + std::to_string(bytes >> 20) + " MiB for " + MemoryUse::current() + " failed (" + std::to_string(free_b >> 20) +
                                        " MiB free of " + std::to_string(total_b >> 20) + " MiB)");
   }
   if (e != cudaSuccess) detail::cuda_fail(e, "cudaMalloc", __FILE__, __LINE__);

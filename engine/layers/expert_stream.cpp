@@ -16,6 +16,7 @@
 #include "engine/placement/prefill_cost.h"
 #include "gpu/quant.h"
 #include "gpu/device.h"
+#include "gpu/memory_cap.h"
 #include "gpu/moe_stream.h"
 #include "io/dtype.h"
 #include "numa/kernels.h"
@@ -36,6 +37,23 @@ double measure_pinned_h2d_bandwidth(size_t bytes) {
     b.record(s);
     b.synchronize();
     best = std::max(best, static_cast<double>(bytes) / (b.elapsed_ms(a) * 1e-3));
+  }
+  return best;
+}
+
+double measure_device_copy_bandwidth(size_t bytes) {
+  gpu::DeviceBuffer a(bytes), b(bytes);
+  gpu::Stream s;
+  gpu::Event e0, e1;
+  gpu::memset_device(a.data(), 1, bytes, s);
+  gpu::copy_on_device(b.data(), a.data(), bytes, s);  // warm-up
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    e0.record(s);
+    gpu::copy_on_device(b.data(), a.data(), bytes, s);
+    e1.record(s);
+    e1.synchronize();
+    best = std::max(best, 2.0 * static_cast<double>(bytes) / (e1.elapsed_ms(e0) * 1e-3));
   }
   return best;
 }
@@ -185,7 +203,10 @@ uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOption
 
 bool expert_stream_fits(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, std::string* why) {
   const auto [free_b, total_b] = gpu::memory_info();
-  return expert_stream_fits_in(c, o, layers, free_b, total_b, why);
+  // Under a cap (--gpu-memory, gpu/memory_cap.h) the slots fit in what the cap leaves.
+  const gpu::MemoryLedger& cap = gpu::memory_ledger();
+  const uint64_t f = std::min<uint64_t>(free_b, cap.room()), t = cap.cap() ? std::min<uint64_t>(total_b, cap.cap()) : total_b;
+  return expert_stream_fits_in(c, o, layers, f, t, why);
 }
 
 bool expert_stream_fits_in(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, uint64_t free_b, uint64_t total_b, std::string* why) {

@@ -84,6 +84,8 @@ struct ExpertStreamStats {
 
 // Pinned host -> device bandwidth (bytes/s): `bytes` copied 3 times, best.
 double measure_pinned_h2d_bandwidth(size_t bytes = 128u << 20);
+// Device memory bandwidth (bytes/s, read + write of a device-to-device copy of `bytes`), best of 3.
+double measure_device_copy_bandwidth(size_t bytes = 256u << 20);
 
 // Options from --gpu-prefill-min-batch-size, --gpu-prefetch-window and
 // --gpu-quantized-experts (bad values: Error naming the flag or variable).

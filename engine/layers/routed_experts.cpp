@@ -4,8 +4,10 @@
 #include <algorithm>
 
 #include "configs/error.h"
+#include "engine/layers/expert_deferral.h"
 #include "engine/layers/expert_stream.h"
 #include "engine/layers/gpu_experts.h"
+#include "engine/layers/routing_trace.h"
 
 namespace hmoe {
 
@@ -30,6 +32,8 @@ RoutedExperts::RoutedExperts(WeightBinder& bind, const ModelConfig& c, int64_t l
     return;
   }
   host_ = std::move(ex);
+  trace_ = opt.trace;
+  deferral_ = opt.deferral;
   opt.engine.name = what + (s ? " (CPU)" : "");
   engine_ = std::make_unique<numa::ExpertEngine>(host_, pools, opt.engine);
   opt.engine.print_memory = false;  // the first host layer speaks for all
@@ -41,7 +45,10 @@ uint64_t RoutedExperts::gpu_bytes() const { return gpu_ ? gpu_->bytes() : 0; }
 
 void RoutedExperts::run_host(const float* x, int64_t n, const int32_t* ids, const float* w, int64_t k, float* out) {
   if (!engine_) fail(ErrorKind::internal, "layer " + std::to_string(layer_) + ": routed experts are not in host memory");
-  engine_->forward(x, n, ids, w, k, out);
+  if (trace_) trace_->record(layer_, n, k, ids);
+  if (!deferral_ || deferral_->defer() == 0) return engine_->forward(x, n, ids, w, k, out);
+  deferral_->run(layer_, x, n, ids, w, k, out,
+                 [this](const float* xx, int64_t nn, const int32_t* ii, const float* ww, int64_t kk, float* oo) { engine_->forward(xx, nn, ii, ww, kk, oo); });
 }
 
 void RoutedExperts::reserve(GpuCtx& ctx, int64_t k) const {

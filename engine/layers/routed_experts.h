@@ -23,12 +23,19 @@
 namespace hmoe {
 
 class GpuResidentExperts;
+class RoutingTraceWriter;  // engine/layers/routing_trace.h
+class ExpertDeferral;      // engine/layers/expert_deferral.h
 
 // How the homes are made; print_memory is turned off after the first host
 // layer (the first speaks for all).
 struct ExpertHomeOptions {
   numa::EngineOptions engine;
   bool keep_quantized = true;  // setting gpu_quantized_experts
+  // Host homes: run_host records its routing here (null: no trace) and
+  // defers experts through this (null: no deferral). Owned by the model /
+  // runtime, which outlive the layers' use of them.
+  RoutingTraceWriter* trace = nullptr;
+  ExpertDeferral* deferral = nullptr;
 };
 
 class RoutedExperts {
@@ -44,7 +51,8 @@ class RoutedExperts {
 
   Home home() const { return home_; }
   int64_t layer() const { return layer_; }
-  // Host: out[t] += sum_j w[t*k+j] * expert_{ids[t*k+j]}(x[t]).
+  // Host: out[t] += sum_j w[t*k+j] * expert_{ids[t*k+j]}(x[t]) (with
+  // deferral: the kept experts now, plus the previous layer's deferred sum).
   void run_host(const float* x, int64_t n, const int32_t* ids, const float* w, int64_t k, float* out);
   // GPU: resident experts, or (host home, ctx.step.stream_pass) streamed;
   // x: normed rows in bf16, out overwritten with the weighted sum.
@@ -60,6 +68,8 @@ class RoutedExperts {
   std::vector<numa::ExpertWeights> host_;  // host home
   std::unique_ptr<numa::ExpertEngine> engine_;
   std::unique_ptr<GpuResidentExperts> gpu_;
+  RoutingTraceWriter* trace_ = nullptr;
+  ExpertDeferral* deferral_ = nullptr;
 };
 
 }  // namespace hmoe

@@ -11,16 +11,21 @@
 
 #include "configs/error.h"
 #include "engine/layers/engram.h"
+#include "engine/layers/expert_stream.h"
 #include "engine/layers/gpu_experts.h"
+#include "engine/layers/routing_trace.h"
 #include "engine/layers/weights.h"
 #include "engine/loading/gguf_model.h"
 #include "engine/loading/progress.h"
 #include "engine/loading/quant_config.h"
 #include "engine/models/model_graph.h"
+#include "engine/placement/auto_fit.h"
 #include "engine/placement/placement.h"
+#include "engine/placement/prefill_cost.h"
 #include "engine/runtime/cpu_runtime.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "gpu/device.h"
+#include "gpu/memory_cap.h"
 #include "numa/quant_gguf_amx.h"
 
 namespace hmoe {
@@ -41,7 +46,7 @@ uint64_t status_bytes(const char* key) {
 // else the per-layer residency of the GPU path (checked to fit before
 // anything is allocated). Prints one line each saying so on stderr unless
 // progress is "none".
-std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s) {
+std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s, numa::ThreadPool& pool) {
   const bool quiet = s.progress == "none";
   for (const auto& n : s.notices)
     if (n.find("GPU_RESIDENT") != std::string::npos) std::fprintf(stderr, "%s\n", n.c_str());
@@ -51,7 +56,44 @@ std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s) {
     return std::nullopt;
   }
   const gpu::DeviceInfo info = gpu::device_info(0);
-  const Plan plan = make_plan(c, s, GpuTarget{info.name, info.total_bytes, 0, false});  // throws out_of_memory before any allocation
+  const GpuTarget target{info.name, info.total_bytes, 0, false};
+  // auto: the automatic fit (engine/placement/auto_fit.h) on measured bandwidths, unless every layer fits anyway.
+  Settings sp = s;
+  uint64_t fit_cache_bytes = 0;
+  int64_t fit_kv_blocks = 0;
+  if (parse_layer_spec(s.origin("gpu_resident_moe_layers"), s.gpu_resident_moe_layers, c.num_hidden_layers).mode == LayerSpec::Mode::automatic) {
+    Settings all = s;
+    all.gpu_resident_moe_layers = "all";
+    bool fits_all = true;
+    try {
+      make_plan(c, all, target);
+    } catch (const Error&) {
+      fits_all = false;
+    }
+    if (!fits_all) {
+      FitInputs in;
+      in.gpu_bandwidth = measure_device_copy_bandwidth();
+      in.pcie_bandwidth = measure_pinned_h2d_bandwidth(64u << 20);
+      in.cpu_bandwidth = measure_host_read_bandwidth(&pool);
+      in.stream_slots = parse_prefill_min_batch(s) != 0;
+      in.window = parse_prefetch_window(s);
+      const FitChoice fit = auto_fit(c, s, target, in);
+      sp.gpu_resident_moe_layers = first_moe_layers(c, fit.chosen().resident);
+      fit_cache_bytes = fit.chosen().cache_bytes;
+      fit_kv_blocks = fit.chosen().kv_blocks;
+      if (!quiet)
+        std::fprintf(stderr, "hmoe: --gpu-resident-moe-layers auto -> %s (decode bound %.1f tok/s at batch 1; GPU %.0f GB/s, host %.1f GB/s, PCIe %.1f GB/s "
+                             "measured; expert cache room %s; `hmoe plan` prints the options)\n",
+                     sp.gpu_resident_moe_layers.c_str(), fit.chosen().tok_s, in.gpu_bandwidth / 1e9, in.cpu_bandwidth / 1e9, in.pcie_bandwidth / 1e9,
+                     format_bytes(fit.chosen().cache_bytes).c_str());
+    }
+  }
+  Plan plan = make_plan(c, sp, target);  // throws out_of_memory before any allocation
+  plan.spec = s.gpu_resident_moe_layers;
+  plan.expert_cache_bytes = fit_cache_bytes;
+  plan.fit_kv_blocks = fit_kv_blocks;
+  // --gpu-memory / --gpu-memory-utilization: every GPU allocation from here on counts against the budget.
+  if (gpu_memory_capped(s)) gpu::memory_ledger().set_cap(plan.gpu_budget, gpu_memory_budget_origin(s, target));
   if (!quiet)
     std::fprintf(stderr, "hmoe: %s; %lld of %lld MoE layers resident (%s of experts on the GPU, %s on the CPU)\n", why.c_str(),
                  static_cast<long long>(plan.resident_moe_layers()), static_cast<long long>(plan.moe_layers()),
@@ -98,14 +140,21 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   m->kv_layout_.dtype = resolve_kv_dtype(settings.kv_cache_dtype, is_gguf_path(dir), graph.kv.k_token_floats >= 0);  // latent (MLA) caches: own widths, fp32
 
   std::optional<Plan> plan;
-  if (graph.gpu_supported()) plan = plan_gpu(c, settings);
+  if (graph.gpu_supported()) plan = plan_gpu(c, settings, *m->pool_);
   else if (settings.device == "cuda" || settings.device == "gpu")
     fail(ErrorKind::unsupported, settings.origin("device") + "=" + settings.device + ": model_type '" + c.model_type +
                                      "' runs on the CPU only for now (its linear-attention layers have no GPU implementation yet); use --device cpu");
   else if (settings.progress != "none")
     std::fprintf(stderr, "hmoe: model_type '%s' runs on the CPU (no GPU implementation of its layers yet)\n", c.model_type.c_str());
+  if (!settings.routing_trace.empty()) {
+    RoutingTraceHeader th{static_cast<uint32_t>(c.num_hidden_layers), static_cast<uint32_t>(c.num_experts),
+                          static_cast<uint32_t>(c.num_experts_per_tok), static_cast<uint32_t>(c.hidden_size),
+                          static_cast<uint32_t>(c.moe_intermediate_size)};
+    m->trace_ = std::make_unique<RoutingTraceWriter>(settings.routing_trace, th);
+  }
   if (plan) {
     GpuRuntimeOptions o = GpuRuntimeOptions::from_settings(settings);
+    o.experts.trace = m->trace_.get();
     o.resident = plan->resident();
     o.devices = plan->devices();
     m->gpu_ = std::make_unique<GpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
@@ -113,7 +162,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
     if (plan->resident_moe_layers() < plan->moe_layers())
       m->gpu_->enable_expert_streaming(expert_stream_options(c, settings, *m->pools_, m->gpu_->host_expert_sample(), settings.progress == "none"));
   } else {
-    m->cpu_ = std::make_unique<CpuRuntime>(c, graph, bind, *m->pools_, CpuRuntimeOptions::from_settings(settings), m->engram_.get());
+    CpuRuntimeOptions o = CpuRuntimeOptions::from_settings(settings);
+    o.experts.trace = m->trace_.get();
+    m->cpu_ = std::make_unique<CpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
   }
   for (const std::string& p : graph.unused_prefixes) bind.skip_prefix(p);
   bind.check_all_used(dir);
@@ -176,8 +227,10 @@ void Model::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
     logits.clear();
     return;
   }
+  if (trace_) trace_->begin_step();
   if (gpu_) gpu_->forward(b, kv, logits);
   else cpu_->forward(b, kv, logits);
+  if (trace_) trace_->flush();
 }
 
 }  // namespace hmoe

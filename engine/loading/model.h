@@ -33,6 +33,7 @@ class WeightBinder;
 class GpuRuntime;     // engine/runtime/gpu_runtime.h
 class CpuRuntime;     // engine/runtime/cpu_runtime.h
 class EngramModules;  // engine/layers/engram.h
+class RoutingTraceWriter;  // engine/layers/routing_trace.h
 
 // What Model::load measured; the load summary line on stderr prints it.
 struct LoadReport {
@@ -61,6 +62,7 @@ class Model {
   const LoadReport& load_report() const { return report_; }
 
   // Runs one step. logits receives [batch.logit_rows.size(), vocab_size].
+  // With --routing-trace the step's host-expert routing is appended to the file.
   void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits);
   // The GPU runtime when the placement chose the GPU, else nullptr.
   GpuRuntime* gpu() { return gpu_.get(); }
@@ -80,6 +82,7 @@ class Model {
   std::unique_ptr<numa::NodePools> pools_;  // one worker pool per NUMA node
   numa::ThreadPool* pool_ = nullptr;
   std::unique_ptr<EngramModules> engram_;   // before the runtimes: they keep a pointer to it
+  std::unique_ptr<RoutingTraceWriter> trace_;  // setting routing_trace (null: off); before the runtimes too
   std::unique_ptr<CpuRuntime> cpu_;         // one of cpu_, gpu_
   std::unique_ptr<GpuRuntime> gpu_;
 };

@@ -146,6 +146,23 @@ std::string format_bytes(uint64_t b) {
   return buf;
 }
 
+uint64_t gpu_memory_budget(const Settings& s, const GpuTarget& gpu) {
+  if (s.gpu_memory > 0 && !gpu.assumed && s.gpu_memory > gpu.total_bytes)
+    fail(ErrorKind::invalid_argument, s.origin("gpu_memory") + "=" + format_bytes(s.gpu_memory) + " is more than " + gpu.name + " has (" +
+                                          format_bytes(gpu.total_bytes) + ")");
+  const uint64_t card = s.gpu_memory > 0 ? s.gpu_memory : gpu.total_bytes;
+  return static_cast<uint64_t>(static_cast<double>(card) * s.gpu_memory_utilization);
+}
+
+std::string gpu_memory_budget_origin(const Settings& s, const GpuTarget& gpu) {
+  char util[32];
+  std::snprintf(util, sizeof util, "%.2f", s.gpu_memory_utilization);
+  const std::string card = s.gpu_memory > 0 ? s.origin("gpu_memory") + " " + format_bytes(s.gpu_memory) : format_bytes(gpu.total_bytes) + " of " + gpu.name;
+  return std::string(util) + " (" + s.origin("gpu_memory_utilization") + ") x " + card;
+}
+
+bool gpu_memory_capped(const Settings& s) { return s.gpu_memory > 0 || s.origin("gpu_memory_utilization") != "default"; }
+
 Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
   const std::string what = s.origin("gpu_resident_moe_layers");
   const LayerSpec spec = parse_layer_spec(what, s.gpu_resident_moe_layers, c.num_hidden_layers);
@@ -166,7 +183,7 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
 
   Plan p;
   p.spec = s.gpu_resident_moe_layers;
-  p.gpu_budget = static_cast<uint64_t>(static_cast<double>(gpu.total_bytes) * s.gpu_memory_utilization);
+  p.gpu_budget = gpu_memory_budget(s, gpu);
   const uint64_t embed = V * H * 2, head = c.tie_word_embeddings ? 0 : V * H * 2;
   const bool mla = c.arch == Arch::deepseek_v3;
   const uint64_t attn = mla ? mla_attention_bytes(c, s.mla_attention != "expanded") : ((nh + 2 * kvh) * hd * H + H * nh * hd + 2 * hd + 2 * H) * 2;
@@ -218,10 +235,9 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
   const uint64_t base = p.gpu_fixed_bytes + p.gpu_workspace_bytes + kv_min;
 
   auto shortfall = [&](uint64_t need, const std::string& detail) {
-    fail(ErrorKind::out_of_memory,
-         "placement does not fit on " + gpu.name + ": needs " + format_bytes(need) + " but the budget is " + format_bytes(p.gpu_budget) + " (" +
-             std::to_string(s.gpu_memory_utilization) + " of " + format_bytes(gpu.total_bytes) + "); " + format_bytes(need - p.gpu_budget) +
-             " missing. " + detail);
+    fail(ErrorKind::out_of_memory, "placement does not fit on " + gpu.name + ": needs " + format_bytes(need) + " but the budget is " +
+                                       format_bytes(p.gpu_budget) + " (" + gpu_memory_budget_origin(s, gpu) + "); " +
+                                       format_bytes(need - p.gpu_budget) + " missing. " + detail);
   };
   if (spec.mode == LayerSpec::Mode::automatic) {
     // All MoE layers cost the same bytes and, without routing statistics,

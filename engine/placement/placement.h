@@ -57,6 +57,11 @@ struct Plan {
   uint64_t cpu_bytes_per_token = 0;    // cold expert bytes the CPU reads per decode token (batch 1)
   std::string spec;                    // the value the plan was made from
   std::string kv_tier;                 // where the KV cache lives ("GPU 0", "GPU 0 + N host blocks")
+  // Set by the automatic fit (engine/placement/auto_fit.h) when it chose the
+  // placement: the room it leaves for a GPU expert cache of host-layer
+  // experts, and the KV blocks it kept for the target context and batch (0: not chosen).
+  uint64_t expert_cache_bytes = 0;
+  int64_t fit_kv_blocks = 0;
 
   std::vector<bool> resident() const;  // per layer
   std::vector<int> devices() const;    // per layer: the GPU that runs it
@@ -71,6 +76,17 @@ uint64_t expert_layer_bytes(const ModelConfig& c, double bytes_per_weight = 2.0)
 // Bytes of one multi-head latent attention layer's weights on the GPU (bf16;
 // latent_path: with the transposed W_UK the absorbed path keeps).
 uint64_t mla_attention_bytes(const ModelConfig& c, bool latent_path);
+
+// The GPU memory budget: gpu_memory (when set; the card's total otherwise)
+// times gpu_memory_utilization. Error(invalid_argument) naming the flag when
+// gpu_memory is more than a probed card has (gpu.assumed: any size).
+uint64_t gpu_memory_budget(const Settings& s, const GpuTarget& gpu);
+// "0.90 (default) x --gpu-memory 24.00 GiB": the budget's terms and where they came from.
+std::string gpu_memory_budget_origin(const Settings& s, const GpuTarget& gpu);
+// Whether the user set a cap (gpu_memory, or gpu_memory_utilization away
+// from its default): then every GPU allocation counts against the budget
+// (gpu/memory_cap.h); otherwise only the plan uses it.
+bool gpu_memory_capped(const Settings& s);
 
 // Plans the placement of `c` on `gpu` from the settings
 // (gpu_resident_moe_layers, gpu_memory_utilization, kv_cache_memory_bytes,

@@ -3,6 +3,7 @@
 
 #include "engine/layers/deepseek_moe.h"
 #include "engine/layers/engram.h"
+#include "engine/layers/expert_deferral.h"
 #include "engine/layers/gated_deltanet.h"
 
 namespace hmoe {
@@ -12,6 +13,7 @@ CpuRuntimeOptions CpuRuntimeOptions::from_settings(const Settings& s) {
   o.experts.engine = numa::EngineOptions::from_settings(s);
   o.mla_mode = parse_mla_mode(s.mla_attention);
   o.gemm = gemm_options(s);
+  o.defer_experts = s.defer_experts;
   return o;
 }
 
@@ -23,6 +25,9 @@ CpuRuntime::CpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   final_norm_ = norms_.bind(bind, g.final_norm, H, g.zero_centred_norms);
   lm_head_ = g.lm_head == g.embed ? embed_ : bind.mat(g.lm_head, c.vocab_size, H);
   ExpertHomeOptions homes = o.experts;
+  // Deferred experts run in the step's thread here (the pools are the attention's too): the semantics, no overlap.
+  if (o.defer_experts > 0) deferral_ = std::make_unique<ExpertDeferral>(o.defer_experts, H, false);
+  homes.deferral = deferral_.get();
   for (const BlockDesc& d : g.blocks) {
     Block b;
     b.input_norm = norms_.bind(bind, d.input_norm, H, g.zero_centred_norms);
@@ -40,6 +45,7 @@ CpuRuntime::CpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
     else b.ffn = make_moe_block(bind, c, d.layer, d.ffn.prefix, pools, homes, o.gemm);
     blocks_.push_back(std::move(b));
   }
+  for (size_t l = 0; l < blocks_.size(); ++l) may_defer_.push_back(blocks_[l].ffn->is_moe() && l + 1 < blocks_.size() && blocks_[l + 1].ffn->is_moe());
 }
 
 CpuRuntime::~CpuRuntime() = default;
@@ -59,6 +65,7 @@ void CpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     for (int64_t i = r0; i < r1; ++i) cpu::row_to_f32(embed_, b.tokens[static_cast<size_t>(i)], x + i * H);
   });
   if (engram_) engram_->begin_step(b, kv);  // starts the PLE row reads for every module
+  if (deferral_) deferral_->begin_step(may_defer_);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& blk = blocks_[l];
     if (engram_)
@@ -74,6 +81,7 @@ void CpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
       for (int64_t i = r0 * H; i < r1 * H; ++i) x[i] += o[i];
     });
   }
+  if (deferral_) deferral_->end_step();
   const int64_t m = static_cast<int64_t>(b.logit_rows.size());
   std::vector<float> last(static_cast<size_t>(m * H));
   for (int64_t i = 0; i < m; ++i) {

@@ -22,11 +22,13 @@
 namespace hmoe {
 
 class EngramModules;
+class ExpertDeferral;
 
 struct CpuRuntimeOptions {
   ExpertHomeOptions experts;
   MlaMode mla_mode = MlaMode::automatic;
   cpu::GemmOptions gemm;  // the dense products' input treatment (numa/kernels.h)
+  int64_t defer_experts = 0;  // setting defer_experts (engine/layers/expert_deferral.h); 0: off
   static CpuRuntimeOptions from_settings(const Settings& s);
 };
 
@@ -51,6 +53,8 @@ class CpuRuntime {
   NormStore norms_;  // zero-centred norm weights as fp32 (1 + w)
   cpu::Mat embed_, final_norm_, lm_head_;
   std::vector<Block> blocks_;
+  std::unique_ptr<ExpertDeferral> deferral_;  // null: off
+  std::vector<bool> may_defer_;               // per block: the next block is MoE too
 };
 
 }  // namespace hmoe

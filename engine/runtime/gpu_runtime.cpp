@@ -12,11 +12,13 @@
 #include "engine/kv/kv_storage_gpu.h"
 #include "engine/layers/engram.h"
 #include "engine/layers/engram_gpu.h"
+#include "engine/layers/expert_deferral.h"
 #include "engine/layers/gpu_experts.h"
 #include "engine/layers/gpu_factories.h"
 #include "engine/placement/placement.h"
 #include "engine/runtime/segment_graphs.h"
 #include "gpu/device.h"
+#include "gpu/memory_cap.h"
 
 namespace hmoe {
 
@@ -34,6 +36,7 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.quantized_dense = s.gpu_quantized_dense;
   o.programmatic_launch = s.gpu_programmatic_launch;
   o.decode_fusion = s.gpu_decode_fusion;
+  o.defer_experts = s.defer_experts;
   return o;
 }
 
@@ -70,6 +73,7 @@ struct GpuRuntime::Impl {
   std::unique_ptr<ExpertStream> xstream;  // streamed host experts for big passes (null: off)
   std::unique_ptr<GpuEngram> engram;      // n-gram memory modules (null: none)
   numa::NodePools* pools = nullptr;       // the host experts' pools (builds the streaming images)
+  std::unique_ptr<ExpertDeferral> deferral;  // null: off
 
   explicit Impl(const ModelConfig& cfg) : c(cfg) {}
 };
@@ -103,15 +107,19 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.tiled_attention = o.tiled_attention;
   m.programmatic_launch = o.programmatic_launch;
   m.decode_fusion = o.decode_fusion;
+  gpu::MemoryUse use_weights("the weights (embedding, lm_head, norms)");
   GpuUploader up(bind, m.stream);
   up.set_keep_gguf(o.quantized_dense);
   m.embed = up.bf16({bind.mat(g.embed, c.vocab_size, H)});
   m.final_norm = up.bf16({bind.vec(g.final_norm, H)});
   m.lm_head = up.dense(bind.mat(g.lm_head, c.vocab_size, H));
   ExpertHomeOptions homes = o.experts;
+  if (o.defer_experts > 0) m.deferral = std::make_unique<ExpertDeferral>(o.defer_experts, H, true);
+  homes.deferral = m.deferral.get();
   uint64_t expert_bytes = 0;
   for (const BlockDesc& d : g.blocks) {
     Impl::Block b;
+    gpu::MemoryUse use_layer("layer " + std::to_string(d.layer) + "'s weights");
     b.in_norm = up.bf16({bind.vec(d.input_norm, H)});
     b.post_norm = up.bf16({bind.vec(d.post_norm, H)});
     const bool split = o.split_inputs && d.ffn.precise;
@@ -211,6 +219,7 @@ void GpuRuntime::enable_expert_streaming(const ExpertStreamOptions& o) {
   std::vector<ExpertStream::Layer> layers;
   for (size_t l = 0; l < m.blocks.size(); ++l)
     if (const auto* w = m.blocks[l].ffn->host_expert_weights()) layers.push_back({static_cast<int64_t>(l), w});
+  gpu::MemoryUse use("the expert streaming slots");
   m.xstream = make_expert_stream(m.c, std::move(layers), o, m.stream, m.blas, &m.pools->pool(0));
 }
 
@@ -226,7 +235,10 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
       kv.layout().layers != c.num_hidden_layers)
     fail(ErrorKind::internal, "KV cache layout does not fit this model (build it with Model::kv_layout())");
   // The KV cache on the GPU: the cache's GpuKvStorage ([layer][slot][width] bf16 keys, and values where the layout has them).
-  GpuKvStorage& kvs = gpu_kv_storage(kv, m.kv_layout.k_floats(), m.kv_layout.v_floats());
+  GpuKvStorage& kvs = [&]() -> GpuKvStorage& {
+    gpu::MemoryUse use("the KV cache (" + std::to_string(kv.num_blocks()) + " blocks)");
+    return gpu_kv_storage(kv, m.kv_layout.k_floats(), m.kv_layout.v_floats());
+  }();
 
   // Sequences of the step: (list offset, context length, tokens in the step).
   struct SeqInfo {
@@ -328,8 +340,19 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   for (const Rows& r : mbs) st.mb_rows.push_back(r.rn);
   // Part profiling: all-GPU steps of one micro-batch only (see set_part_profile).
   const bool prof = m.part_profile && !handoffs && mbs.size() == 1 && !st.stream_pass && !m.engram;
+  // Expert deferral: a hand-off layer whose next layer hands off too (no
+  // Engram module between them) defers into that one; the deferred experts
+  // run on the deferral's thread while the GPU runs the next segment.
+  if (m.deferral) {
+    std::vector<bool> may(L, false);
+    if (mbs.size() == 1)
+      for (size_t i = 0; i + 1 < cuts.size(); ++i)
+        if (cuts[i].handoff && cuts[i].module < 0 && cuts[i + 1].handoff && cuts[i + 1].after == cuts[i].after + 1) may[cuts[i].after] = true;
+    m.deferral->begin_step(std::move(may));
+  }
 
   // Activations and scratch, grown to this step's size before anything is enqueued.
+  gpu::MemoryUse use_scratch("the step's activations and scratch (" + std::to_string(n) + " tokens)");
   GpuScratch& sc = m.scratch;
   sc.fit("act.x", n * H * 4);
   sc.fit("act.d", n * H * 4);
@@ -459,6 +482,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
       run_segment(i, mb, one && i + 1 == nseg);
       if (i + 1 < nseg && cuts[i].handoff) down(cuts[i].after, mb);
     }
+  if (m.deferral) m.deferral->end_step();
   if (!one) enqueue_tail();
   if (m.engram) m.engram->end_step(b, kv, s);  // history rows for the next steps
   m.logits_h.reserve(static_cast<size_t>(std::max<int64_t>(mrows * V * 4, 16)));

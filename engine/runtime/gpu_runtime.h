@@ -83,6 +83,11 @@ struct GpuRuntimeOptions {
   bool programmatic_launch = true;  // setting gpu_programmatic_launch (gpu::Stream::set_programmatic_launch)
   bool decode_fusion = true;        // setting gpu_decode_fusion (GpuStepInfo::fused)
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
+  // Setting defer_experts: hand-off layers followed by another hand-off layer
+  // defer their N lowest-weight experts per token to a worker thread that
+  // runs while the GPU runs the next layer (engine/layers/expert_deferral.h;
+  // one-micro-batch steps only); 0: off.
+  int64_t defer_experts = 0;
   // Everything from the settings but `resident` and `devices` (the placement's).
   static GpuRuntimeOptions from_settings(const Settings& s);
 };

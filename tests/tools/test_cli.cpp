@@ -432,3 +432,56 @@ TEST_CASE("slice_gguf writes a qwen3moe GGUF with the real Qwen3 tokenizer that 
     CHECK_MESSAGE(contains(r.out, e.says), e.args << ": " << r.out);
   }
 }
+
+TEST_CASE("hmoe plan --context/--batch/--trace, bench trace and bench cache-sim: the fit table, the hit rates, bad inputs named") {
+  const std::string model = " " + test::fixture_model("tiny-qwen3moe") + " --cpu-bandwidth 50GB --gpu-bandwidth 1TB --pcie-bandwidth 25GB";
+  const Run p = run("plan" + model + " --gpu-memory 24GiB --context 4096 --batch 2");
+  CHECK_MESSAGE(p.code == 0, p.out);
+  CHECK_MESSAGE(contains(p.out, "automatic fit: budget "), p.out);
+  CHECK_MESSAGE(contains(p.out, "decode batch 2, context 4096 tokens per sequence"), p.out);
+  CHECK_MESSAGE(contains(p.out, "**chosen**"), p.out);
+  CHECK_MESSAGE(contains(p.out, "auto: 4 resident MoE layers (all)"), p.out);
+  for (const char* bad : {" --context 0", " --batch 0", " --batch many", " --gpu-memory 1.5XB", " --defer-experts -2"}) {
+    const Run b = run("plan" + model + bad);
+    CHECK_MESSAGE(b.code != 0, bad);
+    CHECK_MESSAGE(contains(b.out, std::string(bad).substr(1, std::string(bad).find(' ', 1) - 1)), b.out);
+  }
+  const Run missing = run("plan" + model + " --trace /nonexistent-trace.bin");
+  CHECK(missing.code != 0);
+  CHECK_MESSAGE(contains(missing.out, "routing trace '/nonexistent-trace.bin' cannot be opened"), missing.out);
+  const std::string trace = std::string(HMOE_BINARY_DIR) + "/cli_zipf_trace.bin";
+  const Run t = run("bench trace --zipf 1.0 --experts 16 --topk 4 --layers 4 --tokens 200 --hidden 64 --moe-intermediate 32 --out " + trace);
+  CHECK_MESSAGE(t.code == 0, t.out);
+  CHECK_MESSAGE(contains(t.out, "200 steps x 4 layers"), t.out);
+  const Run pt = run("plan" + model + " --gpu-memory 24GiB --trace " + trace);
+  CHECK_MESSAGE(pt.code == 0, pt.out);
+  CHECK_MESSAGE(contains(pt.out, "hit rates from routing trace"), pt.out);
+  const Run sim = run("bench cache-sim " + trace + " --bytes 48KiB,96KiB");
+  CHECK_MESSAGE(sim.code == 0, sim.out);
+  CHECK_MESSAGE(contains(sim.out, "| 48.0 KiB | 4 | 6.2% | lru |"), sim.out);
+  CHECK_MESSAGE(contains(sim.out, "| 96.0 KiB | 8 | 12.5% | freq_recency |"), sim.out);
+  const Run js = run("bench cache-sim " + trace + " --bytes 96KiB --policy lfu --json");
+  CHECK_MESSAGE(contains(js.out, "\"policy\":\"lfu\""), js.out);
+  struct Bad {
+    const char* args;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{"bench trace --experts 16 --topk 4 --layers 4 --tokens 10 --out x", "--zipf S is required"},
+                       Bad{"bench trace --zipf -1 --experts 16 --topk 4 --layers 4 --tokens 10 --out x", "--zipf=-1"},
+                       Bad{"bench trace --zipf 1 --experts 16 --topk 17 --layers 4 --tokens 10 --out x", "--topk=17"},
+                       Bad{"bench trace --zipf 1 --experts 16 --topk 4 --layers 4 --tokens 10", "--out FILE is required"},
+                       Bad{"bench trace --zipf 1 --experts 16 --topk 4 --layers 4 --tokens 10 --out /nonexistent-dir/t.bin", "/nonexistent-dir/t.bin"},
+                       Bad{"bench cache-sim /nonexistent-trace.bin --bytes 1GiB", "/nonexistent-trace.bin"},
+                       Bad{"bench cache-sim --bytes 1GiB", "takes one TRACE"},
+                       Bad{"bench cache-sim TRACE", "--bytes SIZE"},
+                       Bad{"bench cache-sim TRACE --bytes 1GiB --policy fifo", "--policy='fifo'"},
+                       Bad{"bench cache-sim TRACE --bytes 1GiB --layers 9", "layer 9"},
+                       Bad{"bench cache-sim TRACE --bytes 1GiB --bytes-per-weight 0", "--bytes-per-weight=0"}}) {
+    std::string a = b.args;
+    if (const size_t at = a.find("TRACE"); at != std::string::npos) a.replace(at, 5, trace);
+    const Run r = run(a);
+    CHECK_MESSAGE(r.code != 0, a);
+    CHECK_MESSAGE(contains(r.out, b.says), a << ": " << r.out);
+  }
+  std::remove(trace.c_str());
+}

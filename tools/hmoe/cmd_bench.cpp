@@ -20,6 +20,7 @@
 #include "numa/kernels.h"
 #include "numa/onednn_matmul.h"
 #include "tools/hmoe/bench_model.h"
+#include "tools/hmoe/bench_trace.h"
 #include "tools/hmoe/command.h"
 
 namespace hmoe::cli {
@@ -81,6 +82,11 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "disk") {
     args.erase(args.begin());
     return run_bench_disk(args);
+  }
+  if (!args.empty() && (args[0] == "trace" || args[0] == "cache-sim")) {
+    const bool trace = args[0] == "trace";
+    args.erase(args.begin());
+    return trace ? run_bench_trace(args) : run_bench_cache_sim(args);
   }
   if (args.empty()) fail(ErrorKind::invalid_argument, "bench: name a MODEL (directory or .gguf file), 'experts' or 'disk' (hmoe bench MODEL|experts|disk ...)");
   if (args[0] != "experts") return run_bench_model(s, args);
@@ -203,6 +209,6 @@ HMOE_COMMAND(bench_cmd, "bench",
              "bench experts [--shape qwen3-30b-a3b|deepseek-v3] [--dtype bf16|int8|int4] [--tokens N] [--threads T] [--json] "
              "[--experts-held N] [--seconds S] [--stream-mib M] | bench experts --sweep [--shapes a,b] [--dtypes a,b] "
              "[--tokens-list 1,4,..] [--threads-list 1,2,..] [--json] | bench disk FILE [--block 512] [--seconds 3] [--group 16] [--json]",
-             "model prefill/decode tok/s as serve runs it (llama-bench style); routed-expert layer and STREAM triad benchmark (weight GB/s against the machine's bandwidth); random-read probe of a disk for PLE tables", run_bench);
+             "model prefill/decode tok/s as serve runs it (llama-bench style); routed-expert layer and STREAM triad benchmark (weight GB/s against the machine's bandwidth); random-read probe of a disk for PLE tables; synthetic routing traces and the GPU expert cache simulator", run_bench);
 
 }  // namespace hmoe::cli

@@ -21,7 +21,10 @@
 #include "engine/loading/model_config.h"
 #include "engine/loading/quant_config.h"
 #include "engine/models/model_graph.h"
+#include "engine/layers/routing_trace.h"
+#include "engine/placement/auto_fit.h"
 #include "engine/placement/placement.h"
+#include "engine/placement/prefill_cost.h"
 #include "gpu/device.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
@@ -57,8 +60,11 @@ double measure_cpu_bandwidth() {
 }
 
 int run_plan(const Settings& s, std::vector<std::string>& args) {
-  std::string mem_s, gbw_s, cbw_s;
-  const bool have_mem = take_option(args, "--gpu-memory", mem_s);
+  std::string gbw_s, cbw_s, ctx_s, batch_s = "1", trace_s;
+  const bool have_mem = s.gpu_memory > 0;  // --gpu-memory is a setting (the cap a run honours too)
+  const bool have_ctx = take_option(args, "--context", ctx_s);
+  take_option(args, "--batch", batch_s);
+  const bool have_trace = take_option(args, "--trace", trace_s);
   const bool have_gbw = take_option(args, "--gpu-bandwidth", gbw_s);
   const bool have_cbw = take_option(args, "--cpu-bandwidth", cbw_s);
   std::string pbw_s;
@@ -75,8 +81,8 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
   GpuTarget gpu;
   std::string gpu_note;
   if (have_mem) {
-    gpu.total_bytes = parse_bytes("--gpu-memory", mem_s);
-    gpu.name = "a GPU of " + format_bytes(gpu.total_bytes) + " (--gpu-memory)";
+    gpu.total_bytes = s.gpu_memory;
+    gpu.name = "a GPU of " + format_bytes(gpu.total_bytes) + " (" + s.origin("gpu_memory") + ")";
     gpu.assumed = true;
   } else if (gpu::device_count() > 0) {
     const gpu::DeviceInfo d = gpu::device_info(0);
@@ -92,7 +98,33 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
   const std::string gbw_note = have_gbw ? "--gpu-bandwidth" : "assumed 1000 GB/s (a 4090/3090-class card); pass --gpu-bandwidth";
   const double cpu_bw = have_cbw ? static_cast<double>(parse_bytes("--cpu-bandwidth", cbw_s)) : measure_cpu_bandwidth();
 
-  const Plan p = make_plan(c, s, gpu);
+  // Automatic fit: every resident-layer count with its KV, slots, expert cache and decode bound; `auto` takes the best.
+  FitInputs fin;
+  fin.gpu_bandwidth = gpu.bandwidth;
+  fin.cpu_bandwidth = cpu_bw;
+  fin.pcie_bandwidth = have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : 25e9;
+  if (have_ctx) {
+    fin.context = parse_int("--context", ctx_s);
+    if (fin.context < 1 || fin.context > (int64_t{1} << 24)) fail(ErrorKind::invalid_argument, "--context=" + ctx_s + ": must be in 1..16777216 tokens");
+  }
+  fin.batch = parse_int("--batch", batch_s);
+  if (fin.batch < 1 || fin.batch > 4096) fail(ErrorKind::invalid_argument, "--batch=" + batch_s + ": must be in 1..4096 sequences");
+  fin.stream_slots = parse_prefill_min_batch(s) != 0;
+  fin.window = parse_prefetch_window(s);
+  std::optional<RoutingTrace> trace;
+  if (have_trace) {
+    trace = read_routing_trace(trace_s);
+    fin.trace = &*trace;
+  }
+  const LayerSpec spec = parse_layer_spec(s.origin("gpu_resident_moe_layers"), s.gpu_resident_moe_layers, c.num_hidden_layers);
+  std::optional<FitChoice> fit;
+  Settings sp = s;
+  if (spec.mode == LayerSpec::Mode::automatic) {
+    fit = auto_fit(c, s, gpu, fin);
+    sp.gpu_resident_moe_layers = first_moe_layers(c, fit->chosen().resident);
+  }
+  Plan p = make_plan(c, sp, gpu);
+  p.spec = s.gpu_resident_moe_layers;
   if (!gpu_note.empty()) std::printf("note: %s\n", gpu_note.c_str());
   std::printf("model: %s (%s, %lld layers, %lld MoE)\n", args[0].c_str(), c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers),
               static_cast<long long>(p.moe_layers()));
@@ -129,6 +161,18 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
               format_bytes(p.gpu_bytes_per_token).c_str(), gpu.bandwidth / 1e9, gbw_note.c_str(), format_bytes(p.cpu_bytes_per_token).c_str(),
               cpu_bw / 1e9, have_cbw ? "--cpu-bandwidth" : "measured here");
   std::printf("  -> %.2f ms/token, about %.1f tokens/s (bandwidth bound; no overlap assumed)\n", t * 1e3, 1.0 / t);
+  if (fit) {
+    const FitOption& o = fit->chosen();
+    std::printf("\n%s", fit_table(*fit).c_str());
+    std::printf("auto: %lld resident MoE layers (%s), KV %lld blocks, streamed prefill %s, expert cache %s (%lld experts of host layers)\n",
+                static_cast<long long>(o.resident), first_moe_layers(c, o.resident).c_str(), static_cast<long long>(o.kv_blocks),
+                o.stream_slots                                                     ? (std::to_string(o.stream_slots) + " slots").c_str()
+                : o.resident + 1 == static_cast<int64_t>(fit->options.size())     ? "not needed (every MoE layer resident)"
+                : parse_prefill_min_batch(s) == 0                                  ? "off (--gpu-prefill-min-batch-size 0)"
+                                                                                   : "off (its slots do not fit)",
+                format_bytes(o.cache_bytes).c_str(),
+                static_cast<long long>(o.cache_experts));
+  }
   if (p.resident_moe_layers() < p.moe_layers()) {
     // What the weights, resident experts and workspace leave on the GPU (the KV cache takes what the slots leave).
     const uint64_t used = p.gpu_fixed_bytes + p.gpu_expert_bytes + p.gpu_workspace_bytes;
@@ -157,6 +201,6 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
 }
 
 }  // namespace
-HMOE_COMMAND(plan_cmd, "plan", "plan MODEL [--gpu-memory 24GiB] [--gpu-bandwidth 1TB] [--cpu-bandwidth 50GB] [--pcie-bandwidth 25GB] [placement settings]",
+HMOE_COMMAND(plan_cmd, "plan", "plan MODEL [--gpu-memory 24GiB] [--context N] [--batch B] [--trace ROUTING_TRACE] [--gpu-bandwidth 1TB] [--cpu-bandwidth 50GB] [--pcie-bandwidth 25GB] [placement settings]",
              "print the GPU/CPU placement, memory and estimated decode speed without loading weights onto a GPU", run_plan);
 }  // namespace hmoe::cli
