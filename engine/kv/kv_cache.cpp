@@ -84,6 +84,7 @@ void KvCache::free_sequence(int seq) {
   truncate(seq, 0);
   live_[static_cast<size_t>(seq)] = false;
   std::vector<uint8_t>().swap(seq_state_[static_cast<size_t>(seq)]);  // add_sequence allocates it again
+  storage_->free_sequence(seq);
 }
 
 void KvCache::uncache(int64_t b) {

@@ -61,6 +61,9 @@ class KvStorage {
   virtual void offload(int64_t block, int64_t host_slot) = 0;  // first tier to host tier
   virtual void restore(int64_t host_slot, int64_t block) = 0;  // host tier to first tier
   virtual int64_t bytes_per_block() const = 0;                 // bytes one block copy moves
+  // The sequence was freed (KvCache::free_sequence): per-sequence storage it
+  // held (the GPU's recurrent states) may go to a later sequence.
+  virtual void free_sequence(int) {}
 };
 
 // Where the CPU storage puts a layout's bytes. Two shapes:

@@ -109,6 +109,36 @@ void GpuKvStorage::synchronize() {
   end_step();
 }
 
+void* GpuKvStorage::seq_state(int seq, int64_t bytes) {
+  if (seq < 0 || bytes <= 0 || (state_bytes_ && bytes != state_bytes_))
+    fail(ErrorKind::internal, "GPU KV storage: sequence state of " + std::to_string(bytes) + " bytes asked for sequence " + std::to_string(seq));
+  state_bytes_ = bytes;
+  if (static_cast<size_t>(seq) >= states_.size()) states_.resize(static_cast<size_t>(seq) + 1);
+  gpu::DeviceBuffer& b = states_[static_cast<size_t>(seq)];
+  if (!b.data()) {
+    if (!free_states_.empty()) {
+      b = std::move(free_states_.back());
+      free_states_.pop_back();
+    } else {
+      b = gpu::DeviceBuffer(static_cast<size_t>(bytes));
+      ++states_allocated_;
+    }
+  }
+  return b.data();
+}
+
+void GpuKvStorage::free_sequence(int seq) {
+  if (seq < 0 || static_cast<size_t>(seq) >= states_.size() || !states_[static_cast<size_t>(seq)].data()) return;
+  free_states_.push_back(std::move(states_[static_cast<size_t>(seq)]));
+  states_[static_cast<size_t>(seq)] = gpu::DeviceBuffer();
+}
+
+int64_t GpuKvStorage::seq_states_live() const {
+  int64_t n = 0;
+  for (const auto& b : states_) n += b.data() != nullptr;
+  return n;
+}
+
 GpuKvStorage& gpu_kv_storage(KvCache& kv, int64_t k_width, int64_t v_width) {
   auto* g = dynamic_cast<GpuKvStorage*>(kv.storage());
   if (!g) {

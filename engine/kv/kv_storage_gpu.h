@@ -15,6 +15,14 @@
 // end_step() (after the step's stream was synchronized) adds the copies'
 // device time to copy_seconds().
 //
+// Per-sequence device state (Gated DeltaNet's conv windows and recurrent
+// states, engine/layers/hybrid_gpu.h): seq_state(seq, bytes) is a device
+// buffer for a running sequence, taken on its first use from the buffers
+// freed sequences gave back (KvCache::free_sequence), else allocated; its
+// contents are whatever the last owner left (the layers treat a sequence
+// with no tokens consumed as starting from zero). Freed buffers are kept
+// for reuse and released with the storage.
+//
 // Contract: as KvStorage; one step at a time; the storage must outlive any
 // work enqueued with its pointers. Throws Error(unsupported) in a build
 // without CUDA and Error(out_of_memory) when the GPU or pinned memory is short.
@@ -34,6 +42,7 @@ class GpuKvStorage final : public KvStorage {
   ~GpuKvStorage() override;
 
   void copy_block(int64_t dst, int64_t src) override;
+  void free_sequence(int seq) override;
   void offload(int64_t block, int64_t host_slot) override;
   void restore(int64_t host_slot, int64_t block) override;
   int64_t bytes_per_block() const override { return layers_ * bs_ * (kw_ + vw_) * 2; }
@@ -53,6 +62,10 @@ class GpuKvStorage final : public KvStorage {
   int64_t k_width() const { return kw_; }
   int64_t v_width() const { return vw_; }
   int64_t host_blocks() const { return host_blocks_; }
+  // The device state of `seq` (`bytes` long; one size per storage, Error(internal) otherwise).
+  void* seq_state(int seq, int64_t bytes);
+  int64_t seq_states_live() const;                                     // sequences holding one now
+  int64_t seq_states_allocated() const { return states_allocated_; }  // buffers allocated so far
   double copy_seconds() const { return copy_s_; }
   int64_t copy_calls() const { return copy_calls_; }  // 2-D copies issued (for the benchmark)
 
@@ -73,6 +86,9 @@ class GpuKvStorage final : public KvStorage {
   bool timing_ = false;    // copy_start_/copy_end_ bracket copies not yet timed
   bool unwaited_ = false;  // issued copies the next step must wait for
   std::vector<Op> ops_;
+  std::vector<gpu::DeviceBuffer> states_;      // per sequence id (empty: none)
+  std::vector<gpu::DeviceBuffer> free_states_;
+  int64_t state_bytes_ = 0, states_allocated_ = 0;
   double copy_s_ = 0;
   int64_t copy_calls_ = 0;
 };

@@ -5,6 +5,7 @@
 #include "configs/error.h"
 #include "engine/layers/gpu_factories.h"
 #include "gpu/decode_fused.h"
+#include "gpu/deltanet.h"
 #include "gpu/mla.h"
 
 namespace hmoe {
@@ -70,7 +71,7 @@ class DenseMlpGpu : public GpuFfn {
 class MoeGpu : public GpuFfn {
  public:
   MoeGpu(GpuUploader& up, const ModelConfig& c, int64_t layer, const std::string& f, RouterKind router, int64_t shared_inter, RoutedExperts::Home home,
-         numa::NodePools& pools, ExpertHomeOptions& opt)
+         numa::NodePools& pools, ExpertHomeOptions& opt, bool shared_gate)
       : c_(c), router_kind_(router), H_(c.hidden_size), E_(c.num_experts), K_(c.num_experts_per_tok) {
     if (H_ % 8 != 0 || c.moe_intermediate_size % 8 != 0) fail(ErrorKind::unsupported, "GPU path: hidden and expert sizes must be multiples of 8");
     WeightBinder& b = up.bind();
@@ -84,7 +85,8 @@ class MoeGpu : public GpuFfn {
       router_ = up.f32(b.mat(f + "gate.weight", E_, H_));
       bias_ = up.f32(b.vec(f + "gate.e_score_correction_bias", E_));
     }
-    if (shared_inter > 0) shared_.bind(up, f + "shared_experts.", H_, shared_inter);
+    if (shared_inter > 0) shared_.bind(up, f + (shared_gate ? "shared_expert." : "shared_experts."), H_, shared_inter);
+    if (shared_inter > 0 && shared_gate) shared_gate_ = up.bf16({b.mat(f + "shared_expert_gate.weight", 1, H_)});
     experts_ = std::make_unique<RoutedExperts>(b, c, layer, f, home, pools, opt, &up.stream());
     bytes_ = up.bytes() - before + experts_->gpu_bytes();
   }
@@ -102,6 +104,7 @@ class MoeGpu : public GpuFfn {
     if (shared_.I > 0) {
       shared_.reserve(ctx.scratch, n);
       ctx.scratch.fit("moe.shared", n * H_ * 4);
+      ctx.scratch.fit("moe.sgate", n * 4);
     }
     experts_->reserve(ctx, K_);
   }
@@ -142,12 +145,18 @@ class MoeGpu : public GpuFfn {
     enqueue_after_handoff(ctx, r);
   }
   void enqueue_during_handoff(GpuCtx& ctx, const Rows& r) override {
-    if (shared_.I > 0) shared_.enqueue(ctx, ctx.a.hb + r.r0 * H_, r.rn, ctx.scratch.get<float>("moe.shared") + r.r0 * H_);
+    if (shared_.I == 0) return;
+    shared_.enqueue(ctx, ctx.a.hb + r.r0 * H_, r.rn, ctx.scratch.get<float>("moe.shared") + r.r0 * H_);
+    if (shared_gate_.data())
+      ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, shared_gate_.as<bf16_t>(), 1, H_, ctx.scratch.get<float>("moe.sgate") + r.r0, 1);
   }
   void enqueue_after_handoff(GpuCtx& ctx, const Rows& r) override {
     if (shared_.I == 0) return;
     float* d = ctx.a.d + r.r0 * H_;
-    gpu::add(d, ctx.scratch.get<float>("moe.shared") + r.r0 * H_, r.rn * H_, d, ctx.s);
+    if (shared_gate_.data())
+      gpu::add_sigmoid_scaled(d, ctx.scratch.get<float>("moe.shared") + r.r0 * H_, ctx.scratch.get<float>("moe.sgate") + r.r0, r.rn, H_, ctx.s);
+    else
+      gpu::add(d, ctx.scratch.get<float>("moe.shared") + r.r0 * H_, r.rn * H_, d, ctx.s);
   }
   void run_host(const float* x, int64_t n, const int32_t* ids, const float* w, float* out) override { experts_->run_host(x, n, ids, w, K_, out); }
 
@@ -156,6 +165,7 @@ class MoeGpu : public GpuFfn {
   RouterKind router_kind_;
   int64_t H_, E_, K_;
   gpu::DeviceBuffer router_, bias_, router_count_;
+  gpu::DeviceBuffer router_, bias_, shared_gate_;  // shared_gate_: [1, H] bf16 (Qwen3-Next)
   SwiGlu shared_;
   std::unique_ptr<RoutedExperts> experts_;
   uint64_t bytes_ = 0;
@@ -168,8 +178,9 @@ std::unique_ptr<GpuFfn> make_dense_mlp_gpu(GpuUploader& up, const ModelConfig& c
 }
 
 std::unique_ptr<GpuFfn> make_moe_gpu(GpuUploader& up, const ModelConfig& c, int64_t layer, const std::string& prefix, RouterKind router,
-                                     int64_t shared_inter, RoutedExperts::Home home, numa::NodePools& pools, ExpertHomeOptions& opt) {
-  return std::make_unique<MoeGpu>(up, c, layer, prefix, router, shared_inter, home, pools, opt);
+                                     int64_t shared_inter, RoutedExperts::Home home, numa::NodePools& pools, ExpertHomeOptions& opt,
+                                     bool shared_gate) {
+  return std::make_unique<MoeGpu>(up, c, layer, prefix, router, shared_inter, home, pools, opt, shared_gate);
 }
 
 }  // namespace hmoe

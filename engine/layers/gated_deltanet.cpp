@@ -26,8 +26,9 @@ std::vector<float> to_floats(const cpu::Mat& m) {
 
 class GatedDeltaNet : public AttentionBlock {
  public:
-  GatedDeltaNet(WeightBinder& bind, const ModelConfig& c, int64_t state_index, const std::string& p, numa::ThreadPool& pool)
-      : h_(c.hybrid), state_index_(state_index), eps_(c.rms_norm_eps), pool_(pool) {
+  GatedDeltaNet(WeightBinder& bind, const ModelConfig& c, int64_t state_index, const std::string& p, numa::ThreadPool& pool,
+                const cpu::GemmOptions& gemm)
+      : h_(c.hybrid), state_index_(state_index), eps_(c.rms_norm_eps), pool_(pool), gemm_(gemm) {
     const int64_t H = c.hidden_size;
     nk_ = h_.linear_num_key_heads;
     nv_ = h_.linear_num_value_heads;
@@ -51,8 +52,8 @@ class GatedDeltaNet : public AttentionBlock {
     const int64_t wq = 2 * K + 2 * V;
     fit(proj_, n * wq);
     fit(ba_, n * 2 * nv_);
-    cpu::gemm(x, n, w_qkvz_, proj_.data(), &pool_);
-    cpu::gemm(x, n, w_ba_, ba_.data(), &pool_);
+    cpu::gemm(x, n, w_qkvz_, proj_.data(), &pool_, gemm_);
+    cpu::gemm(x, n, w_ba_, ba_.data(), &pool_, gemm_);
     // Row i of the working buffers is token order_[i] (sequences contiguous).
     fit(mixed_, n * cdim_);
     fit(conv_out_, n * cdim_);
@@ -123,7 +124,7 @@ class GatedDeltaNet : public AttentionBlock {
     const int64_t H = w_out_.rows;
     fit(proj_, n * H);
     float* tmp = proj_.data();
-    cpu::gemm(core_.data(), n, w_out_, tmp, &pool_);
+    cpu::gemm(core_.data(), n, w_out_, tmp, &pool_, gemm_);
     for (int64_t i = 0; i < n; ++i) std::memcpy(out + order_[static_cast<size_t>(i)] * H, tmp + i * H, static_cast<size_t>(H) * 4);
   }
 
@@ -220,6 +221,7 @@ class GatedDeltaNet : public AttentionBlock {
   int64_t state_index_;
   double eps_;
   numa::ThreadPool& pool_;
+  cpu::GemmOptions gemm_;
   int64_t nk_ = 0, nv_ = 0, dk_ = 0, dv_ = 0, ck_ = 0, cdim_ = 0;
   cpu::Mat w_qkvz_, w_ba_, w_out_;
   std::vector<float> conv_, dt_bias_, a_neg_, norm_;
@@ -231,8 +233,8 @@ class GatedDeltaNet : public AttentionBlock {
 }  // namespace
 
 std::unique_ptr<AttentionBlock> make_gated_deltanet(WeightBinder& bind, const ModelConfig& c, int64_t state_index, const std::string& prefix,
-                                                    numa::ThreadPool& pool) {
-  return std::make_unique<GatedDeltaNet>(bind, c, state_index, prefix, pool);
+                                                    numa::ThreadPool& pool, const cpu::GemmOptions& gemm) {
+  return std::make_unique<GatedDeltaNet>(bind, c, state_index, prefix, pool, gemm);
 }
 
 }  // namespace hmoe

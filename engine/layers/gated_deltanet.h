@@ -26,7 +26,8 @@
 
 namespace hmoe {
 
+// gemm: the input treatment of its three products (cpu_layers.h).
 std::unique_ptr<AttentionBlock> make_gated_deltanet(WeightBinder& bind, const ModelConfig& c, int64_t state_index, const std::string& prefix,
-                                                    numa::ThreadPool& pool);
+                                                    numa::ThreadPool& pool, const cpu::GemmOptions& gemm = {});
 
 }  // namespace hmoe

@@ -27,9 +27,11 @@ std::unique_ptr<GpuFfn> make_dense_mlp_gpu(GpuUploader& up, const ModelConfig& c
 
 // A MoE layer: router (softmax top-k, or DeepSeek's grouped sigmoid with
 // its correction bias, in fp32), an optional shared expert of
-// shared_inter, and the routed experts in their home.
-
+// shared_inter, and the routed experts in their home. shared_gate
+// (Qwen3-Next): the shared expert is `shared_expert.`, scaled per token by
+// sigmoid(shared_expert_gate . x); else `shared_experts.`, unscaled.
 std::unique_ptr<GpuFfn> make_moe_gpu(GpuUploader& up, const ModelConfig& c, int64_t layer, const std::string& prefix, RouterKind router,
-                                     int64_t shared_inter, RoutedExperts::Home home, numa::NodePools& pools, ExpertHomeOptions& opt);
+                                     int64_t shared_inter, RoutedExperts::Home home, numa::NodePools& pools, ExpertHomeOptions& opt,
+                                     bool shared_gate = false);
 
 }  // namespace hmoe

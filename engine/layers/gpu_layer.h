@@ -30,6 +30,7 @@ namespace hmoe {
 
 class ExpertStream;        // engine/layers/expert_stream.h
 struct ExpertScratch;      // engine/layers/gpu_experts.h
+class DeltaNetStep;        // engine/layers/hybrid_gpu.h
 
 // The step's shape and metadata on the device (set by the executor).
 struct GpuStepInfo {
@@ -43,6 +44,7 @@ struct GpuStepInfo {
   GpuKvStorage* kv = nullptr;
   bool stream_pass = false;  // host experts stream to the GPU this pass (no hand-offs)
   bool fused = true;         // decode launches may be fused (setting gpu_decode_fusion)
+  const DeltaNetStep* deltanet = nullptr;  // the sequences' linear-attention states (models that have them)
 };
 
 struct Rows {

@@ -14,10 +14,12 @@ float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 class GatedAttention : public AttentionBlock {
  public:
-  GatedAttention(WeightBinder& bind, const ModelConfig& c, int64_t kv_layer, const std::string& p, numa::ThreadPool& pool)
+  GatedAttention(WeightBinder& bind, const ModelConfig& c, int64_t kv_layer, const std::string& p, numa::ThreadPool& pool,
+                 const cpu::GemmOptions& gemm)
       : c_(c),
         kv_layer_(kv_layer),
         pool_(pool),
+        gemm_(gemm),
         rot_(static_cast<int64_t>(static_cast<double>(c.head_dim) * c.hybrid.partial_rotary_factor)),
         rope_(rot_, c.rope_theta) {
     const int64_t H = c.hidden_size, nh = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim;
@@ -37,9 +39,9 @@ class GatedAttention : public AttentionBlock {
     float* q = ws.q.data();
     float* k = ws.k.data();
     float* v = ws.v.data();
-    cpu::gemm(x, n, wq_, qg_.data(), &pool_);
-    cpu::gemm(x, n, wk_, k, &pool_);
-    cpu::gemm(x, n, wv_, v, &pool_);
+    cpu::gemm(x, n, wq_, qg_.data(), &pool_, gemm_);
+    cpu::gemm(x, n, wk_, k, &pool_, gemm_);
+    cpu::gemm(x, n, wv_, v, &pool_, gemm_);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t h = 0; h < nh; ++h) {
         const float* src = qg_.data() + (t * nh + h) * 2 * hd;
@@ -57,13 +59,14 @@ class GatedAttention : public AttentionBlock {
     float* attn = ws.attn.data();
     ops::attention(q, n, nh, kvh, hd, slots, kv, kv_layer_, scale, attn, &pool_);
     for (int64_t i = 0; i < n * nh * hd; ++i) attn[i] *= sigmoid(gate_[static_cast<size_t>(i)]);
-    cpu::gemm(attn, n, wo_, out, &pool_);
+    cpu::gemm(attn, n, wo_, out, &pool_, gemm_);
   }
 
  private:
   const ModelConfig& c_;
   int64_t kv_layer_;
   numa::ThreadPool& pool_;
+  cpu::GemmOptions gemm_;
   int64_t rot_;
   ops::Rope rope_;  // over the first rot_ dimensions of each head
   NormStore norms_;
@@ -74,8 +77,8 @@ class GatedAttention : public AttentionBlock {
 class SharedGatedMoe : public FfnBlock {
  public:
   SharedGatedMoe(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& p, int64_t shared_inter, numa::NodePools& pools,
-                 ExpertHomeOptions& opt)
-      : c_(c), pool_(pools.pool(0)) {
+                 ExpertHomeOptions& opt, const cpu::GemmOptions& gemm)
+      : c_(c), pool_(pools.pool(0)), gemm_(gemm) {
     const int64_t H = c.hidden_size;
     router_ = bind.mat(p + "gate.weight", c.num_experts, H);
     experts_ = std::make_unique<RoutedExperts>(bind, c, layer, p, RoutedExperts::Home::host, pools, opt);
@@ -99,7 +102,7 @@ class SharedGatedMoe : public FfnBlock {
     if (!has_shared_) return;
     shared_out_.assign(static_cast<size_t>(n * H), 0.0f);
     gate_.resize(static_cast<size_t>(n));
-    numa::mlp_forward(x, n, shared_, shared_out_.data(), &pool_);
+    numa::mlp_forward(x, n, shared_, shared_out_.data(), &pool_, gemm_);
     cpu::gemm_exact(x, n, shared_gate_, gate_.data(), &pool_);
     for (int64_t t = 0; t < n; ++t) {
       const float s = sigmoid(gate_[static_cast<size_t>(t)]);
@@ -110,6 +113,7 @@ class SharedGatedMoe : public FfnBlock {
  private:
   const ModelConfig& c_;
   numa::ThreadPool& pool_;
+  cpu::GemmOptions gemm_;
   cpu::Mat router_, shared_gate_;
   std::unique_ptr<RoutedExperts> experts_;
   numa::ExpertWeights shared_;
@@ -131,13 +135,14 @@ cpu::Mat NormStore::bind(WeightBinder& b, const std::string& name, int64_t n, bo
 }
 
 std::unique_ptr<AttentionBlock> make_gated_attention(WeightBinder& bind, const ModelConfig& c, int64_t kv_layer, const std::string& prefix,
-                                                     numa::ThreadPool& pool) {
-  return std::make_unique<GatedAttention>(bind, c, kv_layer, prefix, pool);
+                                                     numa::ThreadPool& pool, const cpu::GemmOptions& gemm) {
+  return std::make_unique<GatedAttention>(bind, c, kv_layer, prefix, pool, gemm);
 }
 
 std::unique_ptr<FfnBlock> make_shared_gated_moe(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix,
-                                                int64_t shared_inter, numa::NodePools& pools, ExpertHomeOptions& opt) {
-  return std::make_unique<SharedGatedMoe>(bind, c, layer, prefix, shared_inter, pools, opt);
+                                                int64_t shared_inter, numa::NodePools& pools, ExpertHomeOptions& opt,
+                                                const cpu::GemmOptions& gemm) {
+  return std::make_unique<SharedGatedMoe>(bind, c, layer, prefix, shared_inter, pools, opt, gemm);
 }
 
 }  // namespace hmoe

@@ -20,10 +20,12 @@
 
 namespace hmoe {
 
+// gemm: the input treatment of their dense products (cpu_layers.h); routers stay exact.
 std::unique_ptr<AttentionBlock> make_gated_attention(WeightBinder& bind, const ModelConfig& c, int64_t kv_layer, const std::string& prefix,
-                                                     numa::ThreadPool& pool);
+                                                     numa::ThreadPool& pool, const cpu::GemmOptions& gemm = {});
 std::unique_ptr<FfnBlock> make_shared_gated_moe(WeightBinder& bind, const ModelConfig& c, int64_t layer, const std::string& prefix,
-                                                int64_t shared_inter, numa::NodePools& pools, ExpertHomeOptions& opt);
+                                                int64_t shared_inter, numa::NodePools& pools, ExpertHomeOptions& opt,
+                                                const cpu::GemmOptions& gemm = {});
 
 // Owns the fp32 (1 + w) copies of zero-centred norm weights.
 class NormStore {

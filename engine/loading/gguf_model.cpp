@@ -3,10 +3,13 @@
 // GGUF model and its Hugging Face twin are checked by one piece of code.
 #include "engine/loading/gguf_model.h"
 #include "engine/loading/gguf_deepseek2.h"
+#include "engine/loading/gguf_qwen3next.h"
 
 #include "engine/layers/gpu_experts.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <deque>
 #include <cctype>
 #include <nlohmann/json.hpp>
@@ -19,6 +22,7 @@
 #include "gpu/quant.h"
 #include "engine/text/chat/chat_template.h"
 #include "io/gguf.h"
+#include "numa/kernels.h"
 #include "numa/quant_gguf.h"
 
 namespace hmoe {
@@ -66,20 +70,31 @@ bool parse_index(const std::string& s, size_t& pos, int64_t& out) {
   return pos > start && pos < s.size() && s[pos] == '.';
 }
 
+enum class GgufArch { qwen3moe, deepseek2, qwen3next };
+
 // The GGUF name of a Hugging Face tensor in the file's architecture.
-bool tensor_for(bool deepseek2, const std::string& hf, std::string& g, int64_t& e) {
-  return deepseek2 ? gguf_deepseek2_tensor_for(hf, g, e) : gguf_tensor_for(hf, g, e);
+bool tensor_for(GgufArch arch, const std::string& hf, std::string& g, int64_t& e) {
+  switch (arch) {
+    case GgufArch::deepseek2: return gguf_deepseek2_tensor_for(hf, g, e);
+    case GgufArch::qwen3next: return gguf_qwen3next_tensor_for(hf, g, e);
+    case GgufArch::qwen3moe: break;
+  }
+  return gguf_tensor_for(hf, g, e);
 }
 
 class GgufSource : public WeightSource {
  public:
-  explicit GgufSource(std::unique_ptr<io::GgufFile> f)
-      : f_(std::move(f)), ds2_(f_->get("general.architecture").as_string("general.architecture") == "deepseek2") {}
+  GgufSource(std::unique_ptr<io::GgufFile> f, const ModelConfig& c) : f_(std::move(f)), c_(c) {
+    const std::string arch(f_->get("general.architecture").as_string("general.architecture"));
+    arch_ = arch == "deepseek2" ? GgufArch::deepseek2 : arch == "qwen3next" ? GgufArch::qwen3next : GgufArch::qwen3moe;
+    ds2_ = arch_ == GgufArch::deepseek2;
+  }
 
   cpu::Mat mat(const std::string& name, int64_t rows, int64_t cols) override {
     std::string g;
     int64_t e = -1;
     if (cpu::Mat m; split_kv_b(name, rows, cols, m)) return m;
+    if (arch_ == GgufArch::qwen3next && gguf_qwen3next_stored(name) == Qwen3NextStored::split_qkvz) return qkvz(name, rows, cols);
     const io::GgufTensor& t = lookup(name, g, e);
     const auto& s = t.shape;
     const bool ok = e < 0 ? (s.size() == 2 && s[0] == static_cast<uint64_t>(cols) && s[1] == static_cast<uint64_t>(rows))
@@ -102,13 +117,21 @@ class GgufSource : public WeightSource {
       fail(ErrorKind::bad_model, f_->path() + ": tensor '" + g + "' has shape " + shape_str(t.shape) + ", expected [" + std::to_string(n) + "]");
     if (t.type != kGgmlF32 && t.type != kGgmlF16 && t.type != kGgmlBf16)
       fail(ErrorKind::unsupported, f_->path() + ": tensor '" + g + "' has type " + type_name(t.type) + "; vectors must be F32, F16 or BF16");
-    return view(t, 1, n);
+    const cpu::Mat m = view(t, 1, n);
+    const Qwen3NextStored how = arch_ == GgufArch::qwen3next ? gguf_qwen3next_stored(name) : Qwen3NextStored::as_is;
+    if (how != Qwen3NextStored::plus_one && how != Qwen3NextStored::neg_exp) return m;
+    // qwen3next stores 1 + w and -exp(A_log): the layers take w and A_log (fp32, owned here).
+    std::vector<float> v(static_cast<size_t>(n));
+    cpu::to_f32(m.dtype, m.data, v.data(), n);
+    for (float& x : v) x = how == Qwen3NextStored::plus_one ? x - 1.0f : std::log(-x);
+    owned_.emplace_back(reinterpret_cast<const uint8_t*>(v.data()), reinterpret_cast<const uint8_t*>(v.data() + n));
+    return cpu::Mat{DType::f32, owned_.back().data(), 1, n};
   }
 
   bool has(const std::string& name) const override {
     std::string g;
     int64_t e;
-    if (!tensor_for(ds2_, name, g, e)) return false;
+    if (!tensor_for(arch_, name, g, e)) return false;
     if (f_->find_tensor(g)) return true;
     const std::string kv_b = "attn_kv_b.weight";  // deepseek2 files may split it into attn_k_b / attn_v_b
     return ds2_ && g.size() > kv_b.size() && g.compare(g.size() - kv_b.size(), kv_b.size(), kv_b) == 0 &&
@@ -117,7 +140,7 @@ class GgufSource : public WeightSource {
 
   void check_all_used(const std::string& where) const override {
     for (const auto& t : f_->tensors())
-      if (!used_.count(std::string(t.name)))
+      if (!used_.count(std::string(t.name)) && !mtp_block(t.name))
         fail(ErrorKind::bad_model, f_->path() + ": unexpected tensor '" + std::string(t.name) + "' (not part of this architecture in " + where + ")");
   }
 
@@ -145,7 +168,7 @@ class GgufSource : public WeightSource {
     std::string g;
     int64_t e;
     const std::string suffix = ".self_attn.kv_b_proj.weight";
-    if (!ds2_ || !tensor_for(true, name, g, e) || f_->find_tensor(g) || name.size() <= suffix.size() ||
+    if (!ds2_ || !tensor_for(GgufArch::deepseek2, name, g, e) || f_->find_tensor(g) || name.size() <= suffix.size() ||
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
       return false;
     const size_t dot = g.find('.', 4);
@@ -160,8 +183,58 @@ class GgufSource : public WeightSource {
     return true;
   }
 
+  // qwen3next: a tensor of the MTP head (blocks from num_hidden_layers on), not run yet.
+  bool mtp_block(std::string_view name) const {
+    if (arch_ != GgufArch::qwen3next || name.compare(0, 4, "blk.") != 0) return false;
+    int64_t b = 0;
+    size_t i = 4;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i < 13) b = b * 10 + (name[i++] - '0');
+    return i > 4 && i < name.size() && name[i] == '.' && b >= c_.num_hidden_layers;
+  }
+
+  // qwen3next: in_proj_qkvz [2K + 2V, H] regrouped per key head from
+  // attn_qkv [2K + V, H] and attn_gate [V, H] (owned here): the rows' bytes
+  // when both are stored in one type, else fp32.
+  cpu::Mat qkvz(const std::string& name, int64_t rows, int64_t cols) {
+    const HybridConfig& h = c_.hybrid;
+    std::string g;
+    int64_t e;
+    const io::GgufTensor& tq = lookup(name, g, e);
+    const std::string gate_name = g.substr(0, g.size() - std::string("attn_qkv.weight").size()) + "attn_gate.weight";
+    const io::GgufTensor* tg = f_->find_tensor(gate_name);
+    if (!tg) fail(ErrorKind::bad_model, f_->path() + ": tensor '" + gate_name + "' is missing (needed with '" + g + "' for " + name + ")");
+    used_.insert(gate_name);
+    const int64_t K = h.key_dim(), V = h.value_dim();
+    if (rows != 2 * K + 2 * V) fail(ErrorKind::internal, name + ": asked for " + std::to_string(rows) + " rows");
+    auto check = [&](const io::GgufTensor& t, int64_t r) {
+      if (t.shape.size() != 2 || t.shape[0] != static_cast<uint64_t>(cols) || t.shape[1] != static_cast<uint64_t>(r))
+        fail(ErrorKind::bad_model, f_->path() + ": tensor '" + std::string(t.name) + "' has shape " + shape_str(t.shape) + " (ggml order), expected [" +
+                                       std::to_string(cols) + ", " + std::to_string(r) + "] from the metadata");
+    };
+    check(tq, 2 * K + V);
+    check(*tg, V);
+    const cpu::Mat mq = view(tq, 2 * K + V, cols), mg = view(*tg, V, cols);
+    const bool same = tq.type == tg->type;
+    const size_t rb = same ? mq.row_bytes() : static_cast<size_t>(cols) * 4;
+    std::vector<uint8_t> buf(static_cast<size_t>(rows) * rb);
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t src = 0;
+      bool gate = false;
+      gguf_qwen3next_qkvz_row(r, h.linear_num_key_heads, h.linear_key_head_dim, h.linear_num_value_heads, h.linear_value_head_dim, src, gate);
+      const cpu::Mat& m = gate ? mg : mq;
+      if (same) std::memcpy(buf.data() + static_cast<size_t>(r) * rb, m.row(src), rb);
+      else cpu::row_to_f32(m, src, reinterpret_cast<float*>(buf.data() + static_cast<size_t>(r) * rb));
+    }
+    owned_.push_back(std::move(buf));
+    if (!same) return cpu::Mat{DType::f32, owned_.back().data(), rows, cols};
+    cpu::Mat m = mq;
+    m.data = owned_.back().data();
+    m.rows = rows;
+    return m;
+  }
+
   const io::GgufTensor& lookup(const std::string& name, std::string& g, int64_t& e) {
-    if (!tensor_for(ds2_, name, g, e)) fail(ErrorKind::bad_model, f_->path() + ": no GGUF tensor corresponds to '" + name + "'");
+    if (!tensor_for(arch_, name, g, e)) fail(ErrorKind::bad_model, f_->path() + ": no GGUF tensor corresponds to '" + name + "'");
     const io::GgufTensor* t = f_->find_tensor(g);
     if (!t) fail(ErrorKind::bad_model, f_->path() + ": tensor '" + g + "' is missing (needed for " + name + ")");
     used_.insert(g);
@@ -186,9 +259,11 @@ class GgufSource : public WeightSource {
   }
 
   std::unique_ptr<io::GgufFile> f_;
+  ModelConfig c_;
+  GgufArch arch_ = GgufArch::qwen3moe;
   bool ds2_ = false;
   std::set<std::string> used_;
-  std::deque<std::vector<uint8_t>> owned_;  // reassembled tensors (split kv_b)
+  std::deque<std::vector<uint8_t>> owned_;  // reassembled tensors (split kv_b, qwen3next's qkvz and shifted vectors)
 };
 
 uint64_t meta_u64(const io::GgufFile& f, const std::string& key) { return f.get(key).as_u64(key); }
@@ -234,12 +309,13 @@ bool gguf_tensor_for(const std::string& hf, GgufLayerNames layer_names, std::str
 
 ModelConfig gguf_model_config(const io::GgufFile& f) {
   const std::string arch(f.get("general.architecture").as_string("general.architecture"));
-  if (arch != "qwen3moe" && arch != "deepseek2")
-    fail(ErrorKind::unsupported, f.path() + ": general.architecture '" + arch + "' is not supported for GGUF yet (supported: qwen3moe, deepseek2)");
+  if (arch != "qwen3moe" && arch != "deepseek2" && arch != "qwen3next")
+    fail(ErrorKind::unsupported,
+         f.path() + ": general.architecture '" + arch + "' is not supported for GGUF yet (supported: qwen3moe, deepseek2, qwen3next)");
   const std::string a = arch + ".";
   auto u = [&](const char* k) { return meta_u64(f, a + k); };
   auto num = [&](const char* k) { return f.get(a + k).as_f64(a + k); };
-  nlohmann::json j = arch == "deepseek2" ? gguf_deepseek2_config_json(f) : nlohmann::json::object();
+  nlohmann::json j = arch == "deepseek2" ? gguf_deepseek2_config_json(f) : arch == "qwen3next" ? gguf_qwen3next_config_json(f) : nlohmann::json::object();
   if (arch == "qwen3moe") {
     j["model_type"] = "qwen3_moe";
     const io::GgufTensor* emb = f.find_tensor("token_embd.weight");
@@ -316,7 +392,7 @@ std::unique_ptr<chat::ChatTemplate> gguf_chat_template(const std::string& path) 
 std::unique_ptr<WeightSource> open_gguf_source(const std::string& path, ModelConfig& config) {
   auto f = io::GgufFile::open(path);
   config = gguf_model_config(*f);
-  return std::make_unique<GgufSource>(std::move(f));
+  return std::make_unique<GgufSource>(std::move(f), config);
 }
 
 }  // namespace hmoe

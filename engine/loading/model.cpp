@@ -139,25 +139,21 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   if (m->engram_) m->kv_layout_.seq_state_bytes = m->engram_->seq_state_bytes();
   m->kv_layout_.dtype = resolve_kv_dtype(settings.kv_cache_dtype, is_gguf_path(dir), graph.kv.k_token_floats >= 0);  // latent (MLA) caches: own widths, fp32
 
-  std::optional<Plan> plan;
-  if (graph.gpu_supported()) plan = plan_gpu(c, settings, *m->pool_);
-  else if (settings.device == "cuda" || settings.device == "gpu")
-    fail(ErrorKind::unsupported, settings.origin("device") + "=" + settings.device + ": model_type '" + c.model_type +
-                                     "' runs on the CPU only for now (its linear-attention layers have no GPU implementation yet); use --device cpu");
-  else if (settings.progress != "none")
-    std::fprintf(stderr, "hmoe: model_type '%s' runs on the CPU (no GPU implementation of its layers yet)\n", c.model_type.c_str());
   if (!settings.routing_trace.empty()) {
     RoutingTraceHeader th{static_cast<uint32_t>(c.num_hidden_layers), static_cast<uint32_t>(c.num_experts),
                           static_cast<uint32_t>(c.num_experts_per_tok), static_cast<uint32_t>(c.hidden_size),
                           static_cast<uint32_t>(c.moe_intermediate_size)};
     m->trace_ = std::make_unique<RoutingTraceWriter>(settings.routing_trace, th);
   }
+  const std::optional<Plan> plan = plan_gpu(c, settings, *m->pool_);
   if (plan) {
     GpuRuntimeOptions o = GpuRuntimeOptions::from_settings(settings);
     o.experts.trace = m->trace_.get();
     o.resident = plan->resident();
     o.devices = plan->devices();
     m->gpu_ = std::make_unique<GpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
+    // Linear-attention states live on the GPU: the host keeps only their token counts.
+    if (m->gpu_->seq_state_bytes() > 0) m->kv_layout_.seq_state_bytes = m->gpu_->seq_state_bytes();
     // Long prompts stream the host experts to the GPU (bf16, or quantized checkpoints in their GPU format).
     if (plan->resident_moe_layers() < plan->moe_layers())
       m->gpu_->enable_expert_streaming(expert_stream_options(c, settings, *m->pools_, m->gpu_->host_expert_sample(), settings.progress == "none"));

@@ -24,12 +24,6 @@ BlockDesc hf_decoder_block(int64_t layer, AttentionKind attention) {
   return b;
 }
 
-bool ModelGraph::gpu_supported() const {
-  for (const BlockDesc& b : blocks)
-    if (b.attention != AttentionKind::gqa && b.attention != AttentionKind::mla) return false;
-  return true;
-}
-
 std::string hf_mlp_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + ".mlp."; }
 
 ModelGraph model_graph(const ModelConfig& c, const HasTensor& has) {

@@ -40,8 +40,6 @@ struct ModelGraph {
   // Checkpoint tensors under these prefixes are not run (yet) and not
   // reported as unexpected (Qwen3-Next's mtp.* head).
   std::vector<std::string> unused_prefixes;
-  // Whether the GPU runtime has every layer kind of the graph.
-  bool gpu_supported() const;
 };
 
 // has(name): whether the checkpoint holds a tensor (for optional weights).

@@ -185,10 +185,25 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
   p.spec = s.gpu_resident_moe_layers;
   p.gpu_budget = gpu_memory_budget(s, gpu);
   const uint64_t embed = V * H * 2, head = c.tie_word_embeddings ? 0 : V * H * 2;
-  const bool mla = c.arch == Arch::deepseek_v3;
+  const bool mla = c.arch == Arch::deepseek_v3, hybrid = c.arch == Arch::qwen3_next;
   const uint64_t attn = mla ? mla_attention_bytes(c, s.mla_attention != "expanded") : ((nh + 2 * kvh) * hd * H + H * nh * hd + 2 * hd + 2 * H) * 2;
-  // DeepSeek MoE layers also keep the shared experts and the fp32 score-correction bias on the GPU.
-  const uint64_t moe_extra = mla ? 3 * I * static_cast<uint64_t>(c.mla.n_shared_experts) * H * 2 + E * 4 : 0;
+  // Qwen3-Next: gated attention (q_proj twice as wide) on the full-attention
+  // layers, Gated DeltaNet on the others (engine/layers/hybrid_gpu.cpp).
+  const HybridConfig& hy = c.hybrid;
+  const uint64_t attn_full = ((2 * nh + 2 * kvh) * hd * H + H * nh * hd + 2 * H) * 2 + 4 * hd * 4;
+  const uint64_t attn_linear = static_cast<uint64_t>((2 * hy.key_dim() + 2 * hy.value_dim() + 2 * hy.linear_num_value_heads) * c.hidden_size +
+                                                     c.hidden_size * hy.value_dim()) * 2 +
+                               static_cast<uint64_t>(hy.conv_dim() * hy.linear_conv_kernel_dim + 3 * hy.linear_num_value_heads +
+                                                     hy.linear_value_head_dim) * 4 + 2 * H * 2;
+  auto attn_of = [&](int64_t l) {
+    if (!hybrid) return attn;
+    return l < static_cast<int64_t>(hy.full_attention.size()) && hy.full_attention[static_cast<size_t>(l)] ? attn_full : attn_linear;
+  };
+  // DeepSeek MoE layers also keep the shared experts and the fp32 score-correction bias on the GPU;
+  // Qwen3-Next's the shared expert and its gate.
+  const uint64_t moe_extra = mla      ? 3 * I * static_cast<uint64_t>(c.mla.n_shared_experts) * H * 2 + E * 4
+                             : hybrid ? (3 * static_cast<uint64_t>(hy.shared_expert_intermediate_size) + 1) * H * 2
+                                      : 0;
   p.gpu_fixed_bytes = embed + head + H * 2;
   p.gpu_bytes_per_token = V * H * 2;  // lm_head
   const uint64_t per_expert = 3 * I * H;
@@ -196,8 +211,8 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
     LayerPlacement lp;
     lp.layer = l;
     lp.moe = c.is_moe_layer(l);
-    p.gpu_fixed_bytes += attn;
-    p.gpu_bytes_per_token += attn;
+    p.gpu_fixed_bytes += attn_of(l);
+    p.gpu_bytes_per_token += attn_of(l);
     if (lp.moe) {
       lp.expert_bytes = expert_layer_bytes(c, gpu_dtype);
       p.gpu_fixed_bytes += E * H * 2 + moe_extra;
@@ -228,9 +243,21 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
                                                               2 * nh * static_cast<uint64_t>(c.mla.v_head_dim));
     if (s.mla_attention == "expanded" || s.mla_attention == "expanded_prefill") p.gpu_workspace_bytes += 1ull << 30;
   }
-  // KV cache per token: K and V of every KV head in bf16, or (MLA) the latent and the rope key.
+  // Qwen3-Next: each running sequence's linear-attention states (fp32, GPU memory).
+  if (hybrid) {
+    int64_t linear = 0;
+    for (bool full : hy.full_attention) linear += full ? 0 : 1;
+    const uint64_t per_seq = static_cast<uint64_t>(linear) *
+                             static_cast<uint64_t>((hy.linear_conv_kernel_dim - 1) * hy.conv_dim() +
+                                                   hy.linear_num_value_heads * hy.linear_key_head_dim * hy.linear_value_head_dim) * 4;
+    p.gpu_workspace_bytes += per_seq * static_cast<uint64_t>(std::max<int64_t>(s.max_num_seqs, 1));
+  }
+  // KV cache per token: K and V of every KV head in bf16, or (MLA) the latent and the rope key;
+  // Qwen3-Next's full-attention layers only.
+  int64_t kv_layers = c.num_hidden_layers;
+  if (hybrid) kv_layers = static_cast<int64_t>(std::count(hy.full_attention.begin(), hy.full_attention.end(), true));
   p.kv_bytes_per_token = mla ? static_cast<uint64_t>(c.num_hidden_layers) * static_cast<uint64_t>(c.mla.kv_token_floats()) * 2
-                             : static_cast<uint64_t>(c.num_hidden_layers) * 2 * kvh * hd * 2;
+                             : static_cast<uint64_t>(kv_layers) * 2 * kvh * hd * 2;
   const uint64_t kv_min = s.kv_cache_memory_bytes > 0 ? s.kv_cache_memory_bytes : p.kv_bytes_per_token * static_cast<uint64_t>(ctx);
   const uint64_t base = p.gpu_fixed_bytes + p.gpu_workspace_bytes + kv_min;
 

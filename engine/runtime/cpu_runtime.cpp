@@ -36,11 +36,11 @@ CpuRuntime::CpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
     switch (d.attention) {
       case AttentionKind::gqa: b.attn = make_gqa_attention(bind, c, kv_layer, d.attention_prefix, pool_, o.gemm); break;
       case AttentionKind::mla: b.attn = make_mla_attention(bind_mla_weights(bind, c, d.attention_prefix), c, kv_layer, pool_, o.mla_mode, o.gemm); break;
-      case AttentionKind::gated_gqa: b.attn = make_gated_attention(bind, c, kv_layer, d.attention_prefix, pool_); break;
-      case AttentionKind::gated_deltanet: b.attn = make_gated_deltanet(bind, c, d.state_index, d.attention_prefix, pool_); break;
+      case AttentionKind::gated_gqa: b.attn = make_gated_attention(bind, c, kv_layer, d.attention_prefix, pool_, o.gemm); break;
+      case AttentionKind::gated_deltanet: b.attn = make_gated_deltanet(bind, c, d.state_index, d.attention_prefix, pool_, o.gemm); break;
     }
     if (!d.ffn.moe) b.ffn = make_dense_mlp(bind, H, d.ffn.inter, d.ffn.prefix, pool_, o.gemm);
-    else if (d.ffn.shared_gate) b.ffn = make_shared_gated_moe(bind, c, d.layer, d.ffn.prefix, d.ffn.shared_inter, pools, homes);
+    else if (d.ffn.shared_gate) b.ffn = make_shared_gated_moe(bind, c, d.layer, d.ffn.prefix, d.ffn.shared_inter, pools, homes, o.gemm);
     else if (d.ffn.router == RouterKind::deepseek_grouped) b.ffn = make_deepseek_moe(bind, c, d.layer, d.ffn.prefix, pools, homes, o.gemm);
     else b.ffn = make_moe_block(bind, c, d.layer, d.ffn.prefix, pools, homes, o.gemm);
     blocks_.push_back(std::move(b));

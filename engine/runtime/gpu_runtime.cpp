@@ -15,6 +15,7 @@
 #include "engine/layers/expert_deferral.h"
 #include "engine/layers/gpu_experts.h"
 #include "engine/layers/gpu_factories.h"
+#include "engine/layers/hybrid_gpu.h"
 #include "engine/placement/placement.h"
 #include "engine/runtime/segment_graphs.h"
 #include "gpu/device.h"
@@ -74,6 +75,7 @@ struct GpuRuntime::Impl {
   std::unique_ptr<GpuEngram> engram;      // n-gram memory modules (null: none)
   numa::NodePools* pools = nullptr;       // the host experts' pools (builds the streaming images)
   std::unique_ptr<ExpertDeferral> deferral;  // null: off
+  std::unique_ptr<DeltaNetStep> deltanet;  // linear-attention layers' sequence states (null: none)
 
   explicit Impl(const ModelConfig& cfg) : c(cfg) {}
 };
@@ -111,25 +113,31 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   GpuUploader up(bind, m.stream);
   up.set_keep_gguf(o.quantized_dense);
   m.embed = up.bf16({bind.mat(g.embed, c.vocab_size, H)});
-  m.final_norm = up.bf16({bind.vec(g.final_norm, H)});
+  m.final_norm = upload_norm(up, bind.vec(g.final_norm, H), g.zero_centred_norms);
   m.lm_head = up.dense(bind.mat(g.lm_head, c.vocab_size, H));
   ExpertHomeOptions homes = o.experts;
   if (o.defer_experts > 0) m.deferral = std::make_unique<ExpertDeferral>(o.defer_experts, H, true);
   homes.deferral = m.deferral.get();
   uint64_t expert_bytes = 0;
+  int64_t state_layers = 0;
   for (const BlockDesc& d : g.blocks) {
     Impl::Block b;
     gpu::MemoryUse use_layer("layer " + std::to_string(d.layer) + "'s weights");
-    b.in_norm = up.bf16({bind.vec(d.input_norm, H)});
-    b.post_norm = up.bf16({bind.vec(d.post_norm, H)});
+    b.in_norm = upload_norm(up, bind.vec(d.input_norm, H), g.zero_centred_norms);
+    b.post_norm = upload_norm(up, bind.vec(d.post_norm, H), g.zero_centred_norms);
     const bool split = o.split_inputs && d.ffn.precise;
-    if (d.attention == AttentionKind::gqa) b.attn = make_gqa_attention_gpu(up, c, d.layer, d.attention_prefix);
-    else b.attn = make_mla_attention_gpu(up, c, d.layer, d.attention_prefix, o.mla_mode, split);
+    const int64_t kv_layer = d.kv_layer >= 0 ? d.kv_layer : d.layer;
+    if (d.attention == AttentionKind::gqa) b.attn = make_gqa_attention_gpu(up, c, kv_layer, d.attention_prefix);
+    else if (d.attention == AttentionKind::gated_gqa) b.attn = make_gated_attention_gpu(up, c, kv_layer, d.attention_prefix);
+    else if (d.attention == AttentionKind::gated_deltanet) {
+      b.attn = make_gated_deltanet_gpu(up, c, d.state_index, d.attention_prefix);
+      state_layers = std::max(state_layers, d.state_index + 1);
+    } else b.attn = make_mla_attention_gpu(up, c, d.layer, d.attention_prefix, o.mla_mode, split);
     if (!d.ffn.moe) {
       b.ffn = make_dense_mlp_gpu(up, c, d.ffn.prefix, d.ffn.inter, split);
     } else {
       const auto home = o.resident[static_cast<size_t>(d.layer)] ? RoutedExperts::Home::gpu : RoutedExperts::Home::host;
-      b.ffn = make_moe_gpu(up, c, d.layer, d.ffn.prefix, d.ffn.router, d.ffn.shared_inter, home, pools, homes);
+      b.ffn = make_moe_gpu(up, c, d.layer, d.ffn.prefix, d.ffn.router, d.ffn.shared_inter, home, pools, homes, d.ffn.shared_gate);
       m.topk = std::max(m.topk, b.ffn->topk());
       if (home == RoutedExperts::Home::gpu) {
         expert_bytes += b.ffn->bytes();
@@ -140,6 +148,7 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   }
   m.weight_bytes = up.bytes() + expert_bytes;
   m.dense_bytes = up.bytes() - m.embed.bytes();
+  if (state_layers > 0) m.deltanet = std::make_unique<DeltaNetStep>(state_layers * gpu::deltanet_layer_state_bytes(deltanet_shape(c.hybrid)));
   if (engram) {
     WeightLookup get = [&bind](const std::string& name, const std::vector<int64_t>& shape) {
       return shape.size() == 1 ? bind.vec(name, shape[0]) : bind.mat(name, shape[0], shape[1]);
@@ -200,6 +209,7 @@ double GpuRuntime::decode_weight_bytes(int64_t tokens) const {
   return b;
 }
 uint64_t GpuRuntime::weight_bytes() const { return impl_->weight_bytes; }
+int64_t GpuRuntime::seq_state_bytes() const { return impl_->deltanet ? kDeltaNetHostStateBytes : 0; }
 uint64_t GpuRuntime::kv_bytes_per_token() const {
   const KvLayout& l = impl_->kv_layout;
   return static_cast<uint64_t>(l.layers * (l.k_floats() + l.v_floats())) * 2;
@@ -232,7 +242,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   const int64_t H = c.hidden_size, V = c.vocab_size, K = m.topk;
   const float eps = static_cast<float>(c.rms_norm_eps);
   if (kv.layout().k_floats() != m.kv_layout.k_floats() || kv.layout().v_floats() != m.kv_layout.v_floats() ||
-      kv.layout().layers != c.num_hidden_layers)
+      kv.layout().layers != m.kv_layout.layers)
     fail(ErrorKind::internal, "KV cache layout does not fit this model (build it with Model::kv_layout())");
   // The KV cache on the GPU: the cache's GpuKvStorage ([layer][slot][width] bf16 keys, and values where the layout has them).
   GpuKvStorage& kvs = [&]() -> GpuKvStorage& {
@@ -290,6 +300,10 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     m.meta.reserve(meta_bytes * 2);
   }
   s.synchronize();  // the previous step no longer reads meta_h
+  if (m.deltanet) {  // checks that the positions continue each sequence's state, before anything is enqueued
+    m.deltanet->begin(b, kv, kvs, s);
+    st.deltanet = m.deltanet.get();
+  }
   if (m.engram) m.engram->begin_step(b, kv, s);  // hashes the n-grams, starts the PLE row reads
   std::memcpy(m.meta_h.as<int32_t>(), meta.data(), meta_bytes);
   gpu::copy_to_device(m.meta.data(), m.meta_h.as<int32_t>(), meta_bytes, s);
@@ -424,9 +438,9 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     auto v = [](int64_t i) { return reinterpret_cast<const void*>(i); };
     key = {v(n), v(mrows), v(static_cast<int64_t>(mbs.size())), v(mbs.back().r0), m.meta.data()};
     sc.key(key);
-    for (size_t l = 0; l < L; ++l) {
-      key.push_back(kvs.keys(static_cast<int64_t>(l)));
-      key.push_back(kvs.values(static_cast<int64_t>(l)));
+    for (int64_t l = 0; l < m.kv_layout.layers; ++l) {
+      key.push_back(kvs.keys(l));
+      key.push_back(kvs.values(l));
     }
     for (const Cut& x : cuts) key.push_back(v(static_cast<int64_t>(x.after) * 2 + (x.handoff ? 1 : 0)));
     std::vector<int64_t> lk;
@@ -490,6 +504,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   s.synchronize();
   if (st.stream_pass) m.xstream->end();
   kvs.end_step();
+  if (m.deltanet) m.deltanet->end(kv);
   logits.assign(m.logits_h.as<float>(), m.logits_h.as<float>() + mrows * V);
 
   double transfer_s = 0;

@@ -136,6 +136,9 @@ class GpuRuntime {
   void reset_times();
   uint64_t weight_bytes() const;        // bytes of weights on the GPU
   uint64_t kv_bytes_per_token() const;  // KV cache bytes per token over all layers (bf16)
+  // Bytes of KvCache seq_state per sequence the runtime keeps on the host
+  // (linear-attention layers: the tokens consumed; their states are on the GPU); 0: none.
+  int64_t seq_state_bytes() const;
   const std::vector<int>& layer_devices() const { return devices_; }  // the GPU of each layer
 
  private:

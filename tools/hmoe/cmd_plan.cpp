@@ -128,10 +128,6 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
   if (!gpu_note.empty()) std::printf("note: %s\n", gpu_note.c_str());
   std::printf("model: %s (%s, %lld layers, %lld MoE)\n", args[0].c_str(), c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers),
               static_cast<long long>(p.moe_layers()));
-  if (!model_graph(c, [](const std::string&) { return false; }).gpu_supported())
-    std::printf("note: model_type '%s' runs on the CPU only for now (its linear-attention layers have no GPU implementation yet);\n"
-                "      the plan below is what its GPU path will need\n",
-                c.model_type.c_str());
   std::printf("GPU 0: %s, budget %s (gpu-memory-utilization %.2f)\n", gpu.name.c_str(), format_bytes(p.gpu_budget).c_str(),
               s.gpu_memory_utilization);
   std::printf("resident MoE layers: '%s' (%s) -> %lld of %lld\n\n", p.spec.c_str(), s.origin("gpu_resident_moe_layers").c_str(),

@@ -1,0 +1,167 @@
+// Qwen3-Next's Gated DeltaNet and gated full attention on the GPU (see
+// hybrid_gpu.h).
+#include "engine/layers/hybrid_gpu.h"
+
+#include <cmath>
+
+#include "configs/error.h"
+#include "engine/ops/cpu_ops.h"
+
+namespace hmoe {
+
+namespace {
+
+using gpu::bf16_t;
+
+// An fp32 vector on the GPU, each value through f (zero-centred weights, -exp(A_log)).
+template <class F>
+gpu::DeviceBuffer upload_f32_map(GpuUploader& up, const cpu::Mat& m, F f) {
+  std::vector<float> v = mat_f32(m);
+  for (float& x : v) x = f(x);
+  up.bind().release(m);
+  return up.raw(v.data(), v.size() * sizeof(float));
+}
+
+class GatedDeltaNetGpu : public GpuAttention {
+ public:
+  GatedDeltaNetGpu(GpuUploader& up, const ModelConfig& c, int64_t state_index, const std::string& p)
+      : sh_(deltanet_shape(c.hybrid)), H_(c.hidden_size), eps_(static_cast<float>(c.rms_norm_eps)) {
+    if (H_ % 8 != 0 || sh_.value_dim() % 8 != 0) fail(ErrorKind::unsupported, "GPU path: hidden and linear-attention value sizes must be multiples of 8");
+    if (sh_.nk <= 0 || sh_.nv % sh_.nk != 0)
+      fail(ErrorKind::bad_model, "linear_num_value_heads must be a multiple of linear_num_key_heads");
+    WeightBinder& b = up.bind();
+    const uint64_t before = up.bytes();
+    const int64_t K = sh_.key_dim(), V = sh_.value_dim(), nv = sh_.nv;
+    w_in_ = up.bf16({b.mat(p + "in_proj_qkvz.weight", 2 * K + 2 * V, H_), b.mat(p + "in_proj_ba.weight", 2 * nv, H_)});
+    w_out_ = up.bf16({b.mat(p + "out_proj.weight", H_, V)});
+    conv_ = up.f32(b.mat_shaped(p + "conv1d.weight", {sh_.conv_dim(), 1, sh_.conv_k}));
+    dt_bias_ = up.f32(b.vec(p + "dt_bias", nv));
+    a_neg_ = upload_f32_map(up, b.vec(p + "A_log", nv), [](float x) { return -std::exp(x); });
+    norm_ = up.f32(b.vec(p + "norm.weight", sh_.dv));
+    state_off_ = state_index * gpu::deltanet_layer_state_bytes(sh_);
+    gpu::deltanet_configure(sh_);  // the chunked kernel's shared memory, before any graph capture
+    bytes_ = up.bytes() - before;
+  }
+
+  void reserve(GpuCtx& ctx) override {
+    const int64_t n = ctx.step.n;
+    ctx.scratch.fit("gdn.proj", n * sh_.proj_cols() * 4);
+    ctx.scratch.fit("gdn.conv", n * sh_.conv_dim() * 4);
+    ctx.scratch.fit("gdn.gate", n * sh_.nv * 4);
+    ctx.scratch.fit("gdn.beta", n * sh_.nv * 4);
+    ctx.scratch.fit("gdn.core", n * sh_.value_dim() * 4);
+    ctx.scratch.fit("gdn.o", n * sh_.value_dim() * 2);
+  }
+  void key(const GpuStepInfo& st, std::vector<int64_t>& k) const override {
+    if (!st.deltanet) return;
+    k.push_back(st.deltanet->count() * 4 + (st.deltanet->plan().multi ? 2 : 0) + (st.deltanet->plan().single ? 1 : 0));
+    k.push_back(reinterpret_cast<int64_t>(st.deltanet->device_address()));
+  }
+  uint64_t bytes() const override { return bytes_; }
+
+  void enqueue(GpuCtx& ctx, const Rows& r) override {
+    const GpuStepInfo& st = ctx.step;
+    if (!st.deltanet) fail(ErrorKind::internal, "gated deltanet (GPU): the step has no sequence states");
+    const DeltaNetStep& ds = *st.deltanet;
+    gpu::Stream& s = ctx.s;
+    int64_t g0 = 0, gn = 0;
+    ds.range(r, st.n, g0, gn);
+    const bool whole = r.r0 == 0 && r.rn == st.n;
+    const int64_t tok0 = whole ? 0 : r.r0, ntok = whole ? st.n : r.rn;
+    const int64_t P = sh_.proj_cols(), V = sh_.value_dim();
+    const gpu::DeltaNetGroups& gr = ds.groups();
+    float* proj = ctx.scratch.get<float>("gdn.proj");
+    float* conv = ctx.scratch.get<float>("gdn.conv");
+    float* gate = ctx.scratch.get<float>("gdn.gate");
+    float* beta = ctx.scratch.get<float>("gdn.beta");
+    float* core = ctx.scratch.get<float>("gdn.core");
+    bf16_t* o = ctx.scratch.get<bf16_t>("gdn.o");
+    ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, w_in_.as<bf16_t>(), P, H_, proj + r.r0 * P, P);
+    gpu::deltanet_prepare(proj, P, gr, tok0, ntok, sh_, conv_.as<float>(), a_neg_.as<float>(), dt_bias_.as<float>(), state_off_, conv, gate, beta, s);
+    gpu::deltanet_conv_window(proj, P, gr, g0, gn, sh_, state_off_, s);
+    if (ds.plan().multi) gpu::deltanet_chunked(conv, gate, beta, gr, g0, gn, sh_, state_off_, 1, 0, core, s);
+    if (ds.plan().single) gpu::deltanet_recurrent(conv, gate, beta, gr, g0, gn, sh_, state_off_, 1, core, s);
+    gpu::deltanet_gated_norm(core, proj, P, gr, tok0, ntok, sh_, norm_.as<float>(), eps_, o, s);
+    ctx.blas.gemm(o + r.r0 * V, r.rn, w_out_.as<bf16_t>(), H_, V, ctx.a.d + r.r0 * H_, H_);
+  }
+
+ private:
+  gpu::DeltaNetShape sh_;
+  int64_t H_;
+  float eps_;
+  int64_t state_off_ = 0;
+  gpu::DeviceBuffer w_in_, w_out_, conv_, dt_bias_, a_neg_, norm_;
+  uint64_t bytes_ = 0;
+};
+
+class GatedAttentionGpu : public GpuAttention {
+ public:
+  GatedAttentionGpu(GpuUploader& up, const ModelConfig& c, int64_t kv_layer, const std::string& p)
+      : kv_layer_(kv_layer), H_(c.hidden_size), nh_(c.num_attention_heads), kvh_(c.num_key_value_heads), hd_(c.head_dim),
+        rot_(static_cast<int64_t>(static_cast<double>(c.head_dim) * c.hybrid.partial_rotary_factor)), eps_(static_cast<float>(c.rms_norm_eps)) {
+    if (c.attention_bias) fail(ErrorKind::unsupported, "GPU path: attention_bias=true is not supported");
+    if (hd_ % 32 != 0 || hd_ > 128) fail(ErrorKind::unsupported, "GPU path: head_dim " + std::to_string(hd_) + " (supported: 32, 64, 96, 128)");
+    if (rot_ % 2 != 0 || rot_ <= 0) fail(ErrorKind::unsupported, "GPU path: partial_rotary_factor gives " + std::to_string(rot_) + " rotary dimensions (must be even)");
+    if (H_ % 8 != 0) fail(ErrorKind::unsupported, "GPU path: hidden size must be a multiple of 8");
+    WeightBinder& b = up.bind();
+    const uint64_t before = up.bytes();
+    qkv_ = up.bf16({b.mat(p + "q_proj.weight", 2 * nh_ * hd_, H_), b.mat(p + "k_proj.weight", kvh_ * hd_, H_), b.mat(p + "v_proj.weight", kvh_ * hd_, H_)});
+    o_ = up.bf16({b.mat(p + "o_proj.weight", H_, nh_ * hd_)});
+    q_norm_ = upload_f32_map(up, b.vec(p + "q_norm.weight", hd_), [](float x) { return 1.0f + x; });
+    k_norm_ = upload_f32_map(up, b.vec(p + "k_norm.weight", hd_), [](float x) { return 1.0f + x; });
+    const ops::Rope rope(rot_, c.rope_theta);
+    inv_freq_ = up.raw(rope.inv_freq.data(), rope.inv_freq.size() * sizeof(float));
+    bytes_ = up.bytes() - before;
+  }
+
+  void reserve(GpuCtx& ctx) override {
+    const int64_t n = ctx.step.n;
+    ctx.scratch.fit("gatt.x", n * ld() * 4);
+    ctx.scratch.fit("gatt.q", n * nh_ * hd_ * 4);
+    ctx.scratch.fit("gatt.attn", n * nh_ * hd_ * 2);
+    ctx.scratch.fit("gatt.scratch", gpu::attention_scratch_floats(n, nh_, hd_, ctx.step.max_len) * 4);
+  }
+  void key(const GpuStepInfo& st, std::vector<int64_t>& k) const override {
+    for (int64_t rn : st.mb_rows) k.push_back(gpu::attention_splits(rn, nh_, st.max_len));
+  }
+  uint64_t bytes() const override { return bytes_; }
+
+  void enqueue(GpuCtx& ctx, const Rows& r) override {
+    const GpuStepInfo& st = ctx.step;
+    gpu::Stream& s = ctx.s;
+    bf16_t *kc = st.kv->keys(kv_layer_), *vc = st.kv->values(kv_layer_);
+    float* x = ctx.scratch.get<float>("gatt.x");
+    float* q = ctx.scratch.get<float>("gatt.q");
+    bf16_t* attn = ctx.scratch.get<bf16_t>("gatt.attn");
+    ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, qkv_.as<bf16_t>(), ld(), H_, x, ld());
+    gpu::gated_qkv_prepare(x, r.rn, ld(), nh_, kvh_, hd_, rot_, q_norm_.as<float>(), k_norm_.as<float>(), eps_, st.pos + r.r0,
+                           inv_freq_.as<float>(), st.slot + r.r0, kc, vc, q, s);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd_)));
+    if ((hd_ == 64 || hd_ == 128) && st.ntiles > 0 && r.r0 == 0 && r.rn == st.n)
+      gpu::attention_tiles(q, nh_ * hd_, st.ntiles, st.tiles, nh_, kvh_, hd_, kc, vc, st.lists, st.off, st.len, scale, attn, s);
+    else
+      gpu::attention(q, nh_ * hd_, r.rn, nh_, kvh_, hd_, kc, vc, st.lists, st.off + r.r0, st.len + r.r0, st.max_len, scale,
+                     ctx.scratch.get<float>("gatt.scratch"), attn, s);
+    gpu::gated_attention_gate(attn, x, r.rn, ld(), nh_, hd_, s);
+    ctx.blas.gemm(attn, r.rn, o_.as<bf16_t>(), H_, nh_ * hd_, ctx.a.d + r.r0 * H_, H_);
+  }
+
+ private:
+  int64_t ld() const { return (2 * nh_ + 2 * kvh_) * hd_; }
+  int64_t kv_layer_, H_, nh_, kvh_, hd_, rot_;
+  float eps_;
+  gpu::DeviceBuffer qkv_, o_, q_norm_, k_norm_, inv_freq_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<GpuAttention> make_gated_deltanet_gpu(GpuUploader& up, const ModelConfig& c, int64_t state_index, const std::string& prefix) {
+  return std::make_unique<GatedDeltaNetGpu>(up, c, state_index, prefix);
+}
+
+std::unique_ptr<GpuAttention> make_gated_attention_gpu(GpuUploader& up, const ModelConfig& c, int64_t kv_layer, const std::string& prefix) {
+  return std::make_unique<GatedAttentionGpu>(up, c, kv_layer, prefix);
+}
+
+}  // namespace hmoe

@@ -1,0 +1,90 @@
+// CUDA kernels of Qwen3-Next (engine/layers/hybrid_gpu.h): Gated DeltaNet
+// linear attention and the pieces of its gated full attention and gated
+// shared expert. Launchers on device pointers, asynchronous on `s`, all
+// arithmetic fp32; in a build without CUDA each throws Error(unsupported).
+// The CPU meaning is engine/layers/gated_deltanet.h and hybrid_blocks.h;
+// the delta rule itself is engine/ops/delta_rule.h.
+//
+// Gated DeltaNet works on the step's tokens ordered by sequence
+// (DeltaNetGroups): ordered token i is batch row order[i]; sequence group g
+// holds ordered tokens [start[g], start[g] + count[g]) and its state buffer
+// at state[g] (device address; this layer's part at `state_off` bytes:
+// the conv window [(conv_k - 1)][conv_dim] then the delta-rule state
+// [value heads][dk][dv], fp32, deltanet_layer_state_bytes()). fresh[g]:
+// the sequence has no state yet (a new sequence): both read as zero.
+#pragma once
+#include <cstdint>
+
+#include "gpu/memory.h"
+
+namespace hmoe::gpu {
+
+struct DeltaNetShape {
+  int64_t nk = 0, nv = 0, dk = 0, dv = 0, conv_k = 0;
+  int64_t key_dim() const { return nk * dk; }
+  int64_t value_dim() const { return nv * dv; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+  // Columns of the fused input product per token: [q k v z] grouped per key
+  // head as the checkpoint's in_proj_qkvz stores them, then in_proj_ba's
+  // [b a] grouped per key head.
+  int64_t proj_cols() const { return 2 * key_dim() + 2 * value_dim() + 2 * nv; }
+};
+// Device bytes of one layer's state per sequence (256-byte aligned).
+int64_t deltanet_layer_state_bytes(const DeltaNetShape& sh);
+
+struct DeltaNetGroups {
+  const int32_t* order = nullptr;      // [n]
+  const int32_t* tok_group = nullptr;  // [n] group of ordered token i
+  const int32_t* start = nullptr;      // [groups]
+  const int32_t* count = nullptr;      // [groups]
+  const int32_t* fresh = nullptr;      // [groups]
+  const uint64_t* state = nullptr;     // [groups]
+};
+
+// For ordered tokens [tok0, tok0 + ntok): the causal depthwise conv (weights
+// conv_w [conv_dim][conv_k]) over the group's window and its rows of `proj`
+// (batch rows of proj_cols() floats, stride ld), silu; q and k heads
+// l2-normalised (x / sqrt(sum x^2 + 1e-6)), q also / sqrt(dk). conv_out:
+// [ordered token][conv_dim] ([q | k | v]); gate / beta: [ordered token][nv],
+// beta = sigmoid(b), gate = a_neg[h] * softplus(a + dt_bias[h]).
+// Does not change the window (deltanet_conv_window does, afterwards).
+void deltanet_prepare(const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok, const DeltaNetShape& sh,
+                      const float* conv_w, const float* a_neg, const float* dt_bias, int64_t state_off, float* conv_out, float* gate,
+                      float* beta, Stream& s);
+// Groups [g0, g0 + gn): the window becomes the last conv_k - 1 inputs.
+void deltanet_conv_window(const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t g0, int64_t gn, const DeltaNetShape& sh,
+                          int64_t state_off, Stream& s);
+// The gated delta rule for groups [g0, g0 + gn) from conv_out / gate / beta,
+// updating each group's state; out: [ordered token][nv * dv].
+// chunked: groups of more than max_recurrent tokens, in chunks of `chunk`
+// tokens (parallel within a chunk, recurrent across chunks; 0: the
+// default 64). recurrent: groups of at most max_recurrent tokens, token by
+// token. Each launch leaves the other's groups alone.
+void deltanet_chunked(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
+                      const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t chunk, float* out, Stream& s);
+void deltanet_recurrent(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
+                        const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, float* out, Stream& s);
+// Gated RMSNorm per (token, value head): y[order[i]] = bf16(w * rms(o) *
+// silu(z)), z from proj's z columns; y: [batch row][nv * dv] bf16.
+void deltanet_gated_norm(const float* core, const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok,
+                         const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s);
+// Shared memory the chunked kernel takes for this shape (for the one-time
+// opt-in above 48 KiB; done by the first launch or by this call, which a
+// layer makes before any CUDA graph capture).
+void deltanet_configure(const DeltaNetShape& sh);
+
+// Gated attention, rows of x (stride ld): per q head [query hd | gate hd],
+// then the k heads, then the v heads. One launch: q and k heads get RMSNorm
+// with weights wq / wk (fp32, already 1 + w) and rotary embeddings on their
+// first `rot` dimensions (rotate-half within them, inv_freq [rot / 2]); q
+// goes to q_out [n][heads * hd]; keys and values are stored to the cache
+// rows slots[t] (kv_heads * hd bf16). hd <= 256, rot even and <= hd.
+void gated_qkv_prepare(const float* x, int64_t n, int64_t ld, int64_t heads, int64_t kv_heads, int64_t hd, int64_t rot, const float* wq,
+                       const float* wk, float eps, const int32_t* pos, const float* inv_freq, const int32_t* slots, uint16_t* kc, uint16_t* vc,
+                       float* q_out, Stream& s);
+// attn[t][h * hd + i] = bf16(attn * sigmoid(gate)), gate = x[t * ld + h * 2 * hd + hd + i].
+void gated_attention_gate(uint16_t* attn, const float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd, Stream& s);
+// d[t][i] += sigmoid(logit[t]) * y[t][i] for t < n, i < hidden.
+void add_sigmoid_scaled(float* d, const float* y, const float* logit, int64_t n, int64_t hidden, Stream& s);
+
+}  // namespace hmoe::gpu

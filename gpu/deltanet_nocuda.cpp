@@ -1,0 +1,42 @@
+// CPU-only build: the Qwen3-Next kernels say "not built with CUDA"; the
+// state size is plain arithmetic and answers everywhere.
+#include "configs/error.h"
+#include "gpu/deltanet.h"
+
+namespace hmoe::gpu {
+namespace {
+[[noreturn]] void no_cuda(const char* what) { fail(ErrorKind::unsupported, std::string("gpu::") + what + ": not built with CUDA"); }
+}  // namespace
+
+int64_t deltanet_layer_state_bytes(const DeltaNetShape& sh) {
+  const int64_t floats = (sh.conv_k - 1) * sh.conv_dim() + sh.nv * sh.dk * sh.dv;
+  return (floats * 4 + 255) / 256 * 256;
+}
+void deltanet_configure(const DeltaNetShape&) { no_cuda("deltanet_configure"); }
+void deltanet_prepare(const float*, int64_t, const DeltaNetGroups&, int64_t, int64_t, const DeltaNetShape&, const float*, const float*, const float*,
+                      int64_t, float*, float*, float*, Stream&) {
+  no_cuda("deltanet_prepare");
+}
+void deltanet_conv_window(const float*, int64_t, const DeltaNetGroups&, int64_t, int64_t, const DeltaNetShape&, int64_t, Stream&) {
+  no_cuda("deltanet_conv_window");
+}
+void deltanet_chunked(const float*, const float*, const float*, const DeltaNetGroups&, int64_t, int64_t, const DeltaNetShape&, int64_t, int64_t,
+                      int64_t, float*, Stream&) {
+  no_cuda("deltanet_chunked");
+}
+void deltanet_recurrent(const float*, const float*, const float*, const DeltaNetGroups&, int64_t, int64_t, const DeltaNetShape&, int64_t, int64_t,
+                        float*, Stream&) {
+  no_cuda("deltanet_recurrent");
+}
+void deltanet_gated_norm(const float*, const float*, int64_t, const DeltaNetGroups&, int64_t, int64_t, const DeltaNetShape&, const float*, float,
+                         uint16_t*, Stream&) {
+  no_cuda("deltanet_gated_norm");
+}
+void gated_qkv_prepare(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, const float*, float, const int32_t*,
+                       const float*, const int32_t*, uint16_t*, uint16_t*, float*, Stream&) {
+  no_cuda("gated_qkv_prepare");
+}
+void gated_attention_gate(uint16_t*, const float*, int64_t, int64_t, int64_t, int64_t, Stream&) { no_cuda("gated_attention_gate"); }
+void add_sigmoid_scaled(float*, const float*, const float*, int64_t, int64_t, Stream&) { no_cuda("add_sigmoid_scaled"); }
+
+}  // namespace hmoe::gpu

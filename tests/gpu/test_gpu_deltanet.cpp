@@ -1,0 +1,301 @@
+// Qwen3-Next's kernels on the GPU (gpu/deltanet.h) against plain scalar
+// references on random data: the Gated DeltaNet conv + norm + gates, the
+// delta rule in its chunked and recurrent kernels (against
+// ops::delta_rule_reference in double), the conv window and state updates,
+// the gated output norm; the gated attention's q/k preparation, output gate
+// and the sigmoid-scaled shared expert. Skips without a GPU.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "engine/ops/cpu_ops.h"
+#include "engine/ops/delta_rule.h"
+#include "gpu/deltanet.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/test_util.h"
+
+using namespace hmoe;
+
+namespace {
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float sigm(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// The test's own reading of the checkpoint's grouped layout (per key head:
+// q dk, k dk, v r*dv, z r*dv; then per key head b r, a r).
+struct Layout {
+  gpu::DeltaNetShape sh;
+  int64_t r() const { return sh.nv / sh.nk; }
+  int64_t group() const { return 2 * sh.dk + 2 * r() * sh.dv; }
+  int64_t conv_col(int64_t c) const {
+    const int64_t K = sh.key_dim();
+    if (c < K) return (c / sh.dk) * group() + c % sh.dk;
+    if (c < 2 * K) return ((c - K) / sh.dk) * group() + sh.dk + (c - K) % sh.dk;
+    const int64_t v = c - 2 * K;
+    return (v / (r() * sh.dv)) * group() + 2 * sh.dk + v % (r() * sh.dv);
+  }
+  int64_t z_col(int64_t j) const { return (j / (r() * sh.dv)) * group() + 2 * sh.dk + r() * sh.dv + j % (r() * sh.dv); }
+  int64_t b_col(int64_t hv) const { return sh.nk * group() + (hv / r()) * 2 * r() + hv % r(); }
+  int64_t a_col(int64_t hv) const { return b_col(hv) + r(); }
+};
+
+struct Groups {
+  std::vector<int32_t> order, tok_group, start, count, fresh;
+};
+
+// Three sequences interleaved in the batch: 70 tokens (several chunks of
+// 16), 1 token (decode) and 5 tokens; the second starts fresh with garbage
+// in its buffer, the others continue a random state.
+Groups make_groups() {
+  Groups g;
+  const std::vector<int32_t> counts = {70, 1, 5};
+  std::vector<std::vector<int32_t>> rows(3);
+  int32_t row = 0;
+  for (int32_t i = 0; i < 70; ++i)
+    for (int32_t s = 0; s < 3; ++s)
+      if (i < counts[static_cast<size_t>(s)]) rows[static_cast<size_t>(s)].push_back(row++);
+  for (int32_t s = 0; s < 3; ++s) {
+    g.start.push_back(static_cast<int32_t>(g.order.size()));
+    g.count.push_back(counts[static_cast<size_t>(s)]);
+    g.fresh.push_back(s == 1 ? 1 : 0);
+    for (int32_t r : rows[static_cast<size_t>(s)]) {
+      g.order.push_back(r);
+      g.tok_group.push_back(s);
+    }
+  }
+  return g;
+}
+
+struct Reference {
+  std::vector<float> conv, gate, beta, core, y, state;  // state: per group, the layer's part after the step
+};
+
+Reference reference(const Layout& L, const Groups& gr, const std::vector<float>& proj, const std::vector<float>& conv_w,
+                    const std::vector<float>& a_neg, const std::vector<float>& dt_bias, const std::vector<float>& norm_w, float eps,
+                    const std::vector<float>& state0, int64_t layer_floats) {
+  const gpu::DeltaNetShape& sh = L.sh;
+  const int64_t n = static_cast<int64_t>(gr.order.size()), cd = sh.conv_dim(), P = sh.proj_cols(), V = sh.value_dim(), K = sh.key_dim();
+  const int64_t W = sh.conv_k - 1;
+  Reference R;
+  R.conv.assign(static_cast<size_t>(n * cd), 0);
+  R.gate.assign(static_cast<size_t>(n * sh.nv), 0);
+  R.beta.assign(static_cast<size_t>(n * sh.nv), 0);
+  R.core.assign(static_cast<size_t>(n * V), 0);
+  R.y.assign(static_cast<size_t>(n * V), 0);
+  R.state = state0;
+  for (size_t g = 0; g < gr.start.size(); ++g) {
+    const int64_t st = gr.start[g], cnt = gr.count[g];
+    float* state = R.state.data() + static_cast<int64_t>(g) * layer_floats;
+    if (gr.fresh[g]) std::fill(state, state + layer_floats, 0.0f);
+    std::vector<float> ext(static_cast<size_t>((W + cnt) * cd));
+    for (int64_t e = 0; e < W + cnt; ++e)
+      for (int64_t c = 0; c < cd; ++c)
+        ext[static_cast<size_t>(e * cd + c)] = e < W ? state[e * cd + c] : proj[static_cast<size_t>(gr.order[static_cast<size_t>(st + e - W)] * P + L.conv_col(c))];
+    for (int64_t t = 0; t < cnt; ++t) {
+      float* o = R.conv.data() + (st + t) * cd;
+      for (int64_t c = 0; c < cd; ++c) {
+        float s = 0;
+        for (int64_t j = 0; j < sh.conv_k; ++j) s += conv_w[static_cast<size_t>(c * sh.conv_k + j)] * ext[static_cast<size_t>((t + j) * cd + c)];
+        o[c] = silu(s);
+      }
+      for (int64_t h = 0; h < 2 * sh.nk; ++h) {
+        double ss = 0;
+        for (int64_t j = 0; j < sh.dk; ++j) ss += static_cast<double>(o[h * sh.dk + j]) * o[h * sh.dk + j];
+        const double inv = 1.0 / std::sqrt(ss + 1e-6) * (h < sh.nk ? 1.0 / std::sqrt(static_cast<double>(sh.dk)) : 1.0);
+        for (int64_t j = 0; j < sh.dk; ++j) o[h * sh.dk + j] = static_cast<float>(o[h * sh.dk + j] * inv);
+      }
+      const float* prow = proj.data() + gr.order[static_cast<size_t>(st + t)] * P;
+      for (int64_t hv = 0; hv < sh.nv; ++hv) {
+        const double a = prow[L.a_col(hv)] + dt_bias[static_cast<size_t>(hv)];
+        const double sp = a > 20 ? a : std::log1p(std::exp(a));
+        R.beta[static_cast<size_t>((st + t) * sh.nv + hv)] = sigm(prow[L.b_col(hv)]);
+        R.gate[static_cast<size_t>((st + t) * sh.nv + hv)] = static_cast<float>(a_neg[static_cast<size_t>(hv)] * sp);
+      }
+    }
+    for (int64_t j = 0; j < W; ++j)
+      for (int64_t c = 0; c < cd; ++c) state[j * cd + c] = ext[static_cast<size_t>((cnt + j) * cd + c)];
+    for (int64_t hv = 0; hv < sh.nv; ++hv) {
+      const int64_t hk = hv / L.r();
+      ops::DeltaRuleArgs a;
+      a.q = R.conv.data() + st * cd + hk * sh.dk;
+      a.k = a.q + K;
+      a.ld_qk = cd;
+      a.v = R.conv.data() + st * cd + 2 * K + hv * sh.dv;
+      a.ld_v = cd;
+      a.g = R.gate.data() + st * sh.nv + hv;
+      a.beta = R.beta.data() + st * sh.nv + hv;
+      a.ld_gb = sh.nv;
+      a.out = R.core.data() + st * V + hv * sh.dv;
+      a.ld_o = V;
+      a.tokens = cnt;
+      a.dk = sh.dk;
+      a.dv = sh.dv;
+      float* S = state + W * cd + hv * sh.dk * sh.dv;
+      std::vector<double> Sd(S, S + sh.dk * sh.dv);
+      ops::delta_rule_reference(a, Sd.data());
+      for (int64_t i = 0; i < sh.dk * sh.dv; ++i) S[i] = static_cast<float>(Sd[static_cast<size_t>(i)]);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = gr.order[static_cast<size_t>(i)];
+    for (int64_t hv = 0; hv < sh.nv; ++hv) {
+      const float* o = R.core.data() + i * V + hv * sh.dv;
+      double ss = 0;
+      for (int64_t j = 0; j < sh.dv; ++j) ss += static_cast<double>(o[j]) * o[j];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(sh.dv) + eps);
+      for (int64_t j = 0; j < sh.dv; ++j)
+        R.y[static_cast<size_t>(row * V + hv * sh.dv + j)] =
+            static_cast<float>(norm_w[static_cast<size_t>(j)] * (o[j] * inv) * silu(proj[static_cast<size_t>(row * P + L.z_col(hv * sh.dv + j))]));
+    }
+  }
+  return R;
+}
+
+}  // namespace
+
+TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked and recurrent delta rule, state, gated norm") {
+  if (!test::have_gpu()) return;
+  Layout L;
+  L.sh.nk = 2;
+  L.sh.nv = 4;
+  L.sh.dk = 32;
+  L.sh.dv = 48;  // a full 32-column slice and a partial one
+  L.sh.conv_k = 4;
+  const gpu::DeltaNetShape& sh = L.sh;
+  const Groups gr = make_groups();
+  const int64_t n = static_cast<int64_t>(gr.order.size()), G = static_cast<int64_t>(gr.start.size()), P = sh.proj_cols(), cd = sh.conv_dim(),
+                V = sh.value_dim();
+  const float eps = 1e-6f;
+  const std::vector<float> proj = test::random_floats(static_cast<size_t>(n * P), 11, 1.0f);
+  const std::vector<float> conv_w = test::random_floats(static_cast<size_t>(cd * sh.conv_k), 12, 0.5f);
+  std::vector<float> a_neg = test::random_floats(static_cast<size_t>(sh.nv), 13, 0.5f), dt_bias = test::random_floats(static_cast<size_t>(sh.nv), 14, 0.5f);
+  for (float& x : a_neg) x = -std::exp(x);
+  std::vector<float> norm_w = test::random_floats(static_cast<size_t>(sh.dv), 15, 0.2f);
+  for (float& x : norm_w) x += 1.0f;
+  // Each group's buffer holds two layers; the kernels work on the second.
+  const int64_t layer_bytes = gpu::deltanet_layer_state_bytes(sh), layer_floats = layer_bytes / 4;
+  const int64_t used = (sh.conv_k - 1) * cd + sh.nv * sh.dk * sh.dv;
+  std::vector<float> state0 = test::random_floats(static_cast<size_t>(G * layer_floats), 16, 0.3f);
+  for (int64_t g = 0; g < G; ++g)
+    std::fill(state0.begin() + g * layer_floats + used, state0.begin() + (g + 1) * layer_floats, 0.0f);
+  const Reference R = reference(L, gr, proj, conv_w, a_neg, dt_bias, norm_w, eps, state0, layer_floats);
+
+  gpu::Stream s;
+  auto d_proj = test::to_device(proj, s), d_conv_w = test::to_device(conv_w, s), d_a = test::to_device(a_neg, s), d_dt = test::to_device(dt_bias, s),
+       d_norm = test::to_device(norm_w, s);
+  auto d_order = test::to_device(gr.order, s), d_tg = test::to_device(gr.tok_group, s), d_start = test::to_device(gr.start, s),
+       d_count = test::to_device(gr.count, s), d_fresh = test::to_device(gr.fresh, s);
+  gpu::DeviceBuffer conv(static_cast<size_t>(n * cd * 4)), gate(static_cast<size_t>(n * sh.nv * 4)), beta(static_cast<size_t>(n * sh.nv * 4)),
+      core(static_cast<size_t>(n * V * 4)), y(static_cast<size_t>(n * V * 2));
+  // (max_recurrent, chunk): both kernels by token count, everything chunked, everything recurrent.
+  for (const auto& mode : std::vector<std::pair<int64_t, int64_t>>{{1, 16}, {0, 16}, {1000, 0}, {1, 0}}) {
+    const int64_t max_rec = mode.first, chunk = mode.second;
+    CAPTURE(max_rec);
+    CAPTURE(chunk);
+    std::vector<gpu::DeviceBuffer> states;
+    std::vector<uint64_t> ptrs;
+    for (int64_t g = 0; g < G; ++g) {
+      std::vector<float> buf(static_cast<size_t>(2 * layer_floats), 7.0f);  // layer 0: untouched filler
+      std::copy(state0.begin() + g * layer_floats, state0.begin() + (g + 1) * layer_floats, buf.begin() + layer_floats);
+      if (gr.fresh[static_cast<size_t>(g)]) std::fill(buf.begin() + layer_floats, buf.end(), 1e3f);  // garbage a fresh sequence must ignore
+      states.push_back(test::to_device(buf, s));
+      ptrs.push_back(reinterpret_cast<uint64_t>(states.back().data()));
+    }
+    auto d_ptrs = test::to_device(ptrs, s);
+    gpu::DeltaNetGroups dg;
+    dg.order = d_order.as<int32_t>();
+    dg.tok_group = d_tg.as<int32_t>();
+    dg.start = d_start.as<int32_t>();
+    dg.count = d_count.as<int32_t>();
+    dg.fresh = d_fresh.as<int32_t>();
+    dg.state = d_ptrs.as<uint64_t>();
+    gpu::deltanet_prepare(d_proj.as<float>(), P, dg, 0, n, sh, d_conv_w.as<float>(), d_a.as<float>(), d_dt.as<float>(), layer_bytes, conv.as<float>(),
+                          gate.as<float>(), beta.as<float>(), s);
+    gpu::deltanet_conv_window(d_proj.as<float>(), P, dg, 0, G, sh, layer_bytes, s);
+    gpu::deltanet_chunked(conv.as<float>(), gate.as<float>(), beta.as<float>(), dg, 0, G, sh, layer_bytes, max_rec, chunk, core.as<float>(), s);
+    gpu::deltanet_recurrent(conv.as<float>(), gate.as<float>(), beta.as<float>(), dg, 0, G, sh, layer_bytes, max_rec, core.as<float>(), s);
+    gpu::deltanet_gated_norm(core.as<float>(), d_proj.as<float>(), P, dg, 0, n, sh, d_norm.as<float>(), eps, y.as<uint16_t>(), s);
+    const auto c_gpu = test::to_host<float>(conv, static_cast<size_t>(n * cd), s);
+    const auto g_gpu = test::to_host<float>(gate, static_cast<size_t>(n * sh.nv), s);
+    const auto b_gpu = test::to_host<float>(beta, static_cast<size_t>(n * sh.nv), s);
+    const auto o_gpu = test::to_host<float>(core, static_cast<size_t>(n * V), s);
+    const auto y_gpu = test::f32_of(test::to_host<uint16_t>(y, static_cast<size_t>(n * V), s));
+    CHECK(test::tol_ratio(c_gpu, R.conv, 1e-5, 1e-4) <= 1);
+    CHECK(test::tol_ratio(g_gpu, R.gate, 1e-6, 1e-5) <= 1);
+    CHECK(test::tol_ratio(b_gpu, R.beta, 1e-6, 1e-5) <= 1);
+    const double core_ratio = test::tol_ratio(o_gpu, R.core, 1e-4, 1e-3);
+    MESSAGE("max_recurrent " << max_rec << ", chunk " << chunk << ": delta-rule output within " << core_ratio << " of the tolerance");
+    CHECK(core_ratio <= 1);
+    CHECK(test::tol_ratio(y_gpu, R.y, 1e-3, 1.0 / 64) <= 1);
+    for (int64_t g = 0; g < G; ++g) {
+      const auto buf = test::to_host<float>(states[static_cast<size_t>(g)], static_cast<size_t>(2 * layer_floats), s);
+      CHECK(std::all_of(buf.begin(), buf.begin() + layer_floats, [](float x) { return x == 7.0f; }));
+      const std::vector<float> mine(buf.begin() + layer_floats, buf.begin() + layer_floats + used);
+      const std::vector<float> ref(R.state.begin() + g * layer_floats, R.state.begin() + g * layer_floats + used);
+      CHECK_MESSAGE(test::tol_ratio(mine, ref, 1e-4, 1e-3) <= 1, "state of group " << g);
+    }
+  }
+}
+
+TEST_CASE("gated attention kernels match a scalar reference: q/k norm with partial rotary, cache store, output gate, gated shared expert") {
+  if (!test::have_gpu()) return;
+  const int64_t n = 5, heads = 4, kvh = 2, hd = 64, rot = 16, ld = (2 * heads + 2 * kvh) * hd, width = kvh * hd;
+  const float eps = 1e-6f;
+  const std::vector<float> x = test::random_floats(static_cast<size_t>(n * ld), 21, 1.0f);
+  std::vector<float> wq = test::random_floats(static_cast<size_t>(hd), 22, 0.1f), wk = test::random_floats(static_cast<size_t>(hd), 23, 0.1f);
+  for (float& v : wq) v += 1.0f;
+  for (float& v : wk) v += 1.0f;
+  const std::vector<int32_t> pos = {0, 3, 17, 250, 4000}, slots = {9, 2, 7, 0, 4};
+  const ops::Rope rope(rot, 1e7);
+  // Reference.
+  std::vector<float> q_ref(static_cast<size_t>(n * heads * hd)), k_ref(static_cast<size_t>(10 * width), 0.0f), v_ref(static_cast<size_t>(10 * width), 0.0f);
+  auto norm_rope = [&](const float* src, const std::vector<float>& w, int64_t p, float* dst) {
+    double ss = 0;
+    for (int64_t i = 0; i < hd; ++i) ss += static_cast<double>(src[i]) * src[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(hd) + eps));
+    for (int64_t i = 0; i < hd; ++i) dst[i] = w[static_cast<size_t>(i)] * (src[i] * inv);
+    rope.apply(dst, 1, p);  // the first `rot` values only
+  };
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < heads; ++h) norm_rope(x.data() + t * ld + h * 2 * hd, wq, pos[static_cast<size_t>(t)], q_ref.data() + (t * heads + h) * hd);
+    for (int64_t h = 0; h < kvh; ++h) {
+      norm_rope(x.data() + t * ld + 2 * heads * hd + h * hd, wk, pos[static_cast<size_t>(t)], k_ref.data() + slots[static_cast<size_t>(t)] * width + h * hd);
+      for (int64_t i = 0; i < hd; ++i)
+        v_ref[static_cast<size_t>(slots[static_cast<size_t>(t)] * width + h * hd + i)] = x[static_cast<size_t>(t * ld + 2 * heads * hd + width + h * hd + i)];
+    }
+  }
+  gpu::Stream s;
+  auto dx = test::to_device(x, s), dwq = test::to_device(wq, s), dwk = test::to_device(wk, s), dpos = test::to_device(pos, s),
+       dslots = test::to_device(slots, s), dfreq = test::to_device(rope.inv_freq, s);
+  auto kc = test::to_device(std::vector<uint16_t>(static_cast<size_t>(10 * width), 0), s), vc = test::to_device(std::vector<uint16_t>(static_cast<size_t>(10 * width), 0), s);
+  gpu::DeviceBuffer q(static_cast<size_t>(n * heads * hd * 4));
+  gpu::gated_qkv_prepare(dx.as<float>(), n, ld, heads, kvh, hd, rot, dwq.as<float>(), dwk.as<float>(), eps, dpos.as<int32_t>(), dfreq.as<float>(),
+                         dslots.as<int32_t>(), kc.as<uint16_t>(), vc.as<uint16_t>(), q.as<float>(), s);
+  CHECK(test::tol_ratio(test::to_host<float>(q, q_ref.size(), s), q_ref, 1e-5, 1e-4) <= 1);
+  CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(kc, k_ref.size(), s)), k_ref, 1e-6, 1.0 / 128) <= 1);
+  CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(vc, v_ref.size(), s)), v_ref, 1e-6, 1.0 / 128) <= 1);
+
+  // Output gate on bf16 attention rows.
+  const std::vector<float> attn = test::bf16_round(test::random_floats(static_cast<size_t>(n * heads * hd), 24, 1.0f));
+  std::vector<float> gated(attn.size());
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < hd; ++i)
+        gated[static_cast<size_t>((t * heads + h) * hd + i)] = attn[static_cast<size_t>((t * heads + h) * hd + i)] * sigm(x[static_cast<size_t>(t * ld + h * 2 * hd + hd + i)]);
+  auto da = test::to_device(test::bf16_of(attn), s);
+  gpu::gated_attention_gate(da.as<uint16_t>(), dx.as<float>(), n, ld, heads, hd, s);
+  CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(da, attn.size(), s)), gated, 1e-6, 1.0 / 128) <= 1);
+
+  // d += sigmoid(logit) * y.
+  const int64_t H = 96;
+  const std::vector<float> d0 = test::random_floats(static_cast<size_t>(n * H), 25), yv = test::random_floats(static_cast<size_t>(n * H), 26),
+                           lg = test::random_floats(static_cast<size_t>(n), 27, 2.0f);
+  std::vector<float> d_ref = d0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < H; ++i) d_ref[static_cast<size_t>(t * H + i)] += sigm(lg[static_cast<size_t>(t)]) * yv[static_cast<size_t>(t * H + i)];
+  auto dd = test::to_device(d0, s), dy = test::to_device(yv, s), dl = test::to_device(lg, s);
+  gpu::add_sigmoid_scaled(dd.as<float>(), dy.as<float>(), dl.as<float>(), n, H, s);
+  CHECK(test::tol_ratio(test::to_host<float>(dd, d_ref.size(), s), d_ref, 1e-6, 1e-5) <= 1);
+}
