@@ -164,8 +164,7 @@ class MoeGpu : public GpuFfn {
   const ModelConfig& c_;
   RouterKind router_kind_;
   int64_t H_, E_, K_;
-  gpu::DeviceBuffer router_, bias_, router_count_;
-  gpu::DeviceBuffer router_, bias_, shared_gate_;  // shared_gate_: [1, H] bf16 (Qwen3-Next)
+  gpu::DeviceBuffer router_, bias_, router_count_, shared_gate_;  // shared_gate_: [1, H] bf16 (Qwen3-Next)
   SwiGlu shared_;
   std::unique_ptr<RoutedExperts> experts_;
   uint64_t bytes_ = 0;
