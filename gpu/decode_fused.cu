@@ -17,6 +17,7 @@
 #include "gpu/common.cuh"
 #include "gpu/decode_fused.h"
 #include "gpu/kernels.h"
+#include "gpu/norm_warp.cuh"
 #include "gpu/router_topk.cuh"
 
 namespace hmoe::gpu {
@@ -25,7 +26,7 @@ using namespace detail;
 namespace {
 
 constexpr int kWarps = 8, kThreads = kWarps * 32, kTokens = 8, kChunks = 8;  // chunks: 16-byte loads per lane held at once
-constexpr int kNormPer = 16;  // hidden <= kThreads * kNormPer
+constexpr int kNormMax = 8192;  // hidden of the fused norm
 
 struct RouterArgs {
   const uint16_t* x;  // bf16 [n, hidden] (without the norm)
@@ -67,32 +68,12 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a) {
   pdl_trigger();
 
   if (NORM) {
-    // Warp t normalises token t (tokens in parallel), in add_rms_norm's
-    // order: its 256 threads (thread tv sums the squares of values tv + 256 i
-    // in i order; each warp's sum as lane 0 of its butterfly gets it; the
-    // warps' sums in warp order) emulated as 8 virtual warps. Values are
-    // read twice (the second time from L1) rather than held.
-    const int per = (H + kThreads - 1) / kThreads;
+    // Warp t normalises token t (tokens in parallel) in add_rms_norm's order
+    // (gpu/norm_warp.cuh); the values are read again (from L1) to write them.
     for (int t = warp; t < a.n; t += kWarps) {
       const float* xr = a.xres + static_cast<int64_t>(t) * H;
       const float* dr = a.delta ? a.delta + static_cast<int64_t>(t) * H : nullptr;
-      float part[kWarps];
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) part[w] = 0;
-      for (int i = 0; i < per; ++i) {
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const int j = lane + 32 * w + i * kThreads;
-          if (j >= H) continue;
-          float v = xr[j];
-          if (dr) v += dr[j];
-          part[w] += v * v;
-        }
-      }
-      float ss = 0;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) ss += __shfl_sync(0xffffffffu, warp_sum(part[w]), 0);
-      const float inv = rsqrtf(ss / static_cast<float>(H) + a.eps);
+      const float inv = warp_rms_inv(xr, dr, H, a.eps);
       for (int j = lane; j < H; j += 32) {
         float v = xr[j];
         if (dr) v += dr[j];
@@ -196,14 +177,14 @@ void router_gemv_topk(const bf16_t* x, int64_t n, const bf16_t* w, int64_t exper
 }
 
 bool norm_router_fits(int64_t n, int64_t hidden, int64_t experts) {
-  return n >= 1 && n <= kTokens && hidden > 0 && hidden % 8 == 0 && hidden <= kThreads * kNormPer && experts <= 1024;
+  return n >= 1 && n <= kTokens && hidden > 0 && hidden % 8 == 0 && hidden <= kNormMax && experts <= 1024;
 }
 
 void add_rms_norm_router_topk(float* x, const float* delta, int64_t n, int64_t hidden, const bf16_t* norm_w, float eps, bf16_t* hb, float* hf,
                               const bf16_t* w, int64_t experts, int64_t k, bool normalize, float* logits, int32_t* counter, int32_t* ids,
                               float* weights, Stream& s) {
   check_router("add_rms_norm_router_topk", n, hidden, experts, k);
-  if (hidden > kThreads * kNormPer) fail(ErrorKind::unsupported, "gpu::add_rms_norm_router_topk: hidden over 4096");
+  if (hidden > kNormMax) fail(ErrorKind::unsupported, "gpu::add_rms_norm_router_topk: hidden over 8192");
   if (n <= 0) return;
   RouterArgs a{};
   a.xres = x;

@@ -12,6 +12,7 @@
 
 #include "gpu/kernels.h"
 #include "gpu/memory.h"
+#include "gpu/quant.h"
 
 namespace hmoe::gpu {
 
@@ -20,7 +21,7 @@ namespace hmoe::gpu {
 // x[t] += delta[t] (stored; delta may be null), hb[t] = bf16(x[t] /
 // rms * norm_w) (and hf[t] the same in fp32 when hf is given), then the
 // router logits of hb and the softmax top-k into ids / weights. The norm's
-// sums run in the order add_rms_norm's do (hidden <= 2048: bit for bit).
+// sums run in the order add_rms_norm's do (bit for bit). hidden <= 8192.
 // logits: [n, experts] fp32 scratch; counter as for router_gemv_topk.
 bool norm_router_fits(int64_t n, int64_t hidden, int64_t experts);
 void add_rms_norm_router_topk(float* x, const float* delta, int64_t n, int64_t hidden, const bf16_t* norm_w, float eps, bf16_t* hb, float* hf,
@@ -39,5 +40,16 @@ void norm_rope_store_attention(float* qkv, int64_t ldq, int64_t n, int64_t heads
                                const bf16_t* w_k, float eps, const int32_t* pos, const float* inv_freq, const int32_t* slots, bf16_t* kc,
                                bf16_t* vc, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, int64_t max_len, float scale,
                                float* scratch, bf16_t* out, Stream& s);
+
+// gpu::add_rms_norm followed by gpu::gguf_gemv of the normed row, for one
+// token (decode at batch 1): x += delta (stored; delta may be null),
+// hb = bf16(x / rms * norm_w) (hf the same in fp32 when given), y = hb W^T
+// (row stride ldy), in one launch: every block normalises the row itself
+// in add_rms_norm's order (the same hb, and so the same y, bit for bit).
+// counter: one int32 of device memory, 0 before and after (needed with
+// delta). w as gguf_gemv takes it, with up to 8192 columns.
+bool norm_gemv_fits(const GgufWeight& w, int64_t n);
+void add_rms_norm_gguf_gemv(float* x, const float* delta, int64_t n, const bf16_t* norm_w, float eps, bf16_t* hb, float* hf, const GgufWeight& w,
+                            float* y, int64_t ldy, int32_t* counter, Stream& s);
 
 }  // namespace hmoe::gpu

@@ -16,4 +16,9 @@ void norm_rope_store_attention(float*, int64_t, int64_t, int64_t, int64_t, int64
   fail(ErrorKind::unsupported, "gpu::norm_rope_store_attention: not built with CUDA");
 }
 
+bool norm_gemv_fits(const GgufWeight&, int64_t) { return false; }
+void add_rms_norm_gguf_gemv(float*, const float*, int64_t, const bf16_t*, float, bf16_t*, float*, const GgufWeight&, float*, int64_t, int32_t*, Stream&) {
+  fail(ErrorKind::unsupported, "gpu::add_rms_norm_gguf_gemv: not built with CUDA");
+}
+
 }  // namespace hmoe::gpu

@@ -25,6 +25,7 @@
 #include "configs/error.h"
 #include "gpu/common.cuh"
 #include "gpu/gguf_units.cuh"
+#include "gpu/decode_fused.h"
 #include "gpu/quant.h"
 
 namespace hmoe::gpu {
@@ -55,6 +56,17 @@ struct Params {
   uint16_t* out;       // dequant: bf16 [rows, cols]
   int64_t r0;          // dequant: first row
   LowbitTables tabs;   // the IQ codebooks (low-bit types)
+  // Dense with the input norm fused (nw set): x is read as hb = bf16(nw *
+  // (xres + delta) / rms) (gpu::add_rms_norm's values, which block (0, 0)
+  // writes to hb); the block that counts itself last in counter adds delta
+  // to xres and resets the counter.
+  float* xres;
+  const float* delta;
+  const uint16_t* nw;
+  float eps;
+  uint16_t* hb;
+  float* hf;
+  int32_t* counter;
 };
 
 __device__ __forceinline__ uint4 load_tail(const uint8_t* a, const uint8_t* end) {
@@ -181,6 +193,34 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
     pdl_trigger();
   }
 
+  // Fused input norm (one token, 256 threads): 1 / rms as add_rms_norm's
+  // block computes it, bit for bit (its 256 threads are this block's; over
+  // 2048 columns its 512 are two per thread here).
+  const bool norm = MODE == kDense && TB == 1 && p.nw != nullptr;
+  float ninv = 0.0f;
+  if (norm) {
+    __shared__ float npart[16];
+    const int vt = cols <= 2048 ? 256 : 512, per = (cols + vt - 1) / vt;
+    for (int hh = 0; hh < vt / 256; ++hh) {
+      const int tv = static_cast<int>(threadIdx.x) + 256 * hh;
+      float ss = 0.0f;
+#pragma unroll 4
+      for (int i = 0; i < per; ++i) {
+        const int j = tv + vt * i;
+        if (j >= cols) continue;
+        float u = p.xres[j];
+        if (p.delta) u += p.delta[j];
+        ss += u * u;
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) npart[warp + 8 * hh] = ss;
+    }
+    __syncthreads();
+    float r = 0.0f;
+    for (int w = 0; w < vt / 32; ++w) r += npart[w];
+    ninv = rsqrtf(r / static_cast<float>(cols) + p.eps);
+  }
+
   // Prologue: the block's activation slots as two int8 planes per 32,
   // x ~ d * (q1 + q2 / 254) (about 16 bits), one lane per 32.
   if (MODE != kDequant) {
@@ -204,6 +244,23 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
         if (MODE == kDense && t >= p.n) {
 #pragma unroll
           for (int i = 0; i < 32; ++i) v[i] = 0.0f;
+        } else if (norm) {  // add_rms_norm's values, rounded to bf16 as hb holds them
+          const int64_t o = static_cast<int64_t>(t) * cols + c0;
+          const float* xr = p.xres + o;
+          const float* dr = p.delta ? p.delta + o : nullptr;
+          const bool writer = blockIdx.x == 0 && by == 0;
+#pragma unroll
+          for (int i = 0; i < 32; ++i) {
+            float u = xr[i];
+            if (dr) u += dr[i];
+            const float f = bf2f(p.nw[c0 + i]) * (u * ninv);
+            const uint16_t fb = f2bf(f);
+            v[i] = bf2f(fb);
+            if (writer) {
+              p.hb[o + i] = fb;
+              if (p.hf) p.hf[o + i] = f;
+            }
+          }
         } else {
           const uint4* xr = reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(t) * cols + c0);
 #pragma unroll
@@ -242,6 +299,16 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
       xs2[sl * nb16 + c0 / 16 + 1] = s2[1];
     }
     __syncthreads();
+  }
+  if (norm && p.delta) {  // every block has read xres once the last one counts itself: the residual update
+    __shared__ bool last;
+    if (threadIdx.x == 0) last = atomicAdd(p.counter, 1) == static_cast<int>(gridDim.x * gridDim.y) - 1;
+    __syncthreads();
+    if (last) {
+      for (int t = 0; t < p.n; ++t)
+        for (int j = threadIdx.x; j < cols; j += blockDim.x) p.xres[static_cast<int64_t>(t) * cols + j] += p.delta[static_cast<int64_t>(t) * cols + j];
+      if (threadIdx.x == 0) *p.counter = 0;
+    }
   }
 
   float tot[TB];
@@ -534,6 +601,28 @@ void gguf_gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_
   if (n <= 4) return launch<4, kDense>(w.type, p, dim3(persistent_blocks(p.tasks, kWarps, 1)), kWarps, smem_bytes(4, p.cols, kWarps, 4), st);
   const unsigned ty = static_cast<unsigned>((n + 7) / 8);
   launch<8, kDense>(w.type, p, dim3(persistent_blocks(p.tasks, kWarps, ty), ty), kWarps, smem_bytes(8, p.cols, kWarps, 8), st);
+}
+
+bool norm_gemv_fits(const GgufWeight& w, int64_t n) { return n == 1 && w.rows > 0 && w.cols <= 8192; }
+
+void add_rms_norm_gguf_gemv(float* x, const float* delta, int64_t n, const bf16_t* norm_w, float eps, bf16_t* hb, float* hf, const GgufWeight& w,
+                            float* y, int64_t ldy, int32_t* counter, Stream& s) {
+  check_gguf_weight(w, "gpu::add_rms_norm_gguf_gemv");
+  if (!norm_gemv_fits(w, n)) fail(ErrorKind::invalid_argument, "gpu::add_rms_norm_gguf_gemv: one token, 1..8192 columns and at least one row");
+  if (ldy < w.rows) fail(ErrorKind::invalid_argument, "gpu::add_rms_norm_gguf_gemv: output stride below the rows");
+  if (delta && !counter) fail(ErrorKind::invalid_argument, "gpu::add_rms_norm_gguf_gemv: a residual update needs the block counter");
+  Params p = plan(w, w.rows);
+  p.n = 1;
+  p.y = y;
+  p.ldy = ldy;
+  p.xres = x;
+  p.delta = delta;
+  p.nw = norm_w;
+  p.eps = eps;
+  p.hb = hb;
+  p.hf = hf;
+  p.counter = counter;
+  launch<1, kDense>(w.type, p, dim3(persistent_blocks(p.tasks, kWarps, 1)), kWarps, smem_bytes(1, p.cols, kWarps, 1), s);
 }
 
 void gguf_dequant(const GgufWeight& w, int64_t r0, int64_t rows, bf16_t* out, Stream& s) {

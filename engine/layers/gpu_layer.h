@@ -94,6 +94,11 @@ class GpuAttention {
   // Normed input rows (hb, and hf when fp32_input) -> d rows (overwritten);
   // stores the rows' keys/values for layer `layer` of ctx.step.kv.
   virtual void enqueue(GpuCtx& ctx, const Rows& r) = 0;
+  // Whether enqueue_with_norm() takes rows r: the block's input residual add
+  // + RMSNorm (ctx.a.x += delta, delta null: none; normed into hb) fused
+  // into the layer's first launch (decode), then as enqueue().
+  virtual bool fuses_norm(const GpuCtx&, const Rows&) const { return false; }
+  virtual void enqueue_with_norm(GpuCtx&, const Rows&, const gpu::bf16_t* /*norm_w*/, float /*eps*/, const float* /*delta*/) {}
   virtual uint64_t bytes() const = 0;
 };
 

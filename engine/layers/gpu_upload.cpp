@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "configs/error.h"
+#include "gpu/decode_fused.h"
+
 namespace hmoe {
 
 void write_bf16(const cpu::Mat& m, uint16_t* dst) {
@@ -94,6 +97,14 @@ int64_t chunk_rows(int64_t rows, int64_t cols) { return std::max<int64_t>(1, std
 size_t GpuDense::scratch_bytes(int64_t n) const {
   if (!quant_ || n <= kGemvMaxTokens) return 0;
   return static_cast<size_t>(chunk_rows(rows_, cols_) * cols_) * 2;
+}
+
+bool GpuDense::normed_fits(int64_t n) const { return quant_.has_value() && gpu::norm_gemv_fits(quant_->weight(), n); }
+
+void GpuDense::gemm_normed(float* x, const float* delta, int64_t n, const uint16_t* norm_w, float eps, uint16_t* hb, float* y, int64_t ldy,
+                           int32_t* counter, gpu::Stream& s) const {
+  if (!normed_fits(n)) fail(ErrorKind::internal, "GpuDense::gemm_normed: not a GGUF weight, or more than one row");
+  gpu::add_rms_norm_gguf_gemv(x, delta, n, norm_w, eps, hb, nullptr, quant_->weight(), y, ldy, counter, s);
 }
 
 void GpuDense::gemm(gpu::Blas& blas, const uint16_t* x, int64_t n, float* y, int64_t ldy, void* scratch, gpu::Stream& s) const {

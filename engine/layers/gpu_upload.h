@@ -51,6 +51,13 @@ class GpuDense {
   // y[t, r] (row stride ldy) = sum_k x[t, k] W[r, k] for t < n; x bf16 [n, cols];
   // scratch: at least scratch_bytes(n) bytes of device memory (16-byte aligned).
   void gemm(gpu::Blas& blas, const uint16_t* x, int64_t n, float* y, int64_t ldy, void* scratch, gpu::Stream& s) const;
+  // Whether gemm_normed() takes n rows: GGUF blocks and one row (decode at
+  // batch 1; gpu::norm_gemv_fits).
+  bool normed_fits(int64_t n) const;
+  // gpu::add_rms_norm (x += delta, hb = the normed row) and gemm() of hb in
+  // one launch (gpu::add_rms_norm_gguf_gemv; counter: 0 before and after).
+  void gemm_normed(float* x, const float* delta, int64_t n, const uint16_t* norm_w, float eps, uint16_t* hb, float* y, int64_t ldy, int32_t* counter,
+                   gpu::Stream& s) const;
   // The bf16 weights (null when quantized).
   const uint16_t* bf16() const { return bf16_.as<uint16_t>(); }
 

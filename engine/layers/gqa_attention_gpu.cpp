@@ -50,6 +50,9 @@ class GqaAttentionGpu : public GpuAttention {
     const ops::Rope rope(hd_, c.rope_theta);
     inv_freq_ = upload(rope.inv_freq.data(), rope.inv_freq.size() * sizeof(float), up.stream());
     bytes_ = up.bytes() - before;
+    norm_count_ = gpu::DeviceBuffer(16);  // gpu::add_rms_norm_gguf_gemv's block counter, 0 between launches
+    gpu::memset_device(norm_count_.data(), 0, norm_count_.bytes(), up.stream());
+    up.stream().synchronize();
   }
 
   void reserve(GpuCtx& ctx) override {
@@ -67,7 +70,14 @@ class GqaAttentionGpu : public GpuAttention {
   }
   uint64_t bytes() const override { return bytes_; }
 
-  void enqueue(GpuCtx& ctx, const Rows& r) override {
+  void enqueue(GpuCtx& ctx, const Rows& r) override { enqueue_with(ctx, r, nullptr, 0, nullptr); }
+  bool fuses_norm(const GpuCtx& ctx, const Rows& r) const override { return ctx.step.fused && q_.rows() > 0 && q_.normed_fits(r.rn); }
+  void enqueue_with_norm(GpuCtx& ctx, const Rows& r, const bf16_t* norm_w, float eps, const float* delta) override {
+    enqueue_with(ctx, r, norm_w, eps, delta);
+  }
+
+  // norm_w: the block's input add + RMSNorm runs in the first product's launch (fuses_norm).
+  void enqueue_with(GpuCtx& ctx, const Rows& r, const bf16_t* norm_w, float eps, const float* delta) {
     const GpuStepInfo& st = ctx.step;
     gpu::Stream& s = ctx.s;
     const int64_t ld = this->ld();
@@ -78,7 +88,11 @@ class GqaAttentionGpu : public GpuAttention {
     void* deq = ctx.scratch.get<void>("dense.deq");
     const bf16_t* hr = ctx.a.hb + r.r0 * H_;
     if (q_.rows() > 0) {  // the products' rows land in order: q, k, v columns of the row
-      q_.gemm(ctx.blas, hr, r.rn, q, ld, deq, s);
+      if (norm_w)
+        q_.gemm_normed(ctx.a.x + r.r0 * H_, delta ? delta + r.r0 * H_ : nullptr, r.rn, norm_w, eps, ctx.a.hb + r.r0 * H_, q, ld,
+                       norm_count_.as<int32_t>(), s);
+      else
+        q_.gemm(ctx.blas, hr, r.rn, q, ld, deq, s);
       if (k_.rows() > 0) k_.gemm(ctx.blas, hr, r.rn, q + nh_ * hd_, ld, deq, s);
       if (v_.rows() > 0) v_.gemm(ctx.blas, hr, r.rn, q + (nh_ + kvh_) * hd_, ld, deq, s);
     } else {
@@ -107,7 +121,7 @@ class GqaAttentionGpu : public GpuAttention {
   static bool fused(const GpuStepInfo& st) { return st.fused && st.multi_tokens == 0 && st.ntiles == 0; }
   int64_t layer_, H_, nh_, kvh_, hd_;
   float eps_;
-  gpu::DeviceBuffer qkv_, q_norm_, k_norm_, inv_freq_;
+  gpu::DeviceBuffer qkv_, q_norm_, k_norm_, inv_freq_, norm_count_;
   GpuDense q_, k_, v_, o_;
   uint64_t bytes_ = 0;
 };

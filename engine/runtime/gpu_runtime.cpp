@@ -400,8 +400,13 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     // it runs here; before later layers, between segments (see cuts).
     const int em = m.engram ? m.engram->module_before(static_cast<int64_t>(l)) : -1;
     if (em >= 0 && l == 0) m.engram->apply(em, xr, nullptr, r.r0, r.rn, m.blas, s);
-    gpu::add_rms_norm(xr, l > 0 && em < 0 ? dr : nullptr, nullptr, r.rn, H, blk.in_norm.as<bf16_t>(), eps, hr, blk.attn->fp32_input() ? hfr : nullptr, s);
-    blk.attn->enqueue(ctx, r);
+    const float* in_delta = l > 0 && em < 0 ? dr : nullptr;
+    if (blk.attn->fuses_norm(ctx, r)) {
+      blk.attn->enqueue_with_norm(ctx, r, blk.in_norm.as<bf16_t>(), eps, in_delta);
+    } else {
+      gpu::add_rms_norm(xr, in_delta, nullptr, r.rn, H, blk.in_norm.as<bf16_t>(), eps, hr, blk.attn->fp32_input() ? hfr : nullptr, s);
+      blk.attn->enqueue(ctx, r);
+    }
     if (prof) m.part_events[2 + 2 * l].record(s);
     const bool handoff = blk.ffn->host_experts() && !st.stream_pass;
     if (blk.ffn->fuses_norm(ctx, r)) {

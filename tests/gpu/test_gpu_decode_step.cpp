@@ -21,7 +21,10 @@
 #include "engine/runtime/gpu_runtime.h"
 #include "engine/serving/logits.h"
 #include "gpu/decode_fused.h"
+#include "gpu/quant.h"
+#include "numa/quant_gguf.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/quant_tools/quantizers.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;
@@ -119,6 +122,7 @@ TEST_CASE("gpu add_rms_norm_router_topk equals add_rms_norm + router_gemv_topk (
                                                  {8, 2048, 128, 8, true, true},
                                                  {3, 512, 60, 4, false, true},
                                                  {2, 4096, 128, 8, true, false},
+                                                 {1, 7168, 256, 8, true, true},
                                                  {5, 1000, 16, 2, true, true}}) {
     const auto x = test::random_floats(static_cast<size_t>(n * H), 101 + n, 2.0f);
     const auto d = test::random_floats(static_cast<size_t>(n * H), 102 + n, 1.0f);
@@ -138,26 +142,65 @@ TEST_CASE("gpu add_rms_norm_router_topk equals add_rms_norm + router_gemv_topk (
                                     dw.as<gpu::bf16_t>(), E, K, true, lb.as<float>(), counter.as<int32_t>(), ib.as<int32_t>(), wb.as<float>(), s);
       const std::string what = "n=" + std::to_string(n) + " H=" + std::to_string(H) + " E=" + std::to_string(E) + " rep " + std::to_string(rep);
       CHECK_MESSAGE(test::to_host<float>(xa, nh, s) == test::to_host<float>(xb, nh, s), what);
-      const auto ha = test::to_host<uint16_t>(hba, nh, s), hb = test::to_host<uint16_t>(hbb, nh, s);
-      if (H <= 2048) {  // the norm's sums in add_rms_norm's order: bit for bit, and so the logits
-        CHECK_MESSAGE(ha == hb, what);
-        if (with_hf) CHECK_MESSAGE(test::to_host<float>(hfa, nh, s) == test::to_host<float>(hfb, nh, s), what);
-        CHECK_MESSAGE(test::to_host<float>(la, ne, s) == test::to_host<float>(lb, ne, s), what);
-        CHECK_MESSAGE(test::to_host<int32_t>(ia, nk, s) == test::to_host<int32_t>(ib, nk, s), what);
-        CHECK_MESSAGE(test::to_host<float>(wa, nk, s) == test::to_host<float>(wb, nk, s), what);
-      } else {  // add_rms_norm sums over 512 threads here: one bf16 step at most, logits within rounding
-        CHECK_MESSAGE(test::tol_ratio(test::f32_of(hb), test::f32_of(ha), 1e-3, 8e-3) <= 1, what);
-        CHECK_MESSAGE(test::tol_ratio(test::to_host<float>(lb, ne, s), test::to_host<float>(la, ne, s), 1e-3, 1e-2) <= 1, what);
-      }
+      // The norm's sums in add_rms_norm's order: bit for bit, and so the logits and the routing.
+      CHECK_MESSAGE(test::to_host<uint16_t>(hba, nh, s) == test::to_host<uint16_t>(hbb, nh, s), what);
+      if (with_hf) CHECK_MESSAGE(test::to_host<float>(hfa, nh, s) == test::to_host<float>(hfb, nh, s), what);
+      CHECK_MESSAGE(test::to_host<float>(la, ne, s) == test::to_host<float>(lb, ne, s), what);
+      CHECK_MESSAGE(test::to_host<int32_t>(ia, nk, s) == test::to_host<int32_t>(ib, nk, s), what);
+      CHECK_MESSAGE(test::to_host<float>(wa, nk, s) == test::to_host<float>(wb, nk, s), what);
     }
   }
   CHECK(test::to_host<int32_t>(counter, 1, s)[0] == 0);
   CHECK_FALSE(gpu::norm_router_fits(9, 2048, 128));
-  CHECK_FALSE(gpu::norm_router_fits(1, 8192, 128));
+  CHECK_FALSE(gpu::norm_router_fits(1, 16384, 128));
   CHECK_FALSE(gpu::norm_router_fits(1, 2048, 2048));
-  CHECK_THROWS_AS(gpu::add_rms_norm_router_topk(nullptr, nullptr, 1, 8192, nullptr, 1e-6f, nullptr, nullptr, nullptr, 128, 8, true, nullptr, nullptr,
+  CHECK_THROWS_AS(gpu::add_rms_norm_router_topk(nullptr, nullptr, 1, 16384, nullptr, 1e-6f, nullptr, nullptr, nullptr, 128, 8, true, nullptr, nullptr,
                                                 nullptr, nullptr, s),
                   Error);
+}
+
+TEST_CASE("gpu add_rms_norm_gguf_gemv equals add_rms_norm + gguf_gemv (residual, normed row, products; Q4_K, Q6_K, Q8_0)") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  s.set_programmatic_launch(true);
+  gpu::DeviceBuffer counter(16);
+  gpu::memset_device(counter.data(), 0, 16, s);
+  for (cpu::ExtType t : {cpu::ExtType::q4_k, cpu::ExtType::q6_k, cpu::ExtType::q8_0})
+    for (auto [rows, cols, with_delta] : {std::tuple<int64_t, int64_t, bool>{4608, 2048, true}, {512, 2048, false}, {37, 768, true}, {300, 4096, true}}) {
+      const auto wf = test::random_floats(static_cast<size_t>(rows * cols), 121 + static_cast<uint64_t>(cols), 0.05f);
+      const auto bytes = qtools::quant_rows(t, wf.data(), rows, cols);
+      const cpu::Mat view = cpu::ext_view(t, bytes.data(), rows, cols, "test");
+      REQUIRE(gpu::gguf_native_supported(view));
+      gpu::GgufDeviceMat dw({view}, s, "test weight");
+      REQUIRE(gpu::norm_gemv_fits(dw.weight(), 1));
+      const auto x = test::random_floats(static_cast<size_t>(cols), 122 + static_cast<uint64_t>(rows), 2.0f);
+      const auto d = test::random_floats(static_cast<size_t>(cols), 123, 1.0f);
+      const auto nw = test::bf16_of(test::random_floats(static_cast<size_t>(cols), 124, 0.5f));
+      auto xa = test::to_device(x, s), xb = test::to_device(x, s), dd = test::to_device(d, s), dn = test::to_device(nw, s);
+      const int64_t ldy = rows + 5;
+      gpu::DeviceBuffer hba(static_cast<size_t>(cols) * 2), hbb(static_cast<size_t>(cols) * 2), hfa(static_cast<size_t>(cols) * 4),
+          hfb(static_cast<size_t>(cols) * 4), ya(static_cast<size_t>(ldy) * 4), yb(static_cast<size_t>(ldy) * 4);
+      const float* delta = with_delta ? dd.as<float>() : nullptr;
+      gpu::add_rms_norm(xa.as<float>(), delta, nullptr, 1, cols, dn.as<gpu::bf16_t>(), 1e-6f, hba.as<gpu::bf16_t>(), hfa.as<float>(), s);
+      gpu::gguf_gemv(dw.weight(), hba.as<gpu::bf16_t>(), 1, ya.as<float>(), ldy, s);
+      for (int rep = 0; rep < 2; ++rep) {
+        if (rep == 1) gpu::copy_to_device(xb.data(), x.data(), x.size() * 4, s);
+        gpu::add_rms_norm_gguf_gemv(xb.as<float>(), delta, 1, dn.as<gpu::bf16_t>(), 1e-6f, hbb.as<gpu::bf16_t>(), hfb.as<float>(), dw.weight(), yb.as<float>(),
+                                    ldy, counter.as<int32_t>(), s);
+        const std::string what = std::string(cpu::ext_type_info(static_cast<uint32_t>(t))->name) + " " + std::to_string(rows) + "x" +
+                                 std::to_string(cols) + (with_delta ? " +delta" : "") + " rep " + std::to_string(rep);
+        CHECK_MESSAGE(test::to_host<float>(xa, x.size(), s) == test::to_host<float>(xb, x.size(), s), what);
+        CHECK_MESSAGE(test::to_host<uint16_t>(hba, x.size(), s) == test::to_host<uint16_t>(hbb, x.size(), s), what);
+        CHECK_MESSAGE(test::to_host<float>(hfa, x.size(), s) == test::to_host<float>(hfb, x.size(), s), what);
+        const auto y1 = test::to_host<float>(ya, static_cast<size_t>(rows), s), y2 = test::to_host<float>(yb, static_cast<size_t>(rows), s);
+        CHECK_MESSAGE(y1 == y2, what);
+      }
+    }
+  CHECK(test::to_host<int32_t>(counter, 1, s)[0] == 0);
+  gpu::GgufWeight w{gpu::GgufType::q8_0, counter.data(), 4, 64};
+  CHECK_FALSE(gpu::norm_gemv_fits(w, 2));
+  CHECK_THROWS_AS(gpu::add_rms_norm_gguf_gemv(nullptr, nullptr, 2, nullptr, 1e-6f, nullptr, nullptr, w, nullptr, 4, nullptr, s), Error);
+  CHECK_THROWS_AS(gpu::add_rms_norm_gguf_gemv(nullptr, counter.as<float>(), 1, nullptr, 1e-6f, nullptr, nullptr, w, nullptr, 4, nullptr, s), Error);
 }
 
 TEST_CASE("gpu norm_rope_store_attention equals qkv_norm_rope_store + attention (decode, GQA, hd 64/128, split-K)") {
@@ -294,9 +337,10 @@ TEST_CASE("GGUF decode on the GPU: one graph per step of hmoe kernels; programma
     const int64_t L = on->config().num_hidden_layers;
     CHECK(static_cast<int64_t>(a.kernels.size()) > L);
     std::string names;
-    int64_t routers = 0, attentions = 0, foreign = 0;
+    int64_t routers = 0, attentions = 0, norms = 0, foreign = 0;
     for (const auto& k : a.kernels) {
       names += k + "; ";
+      norms += k.find("add_rms_norm_kernel") != std::string::npos;
       attentions += k.find("attention_kernel<true>") != std::string::npos;  // norms + rope + KV store + attention
       routers += k.find("router_kernel") != std::string::npos;  // the fused norm + router of gpu/decode_fused.cu
       foreign += k.find("hmoe::") == std::string::npos;  // cuBLAS or unnamed
@@ -304,6 +348,7 @@ TEST_CASE("GGUF decode on the GPU: one graph per step of hmoe kernels; programma
     MESSAGE(seqs << " sequences: " << a.kernels.size() << " kernels per decode step: " << names);
     CHECK(routers == L);
     CHECK(attentions == L);
+    CHECK(norms == (seqs == 1 ? 1 : L + 1));  // one token: the input norms run inside the q|k|v products; the final norm stays
     CHECK(foreign == 0);
   }
 }
