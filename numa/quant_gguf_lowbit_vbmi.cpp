@@ -18,11 +18,17 @@
 //    (code + 128 would saturate vpmaddubsw); IQ4_NL and MXFP4 (an fp16 / E8M0
 //    scale per 32) take vpdpbusd into int32 lanes and one fma per 64 weights
 //    with the lanes' fp32 scales.
-//  - grids: 8-byte (IQ1/IQ2) and 4-byte (IQ3) rows by gathers from indices
-//    placed with vpermb/vpermw; the 7-bit sign indices of IQ2_XXS/IQ2_XS/
+//  - small codes (Q2_K, Q3_K, IQ1_S/M, IQ3_S: u * 127 * 4 < 2^15) sum 4
+//    products by vpdpbusd and pack two chunks to s16 (vpackssdw) before the
+//    scales: 6 multiplies per group and token instead of 8.
+//  - grids: 8-byte (IQ1/IQ2) and 4-byte (IQ3) rows by gathers, from copies
+//    with the bias folded in (a signed code is then one masked subtract;
+//    IQ1's u = 8 (v + 1) + 1 + delta), indices placed with vpermb (one uop,
+//    vpermw is two); the 7-bit sign indices of IQ2_XXS/IQ2_XS/
 //    IQ3_XXS are cut out with vpmultishiftqb and completed with their parity
-//    bit by one 128-entry vpermi2b lookup, then spread to one mask bit per
-//    weight (vpermb + vptestmb); 4-bit codes by vpshufb tables.
+//    bit by one 128-entry vpermi2b lookup; stored in entry order, each 64
+//    weights' sign bits are one kmovq load (no shuffle port), as are
+//    IQ2_S's / IQ3_S's stored sign bytes; 4-bit codes by vpshufb tables.
 // A tile is R rows x NT tokens: each row's group is decoded once for the NT
 // tokens, and R rows keep R weight streams (and their prefetches) in flight.
 // Equal to the scalar reference up to the order of fp32 sums (integer sums
@@ -92,13 +98,11 @@ template <uint32_t T> constexpr bool kPack = T == kQ2K || T == kQ3K || T == kIq1
 struct Tables {
   alignas(64) int16_t run16[4][32];   // s16 lane j of code vector v: run 4v + j / 8
   alignas(64) int16_t half16[32];     // lane r (< 16) -> r / 2: per-32 values spread to the 16 runs
-  alignas(64) uint8_t bitpat[64];     // byte k: 1 << (k % 8)
   alignas(64) uint8_t sign[128];      // 7-bit sign index -> the sign byte with its parity bit
   alignas(64) uint8_t xxs_idx[4][64]; // IQ2_XXS: byte 8i of chunk c = byte of run 8c + i's grid index in the 64 bytes at b + 2
   alignas(64) uint8_t xxs_ms[64];     // IQ2_XXS: qword i bytes g < 4 = bits 32 + 7g (sign index g of sub-block i)
-  alignas(64) uint8_t xs_spread[4][64];   // IQ2_XS: byte 8i + j of chunk c = byte 2 (8c + i)
-  alignas(64) uint8_t run_spread[4][64];  // byte 8i + j of chunk c = byte 8c + i (sign byte of run 8c + i)
-  alignas(64) uint8_t xxs_spread[4][64];  // IQ2_XXS: byte 8i + j of chunk c = byte 8 (2c + i / 4) + i % 4
+  alignas(64) uint8_t xs_order[64];   // IQ2_XS: byte e = byte 2e (the sign byte of grid entry e)
+  alignas(64) uint8_t xxs_order[64];  // IQ2_XXS: byte e = byte 8 (e / 4) + e % 4
   alignas(64) uint8_t x3_ms[64];      // IQ3_XXS: qword i byte 4h + g = bits 32h + 7g
   alignas(64) int16_t xxs_sc[32];     // IQ2_XXS: run r -> s16 lane 4 (r / 2) + 2 (the top 4 bits of aux word r / 2)
   alignas(64) int16_t x3_sc[32];      // IQ3_XXS: run r -> s16 lane 2 (r / 2)
@@ -128,18 +132,18 @@ constexpr Tables make_tables() {
   for (int v = 0; v < 4; ++v)
     for (int j = 0; j < 32; ++j) t.run16[v][j] = static_cast<int16_t>(4 * v + j / 8);
   for (int j = 0; j < 32; ++j) t.half16[j] = static_cast<int16_t>(j < 16 ? j / 2 : 0);
-  for (int k = 0; k < 64; ++k) t.bitpat[k] = static_cast<uint8_t>(1u << (k % 8));
   for (uint32_t i = 0; i < 128; ++i) t.sign[i] = iq_sign_byte(i);
   #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c)
     for (int k = 0; k < 64; ++k) {
       const int i = k / 8;
       t.xxs_idx[c][k] = static_cast<uint8_t>(8 * (2 * c + i / 4) + i % 4);
-      t.xxs_spread[c][k] = static_cast<uint8_t>(8 * (2 * c + i / 4) + i % 4);
-      t.xs_spread[c][k] = static_cast<uint8_t>(2 * (8 * c + i));
-      t.run_spread[c][k] = static_cast<uint8_t>(8 * c + i);
       t.q3_bits[c][k] = static_cast<uint8_t>(1u << (k < 32 ? 2 * c : 2 * c + 1));
     }
+  for (int e = 0; e < 64; ++e) {
+    t.xs_order[e] = static_cast<uint8_t>(e < 32 ? 2 * e : 0);
+    t.xxs_order[e] = static_cast<uint8_t>(e < 32 ? 8 * (e / 4) + e % 4 : 0);
+  }
   for (int k = 0; k < 64; ++k) {
     const int g = k % 8;
     t.xxs_ms[k] = static_cast<uint8_t>(g < 4 ? 32 + 7 * g : 0);
@@ -261,9 +265,14 @@ HMOE_LV inline __m256i odd16(__m256i s) { return _mm256_or_si256(_mm256_slli_epi
 // The 32 sign bytes (7-bit indices in bits 0..6 of each byte) completed by their parity bit.
 HMOE_LV inline __m512i sign_bytes(__m512i idx7) { return _mm512_permutex2var_epi8(ld(kT.sign), idx7, ld(kT.sign + 64)); }
 
-HMOE_LV inline __mmask64 spread_signs(__m512i sbytes, const uint8_t* spread) {
-  return _mm512_test_epi8_mask(_mm512_permutexvar_epi8(ld(spread), sbytes), ld(kT.bitpat));
-}
+// The sign bytes of the 32 grid entries in entry order (bytes 0..31 of v)
+// through memory: chunk c's 64 sign bits are then qword c, loaded straight
+// into a mask register (kmovq from memory: a load, no shuffle port).
+struct SignBytes {
+  alignas(64) uint8_t b[64];
+  HMOE_LV void put(__m512i v) { _mm512_store_si512(b, v); }
+  HMOE_LV __mmask64 chunk(int c) const { return _load_mask64(reinterpret_cast<__mmask64*>(const_cast<uint8_t*>(b + 8 * c))); }
+};
 
 HMOE_LV inline __m512i gather8(const uint64_t* grid, __m512i idx) {
   return _mm512_i64gather_epi64(idx, reinterpret_cast<const long long*>(grid), 8);
@@ -313,13 +322,14 @@ HMOE_LV inline void decode(const uint8_t* b, Dec& k) {
   } else if constexpr (T == kIq2xxs) {
     k.d = half(b) * 0.125f;
     const __m512i q = _mm512_loadu_si512(b + 2);
-    const __m512i sg = sign_bytes(_mm512_multishift_epi64_epi8(ld(kT.xxs_ms), q));
+    SignBytes sb;
+    sb.put(_mm512_permutexvar_epi8(ld(kT.xxs_order), sign_bytes(_mm512_multishift_epi64_epi8(ld(kT.xxs_ms), q))));
     const __m256i sc = _mm512_castsi512_si256(_mm512_permutexvar_epi8(ld(kT.xxs_sc_b), _mm512_srli_epi32(q, 28)));
     put_scales<T>(odd16(sc), k);
     #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       const __m512i idx = _mm512_maskz_permutexvar_epi8(0x0101010101010101ull, ld(kT.xxs_idx[c]), q);
-      k.u[c] = biased<43>(gather8(kG.iq2xxs, idx), spread_signs(sg, kT.xxs_spread[c]));
+      k.u[c] = biased<43>(gather8(kG.iq2xxs, idx), sb.chunk(c));
     }
   } else if constexpr (T == kIq2xs || T == kIq2s) {
     k.d = half(b) * 0.125f;
@@ -327,12 +337,13 @@ HMOE_LV inline void decode(const uint8_t* b, Dec& k) {
     put_scales<T>(odd16(_mm256_cvtepu8_epi16(nibbles16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + so))))), k);
     if constexpr (T == kIq2xs) {
       const __m512i q = _mm512_loadu_si512(b + 2);
-      const __m512i sg = sign_bytes(_mm512_srli_epi16(q, 9));
+      SignBytes sb;
+      sb.put(_mm512_permutexvar_epi8(ld(kT.xs_order), sign_bytes(_mm512_srli_epi16(q, 9))));
       const __m512i m9 = _mm512_set1_epi64(511);
       #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         const __m512i idx = _mm512_and_si512(_mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(q, c)), m9);
-        k.u[c] = biased<43>(gather8(kG.iq2xs, idx), spread_signs(sg, kT.xs_spread[c]));
+        k.u[c] = biased<43>(gather8(kG.iq2xs, idx), sb.chunk(c));
       }
     } else {
       const __m512i sh = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), m3 = _mm512_set1_epi64(3);
@@ -340,18 +351,19 @@ HMOE_LV inline void decode(const uint8_t* b, Dec& k) {
       for (int c = 0; c < 4; ++c) {
         const __m512i lo = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * c)));
         const __m512i hi = _mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64(u16(b + 66 + 2 * c)), sh), m3);
-        k.u[c] = biased<43>(gather8(kG.iq2s, _mm512_or_si512(lo, _mm512_slli_epi64(hi, 8))), _cvtu64_mask64(u64(b + 34 + 8 * c)));
+        k.u[c] = biased<43>(gather8(kG.iq2s, _mm512_or_si512(lo, _mm512_slli_epi64(hi, 8))), _load_mask64(reinterpret_cast<__mmask64*>(const_cast<uint8_t*>(b + 34 + 8 * c))));
       }
     }
   } else if constexpr (T == kIq3xxs) {
     k.d = half(b) * 0.25f;
     const __m512i a = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 66)));
-    const __m512i sg = sign_bytes(_mm512_multishift_epi64_epi8(ld(kT.x3_ms), a));
+    SignBytes sb;
+    sb.put(sign_bytes(_mm512_multishift_epi64_epi8(ld(kT.x3_ms), a)));  // already in entry order
     put_scales<T>(odd16(_mm512_castsi512_si256(_mm512_permutexvar_epi8(ld(kT.x3_sc_b), _mm512_srli_epi32(a, 28)))), k);
     #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * c)));
-      k.u[c] = biased<62>(gather16(kG.iq3xxs, idx), spread_signs(sg, kT.run_spread[c]));
+      k.u[c] = biased<62>(gather16(kG.iq3xxs, idx), sb.chunk(c));
     }
   } else if constexpr (T == kIq3s) {
     k.d = half(b);
@@ -361,7 +373,7 @@ HMOE_LV inline void decode(const uint8_t* b, Dec& k) {
     for (int c = 0; c < 4; ++c) {
       __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * c)));
       idx = _mm512_mask_or_epi32(idx, static_cast<__mmask16>(u16(b + 66 + 2 * c)), idx, bit8);
-      k.u[c] = biased<15>(gather16(kG.iq3s, idx), _cvtu64_mask64(u64(b + 74 + 8 * c)));
+      k.u[c] = biased<15>(gather16(kG.iq3s, idx), _load_mask64(reinterpret_cast<__mmask64*>(const_cast<uint8_t*>(b + 74 + 8 * c))));
     }
   } else if constexpr (T == kIq1s) {
     k.d = half(b) * 0.125f;
