@@ -216,7 +216,8 @@ TEST_CASE("qwen3_next on the GPU: two sequences of different lengths in one batc
     kv.reserve(sb, 23);
     std::vector<float> got_a(alone_a.size()), got_b(alone_b.size()), l;
     // Step 1: a's first 40 tokens and b's first 5 (two prompts); step 2: a's
-    // token 40 (decode) and b's tokens 5..22 (prompt); then one token each.
+    // token 40 (decode) and b's tokens 5..14 (prompt); then one token each
+    // (8 steps of two decoding sequences), then a alone.
     int64_t pa = 0, pb = 0;
     auto step = [&](int64_t na, int64_t nb) {
       Batch bt;
@@ -229,7 +230,7 @@ TEST_CASE("qwen3_next on the GPU: two sequences of different lengths in one batc
       pb += nb;
     };
     step(40, 5);
-    step(1, 18);
+    step(1, 10);
     while (pa < 52) step(1, pb < 23 ? 1 : 0);
     REQUIRE(pb == 23);
     check_same_schedule(got_a, alone_a, V, extra[1] + ": sequence of 52 in a batch of two");
