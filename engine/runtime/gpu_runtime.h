@@ -17,7 +17,11 @@
 //    (set_cpu_overlap);
 //  - passes of >= the prefill minimum stream the host experts to the GPU
 //    instead (enable_expert_streaming, engine/layers/expert_stream.h);
-//  - prefill steps attend in query tiles on tensor cores (set_tiled_attention).
+//  - prefill steps attend in query tiles on tensor cores (set_tiled_attention);
+//  - decode-sized hand-offs split their routed experts between the CPU and
+//    the GPU: cached experts and a balanced share of the others, copied
+//    over PCIe, run on the GPU while the CPU computes the rest
+//    (enable_expert_cache, engine/layers/gpu_expert_cache.h).
 //
 // Contract: the constructor uploads every GPU weight (releasing the host
 // pages of what it uploaded) and keeps views of the host experts (the
@@ -32,6 +36,7 @@
 #include "configs/settings.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/layers/expert_stream.h"
+#include "engine/layers/gpu_expert_cache.h"
 #include "engine/layers/mla_attention.h"
 #include "engine/layers/routed_experts.h"
 #include "engine/layers/weights.h"
@@ -65,6 +70,9 @@ struct GpuRuntimeOptions {
   bool quantized_dense = true;    // GGUF attention / lm_head weights stay in their blocks (setting gpu_quantized_dense)
   bool cuda_graphs = false, cpu_overlap = false, tiled_attention = true;
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
+  // Split decode and the GPU expert cache of the host layers (settings
+  // gpu_expert_cache, gpu_split_decode; engine/layers/gpu_expert_cache.h).
+  GpuExpertCacheOptions expert_cache;
   // Everything from the settings but `resident` and `devices` (the placement's).
   static GpuRuntimeOptions from_settings(const Settings& s);
 };
@@ -89,6 +97,11 @@ class GpuRuntime {
   // min_batch 0 turns streaming off; off (with a notice) when the slots do not fit.
   void enable_expert_streaming(const ExpertStreamOptions& o);
   const ExpertStream* expert_stream() const;  // null when off
+  // Budget 0 turns split decode and the expert cache off (then every routed
+  // expert of a host layer runs on the CPU); rebuilt empty otherwise.
+  void enable_expert_cache(const GpuExpertCacheOptions& o);
+  const GpuExpertCache* expert_cache() const;  // null when off
+  GpuExpertCache* expert_cache();
   // Expert 0 of the first MoE layer whose experts stay in host memory (null: none):
   // what expert_stream_options measures the CPU experts on.
   const numa::ExpertWeights* host_expert_sample() const;
