@@ -86,6 +86,30 @@ HostRegistration HostRegistration::try_pin(const void* p, size_t bytes, std::str
   return r;
 }
 
+void copy_batch_to_device(void* const* dsts, const void* const* srcs, const size_t* bytes, size_t count, Stream& s) {
+  if (count == 0) return;
+#if CUDART_VERSION >= 12080
+  static bool batch_ok = true;  // cleared once when the driver refuses the batch call
+  if (batch_ok && count > 1) {
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t idx = 0;
+#if CUDART_VERSION >= 13000
+    const cudaError_t e = cudaMemcpyBatchAsync(const_cast<void**>(dsts), const_cast<const void**>(srcs), const_cast<size_t*>(bytes), count, &attr, &idx, 1, cs(s));
+#else
+    size_t fail_idx = 0;
+    const cudaError_t e =
+        cudaMemcpyBatchAsync(const_cast<void**>(dsts), const_cast<void**>(srcs), const_cast<size_t*>(bytes), count, &attr, &idx, 1, &fail_idx, cs(s));
+#endif
+    if (e == cudaSuccess) return;
+    cudaGetLastError();  // not sticky: fall back to one copy each
+    batch_ok = false;
+  }
+#endif
+  for (size_t i = 0; i < count; ++i) HMOE_CUDA_CHECK(cudaMemcpyAsync(dsts[i], srcs[i], bytes[i], cudaMemcpyHostToDevice, cs(s)));
+}
+
 void moe_gather_rows(const bf16_t* x, int64_t hidden, int64_t k, const int32_t* pair_list, int64_t pairs, bf16_t* xs, Stream& s) {
   if (hidden % 8 != 0) fail(ErrorKind::unsupported, "gpu::moe_gather_rows: hidden must be a multiple of 8");
   if (pairs <= 0) return;

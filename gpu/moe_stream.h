@@ -39,6 +39,12 @@ class HostRegistration {
   bool owned_ = true;
 };
 
+// Copies bytes[i] from srcs[i] (pinned host memory, read in stream order)
+// to dsts[i] (device) for i < count, in one cudaMemcpyBatchAsync where the
+// driver takes it, else one cudaMemcpyAsync each. The copies of a batch may
+// run in any order (no overlaps between them).
+void copy_batch_to_device(void* const* dsts, const void* const* srcs, const size_t* bytes, size_t count, Stream& s);
+
 // xs[i] = x[pair_list[i] / k] for i < pairs: token rows of `hidden` bf16
 // values in expert order (pair_list from moe_route). hidden % 8 == 0.
 void moe_gather_rows(const bf16_t* x, int64_t hidden, int64_t k, const int32_t* pair_list, int64_t pairs, bf16_t* xs, Stream& s);

@@ -13,6 +13,9 @@ HostRegistration HostRegistration::try_pin(const void*, size_t, std::string* why
   if (why) *why = "not built with CUDA";
   return {};
 }
+void copy_batch_to_device(void* const*, const void* const*, const size_t*, size_t, Stream&) {
+  fail(ErrorKind::unsupported, "gpu::copy_batch_to_device: not built with CUDA");
+}
 void moe_gather_rows(const bf16_t*, int64_t, int64_t, const int32_t*, int64_t, bf16_t*, Stream&) {
   fail(ErrorKind::unsupported, "gpu::moe_gather_rows: not built with CUDA");
 }

@@ -174,6 +174,24 @@ std::string Metrics::render(const SchedulerStats& s, int64_t open_connections) c
     real("hmoe_gpu_stream_copy_hidden_fraction", "gauge", "Fraction of copy time hidden under compute (1 - stall / copy)",
          x.copy_s > 0 ? std::max(0.0, 1.0 - x.stall_s / x.copy_s) : 0);
   }
+  {  // split decode / GPU expert cache of host layers (engine/layers/gpu_expert_cache.h); zero when off
+    const ExpertCacheTotals& x = s.expert_cache;
+    gauge("hmoe_gpu_expert_cache_enabled", "gauge", "1 when decode steps split host layers' experts with the GPU (--gpu-expert-cache)", x.present ? 1 : 0);
+    gauge("hmoe_gpu_expert_cache_hits_total", "counter", "Routed experts of host MoE layers found in the GPU expert cache (decode steps)", x.hits);
+    gauge("hmoe_gpu_expert_cache_misses_total", "counter", "Routed experts of host MoE layers not in the cache (copied, or run on the CPU)", x.misses);
+    gauge("hmoe_gpu_expert_cache_admissions_total", "counter", "Experts copied into a cache slot", x.admitted);
+    gauge("hmoe_gpu_expert_cache_evictions_total", "counter", "Slots taken from another expert (LRU)", x.evictions);
+    gauge("hmoe_gpu_expert_cache_bytes_moved_total", "counter", "Expert bytes copied host to device into cache slots", static_cast<int64_t>(x.bytes));
+    gauge("hmoe_gpu_expert_cache_gpu_pairs_total", "counter", "Routed (token, expert) pairs of host layers run on the GPU", x.gpu_pairs);
+    gauge("hmoe_gpu_expert_cache_cpu_pairs_total", "counter", "Routed (token, expert) pairs of host layers run on the CPU", x.cpu_pairs);
+    gauge("hmoe_gpu_expert_cache_slots", "gauge", "Expert slots of the cache", x.slots);
+    gauge("hmoe_gpu_expert_cache_slots_used", "gauge", "Slots holding an expert", x.slots_used);
+    gauge("hmoe_gpu_expert_cache_device_bytes", "gauge", "VRAM of the cache's slots and scratch", static_cast<int64_t>(x.device_bytes));
+    char b[64];
+    std::snprintf(b, sizeof b, "%.6g", x.copy_s);
+    out += std::string("# HELP hmoe_gpu_expert_cache_copy_seconds_total Copy-stream time of the batched expert copies\n# TYPE "
+                       "hmoe_gpu_expert_cache_copy_seconds_total counter\nhmoe_gpu_expert_cache_copy_seconds_total ") + b + "\n";
+  }
   if (const PleTotals& p = s.ple; p.present) render_ple(out, p);
   gauge("hmoe_open_connections", "gauge", "Open HTTP connections", open_connections);
   ttft.render(out, "hmoe_time_to_first_token_seconds", "Time from request arrival to its first generated token");

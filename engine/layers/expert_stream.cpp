@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "configs/error.h"
@@ -61,11 +62,13 @@ double measure_device_copy_bandwidth(size_t bytes) {
 namespace {
 
 // moe_experts_gemm over quantized slot matrices: a chunk of experts at a time
-// (at most 256 MiB per matrix kind) dequantized to bf16, then the cuBLAS
-// products. The weight calls come in expert order per matrix kind.
-void moe_experts_gemm_quant(gpu::Blas& blas, const uint16_t* x, int64_t n, int64_t H, int64_t I, int64_t E, int64_t K, const int32_t* offs,
-                            const int32_t* pair_list, const float* weights, const gpu::QWeight& gu, const gpu::QWeight& dn, gpu::DeviceBuffer& deq_gu,
-                            gpu::DeviceBuffer& deq_dn, MoeGemmScratch& sc, float* out, gpu::Stream& s) {
+// (at most 256 MiB per matrix kind) dequantized to bf16 by `deq(down, first
+// row, rows, out)`, then the cuBLAS products. The weight calls come in
+// expert order per matrix kind.
+using DequantFn = std::function<void(bool down, int64_t r0, int64_t rows, uint16_t* out)>;
+void moe_experts_gemm_dequant(gpu::Blas& blas, const uint16_t* x, int64_t n, int64_t H, int64_t I, int64_t E, int64_t K, const int32_t* offs,
+                              const int32_t* pair_list, const float* weights, const DequantFn& deq, gpu::DeviceBuffer& deq_gu,
+                              gpu::DeviceBuffer& deq_dn, MoeGemmScratch& sc, float* out, gpu::Stream& s) {
   const int64_t gu_elems = 2 * I * H, dn_elems = H * I;
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(E, (256ll << 20) / (gu_elems * 2)));
   deq_gu.reserve(static_cast<size_t>(chunk * gu_elems) * 2);
@@ -78,7 +81,7 @@ void moe_experts_gemm_quant(gpu::Blas& blas, const uint16_t* x, int64_t n, int64
                      gpu::DeviceBuffer& buf = down ? deq_dn : deq_gu;
                      if (have[k] < 0 || e < have[k] || e >= have[k] + chunk) {
                        have[k] = e;
-                       gpu::quant_dequant(down ? dn : gu, e * rows, std::min(chunk, E - e) * rows, buf.as<uint16_t>(), s);
+                       deq(down, e * rows, std::min(chunk, E - e) * rows, buf.as<uint16_t>());
                      }
                      return buf.as<uint16_t>() + (e - have[k]) * elems;
                    },
@@ -388,7 +391,11 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
   gpu::moe_route(ids, P, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
   const bool routed = !o.serial && !o.skip_copies && !m.fill_all;
   const int32_t* offs = m.offs_h.as<int32_t>();
-  if (m.use_gemm || routed) {
+  const StreamLayerLayout& L = m.lay.layers[ju];
+  // GGUF blocks of passes over 64 tokens: the grouped tensor-core product on the slot (device offsets, no host sync).
+  const bool grouped = L.native && o.compute != ExpertStreamOptions::Compute::kernel && n > 64 &&
+                       gpu::gguf_moe_gemm_supported(L.ngu, 2 * I) && gpu::gguf_moe_gemm_supported(L.ndn, H);
+  if ((m.use_gemm && !grouped) || routed) {
     gpu::copy_to_host(m.offs_h.as<int32_t>(), m.route_off.as<int32_t>(), static_cast<size_t>(E + 1) * 4, s);
     m.offs_ev.record(s);
     m.offs_ev.synchronize();
@@ -407,11 +414,37 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
   if (!o.serial || o.skip_copies) m.w0[ju].record(s);
   if (!o.skip_copies) s.wait(m.c1[ju]);
   m.k0[ju].record(s);
+  if (L.native) {
+    const gpu::GgufWeight ngu = L.at(L.ngu, m.slot(j)), ndn = L.at(L.ndn, m.slot(j));
+    MoeGemmScratch& g = m.gemm;
+    if (grouped) {
+      g.gu.reserve(static_cast<size_t>(P * 2 * I) * 4);
+      g.act.reserve(static_cast<size_t>(P * I) * 2);
+      g.ys.reserve(static_cast<size_t>(P * H) * 4);
+      g.inv.reserve(static_cast<size_t>(P) * 4);
+      const int32_t* pl = m.pair_list.as<int32_t>();
+      gpu::gguf_moe_gemm(x, pl, K, P, m.route_off.as<int32_t>(), E, ngu, 2 * I, g.gu.as<float>(), s);
+      gpu::silu_mul(g.gu.as<float>(), P, I, g.act.as<uint16_t>(), nullptr, s);
+      gpu::gguf_moe_gemm(g.act.as<uint16_t>(), nullptr, 1, P, m.route_off.as<int32_t>(), E, ndn, H, g.ys.as<float>(), s);
+      gpu::moe_combine_sorted(g.ys.as<float>(), pl, weights, n, K, H, g.inv.as<int32_t>(), out, s);
+    } else if (m.use_gemm) {
+      moe_experts_gemm_dequant(m.blas, x, n, H, I, E, K, offs, m.pair_list.as<int32_t>(), weights,
+                               [&](bool down, int64_t r0, int64_t rows, uint16_t* dst) { gpu::gguf_dequant(down ? ndn : ngu, r0, rows, dst, s); },
+                               m.deq_gu, m.deq_dn, m.gemm, out, s);
+    } else {
+      g.gu.reserve(static_cast<size_t>(P * 2 * I) * 4);
+      gpu::gguf_moe_experts(x, n, K, ids, weights, ngu, ndn, I, g.gu.as<float>(), out, s);
+    }
+    m.k1[ju].record(s);
+    if (!o.serial && !o.skip_copies && m.fill_all && j + m.S < N) m.enqueue_copy(j + m.S, m.lay.layers[static_cast<size_t>(j + m.S)].all, &m.k1[ju]);
+    return;
+  }
   if (m.lay.quantized) {
-    const StreamLayerLayout& L = m.lay.layers[ju];
     const gpu::QWeight qgu = L.at(L.gu, m.slot(j)), qdn = L.at(L.dn, m.slot(j));
     if (m.use_gemm)
-      moe_experts_gemm_quant(m.blas, x, n, H, I, E, K, offs, m.pair_list.as<int32_t>(), weights, qgu, qdn, m.deq_gu, m.deq_dn, m.gemm, out, s);
+      moe_experts_gemm_dequant(m.blas, x, n, H, I, E, K, offs, m.pair_list.as<int32_t>(), weights,
+                               [&](bool down, int64_t r0, int64_t rows, uint16_t* dst) { gpu::quant_dequant(down ? qdn : qgu, r0, rows, dst, s); },
+                               m.deq_gu, m.deq_dn, m.gemm, out, s);
     else
       gpu::quant_moe_experts(x, n, H, I, E, K, weights, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), qgu, qdn, m.gemm.act.as<gpu::bf16_t>(),
                              m.gemm.ys.as<float>(), out, s);

@@ -118,6 +118,12 @@ void coalesce_copies(std::vector<StreamCopy>& ops) {
   ops = std::move(out);
 }
 
+gpu::GgufWeight StreamLayerLayout::at(const gpu::GgufWeight& w, void* slot) const {
+  gpu::GgufWeight r = w;
+  r.data = static_cast<char*>(slot) + reinterpret_cast<uintptr_t>(w.data);
+  return r;
+}
+
 gpu::QWeight StreamLayerLayout::at(const gpu::QWeight& w, void* slot) const {
   gpu::QWeight r = w;
   char* base = static_cast<char*>(slot);
@@ -221,9 +227,23 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
   std::string fmt;
   bool all_direct = true;
   std::vector<const cpu::Mat*> direct_mats;
+  std::vector<char> nat(N, 0);
   for (size_t j = 0; j < N; ++j) {
     const numa::ExpertWeights& w = (*layers[j].experts)[0];
     const std::string what = "layer " + std::to_string(layers[j].layer) + " streamed experts";
+    nat[j] = true;
+    for (const auto& e : *layers[j].experts)
+      nat[j] = nat[j] && gpu::gguf_native_supported(e.gate) && gpu::gguf_native_supported(e.up) && gpu::gguf_native_supported(e.down);
+    if (nat[j]) {
+      gu_direct[j] = dn_direct[j] = !o.force_image;
+      for (const auto& e : *layers[j].experts)
+        if (!o.force_image) direct_mats.insert(direct_mats.end(), {&e.gate, &e.up, &e.down});
+      const std::string a = gpu::gguf_type_name(gpu::gguf_type_of(w.gate, what)), b = gpu::gguf_type_name(gpu::gguf_type_of(w.down, what));
+      const std::string f = a == b ? a : a + " / " + b;
+      if ((", " + fmt + ", ").find(", " + f + ", ") == std::string::npos) fmt += (fmt.empty() ? "" : ", ") + f;
+      all_direct = all_direct && gu_direct[j] && dn_direct[j];
+      continue;
+    }
     gu0[j] = gpu::qrepack({w.gate, w.up}, what + " gate/up");
     dn0[j] = gpu::qrepack({w.down}, what + " down");
     gu_direct[j] = !o.force_image && stored_is_gpu(gu0[j], {w.gate, w.up});
@@ -255,9 +275,26 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
   for (size_t j = 0; j < N; ++j) {
     StreamLayerLayout& l = out.layers[j];
     l.layer = layers[j].layer;
-    const Regions rg = place(gu0[j], E, 0), rd = place(dn0[j], E, rg.end);
-    l.gu = offsets_of(gu0[j], rg, E);
-    l.dn = offsets_of(dn0[j], rd, E);
+    Regions rg, rd;
+    if (nat[j]) {  // stored blocks: data only, 16 readable bytes after each region
+      const numa::ExpertWeights& w = (*layers[j].experts)[0];
+      const std::string what = "layer " + std::to_string(l.layer) + " streamed experts";
+      l.native = true;
+      l.ngu = gpu::GgufWeight{gpu::gguf_type_of(w.gate, what), nullptr, E * 2 * I, H};
+      l.ndn = gpu::GgufWeight{gpu::gguf_type_of(w.down, what), nullptr, E * H, I};
+      rg.data_per = static_cast<size_t>(2 * I) * l.ngu.row_bytes();
+      rg.end = align_up(rg.data_per * static_cast<size_t>(E) + 16);
+      rd.data = rd.scales = rd.zeros = rg.end;
+      rd.data_per = static_cast<size_t>(H) * l.ndn.row_bytes();
+      rd.end = align_up(rd.data + rd.data_per * static_cast<size_t>(E) + 16);
+      l.ngu.data = reinterpret_cast<const void*>(rg.data);
+      l.ndn.data = reinterpret_cast<const void*>(rd.data);
+    } else {
+      rg = place(gu0[j], E, 0);
+      rd = place(dn0[j], E, rg.end);
+      l.gu = offsets_of(gu0[j], rg, E);
+      l.dn = offsets_of(dn0[j], rd, E);
+    }
     l.bytes = rd.end;
     out.slot_bytes = std::max(out.slot_bytes, l.bytes);
     l.by_expert.resize(static_cast<size_t>(E));
@@ -286,11 +323,16 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
             h.w.group != t.w.group)
           fail(ErrorKind::internal, "expert stream: " + what + " repacks to another layout than expert 0");
       };
-      if (gu_direct[j]) {
+      if (gu_direct[j] || l.native) {
         const size_t g = static_cast<size_t>(w.gate.rows) * w.gate.row_bytes(), u = static_cast<size_t>(w.up.rows) * w.up.row_bytes();
         if (g + u != rg.data_per) fail(ErrorKind::internal, "expert stream: " + what + " gate/up differ in size from expert 0's");
-        ops.push_back({rg.data + eu * rg.data_per, w.gate.data, g});
-        ops.push_back({rg.data + eu * rg.data_per + g, w.up.data, u});
+        if (gu_direct[j]) {
+          ops.push_back({rg.data + eu * rg.data_per, w.gate.data, g});
+          ops.push_back({rg.data + eu * rg.data_per + g, w.up.data, u});
+        } else {  // stored blocks the driver did not pin: into the image as they are
+          put(w.gate.data, rg.data + eu * rg.data_per, g);
+          put(w.up.data, rg.data + eu * rg.data_per + g, u);
+        }
       } else {
         const gpu::QHostMat h = gpu::qrepack({w.gate, w.up}, what + " gate/up");
         same(h, gu0[j], rg);
@@ -298,10 +340,11 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
         put(h.scales.data(), rg.scales + eu * rg.scales_per, rg.scales_per);
         put(h.zeros.data(), rg.zeros + eu * rg.zeros_per, rg.zeros_per);
       }
-      if (dn_direct[j]) {
+      if (dn_direct[j] || l.native) {
         if (static_cast<size_t>(w.down.rows) * w.down.row_bytes() != rd.data_per)
           fail(ErrorKind::internal, "expert stream: " + what + " down differs in size from expert 0's");
-        ops.push_back({rd.data + eu * rd.data_per, w.down.data, rd.data_per});
+        if (dn_direct[j]) ops.push_back({rd.data + eu * rd.data_per, w.down.data, rd.data_per});
+        else put(w.down.data, rd.data + eu * rd.data_per, rd.data_per);
       } else {
         const gpu::QHostMat h = gpu::qrepack({w.down}, what + " down");
         same(h, dn0[j], rd);

@@ -18,6 +18,10 @@
 //    matrix is repacked once, at load, into a pinned image of its region.
 //    When the driver refuses to pin the stored blocks, every region goes
 //    into images.
+//  - GGUF Q4_K/Q5_K/Q6_K/Q8_0 layers whose every expert matrix the native
+//    GGUF kernels take (gpu::gguf_native_supported): the same two stacked
+//    matrices, but always the file's blocks as stored (Q6_K included), so
+//    always pinned in place unless the driver refuses.
 // Slots differ per layer only in the bytes used (a Q4_K_M file mixes Q4_K
 // and Q6_K down matrices); a slot is sized for the largest layer.
 //
@@ -58,8 +62,15 @@ struct StreamLayerLayout {
   // pointers (data/scales/zeros hold offset values; scales/zeros null when
   // the format has none). Rebase with at().
   gpu::QWeight gu, dn;
+  // GGUF Q4_K/Q5_K/Q6_K/Q8_0 layers (gpu::gguf_native_supported for every
+  // expert matrix): the file's blocks as stored, read by the gpu::gguf_*
+  // kernels; ngu/ndn hold slot offsets like gu/dn (then unused). Each
+  // region is followed by 16 readable bytes (gpu::gguf_moe_gemm's rule).
+  bool native = false;
+  gpu::GgufWeight ngu, ndn;
   gpu::PinnedBuffer image;  // the pinned image of the regions not pinned in place (one range of the slot)
   gpu::QWeight at(const gpu::QWeight& w, void* slot) const;
+  gpu::GgufWeight at(const gpu::GgufWeight& w, void* slot) const;
 };
 
 struct StreamLayoutOptions {

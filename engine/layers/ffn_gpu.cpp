@@ -159,6 +159,9 @@ class MoeGpu : public GpuFfn {
       gpu::add(d, ctx.scratch.get<float>("moe.shared") + r.r0 * H_, r.rn * H_, d, ctx.s);
   }
   void run_host(const float* x, int64_t n, const int32_t* ids, const float* w, float* out) override { experts_->run_host(x, n, ids, w, K_, out); }
+  void run_host_pairs(const float* x, int64_t n, const int32_t* ids, const float* w, int64_t k, float* out) override {
+    experts_->run_host(x, n, ids, w, k, out);
+  }
 
  private:
   const ModelConfig& c_;

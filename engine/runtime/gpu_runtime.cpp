@@ -38,6 +38,9 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.programmatic_launch = s.gpu_programmatic_launch;
   o.decode_fusion = s.gpu_decode_fusion;
   o.defer_experts = s.defer_experts;
+  o.expert_cache.budget_bytes = parse_gpu_expert_cache(s.gpu_expert_cache);
+  o.expert_cache.cost.share = parse_gpu_split_decode(s.gpu_split_decode);
+  o.expert_cache.quiet = s.progress == "none";
   return o;
 }
 
@@ -73,6 +76,7 @@ struct GpuRuntime::Impl {
   SegmentGraphs seg_graphs;
   std::unique_ptr<ExpertStream> xstream;  // streamed host experts for big passes (null: off)
   std::unique_ptr<GpuEngram> engram;      // n-gram memory modules (null: none)
+  std::unique_ptr<GpuExpertCache> xcache; // split decode / expert cache of the host layers (null: off)
   numa::NodePools* pools = nullptr;       // the host experts' pools (builds the streaming images)
   std::unique_ptr<ExpertDeferral> deferral;  // null: off
   std::unique_ptr<DeltaNetStep> deltanet;  // linear-attention layers' sequence states (null: none)
@@ -157,6 +161,7 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
     m.weight_bytes += m.engram->weight_bytes();
   }
   for (int64_t i = 0; i < 8 * c.num_hidden_layers; ++i) m.events.emplace_back();
+  enable_expert_cache(o.expert_cache);
 }
 
 std::unique_ptr<GpuRuntime> GpuRuntime::from_lookup(const ModelConfig& c, const WeightLookup& get, numa::NodePools& pools, const GpuRuntimeOptions& o,
@@ -216,6 +221,20 @@ uint64_t GpuRuntime::kv_bytes_per_token() const {
 }
 const ExpertStream* GpuRuntime::expert_stream() const { return impl_->xstream.get(); }
 ExpertStream* GpuRuntime::expert_stream() { return impl_->xstream.get(); }
+const GpuExpertCache* GpuRuntime::expert_cache() const { return impl_->xcache.get(); }
+GpuExpertCache* GpuRuntime::expert_cache() { return impl_->xcache.get(); }
+
+void GpuRuntime::enable_expert_cache(const GpuExpertCacheOptions& o) {
+  Impl& m = *impl_;
+  m.xcache.reset();
+  std::vector<GpuExpertCache::Layer> layers;
+  for (size_t l = 0; l < m.blocks.size(); ++l)
+    if (const auto* w = m.blocks[l].ffn->host_expert_weights()) layers.push_back({static_cast<int64_t>(l), w});
+  if (layers.empty()) return;
+  GpuExpertCacheOptions opt = o;
+  opt.max_tokens = Impl::kGraphMaxTokens;
+  m.xcache = make_gpu_expert_cache(m.c, std::move(layers), opt, m.stream, &m.pools->pool(0));
+}
 
 const numa::ExpertWeights* GpuRuntime::host_expert_sample() const {
   for (const Impl::Block& b : impl_->blocks)
@@ -304,6 +323,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     m.deltanet->begin(b, kv, kvs, s);
     st.deltanet = m.deltanet.get();
   }
+  if (m.xcache) m.xcache->begin_step();
   if (m.engram) m.engram->begin_step(b, kv, s);  // hashes the n-grams, starts the PLE row reads
   std::memcpy(m.meta_h.as<int32_t>(), meta.data(), meta_bytes);
   gpu::copy_to_device(m.meta.data(), m.meta_h.as<int32_t>(), meta_bytes, s);
@@ -478,11 +498,22 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     const auto c0 = std::chrono::steady_clock::now();
     float* out = m.out_h.as<float>() + r.r0 * H;
     std::memset(out, 0, static_cast<size_t>(r.rn * H * 4));
-    m.blocks[l].ffn->run_host(m.hf_h.as<float>() + r.r0 * H, r.rn, m.ids_h.as<int32_t>() + r.r0 * K, m.w_h.as<float>() + r.r0 * K, out);
+    const float* hf = m.hf_h.as<float>() + r.r0 * H;
+    const int32_t* ids = m.ids_h.as<int32_t>() + r.r0 * K;
+    const float* w = m.w_h.as<float>() + r.r0 * K;
+    GpuExpertCache* xc = m.xcache.get();
+    const bool split = xc && r.rn <= xc->max_tokens() && xc->covers(static_cast<int64_t>(l));
+    if (split) {  // cached experts and a balanced share of the others on the GPU (queued now), the rest on the CPU meanwhile
+      xc->split(static_cast<int64_t>(l), a.hb + r.r0 * H, r.rn, K, ids, w);
+      if (xc->cpu_k() > 0) m.blocks[l].ffn->run_host_pairs(hf, r.rn, xc->cpu_ids(), xc->cpu_weights(), xc->cpu_k(), out);
+    } else {
+      m.blocks[l].ffn->run_host(hf, r.rn, ids, w, out);
+    }
     cpu_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
     ev[2].record(s);
     gpu::copy_to_device(a.d + r.r0 * H, out, static_cast<size_t>(r.rn * H * 4), s);
     ev[3].record(s);
+    if (split) xc->add_gpu_share(a.d + r.r0 * H, s);
     handed.emplace_back(l, mb);
   };
   // With two micro-batches A, B the stream holds seg_i(A), down(A), seg_i(B),
@@ -508,6 +539,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   gpu::copy_to_host(m.logits_h.as<float>(), sc.get<float>("act.logits"), static_cast<size_t>(mrows * V * 4), s);
   s.synchronize();
   if (st.stream_pass) m.xstream->end();
+  if (m.xcache) m.xcache->end_step();
   kvs.end_step();
   if (m.deltanet) m.deltanet->end(kv);
   logits.assign(m.logits_h.as<float>(), m.logits_h.as<float>() + mrows * V);

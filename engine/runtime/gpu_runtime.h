@@ -17,7 +17,11 @@
 //    (set_cpu_overlap);
 //  - passes of >= the prefill minimum stream the host experts to the GPU
 //    instead (enable_expert_streaming, engine/layers/expert_stream.h);
-//  - prefill steps attend in query tiles on tensor cores (set_tiled_attention).
+//  - prefill steps attend in query tiles on tensor cores (set_tiled_attention);
+//  - decode-sized hand-offs split their routed experts between the CPU and
+//    the GPU: cached experts and a balanced share of the others, copied
+//    over PCIe, run on the GPU while the CPU computes the rest
+//    (enable_expert_cache, engine/layers/gpu_expert_cache.h).
 //
 // Contract: the constructor uploads every GPU weight (releasing the host
 // pages of what it uploaded) and keeps views of the host experts (the
@@ -32,6 +36,7 @@
 #include "configs/settings.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/layers/expert_stream.h"
+#include "engine/layers/gpu_expert_cache.h"
 #include "engine/layers/mla_attention.h"
 #include "engine/layers/routed_experts.h"
 #include "engine/layers/weights.h"
@@ -88,6 +93,9 @@ struct GpuRuntimeOptions {
   // runs while the GPU runs the next layer (engine/layers/expert_deferral.h;
   // one-micro-batch steps only); 0: off.
   int64_t defer_experts = 0;
+  // Split decode and the GPU expert cache of the host layers (settings
+  // gpu_expert_cache, gpu_split_decode; engine/layers/gpu_expert_cache.h).
+  GpuExpertCacheOptions expert_cache;
   // Everything from the settings but `resident` and `devices` (the placement's).
   static GpuRuntimeOptions from_settings(const Settings& s);
 };
@@ -128,6 +136,11 @@ class GpuRuntime {
   // min_batch 0 turns streaming off; off (with a notice) when the slots do not fit.
   void enable_expert_streaming(const ExpertStreamOptions& o);
   const ExpertStream* expert_stream() const;  // null when off
+  // Budget 0 turns split decode and the expert cache off (then every routed
+  // expert of a host layer runs on the CPU); rebuilt empty otherwise.
+  void enable_expert_cache(const GpuExpertCacheOptions& o);
+  const GpuExpertCache* expert_cache() const;  // null when off
+  GpuExpertCache* expert_cache();
   // Expert 0 of the first MoE layer whose experts stay in host memory (null: none):
   // what expert_stream_options measures the CPU experts on.
   const numa::ExpertWeights* host_expert_sample() const;

@@ -142,6 +142,7 @@ SchedulerStats Scheduler::stats() const {
   std::lock_guard lk(kv_stats_mu_);
   s.kv = kv_stats_;
   s.stream = stream_;
+  s.expert_cache = expert_cache_;
   s.ple = ple_;
   return s;
 }
@@ -151,6 +152,11 @@ void Scheduler::copy_step_stats() {
   if (const GpuRuntime* g = model_.gpu(); g && g->expert_stream()) {
     const ExpertStreamStats& x = g->expert_stream()->stats();
     stream_ = StreamTotals{x.passes, static_cast<int64_t>(x.layers.size()), x.bytes, x.copy_s, x.compute_s, x.stall_s, x.pinned_bandwidth};
+  }
+  if (const GpuRuntime* g = model_.gpu(); g && g->expert_cache()) {
+    const GpuExpertCacheStats& x = g->expert_cache()->stats();
+    expert_cache_ = ExpertCacheTotals{true,        x.c.hits,      x.c.misses, x.c.admitted, x.c.evictions,  x.c.bytes,
+                                      x.c.gpu_pairs, x.c.cpu_pairs, x.slots,    x.slots_used, x.device_bytes, x.copy_s};
   }
   copy_ple_stats();
 }

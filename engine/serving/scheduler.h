@@ -130,6 +130,18 @@ struct StreamTotals {
   double pinned_bandwidth = 0;  // measured at load, bytes/s
 };
 
+// Split decode and the GPU expert cache of host layers
+// (engine/layers/gpu_expert_cache.h), totals since start; `present` false
+// when off.
+struct ExpertCacheTotals {
+  bool present = false;
+  int64_t hits = 0, misses = 0, admitted = 0, evictions = 0;
+  uint64_t bytes = 0;  // host -> device bytes copied into slots
+  int64_t gpu_pairs = 0, cpu_pairs = 0, slots = 0, slots_used = 0;
+  uint64_t device_bytes = 0;
+  double copy_s = 0;
+};
+
 // The PLE n-gram table of an Engram model (io/ple_table.h), totals since
 // start; `present` false for other models.
 struct PleTotals {
@@ -149,6 +161,7 @@ struct SchedulerStats {
   KvCacheStats kv;  // prefix cache and host tier counters
   StreamTotals stream;
   PleTotals ple;
+  ExpertCacheTotals expert_cache;
 };
 
 class Scheduler {
@@ -197,6 +210,7 @@ class Scheduler {
 
   mutable std::mutex kv_stats_mu_;
   KvCacheStats kv_stats_;  // copy of kv_.stats() after each step
+  ExpertCacheTotals expert_cache_;  // copy of the GPU expert cache's totals after each step (under kv_stats_mu_)
   StreamTotals stream_;    // copy of the GPU expert stream's totals after each step (under kv_stats_mu_)
   PleTotals ple_;          // copy of the PLE table's counters after each step (under kv_stats_mu_)
   std::atomic<int64_t> queued_{0}, running_count_{0}, kv_used_{0}, steps_{0}, batched_tokens_{0}, preemptions_{0};

@@ -76,7 +76,7 @@ size_t expected_bytes(const numa::ExpertWeights& w) {
 
 }  // namespace
 
-TEST_CASE("streamed slots of GGUF experts: their GPU format, sized on the largest layer") {
+TEST_CASE("streamed slots of GGUF K-quant and Q8_0 experts: the file's blocks as stored, sized on the largest layer") {
   const ModelConfig c = config();
   Layer q4, q4q6;
   fill(q4, 12, 12);    // Q4_K everywhere (a Q4_K_M file's plain layers)
@@ -85,42 +85,64 @@ TEST_CASE("streamed slots of GGUF experts: their GPU format, sized on the larges
   o.skip_copies = true;
   const StreamLayout lay = build_stream_layout(c, {{5, &q4q6.experts}, {2, &q4.experts}}, o);
   CHECK(lay.quantized);
+  CHECK(lay.stored_blocks);
   REQUIRE(lay.layers.size() == 2);
   CHECK(lay.layers[0].layer == 2);  // sorted by layer
   CHECK(lay.layers[1].layer == 5);
-  const size_t b0 = expected_bytes(q4.experts[0]), b1 = expected_bytes(q4q6.experts[0]);
+  CHECK(lay.layers[0].native);
+  CHECK(lay.layers[1].native);
+  // Regions: the stored rows (Q4_K 144 bytes per 256 weights, Q6_K 210), 16 readable bytes after each, 256-byte aligned.
+  const size_t gu = align256(static_cast<size_t>(E * 2 * I) * 144 + 16);
+  CHECK(lay.layers[0].bytes == gu + align256(static_cast<size_t>(E * H) * 144 + 16));
+  CHECK(lay.layers[1].bytes == gu + align256(static_cast<size_t>(E * H) * 210 + 16));
+  CHECK(lay.slot_bytes == lay.layers[1].bytes);
+  const gpu::GgufWeight& ngu = lay.layers[1].ngu;
+  CHECK(ngu.type == gpu::GgufType::q4_k);
+  CHECK(ngu.rows == E * 2 * I);
+  CHECK(ngu.cols == H);
+  CHECK(reinterpret_cast<uintptr_t>(ngu.data) == 0);
+  CHECK(lay.layers[1].ndn.type == gpu::GgufType::q6_k);
+  CHECK(lay.layers[1].ndn.rows == E * H);
+  CHECK(reinterpret_cast<uintptr_t>(lay.layers[1].ndn.data) == gu);
+  CHECK(lay.format == "Q4_K, Q4_K / Q6_K");  // in layer order
+  // Rebasing the offsets onto a slot address.
+  char slot[16];
+  CHECK(static_cast<const char*>(lay.layers[1].at(lay.layers[1].ndn, slot).data) == slot + gu);
+  Layer q8;
+  fill(q8, 8, 8);
+  const StreamLayout l8 = build_stream_layout(c, {{0, &q8.experts}}, o);
+  CHECK(l8.layers[0].native);
+  CHECK(l8.format == "Q8_0");
+}
+
+TEST_CASE("streamed slots of GGUF types the GPU repacks (Q4_0, Q5_0): regions from gpu::qrepack of the first expert") {
+  const ModelConfig c = config();
+  Layer q40, q50;
+  fill(q40, 2, 2);  // Q4_0 -> int4 groups
+  fill(q50, 6, 6);  // Q5_0 -> int8 groups
+  StreamLayoutOptions o;
+  o.skip_copies = true;
+  const StreamLayout lay = build_stream_layout(c, {{1, &q40.experts}, {4, &q50.experts}}, o);
+  CHECK(lay.quantized);
+  CHECK(!lay.stored_blocks);
+  REQUIRE(lay.layers.size() == 2);
+  CHECK(!lay.layers[0].native);
+  const size_t b0 = expected_bytes(q40.experts[0]), b1 = expected_bytes(q50.experts[0]);
   CHECK(lay.layers[0].bytes == b0);
   CHECK(lay.layers[1].bytes == b1);
   CHECK(lay.slot_bytes == std::max(b0, b1));
-  // Q4_K stored: 144-byte blocks, rows of 16-byte multiples, no scales: the GPU format is the file's bytes.
+  const gpu::QHostMat g4 = gpu::qrepack({q40.experts[0].gate, q40.experts[0].up}, "gu");
   const gpu::QWeight& gu = lay.layers[0].gu;
-  CHECK(gu.format == gpu::QFormat::q4_k);
+  CHECK(gu.format == g4.w.format);
   CHECK(gu.rows == E * 2 * I);
-  CHECK(gu.cols == H);
   CHECK(reinterpret_cast<uintptr_t>(gu.data) == 0);
-  CHECK(gu.scales == nullptr);
-  CHECK(reinterpret_cast<uintptr_t>(lay.layers[0].dn.data) == align256(static_cast<size_t>(E * 2 * I) * 144));
-  // The Q6_K down matrices take whatever GPU format gpu::qformat_of gives them; regions follow qrepack.
-  const gpu::QHostMat d6 = gpu::qrepack({q4q6.experts[0].down}, "dn");
-  CHECK(lay.layers[1].dn.format == d6.w.format);
-  CHECK(lay.layers[1].dn.rows == E * H);
-  CHECK((lay.layers[1].dn.scales != nullptr) == !d6.scales.empty());
-  const std::string f0 = gpu::qformat_name(gpu::QFormat::q4_k), f6 = gpu::qformat_name(d6.w.format);
-  CHECK(lay.format == (f6 == f0 ? f0 : f0 + ", " + f0 + " / " + f6));
-  // Stored blocks only when every layer's GPU bytes are its stored bytes.
-  const bool d6_stored = d6.scales.empty() && d6.w.stride() == d6.w.row_bytes();
-  CHECK(lay.stored_blocks == d6_stored);
-  const StreamLayout only_q4 = build_stream_layout(c, {{2, &q4.experts}}, o);
-  CHECK(only_q4.stored_blocks);
-  CHECK(only_q4.slot_bytes == static_cast<size_t>(E) * 3 * static_cast<size_t>(I) / 256 * 144 * H);
-  // Rebasing the offsets onto a slot address.
+  CHECK((gu.scales != nullptr) == !g4.scales.empty());
+  CHECK(reinterpret_cast<uintptr_t>(gu.scales) == align256(g4.data.size() * E));
   char slot[16];
   const gpu::QWeight at = lay.layers[1].at(lay.layers[1].dn, slot);
   CHECK(static_cast<const char*>(at.data) == slot + reinterpret_cast<uintptr_t>(lay.layers[1].dn.data));
-  // Q8_0 (the fixture's type) is also stored as the GPU holds it.
-  Layer q8;
-  fill(q8, 8, 8);
-  CHECK(build_stream_layout(c, {{0, &q8.experts}}, o).stored_blocks);
+  CHECK(lay.format == std::string(gpu::qformat_name(g4.w.format)) + ", " +
+                          gpu::qformat_name(gpu::qrepack({q50.experts[0].down}, "dn").w.format));
 }
 
 TEST_CASE("streamed slots fall back to bf16 for experts the GPU kernels do not take, or of mixed types, and when asked") {

@@ -7,11 +7,12 @@
 //    hand-off), the same greedy ids where they lead by > 0.5, and llama.cpp's top-1
 //    at clear margins; under each window fill, expert product, source and
 //    window; byte counts match the slots.
-//  - Block types (tests/quant_tools/gguf_models.h: Q4_K stored as the GPU
-//    holds it, pinned in place; Q6_K and Q4_0 repacked into a pinned image):
-//    streamed logits equal the resident-quantized ones (same kernels, same
-//    bytes) for a short prompt (grouped kernel) and a 100-token prompt
-//    (dequantized chunks through cuBLAS).
+//  - Block types (tests/quant_tools/gguf_models.h: Q4_K and Q6_K as the
+//    file's blocks, pinned in place, run by the gpu::gguf_* kernels; Q4_0
+//    repacked into a pinned int4-group image): streamed logits equal the
+//    resident-quantized ones (same kernels, same bytes) for a short prompt
+//    (decode-style kernels) and a 100-token prompt (the grouped tensor-core
+//    product on GGUF blocks; dequantized chunks through cuBLAS for Q4_0).
 // Skips without a GPU.
 #include <doctest/doctest.h>
 
@@ -33,9 +34,11 @@ using namespace hmoe;
 
 namespace {
 
-std::unique_ptr<Model> load(const std::string& path, const std::string& resident, const std::string& min_batch) {
+// Split decode and the GPU expert cache off: the non-streamed path is the CPU experts' (tests/gpu/test_gpu_expert_cache.cpp covers them).
+// gguf_int8 "0": the CPU experts take the exact fp32 dequantize path instead of 8-bit activations.
+std::unique_ptr<Model> load(const std::string& path, const std::string& resident, const std::string& min_batch, const std::string& gguf_int8 = "1") {
   std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", resident, "--progress", "none", "--gpu-prefill-min-batch-size",
-                                   min_batch, "--gpu-prefetch-window", "2"};
+                                   min_batch, "--gpu-prefetch-window", "2", "--gpu-expert-cache", "0", "--cpu-gguf-int8", gguf_int8};
   return Model::load(path, Settings::load(args));
 }
 
@@ -57,7 +60,11 @@ TEST_CASE("tiny-qwen3moe-Q8_0.gguf with every MoE layer streamed matches the non
   const std::string gguf = test::fixture_ref("tiny-qwen3moe-Q8_0.gguf");
   REQUIRE_MESSAGE(std::filesystem::exists(gguf), gguf << " missing");
   const auto ref = nlohmann::json::parse(test::read_file(test::fixture_ref("llamacpp_q8_0_reference.json")));
-  auto model = load(gguf, "none", "1");
+  // The reference is the CPU experts' exact fp32 path (--cpu-gguf-int8 0). Their default 8-bit path
+  // rounds the activations to int8 per block of 32 (scale amax/127: an error up to amax/254 per value,
+  // about 4.5x bf16's 2^-9 relative rounding for Gaussian-like rows, where amax is ~2.3 rms): against it
+  // the streamed run measured 0.0203 (merged main, H100), most of it the CPU's rounding, not the GPU's.
+  auto model = load(gguf, "none", "1", "0");
   GpuRuntime* stack = model->gpu();
   REQUIRE(stack != nullptr);
   REQUIRE_MESSAGE(stack->expert_stream() != nullptr, "streaming is not on for the GGUF file");
@@ -71,10 +78,18 @@ TEST_CASE("tiny-qwen3moe-Q8_0.gguf with every MoE layer streamed matches the non
   off.min_batch = 0;
   stack->enable_expert_streaming(off);
   REQUIRE(stack->expert_stream() == nullptr);
-  std::vector<std::vector<float>> base;
+  std::vector<std::vector<float>> base, base8;
   for (const auto& chat : ref["chats"]) {
     const auto r = test::teacher_forced_rows(*model, chat);
     base.insert(base.end(), r.begin(), r.end());
+  }
+  {  // the CPU experts' 8-bit path, for the record (its distance is the int8 rounding of the activations)
+    auto m8 = load(gguf, "none", "0", "1");
+    for (const auto& chat : ref["chats"]) {
+      const auto r = test::teacher_forced_rows(*m8, chat);
+      base8.insert(base8.end(), r.begin(), r.end());
+    }
+    MESSAGE("CPU experts, 8-bit activations vs exact: rel. logit error " << rows_rel(base8, base));
   }
 
   using O = ExpertStreamOptions;
@@ -141,9 +156,9 @@ TEST_CASE("tiny-qwen3moe-Q8_0.gguf with every MoE layer streamed matches the non
     }
     const double rel = rows_rel(rows, base);
     const ExpertStreamStats& ss = xs.stats();
-    MESSAGE(std::string(v.name) << ": rel. logit error vs CPU experts " << rel << "; greedy ids " << same_greedy << "/" << clear << "; llama.cpp top-1 " << agree << "/"
+    MESSAGE(std::string(v.name) << ": rel. logit error vs CPU experts (exact) " << rel << ", vs their 8-bit path " << rows_rel(rows, base8) << "; greedy ids " << same_greedy << "/" << clear << "; llama.cpp top-1 " << agree << "/"
                    << checked << "; " << ss.passes << " passes, " << ss.bytes << " bytes, host image " << xs.pinned_copy_bytes() << " bytes");
-    CHECK(rel < 2e-2);  // bf16 activations on the GPU against the CPU's fp32
+    CHECK(rel < 2e-2);  // bf16 activations on the GPU against the CPU's exact fp32 path
     CHECK(checked > 20);
     CHECK(agree == checked);
     CHECK(clear > 20);
@@ -169,7 +184,7 @@ TEST_CASE("tiny-qwen3moe-Q8_0.gguf with every MoE layer streamed matches the non
 TEST_CASE("GGUF block types streamed: the same logits as the resident quantized experts (in place and repacked images)") {
   if (!test::have_gpu()) return;
   test::TempDir dir("gpu-gguf-stream");
-  // Q4_K: stored bytes are the GPU's (pinned in place); Q6_K, Q4_0: repacked into pinned images.
+  // Q4_K, Q6_K: the file's blocks (pinned in place); Q4_0: repacked into a pinned image.
   for (uint32_t type : {12u, 14u, 2u}) {
     const std::string name = cpu::ext_type_info(type)->name;
     const std::string path = dir.str() + "/q.gguf";
@@ -178,8 +193,9 @@ TEST_CASE("GGUF block types streamed: the same logits as the resident quantized 
     REQUIRE(streamed->gpu()->expert_stream() != nullptr);
     const ExpertStream& xs = *streamed->gpu()->expert_stream();
     CHECK(xs.quantized());
-    // Q4_K may go in place (when the driver pins the file's map); the repacked types always take an image.
-    if (type != 12u) CHECK(xs.pinned_copy_bytes() > 0);
+    // Q4_K and Q6_K stream the file's blocks (in place when the driver pins the map); Q4_0 is repacked into an image.
+    if (type == 2u) CHECK(xs.pinned_copy_bytes() > 0);
+    if (type != 2u) CHECK(xs.format() == name);
     MESSAGE(name << ": host experts " << std::string(xs.pinned_copy_bytes() == 0 ? "pinned in place" : "in a pinned image"));
     for (int64_t len : {11, 100}) {  // grouped kernel; dequantized chunks through cuBLAS
       std::vector<int32_t> ids;

@@ -84,6 +84,7 @@ struct Sample {
   double seconds = 0;
   GpuStepTimes times;        // zero on the CPU path
   ExpertStreamStats stream;  // prefill streaming of host experts (passes 0: none streamed)
+  GpuExpertCacheStats cache; // split decode / GPU expert cache (steps 0: none split)
 };
 
 struct Result {
@@ -132,6 +133,26 @@ struct Result {
       t.cpu_experts_s += s.times.cpu_experts_s;
       t.transfer_s += s.times.transfer_s;
       t.steps += s.times.steps;
+    }
+    return t;
+  }
+  GpuExpertCacheStats cached() const {
+    GpuExpertCacheStats t;
+    for (const auto& s : samples) {
+      const ExpertCacheCounters& a = s.cache.c;
+      t.c.hits += a.hits;
+      t.c.misses += a.misses;
+      t.c.admitted += a.admitted;
+      t.c.evictions += a.evictions;
+      t.c.bytes += a.bytes;
+      t.c.gpu_pairs += a.gpu_pairs;
+      t.c.cpu_pairs += a.cpu_pairs;
+      t.steps += s.cache.steps;
+      t.copy_s += s.cache.copy_s;
+      t.slots = s.cache.slots;
+      t.device_bytes = s.cache.device_bytes;
+      t.pcie_bandwidth = s.cache.pcie_bandwidth;
+      t.host_bandwidth = s.cache.host_bandwidth;
     }
     return t;
   }
@@ -222,6 +243,7 @@ class Bench {
   void begin() {
     if (m_.gpu()) m_.gpu()->reset_times();
     if (m_.gpu() && m_.gpu()->expert_stream()) m_.gpu()->expert_stream()->reset_stats();
+    if (m_.gpu() && m_.gpu()->expert_cache()) m_.gpu()->expert_cache()->reset_stats();
     t0_ = std::chrono::steady_clock::now();
   }
   Sample end() {
@@ -229,6 +251,7 @@ class Bench {
     smp.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     if (m_.gpu()) smp.times = m_.gpu()->times();
     if (m_.gpu() && m_.gpu()->expert_stream()) smp.stream = m_.gpu()->expert_stream()->stats();
+    if (m_.gpu() && m_.gpu()->expert_cache()) smp.cache = m_.gpu()->expert_cache()->stats();
     return smp;
   }
 
@@ -357,6 +380,12 @@ nlohmann::json result_json(const Result& r) {
     j["expert_stream"] = {{"passes", x.passes},          {"bytes", x.bytes},       {"copy_s", x.copy_s},
                           {"compute_s", x.compute_s},    {"stall_s", x.stall_s},   {"achieved_bytes_per_s", x.achieved_bandwidth()},
                           {"pinned_bytes_per_s", x.pinned_bandwidth}, {"hidden_fraction", x.hidden_fraction()}};
+  if (const GpuExpertCacheStats x = r.cached(); x.steps > 0)
+    j["split_decode"] = {{"layer_steps", x.steps},       {"gpu_pairs", x.c.gpu_pairs},   {"cpu_pairs", x.c.cpu_pairs},     {"gpu_share", x.gpu_share()},
+                         {"cache_hits", x.c.hits},      {"cache_misses", x.c.misses},   {"hit_rate", x.c.hit_rate()},     {"evictions", x.c.evictions},
+                         {"bytes", x.c.bytes},          {"copy_s", x.copy_s},           {"achieved_bytes_per_s", x.achieved_bandwidth()},
+                         {"slots", x.slots},            {"device_bytes", x.device_bytes}, {"pcie_bytes_per_s", x.pcie_bandwidth},
+                         {"host_bytes_per_s", x.host_bandwidth}};
   return j;
 }
 
@@ -397,6 +426,14 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
                    "step stream waited %.1f ms (%.0f%% of the copies hidden)\n",
                    static_cast<long long>(x.passes), static_cast<double>(x.bytes) / 1e9, x.copy_s * 1e3, x.achieved_bandwidth() / 1e9,
                    x.pinned_bandwidth / 1e9, x.compute_s * 1e3, x.stall_s * 1e3, 100.0 * x.hidden_fraction());
+    if (const GpuExpertCacheStats x = r.cached(); x.steps > 0)
+      std::fprintf(stderr,
+                   "hmoe bench:   split decode: routed pairs GPU %.1f%% / CPU %.1f%% (%lld / %lld), expert cache hit rate %.1f%% (%lld hits, %lld misses, %lld "
+                   "evictions; %lld slots, %s), %.2f GB copied in %.1f ms of copy stream (%.1f GB/s achieved; PCIe probe %.1f GB/s, host read %.1f GB/s)\n",
+                   100.0 * x.gpu_share(), 100.0 * (1 - x.gpu_share()), static_cast<long long>(x.c.gpu_pairs), static_cast<long long>(x.c.cpu_pairs),
+                   100.0 * x.c.hit_rate(), static_cast<long long>(x.c.hits), static_cast<long long>(x.c.misses), static_cast<long long>(x.c.evictions),
+                   static_cast<long long>(x.slots), format_bytes(x.device_bytes).c_str(), static_cast<double>(x.c.bytes) / 1e9, x.copy_s * 1e3,
+                   x.achieved_bandwidth() / 1e9, x.pcie_bandwidth / 1e9, x.host_bandwidth / 1e9);
   };
   for (int64_t d : o.depths) {
     for (int64_t p : o.prompts) {
@@ -445,6 +482,13 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
                 static_cast<long long>(r.depth), static_cast<long long>(r.depth + (r.kind == "prefill" ? r.prompt : r.gen)), r.mean(), r.sd(), ms,
                 split ? share(t.gpu_s(), w).c_str() : "-", split ? share(t.cpu_experts_s, w).c_str() : "-", split ? share(t.transfer_s, w).c_str() : "-");
   }
+  for (const auto& r : results)
+    if (const GpuExpertCacheStats x = r.cached(); x.steps > 0)
+      std::printf("\nsplit decode, %s batch %lld: routed pairs of host layers GPU %.1f%% / CPU %.1f%%, PCIe %.1f GB/s achieved (%.2f GB copied), "
+                  "GPU expert cache hit rate %.1f%% (%lld slots, %s)",
+                  r.name().c_str(), static_cast<long long>(r.batch), 100.0 * x.gpu_share(), 100.0 * (1 - x.gpu_share()), x.achieved_bandwidth() / 1e9,
+                  static_cast<double>(x.c.bytes) / 1e9, 100.0 * x.c.hit_rate(), static_cast<long long>(x.slots), format_bytes(x.device_bytes).c_str());
+  std::printf("\n");
   if (!on_gpu) std::printf("\nCPU path: no GPU/CPU split (all of the time is CPU work).\n");
   if (on_gpu && o.breakdown) {
     print_decode_breakdown(results, c.num_hidden_layers, device_read_bandwidth());

@@ -14,6 +14,7 @@
 #include "engine/layers/cpu_layers.h"
 #include "engine/layers/engram.h"
 #include "engine/layers/expert_stream.h"
+#include "engine/layers/gpu_expert_cache.h"
 #include "engine/layers/gpu_experts.h"
 #include "engine/layers/weights.h"
 #include "engine/loading/gguf_model.h"
@@ -26,6 +27,7 @@
 #include "engine/placement/placement.h"
 #include "engine/placement/prefill_cost.h"
 #include "gpu/device.h"
+#include "gpu/quant.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "tools/hmoe/command.h"
@@ -187,6 +189,17 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
     std::printf("%s", prefill_plan_report(c, s, cpu_bw, have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : 0,
                                           p.moe_layers() - p.resident_moe_layers(), left, gpu.total_bytes, sample ? &*sample : nullptr)
                           .c_str());
+    // Split decode and the GPU expert cache (GGUF Q4_K/Q5_K/Q6_K/Q8_0 experts of host layers).
+    const bool native = sample && gpu::gguf_native_supported(sample->gate) && gpu::gguf_native_supported(sample->up) &&
+                        gpu::gguf_native_supported(sample->down);
+    if (native) {
+      double pcie = have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : 0;
+      if (pcie <= 0) pcie = gpu::device_count() > 0 ? measure_pinned_h2d_bandwidth(64u << 20) : 25e9;
+      const uint64_t eb = sample->gate.bytes() + sample->up.bytes() + sample->down.bytes();
+      std::printf("%s", expert_cache_plan_report(c, s.gpu_expert_cache, s.gpu_split_decode, cpu_bw, pcie, p.moe_layers() - p.resident_moe_layers(), eb).c_str());
+    } else {
+      std::printf("GPU expert cache and split decode: off (the host experts are not GGUF Q4_K/Q5_K/Q6_K/Q8_0 matrices of a shape the GPU's native kernels take)\n");
+    }
   }
   if (c.arch == Arch::qwen3_moe_engram && !is_gguf_path(args[0])) std::printf("%s", ple_plan_report(c, io::TensorStore(args[0]), s, 1.0 / t).c_str());
   if (is_gguf_path(args[0])) {
