@@ -19,7 +19,9 @@
 // Usage: bench_gpu [--quick] [--skip-model] [--skip-kernels] [--steps N]
 //   [--resident 0,25,50,100] [--batches 1,8] [--experts TYPE]
 //   [--prefill 2048,8192] (one prompt of N tokens in one step per placement,
-//   tiled and per-token attention). Never pass/fail on time.
+//   tiled and per-token attention) [--defer-experts N] (the hybrid step's
+//   expert deferral) [--gpu-memory 24GiB] (every GPU allocation capped, as
+//   on a card of that size; gpu/memory_cap.h). Never pass/fail on time.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,10 +32,12 @@
 #include <vector>
 
 #include "configs/error.h"
+#include "configs/settings.h"
 #include "bench/synthetic_model.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
+#include "gpu/memory_cap.h"
 #include "numa/node_pools.h"
 #include "numa/quant_gguf.h"
 #include "numa/thread_pool.h"
@@ -222,7 +226,7 @@ WeightLookup quantized_lookup(const WeightLookup& base, cpu::ExtType type, Quant
 }
 
 void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::vector<int>& pcts, const std::vector<int>& batches,
-                     const std::string& experts, const std::vector<int>& prefill_tokens) {
+                     const std::string& experts, const std::vector<int>& prefill_tokens, int64_t defer_experts = 0) {
   numa::ThreadPool& pool = pools.pool(0);
   const std::unique_ptr<bench::SyntheticModel> model = bench::make_qwen3_30b_a3b(layers, pool);
   const ModelConfig& c = model->config();
@@ -268,6 +272,7 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
     try {
       GpuRuntimeOptions o;
       o.resident = resident;
+      o.defer_experts = defer_experts;
       stack = GpuRuntime::from_lookup(c, get, pools, o);
       std::printf("| %d%% | GPU weights %.2f GB |\n", pct, static_cast<double>(stack->weight_bytes()) / 1e9);
     } catch (const Error& e) {
@@ -349,6 +354,8 @@ int main(int argc, char** argv) {
   std::vector<int> prefill;
   int steps = 16;
   std::vector<int> pcts = {0, 25, 50, 100}, batches = {1, 8};
+  int64_t defer = 0;
+  std::string gpu_memory;
   auto list = [](const char* a) {
     std::vector<int> v;
     for (const char* p = a; *p;) {
@@ -367,6 +374,22 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) batches = list(argv[++i]);
     else if (!std::strcmp(argv[i], "--experts") && i + 1 < argc) experts = argv[++i];
     else if (!std::strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--defer-experts") && i + 1 < argc) defer = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--gpu-memory") && i + 1 < argc) gpu_memory = argv[++i];
+  }
+  // --gpu-memory SIZE: every GPU allocation of the run counts against SIZE (gpu/memory_cap.h), as on a card of that size.
+  if (!gpu_memory.empty()) {
+    try {
+      gpu::memory_ledger().set_cap(parse_bytes("--gpu-memory", gpu_memory), "bench_gpu --gpu-memory " + gpu_memory);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "bench_gpu: %s\n", e.what());
+      return 1;
+    }
+    std::printf("GPU memory capped at %s (every allocation counts)\n", gpu_memory.c_str());
+  }
+  if (defer < 0 || defer > 64) {
+    std::fprintf(stderr, "bench_gpu: --defer-experts must be in 0..64\n");
+    return 1;
   }
   std::printf("%s\n", gpu::describe().c_str());
   if (gpu::device_count() == 0) {
@@ -378,7 +401,7 @@ int main(int argc, char** argv) {
     numa::NodePools pools(popt);
     double copy_bw = 0;
     if (!skip_kernels) kernel_benchmarks(pools.pool(0), copy_bw);
-    if (!skip_model) model_benchmark(pools, quick ? 4 : 48, steps, pcts, batches, experts, prefill);
+    if (!skip_model) model_benchmark(pools, quick ? 4 : 48, steps, pcts, batches, experts, prefill, defer);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu: %s\n", e.what());
     return 1;

@@ -92,8 +92,10 @@ std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s, numa::Thre
   plan.spec = s.gpu_resident_moe_layers;
   plan.expert_cache_bytes = fit_cache_bytes;
   plan.fit_kv_blocks = fit_kv_blocks;
-  // --gpu-memory / --gpu-memory-utilization: every GPU allocation from here on counts against the budget.
+  // --gpu-memory / --gpu-memory-utilization: every GPU allocation from here on counts against the budget
+  // (without either, no cap: a cap left by an earlier load in the process is lifted).
   if (gpu_memory_capped(s)) gpu::memory_ledger().set_cap(plan.gpu_budget, gpu_memory_budget_origin(s, target));
+  else gpu::memory_ledger().set_cap(0, "");
   if (!quiet)
     std::fprintf(stderr, "hmoe: %s; %lld of %lld MoE layers resident (%s of experts on the GPU, %s on the CPU)\n", why.c_str(),
                  static_cast<long long>(plan.resident_moe_layers()), static_cast<long long>(plan.moe_layers()),
