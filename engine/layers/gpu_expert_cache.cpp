@@ -75,6 +75,9 @@ struct GpuExpertCache::Impl {
   gpu::DeviceBuffer meta_d, gu_scratch, gout;
   std::vector<gpu::Event> c0, c1;  // per call: copies start / end
   std::vector<char> copied;        // per call: copies enqueued
+  std::vector<uint64_t> call_bytes;  // per call: bytes copied
+  uint64_t cpu_bytes = 0;          // the last split's CPU experts, bytes
+  static constexpr double kAlpha = 0.1;  // moving-average weight of a new measurement
   gpu::Event free_ev;              // after the last GPU share: slots may be overwritten
   bool free_recorded = false;
   int64_t last_n = 0, last_gpu = 0;
@@ -169,6 +172,7 @@ GpuExpertCache::GpuExpertCache(const ModelConfig& c, std::vector<Layer> in, cons
   m.c0.resize(static_cast<size_t>(m.ncalls));
   m.c1.resize(static_cast<size_t>(m.ncalls));
   m.copied.assign(static_cast<size_t>(m.ncalls), 0);
+  m.call_bytes.assign(static_cast<size_t>(m.ncalls), 0);
   m.stats.layers = static_cast<int64_t>(m.layers.size());
   m.stats.pcie_bandwidth = o.cost.pcie_bandwidth;
   m.stats.host_bandwidth = o.cost.host_bandwidth;
@@ -257,6 +261,9 @@ int64_t GpuExpertCache::split(int64_t layer, const gpu::bf16_t* x, int64_t n, in
       m.stats.c.bytes += op.bytes;
     }
   }
+  int64_t cpu_experts = 0;
+  for (int32_t e : order) cpu_experts += slot_of[static_cast<size_t>(e)] < 0;
+  m.cpu_bytes = static_cast<uint64_t>(cpu_experts) * (cls.gu_per + cls.dn_per);
   // Pair lists: GPU pairs (slot ids) and CPU pairs (expert ids), compacted per token, weight-0 pads.
   int64_t kg = 0, kc = 0, gpu_pairs = 0;
   int32_t any_slot = -1, any_cpu = -1;
@@ -313,6 +320,9 @@ int64_t GpuExpertCache::split(int64_t layer, const gpu::bf16_t* x, int64_t n, in
     gpu::copy_batch_to_device(dsts.data(), srcs.data(), sizes.data(), dsts.size(), m.copy);
     m.c1[static_cast<size_t>(call)].record(m.copy);
     m.copied[static_cast<size_t>(call)] = 1;
+    uint64_t b = 0;
+    for (size_t z : sizes) b += z;
+    m.call_bytes[static_cast<size_t>(call)] = b;
   }
   char* md = m.meta_d.as<char>() + static_cast<size_t>(call) * m.meta_stride();
   gpu::copy_to_device(md, gid, static_cast<size_t>(n * kg) * 8, m.step);
@@ -322,6 +332,19 @@ int64_t GpuExpertCache::split(int64_t layer, const gpu::bf16_t* x, int64_t n, in
   m.free_ev.record(m.step);
   m.free_recorded = true;
   return gpu_pairs;
+}
+
+void GpuExpertCache::observe_cpu(double seconds) {
+  Impl& m = *impl_;
+  // Below 1 MiB a layer's time is mostly fixed costs: no bandwidth to learn from it.
+  if (m.cpu_bytes < (1u << 20) || !(seconds > 0) || m.o.cost.share >= 0) {
+    m.cpu_bytes = 0;
+    return;
+  }
+  const double bw = static_cast<double>(m.cpu_bytes) / seconds;
+  m.o.cost.host_bandwidth = m.o.cost.host_bandwidth > 0 ? (1 - Impl::kAlpha) * m.o.cost.host_bandwidth + Impl::kAlpha * bw : bw;
+  m.stats.host_bandwidth = m.o.cost.host_bandwidth;
+  m.cpu_bytes = 0;
 }
 
 void GpuExpertCache::add_gpu_share(float* d, gpu::Stream& s) {
@@ -335,14 +358,21 @@ void GpuExpertCache::begin_step() {
   m.calls = 0;
   std::fill(m.copied.begin(), m.copied.end(), 0);
   m.last_gpu = 0;
+  m.cpu_bytes = 0;
 }
 
 void GpuExpertCache::end_step() {
   Impl& m = *impl_;
   for (int64_t i = 0; i < m.calls; ++i)
     if (m.copied[static_cast<size_t>(i)]) {
-      m.stats.copy_s += m.c1[static_cast<size_t>(i)].elapsed_ms(m.c0[static_cast<size_t>(i)]) * 1e-3;
+      const double sec = m.c1[static_cast<size_t>(i)].elapsed_ms(m.c0[static_cast<size_t>(i)]) * 1e-3;
+      m.stats.copy_s += sec;
       m.copied[static_cast<size_t>(i)] = 0;
+      if (sec > 0 && m.o.cost.share < 0 && m.call_bytes[static_cast<size_t>(i)] >= (1u << 20)) {  // the copies' bandwidth as measured
+        const double bw = static_cast<double>(m.call_bytes[static_cast<size_t>(i)]) / sec;
+        m.o.cost.pcie_bandwidth = m.o.cost.pcie_bandwidth > 0 ? (1 - Impl::kAlpha) * m.o.cost.pcie_bandwidth + Impl::kAlpha * bw : bw;
+        m.stats.pcie_bandwidth = m.o.cost.pcie_bandwidth;
+      }
     }
   m.calls = 0;
 }

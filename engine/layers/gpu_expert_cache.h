@@ -8,8 +8,11 @@
 //     expert each: gate/up and down matrices as the file's GGUF blocks);
 //     cached experts run on the GPU and cost no copy;
 //  2. of the experts not cached, copies as many as balance the CPU's
-//     share (split_stream_count, expert_cache_policy.h: measured host read
-//     and pinned PCIe bandwidths) from pinned host memory (the file map,
+//     share (split_stream_count, expert_cache_policy.h: host read and
+//     pinned PCIe bandwidths, probed at load and then followed as decode
+//     measures them: the CPU share's wall time per byte of its experts
+//     (observe_cpu) and the copies' GPU-event time per byte, each a moving
+//     average) from pinned host memory (the file map,
 //     pinned in place as the prefill stream pins it) into free or least
 //     recently used slots, as one batched copy on a copy stream;
 //  3. enqueues the GPU share (gpu::gguf_moe_experts on the slot pool, ids =
@@ -71,7 +74,7 @@ struct GpuExpertCacheStats {
   int64_t layers = 0;          // host layers the cache serves
   int64_t steps = 0;           // layer steps split
   double copy_s = 0;           // copy-stream time of the batched copies (GPU events)
-  double pcie_bandwidth = 0, host_bandwidth = 0;  // used by the split
+  double pcie_bandwidth = 0, host_bandwidth = 0;  // used by the split now (probes at load, then the moving averages)
   double achieved_bandwidth() const { return copy_s > 0 ? static_cast<double>(c.bytes) / copy_s : 0; }
   double gpu_share() const {
     const int64_t p = c.gpu_pairs + c.cpu_pairs;
@@ -100,6 +103,9 @@ class GpuExpertCache {
   const int32_t* cpu_ids() const;
   const float* cpu_weights() const;
   int64_t cpu_k() const;
+  // The host's wall time for the CPU pairs of the last split(): folds
+  // bytes / seconds into the host bandwidth the split uses (auto split).
+  void observe_cpu(double seconds);
   // d[0..n) += the GPU share of the last split() (nothing when it had none).
   void add_gpu_share(float* d, gpu::Stream& s);
   // Before a step's first split(), with the step stream idle (a step that

@@ -52,23 +52,42 @@ int64_t prefill_break_even(const ModelConfig& c, const PrefillCost& m) {
 }
 
 double measure_host_read_bandwidth(numa::ThreadPool* pool) {
-  const size_t words = (256u << 20) / 8, chunk = 1u << 16;
+  // 512 MiB written by the pool's own threads (pages placed as the readers'
+  // first touch puts them), a warm-up pass (threads awake), then 3 timed
+  // passes of 4 independent sums per thread (one dependent add chain per
+  // 8 bytes capped a core below its share of the bus). The earlier probe (256
+  // MiB, one thread's pages, one chain) read 72 GB/s on the device's Xeon
+  // where 16 threads stream 143-146 GB/s (bench_gpu, 2026-12-06).
+  const size_t words = (512ull << 20) / 8, chunk = 1u << 16;
   std::vector<uint64_t> buf(words);
-  for (size_t i = 0; i < words; ++i) buf[i] = i * 0x9e3779b97f4a7c15ull;
   const int64_t chunks = static_cast<int64_t>(words / chunk);
+  auto run = [&](const numa::ThreadPool::Fn& fn) {
+    if (pool) pool->parallel_for(chunks, fn, 4);
+    else fn(0, chunks, 0);
+  };
+  run([&](int64_t b, int64_t e, int) {
+    for (int64_t ch = b; ch < e; ++ch)
+      for (size_t i = static_cast<size_t>(ch) * chunk; i < static_cast<size_t>(ch + 1) * chunk; ++i) buf[i] = i * 0x9e3779b97f4a7c15ull;
+  });
   std::vector<uint64_t> sums(static_cast<size_t>(chunks));
   auto body = [&](int64_t b, int64_t e, int) {
     for (int64_t ch = b; ch < e; ++ch) {
-      uint64_t acc = 0;
-      for (size_t i = static_cast<size_t>(ch) * chunk; i < static_cast<size_t>(ch + 1) * chunk; ++i) acc += buf[i];
-      sums[static_cast<size_t>(ch)] = acc;
+      uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+      const uint64_t* p = buf.data() + static_cast<size_t>(ch) * chunk;
+      for (size_t i = 0; i < chunk; i += 4) {
+        a0 += p[i];
+        a1 += p[i + 1];
+        a2 += p[i + 2];
+        a3 += p[i + 3];
+      }
+      sums[static_cast<size_t>(ch)] = a0 + a1 + a2 + a3;
     }
   };
+  run(body);
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (pool) pool->parallel_for(chunks, body);
-    else body(0, chunks, 0);
+    run(body);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, static_cast<double>(words * 8) / sec);
   }

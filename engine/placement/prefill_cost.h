@@ -65,7 +65,7 @@ constexpr double kStreamLayerOverheadSeconds = 100e-6;
 // and chunk steps, which the hand-off path (CUDA graphs, CPU/GPU overlap) serves.
 constexpr int64_t kAutoMinBatchFloor = 128;
 
-// Host memory read bytes/s: `pool` (null: one thread) summing 256 MiB, best of 3.
+// Host memory read bytes/s: `pool` (null: one thread) summing 512 MiB it wrote itself, best of 3 after a warm-up.
 double measure_host_read_bandwidth(numa::ThreadPool* pool);
 
 // FLOP/s of numa::mlp_forward over one random bf16 expert of c's shape for

@@ -505,7 +505,11 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     const bool split = xc && r.rn <= xc->max_tokens() && xc->covers(static_cast<int64_t>(l));
     if (split) {  // cached experts and a balanced share of the others on the GPU (queued now), the rest on the CPU meanwhile
       xc->split(static_cast<int64_t>(l), a.hb + r.r0 * H, r.rn, K, ids, w);
-      if (xc->cpu_k() > 0) m.blocks[l].ffn->run_host_pairs(hf, r.rn, xc->cpu_ids(), xc->cpu_weights(), xc->cpu_k(), out);
+      if (xc->cpu_k() > 0) {
+        const auto h0 = std::chrono::steady_clock::now();
+        m.blocks[l].ffn->run_host_pairs(hf, r.rn, xc->cpu_ids(), xc->cpu_weights(), xc->cpu_k(), out);
+        xc->observe_cpu(std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count());
+      }
     } else {
       m.blocks[l].ffn->run_host(hf, r.rn, ids, w, out);
     }
