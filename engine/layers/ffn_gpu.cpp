@@ -149,9 +149,10 @@ class MoeGpu : public GpuFfn {
   const ModelConfig& c_;
   RouterKind router_kind_;
   int64_t H_, E_, K_;
-  gpu::DeviceBuffer router_, bias_, router_count_;
+  gpu::DeviceBuffer router_, bias_;
   SwiGlu shared_;
   std::unique_ptr<RoutedExperts> experts_;
+  gpu::DeviceBuffer router_count_;  // the decode router's block counter (gpu/decode_fused.h)
   uint64_t bytes_ = 0;
 };
 
