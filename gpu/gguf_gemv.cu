@@ -53,8 +53,6 @@ struct Params {
   int64_t ldy;
   const int32_t* ids;
   const float* weights;
-  uint16_t* out;       // dequant: bf16 [rows, cols]
-  int64_t r0;          // dequant: first row
   LowbitTables tabs;   // the IQ codebooks (low-bit types)
   // Dense with the input norm fused (nw set): x is read as hb = bf16(nw *
   // (xres + delta) / rms) (gpu::add_rms_norm's values, which block (0, 0)
@@ -67,6 +65,8 @@ struct Params {
   uint16_t* hb;
   float* hf;
   int32_t* counter;
+  uint16_t* out;       // dequant: bf16 [rows, cols]
+  int64_t r0;          // dequant: first row
 };
 
 __device__ __forceinline__ uint4 load_tail(const uint8_t* a, const uint8_t* end) {

@@ -167,9 +167,10 @@ class MoeGpu : public GpuFfn {
   const ModelConfig& c_;
   RouterKind router_kind_;
   int64_t H_, E_, K_;
-  gpu::DeviceBuffer router_, bias_, router_count_, shared_gate_;  // shared_gate_: [1, H] bf16 (Qwen3-Next)
+  gpu::DeviceBuffer router_, bias_, shared_gate_;  // shared_gate_: [1, H] bf16 (Qwen3-Next)
   SwiGlu shared_;
   std::unique_ptr<RoutedExperts> experts_;
+  gpu::DeviceBuffer router_count_;  // the decode router's block counter (gpu/decode_fused.h)
   uint64_t bytes_ = 0;
 };
 

@@ -38,12 +38,12 @@ struct GpuStepInfo {
   int64_t list_len = 0, max_len = 0; // KV slot lists of the step's sequences: total and longest
   int64_t ntiles = 0;                // prefill query tiles (gpu::attention_tile_list), 0: none
   int64_t multi_tokens = 0;          // tokens of sequences with more than one token in the step
+  bool fused = true;                 // decode launches may be fused (setting gpu_decode_fusion)
   const int32_t *tok = nullptr, *pos = nullptr, *slot = nullptr, *off = nullptr, *len = nullptr, *multi = nullptr, *rows = nullptr,
                 *lists = nullptr, *tiles = nullptr;
   std::vector<int64_t> mb_rows;     // rows of each micro-batch
   GpuKvStorage* kv = nullptr;
   bool stream_pass = false;  // host experts stream to the GPU this pass (no hand-offs)
-  bool fused = true;         // decode launches may be fused (setting gpu_decode_fusion)
   const DeltaNetStep* deltanet = nullptr;  // the sequences' linear-attention states (models that have them)
 };
 

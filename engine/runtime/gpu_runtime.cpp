@@ -143,15 +143,11 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
       const auto home = o.resident[static_cast<size_t>(d.layer)] ? RoutedExperts::Home::gpu : RoutedExperts::Home::host;
       b.ffn = make_moe_gpu(up, c, d.layer, d.ffn.prefix, d.ffn.router, d.ffn.shared_inter, home, pools, homes, d.ffn.shared_gate);
       m.topk = std::max(m.topk, b.ffn->topk());
-      if (home == RoutedExperts::Home::gpu) {
-        expert_bytes += b.ffn->bytes();
-        m.expert_layer_bytes.push_back(b.ffn->routed_expert_bytes());
-      }
+      if (home == RoutedExperts::Home::gpu) expert_bytes += b.ffn->bytes();
     }
     m.blocks.push_back(std::move(b));
   }
   m.weight_bytes = up.bytes() + expert_bytes;
-  m.dense_bytes = up.bytes() - m.embed.bytes();
   if (state_layers > 0) m.deltanet = std::make_unique<DeltaNetStep>(state_layers * gpu::deltanet_layer_state_bytes(deltanet_shape(c.hybrid)));
   if (engram) {
     WeightLookup get = [&bind](const std::string& name, const std::vector<int64_t>& shape) {
@@ -162,6 +158,9 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   }
   for (int64_t i = 0; i < 8 * c.num_hidden_layers; ++i) m.events.emplace_back();
   enable_expert_cache(o.expert_cache);
+  m.dense_bytes = up.bytes() - m.embed.bytes();  // decode_weight_bytes
+  for (const Impl::Block& b : m.blocks)
+    if (const uint64_t x = b.ffn->routed_expert_bytes()) m.expert_layer_bytes.push_back(x);
 }
 
 std::unique_ptr<GpuRuntime> GpuRuntime::from_lookup(const ModelConfig& c, const WeightLookup& get, numa::NodePools& pools, const GpuRuntimeOptions& o,
