@@ -12,9 +12,10 @@
 #   2. per file: pp512, pp4096, tg64 (context 0-64) -r 2, default settings;
 #   3. per file: tg64 after a 4096-token context (decode flat with context:
 #      compare with tg64 of step 2; issue 26: within 15%);
-#   4. per file: pp512, pp4096 with AMX-BF16 prefill on (HMOE_CPU_AMX_MIN_TOKENS=8);
+#   4. per file: pp512, pp4096 (-r 1) with AMX-BF16 prefill on (HMOE_CPU_AMX_MIN_TOKENS=8);
 #   5. llama-bench tg64 at depth 4096 (-d 4096), if time is left, for the
-#      decode-at-4096 ratio (the side-by-side cpu row has llama.cpp's pp/tg at depth 0).
+#      decode-at-4096 ratio (the side-by-side cpu row has llama.cpp's pp/tg at depth 0);
+#   6. bench_gguf_cpu --prefill-only (VNNI vs AMX kernels), if packed and time is left.
 set -u
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 BUDGET=${BUDGET:-150}
@@ -36,23 +37,26 @@ else
   echo "== amx_test: test_numa not packed (scripts/device pack ... BUILD/tests/test_numa runs it)"
 fi
 grep -o -m1 -E 'amx_(bf16|tile|int8)' /proc/cpuinfo | sort -u | tr '\n' ' '; echo "(cpu flags)"
-hm() { "$B" hmoe bench "$@" --device cpu --threads $T --progress none; }
+cpu=(--device cpu --threads $T --progress none)
 for f in "$SLICE_Q4KM" "$SLICE_Q8_0"; do
   n=$(basename "$f" .gguf)
-  step "$n-rows" 45 hm "$f" -p 512,4096 -n 64 --batch 1 -r 2
+  step "$n-rows" 55 "$B" hmoe bench "$f" -p 512,4096 -n 64 --batch 1 -r 2 "${cpu[@]}"
 done
 for f in "$SLICE_Q4KM" "$SLICE_Q8_0"; do
   n=$(basename "$f" .gguf)
-  step "$n-tg-d4096" 25 hm "$f" -p 0 -n 64 -d 4096 --batch 1 -r 2
+  step "$n-tg-d4096" 25 "$B" hmoe bench "$f" -p 0 -n 64 -d 4096 --batch 1 -r 2 "${cpu[@]}"
 done
 for f in "$SLICE_Q4KM" "$SLICE_Q8_0"; do
   n=$(basename "$f" .gguf)
-  HMOE_CPU_AMX_MIN_TOKENS=8 step "$n-amx" 30 hm "$f" -p 512,4096 -n 0 -r 2
+  HMOE_CPU_AMX_MIN_TOKENS=8 step "$n-amx" 25 "$B" hmoe bench "$f" -p 512,4096 -n 0 -r 1 "${cpu[@]}"
 done
 if [[ -x ${LLAMA_CPU:-}/bin/llama-bench ]]; then
   for f in "$SLICE_Q4KM" "$SLICE_Q8_0"; do
     n=$(basename "$f" .gguf)
     step "$n-llama-tg-d4096" 30 "$LLAMA_CPU/bin/llama-bench" -m "$f" -t $T -ngl 0 -p 0 -n 64 -d 4096 -r 2
   done
+fi
+if [[ -x $bin_dir/bench_gguf_cpu ]]; then  # kernel view: VNNI vs AMX-BF16 prefill products, attention kernels
+  step prefill-kernels 30 "$B" bench_gguf_cpu --threads $T --quick --prefill-only
 fi
 echo "== cpu_rows done t=$SECONDS"
