@@ -113,8 +113,8 @@ struct Tables {
   alignas(64) uint8_t q3_bits[4][64]; // Q3_K: hmask bit of chunk c, per byte
   alignas(64) int16_t e_quarter[32], e_half[32], e_sh3[32], e_sh4[32];  // grid entry e: e / 4, e / 2, 3 (e % 4), 4 (e % 2)
   alignas(64) int16_t w2q[4][32];     // chunk c: word 4i = entry 8c + i (the qword lanes of a gather)
+  alignas(64) int16_t pack[2][32];    // kPack: s16 lane 8k + m of chunks (2p, 2p + 1) packed: run 8p + (m < 4 ? k : 4 + k)
   // The word permutations above as byte permutations (vpermb: one uop, vpermw: two).
-  alignas(64) int16_t pack[2][32];     // kPack: s16 lane 8k + m of chunks (2p, 2p + 1) packed: run 8p + (m < 4 ? k : 4 + k)
   alignas(64) uint8_t pack_b[2][64];
   alignas(64) uint8_t run16_b[4][64], half16_b[64], xxs_sc_b[64], x3_sc_b[64], e_quarter_b[64], e_half_b[64], w2q_b[4][64];
 };
@@ -128,12 +128,10 @@ constexpr void words_to_bytes(const int16_t (&w)[32], uint8_t (&b)[64]) {
 
 constexpr Tables make_tables() {
   Tables t{};
-  #pragma GCC unroll 4
   for (int v = 0; v < 4; ++v)
     for (int j = 0; j < 32; ++j) t.run16[v][j] = static_cast<int16_t>(4 * v + j / 8);
   for (int j = 0; j < 32; ++j) t.half16[j] = static_cast<int16_t>(j < 16 ? j / 2 : 0);
   for (uint32_t i = 0; i < 128; ++i) t.sign[i] = iq_sign_byte(i);
-  #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c)
     for (int k = 0; k < 64; ++k) {
       const int i = k / 8;
@@ -153,7 +151,6 @@ constexpr Tables make_tables() {
     t.xxs_sc[r] = static_cast<int16_t>(r < 16 ? 4 * (r / 2) + 2 : 0);
     t.x3_sc[r] = static_cast<int16_t>(r < 16 ? 2 * (r / 2) : 0);
   }
-  #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c)
     for (int l = 0; l < 16; ++l) t.lanes32[c][l] = 2 * c + l / 8;
   for (int j = 0; j < 16; ++j) {
