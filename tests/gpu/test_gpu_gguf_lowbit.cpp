@@ -41,6 +41,7 @@
 #include "io/gguf.h"
 #include "io/tensor/gguf_iq_grids.h"
 #include "io/tensor/quant_blocks_lowbit.h"
+#include "tests/gpu/gguf_expert_check.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/model_run.h"
 #include "tests/quant_tools/lowbit_blocks.h"
@@ -85,11 +86,8 @@ uint32_t fbits(float f) {
   return u;
 }
 
-struct HostW {
-  std::vector<uint8_t> bytes;
-  cpu::Mat view;
-  std::vector<float> deq;  // [rows, cols]: cpu::lowbit_dequant_block per block
-};
+using HostW = test::GgufHostW;  // deq: cpu::lowbit_dequant_block per block
+using test::ref_dot;
 
 HostW make(ExtType t, int64_t rows, int64_t cols, uint64_t seed, float rms = 0.05f) {
   HostW h;
@@ -104,22 +102,6 @@ HostW make(ExtType t, int64_t rows, int64_t cols, uint64_t seed, float rms = 0.0
 }
 
 // ref = sum_k x_k w_k and the int8-activation bound, per output (as test_gpu_gguf_native.cpp).
-void ref_dot(const float* w, const float* x, int64_t cols, double& ref, double& bound) {
-  ref = 0;
-  bound = 0;
-  double mag = 0;
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    double amax = 0, wabs = 0;
-    for (int64_t k = b * 32; k < b * 32 + 32; ++k) {
-      amax = std::max(amax, std::fabs(static_cast<double>(x[k])));
-      wabs += std::fabs(static_cast<double>(w[k]));
-      ref += static_cast<double>(x[k]) * w[k];
-      mag += std::fabs(static_cast<double>(x[k]) * w[k]);
-    }
-    bound += amax / 254.0 * wabs;
-  }
-  bound = 1.02 * bound + 1e-5 * mag + 1e-7;
-}
 
 }  // namespace
 
@@ -301,7 +283,6 @@ TEST_CASE("gpu gguf low-bit: gguf_moe_experts (decode experts) matches a scalar 
   pairs.push_back({cpu::lowbit::q2_k, cpu::ExtType::q4_k});
   for (Pair f : pairs) {
     std::vector<HostW> gu, dn;
-    std::vector<cpu::Mat> gu_views, dn_views;
     auto mk = [&](ExtType t, int64_t rows, int64_t cols, uint64_t seed) {
       if (cpu::lowbit_type(static_cast<uint32_t>(t))) return make(t, rows, cols, seed);
       HostW h;  // Q4_K down (a Q2_K_M-like mix): the test quantizer and the CPU dequantizer of the older types
@@ -319,57 +300,8 @@ TEST_CASE("gpu gguf low-bit: gguf_moe_experts (decode experts) matches a scalar 
       gu.push_back(mk(f.gu, 2 * I, H, 500 + static_cast<uint64_t>(e) * 7 + static_cast<uint64_t>(f.gu)));
       dn.push_back(mk(f.dn, H, I, 900 + static_cast<uint64_t>(e) * 7 + static_cast<uint64_t>(f.dn)));
     }
-    for (int64_t e = 0; e < E; ++e) {  // gate and up as two views, as the loader hands them
-      gu_views.push_back(gu[static_cast<size_t>(e)].view.slice_rows(0, I));
-      gu_views.push_back(gu[static_cast<size_t>(e)].view.slice_rows(I, 2 * I));
-      dn_views.push_back(dn[static_cast<size_t>(e)].view);
-    }
-    gpu::GgufDeviceMat dgu(gu_views, s, "gate_up"), ddn(dn_views, s, "down");
     for (int64_t n : {1, 4}) {
-      auto x = bf16_round(test::random_floats(static_cast<size_t>(n * H), 31 + static_cast<uint64_t>(n)));
-      std::vector<int32_t> ids(static_cast<size_t>(n * K));
-      std::vector<float> rw(ids.size());
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t j = 0; j < K; ++j) {
-          ids[static_cast<size_t>(t * K + j)] = static_cast<int32_t>((t * 4 + 2 * j + 1) % E);
-          rw[static_cast<size_t>(t * K + j)] = 0.5f - 0.1f * static_cast<float>(j) + 0.01f * static_cast<float>(t);
-        }
-      std::vector<double> out(static_cast<size_t>(n * H), 0.0), mag(out.size(), 0.0);
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t j = 0; j < K; ++j) {
-          const HostW& g = gu[static_cast<size_t>(ids[static_cast<size_t>(t * K + j)])];
-          const HostW& d = dn[static_cast<size_t>(ids[static_cast<size_t>(t * K + j)])];
-          std::vector<float> act(static_cast<size_t>(I));
-          for (int64_t i = 0; i < I; ++i) {
-            double gv, uv, b;
-            ref_dot(g.deq.data() + i * H, x.data() + t * H, H, gv, b);
-            ref_dot(g.deq.data() + (I + i) * H, x.data() + t * H, H, uv, b);
-            act[static_cast<size_t>(i)] = static_cast<float>(gv / (1.0 + std::exp(-gv)) * uv);
-          }
-          for (int64_t r = 0; r < H; ++r) {
-            double v = 0, m = 0;
-            for (int64_t i = 0; i < I; ++i) {
-              v += static_cast<double>(d.deq[static_cast<size_t>(r * I + i)]) * act[static_cast<size_t>(i)];
-              m += std::fabs(static_cast<double>(d.deq[static_cast<size_t>(r * I + i)]) * act[static_cast<size_t>(i)]);
-            }
-            out[static_cast<size_t>(t * H + r)] += rw[static_cast<size_t>(t * K + j)] * v;
-            mag[static_cast<size_t>(t * H + r)] += std::fabs(rw[static_cast<size_t>(t * K + j)]) * m;
-          }
-        }
-      auto dx = test::to_device(bf16_of(x), s);
-      auto di = test::to_device(ids, s), dwt = test::to_device(rw, s);
-      std::vector<float> poison(out.size(), std::nanf(""));
-      auto dout = test::to_device(poison, s);
-      gpu::DeviceBuffer gub(ids.size() * static_cast<size_t>(2 * I) * 4);
-      gpu::gguf_moe_experts(dx.as<uint16_t>(), n, K, di.as<int32_t>(), dwt.as<float>(), dgu.weight(), ddn.weight(), I, gub.as<float>(),
-                            dout.as<float>(), s);
-      auto y = test::to_host<float>(dout, out.size(), s);
-      // Two int8 roundings of activations (x, then silu(g) * u): a few 1/254 of sum |w x| at worst.
-      double worst = 0;
-      for (size_t i = 0; i < out.size(); ++i) {
-        const double e = std::fabs(y[i] - out[i]) / (3e-2 * mag[i] + 1e-9);
-        if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : e;
-      }
+      const double worst = test::gguf_moe_experts_worst(gu, dn, H, I, K, n, 4, s);
       CHECK_MESSAGE(worst <= 1.0, name(f.gu) << "/" << cpu::ext_type_info(static_cast<uint32_t>(f.dn))->name << " n=" << n << ": worst error/bound " << worst);
     }
   }
