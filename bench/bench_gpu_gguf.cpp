@@ -36,6 +36,7 @@
 #include "gpu/quant.h"
 #include "numa/quant_gguf.h"
 #include "tests/quant_tools/quantizers.h"
+#include "bench/gguf_gpu_bench.h"
 
 using namespace hmoe;
 
@@ -49,55 +50,18 @@ std::vector<float> random_w(int64_t n, uint64_t seed) {
   return v;
 }
 
-// `copies` copies of one [rows, cols] matrix of type t stacked on the device.
-struct Stack {
-  gpu::DeviceBuffer data;
-  gpu::GgufWeight w;
+// `copies` copies of one [rows, cols] matrix of type t (random weights) stacked on the device.
+struct Stack : bench::GgufStack {
   std::vector<uint8_t> host;  // one copy
 };
 Stack stack(cpu::ExtType t, int64_t rows, int64_t cols, int64_t copies, gpu::Stream& s) {
-  Stack st;
   auto w = random_w(rows * cols, 17 + static_cast<uint64_t>(t));
-  st.host = qtools::quant_rows(t, w.data(), rows, cols);
-  const cpu::Mat v = cpu::ext_view(t, st.host.data(), rows, cols, "bench");
-  st.w.type = gpu::gguf_type_of(v, "bench");
-  st.w.rows = rows * copies;
-  st.w.cols = cols;
-  const size_t one = st.host.size();
-  st.data = gpu::DeviceBuffer(one * static_cast<size_t>(copies) + 16);  // gguf_moe_gemm reads up to 16 bytes past the last row
-  gpu::copy_to_device(st.data.data(), st.host.data(), one, s);
-  for (int64_t c = 1; c < copies; ++c) gpu::copy_on_device(st.data.as<uint8_t>() + one * c, st.data.data(), one, s);
-  gpu::memset_device(st.data.as<uint8_t>() + one * static_cast<size_t>(copies), 0, 16, s);
-  s.synchronize();
-  st.w.data = st.data.data();
+  std::vector<uint8_t> host = qtools::quant_rows(t, w.data(), rows, cols);
+  Stack st{bench::gguf_stack(t, host, rows, cols, copies, s), std::move(host)};
   return st;
 }
-
-struct Timer {
-  gpu::Stream& s;
-  gpu::DeviceBuffer flush{size_t{256} << 20};
-  gpu::Event a, b;
-  int reps;
-  Timer(gpu::Stream& st, int r) : s(st), reps(r) {}
-  template <class Fn>
-  double us(Fn&& fn) {
-    fn();  // warm-up
-    s.synchronize();
-    std::vector<double> t;
-    for (int r = 0; r < reps; ++r) {
-      gpu::memset_device(flush.data(), r & 0xFF, flush.bytes(), s);
-      a.record(s);
-      fn();
-      b.record(s);
-      b.synchronize();
-      t.push_back(b.elapsed_ms(a) * 1e3);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  }
-};
-
-const char* tname(cpu::ExtType t) { return cpu::ext_type_info(static_cast<uint32_t>(t))->name; }
+using Timer = bench::GpuTimer;
+constexpr auto tname = bench::gguf_type_name;
 
 }  // namespace
 

@@ -38,6 +38,7 @@
 #include "io/tensor/quant_blocks_lowbit.h"
 #include "tests/quant_tools/lowbit_blocks.h"
 #include "tests/quant_tools/quantizers.h"
+#include "bench/gguf_gpu_bench.h"
 
 using namespace hmoe;
 
@@ -53,52 +54,10 @@ std::vector<uint8_t> host_matrix(cpu::ExtType t, int64_t rows, int64_t cols, uin
   return qtools::quant_rows(t, w.data(), rows, cols);
 }
 
-// `copies` copies of one matrix stacked on the device (16 readable bytes past the end).
-struct Stack {
-  gpu::DeviceBuffer data;
-  gpu::GgufWeight w;
-};
-Stack stack(cpu::ExtType t, const std::vector<uint8_t>& host, int64_t rows, int64_t cols, int64_t copies, gpu::Stream& s) {
-  Stack st;
-  const cpu::Mat v = cpu::ext_view(t, host.data(), rows, cols, "bench");
-  st.w.type = gpu::gguf_type_of(v, "bench");
-  st.w.rows = rows * copies;
-  st.w.cols = cols;
-  const size_t one = host.size();
-  st.data = gpu::DeviceBuffer(one * static_cast<size_t>(copies) + 16);
-  gpu::copy_to_device(st.data.data(), host.data(), one, s);
-  for (int64_t c = 1; c < copies; ++c) gpu::copy_on_device(st.data.as<uint8_t>() + one * c, st.data.data(), one, s);
-  gpu::memset_device(st.data.as<uint8_t>() + one * static_cast<size_t>(copies), 0, 16, s);
-  s.synchronize();
-  st.w.data = st.data.data();
-  return st;
-}
-
-struct Timer {
-  gpu::Stream& s;
-  gpu::DeviceBuffer flush{size_t{256} << 20};
-  gpu::Event a, b;
-  int reps;
-  Timer(gpu::Stream& st, int r) : s(st), reps(r) {}
-  template <class Fn>
-  double us(Fn&& fn) {
-    fn();  // warm-up
-    s.synchronize();
-    std::vector<double> t;
-    for (int r = 0; r < reps; ++r) {
-      gpu::memset_device(flush.data(), r & 0xFF, flush.bytes(), s);
-      a.record(s);
-      fn();
-      b.record(s);
-      b.synchronize();
-      t.push_back(b.elapsed_ms(a) * 1e3);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  }
-};
-
-const char* tname(cpu::ExtType t) { return cpu::ext_type_info(static_cast<uint32_t>(t))->name; }
+using Stack = bench::GgufStack;
+using Timer = bench::GpuTimer;
+constexpr auto stack = bench::gguf_stack;
+constexpr auto tname = bench::gguf_type_name;
 
 std::vector<int32_t> random_ids(int64_t n, int64_t E, int64_t K, std::mt19937& rng) {
   std::vector<int32_t> ids(static_cast<size_t>(n * K)), perm(static_cast<size_t>(E));
