@@ -71,7 +71,7 @@ struct GpuRuntime::Impl {
   GpuPartTimes part_times;
   GpuStepTimes times;
   static constexpr int64_t kGraphMaxTokens = 64;  // larger steps are launched plainly
-  bool use_graphs = false, overlap = false, tiled_attention = true, decode_fusion = true, programmatic_launch = true;
+  bool use_graphs = false, overlap = false, tiled_attention = true, decode_fusion = false, programmatic_launch = true;
   int64_t overlap_b_rows = 0;
   SegmentGraphs seg_graphs;
   std::unique_ptr<ExpertStream> xstream;  // streamed host experts for big passes (null: off)

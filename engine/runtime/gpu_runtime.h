@@ -86,7 +86,7 @@ struct GpuRuntimeOptions {
   bool quantized_dense = true;    // GGUF attention / lm_head weights stay in their blocks (setting gpu_quantized_dense)
   bool cuda_graphs = false, cpu_overlap = false, tiled_attention = true;
   bool programmatic_launch = true;  // setting gpu_programmatic_launch (gpu::Stream::set_programmatic_launch)
-  bool decode_fusion = true;        // setting gpu_decode_fusion (GpuStepInfo::fused)
+  bool decode_fusion = false;       // setting gpu_decode_fusion (GpuStepInfo::fused)
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
   // Setting defer_experts: hand-off layers followed by another hand-off layer
   // defer their N lowest-weight experts per token to a worker thread that
