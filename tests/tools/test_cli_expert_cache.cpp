@@ -32,8 +32,10 @@ TEST_CASE("hmoe plan shows the GPU expert cache and the split decode choice for 
   const std::string path = dir.str() + "/q4k.gguf";
   hmoe::test::write_file(path, hmoe::qtools::build_model(12).quant.bytes());
   const std::string common = path + " --gpu-resident-moe-layers none --cpu-bandwidth 50GB --pcie-bandwidth 25GB --gpu-memory 24GiB";
+  // The default is off (its first GPU run hung: settings.inc).
+  CHECK_MESSAGE(has(plan(common), "GPU expert cache and split decode: off (--gpu-expert-cache 0)"), plan(common));
   // Q4_K expert: 3 matrices of 256 rows x 144 bytes = 108.0 KiB; auto = 4 x top-2 slots (8 = every expert of the 2 layers).
-  const std::string a = plan(common);
+  const std::string a = plan(common + " --gpu-expert-cache auto");
   CHECK_MESSAGE(has(a, "GPU expert cache (decode, host layers' experts; LRU per layer): 864.0 KiB of VRAM (auto: an eighth of the host experts, at least 4 top-k sets)"), a);
   CHECK_MESSAGE(has(a, "8 slots of 108.0 KiB = 100.0% of the 2 host layers' experts"), a);
   CHECK_MESSAGE(has(a, "split decode: every routed expert cached, the GPU computes them all"), a);
