@@ -94,7 +94,7 @@ SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
       fail(ErrorKind::invalid_argument, "--kv-offloading-size is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");
   }
   if (lay.seq_state_bytes > 0 && c.prefix_caching && !snapshots) {
-    std::fprintf(stderr, "hmoe serve: prefix caching is off: the model keeps per-sequence state (Engram windows) that shared KV blocks cannot restore\n");
+    std::fprintf(stderr, "hmoe serve: prefix caching is off: the model keeps per-sequence state that shared KV blocks cannot restore here (Engram windows; linear-attention states on the GPU, where no snapshots are taken yet)\n");
     c.prefix_caching = false;
   }
   if (lay.seq_state_bytes > 0)

@@ -78,11 +78,11 @@ struct KvLayout {
   int64_t k_token_floats = -1;
   int64_t v_token_floats = -1;
   int64_t seq_state_bytes = 0;  // per-sequence state kept beside the KV (Engram windows), zeroed by add_sequence
+  KvDtype dtype = KvDtype::f32;  // element format of the CPU storage (the GPU storage is bf16 whatever this says)
   // > 0: the per-sequence state can be checkpointed after any token count,
   // and results do not depend on how a prompt was split at multiples of
   // this (Gated DeltaNet's chunk); prefix caching snapshots it (above).
   int64_t state_align = 0;
-  KvDtype dtype = KvDtype::f32;  // element format of the CPU storage (the GPU storage is bf16 whatever this says)
   int64_t k_floats() const { return k_token_floats >= 0 ? k_token_floats : kv_heads * head_dim; }
   int64_t v_floats() const { return v_token_floats >= 0 ? v_token_floats : kv_heads * head_dim; }
 };

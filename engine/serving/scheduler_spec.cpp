@@ -94,7 +94,10 @@ void Scheduler::draft_tokens(const std::vector<SpecItem>& items) {
     for (size_t k = 0; k < drafting.size(); ++k) drafting[k].s->draft = {argmax(logits.data() + static_cast<int64_t>(k) * V, V)};
     // Further drafts: one row per sequence, from the head's own last hidden state.
     for (int64_t i = 2; i <= n_max; ++i) {
-      std::erase_if(drafting, [i](const Drafting& d) { return d.n < i; });
+      // Another sequence's draft rows may have taken the blocks this one counted on.
+      std::erase_if(drafting, [&](const Drafting& d) {
+        return d.n < i || (kv_.capacity(d.s->kv_seq) <= d.s->computed + i - 2 && kv_.free_blocks() == 0);
+      });
       if (drafting.empty()) break;
       b.clear();
       in.clear();

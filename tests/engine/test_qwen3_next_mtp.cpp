@@ -4,7 +4,8 @@
 // tiny-qwen3next/np_mtp_reference.json): the head's logits at every
 // position of a prompt (top-10 and log-sum-exp within 1e-3), as one pass
 // over the main model's hidden states and as a pass split in two (its KV
-// layer carries the first part).
+// layer carries the first part); from the safetensors checkpoint and from
+// the F32 GGUF file, whose block num_hidden_layers holds the head (nextn.*).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -21,13 +22,14 @@ using namespace hmoe;
 
 namespace {
 
-std::unique_ptr<Model> load_fixture(int64_t spec) {
-  const std::string dir = test::fixture_model("tiny-qwen3next");
-  REQUIRE_MESSAGE(io::file_exists(dir + "/model-00001-of-00004.safetensors"), "run scripts/make-fixtures " << HMOE_BINARY_DIR);
+std::unique_ptr<Model> load_fixture(int64_t spec, const std::string& name = "tiny-qwen3next") {
+  const std::string dir = test::fixture_model(name);
+  REQUIRE_MESSAGE(io::file_exists(test::fixture_model("tiny-qwen3next/model-00001-of-00004.safetensors")), "run scripts/make-fixtures " << HMOE_BINARY_DIR);
   Settings s = Settings::defaults();
   s.progress = "none";
   s.device = "cpu";
   s.speculative_tokens = spec;
+  s.kv_cache_dtype = "fp32";  // GGUF files default to bf16
   return Model::load(dir, s);
 }
 
@@ -58,8 +60,10 @@ std::vector<float> head_logits(Model& m, const std::vector<int32_t>& ids, const 
 
 }  // namespace
 
-TEST_CASE("qwen3_next MTP head matches the numpy reference at every position") {
-  auto m = load_fixture(1);
+TEST_CASE("qwen3_next MTP head matches the numpy reference at every position (safetensors, and the GGUF file's nextn block)") {
+  for (const std::string file : {"tiny-qwen3next", "tiny-qwen3next-F32.gguf"}) {
+  CAPTURE(file);
+  auto m = load_fixture(1, file);
   const int64_t V = m->config().vocab_size;
   std::ifstream f(test::fixture_ref("tiny-qwen3next/np_mtp_reference.json"));
   REQUIRE(f.good());
@@ -84,8 +88,9 @@ TEST_CASE("qwen3_next MTP head matches the numpy reference at every position") {
       }
     }
   }
-  MESSAGE("MTP head vs numpy: max |logit diff| " << worst);
+  MESSAGE(file << ": MTP head vs numpy: max |logit diff| " << worst);
   CHECK(worst <= 1e-3);
+  }
 }
 
 TEST_CASE("qwen3_next MTP head: off without --speculative-tokens; the checkpoint's mtp.* weights still load") {
