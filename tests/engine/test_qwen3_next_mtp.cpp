@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -98,4 +99,29 @@ TEST_CASE("qwen3_next MTP head: off without --speculative-tokens; the checkpoint
   CHECK(m->speculative_tokens() == 0);
   CHECK(m->kv_layout().layers == 2);
   CHECK_THROWS_AS(m->hidden(), Error);
+}
+
+TEST_CASE("qwen3_next MTP head: a checkpoint whose head lacks a tensor is a clear error with --speculative-tokens, and loads without") {
+  const std::string src = test::fixture_model("tiny-qwen3next");
+  REQUIRE(io::file_exists(src + "/model-00001-of-00004.safetensors"));
+  test::TempDir dir("qwen3next-mtp-bad");
+  for (const auto& e : std::filesystem::directory_iterator(src))
+    if (e.path().filename() != "model.safetensors.index.json") std::filesystem::create_symlink(e.path(), dir.path / e.path().filename());
+  auto idx = nlohmann::json::parse(test::read_file(src + "/model.safetensors.index.json"));
+  REQUIRE(idx["weight_map"].erase("mtp.layers.0.self_attn.k_proj.weight") == 1);
+  test::write_file(dir.str() + "/model.safetensors.index.json", idx.dump());
+  Settings s = Settings::defaults();
+  s.progress = "none";
+  s.device = "cpu";
+  s.speculative_tokens = 2;
+  try {
+    Model::load(dir.str(), s);
+    FAIL("loaded a head without its k_proj");
+  } catch (const Error& e) {
+    MESSAGE(std::string(e.what()));
+    CHECK(e.kind() == ErrorKind::bad_model);
+    CHECK(std::string(e.what()).find("mtp.layers.0.self_attn.k_proj.weight") != std::string::npos);
+  }
+  s.speculative_tokens = 0;  // the head is not run: its tensors are skipped, whole or not
+  CHECK(Model::load(dir.str(), s)->speculative_tokens() == 0);
 }
