@@ -152,7 +152,14 @@ std::string Metrics::render(const SchedulerStats& s, int64_t open_connections) c
     gauge("hmoe_kv_restored_blocks_total", "counter", "Blocks copied back from the host tier instead of recomputed", k.restored_blocks);
     gauge("hmoe_kv_restored_bytes_total", "counter", "Bytes copied back from the host tier", k.restored_bytes);
     gauge("hmoe_kv_host_dropped_blocks_total", "counter", "Host tier blocks dropped (LRU) for room", k.host_dropped);
+    gauge("hmoe_prefix_cache_state_snapshots_taken_total", "counter", "Hybrid models: recurrent-state snapshots written at block boundaries", k.snapshots_taken);
+    gauge("hmoe_prefix_cache_state_snapshots_restored_total", "counter", "Hybrid models: prefix hits that restored a state snapshot", k.snapshots_restored);
+    gauge("hmoe_prefix_cache_state_snapshots_dropped_total", "counter", "Hybrid models: snapshots dropped (pool full, or their block evicted)", k.snapshots_dropped);
+    gauge("hmoe_prefix_cache_state_snapshots_held", "gauge", "Hybrid models: snapshot slots holding one now", k.snapshots_held);
+    gauge("hmoe_prefix_cache_snapshot_short_tokens_total", "counter", "Hybrid models: matched tokens recomputed for want of a snapshot at their end", k.snapshot_short_tokens);
   }
+  gauge("hmoe_spec_draft_tokens_total", "counter", "Speculative decoding: tokens drafted by the MTP head and verified", s.spec_drafted);
+  gauge("hmoe_spec_accepted_tokens_total", "counter", "Speculative decoding: drafted tokens accepted", s.spec_accepted);
   {
     const StreamTotals& x = s.stream;  // GPU expert streaming of big passes (gpu/README.md)
     auto real = [&](const char* name, const char* type, const char* help, double v) {

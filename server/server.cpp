@@ -58,14 +58,28 @@ SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
   c.block_size = s.block_size;
   c.prefix_caching = s.enable_prefix_caching;
   const int64_t ctx = context_length(s, m.config());
-  const int64_t block_bytes = KvCache::bytes_per_block(m.kv_layout(), c.block_size);
+  const KvLayout& lay = m.kv_layout();
+  const int64_t block_bytes = KvCache::bytes_per_block(lay, c.block_size);
   const int64_t ctx_blocks = (ctx + c.block_size - 1) / c.block_size + 1;
+  // Per-sequence state (one per running sequence) and, for hybrid models with
+  // prefix caching, its snapshots come out of the KV budget before the blocks.
+  const bool snapshots = lay.seq_state_bytes > 0 && lay.state_align > 0 && c.prefix_caching;
+  if (snapshots) c.state_snapshots = s.prefix_state_snapshots > 0 ? s.prefix_state_snapshots : 2 * std::max<int64_t>(s.max_num_seqs, 1);
+  const int64_t state_bytes = lay.seq_state_bytes * (std::max<int64_t>(s.max_num_seqs, 1) + c.state_snapshots);
   int64_t blocks;
   if (s.kv_cache_memory_bytes > 0) {
-    blocks = static_cast<int64_t>(s.kv_cache_memory_bytes) / block_bytes;
+    const int64_t budget = static_cast<int64_t>(s.kv_cache_memory_bytes) - state_bytes;
+    blocks = budget / block_bytes;
+    if (state_bytes > 0 && blocks < ctx_blocks)
+      fail(ErrorKind::invalid_argument,
+           "--kv-cache-memory-bytes " + std::to_string(s.kv_cache_memory_bytes) + " leaves room for " + std::to_string(std::max<int64_t>(blocks, 0)) +
+               " KV blocks after the per-sequence state (" + std::to_string(state_bytes) + " bytes: " + std::to_string(lay.seq_state_bytes) +
+               " bytes for each of --max-num-seqs " + std::to_string(s.max_num_seqs) + " sequences and " + std::to_string(c.state_snapshots) +
+               " --prefix-state-snapshots), but one sequence of the context length needs " + std::to_string(ctx_blocks));
     if (blocks < 1) fail(ErrorKind::invalid_argument, "--kv-cache-memory-bytes is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");
   } else {
-    blocks = std::min<int64_t>(std::max<int64_t>(s.max_num_seqs, 1) * ctx_blocks, (int64_t{512} << 20) / block_bytes);
+    const int64_t budget = std::max<int64_t>((int64_t{512} << 20) - state_bytes, 0);
+    blocks = std::min<int64_t>(std::max<int64_t>(s.max_num_seqs, 1) * ctx_blocks, budget / block_bytes);
     blocks = std::max(blocks, ctx_blocks);
   }
   c.kv_blocks = blocks;
@@ -79,15 +93,18 @@ SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
     if (c.host_kv_blocks < 1)
       fail(ErrorKind::invalid_argument, "--kv-offloading-size is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");
   }
-  if (m.kv_layout().seq_state_bytes > 0 && c.prefix_caching) {
-    std::fprintf(stderr, "hmoe serve: prefix caching is off: the model keeps per-sequence state (Engram windows, linear-attention states) that shared KV blocks cannot restore\n");
+  if (lay.seq_state_bytes > 0 && c.prefix_caching && !snapshots) {
+    std::fprintf(stderr, "hmoe serve: prefix caching is off: the model keeps per-sequence state that shared KV blocks cannot restore here (Engram windows; linear-attention states on the GPU, where no snapshots are taken yet)\n");
     c.prefix_caching = false;
   }
-  if (m.kv_layout().seq_state_bytes > 0)
-    std::fprintf(stderr, "hmoe serve: each running sequence also holds %.2f MiB of per-sequence state beside its KV blocks (up to %.2f GiB at --max-num-seqs %lld)\n",
-                 static_cast<double>(m.kv_layout().seq_state_bytes) / (1 << 20),
-                 static_cast<double>(m.kv_layout().seq_state_bytes) * static_cast<double>(std::max<int64_t>(s.max_num_seqs, 1)) / (1 << 30),
-                 static_cast<long long>(s.max_num_seqs));
+  if (lay.seq_state_bytes > 0)
+    std::fprintf(stderr, "hmoe serve: each running sequence also holds %.2f MiB of per-sequence state beside its KV blocks; for --max-num-seqs %lld and %lld state snapshots for prefix caching that is %.1f MiB of the KV budget\n",
+                 static_cast<double>(lay.seq_state_bytes) / (1 << 20), static_cast<long long>(s.max_num_seqs),
+                 static_cast<long long>(c.state_snapshots), static_cast<double>(state_bytes) / (1 << 20));
+  if (snapshots && c.host_kv_blocks > 0) {
+    std::fprintf(stderr, "hmoe serve: --kv-offloading-size ignored: blocks of a hybrid model's host tier would come back without their state snapshots\n");
+    c.host_kv_blocks = 0;
+  }
   if (!c.prefix_caching && c.host_kv_blocks > 0) {
     std::fprintf(stderr, "hmoe serve: --kv-offloading-size ignored: the host KV tier needs prefix caching\n");
     c.host_kv_blocks = 0;

@@ -28,9 +28,29 @@
 // path binds a GpuKvStorage (bf16 blocks on the GPU, pinned host pool), and
 // then k()/v() must not be used.
 //
-// Per-sequence state (seq_state_bytes, Engram windows) cannot be rebuilt from
-// shared blocks, so prefix caching is off for such layouts
-// (prefix_caching() tells).
+// Per-sequence state (seq_state_bytes: Engram windows, linear-attention
+// states) cannot be rebuilt from shared blocks. A layout whose state can be
+// checkpointed (state_align > 0: Gated DeltaNet's conv windows and recurrent
+// states) keeps prefix caching through state snapshots: a sequence's whole
+// seq_state as it stood after `pos` tokens, pos a multiple of
+// snapshot_align() = lcm(block_size, state_align). The scheduler plans one
+// (plan_state_snapshot) for a position its next step passes; the layers
+// write it there (state checkpoints, below); commit() hangs it on the cached
+// block that ends at pos. attach_prefix() then shares blocks only up to the
+// deepest block of the match that has a snapshot and copies that snapshot
+// into the new sequence's seq_state. Snapshots live in a pool of
+// KvCacheOptions::state_snapshots slots of seq_state_bytes each (the oldest
+// is reused when full) and die with their block (eviction, truncation). The
+// host tier is off for such layouts (its blocks would come back without
+// their snapshots). Other layouts with state (Engram) have prefix caching
+// off (prefix_caching() tells).
+//
+// State checkpoints (add_state_checkpoint): a request, for the next
+// forward, that every layer keeping per-sequence state copies its part of
+// `seq`'s state as it stands after `pos` tokens (pos inside the step's
+// tokens of seq, or its end) into dst (seq_state_bytes, same layout as
+// seq_state). Prefix snapshots and speculative decoding's rollback points use
+// them. clear_state_checkpoints() drops them after the step.
 //
 // Contract: not thread-safe for allocation (the step thread owns it);
 // store(), load(), k() and v() may run concurrently for distinct
@@ -59,6 +79,10 @@ struct KvLayout {
   int64_t v_token_floats = -1;
   int64_t seq_state_bytes = 0;  // per-sequence state kept beside the KV (Engram windows), zeroed by add_sequence
   KvDtype dtype = KvDtype::f32;  // element format of the CPU storage (the GPU storage is bf16 whatever this says)
+  // > 0: the per-sequence state can be checkpointed after any token count,
+  // and results do not depend on how a prompt was split at multiples of
+  // this (Gated DeltaNet's chunk); prefix caching snapshots it (above).
+  int64_t state_align = 0;
   int64_t k_floats() const { return k_token_floats >= 0 ? k_token_floats : kv_heads * head_dim; }
   int64_t v_floats() const { return v_token_floats >= 0 ? v_token_floats : kv_heads * head_dim; }
 };
@@ -67,6 +91,14 @@ struct KvCacheOptions {
   bool prefix_caching = false;
   uint64_t salt = 0;        // mixed into every block hash (model and settings that change numerics)
   int64_t host_blocks = 0;  // second-tier blocks (0: no second tier; needs prefix_caching)
+  int64_t state_snapshots = 0;  // snapshot slots of layouts with a checkpointable state (0: no prefix caching for them)
+};
+
+// A request to copy a sequence's state after `pos` tokens into dst (see above).
+struct StateCheckpoint {
+  int seq = -1;
+  int64_t pos = 0;
+  uint8_t* dst = nullptr;
 };
 
 // Counters since construction.
@@ -79,6 +111,12 @@ struct KvCacheStats {
   int64_t offloaded_bytes = 0, restored_bytes = 0;
   int64_t host_dropped = 0;                           // host blocks dropped (LRU) for room
   int64_t host_used = 0;                              // host blocks holding a cached block now
+  // State snapshots (layouts with state_align > 0).
+  int64_t snapshots_taken = 0;        // written by a step and hung on a block
+  int64_t snapshots_restored = 0;     // copied into a sequence by attach_prefix
+  int64_t snapshots_dropped = 0;      // lost their slot (pool full) or their block
+  int64_t snapshots_held = 0;         // slots holding one now
+  int64_t snapshot_short_tokens = 0;  // matched tokens attach_prefix could not reuse: no snapshot at their end
 };
 
 class KvCache {
@@ -100,6 +138,24 @@ class KvCache {
   // Registers the full blocks of `seq` in [0, computed) (tokens: its ids).
   void commit(int seq, std::span<const int32_t> tokens, int64_t computed);
   bool prefix_caching() const { return opt_.prefix_caching; }
+  // Tokens of the last attach_prefix()'s query covered by cached blocks,
+  // whether or not a snapshot let it reuse them all.
+  int64_t last_match_tokens() const { return last_match_; }
+  // Layouts with a checkpointable state: positions snapshots may be taken
+  // at are multiples of this (0: none are taken).
+  int64_t snapshot_align() const { return snap_align_; }
+  int64_t state_snapshots() const { return static_cast<int64_t>(snap_slot_block_.size()); }
+  // Plans a snapshot of `seq` (whose ids are `tokens`) after `pos` tokens,
+  // to be written by the next forward and kept by commit(); pos must be a
+  // positive multiple of snapshot_align() within tokens. False (nothing
+  // planned) when prefix caching is off, the block ending at pos already has
+  // one, or no slot is free or reusable.
+  bool plan_state_snapshot(int seq, std::span<const int32_t> tokens, int64_t pos);
+
+  // State checkpoints of the next forward (see above).
+  void add_state_checkpoint(int seq, int64_t pos, uint8_t* dst) { checkpoints_.push_back({seq, pos, dst}); }
+  const std::vector<StateCheckpoint>& state_checkpoints() const { return checkpoints_; }
+  void clear_state_checkpoints() { checkpoints_.clear(); }
   int64_t host_blocks() const { return opt_.host_blocks; }
   const KvCacheStats& stats() const { return stats_; }
 
@@ -177,6 +233,11 @@ class KvCache {
     std::list<int64_t>::iterator lru;
   };
   uint64_t block_hash(uint64_t parent, const int32_t* t) const;
+  int64_t attach_with_snapshot(int seq, std::span<const int32_t> tokens, int64_t nblocks);
+  int64_t find_cached(uint64_t parent, const int32_t* t, uint64_t h) const;  // -1: none
+  void drop_snapshot(int64_t b);  // frees block b's snapshot slot, if any
+  int64_t take_snapshot_slot();   // a free slot, or the oldest held one (-1: none)
+  uint8_t* snapshot(int64_t slot);
   int64_t take_block();              // a free block, evicting the LRU cached one when needed
   void release_block(int64_t b);     // drops one reference
   void uncache(int64_t b);           // forgets b's hash (b must be unreferenced or about to be rewritten)
@@ -206,6 +267,21 @@ class KvCache {
   std::vector<std::vector<int64_t>> tables_;
   std::vector<bool> live_;
   std::vector<std::vector<uint8_t>> seq_state_;
+  // State snapshots: per slot its block (-1: free, -2: planned, not yet
+  // committed) and bytes (allocated on first use); per block its slot.
+  int64_t snap_align_ = 0;
+  int64_t last_match_ = 0;
+  std::vector<int64_t> snap_slot_block_, block_snap_;
+  std::vector<std::vector<uint8_t>> snap_bytes_;
+  std::vector<int64_t> snap_free_;
+  std::list<int64_t> snap_lru_;  // slots holding a committed snapshot, oldest first
+  std::vector<std::list<int64_t>::iterator> snap_lru_pos_;
+  struct PlannedSnapshot {
+    int seq;
+    int64_t pos, slot;
+  };
+  std::vector<PlannedSnapshot> planned_;
+  std::vector<StateCheckpoint> checkpoints_;
 };
 
 }  // namespace hmoe

@@ -12,7 +12,7 @@ namespace hmoe {
 
 namespace {
 
-constexpr int64_t kChunk = 64;  // tokens per chunk of the chunked kernel
+constexpr int64_t kChunk = kDeltaNetChunk;
 
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch's threshold 20
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -104,11 +104,32 @@ class GatedDeltaNet : public AttentionBlock {
         a.dk = dk_;
         a.dv = dv_;
         float* S = recurrent_state(kv, gr.seq) + hv * dk_ * dv_;
-        if (gr.count == 1) ops::delta_rule_recurrent(a, S);
-        else ops::delta_rule_chunked(a, S, kChunk);
+        // Pieces end at absolute multiples of the chunk and at checkpoints, so a
+        // prompt's result does not depend on where a step split it (prefix caching).
+        int64_t done = 0;
+        size_t next_cp = gr.cp_begin;
+        while (done < gr.count) {
+          const int64_t p = gr.start + done;
+          int64_t end = std::min((p / kChunk + 1) * kChunk, gr.start + gr.count);
+          if (next_cp < gr.cp_end) end = std::min(end, cps_[next_cp].pos);
+          ops::DeltaRuleArgs piece = a;
+          piece.q += done * cdim_;
+          piece.k += done * cdim_;
+          piece.v += done * cdim_;
+          piece.g += done * nv_;
+          piece.beta += done * nv_;
+          piece.out += done * V;
+          piece.tokens = end - p;
+          if (piece.tokens == 1) ops::delta_rule_recurrent(piece, S);
+          else ops::delta_rule_chunked(piece, S, kChunk);
+          done = end - gr.start;
+          for (; next_cp < gr.cp_end && cps_[next_cp].pos == end; ++next_cp)
+            std::memcpy(checkpoint_recurrent(cps_[next_cp].dst) + hv * dk_ * dv_, S, static_cast<size_t>(dk_ * dv_) * 4);
+        }
       }
     }, 1, 1);
     for (const Group& gr : groups_) header(kv, gr.seq) += gr.count;
+    for (const StateCheckpoint& cp : cps_) *reinterpret_cast<int64_t*>(cp.dst + state_index_ * h_.state_bytes_per_layer()) = cp.pos;
     // Gated RMSNorm per (token, value head), then out_proj; rows back in batch order.
     pool_.parallel_for(n, [&](int64_t i0, int64_t i1, int) {
       for (int64_t i = i0; i < i1; ++i)
@@ -132,6 +153,8 @@ class GatedDeltaNet : public AttentionBlock {
   struct Group {
     int seq;
     int64_t row, count;  // rows [row, row + count) of the working buffers
+    int64_t start;       // position of the first (tokens consumed before the step)
+    size_t cp_begin, cp_end;  // its checkpoints in cps_, by position
   };
 
   static void fit(std::vector<float>& v, int64_t n) {
@@ -147,12 +170,17 @@ class GatedDeltaNet : public AttentionBlock {
   int64_t& header(KvCache& kv, int seq) const { return *reinterpret_cast<int64_t*>(state(kv, seq)); }
   float* conv_state(KvCache& kv, int seq) const { return reinterpret_cast<float*>(state(kv, seq) + 64); }
   float* recurrent_state(KvCache& kv, int seq) const { return conv_state(kv, seq) + (ck_ - 1) * cdim_; }
+  // This layer's part of a checkpoint buffer (same layout as seq_state).
+  float* checkpoint_conv(uint8_t* dst) const { return reinterpret_cast<float*>(dst + state_index_ * h_.state_bytes_per_layer() + 64); }
+  float* checkpoint_recurrent(uint8_t* dst) const { return checkpoint_conv(dst) + (ck_ - 1) * cdim_; }
 
   // Orders the batch's tokens by sequence (first appearance), each
-  // sequence's tokens in batch order, and checks that they continue its state.
+  // sequence's tokens in batch order, and checks that they continue its
+  // state; gathers each sequence's checkpoints inside its tokens.
   void group_by_sequence(const ops::TokenSlot* slots, int64_t n, KvCache& kv) {
     groups_.clear();
     order_.clear();
+    cps_.clear();
     std::vector<std::vector<int64_t>> rows;
     std::vector<int> seqs;
     for (int64_t t = 0; t < n; ++t) {
@@ -171,7 +199,13 @@ class GatedDeltaNet : public AttentionBlock {
           fail(ErrorKind::internal, "gated deltanet: sequence " + std::to_string(seqs[s]) + " gets position " +
                                         std::to_string(slots[rows[s][j]].pos) + " but its recurrent state stands at " +
                                         std::to_string(consumed + static_cast<int64_t>(j)) + " (linear attention runs its tokens in order)");
-      groups_.push_back({seqs[s], static_cast<int64_t>(order_.size()), static_cast<int64_t>(rows[s].size())});
+      const int64_t count = static_cast<int64_t>(rows[s].size());
+      const size_t cp_begin = cps_.size();
+      for (const StateCheckpoint& cp : kv.state_checkpoints())
+        if (cp.seq == seqs[s] && cp.pos > consumed && cp.pos <= consumed + count) cps_.push_back(cp);
+      std::sort(cps_.begin() + static_cast<std::ptrdiff_t>(cp_begin), cps_.end(),
+                [](const StateCheckpoint& a, const StateCheckpoint& b) { return a.pos < b.pos; });
+      groups_.push_back({seqs[s], static_cast<int64_t>(order_.size()), count, consumed, cp_begin, cps_.size()});
       order_.insert(order_.end(), rows[s].begin(), rows[s].end());
     }
   }
@@ -197,6 +231,11 @@ class GatedDeltaNet : public AttentionBlock {
             o[t * cdim_ + c] = silu(s);
           }
           for (int64_t j = 0; j < W; ++j) win[j * cdim_ + c] = ext[static_cast<size_t>(m + j)];
+          for (size_t q = gr.cp_begin; q < gr.cp_end; ++q) {  // the window after cp.pos tokens
+            float* cw = checkpoint_conv(cps_[q].dst);
+            const int64_t at = cps_[q].pos - gr.start;
+            for (int64_t j = 0; j < W; ++j) cw[j * cdim_ + c] = ext[static_cast<size_t>(at + j)];
+          }
         }
       }, 64);
     }
@@ -228,6 +267,7 @@ class GatedDeltaNet : public AttentionBlock {
   std::vector<float> proj_, ba_, mixed_, conv_out_, z_, g_, beta_, core_;
   std::vector<Group> groups_;
   std::vector<int64_t> order_;
+  std::vector<StateCheckpoint> cps_;
 };
 
 }  // namespace

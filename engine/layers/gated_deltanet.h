@@ -16,13 +16,20 @@
 // [value heads][dk][dv], zero for a new sequence (KvCache::add_sequence).
 // A step must continue each sequence where its state stands (position ==
 // tokens consumed; throws Error(internal) before changing anything
-// otherwise). Prompts of several tokens run the chunked kernel, single tokens
-// the one-step recurrence; threaded over (sequence, value head).
+// otherwise). A sequence's tokens run in pieces that end at absolute
+// positions that are multiples of kDeltaNetChunk and at its state
+// checkpoints (KvCache::add_state_checkpoint), so that a prompt gives the
+// same bits however a step split it at such positions (prefix-cache hits
+// resume from a snapshot); pieces of several tokens run the chunked kernel,
+// single tokens the one-step recurrence; threaded over (sequence, value
+// head). At each checkpoint the layer copies its part of the state
+// (header, conv window, recurrent state) into the checkpoint's buffer.
 #pragma once
 #include <memory>
 #include <string>
 
 #include "engine/layers/cpu_layers.h"
+#include "engine/layers/kinds.h"
 
 namespace hmoe {
 

@@ -11,6 +11,9 @@ namespace hmoe {
 // linear attention (engine/layers/gated_deltanet.h), which keeps a recurrent
 // state per sequence instead of K/V.
 enum class AttentionKind { gqa, mla, gated_gqa, gated_deltanet };
+// Tokens per chunk of gated_deltanet's chunked kernel; its pieces end at
+// multiples of this, which is the KvLayout::state_align of models with it.
+inline constexpr int64_t kDeltaNetChunk = 64;
 enum class RouterKind { softmax_topk, deepseek_grouped };
 
 // A feed-forward layer: a dense SwiGLU MLP of `inter`, or a MoE layer

@@ -131,7 +131,7 @@ class GgufSource : public WeightSource {
   bool has(const std::string& name) const override {
     std::string g;
     int64_t e;
-    if (!tensor_for(arch_, name, g, e)) return false;
+    if (!map(name, g, e)) return false;
     if (f_->find_tensor(g)) return true;
     const std::string kv_b = "attn_kv_b.weight";  // deepseek2 files may split it into attn_k_b / attn_v_b
     return ds2_ && g.size() > kv_b.size() && g.compare(g.size() - kv_b.size(), kv_b.size(), kv_b) == 0 &&
@@ -183,7 +183,24 @@ class GgufSource : public WeightSource {
     return true;
   }
 
-  // qwen3next: a tensor of the MTP head (blocks from num_hidden_layers on), not run yet.
+  // The GGUF name of a Hugging Face tensor. qwen3next: the MTP head (mtp.*,
+  // run with speculative decoding) is block num_hidden_layers: its layer
+  // under the usual names, fc and its norms as nextn.*.
+  bool map(const std::string& hf, std::string& g, int64_t& e) const {
+    if (arch_ == GgufArch::qwen3next && hf.compare(0, 4, "mtp.") == 0) {
+      const std::string blk = "blk." + std::to_string(c_.num_hidden_layers) + ".", layer = "mtp.layers.0.";
+      e = -1;
+      if (hf == "mtp.fc.weight") return g = blk + "nextn.eh_proj.weight", true;
+      if (hf == "mtp.pre_fc_norm_embedding.weight") return g = blk + "nextn.enorm.weight", true;
+      if (hf == "mtp.pre_fc_norm_hidden.weight") return g = blk + "nextn.hnorm.weight", true;
+      if (hf == "mtp.norm.weight") return g = blk + "nextn.shared_head_norm.weight", true;
+      if (hf.compare(0, layer.size(), layer) != 0) return false;
+      return tensor_for(arch_, "model.layers." + std::to_string(c_.num_hidden_layers) + "." + hf.substr(layer.size()), g, e);
+    }
+    return tensor_for(arch_, hf, g, e);
+  }
+
+  // qwen3next: a tensor of the MTP head (blocks from num_hidden_layers on), accepted unused when it does not run.
   bool mtp_block(std::string_view name) const {
     if (arch_ != GgufArch::qwen3next || name.compare(0, 4, "blk.") != 0) return false;
     int64_t b = 0;
@@ -234,7 +251,7 @@ class GgufSource : public WeightSource {
   }
 
   const io::GgufTensor& lookup(const std::string& name, std::string& g, int64_t& e) {
-    if (!tensor_for(arch_, name, g, e)) fail(ErrorKind::bad_model, f_->path() + ": no GGUF tensor corresponds to '" + name + "'");
+    if (!map(name, g, e)) fail(ErrorKind::bad_model, f_->path() + ": no GGUF tensor corresponds to '" + name + "'");
     const io::GgufTensor* t = f_->find_tensor(g);
     if (!t) fail(ErrorKind::bad_model, f_->path() + ": tensor '" + g + "' is missing (needed for " + name + ")");
     used_.insert(g);

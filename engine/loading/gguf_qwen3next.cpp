@@ -117,7 +117,8 @@ nlohmann::json gguf_qwen3next_config_json(const io::GgufFile& f) {
 bool gguf_qwen3next_tensor_for(const std::string& hf, std::string& g, int64_t& expert) { return gguf_tensor_for(hf, kLayerNames, g, expert); }
 
 Qwen3NextStored gguf_qwen3next_stored(const std::string& hf) {
-  if (hf == "model.norm.weight" || ends_with(hf, ".input_layernorm.weight") || ends_with(hf, ".post_attention_layernorm.weight") ||
+  if (hf == "model.norm.weight" || hf == "mtp.norm.weight" || hf == "mtp.pre_fc_norm_embedding.weight" || hf == "mtp.pre_fc_norm_hidden.weight" ||
+      ends_with(hf, ".input_layernorm.weight") || ends_with(hf, ".post_attention_layernorm.weight") ||
       ends_with(hf, ".self_attn.q_norm.weight") || ends_with(hf, ".self_attn.k_norm.weight"))
     return Qwen3NextStored::plus_one;
   if (ends_with(hf, ".linear_attn.A_log")) return Qwen3NextStored::neg_exp;

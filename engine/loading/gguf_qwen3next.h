@@ -12,7 +12,9 @@
 //    ([all q | all k | all v]) and attn_gate ([all z]): regrouped row by row
 //    (the rows' bytes copied when both are stored in one type, else as f32);
 //  - the MTP head is block num_hidden_layers (nextn_predict_layers > 0):
-//    not run yet, its tensors are accepted unused.
+//    its layer under the usual block names, mtp.fc as nextn.eh_proj and
+//    its norms as nextn.enorm / nextn.hnorm / nextn.shared_head_norm
+//    (stored 1 + w); run with speculative decoding, else accepted unused.
 //
 // Errors: a qwen3next.* metadata key this reader does not know (it would
 // change the model in a way nothing here reads), a missing required key,

@@ -103,6 +103,18 @@ std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s, numa::Thre
   return plan;
 }
 
+// Speculative decoding: the MTP head runs, with one more KV layer, and its weights count as used.
+void enable_mtp(ModelGraph& g, const Settings& s, const std::string& dir) {
+  const int64_t n = s.speculative_tokens;
+  if (n == 0) return;
+  if (n < 0 || n > 3) fail(ErrorKind::invalid_argument, "--speculative-tokens must be 0..3, got " + std::to_string(n));
+  if (!g.mtp)
+    fail(ErrorKind::invalid_argument, "--speculative-tokens " + std::to_string(n) + ": " + dir +
+                                          " has no multi-token-prediction head (mtp.* weights) to draft with; use --speculative-tokens 0");
+  g.mtp->block.kv_layer = g.kv.layers++;
+  std::erase(g.unused_prefixes, std::string("mtp."));
+}
+
 }  // namespace
 
 Model::~Model() = default;
@@ -131,7 +143,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   m->binder_ = std::make_unique<WeightBinder>(m->store_.get(), m->source_.get());
   WeightBinder& bind = *m->binder_;
   bind.set_dtype(parse_weight_dtype(settings.weight_dtype));
-  const ModelGraph graph = model_graph(c, [&bind](const std::string& name) { return bind.has(name); });
+  ModelGraph graph = model_graph(c, [&bind](const std::string& name) { return bind.has(name); });
+  enable_mtp(graph, settings, dir);
+  m->spec_tokens_ = settings.speculative_tokens;
 
   if (settings.cpu_amx_min_tokens > 0) cpu::amx_mode();  // probe (and self-check) AMX before the weights take memory
   m->pools_ = std::make_unique<numa::NodePools>(numa::PoolOptions::from_settings(settings));
@@ -148,6 +162,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
     m->trace_ = std::make_unique<RoutingTraceWriter>(settings.routing_trace, th);
   }
   const std::optional<Plan> plan = plan_gpu(c, settings, *m->pool_);
+  if (plan && settings.speculative_tokens > 0)
+    fail(ErrorKind::unsupported, "--speculative-tokens " + std::to_string(settings.speculative_tokens) +
+                                     ": speculative decoding runs on the CPU runtime only for now (use --device cpu, or --speculative-tokens 0)");
   if (plan) {
     GpuRuntimeOptions o = GpuRuntimeOptions::from_settings(settings);
     o.experts.trace = m->trace_.get();
@@ -156,6 +173,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
     m->gpu_ = std::make_unique<GpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
     // Linear-attention states live on the GPU: the host keeps only their token counts.
     if (m->gpu_->seq_state_bytes() > 0) m->kv_layout_.seq_state_bytes = m->gpu_->seq_state_bytes();
+    m->kv_layout_.state_align = 0;  // the GPU layers take no state checkpoints: no prefix caching for hybrid models there
     // Long prompts stream the host experts to the GPU (bf16, or quantized checkpoints in their GPU format).
     if (plan->resident_moe_layers() < plan->moe_layers())
       m->gpu_->enable_expert_streaming(expert_stream_options(c, settings, *m->pools_, m->gpu_->host_expert_sample(), settings.progress == "none"));
@@ -207,7 +225,23 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   return m;
 }
 
-void Model::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
+const std::vector<float>& Model::hidden() const {
+  if (!cpu_ || !cpu_->has_mtp()) fail(ErrorKind::internal, "Model::hidden() without speculative decoding");
+  return cpu_->hidden();
+}
+
+void Model::forward_mtp(const Batch& b, const float* hidden, KvCache& kv, std::vector<float>& logits, std::vector<float>& hidden_out) {
+  if (!cpu_ || !cpu_->has_mtp()) fail(ErrorKind::internal, "Model::forward_mtp() without speculative decoding");
+  check_batch(b, kv);
+  if (b.tokens.empty()) {
+    logits.clear();
+    hidden_out.clear();
+    return;
+  }
+  cpu_->forward_mtp(b, hidden, kv, logits, hidden_out);
+}
+
+void Model::check_batch(const Batch& b, KvCache& kv) const {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(b.tokens.size());
   if (b.slots.size() != b.tokens.size()) fail(ErrorKind::internal, "batch tokens and slots differ in length");
@@ -221,7 +255,11 @@ void Model::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
   }
   for (auto r : b.logit_rows)
     if (r < 0 || r >= n) fail(ErrorKind::internal, "logit row outside the batch");
-  if (n == 0) {
+}
+
+void Model::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
+  check_batch(b, kv);
+  if (b.tokens.empty()) {
     logits.clear();
     return;
   }

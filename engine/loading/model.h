@@ -64,6 +64,18 @@ class Model {
   // Runs one step. logits receives [batch.logit_rows.size(), vocab_size].
   // With --routing-trace the step's host-expert routing is appended to the file.
   void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits);
+
+  // Speculative decoding with the checkpoint's multi-token-prediction head
+  // (setting speculative_tokens; CPU runtime; the head's K/V is one more
+  // layer of kv_layout()). speculative_tokens(): tokens drafted per step (0:
+  // off, and then the two calls below throw Error(internal)). hidden(): the
+  // final normed hidden state of every row of the last forward(), [rows, H].
+  // forward_mtp(): the head over `batch` (row i: the token after its
+  // position; hidden + i*H: the hidden state of its position), with the
+  // checks of forward(); see CpuRuntime::forward_mtp.
+  int64_t speculative_tokens() const { return spec_tokens_; }
+  const std::vector<float>& hidden() const;
+  void forward_mtp(const Batch& batch, const float* hidden, KvCache& kv, std::vector<float>& logits, std::vector<float>& hidden_out);
   // The GPU runtime when the placement chose the GPU, else nullptr.
   GpuRuntime* gpu() { return gpu_.get(); }
   const GpuRuntime* gpu() const { return gpu_.get(); }
@@ -72,10 +84,12 @@ class Model {
 
  private:
   Model() = default;
+  void check_batch(const Batch& b, KvCache& kv) const;  // forward()'s input checks
   std::string dir_;
   LoadReport report_;
   ModelConfig config_;
   KvLayout kv_layout_;
+  int64_t spec_tokens_ = 0;
   std::unique_ptr<io::TensorStore> store_;  // null for a GGUF file
   std::unique_ptr<WeightSource> source_;    // GGUF or quantized HF checkpoint; null for plain safetensors
   std::unique_ptr<WeightBinder> binder_;    // owns the --dtype copies the layers view

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,16 @@ struct BlockDesc {
   FfnDesc ffn;
 };
 
+// A multi-token-prediction head (Qwen3-Next's mtp.*): for position p, from
+// the main model's final (normed) hidden state h_p and the next token t:
+// x = fc([norm_embedding(embed(t)), norm_hidden(h_p)]), then one decoder
+// block (its own KV layer), then final_norm; logits through the model's
+// lm_head. It drafts the token after t (speculative decoding).
+struct MtpDesc {
+  std::string fc, norm_embedding, norm_hidden, final_norm;
+  BlockDesc block;  // kv_layer: set by the loader when speculative decoding is on
+};
+
 struct ModelGraph {
   std::string embed, final_norm, lm_head;  // lm_head == embed when tied
   std::vector<BlockDesc> blocks;
@@ -37,9 +48,10 @@ struct ModelGraph {
   // RMSNorm weights stored zero-centred: the model scales by (1 + w)
   // (Qwen3-Next's input, post-attention, q/k and final norms).
   bool zero_centred_norms = false;
-  // Checkpoint tensors under these prefixes are not run (yet) and not
-  // reported as unexpected (Qwen3-Next's mtp.* head).
+  // Checkpoint tensors under these prefixes are not run and not reported as
+  // unexpected (Qwen3-Next's mtp.* head while speculative decoding is off).
   std::vector<std::string> unused_prefixes;
+  std::optional<MtpDesc> mtp;  // the checkpoint's MTP head, if it has one
 };
 
 // has(name): whether the checkpoint holds a tensor (for optional weights).

@@ -7,6 +7,7 @@
 #include "engine/loading/model.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "engine/serving/logits.h"
+#include "engine/serving/scheduler_seq.h"
 
 namespace hmoe {
 
@@ -76,25 +77,10 @@ SeqChannel::Drained SeqChannel::wait_all() {
 }
 
 // ---- Scheduler ------------------------------------------------------------
-struct Scheduler::Seq {
-  explicit Seq(std::unique_ptr<SeqRequest> r) : req(std::move(r)), sampler(req->sampling), tokens(req->prompt) {}
-  std::unique_ptr<SeqRequest> req;
-  Sampler sampler;
-  std::vector<int32_t> tokens;  // prompt + generated
-  int64_t generated = 0;
-  int64_t computed = 0;  // tokens whose K/V are in the cache
-  int64_t prompt_scored = 0;  // prompt_logprobs: positions whose logits have scored the next prompt token
-  int kv_seq = -1;
-  bool done = false;
-  bool admitted_once = false;
-  std::span<const int32_t> prompt() const { return {tokens.data(), req->prompt.size()}; }
-  std::span<const int32_t> output() const { return {tokens.data() + req->prompt.size(), static_cast<size_t>(generated)}; }
-};
-
 Scheduler::Scheduler(Model& model, const SchedulerConfig& cfg)
     : model_(model),
       cfg_(cfg),
-      kv_(model.kv_layout(), cfg.kv_blocks, cfg.block_size, KvCacheOptions{cfg.prefix_caching, cfg.prefix_salt, cfg.host_kv_blocks}) {
+      kv_(model.kv_layout(), cfg.kv_blocks, cfg.block_size, KvCacheOptions{cfg.prefix_caching, cfg.prefix_salt, cfg.host_kv_blocks, cfg.state_snapshots}) {
   if ((cfg.block_size & (cfg.block_size - 1)) != 0)
     fail(ErrorKind::invalid_argument, "--block-size must be a power of two, got " + std::to_string(cfg.block_size));
   if (cfg.max_num_seqs <= 0) fail(ErrorKind::invalid_argument, "--max-num-seqs must be >= 1");
@@ -137,6 +123,8 @@ SchedulerStats Scheduler::stats() const {
   s.steps = steps_.load();
   s.batched_tokens = batched_tokens_.load();
   s.preemptions = preemptions_.load();
+  s.spec_drafted = spec_drafted_.load();
+  s.spec_accepted = spec_accepted_.load();
   s.prefix_caching = kv_.prefix_caching();
   s.kv_host_blocks_total = kv_.host_blocks();
   std::lock_guard lk(kv_stats_mu_);
@@ -190,6 +178,7 @@ void Scheduler::preempt(size_t index) {
   kv_.free_sequence(s->kv_seq);
   s->kv_seq = -1;
   s->computed = 0;
+  s->draft.clear();
   waiting_.push_front(std::move(s));
   running_count_ = static_cast<int64_t>(running_.size());
   ++preemptions_;
@@ -258,6 +247,11 @@ bool Scheduler::step() {
     const int64_t reuse = s.req->prompt_logprobs >= 0 ? std::min<int64_t>(s.prompt_scored, static_cast<int64_t>(s.tokens.size()) - 1)
                                                        : static_cast<int64_t>(s.tokens.size()) - 1;
     s.computed = kv_.attach_prefix(s.kv_seq, s.tokens, reuse);
+    s.snapshot_at.clear();
+    if (const int64_t a = kv_.snapshot_align(); a > 0 && kv_.prefix_caching()) {
+      for (const int64_t at : {kv_.last_match_tokens() / a * a, (static_cast<int64_t>(s.req->prompt.size()) - 1) / a * a})
+        if (at > s.computed && std::find(s.snapshot_at.begin(), s.snapshot_at.end(), at) == s.snapshot_at.end()) s.snapshot_at.push_back(at);
+    }
     if (!s.admitted_once) s.req->channel->set_cached_tokens(std::min<int64_t>(s.computed, static_cast<int64_t>(s.req->prompt.size())));
     s.admitted_once = true;
     running_.push_back(std::move(waiting_[w]));
@@ -271,6 +265,7 @@ bool Scheduler::step() {
   struct Item {
     Seq* s;
     int64_t chunk;
+    int64_t row0 = 0;  // its first row in the batch
   };
   std::vector<Item> plan;
   int64_t budget = cfg_.max_num_batched_tokens;
@@ -287,6 +282,8 @@ bool Scheduler::step() {
       const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->computed;
       if ((pass == 0) != (remaining == 1) || remaining <= 0) continue;
       int64_t chunk = std::min(remaining, budget);
+      // A decode with drafts verifies them in the same chunk (as many as fit).
+      if (pass == 0 && !s->draft.empty()) chunk = std::min<int64_t>(1 + static_cast<int64_t>(s->draft.size()), budget);
       if (scoring(*s)) {
         chunk = std::min(chunk, score_rows);
         if (chunk <= 0) continue;
@@ -294,7 +291,7 @@ bool Scheduler::step() {
       }
       for (;;) {
         const int64_t room = kv_.capacity(s->kv_seq) - s->computed + kv_.free_blocks() * bs;
-        if (room >= chunk || (pass == 1 && room > 0)) {
+        if (room >= chunk || (room > 0 && (pass == 1 || chunk > 1))) {
           chunk = std::min(chunk, room);
           break;
         }
@@ -319,7 +316,17 @@ bool Scheduler::step() {
         }
       }
       if (chunk <= 0) continue;
+      // Hybrid models: a prefill chunk that stops short of the tokens ends at a
+      // multiple of the state's alignment when it can, so that the prompt's
+      // result does not depend on the step budget (prefix-cache hits equal cold runs).
+      if (const int64_t a = kv_.layout().state_align; a > 0 && pass == 1 && s->computed + chunk < static_cast<int64_t>(s->tokens.size()))
+        if (const int64_t end = (s->computed + chunk) / a * a; end > s->computed) chunk = end - s->computed;
       kv_.reserve(s->kv_seq, s->computed + chunk);
+      s->verify = pass == 0 ? chunk - 1 : 0;
+      if (s->verify > 0) plan_rollback(*s);
+      else s->draft.clear();
+      for (const int64_t at : s->snapshot_at)
+        if (at > s->computed && at <= s->computed + chunk) kv_.plan_state_snapshot(s->kv_seq, s->tokens, at);
       plan.push_back({s, chunk});
       budget -= chunk;
     }
@@ -333,8 +340,16 @@ bool Scheduler::step() {
     int64_t pos;  // >= 0: scores prompt token pos + 1; -1: samples the next token
   };
   std::vector<Row> rows;  // one per logits row, in batch order
-  for (const Item& it : plan) {
+  for (Item& it : plan) {
     Seq& s = *it.s;
+    it.row0 = static_cast<int64_t>(batch.tokens.size());
+    if (s.verify > 0) {  // the last token and the drafts, each row's logits checking the next
+      for (int64_t j = 0; j <= s.verify; ++j) {
+        batch.add(j == 0 ? s.tokens[static_cast<size_t>(s.computed)] : s.draft[static_cast<size_t>(j - 1)], s.kv_seq, s.computed + j, true);
+        rows.push_back({&s, -1});
+      }
+      continue;
+    }
     const bool last = s.computed + it.chunk == static_cast<int64_t>(s.tokens.size());
     const int64_t plen = static_cast<int64_t>(s.req->prompt.size());
     const bool score = scoring(s);
@@ -347,9 +362,13 @@ bool Scheduler::step() {
     }
   }
   std::vector<float> logits;
+  std::vector<int64_t> computed_before;
+  for (const Item& it : plan) computed_before.push_back(it.s->computed);
   try {
     model_.forward(batch, kv_, logits);
   } catch (const std::exception& e) {
+    kv_.clear_state_checkpoints();
+    for (const Item& it : plan) it.s->draft.clear();
     for (const Item& it : plan) finish(*it.s, FinishReason::error, e.what());
     std::erase_if(running_, [](const auto& s) { return s->done; });
     return true;
@@ -361,6 +380,7 @@ bool Scheduler::step() {
   ++steps_;
   batched_tokens_ += static_cast<int64_t>(batch.tokens.size());
   for (const Item& it : plan) {
+    if (it.s->verify > 0) continue;  // settled once its rows are sampled
     it.s->computed += it.chunk;
     kv_.commit(it.s->kv_seq, it.s->tokens, it.s->computed);
   }
@@ -391,6 +411,11 @@ bool Scheduler::step() {
       if (r + 1 == rows.size() || rows[r + 1].s != &s || rows[r + 1].pos < 0) s.req->channel->push_prompt(std::move(scored)), scored.clear();
       continue;
     }
+    if (s.done) continue;  // a verified chunk whose sequence ended at an earlier row
+    size_t first = r;  // the verify chunk's row 0
+    while (first > 0 && rows[first - 1].s == &s) --first;
+    const int64_t j = static_cast<int64_t>(r - first);
+    if (s.verify > 0 && j > 0 && s.tokens.back() != s.draft[static_cast<size_t>(j - 1)]) continue;  // an earlier draft was rejected
     SampleResult res = s.sampler.sample(row, V, s.prompt(), s.output());
     s.tokens.push_back(res.token);
     ++s.generated;
@@ -398,6 +423,15 @@ bool Scheduler::step() {
     const auto& stops = s.req->stop_ids;
     if (std::find(stops.begin(), stops.end(), res.token) != stops.end()) finish(s, FinishReason::eos);
     else if (s.generated >= s.req->max_tokens) finish(s, FinishReason::length);
+  }
+  for (size_t k = 0; k < plan.size(); ++k)
+    if (plan[k].s->verify > 0) settle_verify(*plan[k].s, computed_before[k]);
+  kv_.clear_state_checkpoints();
+  if (model_.speculative_tokens() > 0) {
+    std::vector<SpecItem> items;
+    for (size_t k = 0; k < plan.size(); ++k)
+      if (!plan[k].s->done) items.push_back({plan[k].s, computed_before[k], plan[k].row0});
+    draft_tokens(items);
   }
   std::erase_if(running_, [](const auto& s) { return s->done; });
   return true;

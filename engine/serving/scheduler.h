@@ -12,6 +12,31 @@
 // the head of the queue to be recomputed (its tokens so far are kept, so the
 // output does not change).
 //
+// Hybrid models (KvCache::snapshot_align() > 0): a prefix-cache hit needs a
+// snapshot of the recurrent state where the shared blocks end. At admission
+// each sequence gets its snapshot targets: the last aligned position before
+// its prompt's last token (what a repeat of the prompt, a later turn or
+// another choice of it reuses) and the last aligned position of the cached
+// blocks it matched but could not reuse for want of a snapshot (where two
+// prompts diverge: the next prompt with that prefix reuses it). The step
+// whose chunk reaches a target plans it (KvCache::plan_state_snapshot), the
+// layers write it and commit() keeps it. A prefill chunk that stops short of
+// its tokens ends at a multiple of the state's alignment when the budget
+// allows, so hits and cold runs give the same bits.
+//
+// Speculative decoding (Model::speculative_tokens() N > 0, greedy requests):
+// after each step the MTP head runs over every position the step computed
+// (filling its own KV layer from the main model's hidden states) and, for a
+// sequence now decoding, drafts up to N tokens (the first from that pass,
+// the others one head step each). The next step puts the last token and the
+// drafts in one chunk; each row's logits are sampled in turn while the
+// sampled token equals the next draft, so what is sent is exactly what plain
+// decoding sends (the sampler decides every token). Rejected positions are
+// rolled back: K/V truncated, the recurrent state copied back from the
+// checkpoint the verify step took after the accepted token
+// (scheduler_spec.cpp says why checkpoints). Sampled (temperature > 0)
+// requests decode plainly.
+//
 // Threads: submit(), shutdown() and stats() are safe from any thread.
 // SeqChannel is the only object the engine thread and a consumer share.
 #pragma once
@@ -23,6 +48,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -116,10 +142,17 @@ struct SchedulerConfig {
   int64_t max_queue = 256;
   int64_t kv_blocks = 1024;
   int64_t block_size = 16;
-  // Prefix caching (engine/kv/kv_cache.h); ignored for layouts with per-sequence state.
+  // Prefix caching (engine/kv/kv_cache.h); off for Engram's per-sequence
+  // state; hybrid (linear-attention) models keep it through state_snapshots.
   bool prefix_caching = true;
   uint64_t prefix_salt = 0;
-  int64_t host_kv_blocks = 0;  // second KV tier, in blocks
+  int64_t host_kv_blocks = 0;  // second KV tier, in blocks (not for hybrid models)
+  int64_t state_snapshots = 0;  // hybrid models: recurrent-state snapshot slots (0: no prefix caching for them)
+  // Speculative decoding (Model::speculative_tokens() > 0): benchmarks may
+  // replace the MTP head's drafts with their own (given a sequence's tokens,
+  // up to n that should follow; e.g. a known greedy continuation, to time the
+  // verify path alone). Empty: the head drafts.
+  std::function<std::vector<int32_t>(std::span<const int32_t> tokens, int64_t n)> draft_override;
 };
 
 // Expert streaming of big passes (engine/layers/expert_stream.h), totals since start; zero when off.
@@ -156,6 +189,7 @@ struct SchedulerStats {
   int64_t running = 0, queued = 0;
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
   int64_t steps = 0, batched_tokens = 0, preemptions = 0;
+  int64_t spec_drafted = 0, spec_accepted = 0;  // speculative decoding: draft tokens verified, and accepted
   bool prefix_caching = false;
   int64_t kv_host_blocks_total = 0;
   KvCacheStats kv;  // prefix cache and host tier counters
@@ -193,6 +227,14 @@ class Scheduler {
   void preempt(size_t index);
   void copy_ple_stats();
   void copy_step_stats();  // streamed-expert and PLE counters (kv_stats_mu_ held)
+  // Speculative decoding (scheduler_spec.cpp).
+  struct SpecItem {
+    Seq* s;
+    int64_t computed_before, row0;  // its computed tokens before the step; its first batch row
+  };
+  void plan_rollback(Seq& s);
+  void settle_verify(Seq& s, int64_t computed_before);
+  void draft_tokens(const std::vector<SpecItem>& items);
 
   Model& model_;
   SchedulerConfig cfg_;
@@ -214,6 +256,7 @@ class Scheduler {
   StreamTotals stream_;    // copy of the GPU expert stream's totals after each step (under kv_stats_mu_)
   PleTotals ple_;          // copy of the PLE table's counters after each step (under kv_stats_mu_)
   std::atomic<int64_t> queued_{0}, running_count_{0}, kv_used_{0}, steps_{0}, batched_tokens_{0}, preemptions_{0};
+  std::atomic<int64_t> spec_drafted_{0}, spec_accepted_{0};
 };
 
 const char* finish_reason_name(FinishReason r);
