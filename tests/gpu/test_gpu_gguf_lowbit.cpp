@@ -527,6 +527,10 @@ TEST_CASE("gpu gguf low-bit: llama.cpp's deepseek2 files per type on the GPU agr
     const std::string path = test::fixture_ref("llamacpp-ds2/" + label + ".gguf");
     if (!std::filesystem::exists(path)) continue;
     INFO(label);
+    if (file.contains("sha256") && test::file_sha256(path) != file["sha256"].get<std::string>()) {
+      FAIL_CHECK(path << " is not the file llama.cpp's logits were computed on (tests/fixtures/gen/llamacpp_deepseek2.sh makes both)");
+      continue;
+    }
     auto load = [&](const std::string& device) {
       std::vector<std::string> args = {"--device", device, "--gpu-resident-moe-layers", "all", "--progress", "none"};
       return Model::load(path, Settings::load(args));
