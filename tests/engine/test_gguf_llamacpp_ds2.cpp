@@ -1,21 +1,23 @@
-// deepseek2 GGUF files made by llama.cpp itself (its converter and
-// llama-quantize, per low-bit type and one "dynamic" mix) against llama.cpp's
-// own logits on them (tests/fixtures/llamacpp_deepseek2_reference.json, made
-// on the device machine by tests/fixtures/gen/llamacpp_deepseek2.sh, which
-// also says where the files go). The files themselves (F16 token_embd and
-// output of a 129,280-token vocabulary: 130+ MB each) are not checked in:
-// without them (FIXTURES/llamacpp-ds2/LABEL.gguf) the test says so and checks
-// only the reference's form.
+// deepseek2 GGUF files made by llama.cpp's tools (llama-quantize per low-bit
+// type, one "dynamic" mix) against llama.cpp's own logits on them
+// (tests/fixtures/llamacpp_deepseek2_reference.json, made with the files by
+// tests/fixtures/gen/llamacpp_deepseek2.sh, which also says where they go).
+// The files (F16 token_embd and output of a 129,280-token vocabulary: 130+
+// MB each) are not checked in: without them (FIXTURES/llamacpp-ds2/LABEL.gguf)
+// the test says so and checks only the reference's form. A file that is not
+// the one the reference was made from (its SHA-256 differs from the one the
+// reference records) is a failure naming it, not a comparison.
 //
 // Per file: top-1 agreement where llama.cpp's top-1/top-2 margin > 0.5, the
-// largest |logit difference| over llama.cpp's top-5 ids, the largest
-// |log-sum-exp difference|, and for the F16 and Q8_0 files the greedy ids
-// until our own margin is a close call. On this fixture the group-limited
-// sigmoid routing has near-ties that llama.cpp's F16 activations and KV
-// cache already flip (a dry run with the F16 file: every top-1 equal, but a
-// few positions' logits apart by up to 10 where another expert pair was
-// chosen), so agreement is required at 85% of the positions per file, not
-// all, and the table says how far each type is.
+// largest |logit difference| over llama.cpp's top-5 ids and its median over
+// positions, the largest |log-sum-exp difference|, and for the F16 and Q8_0
+// files the greedy ids until our own margin is a close call. On this fixture
+// the group-limited sigmoid routing has near-ties that llama.cpp's F16
+// activations and KV cache already flip (with the F16 file every top-1 is
+// equal, but a few positions' logits are apart by up to 10 where another
+// expert pair was chosen), so agreement is required at 85% of the positions
+// per file, not all, and the table says how far each type is; the median
+// is what a wrong code or scale would move (it moves every position).
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -506,8 +506,9 @@ TEST_CASE("gpu gguf low-bit: deepseek2 GGUF files of each type with every layer 
 }
 
 // llama.cpp's own deepseek2 files per low-bit type (tests/fixtures/README.md,
-// llamacpp_deepseek2_reference.json; made on the device by
-// tests/fixtures/gen/llamacpp_deepseek2.sh, not checked in): where they are,
+// llamacpp_deepseek2_reference.json; made with the reference by
+// tests/fixtures/gen/llamacpp_deepseek2.sh, not checked in; a file whose
+// SHA-256 is not the reference's fails, naming it): where they are,
 // every layer on the GPU must give the CPU path's top-1 where the CPU's
 // margin > 0.5, and llama.cpp's top-1 as often as the CPU path is required
 // to (85% of the positions where llama.cpp's margin > 0.5; its routing
