@@ -29,7 +29,9 @@
 #   CHECK=1         small shapes, hmoe --device cpu and no llama-bench (the
 #                   dev-box check that every step runs; HMOE=DIR/hmoe and
 #                   SLICE=DIR/slice_gguf then name the binaries when $B is unset)
-#   KEEP=1          keep the F16 source and the quantized file for a later call
+#   SMALL=1         the small shapes of CHECK with the real engines (a dry run
+#                   of the llama-bench half on a dev box)
+#   KEEP=1          keep the F16 source for a later call (the quantized file is always kept in W)
 set -u
 O=${O:-${OUT:-/tmp/k28b-out}}; mkdir -p "$O"
 W=${W:-/tmp/k28b}; mkdir -p "$W"
@@ -68,7 +70,7 @@ for f in "$LQ"/bin/*.xz; do [[ -e $f ]] && xz -d -f "$f"; done; chmod +x "$LQ"/b
 
 # ---- 1. the slice ----------------------------------------------------------------
 shape=() tag=ds3-slice-4L
-if ((CHECK)); then
+if ((CHECK || ${SMALL:-0})); then
   shape=(--hidden 512 --heads 4 --experts 16 --expert-ffn 256 --top-k 2 --groups 4 --group-top 2 --q-lora 256 --kv-lora 256 --ffn 512)
   tag=ds3-check-4L
 fi
@@ -92,6 +94,13 @@ awk 'function conv(l) { sub(/.*converting to +/, "", l); sub(/ .*/, "", l); c[l]
      p && /converting to/ { conv($0) }
      END { for (k in c) printf "  %s: %d tensors\n", k, c[k] }' "$O/quantize.log" 2>/dev/null | sort
 grep -E "^llama_model_quantize_impl: (model size|quant size)" "$O/quantize.log" 2>/dev/null
+
+# ---- 3a. the streamed / cached low-bit experts' GPU tests, when test_gpu is in the bundle ----
+if ((!CHECK)) && [[ -n ${B:-} && -e .device/b/bin/test_gpu ]]; then
+  say "test_gpu: low-bit experts streamed and cached as stored"
+  timeout 60 $B test_gpu -tc='gpu gguf low-bit: streamed*,gpu gguf low-bit: split*' >"$O/test_gpu.log" 2>&1; echo "test_gpu rc $?"
+  grep -E "MESSAGE|ERROR|FATAL|test cases|assertions|Status" "$O/test_gpu.log" | grep -vE "^\s*$" | cut -c1-220 | tail -40
+fi
 
 # ---- 3. the two engines ----------------------------------------------------------
 if ((CHECK)); then
@@ -117,7 +126,8 @@ def load(f):
     except (OSError, ValueError): return None
 h = load("hmoe.json"); l = load("llama.json") or []
 gpu = "CPU only (check run)" if check == "1" else "experts on the CPU: llama.cpp `-ngl 99 -ot exps=CPU`, hmoe `--gpu-resident-moe-layers none`"
-print(f"\n### DeepSeek-V3 slice (1 dense + 3 MoE layers, 256 experts), experts {mix}, rest llama-quantize Q4_K_M: {os.path.getsize(path) / 2**30:.2f} GiB\n")
+shape = f"{h.get('layers', '?')} layers (1 dense), {h.get('experts', '?')} experts" if h else "?"
+print(f"\n### DeepSeek-V3-shaped slice ({shape}), experts {mix}, rest llama-quantize Q4_K_M: {os.path.basename(path)}, {os.path.getsize(path) / 2**30:.2f} GiB\n")
 print(f"{gpu}\n")
 print("| test | llama.cpp tok/s | hmoe tok/s | hmoe / llama.cpp | must-show |")
 print("|---|---|---|---|---|")

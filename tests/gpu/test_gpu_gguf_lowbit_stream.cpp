@@ -69,10 +69,12 @@ double rows_rel(const std::vector<std::vector<float>>& a, const std::vector<std:
   return std::sqrt(num / den);
 }
 
-// A prompt in one step, then the given ids one decode step each; the logits of every row.
-std::vector<std::vector<float>> run_rows(Model& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& then) {
+// A prompt in one step, then the given ids one decode step each (or, with
+// `greedy` > 0, that many steps of the model's own argmax, appended to
+// *then); the logits of every row.
+std::vector<std::vector<float>> run_rows(Model& m, const std::vector<int32_t>& prompt, std::vector<int32_t>& then, int greedy = 0) {
   const int64_t V = m.config().vocab_size;
-  const int64_t total = static_cast<int64_t>(prompt.size() + then.size());
+  const int64_t total = static_cast<int64_t>(prompt.size() + then.size()) + greedy;
   KvCache kv(m.kv_layout(), total / 16 + 2, 16);
   const int seq = kv.add_sequence();
   kv.reserve(seq, total);
@@ -83,9 +85,13 @@ std::vector<std::vector<float>> run_rows(Model& m, const std::vector<int32_t>& p
   std::vector<std::vector<float>> rows;
   for (size_t i = 0; i < prompt.size(); ++i) rows.emplace_back(logits.begin() + static_cast<int64_t>(i) * V, logits.begin() + static_cast<int64_t>(i + 1) * V);
   int64_t pos = static_cast<int64_t>(prompt.size());
-  for (int32_t id : then) {
+  for (size_t i = 0; i < then.size() || greedy > 0; ++i) {
+    if (i == then.size()) {  // greedy: the next id is the last row's argmax
+      then.push_back(argmax(rows.back().data(), V));
+      --greedy;
+    }
     b.clear();
-    b.add(id, seq, pos++, true);
+    b.add(then[i], seq, pos++, true);
     m.forward(b, kv, logits);
     rows.emplace_back(logits.begin(), logits.begin() + V);
   }
@@ -150,17 +156,11 @@ TEST_CASE("gpu gguf low-bit: split decode and the expert cache copy the stored b
     CHECK(off->gpu()->expert_cache() == nullptr);
     REQUIRE(on->gpu()->expert_cache() != nullptr);
     const int64_t V = off->config().vocab_size;
-    // The CPU experts' greedy ids, then both runs teacher-forced on them.
-    std::vector<int32_t> greedy;
-    {
-      const auto r0 = run_rows(*off, prompt, {});
-      greedy.push_back(argmax(r0.back().data(), V));
-    }
-    for (int s = 0; s < 15; ++s) {
-      const auto r = run_rows(*off, prompt, greedy);
-      greedy.push_back(argmax(r.back().data(), V));
-    }
-    const auto base = run_rows(*off, prompt, greedy), got = run_rows(*on, prompt, greedy);
+    // 15 greedy steps of the CPU experts, then the cache/split run teacher-forced on their ids.
+    std::vector<int32_t> ids;
+    const auto base = run_rows(*off, prompt, ids, 15);
+    REQUIRE(ids.size() == 15);
+    const auto got = run_rows(*on, prompt, ids);
     int checked = 0, agreed = 0;
     for (size_t p = 0; p < base.size(); ++p) {
       std::vector<int32_t> top;
