@@ -64,7 +64,8 @@ struct StreamLayerLayout {
   // the format has none). Rebase with at().
   gpu::QWeight gu, dn;
   // GGUF layers of types the native kernels read as stored
-  // (gpu::gguf_native_supported for every expert matrix, low-bit included): the file's blocks as stored, read by the gpu::gguf_*
+  // (gpu::gguf_native_supported for every expert matrix, low-bit
+  // included): the file's blocks as stored, read by the gpu::gguf_*
   // kernels; ngu/ndn hold slot offsets like gu/dn (then unused). Each
   // region is followed by 16 readable bytes (gpu::gguf_moe_gemm's rule).
   bool native = false;
