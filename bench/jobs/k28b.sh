@@ -29,6 +29,9 @@
 #   CHECK=1         small shapes, hmoe --device cpu and no llama-bench (the
 #                   dev-box check that every step runs; HMOE=DIR/hmoe and
 #                   SLICE=DIR/slice_gguf then name the binaries when $B is unset)
+#   TESTS=1         first run test_gpu's streamed / cached low-bit expert tests
+#                   (tests/gpu/test_gpu_gguf_lowbit_stream.cpp; test_gpu in the
+#                   bundle; up to 60 s more)
 #   SMALL=1         the small shapes of CHECK with the real engines (a dry run
 #                   of the llama-bench half on a dev box)
 #   KEEP=1          keep the F16 source for a later call (the quantized file is always kept in W)
@@ -95,8 +98,8 @@ awk 'function conv(l) { sub(/.*converting to +/, "", l); sub(/ .*/, "", l); c[l]
      END { for (k in c) printf "  %s: %d tensors\n", k, c[k] }' "$O/quantize.log" 2>/dev/null | sort
 grep -E "^llama_model_quantize_impl: (model size|quant size)" "$O/quantize.log" 2>/dev/null
 
-# ---- 3a. the streamed / cached low-bit experts' GPU tests, when test_gpu is in the bundle ----
-if ((!CHECK)) && [[ -n ${B:-} && -e .device/b/bin/test_gpu ]]; then
+# ---- 3a. (TESTS=1) the streamed / cached low-bit experts' GPU tests ----------------
+if ((!CHECK && ${TESTS:-0})) && [[ -n ${B:-} && -e .device/b/bin/test_gpu ]]; then
   say "test_gpu: low-bit experts streamed and cached as stored"
   timeout 60 $B test_gpu -tc='gpu gguf low-bit: streamed*,gpu gguf low-bit: split*' >"$O/test_gpu.log" 2>&1; echo "test_gpu rc $?"
   grep -E "MESSAGE|ERROR|FATAL|test cases|assertions|Status" "$O/test_gpu.log" | grep -vE "^\s*$" | cut -c1-220 | tail -40
@@ -105,14 +108,14 @@ fi
 # ---- 3. the two engines ----------------------------------------------------------
 if ((CHECK)); then
   say "hmoe bench --device cpu (check run)"
-  hmoe bench "$q" -p "$P" -n "$N" -r "$REPS" --threads "$THREADS" --device cpu --progress none --json >"$O/hmoe.json" 2>"$O/hmoe.log"
+  hmoe bench "$q" -p "$P" -n "$N" -r "$REPS" --batch 1 --threads "$THREADS" --device cpu --progress none --json >"$O/hmoe.json" 2>"$O/hmoe.log"
   say "hmoe rc $?"; tail -3 "$O/hmoe.log"
 else
   say "llama-bench -ngl 99 -ot exps=CPU"
   run_tool "$LLAMA_CUDA" llama-bench -m "$q" -ngl 99 -ot exps=CPU -t "$THREADS" -p "$P" -n "$N" -r "$REPS" -o json >"$O/llama.json" 2>"$O/llama.log"
   say "llama-bench rc $?"; tail -2 "$O/llama.log"
   say "hmoe bench --gpu-resident-moe-layers none"
-  hmoe bench "$q" -p "$P" -n "$N" -r "$REPS" --threads "$THREADS" --gpu-resident-moe-layers none --progress none --json >"$O/hmoe.json" 2>"$O/hmoe.log"
+  hmoe bench "$q" -p "$P" -n "$N" -r "$REPS" --batch 1 --threads "$THREADS" --gpu-resident-moe-layers none --progress none --json >"$O/hmoe.json" 2>"$O/hmoe.log"
   say "hmoe rc $?"; grep -E "^hmoe: (stream|GPU expert|plan|placement)" "$O/hmoe.log" | head -6; tail -2 "$O/hmoe.log"
 fi
 
