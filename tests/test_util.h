@@ -4,6 +4,7 @@
 // checked in, checkpoints generated bit for bit).
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -41,6 +42,19 @@ inline std::string read_file(const std::string& path) {
 inline std::string fixture_model(const std::string& name) { return std::string(HMOE_FIXTURES_DIR) + "/" + name; }
 // A reference file or directory of the fixtures ("tiny-qwen3moe/hf_reference.json", ...).
 inline std::string fixture_ref(const std::string& rel) { return std::string(HMOE_FIXTURES_DIR) + "/" + rel; }
+
+// SHA-256 of a file in hex (coreutils' sha256sum), or "" when it cannot be
+// computed: for reference data made from files that are not checked in, to
+// tell the file the reference was made from from another one.
+inline std::string file_sha256(const std::string& path) {
+  if (path.find('\'') != std::string::npos) return "";
+  FILE* p = popen(("sha256sum '" + path + "' 2>/dev/null").c_str(), "r");
+  if (!p) return "";
+  char buf[65] = {};
+  const size_t n = std::fread(buf, 1, 64, p);
+  pclose(p);
+  return n == 64 ? std::string(buf, 64) : "";
+}
 
 inline std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 rng(seed);

@@ -17,6 +17,7 @@
 #include "engine/placement/prefill_cost.h"
 #include "gpu/quant.h"
 #include "gpu/device.h"
+#include "gpu/gguf_lowbit_units.h"
 #include "gpu/memory_cap.h"
 #include "gpu/moe_stream.h"
 #include "io/dtype.h"
@@ -293,6 +294,9 @@ ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, cons
   lo.skip_copies = opt.skip_copies;
   m.lay = build_stream_layout(c, std::move(src), lo, pool);
   for (int64_t j = 0; j < N; ++j) m.index[m.lay.layers[static_cast<size_t>(j)].layer] = j;
+  for (const StreamLayerLayout& L : m.lay.layers)
+    if (L.native && (gpu::gguf_type_lowbit(L.ngu.type) || gpu::gguf_type_lowbit(L.ndn.type)))
+      gpu::detail::gguf::device_lowbit_tables();  // the IQ codebooks on the device now, not in a launch under graph capture
   for (int64_t s = 0; s < m.S; ++s) {
     m.slots.emplace_back(m.lay.slot_bytes);
     if (opt.skip_copies) gpu::memset_device(m.slots.back().data(), 0, m.lay.slot_bytes, m.copy);

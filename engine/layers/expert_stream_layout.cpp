@@ -140,11 +140,17 @@ bool experts_stream_quantized(const std::vector<numa::ExpertWeights>& ex, std::s
   };
   if (ex.empty()) return no("no experts");
   const numa::ExpertWeights& e0 = ex[0];
+  // GGUF blocks the native kernels read as stored (the low-bit types have no
+  // other GPU format) stream when the whole layer is of them.
+  bool native = true;
+  for (const numa::ExpertWeights& w : ex)
+    native = native && gpu::gguf_native_supported(w.gate) && gpu::gguf_native_supported(w.up) && gpu::gguf_native_supported(w.down);
   for (size_t e = 0; e < ex.size(); ++e) {
     const numa::ExpertWeights& w = ex[e];
     for (const cpu::Mat* m : {&w.gate, &w.up, &w.down})
-      if (m->quant == cpu::Quant::none || !gpu::qformat_supported(*m))
-        return no("expert " + std::to_string(e) + " has " + cpu::mat_type_name(*m) + " weights, which no GPU quantized kernel takes");
+      if (!native && (m->quant == cpu::Quant::none || !gpu::qformat_supported(*m)))
+        return no("expert " + std::to_string(e) + " has " + cpu::mat_type_name(*m) + " weights, which no GPU quantized kernel takes" +
+                  (gpu::gguf_native_supported(*m) ? " (as stored only, and the layer's other experts are not all so)" : ""));
     if (!same_type(w.gate, e0.gate) || !same_type(w.up, e0.gate) || !same_type(w.down, e0.down))
       return no("expert " + std::to_string(e) + "'s matrices differ in type from expert 0's (" + cpu::mat_type_name(w.gate) + "/" +
                 cpu::mat_type_name(w.up) + "/" + cpu::mat_type_name(w.down) + ")");

@@ -18,10 +18,11 @@
 //    matrix is repacked once, at load, into a pinned image of its region.
 //    When the driver refuses to pin the stored blocks, every region goes
 //    into images.
-//  - GGUF Q4_K/Q5_K/Q6_K/Q8_0 layers whose every expert matrix the native
-//    GGUF kernels take (gpu::gguf_native_supported): the same two stacked
-//    matrices, but always the file's blocks as stored (Q6_K included), so
-//    always pinned in place unless the driver refuses.
+//  - GGUF layers whose every expert matrix the native GGUF kernels take
+//    (gpu::gguf_native_supported: Q4_K/Q5_K/Q6_K/Q8_0 and the low-bit
+//    Q2_K/Q3_K/IQ1-IQ4/MXFP4, which have no other GPU format): the same two
+//    stacked matrices, but always the file's blocks as stored (Q6_K
+//    included), so always pinned in place unless the driver refuses.
 // Slots differ per layer only in the bytes used (a Q4_K_M file mixes Q4_K
 // and Q6_K down matrices); a slot is sized for the largest layer.
 //
@@ -62,8 +63,9 @@ struct StreamLayerLayout {
   // pointers (data/scales/zeros hold offset values; scales/zeros null when
   // the format has none). Rebase with at().
   gpu::QWeight gu, dn;
-  // GGUF Q4_K/Q5_K/Q6_K/Q8_0 layers (gpu::gguf_native_supported for every
-  // expert matrix): the file's blocks as stored, read by the gpu::gguf_*
+  // GGUF layers of types the native kernels read as stored
+  // (gpu::gguf_native_supported for every expert matrix, low-bit
+  // included): the file's blocks as stored, read by the gpu::gguf_*
   // kernels; ngu/ndn hold slot offsets like gu/dn (then unused). Each
   // region is followed by 16 readable bytes (gpu::gguf_moe_gemm's rule).
   bool native = false;
@@ -105,8 +107,10 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
                                  numa::ThreadPool* pool = nullptr);
 
 // Whether every expert of `experts` has a GPU quantized format, one per
-// stacked matrix (gate and up alike across experts, down alike): the rule
-// that makes a layer stream quantized. *why names the first obstacle.
+// stacked matrix (gate and up alike across experts, down alike): a format
+// gpu::qrepack makes, or the stored GGUF blocks when the native kernels take
+// every matrix of the layer (the only GPU format of the low-bit types). The
+// rule that makes a layer stream quantized. *why names the first obstacle.
 bool experts_stream_quantized(const std::vector<numa::ExpertWeights>& experts, std::string* why);
 
 }  // namespace hmoe

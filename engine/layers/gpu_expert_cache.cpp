@@ -14,6 +14,7 @@
 #include "engine/placement/placement.h"
 #include "engine/placement/prefill_cost.h"
 #include "gpu/device.h"
+#include "gpu/gguf_lowbit_units.h"
 #include "gpu/moe_stream.h"
 #include "gpu/quant.h"
 
@@ -112,6 +113,8 @@ GpuExpertCache::GpuExpertCache(const ModelConfig& c, std::vector<Layer> in, cons
       k.dn_type = L.ndn.type;
       k.gu_per = static_cast<size_t>(2 * m.I) * L.ngu.row_bytes();
       k.dn_per = static_cast<size_t>(m.H) * L.ndn.row_bytes();
+      if (gpu::gguf_type_lowbit(k.gu_type) || gpu::gguf_type_lowbit(k.dn_type))
+        gpu::detail::gguf::device_lowbit_tables();  // the IQ codebooks on the device now, not in a launch under graph capture
       m.classes.push_back(std::move(k));
     }
     CacheLayer cl;

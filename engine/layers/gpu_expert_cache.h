@@ -24,7 +24,8 @@
 // the routing the host already waits for.
 //
 // Which layers: those whose every expert matrix is a GGUF type the native
-// kernels take (Q4_K/Q5_K/Q6_K/Q8_0, gpu::gguf_native_supported); layers of
+// kernels take (Q4_K/Q5_K/Q6_K/Q8_0 and the low-bit Q2_K/Q3_K/IQ1-IQ4/MXFP4,
+// gpu::gguf_native_supported; slots sized from each type's row bytes); layers of
 // other formats (and shapes those kernels do not take) stay on the CPU.
 // Slots are pooled per (gate/up type, down type), the budget shared by the
 // classes in proportion to their host bytes.

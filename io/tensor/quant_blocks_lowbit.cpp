@@ -5,10 +5,12 @@
 #include "io/tensor/quant_blocks_lowbit.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "configs/error.h"
+#include "io/tensor/lowbit_block_scale.h"
 #include "io/tensor/gguf_block_util.h"
 #include "io/tensor/gguf_iq_grids.h"
 
@@ -269,6 +271,39 @@ void lowbit_dequant_block(ExtType t, const uint8_t* b, float* out) {
   for (int k = 0; k < n; ++k) {
     const float v = s[k / 16] * static_cast<float>(c[k]);
     out[k] = v + o[k / 16];
+  }
+}
+
+void lowbit_set_block_scale(ExtType t, uint8_t* p, float d) {
+  auto put = [](uint8_t* q, float v) {
+    const uint16_t h = f32_to_f16(v);
+    std::memcpy(q, &h, 2);
+  };
+  switch (static_cast<uint32_t>(t)) {
+    case 10:  // Q2_K: d, dmin at the block's end
+      put(p + 80, d);
+      put(p + 82, 1.5f * d);
+      return;
+    case 11:  // Q3_K
+      put(p + 108, d);
+      return;
+    case 29: {  // IQ1_M: the f16 d in the top nibbles of the four 16-bit scale words
+      const uint16_t h = f32_to_f16(d);
+      for (int k = 0; k < 4; ++k) {
+        uint16_t s;
+        std::memcpy(&s, p + 48 + 2 * k, 2);
+        s = static_cast<uint16_t>((s & 0x0FFFu) | (((h >> (4 * k)) & 0xFu) << 12));
+        std::memcpy(p + 48 + 2 * k, &s, 2);
+      }
+      return;
+    }
+    case 39: {  // MXFP4: e8m0
+      const int e = 128 + static_cast<int>(std::lround(std::log2(std::fabs(d) + 1e-30f)));
+      p[0] = static_cast<uint8_t>(std::min(254, std::max(2, e)));
+      return;
+    }
+    default:
+      put(p, d);
   }
 }
 

@@ -14,6 +14,7 @@
 #include "engine/layers/expert_stream_layout.h"
 #include "io/dtype.h"
 #include "numa/quant_gguf.h"
+#include "tests/quant_tools/lowbit_blocks.h"
 #include "tests/quant_tools/quantizers.h"
 #include "tests/test_util.h"
 
@@ -37,7 +38,10 @@ cpu::Mat make(Layer& l, uint32_t type, int64_t rows, int64_t cols, uint64_t seed
     for (size_t i = 0; i < v.size(); ++i) l.bf16.back()[i] = f32_to_bf16(v[i]);
     return cpu::Mat{DType::bf16, l.bf16.back().data(), rows, cols};
   }
-  l.bytes.push_back(qtools::quant_rows(static_cast<cpu::ExtType>(type), v.data(), rows, cols));
+  if (cpu::lowbit_type(type))  // random blocks of the format (no quantizer of these types here)
+    l.bytes.push_back(qtools::lowbit_random_rows(static_cast<cpu::ExtType>(type), rows, cols, seed, 0.05f));
+  else
+    l.bytes.push_back(qtools::quant_rows(static_cast<cpu::ExtType>(type), v.data(), rows, cols));
   return cpu::ext_view(static_cast<cpu::ExtType>(type), l.bytes.back().data(), rows, cols, "expert");
 }
 
@@ -113,6 +117,61 @@ TEST_CASE("streamed slots of GGUF K-quant and Q8_0 experts: the file's blocks as
   const StreamLayout l8 = build_stream_layout(c, {{0, &q8.experts}}, o);
   CHECK(l8.layers[0].native);
   CHECK(l8.format == "Q8_0");
+}
+
+TEST_CASE("streamed slots of low-bit GGUF experts (dynamic quant mixes): the file's blocks as stored, sized from each type's block bytes") {
+  const ModelConfig c = config();
+  // A dynamic mix's layers: IQ1_S gate/up with IQ2_XXS down, IQ2_XXS with
+  // Q2_K down, and IQ4_NL gate/up with MXFP4 down (32-weight blocks).
+  Layer a, b, d;
+  fill(a, 19, 16);
+  fill(b, 16, 10);
+  fill(d, 20, 39);
+  std::string why;
+  CHECK_MESSAGE(experts_stream_quantized(a.experts, &why), why);
+  StreamLayoutOptions o;
+  o.skip_copies = true;
+  const StreamLayout lay = build_stream_layout(c, {{3, &a.experts}, {1, &b.experts}, {7, &d.experts}}, o);
+  CHECK(lay.quantized);
+  CHECK(lay.stored_blocks);
+  REQUIRE(lay.layers.size() == 3);
+  // Bytes per 256 weights as the format stores them: IQ1_S 50, IQ2_XXS 66,
+  // Q2_K 84, IQ4_NL 8 x 18, MXFP4 8 x 17.
+  struct Want {
+    int layer;
+    gpu::GgufType gu, dn;
+    size_t gu_row, dn_row;
+  };
+  const Want want[3] = {{1, gpu::GgufType::iq2_xxs, gpu::GgufType::q2_k, 66, 84},
+                        {3, gpu::GgufType::iq1_s, gpu::GgufType::iq2_xxs, 50, 66},
+                        {7, gpu::GgufType::iq4_nl, gpu::GgufType::mxfp4, 144, 136}};
+  size_t largest = 0;
+  for (size_t j = 0; j < 3; ++j) {
+    const StreamLayerLayout& L = lay.layers[j];
+    INFO("layer " << want[j].layer);
+    CHECK(L.layer == want[j].layer);
+    CHECK(L.native);
+    CHECK(L.ngu.type == want[j].gu);
+    CHECK(L.ndn.type == want[j].dn);
+    CHECK(L.ngu.rows == E * 2 * I);
+    CHECK(L.ndn.rows == E * H);
+    CHECK(L.ngu.row_bytes() == want[j].gu_row * (H / 256));
+    CHECK(L.ndn.row_bytes() == want[j].dn_row * (I / 256));
+    const size_t gu = align256(static_cast<size_t>(E * 2 * I) * want[j].gu_row * (H / 256) + 16);
+    CHECK(reinterpret_cast<uintptr_t>(L.ngu.data) == 0);
+    CHECK(reinterpret_cast<uintptr_t>(L.ndn.data) == gu);
+    CHECK(L.bytes == gu + align256(static_cast<size_t>(E * H) * want[j].dn_row * (I / 256) + 16));
+    largest = std::max(largest, L.bytes);
+  }
+  CHECK(lay.slot_bytes == largest);
+  CHECK(lay.format == "IQ2_XXS / Q2_K, IQ1_S / IQ2_XXS, IQ4_NL / MXFP4");
+  // A low-bit layer with one matrix the native kernels do not take (Q4_0,
+  // which only the repacked formats take) has no GPU quantized format: bf16, said why.
+  Layer odd;
+  fill(odd, 16, 16, 2, 2);
+  CHECK(!experts_stream_quantized(odd.experts, &why));
+  CHECK_MESSAGE(why.find("as stored only") != std::string::npos, why);
+  CHECK(!build_stream_layout(c, {{4, &odd.experts}}, o).quantized);
 }
 
 TEST_CASE("streamed slots of GGUF types the GPU repacks (Q4_0, Q5_0): regions from gpu::qrepack of the first expert") {

@@ -506,8 +506,9 @@ TEST_CASE("gpu gguf low-bit: deepseek2 GGUF files of each type with every layer 
 }
 
 // llama.cpp's own deepseek2 files per low-bit type (tests/fixtures/README.md,
-// llamacpp_deepseek2_reference.json; made on the device by
-// tests/fixtures/gen/llamacpp_deepseek2.sh, not checked in): where they are,
+// llamacpp_deepseek2_reference.json; made with the reference by
+// tests/fixtures/gen/llamacpp_deepseek2.sh, not checked in; a file whose
+// SHA-256 is not the reference's fails, naming it): where they are,
 // every layer on the GPU must give the CPU path's top-1 where the CPU's
 // margin > 0.5, and llama.cpp's top-1 as often as the CPU path is required
 // to (85% of the positions where llama.cpp's margin > 0.5; its routing
@@ -527,6 +528,10 @@ TEST_CASE("gpu gguf low-bit: llama.cpp's deepseek2 files per type on the GPU agr
     const std::string path = test::fixture_ref("llamacpp-ds2/" + label + ".gguf");
     if (!std::filesystem::exists(path)) continue;
     INFO(label);
+    if (file.contains("sha256") && test::file_sha256(path) != file["sha256"].get<std::string>()) {
+      FAIL_CHECK(path << " is not the file llama.cpp's logits were computed on (tests/fixtures/gen/llamacpp_deepseek2.sh makes both)");
+      continue;
+    }
     auto load = [&](const std::string& device) {
       std::vector<std::string> args = {"--device", device, "--gpu-resident-moe-layers", "all", "--progress", "none"};
       return Model::load(path, Settings::load(args));

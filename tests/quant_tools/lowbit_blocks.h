@@ -15,39 +15,14 @@
 #include <vector>
 
 #include "io/dtype.h"
+#include "io/tensor/lowbit_block_scale.h"
 #include "io/tensor/quant_blocks_lowbit.h"
 #include "tests/quant_tools/gguf_writer.h"
 
 namespace hmoe::qtools {
 
-// Sets block p's scale to d (the f16 d; Q2_K: d and dmin = 1.5 d; IQ1_M: d in
-// the scales' top nibbles; MXFP4: the power of two nearest |d|).
-inline void lowbit_set_scale(cpu::ExtType t, uint8_t* p, float d) {
-  const uint32_t id = static_cast<uint32_t>(t);
-  auto put = [](uint8_t* q, float v) {
-    const uint16_t h = f32_to_f16(v);
-    std::memcpy(q, &h, 2);
-  };
-  if (id == 10) {  // dmin 1.5 d: the mins cancel the codes' mean (1.5 sc) on average, as in real files
-    put(p + 80, d);
-    put(p + 82, 1.5f * d);
-  } else if (id == 11) {
-    put(p + 108, d);
-  } else if (id == 29) {
-    const uint16_t h = f32_to_f16(d);
-    for (int k = 0; k < 4; ++k) {
-      uint16_t s;
-      std::memcpy(&s, p + 48 + 2 * k, 2);
-      s = static_cast<uint16_t>((s & 0x0FFFu) | (((h >> (4 * k)) & 0xFu) << 12));
-      std::memcpy(p + 48 + 2 * k, &s, 2);
-    }
-  } else if (id == 39) {
-    const int e = 128 + static_cast<int>(std::lround(std::log2(std::fabs(d) + 1e-30f)));
-    p[0] = static_cast<uint8_t>(std::min(254, std::max(2, e)));
-  } else {
-    put(p, d);
-  }
-}
+// Sets block p's scale to d (cpu::lowbit_set_block_scale).
+inline void lowbit_set_scale(cpu::ExtType t, uint8_t* p, float d) { cpu::lowbit_set_block_scale(t, p, d); }
 
 // rows x cols weights of type t as ggml blocks (rows contiguous), random
 // codes, block scales 0.5..1.5 (and a random sign on a quarter of the blocks
