@@ -47,7 +47,8 @@ FitChoice auto_fit(const ModelConfig& c, const Settings& s, const GpuTarget& gpu
                                           std::to_string(c.num_hidden_layers) + ": record it from this model");
   if (in.trace && in.trace->header.experts != E)
     fail(ErrorKind::invalid_argument, "routing trace has " + std::to_string(in.trace->header.experts) + " experts per layer, the model " + std::to_string(E));
-  f.hit_model = in.trace ? "routing trace (freq_recency policy, simulated)" : "uniform routing (cached experts / host experts)";
+  const CachePolicy policy = parse_cache_policy(s.origin("gpu_expert_cache_policy"), s.gpu_expert_cache_policy);
+  f.hit_model = in.trace ? std::string("routing trace (") + cache_policy_name(policy) + " policy per layer, simulated)" : "uniform routing (cached experts / host experts)";
 
   Settings base = s;
   base.max_model_len = T;
@@ -112,7 +113,7 @@ FitChoice auto_fit(const ModelConfig& c, const Settings& s, const GpuTarget& gpu
     else {
       std::vector<bool> host(static_cast<size_t>(c.num_hidden_layers), false);
       for (int64_t i = r; i < M; ++i) host[static_cast<size_t>(moe[static_cast<size_t>(i)])] = true;
-      o.hit_rate = simulate_expert_cache(*in.trace, o.cache_bytes, f.expert_gpu_bytes, CachePolicy::freq_recency, host).hit_rate();
+      o.hit_rate = simulate_expert_cache(*in.trace, o.cache_bytes, f.expert_gpu_bytes, policy, host).hit_rate();
     }
     const double host_loads = static_cast<double>(M - r) * u;
     const double gpu_bytes = static_cast<double>(p0.gpu_bytes_per_token) + static_cast<double>(r) * u * static_cast<double>(f.expert_gpu_bytes) +

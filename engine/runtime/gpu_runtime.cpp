@@ -40,6 +40,7 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.defer_experts = s.defer_experts;
   o.expert_cache.budget_bytes = parse_gpu_expert_cache(s.gpu_expert_cache);
   o.expert_cache.cost.share = parse_gpu_split_decode(s.gpu_split_decode);
+  o.expert_cache.policy = parse_cache_policy(s.origin("gpu_expert_cache_policy"), s.gpu_expert_cache_policy);
   o.expert_cache.quiet = s.progress == "none";
   return o;
 }

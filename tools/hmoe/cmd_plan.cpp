@@ -180,7 +180,7 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
       double pcie = have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : 0;
       if (pcie <= 0) pcie = gpu::device_count() > 0 ? measure_pinned_h2d_bandwidth(64u << 20) : 25e9;
       const uint64_t eb = sample->gate.bytes() + sample->up.bytes() + sample->down.bytes();
-      std::printf("%s", expert_cache_plan_report(c, s.gpu_expert_cache, s.gpu_split_decode, cpu_bw, pcie, p.moe_layers() - p.resident_moe_layers(), eb).c_str());
+      std::printf("%s", expert_cache_plan_report(c, s.gpu_expert_cache, s.gpu_split_decode, s.gpu_expert_cache_policy, cpu_bw, pcie, p.moe_layers() - p.resident_moe_layers(), eb).c_str());
     } else {
       std::printf("GPU expert cache and split decode: off (the host experts are not GGUF Q4_K/Q5_K/Q6_K/Q8_0 matrices of a shape the GPU's native kernels take)\n");
     }
