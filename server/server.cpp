@@ -9,6 +9,7 @@
 #include "configs/error.h"
 #include "engine/loading/generation_config.h"
 #include "engine/loading/gguf_model.h"
+#include "engine/placement/placement.h"
 #include "server/http_headers.h"
 
 namespace hmoe::server {
@@ -59,16 +60,8 @@ SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
   c.prefix_caching = s.enable_prefix_caching;
   const int64_t ctx = context_length(s, m.config());
   const int64_t block_bytes = KvCache::bytes_per_block(m.kv_layout(), c.block_size);
-  const int64_t ctx_blocks = (ctx + c.block_size - 1) / c.block_size + 1;
-  int64_t blocks;
-  if (s.kv_cache_memory_bytes > 0) {
-    blocks = static_cast<int64_t>(s.kv_cache_memory_bytes) / block_bytes;
-    if (blocks < 1) fail(ErrorKind::invalid_argument, "--kv-cache-memory-bytes is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");
-  } else {
-    blocks = std::min<int64_t>(std::max<int64_t>(s.max_num_seqs, 1) * ctx_blocks, (int64_t{512} << 20) / block_bytes);
-    blocks = std::max(blocks, ctx_blocks);
-  }
-  c.kv_blocks = blocks;
+  // The automatic fit reserved its KV blocks in the GPU budget (by the same rule, default_kv_blocks); use them.
+  c.kv_blocks = server_kv_blocks(s, ctx, block_bytes, m.fit_kv_blocks());
   if (s.kv_offloading_size > 0) {
     const double bytes = s.kv_offloading_size * double(int64_t{1} << 30);
     const int64_t avail = available_ram();

@@ -148,7 +148,7 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
     std::printf("\n%s", fit_table(*fit).c_str());
     std::printf("auto: %lld resident MoE layers (%s), KV %lld blocks, streamed prefill %s, expert cache %s (%lld experts of host layers)\n",
                 static_cast<long long>(o.resident), first_moe_layers(c, o.resident).c_str(), static_cast<long long>(o.kv_blocks),
-                o.stream_slots                                                     ? (std::to_string(o.stream_slots) + " slots").c_str()
+                o.stream_slots ? (std::to_string(o.stream_slots) + " slots" + (o.stream_chunk ? " of " + std::to_string(o.stream_chunk) + " experts (chunks)" : std::string())).c_str()
                 : o.resident + 1 == static_cast<int64_t>(fit->options.size())     ? "not needed (every MoE layer resident)"
                 : parse_prefill_min_batch(s) == 0                                  ? "off (--gpu-prefill-min-batch-size 0)"
                                                                                    : "off (its slots do not fit)",

@@ -21,9 +21,16 @@
 // token as "[PADn]" (unused), pre-tokenizer "qwen2", BOS/pad <|endoftext|>,
 // EOS <|im_end|>, no BOS added, and the chat template.
 //
+// Experts in Q8_0 (--expert-type q8_0): each block of 32 weights is a
+// random F16 scale d = 0.02 sqrt(3) / 127 and 32 random int8 values, the
+// same spread as the F16 weights; written directly, so that a full-depth
+// (48-layer, 31 GiB of experts) file is made in one pass without
+// llama-quantize (the hybrid benchmarks of issue 27, bench/jobs/k27b.sh).
+//
 // usage: slice_gguf --out FILE [--layers 8] [--seed 0] [--threads T]
 //   [--tokenizer DIR] [--hidden 2048] [--heads 32] [--kv-heads 4]
 //   [--head-dim 128] [--experts 128] [--expert-ffn 768] [--top-k 8]
+//   [--expert-type f16|q8_0]
 //   (the shape flags exist for small test files; the defaults are the model's)
 #include <algorithm>
 #include <cstdint>
@@ -45,7 +52,7 @@ using namespace hmoe;
 
 namespace {
 
-constexpr uint32_t kF32 = 0, kF16 = 1;
+constexpr uint32_t kF32 = 0, kF16 = 1, kQ8_0 = 8;
 constexpr uint32_t kTypeU32 = 4, kTypeI32 = 5, kTypeF32 = 6, kTypeBool = 7, kTypeStr = 8, kTypeArray = 9;
 constexpr uint64_t kAlign = 32;
 constexpr int64_t kVocab = 151936;
@@ -90,10 +97,12 @@ struct Tensor {
     for (auto d : ne) n *= d;
     return n;
   }
-  uint64_t bytes() const { return elements() * (type == kF16 ? 2 : 4); }
+  // Bytes of elements [0, n) (n a multiple of 32 for Q8_0).
+  uint64_t bytes_of(uint64_t n) const { return type == kQ8_0 ? n / 32 * 34 : n * (type == kF16 ? 2 : 4); }
+  uint64_t bytes() const { return bytes_of(elements()); }
 };
 
-std::vector<Tensor> tensors_of(const Shape& s) {
+std::vector<Tensor> tensors_of(const Shape& s, uint32_t expert_type) {
   using F = Tensor::Fill;
   const uint64_t H = static_cast<uint64_t>(s.hidden), Q = static_cast<uint64_t>(s.heads * s.head_dim), KV = static_cast<uint64_t>(s.kv_heads * s.head_dim),
                  E = static_cast<uint64_t>(s.experts), I = static_cast<uint64_t>(s.expert_ffn), D = static_cast<uint64_t>(s.head_dim);
@@ -110,9 +119,9 @@ std::vector<Tensor> tensors_of(const Shape& s) {
     t.push_back({b + "attn_k_norm.weight", kF32, {D}, F::ones});
     t.push_back({b + "ffn_norm.weight", kF32, {H}, F::ones});
     t.push_back({b + "ffn_gate_inp.weight", kF32, {H, E}, F::random});
-    t.push_back({b + "ffn_gate_exps.weight", kF16, {H, I, E}, F::random});
-    t.push_back({b + "ffn_up_exps.weight", kF16, {H, I, E}, F::random});
-    t.push_back({b + "ffn_down_exps.weight", kF16, {I, H, E}, F::random});
+    t.push_back({b + "ffn_gate_exps.weight", expert_type, {H, I, E}, F::random});
+    t.push_back({b + "ffn_up_exps.weight", expert_type, {H, I, E}, F::random});
+    t.push_back({b + "ffn_down_exps.weight", expert_type, {I, H, E}, F::random});
   }
   t.push_back({"output_norm.weight", kF32, {H}, F::ones});
   t.push_back({"output.weight", kF16, {H, kVocab}, F::random});
@@ -184,6 +193,21 @@ uint64_t mix(uint64_t x) {  // splitmix64 finalizer
 void fill(const Tensor& t, uint64_t seed, size_t ti, uint64_t first, uint64_t n, uint8_t* out) {
   constexpr float kStd = 0.02f;
   const float a = kStd * 1.7320508f;  // uniform [-a, a] has standard deviation a / sqrt(3)
+  if (t.type == kQ8_0) {  // first and n are multiples of 32: whole blocks
+    const uint16_t d = f32_to_f16(a / 127.0f);
+    for (uint64_t blk = 0; blk < n / 32; ++blk) {
+      uint8_t* o = out + blk * 34;
+      std::memcpy(o, &d, 2);
+      for (int w = 0; w < 4; ++w) {
+        uint64_t r = mix(seed * 0x100000001b3ull ^ mix(ti) ^ ((first / 32 + blk) * 4 + static_cast<uint64_t>(w)) * 0x9e3779b97f4a7c15ull);
+        for (int j = 0; j < 8; ++j, r >>= 8) {
+          const int v = static_cast<int>(r & 0xff) % 255 - 127;  // -127..127
+          o[2 + w * 8 + j] = static_cast<uint8_t>(static_cast<int8_t>(v));
+        }
+      }
+    }
+    return;
+  }
   for (uint64_t i = 0; i < n; ++i) {
     float v = 1.0f;
     if (t.fill == Tensor::Fill::random) {
@@ -214,7 +238,7 @@ int run(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf("usage: slice_gguf --out FILE [--layers 8] [--seed 0] [--threads T] [--tokenizer DIR] [--hidden 2048] [--heads 32] [--kv-heads 4] "
-                  "[--head-dim 128] [--experts 128] [--expert-ffn 768] [--top-k 8]\n");
+                  "[--head-dim 128] [--experts 128] [--expert-ffn 768] [--top-k 8] [--expert-type f16|q8_0]\n");
       return 0;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc) fail(ErrorKind::invalid_argument, "expected '--option VALUE', got '" + a + "' (see --help)");
@@ -222,7 +246,10 @@ int run(int argc, char** argv) {
   }
   if (!opts.count("--out")) fail(ErrorKind::invalid_argument, "--out FILE is required");
   const std::string out = opts["--out"], tok_dir = opts.count("--tokenizer") ? opts["--tokenizer"] : demo_tokenizer_dir();
-  opts.erase("--out"), opts.erase("--tokenizer");
+  const std::string etype = opts.count("--expert-type") ? opts["--expert-type"] : "f16";
+  opts.erase("--out"), opts.erase("--tokenizer"), opts.erase("--expert-type");
+  if (etype != "f16" && etype != "q8_0") fail(ErrorKind::invalid_argument, "--expert-type must be f16 or q8_0, got '" + etype + "'");
+  const uint32_t expert_type = etype == "q8_0" ? kQ8_0 : kF16;
   Shape s;
   s.layers = int_arg(opts, "--layers", 8, 1, 1024);
   s.hidden = int_arg(opts, "--hidden", 2048, 32, 65536);
@@ -243,7 +270,7 @@ int run(int argc, char** argv) {
   const std::string a = "qwen3moe.";
   m.str("general.architecture", "qwen3moe");
   m.str("general.name", "Qwen3-30B-A3B slice (" + std::to_string(s.layers) + " layers, random weights)");
-  m.u32("general.file_type", 1);  // mostly F16
+  m.u32("general.file_type", expert_type == kQ8_0 ? 7 : 1);  // mostly Q8_0 / mostly F16
   m.u32("general.alignment", static_cast<uint32_t>(kAlign));
   m.u32(a + "block_count", static_cast<uint32_t>(s.layers));
   m.u32(a + "context_length", 40960);
@@ -260,7 +287,7 @@ int run(int argc, char** argv) {
   m.u32(a + "expert_feed_forward_length", static_cast<uint32_t>(s.expert_ffn));
   add_tokenizer(m, tok_dir);
 
-  const std::vector<Tensor> ts = tensors_of(s);
+  const std::vector<Tensor> ts = tensors_of(s, expert_type);
   std::string head = "GGUF";
   auto put = [&head](auto v) { head.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
   put(uint32_t{3});
@@ -295,18 +322,18 @@ int run(int argc, char** argv) {
   int last_pct = -1;
   for (size_t ti = 0; ti < ts.size(); ++ti) {
     const Tensor& t = ts[ti];
-    const uint64_t n = t.elements(), esz = t.type == kF16 ? 2 : 4;
+    const uint64_t n = t.elements();
     for (uint64_t first = 0; first < n; first += kChunk) {
       const uint64_t len = std::min(kChunk, n - first);
-      const uint64_t per = (len + static_cast<uint64_t>(threads) - 1) / static_cast<uint64_t>(threads);
+      const uint64_t per = ((len + static_cast<uint64_t>(threads) - 1) / static_cast<uint64_t>(threads) + 31) / 32 * 32;  // whole Q8_0 blocks
       std::vector<std::thread> pool;
       for (int w = 0; w < threads; ++w) {
         const uint64_t b = static_cast<uint64_t>(w) * per, e = std::min(len, b + per);
-        if (b < e) pool.emplace_back([&, b, e] { fill(t, seed, ti, first + b, e - b, buf.data() + b * esz); });
+        if (b < e) pool.emplace_back([&, b, e] { fill(t, seed, ti, first + b, e - b, buf.data() + t.bytes_of(b)); });
       }
       for (auto& th : pool) th.join();
-      write(buf.data(), len * esz);
-      done += len * esz;
+      write(buf.data(), t.bytes_of(len));
+      done += t.bytes_of(len);
       const int pct = static_cast<int>(100 * done / total);
       if (pct / 10 != last_pct / 10) std::fprintf(stderr, "slice_gguf: %s: %d%%\n", out.c_str(), pct), last_pct = pct;
     }
