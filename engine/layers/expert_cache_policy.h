@@ -58,7 +58,8 @@ const char* cache_policy_name(CachePolicy p);
 struct ExpertCacheCounters {
   int64_t hits = 0;       // routed experts of a host layer found in a slot
   int64_t misses = 0;     // not found (then copied, or left to the CPU)
-  int64_t admitted = 0;   // copied into a slot
+  int64_t admitted = 0;   // copied into a slot and cached
+  int64_t streamed = 0;   // copied into a transient slot for this step only (the policy refused to cache it)
   int64_t evictions = 0;  // slots that held another expert when it was taken
   uint64_t bytes = 0;     // bytes copied host -> device
   int64_t gpu_pairs = 0, cpu_pairs = 0;  // routed (token, expert) pairs run on each side
@@ -124,19 +125,22 @@ struct LayerSplit {
   std::vector<int32_t> experts;  // the distinct routed experts, first seen first
   std::vector<int64_t> pairs;    // per distinct expert: its (token, expert) pairs
   std::vector<int64_t> slot;     // per distinct expert: the pool slot it runs from, -1: the CPU
-  std::vector<size_t> copied;    // indices into experts admitted by this step: copy host -> slot now
-  int64_t hits = 0, misses = 0, evictions = 0;
+  std::vector<size_t> copied;    // indices into experts copied host -> slot now: admitted (cached), then streamed (transient slots)
+  int64_t hits = 0, misses = 0, evictions = 0, admitted = 0;
 };
 
 // The slots of one pool over the host layers it serves: per_layer (what
 // GpuExpertCache does) gives each layer an even share (per_layer_slots, in
 // the order given) with its own ExpertSlotCache; otherwise one cache over
 // all (the simulator's "global" mode). Pool slot numbers are a layer's base
-// plus its local slot.
+// plus its local slot. `transient` more slots [slots, slots + transient)
+// take misses the split wants on the GPU this step but the policy refuses
+// to cache (freq_recency): split decode keeps its PCIe share of the work
+// while the cache keeps its hot experts. The simulator has none.
 class ExpertCacheSet {
  public:
   ExpertCacheSet() = default;
-  ExpertCacheSet(const std::vector<int64_t>& layers, int64_t slots, CachePolicy p, bool per_layer = true);
+  ExpertCacheSet(const std::vector<int64_t>& layers, int64_t slots, CachePolicy p, bool per_layer = true, int64_t transient = 0);
   bool covers(int64_t layer) const;       // a layer served with at least one slot
   int64_t slots(int64_t layer) const;     // its slots (the whole pool when shared)
   int64_t slots() const { return slots_; }
@@ -144,9 +148,10 @@ class ExpertCacheSet {
   // One layer step: `ids` [pairs] routed expert ids in [0, experts).
   // Looks each distinct expert up (hits run from their slot), then of the
   // misses, most pairs first, admits up to split_stream_count(...) of them
-  // (cost.share 1: as many as the free slots take) as the policy allows:
-  // those are copied now and run on the GPU, the rest on the CPU. Counts
-  // into c (bytes: admitted x expert_bytes; the pair counts too).
+  // (cost.share 1: as many as the free slots take) as the policy allows,
+  // then puts refused ones in transient slots up to that count: those are
+  // copied now and run on the GPU, the rest on the CPU. Counts into c
+  // (bytes: copies x expert_bytes; the pair counts too).
   // Error(internal) for an id out of range or a layer not served.
   void split(int64_t layer, const int32_t* ids, int64_t pairs, int64_t experts, uint64_t expert_bytes, const SplitCost& cost, LayerSplit& out,
              ExpertCacheCounters& c);
@@ -158,7 +163,7 @@ class ExpertCacheSet {
   };
   std::vector<Part> parts_;
   std::unordered_map<int64_t, size_t> part_of_;  // layer -> index into parts_
-  int64_t slots_ = 0, tick_ = 0;
+  int64_t slots_ = 0, tick_ = 0, transient_ = 0;
   std::vector<int64_t> count_;  // scratch: pairs per expert
 };
 

@@ -41,7 +41,8 @@ constexpr int64_t kMaxK = 16;  // gpu::gguf_moe_experts' top-k limit
 struct Class {
   gpu::GgufType gu_type, dn_type;
   size_t gu_per = 0, dn_per = 0;  // bytes of one expert's gate/up and down blocks
-  int64_t slots = 0;
+  int64_t slots = 0;      // cache slots (the policy's)
+  int64_t transient = 0;  // more slots after them for misses copied this step only (ExpertCacheSet)
   gpu::DeviceBuffer gu, dn;
   gpu::GgufWeight wgu, wdn;  // the pool as stacked experts (expert index = slot)
   uint64_t host_bytes = 0;  // of its layers, for the budget share
@@ -141,13 +142,16 @@ GpuExpertCache::GpuExpertCache(const ModelConfig& c, std::vector<Layer> in, cons
   for (Class& k : m.classes) {
     const double share = host > 0 ? static_cast<double>(k.host_bytes) / static_cast<double>(host) : 0;
     const auto per = static_cast<double>(k.gu_per + k.dn_per);
-    k.slots = std::min<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(budget) * share / per)),
-                                static_cast<int64_t>(k.host_bytes / (k.gu_per + k.dn_per)));
-    if (k.slots <= 0) continue;
-    k.gu = gpu::DeviceBuffer(static_cast<size_t>(k.slots) * k.gu_per + 16);  // 16 readable bytes past the end (gguf kernels' rule)
-    k.dn = gpu::DeviceBuffer(static_cast<size_t>(k.slots) * k.dn_per + 16);
-    k.wgu = gpu::GgufWeight{k.gu_type, k.gu.data(), k.slots * 2 * m.I, m.H};
-    k.wdn = gpu::GgufWeight{k.dn_type, k.dn.data(), k.slots * m.H, m.I};
+    const int64_t total = std::min<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(budget) * share / per)),
+                                            static_cast<int64_t>(k.host_bytes / (k.gu_per + k.dn_per)));
+    if (total <= 0) continue;
+    // A policy that refuses admissions (not lru) gets up to 2 top-k sets of transient slots, at most half the pool.
+    k.transient = o.policy == CachePolicy::lru ? 0 : std::min<int64_t>(2 * K, total / 2);
+    k.slots = total - k.transient;
+    k.gu = gpu::DeviceBuffer(static_cast<size_t>(total) * k.gu_per + 16);  // 16 readable bytes past the end (gguf kernels' rule)
+    k.dn = gpu::DeviceBuffer(static_cast<size_t>(total) * k.dn_per + 16);
+    k.wgu = gpu::GgufWeight{k.gu_type, k.gu.data(), total * 2 * m.I, m.H};
+    k.wdn = gpu::GgufWeight{k.dn_type, k.dn.data(), total * m.H, m.I};
     gpu::check_gguf_weight(k.wgu, "GPU expert cache gate/up pool");
     gpu::check_gguf_weight(k.wdn, "GPU expert cache down pool");
     m.stats.slots += k.slots;
@@ -156,7 +160,8 @@ GpuExpertCache::GpuExpertCache(const ModelConfig& c, std::vector<Layer> in, cons
   // Each layer an even share of its class's slots, the policy within it (expert_cache_policy.h says why).
   std::vector<std::vector<int64_t>> of_class(m.classes.size());
   for (const auto& [layer, cl] : m.layers) of_class[static_cast<size_t>(cl.cls)].push_back(layer);
-  for (size_t ci = 0; ci < m.classes.size(); ++ci) m.classes[ci].set = ExpertCacheSet(of_class[ci], m.classes[ci].slots, o.policy, true);
+  for (size_t ci = 0; ci < m.classes.size(); ++ci)
+    m.classes[ci].set = ExpertCacheSet(of_class[ci], m.classes[ci].slots, o.policy, true, m.classes[ci].transient);
   m.ncalls = 2 * c.num_hidden_layers + 2;
   m.meta_h = gpu::PinnedBuffer(m.meta_stride() * static_cast<size_t>(m.ncalls));
   m.meta_d = gpu::DeviceBuffer(m.meta_stride() * static_cast<size_t>(m.ncalls));
@@ -347,8 +352,8 @@ std::string GpuExpertCache::describe() const {
   char buf[512];
   std::string cls;
   for (const Class& k : m.classes) {
-    std::snprintf(buf, sizeof buf, "%s%s/%s %lld slots of %s", cls.empty() ? "" : ", ", gpu::gguf_type_name(k.gu_type), gpu::gguf_type_name(k.dn_type),
-                  static_cast<long long>(k.slots), format_bytes(k.gu_per + k.dn_per).c_str());
+    std::snprintf(buf, sizeof buf, "%s%s/%s %lld slots + %lld transient of %s", cls.empty() ? "" : ", ", gpu::gguf_type_name(k.gu_type),
+                  gpu::gguf_type_name(k.dn_type), static_cast<long long>(k.slots), static_cast<long long>(k.transient), format_bytes(k.gu_per + k.dn_per).c_str());
     cls += buf;
   }
   const double share = split_pcie_share(m.o.cost);

@@ -376,3 +376,37 @@ TEST_CASE("policy choice on Qwen3-30B-A3B-shaped traces (48 layers x 128 experts
     }
   }
 }
+
+TEST_CASE("transient slots: misses the policy refuses still run on the GPU for one step, the cache itself is as without them") {
+  const uint64_t eb = 1000;
+  const RoutingTrace t = random_trace(0.0, 4, 32, 4, 400, 2, 11);  // uniform: freq_recency refuses most misses
+  std::vector<int64_t> layers = {0, 1, 2, 3};
+  ExpertCacheSet plain(layers, 16, CachePolicy::freq_recency, true), with(layers, 16, CachePolicy::freq_recency, true, 8);
+  SplitCost all;
+  all.share = 1;
+  ExpertCacheCounters cp, cw;
+  LayerSplit lp, lw;
+  for (const RoutingRecord& r : t.records) {
+    std::vector<int32_t> ids(r.ids.begin(), r.ids.end());
+    plain.split(r.layer, ids.data(), static_cast<int64_t>(ids.size()), 32, eb, all, lp, cp);
+    with.split(r.layer, ids.data(), static_cast<int64_t>(ids.size()), 32, eb, all, lw, cw);
+    int64_t transient = 0;
+    for (size_t i = 0; i < lw.experts.size(); ++i)
+      if (lw.slot[i] >= 16) {
+        CHECK(lw.slot[i] < 16 + 8);
+        ++transient;
+      }
+    CHECK(transient == static_cast<int64_t>(lw.copied.size()) - lw.admitted);
+    CHECK(lw.admitted == lp.admitted);
+  }
+  MESSAGE("uniform trace, 16 cache + 8 transient slots: " << cw.hits << " hits, " << cw.admitted << " admitted, " << cw.streamed
+                                                          << " copied for one step; GPU pairs " << cw.gpu_pairs << " vs " << cp.gpu_pairs << " without");
+  CHECK(cw.hits == cp.hits);
+  CHECK(cw.admitted == cp.admitted);
+  CHECK(cw.evictions == cp.evictions);
+  CHECK(cw.streamed > 0);
+  CHECK(cp.streamed == 0);
+  CHECK(cw.gpu_pairs > cp.gpu_pairs);
+  CHECK(cw.bytes == static_cast<uint64_t>(cw.admitted + cw.streamed) * eb);
+  CHECK(cw.gpu_pairs + cw.cpu_pairs == cp.gpu_pairs + cp.cpu_pairs);
+}

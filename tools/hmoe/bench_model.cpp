@@ -148,6 +148,7 @@ struct Result {
       t.c.hits += a.hits;
       t.c.misses += a.misses;
       t.c.admitted += a.admitted;
+      t.c.streamed += a.streamed;
       t.c.evictions += a.evictions;
       t.c.bytes += a.bytes;
       t.c.gpu_pairs += a.gpu_pairs;
@@ -441,9 +442,10 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
     if (const GpuExpertCacheStats x = r.cached(); x.steps > 0)
       std::fprintf(stderr,
                    "hmoe bench:   split decode: routed pairs GPU %.1f%% / CPU %.1f%% (%lld / %lld), expert cache hit rate %.1f%% (%lld hits, %lld misses, %lld "
-                   "evictions; %lld slots, %s), %.2f GB copied in %.1f ms of copy stream (%.1f GB/s achieved; PCIe probe %.1f GB/s, host read %.1f GB/s)\n",
+                   "admitted, %lld copied for one step only, %lld evictions; %lld slots, %s), %.2f GB copied in %.1f ms of copy stream (%.1f GB/s achieved; PCIe probe %.1f GB/s, host read %.1f GB/s)\n",
                    100.0 * x.gpu_share(), 100.0 * (1 - x.gpu_share()), static_cast<long long>(x.c.gpu_pairs), static_cast<long long>(x.c.cpu_pairs),
-                   100.0 * x.c.hit_rate(), static_cast<long long>(x.c.hits), static_cast<long long>(x.c.misses), static_cast<long long>(x.c.evictions),
+                   100.0 * x.c.hit_rate(), static_cast<long long>(x.c.hits), static_cast<long long>(x.c.misses), static_cast<long long>(x.c.admitted),
+                   static_cast<long long>(x.c.streamed), static_cast<long long>(x.c.evictions),
                    static_cast<long long>(x.slots), format_bytes(x.device_bytes).c_str(), static_cast<double>(x.c.bytes) / 1e9, x.copy_s * 1e3,
                    x.achieved_bandwidth() / 1e9, x.pcie_bandwidth / 1e9, x.host_bandwidth / 1e9);
   };
