@@ -15,7 +15,8 @@
 #     (hmoe bench's "decode bound" table: cold bytes per step / host DRAM
 #     read bandwidth + measured GPU time per step);
 #  3. prefill at 8k tokens: streamed (auto) against the CPU experts
-#     (--gpu-prefill-min-batch-size 0), then 32k streamed if time is left.
+#     (--gpu-prefill-min-batch-size 0), then 32k streamed if time is left;
+#     steps of 8192 tokens (--max-num-batched-tokens) so that 8k is one pass.
 # Prints one markdown table at the end (and keeps every log under $O).
 # Needs $B (a device root packed with BUILD/bin/hmoe and BUILD/bin/slice_gguf),
 # $O or $OUT; LIMIT (default 150 s) bounds the whole job: a step that would
@@ -121,11 +122,11 @@ R=$(best_static)
 run auto_cache_zipf_defer1 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --defer-experts 1
 
 say "prefill"
-run prefill8k_streamed 25 -p 8192 -n 0 --gpu-resident-moe-layers auto
-run prefill8k_cpu_experts 30 -p 8192 -n 0 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
+run prefill8k_streamed 25 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
+run prefill8k_cpu_experts 30 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
 run auto_cache_zipf_lru 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --gpu-expert-cache-policy lru
 CAP=(--gpu-memory 24GiB --max-model-len 32768 --threads 16 --progress none "${EXTRA[@]}")
-run prefill32k_streamed 40 -p 32768 -n 0 --gpu-resident-moe-layers auto
+run prefill32k_streamed 40 -p 32768 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
 
 say "more plans"
 plan uniform_b8 --batch 8
