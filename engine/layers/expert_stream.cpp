@@ -441,7 +441,7 @@ void ExpertStream::begin(int64_t tokens) {
   const ExpertStreamOptions& o = m.opt;
   m.copy.synchronize();  // a pass that threw may have left copies in flight
   m.n = tokens;
-  const int64_t P = tokens * m.K, E = m.E, N = static_cast<int64_t>(m.lay.layers.size());
+  const int64_t P = tokens * m.K, E = m.E;
   const double covered = 1.0 - std::pow(std::max(0.0, 1.0 - static_cast<double>(m.K) / static_cast<double>(E)), static_cast<double>(tokens));
   m.fill_all = o.fill == ExpertStreamOptions::Fill::all || (o.fill == ExpertStreamOptions::Fill::automatic && covered >= 0.5);
   m.use_gemm = o.compute == ExpertStreamOptions::Compute::gemm || (o.compute == ExpertStreamOptions::Compute::automatic && P >= 16 * E);
@@ -457,7 +457,6 @@ void ExpertStream::begin(int64_t tokens) {
   m.in_pass = true;
   if (!o.serial && !o.skip_copies && m.fill_all)
     for (int64_t j = 0; j < std::min(m.S, m.units()); ++j) m.enqueue_copy(j, m.unit_ops(j), nullptr);
-  (void)N;
 }
 
 void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const int32_t* ids, const float* weights, float* out) {
