@@ -144,6 +144,10 @@ double split_pcie_share(const SplitCost& c) {
   return c.pcie_bandwidth / (c.pcie_bandwidth + c.host_bandwidth);
 }
 
+int64_t transient_slots(CachePolicy p, int64_t total, int64_t topk) {
+  return p == CachePolicy::lru ? 0 : std::max<int64_t>(0, std::min<int64_t>(2 * topk, total / 2));
+}
+
 ExpertCacheSet::ExpertCacheSet(const std::vector<int64_t>& layers, int64_t slots, CachePolicy p, bool per_layer, int64_t transient)
     : slots_(std::max<int64_t>(slots, 0)), transient_(std::max<int64_t>(transient, 0)) {
   if (layers.empty()) return;

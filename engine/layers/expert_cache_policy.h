@@ -120,6 +120,10 @@ int64_t split_stream_count(int64_t misses, uint64_t expert_bytes, int64_t free_s
 double split_pcie_share(const SplitCost& c);
 
 
+// Of a pool of `total` slots, how many are transient (ExpertCacheSet): none
+// under lru (it caches every copy), else up to two top-k sets, at most half.
+int64_t transient_slots(CachePolicy p, int64_t total, int64_t topk);
+
 // One layer step's decision (ExpertCacheSet::split).
 struct LayerSplit {
   std::vector<int32_t> experts;  // the distinct routed experts, first seen first

@@ -145,8 +145,7 @@ GpuExpertCache::GpuExpertCache(const ModelConfig& c, std::vector<Layer> in, cons
     const int64_t total = std::min<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(budget) * share / per)),
                                             static_cast<int64_t>(k.host_bytes / (k.gu_per + k.dn_per)));
     if (total <= 0) continue;
-    // A policy that refuses admissions (not lru) gets up to 2 top-k sets of transient slots, at most half the pool.
-    k.transient = o.policy == CachePolicy::lru ? 0 : std::min<int64_t>(2 * K, total / 2);
+    k.transient = transient_slots(o.policy, total, K);
     k.slots = total - k.transient;
     k.gu = gpu::DeviceBuffer(static_cast<size_t>(total) * k.gu_per + 16);  // 16 readable bytes past the end (gguf kernels' rule)
     k.dn = gpu::DeviceBuffer(static_cast<size_t>(total) * k.dn_per + 16);
@@ -404,7 +403,8 @@ std::string expert_cache_plan_report(const ModelConfig& c, const std::string& ca
   const uint64_t host = static_cast<uint64_t>(host_layers * E) * expert_bytes;
   uint64_t bytes = budget > 0 ? static_cast<uint64_t>(budget) : 0;
   if (budget < 0) bytes = std::max<uint64_t>(host / 8, static_cast<uint64_t>(4 * K) * expert_bytes);
-  const int64_t slots = expert_bytes ? static_cast<int64_t>(std::min<uint64_t>(bytes / expert_bytes, host / std::max<uint64_t>(expert_bytes, 1))) : 0;
+  const int64_t total = expert_bytes ? static_cast<int64_t>(std::min<uint64_t>(bytes / expert_bytes, host / std::max<uint64_t>(expert_bytes, 1))) : 0;
+  const int64_t transient = transient_slots(policy, total, K), slots = total - transient;
   std::string out;
   if (budget == 0 || host_layers == 0 || slots == 0) {
     std::snprintf(buf, sizeof buf, "GPU expert cache and split decode: off (%s)\n",
@@ -414,15 +414,17 @@ std::string expert_cache_plan_report(const ModelConfig& c, const std::string& ca
   // Per token and host layer: K experts routed; with uniform routing a fraction slots/(layers*E) is cached.
   const double hit = static_cast<double>(slots) / static_cast<double>(host_layers * E);
   const auto misses = static_cast<int64_t>(std::llround(static_cast<double>(K) * (1 - hit)));
-  const int64_t m = split_stream_count(misses, expert_bytes, slots, cost);
+  const int64_t m = split_stream_count(misses, expert_bytes, slots + transient, cost);
   const double cpu_only = static_cast<double>(K * static_cast<int64_t>(expert_bytes)) / std::max(host_bandwidth, 1.0);
   const double split_t = std::max(static_cast<double>((misses - m) * static_cast<int64_t>(expert_bytes)) / std::max(host_bandwidth, 1.0),
                                   m > 0 ? cost.copy_latency_s + static_cast<double>(m * static_cast<int64_t>(expert_bytes)) / std::max(pcie_bandwidth, 1.0) : 0.0);
   std::snprintf(buf, sizeof buf,
-                "GPU expert cache (decode, host layers' experts; %s per layer): %s of VRAM (%s), %lld slots of %s = %.1f%% of the %lld host layers' experts; "
+                "GPU expert cache (decode, host layers' experts; %s per layer): %s of VRAM (%s), %lld slots of %s%s = %.1f%% of the %lld host layers' experts; "
                 "hits expected %.1f%% with uniform routing\n",
-                cache_policy_name(policy), format_bytes(static_cast<uint64_t>(slots) * expert_bytes).c_str(), budget < 0 ? "auto: an eighth of the host experts, at least 4 top-k sets" : "given",
-                static_cast<long long>(slots), format_bytes(expert_bytes).c_str(), hit * 100, static_cast<long long>(host_layers), hit * 100);
+                cache_policy_name(policy), format_bytes(static_cast<uint64_t>(total) * expert_bytes).c_str(),
+                budget < 0 ? "auto: an eighth of the host experts, at least 4 top-k sets" : "given", static_cast<long long>(slots), format_bytes(expert_bytes).c_str(),
+                transient > 0 ? (" (+" + std::to_string(transient) + " transient: misses the split copies that the policy does not cache)").c_str() : "", hit * 100,
+                static_cast<long long>(host_layers), hit * 100);
   out += buf;
   if (misses == 0) {
     std::snprintf(buf, sizeof buf, "  split decode: every routed expert cached, the GPU computes them all (CPU-only reads would take %.0f us per layer)\n",
