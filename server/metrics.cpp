@@ -187,7 +187,7 @@ std::string Metrics::render(const SchedulerStats& s, int64_t open_connections) c
     gauge("hmoe_gpu_expert_cache_hits_total", "counter", "Routed experts of host MoE layers found in the GPU expert cache (decode steps)", x.hits);
     gauge("hmoe_gpu_expert_cache_misses_total", "counter", "Routed experts of host MoE layers not in the cache (copied, or run on the CPU)", x.misses);
     gauge("hmoe_gpu_expert_cache_admissions_total", "counter", "Experts copied into a cache slot", x.admitted);
-    gauge("hmoe_gpu_expert_cache_evictions_total", "counter", "Slots taken from another expert (LRU)", x.evictions);
+    gauge("hmoe_gpu_expert_cache_evictions_total", "counter", "Slots taken from another expert (the victim of --gpu-expert-cache-policy)", x.evictions);
     gauge("hmoe_gpu_expert_cache_bytes_moved_total", "counter", "Expert bytes copied host to device into cache slots", static_cast<int64_t>(x.bytes));
     gauge("hmoe_gpu_expert_cache_gpu_pairs_total", "counter", "Routed (token, expert) pairs of host layers run on the GPU", x.gpu_pairs);
     gauge("hmoe_gpu_expert_cache_cpu_pairs_total", "counter", "Routed (token, expert) pairs of host layers run on the CPU", x.cpu_pairs);

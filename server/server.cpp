@@ -9,6 +9,7 @@
 #include "configs/error.h"
 #include "engine/loading/generation_config.h"
 #include "engine/loading/gguf_model.h"
+#include "engine/placement/placement.h"
 #include "server/http_headers.h"
 
 namespace hmoe::server {
@@ -67,7 +68,10 @@ SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
   if (snapshots) c.state_snapshots = s.prefix_state_snapshots > 0 ? s.prefix_state_snapshots : 2 * std::max<int64_t>(s.max_num_seqs, 1);
   const int64_t state_bytes = lay.seq_state_bytes * (std::max<int64_t>(s.max_num_seqs, 1) + c.state_snapshots);
   int64_t blocks;
-  if (s.kv_cache_memory_bytes > 0) {
+  if (state_bytes == 0) {
+    // The automatic fit reserved its KV blocks in the GPU budget (by the same rule, default_kv_blocks); use them.
+    blocks = server_kv_blocks(s, ctx, block_bytes, m.fit_kv_blocks());
+  } else if (s.kv_cache_memory_bytes > 0) {
     const int64_t budget = static_cast<int64_t>(s.kv_cache_memory_bytes) - state_bytes;
     blocks = budget / block_bytes;
     if (state_bytes > 0 && blocks < ctx_blocks)

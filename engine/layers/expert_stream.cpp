@@ -11,6 +11,7 @@
 #include <map>
 
 #include "configs/error.h"
+#include "engine/layers/expert_stream_chunks.h"
 #include "engine/layers/expert_stream_layout.h"
 #include "engine/layers/gpu_upload.h"
 #include "engine/placement/placement.h"
@@ -223,13 +224,47 @@ bool expert_stream_fits_in(const ModelConfig& c, const ExpertStreamOptions& o, i
   return false;
 }
 
+namespace {
+
+// Whether make_expert_stream may stream these layers in chunks (the grouped GGUF product's formats and shapes).
+bool expert_stream_chunkable(const ModelConfig& c, const std::vector<ExpertStream::Layer>& layers, const ExpertStreamOptions& o) {
+  if (!o.quantized || o.compute == ExpertStreamOptions::Compute::kernel || o.serial) return false;
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+  if (H % 256 != 0 || I % 256 != 0 || (2 * I) % 128 != 0 || H % 128 != 0) return false;  // gguf_moe_gemm's shapes
+  for (const auto& l : layers) {
+    if (!l.experts || l.experts->empty()) return false;
+    for (const auto& e : *l.experts)
+      if (!gpu::gguf_native_supported(e.gate) || !gpu::gguf_native_supported(e.up) || !gpu::gguf_native_supported(e.down)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
                                                  gpu::Stream& step, gpu::Blas& blas, numa::ThreadPool* pool) {
   if (o.min_batch <= 0 || layers.empty()) return nullptr;
   std::string why;
-  if (!expert_stream_fits(c, o, static_cast<int64_t>(layers.size()), &why)) {
-    if (!o.quiet) std::fprintf(stderr, "hmoe: notice: %s\n", why.c_str());
-    return nullptr;
+  const auto [free_b, total_b] = gpu::memory_info();
+  const gpu::MemoryLedger& cap = gpu::memory_ledger();
+  uint64_t f = std::min<uint64_t>(free_b, cap.room());
+  const uint64_t t = cap.cap() ? std::min<uint64_t>(total_b, cap.cap()) : total_b;
+  if (o.reserved_bytes > 0) f = std::min<uint64_t>(f, o.reserved_bytes);  // what the fit kept for the slots (the KV comes later)
+  if (!expert_stream_fits_in(c, o, static_cast<int64_t>(layers.size()), f, t, &why)) {
+    // Chunks of experts through the same ring, in the room left after the step's.
+    const uint64_t step_room = (uint64_t{1} << 30) + t / 20;
+    const numa::ExpertWeights& x = (*layers[0].experts)[0];
+    const uint64_t eb = x.gate.bytes() + x.up.bytes() + x.down.bytes();
+    const StreamChunkPlan plan =
+        plan_stream_chunks(c.num_experts, eb, o.window, static_cast<int64_t>(layers.size()), f > step_room ? f - step_room : 0, expert_stream_chunkable(c, layers, o));
+    if (!plan.fits() || plan.whole_layers()) {
+      if (!o.quiet) std::fprintf(stderr, "hmoe: notice: %s; chunks of experts do not fit either (%s)\n", why.c_str(), plan.describe().c_str());
+      return nullptr;
+    }
+    ExpertStreamOptions oc = o;
+    oc.chunk_experts = plan.experts_per_slot;
+    if (!o.quiet) std::fprintf(stderr, "hmoe: streamed prefill in chunks of experts: %s\n", plan.describe().c_str());
+    return std::make_unique<ExpertStream>(c, std::move(layers), oc, step, blas, pool);
   }
   return std::make_unique<ExpertStream>(c, std::move(layers), o, step, blas, pool);
 }
@@ -254,6 +289,11 @@ struct ExpertStream::Impl {
   gpu::PinnedBuffer offs_h;
   int64_t n = 0, next = 0;
   bool fill_all = true, use_gemm = false, in_pass = false;
+  // Chunks (opt.chunk_experts): C experts a slot, nch chunks a layer; events and copies per unit j * nch + c.
+  int64_t C = 0, nch = 1;
+  size_t chunk_dn_off = 0;                          // a chunk slot: gate/up blocks at 0, down blocks here
+  size_t slot_size = 0;                             // bytes of one slot
+  std::vector<std::vector<StreamCopy>> chunk_ops;   // per unit: its experts' copies into a chunk slot
   ExpertStreamStats stats;
 
   Impl(const ModelConfig& cfg, const ExpertStreamOptions& o, gpu::Stream& st, gpu::Blas& b)
@@ -263,6 +303,10 @@ struct ExpertStream::Impl {
   gpu::bf16_t* slot_gu(int64_t j) { return slots[static_cast<size_t>(j % S)].as<gpu::bf16_t>(); }
   gpu::bf16_t* slot_dn(int64_t j) { return reinterpret_cast<gpu::bf16_t*>(slots[static_cast<size_t>(j % S)].as<char>() + lay.down_off); }
 
+  int64_t units() const { return static_cast<int64_t>(lay.layers.size()) * nch; }
+  const std::vector<StreamCopy>& unit_ops(int64_t u) const {
+    return nch > 1 ? chunk_ops[static_cast<size_t>(u)] : lay.layers[static_cast<size_t>(u)].all;
+  }
   void enqueue_copy(int64_t j, const std::vector<StreamCopy>& ops, const gpu::Event* wait) {
     if (wait) copy.wait(*wait);
     c0[static_cast<size_t>(j)].record(copy);
@@ -297,11 +341,42 @@ ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, cons
   for (const StreamLayerLayout& L : m.lay.layers)
     if (L.native && (gpu::gguf_type_lowbit(L.ngu.type) || gpu::gguf_type_lowbit(L.ndn.type)))
       gpu::detail::gguf::device_lowbit_tables();  // the IQ codebooks on the device now, not in a launch under graph capture
-  for (int64_t s = 0; s < m.S; ++s) {
-    m.slots.emplace_back(m.lay.slot_bytes);
-    if (opt.skip_copies) gpu::memset_device(m.slots.back().data(), 0, m.lay.slot_bytes, m.copy);
+  size_t slot_bytes = m.lay.slot_bytes;
+  if (opt.chunk_experts > 0 && opt.chunk_experts < m.E) {
+    for (const StreamLayerLayout& L : m.lay.layers)
+      if (!L.native || !gpu::gguf_moe_gemm_supported(L.ngu, 2 * m.I) || !gpu::gguf_moe_gemm_supported(L.ndn, m.H) ||
+          L.ngu.type != m.lay.layers[0].ngu.type || L.ndn.type != m.lay.layers[0].ndn.type)
+        fail(ErrorKind::unsupported, "expert stream: chunks of experts need GGUF layers of one format the grouped product takes (layer " +
+                                         std::to_string(L.layer) + ")");
+    m.C = opt.chunk_experts;
+    m.nch = (m.E + m.C - 1) / m.C;
+    m.S = std::max<int64_t>(opt.window + 1, 2);
+    const StreamLayerLayout& L0 = m.lay.layers[0];
+    const size_t gu_per = static_cast<size_t>(2 * m.I) * L0.ngu.row_bytes(), dn_per = static_cast<size_t>(m.H) * L0.ndn.row_bytes();
+    const size_t dn_base = (static_cast<size_t>(m.C) * gu_per + 16 + 255) / 256 * 256;  // 16 readable bytes past each region
+    m.chunk_dn_off = dn_base;
+    slot_bytes = dn_base + static_cast<size_t>(m.C) * dn_per + 16;
+    for (const StreamLayerLayout& L : m.lay.layers) {
+      const size_t gu_off = reinterpret_cast<uintptr_t>(L.ngu.data), dn_off = reinterpret_cast<uintptr_t>(L.ndn.data);
+      for (int64_t ch = 0; ch < m.nch; ++ch) {
+        std::vector<StreamCopy> ops;
+        for (int64_t e = ch * m.C; e < std::min(m.E, (ch + 1) * m.C); ++e)
+          for (StreamCopy op : L.by_expert[static_cast<size_t>(e)]) {
+            const auto k = static_cast<size_t>(e - ch * m.C), eu = static_cast<size_t>(e);
+            op.dst = op.dst >= dn_off ? dn_base + k * dn_per + (op.dst - dn_off - eu * dn_per) : k * gu_per + (op.dst - gu_off - eu * gu_per);
+            ops.push_back(op);
+          }
+        coalesce_copies(ops);
+        m.chunk_ops.push_back(std::move(ops));
+      }
+    }
   }
-  for (int64_t j = 0; j < N; ++j) {
+  m.slot_size = slot_bytes;
+  for (int64_t s = 0; s < m.S; ++s) {
+    m.slots.emplace_back(slot_bytes);
+    if (opt.skip_copies) gpu::memset_device(m.slots.back().data(), 0, slot_bytes, m.copy);
+  }
+  for (int64_t j = 0; j < m.units(); ++j) {
     m.c0.emplace_back();
     m.c1.emplace_back();
     m.w0.emplace_back();
@@ -310,14 +385,14 @@ ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, cons
   }
   m.offs_h.reserve(static_cast<size_t>(m.E + 1) * 4);
   m.copy.synchronize();
-  m.stats.pinned_bandwidth = measure_pinned_h2d_bandwidth(std::min<size_t>(m.lay.slot_bytes, 64u << 20) + (1u << 20));
+  m.stats.pinned_bandwidth = measure_pinned_h2d_bandwidth(std::min<size_t>(m.slot_size, 64u << 20) + (1u << 20));
   m.stats.layers.resize(static_cast<size_t>(N));
   for (int64_t j = 0; j < N; ++j) m.stats.layers[static_cast<size_t>(j)].layer = m.lay.layers[static_cast<size_t>(j)].layer;
   if (!opt.quiet) {
     std::fprintf(stderr,
                  "hmoe: streaming experts of %lld non-resident MoE layers to the GPU for passes of >= %lld tokens: %lld slots of %s on the GPU "
                  "(%s), window %d, pinned H2D %.1f GB/s; host experts %s\n",
-                 static_cast<long long>(N), static_cast<long long>(opt.min_batch), static_cast<long long>(m.S), format_bytes(m.lay.slot_bytes).c_str(),
+                 static_cast<long long>(N), static_cast<long long>(opt.min_batch), static_cast<long long>(m.S), (format_bytes(m.slot_size) + (m.nch > 1 ? " (" + std::to_string(m.C) + " experts each, " + std::to_string(m.nch) + " chunks a layer)" : std::string())).c_str(),
                  m.lay.format.c_str(), opt.window, m.stats.pinned_bandwidth / 1e9,
                  opt.skip_copies    ? "not read (timing mode)"
                  : m.lay.in_place   ? (m.lay.quantized ? "pinned in place, blocks copied as stored" : "pinned in place (no copy)")
@@ -338,7 +413,11 @@ ExpertStream::~ExpertStream() {
 }
 
 const ExpertStreamOptions& ExpertStream::options() const { return impl_->opt; }
-bool ExpertStream::wants(int64_t tokens) const { return impl_->opt.min_batch > 0 && tokens >= impl_->opt.min_batch; }
+bool ExpertStream::wants(int64_t tokens) const {
+  // Chunks run the grouped product only, which takes passes of more than 64 tokens.
+  return impl_->opt.min_batch > 0 && tokens >= impl_->opt.min_batch && (impl_->nch == 1 || tokens > 64);
+}
+int64_t ExpertStream::chunk_experts() const { return impl_->nch > 1 ? impl_->C : impl_->E; }
 bool ExpertStream::streams(int64_t layer) const { return impl_->index.count(layer) != 0; }
 const ExpertStreamStats& ExpertStream::stats() const { return impl_->stats; }
 uint64_t ExpertStream::pinned_copy_bytes() const { return impl_->lay.image_bytes; }
@@ -355,7 +434,7 @@ void ExpertStream::reset_stats() {
 }
 uint64_t ExpertStream::device_bytes() const {
   const Impl& m = *impl_;
-  uint64_t b = static_cast<uint64_t>(m.S) * m.lay.slot_bytes;
+  uint64_t b = static_cast<uint64_t>(m.S) * m.slot_size;
   for (const gpu::DeviceBuffer* d : {&m.route_off, &m.pair_list, &m.gemm.xs, &m.gemm.gu, &m.gemm.act, &m.gemm.ys, &m.gemm.inv, &m.deq_gu, &m.deq_dn})
     b += d->bytes();
   return b;
@@ -366,7 +445,7 @@ void ExpertStream::begin(int64_t tokens) {
   const ExpertStreamOptions& o = m.opt;
   m.copy.synchronize();  // a pass that threw may have left copies in flight
   m.n = tokens;
-  const int64_t P = tokens * m.K, E = m.E, N = static_cast<int64_t>(m.lay.layers.size());
+  const int64_t P = tokens * m.K, E = m.E;
   const double covered = 1.0 - std::pow(std::max(0.0, 1.0 - static_cast<double>(m.K) / static_cast<double>(E)), static_cast<double>(tokens));
   m.fill_all = o.fill == ExpertStreamOptions::Fill::all || (o.fill == ExpertStreamOptions::Fill::automatic && covered >= 0.5);
   m.use_gemm = o.compute == ExpertStreamOptions::Compute::gemm || (o.compute == ExpertStreamOptions::Compute::automatic && P >= 16 * E);
@@ -375,12 +454,13 @@ void ExpertStream::begin(int64_t tokens) {
   fit(m.pair_list, P * 4);
   fit(m.gemm.act, P * m.I * 2);
   fit(m.gemm.ys, P * m.H * 4);
-  m.copied.assign(static_cast<size_t>(N), 0);
-  m.pass_bytes.assign(static_cast<size_t>(N), 0);
+  if (m.nch > 1) m.fill_all = true;  // chunks: every expert of the chunk
+  m.copied.assign(static_cast<size_t>(m.units()), 0);
+  m.pass_bytes.assign(static_cast<size_t>(m.units()), 0);
   m.next = 0;
   m.in_pass = true;
   if (!o.serial && !o.skip_copies && m.fill_all)
-    for (int64_t j = 0; j < m.S; ++j) m.enqueue_copy(j, m.lay.layers[static_cast<size_t>(j)].all, nullptr);
+    for (int64_t j = 0; j < std::min(m.S, m.units()); ++j) m.enqueue_copy(j, m.unit_ops(j), nullptr);
 }
 
 void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const int32_t* ids, const float* weights, float* out) {
@@ -393,6 +473,32 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
   const size_t ju = static_cast<size_t>(j);
   gpu::Stream& s = m.step;
   gpu::moe_route(ids, P, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
+  if (m.nch > 1) {  // chunks of experts through the ring: units j * nch + c
+    const StreamLayerLayout& L = m.lay.layers[ju];
+    MoeGemmScratch& g = m.gemm;
+    g.gu.reserve(static_cast<size_t>(P * 2 * I) * 4);
+    g.act.reserve(static_cast<size_t>(P * I) * 2);
+    g.ys.reserve(static_cast<size_t>(P * H) * 4);
+    g.inv.reserve(static_cast<size_t>(P) * 4);
+    const int32_t* pl = m.pair_list.as<int32_t>();
+    for (int64_t ch = 0; ch < m.nch; ++ch) {
+      const int64_t u = j * m.nch + ch, e0 = ch * m.C, ce = std::min(m.C, E - e0);
+      const auto uu = static_cast<size_t>(u);
+      m.w0[uu].record(s);
+      if (!o.skip_copies) s.wait(m.c1[uu]);
+      m.k0[uu].record(s);
+      char* slot = m.slots[static_cast<size_t>(u % m.S)].as<char>();
+      const gpu::GgufWeight wgu{L.ngu.type, slot, ce * 2 * I, H}, wdn{L.ndn.type, slot + m.chunk_dn_off, ce * H, I};
+      const int32_t* off = m.route_off.as<int32_t>() + e0;  // the chunk's experts' ranges of the sorted pairs (absolute positions)
+      gpu::gguf_moe_gemm(x, pl, K, P, off, ce, wgu, 2 * I, g.gu.as<float>(), s);
+      gpu::silu_mul(g.gu.as<float>(), P, I, g.act.as<uint16_t>(), nullptr, s);  // rows of other chunks are computed too, never read
+      gpu::gguf_moe_gemm(g.act.as<uint16_t>(), nullptr, 1, P, off, ce, wdn, H, g.ys.as<float>(), s);
+      m.k1[uu].record(s);
+      if (!o.skip_copies && u + m.S < m.units()) m.enqueue_copy(u + m.S, m.unit_ops(u + m.S), &m.k1[uu]);
+    }
+    gpu::moe_combine_sorted(g.ys.as<float>(), pl, weights, n, K, H, g.inv.as<int32_t>(), out, s);
+    return;
+  }
   const bool routed = !o.serial && !o.skip_copies && !m.fill_all;
   const int32_t* offs = m.offs_h.as<int32_t>();
   const StreamLayerLayout& L = m.lay.layers[ju];
@@ -475,9 +581,9 @@ void ExpertStream::end() {
   const int64_t N = static_cast<int64_t>(m.lay.layers.size());
   if (m.next != N) fail(ErrorKind::internal, "expert stream: a pass ended after " + std::to_string(m.next) + " of " + std::to_string(N) + " layers");
   m.copy.synchronize();
-  for (int64_t j = 0; j < N; ++j) {
+  for (int64_t j = 0; j < m.units(); ++j) {
     const size_t ju = static_cast<size_t>(j);
-    StreamLayerStats& st = m.stats.layers[ju];
+    StreamLayerStats& st = m.stats.layers[static_cast<size_t>(j / m.nch)];
     const double compute = m.k1[ju].elapsed_ms(m.k0[ju]) * 1e-3;
     double copy_s = 0, stall = 0;
     if (m.copied[ju]) {

@@ -31,6 +31,14 @@
 // made at load - announced on stderr with its size, as it doubles the
 // experts' host memory.
 //
+// Chunks (ExpertStreamOptions::chunk_experts, chosen by make_expert_stream
+// when window + 1 whole layers do not fit the GPU): the ring's slots hold C
+// experts each and streamed layer j's chunk c (experts [cC, cC + C)) is
+// unit u = j * chunks + c, in slot u % S; the same events per unit; each
+// chunk runs the grouped GGUF product on its experts' share of the sorted
+// pairs (route offsets from cC), and the weighted sum of the layer follows
+// its last chunk. Fill is always all (every expert of the chunk).
+//
 // Contract: the host experts must outlive the stream. One pass at a time:
 // begin(), then layer() for each streamed layer in ascending order (all of
 // them), then end() after the step stream was synchronized. layer()
@@ -61,6 +69,14 @@ struct ExpertStreamOptions {
   bool skip_copies = false;  // benchmark: no copies at all, slots zeroed (compute time only; results meaningless)
   bool quiet = false;        // no stderr lines
   bool quantized = true;     // quantized experts stream in their GPU format (setting gpu_quantized_experts); false: bf16
+  // > 0 and < the layer's experts: each slot holds this many experts of a
+  // layer and a layer streams in chunks (engine/layers/expert_stream_chunks.h;
+  // GGUF layers the grouped product takes, passes of > 64 tokens); 0: whole layers.
+  int64_t chunk_experts = 0;
+  // > 0: the bytes the automatic fit reserved for the slots and the step's
+  // room (Plan::fit_stream_bytes); make_expert_stream sizes within them so
+  // that the KV blocks allocated later keep their share. 0: free memory.
+  uint64_t reserved_bytes = 0;
 };
 
 struct StreamLayerStats {
@@ -152,6 +168,7 @@ class ExpertStream {
   uint64_t device_bytes() const;  // slots and scratch
   uint64_t pinned_copy_bytes() const;  // host bytes of pinned images (0 when pinned in place)
   bool quantized() const;              // slots hold a GPU quantized format (else bf16)
+  int64_t chunk_experts() const;       // experts per slot (the layer's count: whole layers)
   const std::string& format() const;   // "bf16", "Q4_K", "Q4_K / int8-group, Q4_K", ...
 
  private:
@@ -160,8 +177,11 @@ class ExpertStream {
 };
 
 // A step's stream over its host-memory MoE layers, or null when streaming
-// is off: min_batch 0, no such layers, or slots that do not fit the GPU
-// (expert_stream_fits; then a notice on stderr unless o.quiet).
+// is off: min_batch 0, no such layers, or slots that do not fit the GPU.
+// When window + 1 whole layers do not fit (expert_stream_fits) the slots
+// hold chunks of experts instead (plan_stream_chunks over the room the GPU
+// or the --gpu-memory cap leaves after the step's room; GGUF layers the
+// grouped product takes); when not even that fits, a notice on stderr unless o.quiet.
 std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
                                                  gpu::Stream& step, gpu::Blas& blas, numa::ThreadPool* pool = nullptr);
 

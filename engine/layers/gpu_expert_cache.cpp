@@ -42,11 +42,13 @@ constexpr int64_t kMaxK = 16;  // gpu::gguf_moe_experts' top-k limit
 struct Class {
   gpu::GgufType gu_type, dn_type;
   size_t gu_per = 0, dn_per = 0;  // bytes of one expert's gate/up and down blocks
-  int64_t slots = 0;
+  int64_t slots = 0;      // cache slots (the policy's)
+  int64_t transient = 0;  // more slots after them for misses copied this step only (ExpertCacheSet)
   gpu::DeviceBuffer gu, dn;
   gpu::GgufWeight wgu, wdn;  // the pool as stacked experts (expert index = slot)
   uint64_t host_bytes = 0;  // of its layers, for the budget share
   int64_t layers = 0;
+  ExpertCacheSet set;  // which expert each slot holds: the policy (expert_cache_policy.h)
 };
 
 struct CacheLayer {
@@ -54,8 +56,6 @@ struct CacheLayer {
   int cls = 0;
   size_t gu_off = 0, dn_off = 0;  // region offsets in the stream layout's slot
   std::vector<std::vector<StreamCopy>> by_expert;
-  int64_t base = 0;  // its share of the class's slots: [base, base + lru.slots())
-  ExpertSlotCache lru;
 };
 
 }  // namespace
@@ -68,7 +68,8 @@ struct GpuExpertCache::Impl {
   StreamLayout lay;  // pins and copy lists (one layer slot each; rebased onto the pools)
   std::vector<Class> classes;
   std::map<int64_t, CacheLayer> layers;
-  int64_t H = 0, I = 0, tick = 0;
+  int64_t H = 0, I = 0;
+  LayerSplit ls;  // scratch of split()
   // Per split() call of a step: pinned pair lists, their device copy, copy events.
   int64_t ncalls = 0;  // two micro-batches per layer at most
   int64_t calls = 0, max_tokens = 64;
@@ -144,28 +145,25 @@ GpuExpertCache::GpuExpertCache(const ModelConfig& c, std::vector<Layer> in, cons
   for (Class& k : m.classes) {
     const double share = host > 0 ? static_cast<double>(k.host_bytes) / static_cast<double>(host) : 0;
     const auto per = static_cast<double>(k.gu_per + k.dn_per);
-    k.slots = std::min<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(budget) * share / per)),
-                                static_cast<int64_t>(k.host_bytes / (k.gu_per + k.dn_per)));
-    if (k.slots <= 0) continue;
-    k.gu = gpu::DeviceBuffer(static_cast<size_t>(k.slots) * k.gu_per + 16);  // 16 readable bytes past the end (gguf kernels' rule)
-    k.dn = gpu::DeviceBuffer(static_cast<size_t>(k.slots) * k.dn_per + 16);
-    k.wgu = gpu::GgufWeight{k.gu_type, k.gu.data(), k.slots * 2 * m.I, m.H};
-    k.wdn = gpu::GgufWeight{k.dn_type, k.dn.data(), k.slots * m.H, m.I};
+    const int64_t total = std::min<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(budget) * share / per)),
+                                            static_cast<int64_t>(k.host_bytes / (k.gu_per + k.dn_per)));
+    if (total <= 0) continue;
+    k.transient = transient_slots(o.policy, total, K);
+    k.slots = total - k.transient;
+    k.gu = gpu::DeviceBuffer(static_cast<size_t>(total) * k.gu_per + 16);  // 16 readable bytes past the end (gguf kernels' rule)
+    k.dn = gpu::DeviceBuffer(static_cast<size_t>(total) * k.dn_per + 16);
+    k.wgu = gpu::GgufWeight{k.gu_type, k.gu.data(), total * 2 * m.I, m.H};
+    k.wdn = gpu::GgufWeight{k.dn_type, k.dn.data(), total * m.H, m.I};
     gpu::check_gguf_weight(k.wgu, "GPU expert cache gate/up pool");
     gpu::check_gguf_weight(k.wdn, "GPU expert cache down pool");
     m.stats.slots += k.slots;
     m.stats.device_bytes += k.gu.bytes() + k.dn.bytes();
   }
-  // Each layer an even share of its class's slots, LRU within it (expert_cache_policy.h says why).
-  std::vector<int64_t> next(m.classes.size(), 0), seen(m.classes.size(), 0);
-  for (auto& [layer, cl] : m.layers) {
-    const Class& k = m.classes[static_cast<size_t>(cl.cls)];
-    const auto ci = static_cast<size_t>(cl.cls);
-    const int64_t q = per_layer_slots(k.slots, k.layers)[static_cast<size_t>(seen[ci]++)];
-    cl.base = next[ci];
-    cl.lru = ExpertSlotCache(q);
-    next[ci] += q;
-  }
+  // Each layer an even share of its class's slots, the policy within it (expert_cache_policy.h says why).
+  std::vector<std::vector<int64_t>> of_class(m.classes.size());
+  for (const auto& [layer, cl] : m.layers) of_class[static_cast<size_t>(cl.cls)].push_back(layer);
+  for (size_t ci = 0; ci < m.classes.size(); ++ci)
+    m.classes[ci].set = ExpertCacheSet(of_class[ci], m.classes[ci].slots, o.policy, true, m.classes[ci].transient);
   m.ncalls = 2 * c.num_hidden_layers + 2;
   m.meta_h = gpu::PinnedBuffer(m.meta_stride() * static_cast<size_t>(m.ncalls));
   m.meta_d = gpu::DeviceBuffer(m.meta_stride() * static_cast<size_t>(m.ncalls));
@@ -185,7 +183,7 @@ GpuExpertCache::~GpuExpertCache() = default;
 
 bool GpuExpertCache::covers(int64_t layer) const {
   const auto it = impl_->layers.find(layer);
-  return it != impl_->layers.end() && it->second.lru.slots() > 0;
+  return it != impl_->layers.end() && impl_->classes[static_cast<size_t>(it->second.cls)].set.covers(layer);
 }
 int64_t GpuExpertCache::max_tokens() const { return impl_->max_tokens; }
 const int32_t* GpuExpertCache::cpu_ids() const { return impl_->cpu_ids.data(); }
@@ -194,7 +192,7 @@ int64_t GpuExpertCache::cpu_k() const { return impl_->cpu_k; }
 const GpuExpertCacheStats& GpuExpertCache::stats() const {
   Impl& m = *impl_;
   m.stats.slots_used = 0;
-  for (const auto& [layer, cl] : m.layers) m.stats.slots_used += cl.lru.used();
+  for (const Class& k : m.classes) m.stats.slots_used += k.set.used();
   return m.stats;
 }
 void GpuExpertCache::reset_stats() {
@@ -216,44 +214,18 @@ int64_t GpuExpertCache::split(int64_t layer, const gpu::bf16_t* x, int64_t n, in
     fail(ErrorKind::internal, "GPU expert cache: split of " + std::to_string(n) + " tokens x " + std::to_string(k) + " beyond its sizes");
   CacheLayer& L = lit->second;
   Class& cls = m.classes[static_cast<size_t>(L.cls)];
-  const int64_t E = m.c.num_experts, tick = ++m.tick, call = m.calls++;
-  // Unique experts in first-seen order with their pair counts.
-  std::vector<int32_t> order;
-  std::vector<int64_t> count(static_cast<size_t>(E), 0), slot_of(static_cast<size_t>(E), -1);
-  for (int64_t p = 0; p < n * k; ++p) {
-    const int32_t e = ids[p];
-    if (e < 0 || e >= E) fail(ErrorKind::internal, "GPU expert cache: expert id " + std::to_string(e) + " out of range");
-    if (count[static_cast<size_t>(e)]++ == 0) order.push_back(e);
-  }
-  std::vector<int32_t> missed;
-  int64_t hits = 0;
-  for (int32_t e : order) {
-    const int64_t s = L.lru.find(layer, e);
-    if (s >= 0) {
-      L.lru.touch(s, tick);
-      slot_of[static_cast<size_t>(e)] = L.base + s;
-      ++hits;
-    } else {
-      missed.push_back(e);
-    }
-  }
-  m.stats.c.hits += hits;
-  m.stats.c.misses += static_cast<int64_t>(missed.size());
-  // Copy the misses with the most pairs first (they cost the CPU most compute).
-  std::stable_sort(missed.begin(), missed.end(), [&](int32_t a, int32_t b) { return count[static_cast<size_t>(a)] > count[static_cast<size_t>(b)]; });
-  const int64_t want = split_stream_count(static_cast<int64_t>(missed.size()), cls.gu_per + cls.dn_per, L.lru.slots() - hits, m.o.cost);
+  const int64_t E = m.c.num_experts, call = m.calls++;
+  // The policy's decision (the code hmoe bench cache-sim replays): hits, the misses to copy now, the rest on the CPU.
+  LayerSplit& ls = m.ls;
+  cls.set.split(layer, ids, n * k, E, cls.gu_per + cls.dn_per, m.o.cost, ls, m.stats.c);
+  std::vector<int64_t> slot_of(static_cast<size_t>(E), -1);
+  for (size_t i = 0; i < ls.experts.size(); ++i) slot_of[static_cast<size_t>(ls.experts[i])] = ls.slot[i];
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
   std::vector<size_t> sizes;
-  for (int64_t i = 0; i < want; ++i) {
-    const int32_t e = missed[static_cast<size_t>(i)];
-    bool evicted = false;
-    const int64_t ls = L.lru.admit(layer, e, tick, &evicted);
-    if (ls < 0) break;
-    const int64_t s = L.base + ls;
-    slot_of[static_cast<size_t>(e)] = s;
-    ++m.stats.c.admitted;
-    m.stats.c.evictions += evicted;
+  for (size_t i : ls.copied) {
+    const int32_t e = ls.experts[i];
+    const int64_t s = ls.slot[i];
     for (const StreamCopy& op : L.by_expert[static_cast<size_t>(e)]) {
       char* dst;
       if (op.dst >= L.dn_off) dst = cls.dn.as<char>() + static_cast<size_t>(s) * cls.dn_per + (op.dst - L.dn_off - static_cast<size_t>(e) * cls.dn_per);
@@ -261,11 +233,10 @@ int64_t GpuExpertCache::split(int64_t layer, const gpu::bf16_t* x, int64_t n, in
       dsts.push_back(dst);
       srcs.push_back(op.src);
       sizes.push_back(op.bytes);
-      m.stats.c.bytes += op.bytes;
     }
   }
   int64_t cpu_experts = 0;
-  for (int32_t e : order) cpu_experts += slot_of[static_cast<size_t>(e)] < 0;
+  for (int64_t sl : ls.slot) cpu_experts += sl < 0;
   m.cpu_bytes = static_cast<uint64_t>(cpu_experts) * (cls.gu_per + cls.dn_per);
   // Pair lists: GPU pairs (slot ids) and CPU pairs (expert ids), compacted per token, weight-0 pads.
   int64_t kg = 0, kc = 0, gpu_pairs = 0;
@@ -286,8 +257,6 @@ int64_t GpuExpertCache::split(int64_t layer, const gpu::bf16_t* x, int64_t n, in
     kc = std::max(kc, cc);
     gpu_pairs += g;
   }
-  m.stats.c.gpu_pairs += gpu_pairs;
-  m.stats.c.cpu_pairs += n * k - gpu_pairs;
   ++m.stats.steps;
   m.cpu_k = kc;
   m.cpu_ids.assign(static_cast<size_t>(n * kc), any_cpu);
@@ -385,13 +354,13 @@ std::string GpuExpertCache::describe() const {
   char buf[512];
   std::string cls;
   for (const Class& k : m.classes) {
-    std::snprintf(buf, sizeof buf, "%s%s/%s %lld slots of %s", cls.empty() ? "" : ", ", gpu::gguf_type_name(k.gu_type), gpu::gguf_type_name(k.dn_type),
-                  static_cast<long long>(k.slots), format_bytes(k.gu_per + k.dn_per).c_str());
+    std::snprintf(buf, sizeof buf, "%s%s/%s %lld slots + %lld transient of %s", cls.empty() ? "" : ", ", gpu::gguf_type_name(k.gu_type),
+                  gpu::gguf_type_name(k.dn_type), static_cast<long long>(k.slots), static_cast<long long>(k.transient), format_bytes(k.gu_per + k.dn_per).c_str());
     cls += buf;
   }
   const double share = split_pcie_share(m.o.cost);
-  std::snprintf(buf, sizeof buf, "GPU expert cache: %lld host layers, %s of VRAM (%s), LRU per layer; split decode %s (host read %.1f GB/s, pinned PCIe %.1f GB/s)",
-                static_cast<long long>(m.layers.size()), format_bytes(m.stats.device_bytes).c_str(), cls.c_str(),
+  std::snprintf(buf, sizeof buf, "GPU expert cache: %lld host layers, %s of VRAM (%s), %s per layer; split decode %s (host read %.1f GB/s, pinned PCIe %.1f GB/s)",
+                static_cast<long long>(m.layers.size()), format_bytes(m.stats.device_bytes).c_str(), cls.c_str(), cache_policy_name(m.o.policy),
                 m.o.cost.share >= 0 ? ("copies a fixed " + std::to_string(share).substr(0, 4) + " of the misses").c_str()
                                     : ("balances the misses, ~" + std::to_string(static_cast<int>(std::lround(share * 100))) + "% of the bytes over PCIe").c_str(),
                 m.o.cost.host_bandwidth / 1e9, m.o.cost.pcie_bandwidth / 1e9);
@@ -423,7 +392,8 @@ std::unique_ptr<GpuExpertCache> make_gpu_expert_cache(const ModelConfig& c, std:
   return cache;
 }
 
-std::string expert_cache_plan_report(const ModelConfig& c, const std::string& cache_setting, const std::string& split_setting, double host_bandwidth,
+std::string expert_cache_plan_report(const ModelConfig& c, const std::string& cache_setting, const std::string& split_setting,
+                                     const std::string& policy_setting, double host_bandwidth,
                                      double pcie_bandwidth, int64_t host_layers, uint64_t expert_bytes) {
   char buf[1024];
   const int64_t budget = parse_gpu_expert_cache(cache_setting);
@@ -431,11 +401,13 @@ std::string expert_cache_plan_report(const ModelConfig& c, const std::string& ca
   cost.host_bandwidth = host_bandwidth;
   cost.pcie_bandwidth = pcie_bandwidth;
   cost.share = parse_gpu_split_decode(split_setting);
+  const CachePolicy policy = parse_cache_policy("--gpu-expert-cache-policy (HMOE_GPU_EXPERT_CACHE_POLICY)", policy_setting);
   const int64_t E = c.num_experts, K = c.num_experts_per_tok;
   const uint64_t host = static_cast<uint64_t>(host_layers * E) * expert_bytes;
   uint64_t bytes = budget > 0 ? static_cast<uint64_t>(budget) : 0;
   if (budget < 0) bytes = std::max<uint64_t>(host / 8, static_cast<uint64_t>(4 * K) * expert_bytes);
-  const int64_t slots = expert_bytes ? static_cast<int64_t>(std::min<uint64_t>(bytes / expert_bytes, host / std::max<uint64_t>(expert_bytes, 1))) : 0;
+  const int64_t total = expert_bytes ? static_cast<int64_t>(std::min<uint64_t>(bytes / expert_bytes, host / std::max<uint64_t>(expert_bytes, 1))) : 0;
+  const int64_t transient = transient_slots(policy, total, K), slots = total - transient;
   std::string out;
   if (budget == 0 || host_layers == 0 || slots == 0) {
     std::snprintf(buf, sizeof buf, "GPU expert cache and split decode: off (%s)\n",
@@ -445,15 +417,17 @@ std::string expert_cache_plan_report(const ModelConfig& c, const std::string& ca
   // Per token and host layer: K experts routed; with uniform routing a fraction slots/(layers*E) is cached.
   const double hit = static_cast<double>(slots) / static_cast<double>(host_layers * E);
   const auto misses = static_cast<int64_t>(std::llround(static_cast<double>(K) * (1 - hit)));
-  const int64_t m = split_stream_count(misses, expert_bytes, slots, cost);
+  const int64_t m = split_stream_count(misses, expert_bytes, slots + transient, cost);
   const double cpu_only = static_cast<double>(K * static_cast<int64_t>(expert_bytes)) / std::max(host_bandwidth, 1.0);
   const double split_t = std::max(static_cast<double>((misses - m) * static_cast<int64_t>(expert_bytes)) / std::max(host_bandwidth, 1.0),
                                   m > 0 ? cost.copy_latency_s + static_cast<double>(m * static_cast<int64_t>(expert_bytes)) / std::max(pcie_bandwidth, 1.0) : 0.0);
   std::snprintf(buf, sizeof buf,
-                "GPU expert cache (decode, host layers' experts; LRU per layer): %s of VRAM (%s), %lld slots of %s = %.1f%% of the %lld host layers' experts; "
+                "GPU expert cache (decode, host layers' experts; %s per layer): %s of VRAM (%s), %lld slots of %s%s = %.1f%% of the %lld host layers' experts; "
                 "hits expected %.1f%% with uniform routing\n",
-                format_bytes(static_cast<uint64_t>(slots) * expert_bytes).c_str(), budget < 0 ? "auto: an eighth of the host experts, at least 4 top-k sets" : "given",
-                static_cast<long long>(slots), format_bytes(expert_bytes).c_str(), hit * 100, static_cast<long long>(host_layers), hit * 100);
+                cache_policy_name(policy), format_bytes(static_cast<uint64_t>(total) * expert_bytes).c_str(),
+                budget < 0 ? "auto: an eighth of the host experts, at least 4 top-k sets" : "given", static_cast<long long>(slots), format_bytes(expert_bytes).c_str(),
+                transient > 0 ? (" (+" + std::to_string(transient) + " transient: misses the split copies that the policy does not cache)").c_str() : "", hit * 100,
+                static_cast<long long>(host_layers), hit * 100);
   out += buf;
   if (misses == 0) {
     std::snprintf(buf, sizeof buf, "  split decode: every routed expert cached, the GPU computes them all (CPU-only reads would take %.0f us per layer)\n",

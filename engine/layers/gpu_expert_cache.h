@@ -30,6 +30,11 @@
 // Slots are pooled per (gate/up type, down type), the budget shared by the
 // classes in proportion to their host bytes.
 //
+// Which misses are copied (and so cached) is the policy's choice
+// (ExpertCacheSet::split, setting gpu_expert_cache_policy: freq_recency by
+// default, lru, lfu); with freq_recency a miss whose use count does not beat
+// the victim's stays on the CPU even when the split would copy it.
+//
 // Budget (setting gpu_expert_cache, bytes of VRAM for cached/streamed
 // experts of host layers): "auto" is a modest size that keeps the placement
 // honest (the experts live on the host): an eighth of the host layers'
@@ -56,6 +61,7 @@ namespace hmoe {
 
 struct GpuExpertCacheOptions {
   int64_t budget_bytes = -1;  // -1: auto (see above); 0: off
+  CachePolicy policy = CachePolicy::freq_recency;  // setting gpu_expert_cache_policy
   SplitCost cost;             // bandwidths (measured by make_gpu_expert_cache when 0) and the share override
   int64_t max_tokens = 64;    // decode-sized steps only
   bool quiet = false;
@@ -133,7 +139,8 @@ std::unique_ptr<GpuExpertCache> make_gpu_expert_cache(const ModelConfig& c, std:
 // split share of a layer's misses over PCIe from the bandwidths given, and
 // the expected decode read time of the host layers per token (CPU alone vs
 // split), for `host_layers` layers of `expert_bytes` bytes per expert.
-std::string expert_cache_plan_report(const ModelConfig& c, const std::string& cache_setting, const std::string& split_setting, double host_bandwidth,
+std::string expert_cache_plan_report(const ModelConfig& c, const std::string& cache_setting, const std::string& split_setting,
+                                     const std::string& policy_setting, double host_bandwidth,
                                      double pcie_bandwidth, int64_t host_layers, uint64_t expert_bytes);
 
 }  // namespace hmoe

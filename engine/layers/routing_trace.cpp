@@ -178,4 +178,35 @@ RoutingTrace zipf_routing_trace(double s, int64_t experts, int64_t topk, int64_t
   return t;
 }
 
+RoutingReplay::RoutingReplay(const RoutingTrace& t) : header_(t.header) {
+  if (t.records.empty()) fail(ErrorKind::invalid_argument, "routing replay: the trace has no records");
+  rows_.resize(t.header.layers);
+  k_.assign(t.header.layers, 0);
+  next_.assign(t.header.layers, 0);
+  for (const RoutingRecord& r : t.records) {
+    if (r.layer >= t.header.layers) continue;  // read_routing_trace refuses these already
+    auto& v = rows_[r.layer];
+    if (k_[r.layer] == 0) k_[r.layer] = r.k;
+    if (r.k != k_[r.layer]) fail(ErrorKind::invalid_argument, "routing replay: layer " + std::to_string(r.layer) + " has records of k " + std::to_string(r.k) +
+                                                                  " and " + std::to_string(k_[r.layer]));
+    v.insert(v.end(), r.ids.begin(), r.ids.end());
+  }
+}
+
+void RoutingReplay::apply(int64_t layer, int32_t* ids, int64_t n, int64_t k) {
+  if (layer < 0 || layer >= static_cast<int64_t>(rows_.size()) || rows_[static_cast<size_t>(layer)].empty())
+    fail(ErrorKind::invalid_argument, "routing replay: the trace has no records of layer " + std::to_string(layer));
+  const auto l = static_cast<size_t>(layer);
+  if (k != static_cast<int64_t>(k_[l]))
+    fail(ErrorKind::invalid_argument, "routing replay: the trace routes " + std::to_string(k_[l]) + " experts per token in layer " + std::to_string(layer) +
+                                          ", the model " + std::to_string(k));
+  const std::vector<uint16_t>& v = rows_[l];
+  const size_t nrows = v.size() / static_cast<size_t>(k);
+  for (int64_t t = 0; t < n; ++t) {
+    const size_t row = next_[l];
+    next_[l] = (row + 1) % nrows;
+    for (int64_t j = 0; j < k; ++j) ids[t * k + j] = v[row * static_cast<size_t>(k) + static_cast<size_t>(j)];
+  }
+}
+
 }  // namespace hmoe

@@ -87,4 +87,27 @@ void write_routing_trace(const std::string& path, const RoutingTrace& t);
 RoutingTrace zipf_routing_trace(double s, int64_t experts, int64_t topk, int64_t layers, int64_t tokens, int64_t batch = 1, uint64_t seed = 1,
                                 int64_t hidden = 2048, int64_t moe_intermediate = 768);
 
+// Benchmarks only: routed expert ids taken from a trace instead of the
+// model's router, for the layers whose experts run on the host, so that the
+// GPU expert cache and the CPU experts see a chosen popularity (a Zipf
+// trace: random weights route almost uniformly) at the real cost of the
+// step (`hmoe bench MODEL --routing-replay FILE`, engine/runtime/gpu_runtime.h).
+// Per layer, the trace's token rows are taken in order, wrapping round at
+// the end; the routing weights stay the model's.
+// Contract: not thread-safe; Error(invalid_argument) at construction when
+// the trace has no records, at apply() when its layer has none or k differs.
+class RoutingReplay {
+ public:
+  explicit RoutingReplay(const RoutingTrace& t);
+  // ids [n, k]: replaced by the next n rows of `layer` in the trace.
+  void apply(int64_t layer, int32_t* ids, int64_t n, int64_t k);
+  const RoutingTraceHeader& header() const { return header_; }
+
+ private:
+  RoutingTraceHeader header_;
+  std::vector<std::vector<uint16_t>> rows_;  // per layer: token rows of k ids
+  std::vector<uint32_t> k_;                  // per layer
+  std::vector<size_t> next_;                 // per layer: next row
+};
+
 }  // namespace hmoe

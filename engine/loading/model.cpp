@@ -59,7 +59,7 @@ std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s, numa::Thre
   const GpuTarget target{info.name, info.total_bytes, 0, false};
   // auto: the automatic fit (engine/placement/auto_fit.h) on measured bandwidths, unless every layer fits anyway.
   Settings sp = s;
-  uint64_t fit_cache_bytes = 0;
+  uint64_t fit_cache_bytes = 0, fit_stream_bytes = 0;
   int64_t fit_kv_blocks = 0;
   if (parse_layer_spec(s.origin("gpu_resident_moe_layers"), s.gpu_resident_moe_layers, c.num_hidden_layers).mode == LayerSpec::Mode::automatic) {
     Settings all = s;
@@ -77,10 +77,12 @@ std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s, numa::Thre
       in.cpu_bandwidth = measure_host_read_bandwidth(&pool);
       in.stream_slots = parse_prefill_min_batch(s) != 0;
       in.window = parse_prefetch_window(s);
+      in.server_kv = true;  // reserve the KV blocks the server will allocate (default_kv_blocks), then hand them to it
       const FitChoice fit = auto_fit(c, s, target, in);
       sp.gpu_resident_moe_layers = first_moe_layers(c, fit.chosen().resident);
       fit_cache_bytes = fit.chosen().cache_bytes;
       fit_kv_blocks = fit.chosen().kv_blocks;
+      fit_stream_bytes = fit.chosen().slot_bytes;
       if (!quiet)
         std::fprintf(stderr, "hmoe: --gpu-resident-moe-layers auto -> %s (decode bound %.1f tok/s at batch 1; GPU %.0f GB/s, host %.1f GB/s, PCIe %.1f GB/s "
                              "measured; expert cache room %s; `hmoe plan` prints the options)\n",
@@ -92,6 +94,7 @@ std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s, numa::Thre
   plan.spec = s.gpu_resident_moe_layers;
   plan.expert_cache_bytes = fit_cache_bytes;
   plan.fit_kv_blocks = fit_kv_blocks;
+  plan.fit_stream_bytes = fit_stream_bytes;
   // --gpu-memory / --gpu-memory-utilization: every GPU allocation from here on counts against the budget
   // (without either, no cap: a cap left by an earlier load in the process is lifted).
   if (gpu_memory_capped(s)) gpu::memory_ledger().set_cap(plan.gpu_budget, gpu_memory_budget_origin(s, target));
@@ -170,13 +173,19 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
     o.experts.trace = m->trace_.get();
     o.resident = plan->resident();
     o.devices = plan->devices();
+    m->fit_kv_blocks_ = plan->fit_kv_blocks;
+    // auto cache size under the fit: the room it left after weights, KV and streaming slots.
+    if (plan->expert_cache_bytes > 0 && o.expert_cache.budget_bytes < 0) o.expert_cache.budget_bytes = static_cast<int64_t>(plan->expert_cache_bytes);
     m->gpu_ = std::make_unique<GpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
     // Linear-attention states live on the GPU: the host keeps only their token counts.
     if (m->gpu_->seq_state_bytes() > 0) m->kv_layout_.seq_state_bytes = m->gpu_->seq_state_bytes();
     m->kv_layout_.state_align = 0;  // the GPU layers take no state checkpoints: no prefix caching for hybrid models there
     // Long prompts stream the host experts to the GPU (bf16, or quantized checkpoints in their GPU format).
-    if (plan->resident_moe_layers() < plan->moe_layers())
-      m->gpu_->enable_expert_streaming(expert_stream_options(c, settings, *m->pools_, m->gpu_->host_expert_sample(), settings.progress == "none"));
+    if (plan->resident_moe_layers() < plan->moe_layers()) {
+      ExpertStreamOptions so = expert_stream_options(c, settings, *m->pools_, m->gpu_->host_expert_sample(), settings.progress == "none");
+      so.reserved_bytes = plan->fit_stream_bytes;
+      m->gpu_->enable_expert_streaming(so);
+    }
   } else {
     CpuRuntimeOptions o = CpuRuntimeOptions::from_settings(settings);
     o.experts.trace = m->trace_.get();

@@ -76,6 +76,10 @@ class Model {
   int64_t speculative_tokens() const { return spec_tokens_; }
   const std::vector<float>& hidden() const;
   void forward_mtp(const Batch& batch, const float* hidden, KvCache& kv, std::vector<float>& logits, std::vector<float>& hidden_out);
+  // The KV blocks the automatic fit reserved in the GPU budget
+  // (--gpu-resident-moe-layers auto that had to choose; 0: none reserved):
+  // the server allocates these (engine/placement/placement.h, server_kv_blocks).
+  int64_t fit_kv_blocks() const { return fit_kv_blocks_; }
   // The GPU runtime when the placement chose the GPU, else nullptr.
   GpuRuntime* gpu() { return gpu_.get(); }
   const GpuRuntime* gpu() const { return gpu_.get(); }
@@ -99,6 +103,7 @@ class Model {
   std::unique_ptr<RoutingTraceWriter> trace_;  // setting routing_trace (null: off); before the runtimes too
   std::unique_ptr<CpuRuntime> cpu_;         // one of cpu_, gpu_
   std::unique_ptr<GpuRuntime> gpu_;
+  int64_t fit_kv_blocks_ = 0;
 };
 
 }  // namespace hmoe

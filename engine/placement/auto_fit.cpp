@@ -7,6 +7,8 @@
 
 #include "configs/error.h"
 #include "engine/layers/expert_stream.h"
+#include "engine/layers/expert_stream_chunks.h"
+#include "engine/layers/gpu_expert_cache.h"
 #include "engine/placement/expert_cache_sim.h"
 
 namespace hmoe {
@@ -47,11 +49,13 @@ FitChoice auto_fit(const ModelConfig& c, const Settings& s, const GpuTarget& gpu
                                           std::to_string(c.num_hidden_layers) + ": record it from this model");
   if (in.trace && in.trace->header.experts != E)
     fail(ErrorKind::invalid_argument, "routing trace has " + std::to_string(in.trace->header.experts) + " experts per layer, the model " + std::to_string(E));
-  f.hit_model = in.trace ? "routing trace (freq_recency policy, simulated)" : "uniform routing (cached experts / host experts)";
+  const int64_t cache_setting = parse_gpu_expert_cache(s.gpu_expert_cache);  // -1: auto (what is left)
+  const CachePolicy policy = parse_cache_policy(s.origin("gpu_expert_cache_policy"), s.gpu_expert_cache_policy);
+  f.hit_model = in.trace ? std::string("routing trace (") + cache_policy_name(policy) + " policy per layer, simulated)" : "uniform routing (cached experts / host experts)";
 
   Settings base = s;
   base.max_model_len = T;
-  const uint64_t kv_blocks = static_cast<uint64_t>(B * ((T + bs - 1) / bs));
+  uint64_t kv_blocks = static_cast<uint64_t>(kv_blocks_for(B, T, bs));
   // Plans for r = 0 (throws when nothing fits: the caller's error) and then each r.
   base.gpu_resident_moe_layers = "none";
   base.kv_cache_memory_bytes = 1;  // placeholder, replaced once the per-token KV size is known
@@ -61,6 +65,7 @@ FitChoice auto_fit(const ModelConfig& c, const Settings& s, const GpuTarget& gpu
     t.max_model_len = T * B;  // make_plan's minimum KV is one context of tokens
     return make_plan(c, t, gpu);
   }();
+  if (in.server_kv) kv_blocks = static_cast<uint64_t>(default_kv_blocks(s, T, static_cast<int64_t>(static_cast<uint64_t>(bs) * p0.kv_bytes_per_token)));
   const uint64_t kv_bytes = kv_blocks * static_cast<uint64_t>(bs) * p0.kv_bytes_per_token;
   base.kv_cache_memory_bytes = std::max<uint64_t>(kv_bytes, 1);
   f.budget = p0.gpu_budget;
@@ -97,14 +102,24 @@ FitChoice auto_fit(const ModelConfig& c, const Settings& s, const GpuTarget& gpu
     const uint64_t used = p.gpu_fixed_bytes + p.gpu_workspace_bytes + p.gpu_expert_bytes + kv_bytes;
     uint64_t left = p.gpu_budget > used ? p.gpu_budget - used : 0;
     if (in.stream_slots && r < M) {
-      const uint64_t need = expert_stream_slot_bytes(c, so, M - r) + (uint64_t{1} << 30) + card / 20;  // the runtime's room (expert_stream_fits_in)
+      const uint64_t step_room = (uint64_t{1} << 30) + card / 20;  // the runtime's room (expert_stream_fits_in)
+      const uint64_t need = expert_stream_slot_bytes(c, so, M - r) + step_room;
       if (need <= left) {
         o.stream_slots = expert_stream_slots(so, M - r);
         o.slot_bytes = need;
         left -= need;
+      } else if (left > step_room) {  // chunks of experts in a quarter of what is left; the expert cache keeps the rest
+        const StreamChunkPlan cp = plan_stream_chunks(c.num_experts, f.expert_gpu_bytes, so.window, M - r, (left - step_room) / 4, so.quantized);
+        if (cp.fits() && !cp.whole_layers()) {
+          o.stream_slots = cp.slots;
+          o.stream_chunk = cp.experts_per_slot;
+          o.slot_bytes = cp.bytes() + step_room;
+          left -= o.slot_bytes;
+        }
       }
     }
     const uint64_t host_experts = static_cast<uint64_t>(M - r) * E;
+    if (cache_setting >= 0) left = std::min<uint64_t>(left, static_cast<uint64_t>(cache_setting));  // --gpu-expert-cache 0 or BYTES
     o.cache_experts = static_cast<int64_t>(std::min<uint64_t>(f.expert_gpu_bytes ? left / f.expert_gpu_bytes : 0, host_experts));
     o.cache_bytes = static_cast<uint64_t>(o.cache_experts) * f.expert_gpu_bytes;
     if (host_experts == 0) o.hit_rate = 0;
@@ -112,7 +127,7 @@ FitChoice auto_fit(const ModelConfig& c, const Settings& s, const GpuTarget& gpu
     else {
       std::vector<bool> host(static_cast<size_t>(c.num_hidden_layers), false);
       for (int64_t i = r; i < M; ++i) host[static_cast<size_t>(moe[static_cast<size_t>(i)])] = true;
-      o.hit_rate = simulate_expert_cache(*in.trace, o.cache_bytes, f.expert_gpu_bytes, CachePolicy::freq_recency, host).hit_rate();
+      o.hit_rate = simulate_expert_cache(*in.trace, o.cache_bytes, f.expert_gpu_bytes, policy, host).hit_rate();
     }
     const double host_loads = static_cast<double>(M - r) * u;
     const double gpu_bytes = static_cast<double>(p0.gpu_bytes_per_token) + static_cast<double>(r) * u * static_cast<double>(f.expert_gpu_bytes) +
@@ -166,7 +181,10 @@ std::string fit_table(const FitChoice& f) {
     } else {
       std::snprintf(line, sizeof line, "| %lld | %s | %s (%lld) | %s | %s (%lld) | %.1f%% | %.2f | %.2f | %.1f | %s |\n", static_cast<long long>(o.resident),
                     format_bytes(o.expert_bytes).c_str(), format_bytes(o.kv_bytes).c_str(), static_cast<long long>(o.kv_blocks),
-                    o.stream_slots ? (std::to_string(o.stream_slots) + " (" + format_bytes(o.slot_bytes) + ")").c_str() : "off",
+                    o.stream_slots ? (std::to_string(o.stream_slots) + (o.stream_chunk ? " x " + std::to_string(o.stream_chunk) + " experts" : std::string()) +
+                                      " (" + format_bytes(o.slot_bytes) + ")")
+                                         .c_str()
+                                   : "off",
                     format_bytes(o.cache_bytes).c_str(), static_cast<long long>(o.cache_experts), 100 * o.hit_rate, o.gpu_seconds * 1e3,
                     o.cpu_seconds * 1e3, o.tok_s, i == f.best ? "**chosen**" : "");
     }

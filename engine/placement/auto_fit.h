@@ -8,10 +8,14 @@
 // Model, for r resident MoE layers of M (all MoE layers are the same size;
 // the first r in layer order), at decode batch B and context T per sequence:
 //  - GPU memory: weights (make_plan's fixed bytes), r layers of experts,
-//    workspace, KV for B x T tokens, streaming slots (window + 1 whole
+//    workspace, KV for B x T tokens (kv_blocks_for; server_kv: the
+//    server's own rule, default_kv_blocks, whose blocks the server then
+//    allocates), streaming slots (window + 1 whole
 //    layers in the streamed format, plus the step room the runtime keeps,
-//    when r < M and streamed prefill is on), and the expert cache takes what
-//    is left (experts of the M - r host layers, one expert at a time);
+//    when r < M and streamed prefill is on; when window + 1 whole layers do
+//    not fit, slots of chunks of experts in a quarter of what is left,
+//    engine/layers/expert_stream_chunks.h), and the expert cache takes what
+//    is left (at most the gpu_expert_cache setting's bytes; none when it is 0) (experts of the M - r host layers, one expert at a time);
 //  - per decode step, each MoE layer reads u(B) = E (1 - (1 - k/E)^B)
 //    distinct experts; a host layer's expert is a cache hit with
 //    probability h (uniform routing: cached experts / host experts; with a
@@ -49,6 +53,7 @@ struct FitInputs {
   int64_t batch = 1;              // decode batch (sequences) for the bound and the KV room
   bool stream_slots = true;       // reserve streamed-prefill slots (off: gpu_prefill_min_batch_size 0)
   int window = 1;                 // gpu_prefetch_window
+  bool server_kv = false;         // KV blocks as the server allocates them (default_kv_blocks, placement.h) instead of batch x context
   const RoutingTrace* trace = nullptr;  // hit rates from this trace (its layers must be the model's); null: uniform routing
 };
 
@@ -60,6 +65,7 @@ struct FitOption {
   uint64_t kv_bytes = 0;
   int64_t kv_blocks = 0;
   int64_t stream_slots = 0;       // 0: streamed prefill off for this option
+  int64_t stream_chunk = 0;       // experts per slot when the slots hold chunks of a layer (0: whole layers)
   uint64_t slot_bytes = 0;        // slots plus the step room
   uint64_t cache_bytes = 0;       // expert cache
   int64_t cache_experts = 0;

@@ -2,30 +2,12 @@
 #include "engine/placement/expert_cache_sim.h"
 
 #include <algorithm>
-#include <set>
-#include <tuple>
 #include <unordered_map>
 #include <utility>
 
 #include "configs/error.h"
 
 namespace hmoe {
-
-CachePolicy parse_cache_policy(const std::string& what, const std::string& v) {
-  if (v == "lru") return CachePolicy::lru;
-  if (v == "lfu") return CachePolicy::lfu;
-  if (v == "freq_recency" || v == "freq-recency") return CachePolicy::freq_recency;
-  fail(ErrorKind::invalid_argument, what + "='" + v + "': expected lru, lfu or freq_recency");
-}
-
-const char* cache_policy_name(CachePolicy p) {
-  switch (p) {
-    case CachePolicy::lru: return "lru";
-    case CachePolicy::lfu: return "lfu";
-    case CachePolicy::freq_recency: return "freq_recency";
-  }
-  return "?";
-}
 
 namespace {
 
@@ -41,74 +23,50 @@ void distinct(const RoutingRecord& r, std::vector<std::pair<uint16_t, int64_t>>&
 
 }  // namespace
 
-CacheSimResult simulate_expert_cache(const RoutingTrace& t, uint64_t bytes, uint64_t expert_bytes, CachePolicy p, const std::vector<bool>& layers) {
+CacheSimResult simulate_expert_cache(const RoutingTrace& t, uint64_t bytes, uint64_t expert_bytes, CachePolicy p, const std::vector<bool>& layers,
+                                     bool per_layer) {
   CacheSimResult r;
   r.policy = p;
+  r.per_layer = per_layer;
   r.bytes = bytes;
   r.expert_bytes = expert_bytes;
   r.capacity = expert_bytes ? static_cast<int64_t>(bytes / expert_bytes) : 0;
-  const uint64_t E = t.header.experts;
-  // Key: layer * E + expert. Cached entries ordered by the policy's eviction rank.
-  std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> cached;  // key -> (frequency at insertion into `order`, last use)
-  std::set<std::tuple<int64_t, int64_t, uint64_t>> order;              // (rank major, rank minor, key): begin() is the victim
-  std::unordered_map<uint64_t, int64_t> freq;
-  int64_t clock = 0, since_decay = 0;
-  const int64_t decay_every = std::max<int64_t>(8 * r.capacity, 64);
-  auto rank = [&](uint64_t key, int64_t f, int64_t last) {
-    return p == CachePolicy::lfu ? std::make_tuple(f, last, key) : std::make_tuple(last, int64_t{0}, key);
-  };
-  std::vector<std::pair<uint16_t, int64_t>> ex;
-  std::vector<int64_t> count(E, 0);
+  std::vector<bool> seen(t.header.layers, false);
+  for (const RoutingRecord& rec : t.records)
+    if (rec.layer < seen.size() && served(layers, rec.layer)) seen[rec.layer] = true;
+  std::vector<int64_t> order;
+  for (uint32_t l = 0; l < t.header.layers; ++l)
+    if (seen[l]) order.push_back(l);
+  ExpertCacheSet set(order, r.capacity, p, per_layer);
+  SplitCost copy_all;
+  copy_all.share = 1;
+  ExpertCacheCounters c;
+  LayerSplit ls;
+  std::vector<int32_t> ids;
   uint32_t last_step = UINT32_MAX;
   for (const RoutingRecord& rec : t.records) {
-    if (!served(layers, rec.layer)) continue;
+    if (rec.layer >= seen.size() || !seen[rec.layer]) continue;
     if (rec.step != last_step) {
       last_step = rec.step;
       ++r.steps;
       r.tokens += rec.tokens;
     }
-    distinct(rec, ex, count);
-    for (const auto& [e, c] : ex) {
-      const uint64_t key = static_cast<uint64_t>(rec.layer) * E + e;
-      ++clock;
-      int64_t& f = freq[key];
-      ++f;
-      if (p == CachePolicy::freq_recency && ++since_decay >= decay_every) {
-        since_decay = 0;
-        for (auto it = freq.begin(); it != freq.end();) {
-          it->second /= 2;
-          it = it->second == 0 && !cached.count(it->first) ? freq.erase(it) : std::next(it);
-        }
-        // Cached entries' ranks do not use frequency under freq_recency: no reordering needed.
-      }
-      const int64_t fnow = freq.count(key) ? freq[key] : 0;
-      ++r.loads;
-      r.pairs += c;
-      auto it = cached.find(key);
-      if (it != cached.end()) {
-        ++r.hits;
-        r.pair_hits += c;
-        order.erase(rank(key, it->second.first, it->second.second));
-        it->second = {fnow, clock};
-        order.insert(rank(key, fnow, clock));
-        continue;
-      }
-      if (r.capacity == 0) continue;
-      if (static_cast<int64_t>(cached.size()) >= r.capacity) {
-        const uint64_t victim = std::get<2>(*order.begin());
-        if (p == CachePolicy::freq_recency) {
-          const auto fv = freq.find(victim);
-          if (fnow <= (fv == freq.end() ? 0 : fv->second)) continue;  // not admitted: runs on the CPU, nothing copied
-        }
-        order.erase(order.begin());
-        cached.erase(victim);
-        ++r.evictions;
-      }
-      cached[key] = {fnow, clock};
-      order.insert(rank(key, fnow, clock));
-      ++r.admissions;
+    ids.assign(rec.ids.begin(), rec.ids.end());
+    r.pairs += static_cast<int64_t>(ids.size());
+    if (!set.covers(rec.layer)) {  // no slot for this layer: every expert a miss on the CPU
+      std::vector<int64_t> cnt(t.header.experts, 0);
+      for (int32_t e : ids) r.loads += cnt[static_cast<size_t>(e)]++ == 0;
+      continue;
     }
+    set.split(rec.layer, ids.data(), static_cast<int64_t>(ids.size()), t.header.experts, expert_bytes, copy_all, ls, c);
+    r.loads += static_cast<int64_t>(ls.experts.size());
+    for (size_t i = 0; i < ls.experts.size(); ++i)
+      if (ls.slot[i] >= 0 && std::find(ls.copied.begin(), ls.copied.end(), i) == ls.copied.end()) r.pair_hits += ls.pairs[i];
   }
+  r.hits = c.hits;
+  r.admissions = c.admitted;
+  r.evictions = c.evictions;
+  r.copied_bytes = c.bytes;
   return r;
 }
 

@@ -146,6 +146,26 @@ std::string format_bytes(uint64_t b) {
   return buf;
 }
 
+int64_t kv_blocks_for(int64_t sequences, int64_t context, int64_t block_size) {
+  const int64_t bs = std::max<int64_t>(block_size, 1);
+  return std::max<int64_t>(sequences, 1) * ((std::max<int64_t>(context, 1) + bs - 1) / bs + 1);
+}
+
+int64_t default_kv_blocks(const Settings& s, int64_t context, int64_t block_bytes) {
+  const int64_t bb = std::max<int64_t>(block_bytes, 1), ctx_blocks = kv_blocks_for(1, context, s.block_size);
+  if (s.kv_cache_memory_bytes > 0) {
+    const int64_t blocks = static_cast<int64_t>(s.kv_cache_memory_bytes) / bb;
+    if (blocks < 1) fail(ErrorKind::invalid_argument, "--kv-cache-memory-bytes is smaller than one KV block (" + std::to_string(bb) + " bytes)");
+    return blocks;
+  }
+  return std::max(std::min<int64_t>(std::max<int64_t>(s.max_num_seqs, 1) * ctx_blocks, (int64_t{512} << 20) / bb), ctx_blocks);
+}
+
+int64_t server_kv_blocks(const Settings& s, int64_t context, int64_t block_bytes, int64_t reserved) {
+  if (reserved > 0 && s.kv_cache_memory_bytes == 0) return std::max(reserved, kv_blocks_for(1, context, s.block_size));
+  return default_kv_blocks(s, context, block_bytes);
+}
+
 uint64_t gpu_memory_budget(const Settings& s, const GpuTarget& gpu) {
   if (s.gpu_memory > 0 && !gpu.assumed && s.gpu_memory > gpu.total_bytes)
     fail(ErrorKind::invalid_argument, s.origin("gpu_memory") + "=" + format_bytes(s.gpu_memory) + " is more than " + gpu.name + " has (" +

@@ -62,6 +62,7 @@ struct Plan {
   // experts, and the KV blocks it kept for the target context and batch (0: not chosen).
   uint64_t expert_cache_bytes = 0;
   int64_t fit_kv_blocks = 0;
+  uint64_t fit_stream_bytes = 0;  // streamed-prefill slots (whole layers or chunks) plus the step's room; 0: none reserved
 
   std::vector<bool> resident() const;  // per layer
   std::vector<int> devices() const;    // per layer: the GPU that runs it
@@ -106,6 +107,22 @@ bool resolve_device(const Settings& s, std::string& why);
 // Error(unsupported) when the layers are on more than one GPU or on one
 // other than GPU 0 (the runtime runs one GPU today).
 void check_layer_devices(const std::vector<int>& devices, int device_count);
+
+// KV blocks that hold `sequences` sequences of `context` tokens each, one
+// block of headroom per sequence (block_size tokens a block).
+int64_t kv_blocks_for(int64_t sequences, int64_t context, int64_t block_size);
+// The KV blocks the server allocates when nothing reserved them: the
+// kv_cache_memory_bytes setting's worth when set (Error(invalid_argument)
+// when that is less than one block), else max_num_seqs full contexts up to
+// 512 MiB, at least one context. The automatic fit reserves by this very
+// rule (engine/placement/auto_fit.h, FitInputs::server_kv) and the server
+// then allocates the blocks the fit reserved (Plan::fit_kv_blocks): one
+// source for the KV budget under --gpu-memory.
+int64_t default_kv_blocks(const Settings& s, int64_t context, int64_t block_bytes);
+// The server's KV blocks: `reserved` (the fit's, > 0) when
+// kv_cache_memory_bytes is not set, at least one full context; otherwise
+// default_kv_blocks.
+int64_t server_kv_blocks(const Settings& s, int64_t context, int64_t block_bytes, int64_t reserved);
 
 // "1.50 GiB" style.
 std::string format_bytes(uint64_t bytes);

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "configs/error.h"
+#include "engine/layers/routing_trace.h"
 #include "engine/kv/kv_storage_gpu.h"
 #include "engine/layers/engram.h"
 #include "engine/layers/engram_gpu.h"
@@ -40,6 +41,7 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.defer_experts = s.defer_experts;
   o.expert_cache.budget_bytes = parse_gpu_expert_cache(s.gpu_expert_cache);
   o.expert_cache.cost.share = parse_gpu_split_decode(s.gpu_split_decode);
+  o.expert_cache.policy = parse_cache_policy(s.origin("gpu_expert_cache_policy"), s.gpu_expert_cache_policy);
   o.expert_cache.quiet = s.progress == "none";
   return o;
 }
@@ -77,6 +79,7 @@ struct GpuRuntime::Impl {
   std::unique_ptr<ExpertStream> xstream;  // streamed host experts for big passes (null: off)
   std::unique_ptr<GpuEngram> engram;      // n-gram memory modules (null: none)
   std::unique_ptr<GpuExpertCache> xcache; // split decode / expert cache of the host layers (null: off)
+  std::unique_ptr<RoutingReplay> replay;  // benchmarks: host layers' ids from a trace (null: the router's)
   numa::NodePools* pools = nullptr;       // the host experts' pools (builds the streaming images)
   std::unique_ptr<ExpertDeferral> deferral;  // null: off
   std::unique_ptr<DeltaNetStep> deltanet;  // linear-attention layers' sequence states (null: none)
@@ -220,6 +223,19 @@ uint64_t GpuRuntime::kv_bytes_per_token() const {
 }
 const ExpertStream* GpuRuntime::expert_stream() const { return impl_->xstream.get(); }
 ExpertStream* GpuRuntime::expert_stream() { return impl_->xstream.get(); }
+void GpuRuntime::set_routing_replay(const RoutingTrace* t) {
+  Impl& m = *impl_;
+  m.replay.reset();
+  if (!t) return;
+  const RoutingTraceHeader& h = t->header;
+  if (h.layers != static_cast<uint32_t>(m.c.num_hidden_layers) || h.experts != static_cast<uint32_t>(m.c.num_experts) ||
+      h.topk != static_cast<uint32_t>(m.c.num_experts_per_tok))
+    fail(ErrorKind::invalid_argument, "routing replay: the trace is for " + std::to_string(h.layers) + " layers of " + std::to_string(h.experts) +
+                                          " experts, top-" + std::to_string(h.topk) + "; the model has " + std::to_string(m.c.num_hidden_layers) + " of " +
+                                          std::to_string(m.c.num_experts) + ", top-" + std::to_string(m.c.num_experts_per_tok));
+  m.replay = std::make_unique<RoutingReplay>(*t);
+}
+
 const GpuExpertCache* GpuRuntime::expert_cache() const { return impl_->xcache.get(); }
 GpuExpertCache* GpuRuntime::expert_cache() { return impl_->xcache.get(); }
 
@@ -498,18 +514,31 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     float* out = m.out_h.as<float>() + r.r0 * H;
     std::memset(out, 0, static_cast<size_t>(r.rn * H * 4));
     const float* hf = m.hf_h.as<float>() + r.r0 * H;
+    if (m.replay) m.replay->apply(static_cast<int64_t>(l), m.ids_h.as<int32_t>() + r.r0 * K, r.rn, K);
     const int32_t* ids = m.ids_h.as<int32_t>() + r.r0 * K;
     const float* w = m.w_h.as<float>() + r.r0 * K;
     GpuExpertCache* xc = m.xcache.get();
     const bool split = xc && r.rn <= xc->max_tokens() && xc->covers(static_cast<int64_t>(l));
+    // Distinct experts the CPU reads for this hand-off (the decode bound's cold bytes).
+    auto count_cold = [&](const int32_t* e, const float* wt, int64_t pairs) {
+      const std::vector<numa::ExpertWeights>* hw = m.blocks[l].ffn->host_expert_weights();
+      if (!hw || hw->empty()) return;
+      const numa::ExpertWeights& x = (*hw)[0];
+      const uint64_t per = x.gate.bytes() + x.up.bytes() + x.down.bytes();
+      std::vector<char> seen(hw->size(), 0);
+      for (int64_t p = 0; p < pairs; ++p)
+        if (e[p] >= 0 && static_cast<size_t>(e[p]) < seen.size() && wt[p] != 0.0f && !seen[static_cast<size_t>(e[p])]++) m.times.cold_bytes += per;
+    };
     if (split) {  // cached experts and a balanced share of the others on the GPU (queued now), the rest on the CPU meanwhile
       xc->split(static_cast<int64_t>(l), a.hb + r.r0 * H, r.rn, K, ids, w);
+      count_cold(xc->cpu_ids(), xc->cpu_weights(), r.rn * xc->cpu_k());
       if (xc->cpu_k() > 0) {
         const auto h0 = std::chrono::steady_clock::now();
         m.blocks[l].ffn->run_host_pairs(hf, r.rn, xc->cpu_ids(), xc->cpu_weights(), xc->cpu_k(), out);
         xc->observe_cpu(std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count());
       }
     } else {
+      count_cold(ids, w, r.rn * K);
       m.blocks[l].ffn->run_host(hf, r.rn, ids, w, out);
     }
     cpu_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();

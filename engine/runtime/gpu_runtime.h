@@ -47,6 +47,10 @@
 
 namespace hmoe {
 
+struct RoutingTrace;
+class RoutingReplay;
+
+
 class EngramModules;
 
 // Where decode time goes, summed over steps since the last reset.
@@ -55,6 +59,7 @@ struct GpuStepTimes {
   double cpu_experts_s = 0;  // CPU expert work (wall)
   double transfer_s = 0;     // host<->device copies of the hand-offs (GPU events)
   int64_t steps = 0;
+  uint64_t cold_bytes = 0;   // host experts the CPU ran: distinct experts per layer step x their bytes (the decode bound's DRAM term)
   double gpu_s() const { return total_s - cpu_experts_s - transfer_s; }  // GPU work and launch overhead
 };
 
@@ -139,6 +144,10 @@ class GpuRuntime {
   // Budget 0 turns split decode and the expert cache off (then every routed
   // expert of a host layer runs on the CPU); rebuilt empty otherwise.
   void enable_expert_cache(const GpuExpertCacheOptions& o);
+  // Benchmarks: the host layers' routed ids from this trace instead of the
+  // router (RoutingReplay, engine/layers/routing_trace.h; null: off).
+  // Error(invalid_argument) when its layers, experts or top-k are not the model's.
+  void set_routing_replay(const RoutingTrace* t);
   const GpuExpertCache* expert_cache() const;  // null when off
   GpuExpertCache* expert_cache();
   // Expert 0 of the first MoE layer whose experts stay in host memory (null: none):

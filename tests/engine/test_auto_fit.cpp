@@ -128,7 +128,7 @@ TEST_CASE("automatic fit: Qwen3-30B-A3B shape on a 24 GiB card") {
     // The chosen option keeps streamed prefill (slots, or every layer resident) and is the fastest that does;
     // options without the slots may decode faster (their bytes hold more experts).
     if (o.stream_slots > 0 || o.resident == 48) CHECK(o.tok_s <= best.tok_s * 1.005);
-    CHECK(o.kv_blocks == 8192 / 16);
+    CHECK(o.kv_blocks == kv_blocks_for(1, 8192, 16));  // one context and a block of headroom
   }
   CHECK(fitting > 1);
   CHECK(fitting < 49);  // 48 bf16 layers (57 GiB of experts) do not fit 24 GiB
@@ -165,6 +165,47 @@ TEST_CASE("automatic fit: Qwen3-30B-A3B shape on a 24 GiB card") {
   small.gpu_memory = 1ull << 30;
   const std::string e = error_of([&] { auto_fit(c, small, GpuTarget{"tiny", 1ull << 30, 1e12, true}, in); });
   CHECK(e.find("does not fit") != std::string::npos);
+}
+
+TEST_CASE("KV budget: the fit reserves the blocks the server allocates (one rule, default_kv_blocks), explicit bytes win") {
+  const ModelConfig c = qwen3_30b_shape();
+  const GpuTarget gpu{"a 24 GiB card", 24ull << 30, 1e12, true};
+  FitInputs in;
+  in.context = 8192;
+  in.server_kv = true;
+  for (const char* seqs : {"1", "4", "64"}) {
+    Settings s = quiet_settings({"--gpu-memory", "24GiB", "--max-num-seqs", seqs});
+    const FitChoice f = auto_fit(c, s, gpu, in);
+    const FitOption& o = f.chosen();
+    const Plan p = make_plan(c, [&] {
+      Settings t = s;
+      t.gpu_resident_moe_layers = "none";
+      t.max_model_len = 8192;
+      return t;
+    }(), gpu);
+    const int64_t block_bytes = static_cast<int64_t>(16 * p.kv_bytes_per_token);
+    const int64_t want = default_kv_blocks(s, 8192, block_bytes);
+    MESSAGE("--max-num-seqs " << std::string(seqs) << ": the fit reserves " << o.kv_blocks << " KV blocks (" << format_bytes(o.kv_bytes) << ")");
+    CHECK(o.kv_blocks == want);
+    CHECK(o.kv_bytes == static_cast<uint64_t>(want) * static_cast<uint64_t>(block_bytes));
+    // The server allocates exactly what the fit reserved (Model::fit_kv_blocks -> server_kv_blocks).
+    CHECK(server_kv_blocks(s, 8192, block_bytes, o.kv_blocks) == o.kv_blocks);
+    // max_num_seqs full contexts up to 512 MiB, at least one context.
+    CHECK(want == std::max(std::min<int64_t>(std::stoll(seqs) * kv_blocks_for(1, 8192, 16), (int64_t{512} << 20) / block_bytes), kv_blocks_for(1, 8192, 16)));
+  }
+  // --kv-cache-memory-bytes: the fit reserves that and the server takes it, whatever was reserved.
+  Settings s = quiet_settings({"--gpu-memory", "24GiB", "--kv-cache-memory-bytes", "2GiB"});
+  const FitChoice f = auto_fit(c, s, gpu, in);
+  CHECK(f.chosen().kv_bytes <= (2ull << 30));
+  CHECK(f.chosen().kv_bytes > (2ull << 30) - 16 * 200000);
+  CHECK(server_kv_blocks(s, 8192, 1 << 20, 7) == 2048);
+  // Nothing reserved: the default rule; a reservation below one context is raised to one context.
+  Settings d = quiet_settings();
+  CHECK(server_kv_blocks(d, 8192, 1 << 20, 0) == default_kv_blocks(d, 8192, 1 << 20));
+  CHECK(server_kv_blocks(d, 8192, 1 << 20, 3) == kv_blocks_for(1, 8192, 16));
+  CHECK(kv_blocks_for(2, 17, 16) == 2 * 3);
+  Settings tiny = quiet_settings({"--kv-cache-memory-bytes", "100"});
+  CHECK(error_of([&] { default_kv_blocks(tiny, 8192, 1 << 20); }).find("--kv-cache-memory-bytes") != std::string::npos);
 }
 
 TEST_CASE("first_moe_layers: lists for gpu_resident_moe_layers") {

@@ -172,6 +172,22 @@ TEST_CASE("cache simulator on Zipf traces: skew raises every policy's hit rate")
   }
 }
 
+TEST_CASE("routing replay: a layer's token rows in order, wrapping round; bad traces and calls are named") {
+  RoutingTrace t;
+  t.header = {2, 8, 2, 4, 4};
+  t.records.push_back({0, 1, 2, 2, {1, 2, 3, 4}});
+  t.records.push_back({1, 1, 1, 2, {5, 6}});
+  RoutingReplay r(t);
+  std::vector<int32_t> ids(4, -1);
+  r.apply(1, ids.data(), 2, 2);
+  CHECK(ids == std::vector<int32_t>{1, 2, 3, 4});
+  r.apply(1, ids.data(), 2, 2);  // row 3 then back to row 1
+  CHECK(ids == std::vector<int32_t>{5, 6, 1, 2});
+  CHECK_THROWS_WITH(r.apply(0, ids.data(), 1, 2), doctest::Contains("no records of layer 0"));
+  CHECK_THROWS_WITH(r.apply(1, ids.data(), 1, 3), doctest::Contains("routes 2 experts per token"));
+  CHECK_THROWS_AS(RoutingReplay(RoutingTrace{}), Error);
+}
+
 TEST_CASE("--routing-trace records the fixture's routing, one record per step and MoE layer") {
   const std::string dir = test::fixture_model("tiny-qwen3moe");
   REQUIRE_MESSAGE(io::file_exists(dir + "/config.json"), "fixture missing in " << dir << ": run scripts/make-fixtures " << HMOE_BINARY_DIR);

@@ -12,6 +12,9 @@
 //    routed experts of every layer step, pairs add up;
 //  - --gpu-split-decode 0 with an empty cache: nothing moves and the logits
 //    are the CPU path's bit for bit.
+//  - the real cache's counters equal the simulator's (hmoe bench cache-sim,
+//    engine/placement/expert_cache_sim.h) on the routing the run recorded
+//    (--routing-trace), for every policy: one policy code for both.
 // The tiny-qwen3moe Q8_0 fixture's experts (intermediate 32) are not a shape
 // the native GGUF kernels take: no cache is made for it (checked).
 // Skips without a GPU.
@@ -26,7 +29,9 @@
 #include <cmath>
 #include <filesystem>
 
+#include "engine/layers/routing_trace.h"
 #include "engine/loading/model.h"
+#include "engine/placement/expert_cache_sim.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "engine/serving/logits.h"
 #include "numa/quant_gguf.h"
@@ -39,9 +44,14 @@ using namespace hmoe;
 
 namespace {
 
-std::unique_ptr<Model> load(const std::string& path, const std::string& cache, const std::string& split) {
+std::unique_ptr<Model> load(const std::string& path, const std::string& cache, const std::string& split, const std::string& policy = "freq_recency",
+                            const std::string& trace = "") {
   std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", "none", "--progress", "none", "--gpu-prefill-min-batch-size", "0",
-                                   "--gpu-expert-cache", cache, "--gpu-split-decode", split, "--cpu-gguf-int8", "0"};
+                                   "--gpu-expert-cache", cache, "--gpu-split-decode", split, "--cpu-gguf-int8", "0", "--gpu-expert-cache-policy", policy};
+  if (!trace.empty()) {
+    args.push_back("--routing-trace");
+    args.push_back(trace);
+  }
   return Model::load(path, Settings::load(args));
 }
 
@@ -99,14 +109,15 @@ TEST_CASE("split decode and the GPU expert cache: the same greedy ids as the CPU
     auto off = load(path, "0", "auto");
     CHECK(off->gpu()->expert_cache() == nullptr);
     const Run base = greedy(*off, 20);
-    for (const char* split : {"auto", "0.5", "1"}) {
-      auto on = load(path, "auto", split);
+    for (const char* split : {"auto", "0.5", "1"})
+      for (const char* policy : {"freq_recency", "lru"}) {
+      auto on = load(path, "auto", split, policy);
       REQUIRE_MESSAGE(on->gpu()->expert_cache() != nullptr, name);
       const Run r = greedy(*on, 20);
       const Run tf = greedy(*on, 20, std::vector<int32_t>(base.ids.begin() + 1, base.ids.end()));  // teacher-forced on base's ids
       const GpuExpertCacheStats& st = on->gpu()->expert_cache()->stats();
       const double rel = rows_rel(tf.rows, base.rows);
-      MESSAGE(name << ", split " << split << ": rel. logit error " << rel << "; greedy ids " << (r.ids == base.ids ? "identical" : "DIFFER") << "; "
+      MESSAGE(name << ", split " << split << ", " << policy << ": rel. logit error " << rel << "; greedy ids " << (r.ids == base.ids ? "identical" : "DIFFER") << "; "
                    << on->gpu()->expert_cache()->describe() << "; GPU pairs " << st.c.gpu_pairs << ", CPU pairs " << st.c.cpu_pairs << ", hits "
                    << st.c.hits << ", misses " << st.c.misses << ", bytes " << st.c.bytes);
       CHECK(r.ids == base.ids);
@@ -117,7 +128,7 @@ TEST_CASE("split decode and the GPU expert cache: the same greedy ids as the CPU
       // auto may leave these tiny experts (110-200 KB) to the CPU: a copy's fixed cost outweighs their read.
       if (std::string(split) != "auto") CHECK(st.c.gpu_pairs > 0);
       if (std::string(split) == "1") CHECK(st.c.hits > 0);  // every expert of the 2 x 4 fits the auto-sized cache (8 slots)
-    }
+      }
   }
 }
 
@@ -130,7 +141,7 @@ TEST_CASE("GPU expert cache of 3 slots: LRU evictions, bytes and pair counters a
   auto off = load(path, "0", "auto");
   const Run base = greedy(*off, 16);
   {
-    auto on = load(path, std::to_string(3 * expert + 100), "1");
+    auto on = load(path, std::to_string(3 * expert + 100), "1", "lru");
     REQUIRE(on->gpu()->expert_cache() != nullptr);
     GpuExpertCache& xc = *on->gpu()->expert_cache();
     CHECK(xc.stats().slots == 3);
@@ -171,4 +182,38 @@ TEST_CASE("the tiny-qwen3moe Q8_0 fixture (experts of intermediate 32) gets no G
   REQUIRE_MESSAGE(std::filesystem::exists(gguf), gguf << " missing");
   auto m = load(gguf, "auto", "auto");
   CHECK(m->gpu()->expert_cache() == nullptr);
+}
+
+TEST_CASE("the GPU expert cache's hits, misses, admissions and bytes equal the simulator's on the routing trace the run recorded") {
+  if (!test::have_gpu()) return;
+  test::TempDir dir("gpu-expert-cache-sim");
+  const std::string path = dir.str() + "/q.gguf";
+  test::write_file(path, qtools::build_model(12).quant.bytes());  // Q4_K
+  const uint64_t expert = 3ull * 256 * 144;
+  for (const char* policy : {"freq_recency", "lru", "lfu"})
+    for (const int64_t slots : {3, 5}) {
+      const std::string trace = dir.str() + "/t_" + policy + std::to_string(slots) + ".bin";
+      const uint64_t budget = static_cast<uint64_t>(slots) * expert + 100;
+      GpuExpertCacheStats st;
+      {
+        auto on = load(path, std::to_string(budget), "1", policy, trace);
+        REQUIRE(on->gpu()->expert_cache() != nullptr);
+        greedy(*on, 24);
+        st = on->gpu()->expert_cache()->stats();
+      }
+      const RoutingTrace t = read_routing_trace(trace);
+      // The simulator has no transient slots (misses copied for one step only, not cached): it gets the cache's own slots.
+      const CacheSimResult r = simulate_expert_cache(t, static_cast<uint64_t>(st.slots) * expert, expert, parse_cache_policy("policy", policy));
+      MESSAGE(policy << ", " << slots << " slots (" << st.slots << " cached): GPU cache " << st.c.hits << " hits / " << st.c.misses << " misses / "
+                     << st.c.admitted << " admitted / " << st.c.streamed << " streamed / " << st.c.bytes << " bytes; simulator " << r.hits << " / "
+                     << r.loads - r.hits << " / " << r.admissions << " / " << r.copied_bytes);
+      CHECK(st.slots == (std::string(policy) == "lru" ? slots : slots - std::min<int64_t>(4, slots / 2)));  // top-2: 2 x 2 transient at most
+      CHECK(st.c.hits == r.hits);
+      CHECK(st.c.misses == r.loads - r.hits);
+      CHECK(st.c.admitted == r.admissions);
+      CHECK(st.c.evictions == r.evictions);
+      CHECK(r.copied_bytes == static_cast<uint64_t>(r.admissions) * expert);
+      CHECK(st.c.bytes == static_cast<uint64_t>(st.c.admitted + st.c.streamed) * expert);
+      if (std::string(policy) == "lru") CHECK(st.c.streamed == 0);
+    }
 }

@@ -210,3 +210,36 @@ TEST_CASE("GGUF block types streamed: the same logits as the resident quantized 
     CHECK(xs.stats().passes == 2);
   }
 }
+
+TEST_CASE("GGUF experts streamed in chunks of experts (slots smaller than a layer): the same logits as whole-layer slots and the resident experts") {
+  if (!test::have_gpu()) return;
+  test::TempDir dir("gpu-gguf-stream-chunks");
+  for (uint32_t type : {12u, 14u}) {  // Q4_K, Q6_K: the grouped product on the file's blocks
+    const std::string name = cpu::ext_type_info(type)->name;
+    const std::string path = dir.str() + "/q.gguf";
+    test::write_file(path, qtools::build_model(type).quant.bytes());
+    auto resident = load(path, "all", "0"), streamed = load(path, "none", "1");
+    REQUIRE(streamed->gpu()->expert_stream() != nullptr);
+    std::vector<int32_t> ids;
+    for (int64_t i = 0; i < 100; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 5) % 256));
+    const auto lr = test::prompt_logits(*resident, ids), lw = test::prompt_logits(*streamed, ids);
+    const uint64_t whole_bytes = streamed->gpu()->expert_stream()->stats().bytes;
+    const int64_t E = streamed->config().num_experts;
+    for (int64_t chunk : {int64_t{1}, E / 2}) {
+      ExpertStreamOptions o = streamed->gpu()->expert_stream()->options();
+      o.chunk_experts = chunk;
+      streamed->gpu()->enable_expert_streaming(o);
+      const ExpertStream& xs = *streamed->gpu()->expert_stream();
+      CHECK(xs.chunk_experts() == chunk);
+      CHECK(!xs.wants(64));  // chunks take the grouped product only: passes of more than 64 tokens
+      const auto lc = test::prompt_logits(*streamed, ids);
+      const double rel_w = test::rel_error(lc, lw), rel_r = test::rel_error(lc, lr);
+      MESSAGE(name << ", chunks of " << chunk << " of " << E << " experts (" << xs.device_bytes() << " device bytes): vs whole-layer slots " << rel_w
+                   << ", vs resident " << rel_r << "; " << xs.stats().bytes << " bytes copied (whole-layer pass " << whole_bytes << ")");
+      CHECK(rel_w < 1e-6);  // the same kernel on the same rows, launched per chunk
+      CHECK(rel_r < 1e-4);
+      CHECK(xs.stats().passes == 1);
+      CHECK(xs.stats().bytes == whole_bytes);  // every expert once per pass, as whole layers
+    }
+  }
+}

@@ -423,12 +423,29 @@ TEST_CASE("slice_gguf writes a qwen3moe GGUF with the real Qwen3 tokenizer that 
   CHECK(js["layers"] == 2);
   CHECK(js["experts"] == 8);
   CHECK(js["vocab"] == 151936);
+  // Q8_0 experts written directly (issue 27's full-depth model): hmoe loads and runs them; deterministic too.
+  const std::string q8 = tmp.str() + "/slice-q8.gguf";
+  const Run q = run_cmd(bin + " --out " + q8 + shape + " --seed 3 --expert-type q8_0");
+  REQUIRE_MESSAGE(q.code == 0, q.out);
+  const Run q1 = run_cmd(bin + " --out " + q8 + ".1.gguf" + shape + " --seed 3 --expert-type q8_0 --threads 1");
+  REQUIRE(q1.code == 0);
+  CHECK(test::read_file(q8) == test::read_file(q8 + ".1.gguf"));
+  CHECK(test::read_file(q8).size() < test::read_file(file).size());
+  const Run gq = run("bench " + q8 + " -p 8 -n 2 -r 1 --threads 1");
+  CHECK_MESSAGE(gq.code == 0, gq.out);
+  const Run pq = run("plan " + q8);
+  CHECK_MESSAGE(contains(pq.out, "Q8_0"), pq.out);
+  // --routing-replay drives the GPU path only.
+  const Run rr = run("bench " + q8 + " -p 0 -n 2 -r 1 --threads 1 --device cpu --routing-replay " + file);
+  CHECK(rr.code != 0);
+  CHECK_MESSAGE(contains(rr.out, "--routing-replay"), rr.out);
   struct Bad {
     std::string args, says;
   };
   for (const Bad& e : {Bad{" --layers 2", "--out FILE is required"}, Bad{" --out " + file + " --layers 0", "--layers must be in 1..1024"},
                        Bad{" --out " + file + " --bogus 1", "unknown option '--bogus'"}, Bad{" --out " + file + " --heads 5 --kv-heads 2", "multiple of --kv-heads"},
                        Bad{" --out " + file + " --tokenizer " + tmp.str(), "tokenizer.json: cannot open"},
+                       Bad{" --out " + file + " --expert-type q4_k", "--expert-type must be f16 or q8_0"},
                        Bad{" --out /nonexistent/dir/x.gguf --layers 1 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 --experts 8 --expert-ffn 32 --top-k 2", "cannot create"}}) {
     const Run r = run_cmd(bin + e.args);
     CHECK_MESSAGE(r.code != 0, e.args << ": " << r.out);
@@ -522,6 +539,15 @@ TEST_CASE("hmoe plan --context/--batch/--trace, bench trace and bench cache-sim:
   CHECK_MESSAGE(contains(sim.out, "| 96.0 KiB | 8 | 12.5% | freq_recency |"), sim.out);
   const Run js = run("bench cache-sim " + trace + " --bytes 96KiB --policy lfu --json");
   CHECK_MESSAGE(contains(js.out, "\"policy\":\"lfu\""), js.out);
+  CHECK_MESSAGE(contains(js.out, "\"partition\":\"per_layer\""), js.out);
+  const Run gl = run("bench cache-sim " + trace + " --bytes 96KiB --partition global");
+  CHECK_MESSAGE(gl.code == 0, gl.out);
+  CHECK_MESSAGE(contains(gl.out, "one pool over all layers"), gl.out);
+  const Run pol = run("plan" + model + " --gpu-memory 24GiB --trace " + trace + " --gpu-expert-cache-policy lru");
+  CHECK_MESSAGE(contains(pol.out, "lru policy per layer"), pol.out);
+  const Run badpol = run("plan" + model + " --gpu-expert-cache-policy fifo");
+  CHECK(badpol.code != 0);
+  CHECK_MESSAGE(contains(badpol.out, "--gpu-expert-cache-policy"), badpol.out);
   struct Bad {
     const char* args;
     const char* says;
@@ -535,6 +561,7 @@ TEST_CASE("hmoe plan --context/--batch/--trace, bench trace and bench cache-sim:
                        Bad{"bench cache-sim --bytes 1GiB", "takes one TRACE"},
                        Bad{"bench cache-sim TRACE", "--bytes SIZE"},
                        Bad{"bench cache-sim TRACE --bytes 1GiB --policy fifo", "--policy='fifo'"},
+                       Bad{"bench cache-sim TRACE --bytes 1GiB --partition pooled", "--partition='pooled'"},
                        Bad{"bench cache-sim TRACE --bytes 1GiB --layers 9", "layer 9"},
                        Bad{"bench cache-sim TRACE --bytes 1GiB --bytes-per-weight 0", "--bytes-per-weight=0"}}) {
     std::string a = b.args;

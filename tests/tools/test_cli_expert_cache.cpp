@@ -31,12 +31,13 @@ TEST_CASE("hmoe plan shows the GPU expert cache and the split decode choice for 
   hmoe::test::TempDir dir("plan-expert-cache");
   const std::string path = dir.str() + "/q4k.gguf";
   hmoe::test::write_file(path, hmoe::qtools::build_model(12).quant.bytes());
-  const std::string common = path + " --gpu-resident-moe-layers none --cpu-bandwidth 50GB --pcie-bandwidth 25GB --gpu-memory 24GiB";
+  const std::string common =
+      path + " --gpu-resident-moe-layers none --cpu-bandwidth 50GB --pcie-bandwidth 25GB --gpu-memory 24GiB --gpu-expert-cache-policy lru";
   // The default is off (its first GPU run hung: settings.inc).
   CHECK_MESSAGE(has(plan(common), "GPU expert cache and split decode: off (--gpu-expert-cache 0)"), plan(common));
   // Q4_K expert: 3 matrices of 256 rows x 144 bytes = 108.0 KiB; auto = 4 x top-2 slots (8 = every expert of the 2 layers).
   const std::string a = plan(common + " --gpu-expert-cache auto");
-  CHECK_MESSAGE(has(a, "GPU expert cache (decode, host layers' experts; LRU per layer): 864.0 KiB of VRAM (auto: an eighth of the host experts, at least 4 top-k sets)"), a);
+  CHECK_MESSAGE(has(a, "GPU expert cache (decode, host layers' experts; lru per layer): 864.0 KiB of VRAM (auto: an eighth of the host experts, at least 4 top-k sets)"), a);
   CHECK_MESSAGE(has(a, "8 slots of 108.0 KiB = 100.0% of the 2 host layers' experts"), a);
   CHECK_MESSAGE(has(a, "split decode: every routed expert cached, the GPU computes them all"), a);
   // Two slots: a quarter of the experts; a fixed share copies half of the misses.
@@ -48,4 +49,8 @@ TEST_CASE("hmoe plan shows the GPU expert cache and the split decode choice for 
   const std::string c = plan(common + " --gpu-expert-cache 221184");
   CHECK_MESSAGE(has(c, "split decode (auto: balances the bandwidths): per host layer and token 2 of 2 experts routed, 2 missed: 0 copied"), c);
   CHECK_MESSAGE(has(plan(common + " --gpu-split-decode 2"), "--gpu-split-decode"), "");
+  // freq_recency (the default): of the same 8 slots, 4 (two top-2 sets, half the pool) are transient.
+  const std::string f = plan(common + " --gpu-expert-cache auto --gpu-expert-cache-policy freq_recency");
+  CHECK_MESSAGE(has(f, "freq_recency per layer): 864.0 KiB of VRAM"), f);
+  CHECK_MESSAGE(has(f, "4 slots of 108.0 KiB (+4 transient: misses the split copies that the policy does not cache) = 50.0% of the 2 host layers' experts"), f);
 }

@@ -10,7 +10,9 @@
 #include <random>
 
 #include "configs/error.h"
+#include "engine/layers/routing_trace.h"
 #include "engine/loading/model.h"
+#include "engine/placement/prefill_cost.h"
 #include "engine/placement/placement.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "engine/runtime/segment_graphs.h"
@@ -27,6 +29,7 @@ struct Options {
   bool json = false;
   bool breakdown = false;  // --decode-breakdown
   std::string model;
+  std::string replay;      // --routing-replay FILE
 };
 
 std::vector<int64_t> parse_list(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
@@ -62,6 +65,7 @@ Options parse_options(std::vector<std::string>& args) {
   take_any(args, {"-r", "--repetitions"}, r, used);
   o.json = take_flag(args, "--json");
   o.breakdown = take_flag(args, "--decode-breakdown");
+  take_option(args, "--routing-replay", o.replay);
   reject_unknown_flags(args, "bench");
   if (args.size() != 1)
     fail(ErrorKind::invalid_argument, "bench takes one MODEL (a model directory or .gguf file), or 'experts' or 'disk'; got " +
@@ -133,6 +137,7 @@ struct Result {
       t.cpu_experts_s += s.times.cpu_experts_s;
       t.transfer_s += s.times.transfer_s;
       t.steps += s.times.steps;
+      t.cold_bytes += s.times.cold_bytes;
     }
     return t;
   }
@@ -143,6 +148,7 @@ struct Result {
       t.c.hits += a.hits;
       t.c.misses += a.misses;
       t.c.admitted += a.admitted;
+      t.c.streamed += a.streamed;
       t.c.evictions += a.evictions;
       t.c.bytes += a.bytes;
       t.c.gpu_pairs += a.gpu_pairs;
@@ -406,6 +412,12 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
                                           std::to_string(ctx) + " (--max-model-len or the model's max_position_embeddings)");
 
   const bool on_gpu = model->gpu() != nullptr;
+  RoutingTrace replay;
+  if (!o.replay.empty()) {
+    if (!on_gpu) fail(ErrorKind::invalid_argument, "--routing-replay: the model runs on the CPU; replay drives the GPU path's host layers");
+    replay = read_routing_trace(o.replay);
+    model->gpu()->set_routing_replay(&replay);
+  }
   const uint64_t gpu_bytes = on_gpu ? model->gpu()->weight_bytes() : 0;
   const int threads = model->pool().size();
   std::string header = "hmoe bench " + o.model + ": " + std::to_string(c.num_hidden_layers) + " layers, " + std::to_string(c.num_experts) +
@@ -413,7 +425,8 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
                        "; device " + (on_gpu ? "cuda (" + format_bytes(gpu_bytes) + " of weights on the GPU, --gpu-resident-moe-layers " + s.gpu_resident_moe_layers + ")" : std::string("cpu")) +
                        "; --threads " + std::to_string(s.threads) + " (" + std::to_string(threads) + " in the main pool); prefill in chunks of " +
                        std::to_string(s.max_num_batched_tokens) + " tokens (--max-num-batched-tokens, as serve); KV blocks of " + std::to_string(s.block_size) +
-                       "; random token ids (--seed " + std::to_string(s.seed) + "); " + std::to_string(o.reps) + " repetitions after one warm-up";
+                       "; random token ids (--seed " + std::to_string(s.seed) + "); " + std::to_string(o.reps) + " repetitions after one warm-up" +
+                       (o.replay.empty() ? "" : "; host layers routed by the trace " + o.replay + " (--routing-replay)");
   std::fprintf(stderr, "%s\n", header.c_str());
 
   Bench bench(*model, s);
@@ -429,9 +442,10 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
     if (const GpuExpertCacheStats x = r.cached(); x.steps > 0)
       std::fprintf(stderr,
                    "hmoe bench:   split decode: routed pairs GPU %.1f%% / CPU %.1f%% (%lld / %lld), expert cache hit rate %.1f%% (%lld hits, %lld misses, %lld "
-                   "evictions; %lld slots, %s), %.2f GB copied in %.1f ms of copy stream (%.1f GB/s achieved; PCIe probe %.1f GB/s, host read %.1f GB/s)\n",
+                   "admitted, %lld copied for one step only, %lld evictions; %lld slots, %s), %.2f GB copied in %.1f ms of copy stream (%.1f GB/s achieved; PCIe probe %.1f GB/s, host read %.1f GB/s)\n",
                    100.0 * x.gpu_share(), 100.0 * (1 - x.gpu_share()), static_cast<long long>(x.c.gpu_pairs), static_cast<long long>(x.c.cpu_pairs),
-                   100.0 * x.c.hit_rate(), static_cast<long long>(x.c.hits), static_cast<long long>(x.c.misses), static_cast<long long>(x.c.evictions),
+                   100.0 * x.c.hit_rate(), static_cast<long long>(x.c.hits), static_cast<long long>(x.c.misses), static_cast<long long>(x.c.admitted),
+                   static_cast<long long>(x.c.streamed), static_cast<long long>(x.c.evictions),
                    static_cast<long long>(x.slots), format_bytes(x.device_bytes).c_str(), static_cast<double>(x.c.bytes) / 1e9, x.copy_s * 1e3,
                    x.achieved_bandwidth() / 1e9, x.pcie_bandwidth / 1e9, x.host_bandwidth / 1e9);
   };
@@ -490,6 +504,24 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
                   static_cast<double>(x.c.bytes) / 1e9, 100.0 * x.c.hit_rate(), static_cast<long long>(x.slots), format_bytes(x.device_bytes).c_str());
   std::printf("\n");
   if (!on_gpu) std::printf("\nCPU path: no GPU/CPU split (all of the time is CPU work).\n");
+  // The decode bound: per step, the cold bytes the CPU read (distinct host experts it ran) at the host's read
+  // bandwidth plus the measured GPU work (step wall time less CPU experts and transfers).
+  bool any_cold = false;
+  for (const auto& r : results) any_cold = any_cold || (r.kind == "decode" && r.summed().cold_bytes > 0);
+  if (on_gpu && any_cold) {
+    const double dram = measure_host_read_bandwidth(&model->pool());
+    std::printf("\nDecode bound (cold bytes / host DRAM read bandwidth %.1f GB/s, measured here, + GPU time per step as measured):\n\n"
+                "| test | batch | tok/s | cold MB per step | DRAM ms | GPU ms | bound tok/s | of bound |\n|---|---|---|---|---|---|---|---|\n",
+                dram / 1e9);
+    for (const auto& r : results) {
+      const GpuStepTimes t = r.summed();
+      if (r.kind != "decode" || t.steps == 0) continue;
+      const double cold = static_cast<double>(t.cold_bytes) / static_cast<double>(t.steps), dram_s = cold / dram,
+                   gpu_s = t.gpu_s() / static_cast<double>(t.steps), bound = static_cast<double>(r.batch) / (dram_s + gpu_s);
+      std::printf("| %s | %lld | %.2f | %.1f | %.2f | %.2f | %.1f | %.0f%% |\n", r.name().c_str(), static_cast<long long>(r.batch), r.mean(), cold / 1e6,
+                  dram_s * 1e3, gpu_s * 1e3, bound, 100.0 * r.mean() / bound);
+    }
+  }
   if (on_gpu && o.breakdown) {
     print_decode_breakdown(results, c.num_hidden_layers, device_read_bandwidth());
     std::vector<std::pair<int64_t, GpuPartTimes>> parts;

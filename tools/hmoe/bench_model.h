@@ -25,6 +25,14 @@
 // step's kernels by name and count, then per layer the device time of its
 // attention and feed-forward parts in 8 more steps per batch launched
 // plainly with events between the parts (GpuRuntime::set_part_profile).
+// On the GPU path with host layers, a "decode bound" table follows: per
+// decode test the cold bytes per step (distinct host experts the CPU ran x
+// their bytes, GpuStepTimes::cold_bytes) over the host read bandwidth
+// measured at the end, plus the measured GPU time per step.
+// --routing-replay FILE (GPU): the host layers' routed ids come from a
+// routing trace (engine/layers/routing_trace.h, RoutingReplay; e.g. `hmoe
+// bench trace --zipf 1.2`) instead of the router, to drive the GPU expert
+// cache with a skewed popularity at the real cost of each step.
 #pragma once
 #include <string>
 #include <vector>

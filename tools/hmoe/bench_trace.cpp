@@ -58,12 +58,16 @@ int run_bench_trace(std::vector<std::string>& args) {
 }
 
 int run_bench_cache_sim(std::vector<std::string>& args) {
-  std::string bytes_s, policy_s = "lru,lfu,freq_recency", bpw_s = "2", ebytes_s, layers_s;
+  std::string bytes_s, policy_s = "lru,lfu,freq_recency", bpw_s = "2", ebytes_s, layers_s, part_s = "per_layer";
   if (!take_option(args, "--bytes", bytes_s)) fail(ErrorKind::invalid_argument, "bench cache-sim: --bytes SIZE[,SIZE...] is required (e.g. 2GiB,8GiB)");
   take_option(args, "--policy", policy_s);
   const bool have_bpw = take_option(args, "--bytes-per-weight", bpw_s);
   const bool have_eb = take_option(args, "--expert-bytes", ebytes_s);
   take_option(args, "--layers", layers_s);
+  take_option(args, "--partition", part_s);
+  if (part_s != "per_layer" && part_s != "global")
+    fail(ErrorKind::invalid_argument, "--partition='" + part_s + "': expected per_layer (the GPU expert cache's layout) or global");
+  const bool per_layer = part_s == "per_layer";
   const bool json = take_flag(args, "--json");
   reject_unknown_flags(args, "bench cache-sim");
   if (args.size() != 1) fail(ErrorKind::invalid_argument, "bench cache-sim takes one TRACE file (from --routing-trace or bench trace)");
@@ -88,8 +92,9 @@ int run_bench_cache_sim(std::vector<std::string>& args) {
   int64_t served = 0;
   for (uint32_t l = 0; l < t.header.layers; ++l) served += layers.empty() || layers[l];
   if (!json) {
-    std::printf("trace %s: %u steps, %u layers (%lld served), %u experts, top-%u, expert %s\n\n", args[0].c_str(), t.steps(), t.header.layers,
-                static_cast<long long>(served), t.header.experts, t.header.topk, format_bytes(eb).c_str());
+    std::printf("trace %s: %u steps, %u layers (%lld served), %u experts, top-%u, expert %s; slots %s\n\n", args[0].c_str(), t.steps(), t.header.layers,
+                static_cast<long long>(served), t.header.experts, t.header.topk, format_bytes(eb).c_str(),
+                per_layer ? "shared evenly per layer (as the GPU expert cache)" : "one pool over all layers");
     std::printf("| cache | experts held | of all | policy | hit rate (expert loads) | hit rate (token-expert pairs) | ideal static top-C | copied/token | evictions |\n"
                 "|---|---|---|---|---|---|---|---|---|\n");
   }
@@ -97,11 +102,11 @@ int run_bench_cache_sim(std::vector<std::string>& args) {
     const int64_t cap = static_cast<int64_t>(b / eb);
     const double ideal = static_top_hit_rate(t, cap, layers);
     for (CachePolicy p : policies) {
-      const CacheSimResult r = simulate_expert_cache(t, b, eb, p, layers);
+      const CacheSimResult r = simulate_expert_cache(t, b, eb, p, layers, per_layer);
       const double share = static_cast<double>(cap) / static_cast<double>(served * t.header.experts);
       if (json) {
         const nlohmann::json j = {{"trace", args[0]}, {"bytes", b}, {"expert_bytes", eb}, {"capacity", cap}, {"share", share},
-                                  {"policy", cache_policy_name(p)}, {"hit_rate", r.hit_rate()}, {"pair_hit_rate", r.pair_hit_rate()},
+                                  {"policy", cache_policy_name(p)}, {"partition", part_s}, {"hit_rate", r.hit_rate()}, {"pair_hit_rate", r.pair_hit_rate()},
                                   {"ideal_static", ideal}, {"admissions", r.admissions}, {"evictions", r.evictions}, {"loads", r.loads},
                                   {"copied_bytes_per_token", r.copied_bytes_per_token()}};
         std::printf("%s\n", j.dump().c_str());

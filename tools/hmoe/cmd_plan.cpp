@@ -148,7 +148,7 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
     std::printf("\n%s", fit_table(*fit).c_str());
     std::printf("auto: %lld resident MoE layers (%s), KV %lld blocks, streamed prefill %s, expert cache %s (%lld experts of host layers)\n",
                 static_cast<long long>(o.resident), first_moe_layers(c, o.resident).c_str(), static_cast<long long>(o.kv_blocks),
-                o.stream_slots                                                     ? (std::to_string(o.stream_slots) + " slots").c_str()
+                o.stream_slots ? (std::to_string(o.stream_slots) + " slots" + (o.stream_chunk ? " of " + std::to_string(o.stream_chunk) + " experts (chunks)" : std::string())).c_str()
                 : o.resident + 1 == static_cast<int64_t>(fit->options.size())     ? "not needed (every MoE layer resident)"
                 : parse_prefill_min_batch(s) == 0                                  ? "off (--gpu-prefill-min-batch-size 0)"
                                                                                    : "off (its slots do not fit)",
@@ -180,7 +180,7 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
       double pcie = have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : 0;
       if (pcie <= 0) pcie = gpu::device_count() > 0 ? measure_pinned_h2d_bandwidth(64u << 20) : 25e9;
       const uint64_t eb = sample->gate.bytes() + sample->up.bytes() + sample->down.bytes();
-      std::printf("%s", expert_cache_plan_report(c, s.gpu_expert_cache, s.gpu_split_decode, cpu_bw, pcie, p.moe_layers() - p.resident_moe_layers(), eb).c_str());
+      std::printf("%s", expert_cache_plan_report(c, s.gpu_expert_cache, s.gpu_split_decode, s.gpu_expert_cache_policy, cpu_bw, pcie, p.moe_layers() - p.resident_moe_layers(), eb).c_str());
     } else {
       std::printf("GPU expert cache and split decode: off (the host experts are not GGUF Q4_K/Q5_K/Q6_K/Q8_0 matrices of a shape the GPU's native kernels take)\n");
     }

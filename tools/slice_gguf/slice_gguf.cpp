@@ -36,13 +36,18 @@
 // asked for the same type; --imatrix-out FILE writes a uniform importance
 // matrix (all ones) for those expert tensors, which llama-quantize demands
 // before it copies IQ1/IQ2/IQ3_XXS tensors even though it reads it for none.
+// qwen3moe experts in Q8_0 (--expert-type q8_0): each block of 32 weights is a
+// random F16 scale d = 0.02 sqrt(3) / 127 and 32 random int8 values, the
+// same spread as the F16 weights; written directly, so that a full-depth
+// (48-layer, 31 GiB of experts) file is made in one pass without
+// llama-quantize (the hybrid benchmarks of issue 27, bench/jobs/k27b.sh).
 //
 // usage: slice_gguf --out FILE [--layers 8] [--seed 0] [--threads T]
 //   [--tokenizer DIR] [--hidden 2048] [--heads 32] [--kv-heads 4]
 //   [--head-dim 128] [--experts 128] [--expert-ffn 768] [--top-k 8]
 //   [--arch qwen3moe|deepseek2] [--dense-layers 1] [--ffn 18432]
 //   [--q-lora 1536] [--kv-lora 512] [--groups 8] [--group-top 4]
-//   [--expert-types GU,DN] [--imatrix-out FILE]
+//   [--expert-types GU,DN] [--imatrix-out FILE] [--expert-type f16|q8_0]
 //   (the shape flags exist for small test files; the defaults are the
 //   model's; with deepseek2 --head-dim is nope (128), rope 64 and v 128 fixed)
 #include <algorithm>
@@ -69,7 +74,7 @@ using namespace hmoe;
 
 namespace {
 
-constexpr uint32_t kF32 = 0, kF16 = 1;
+constexpr uint32_t kF32 = 0, kF16 = 1, kQ8_0 = 8;
 constexpr uint32_t kTypeU32 = 4, kTypeI32 = 5, kTypeF32 = 6, kTypeBool = 7, kTypeStr = 8, kTypeArray = 9;
 constexpr uint64_t kAlign = 32;
 constexpr int64_t kQwenVocab = 151936, kDeepSeekVocab = 129280;
@@ -120,8 +125,11 @@ struct Tensor {
     return n;
   }
   // Units written at a time: elements (F16, F32) or blocks (low-bit types).
-  uint64_t unit_elems() const { return type <= kF16 ? 1 : static_cast<uint64_t>(cpu::lowbit_type_info(type)->block_elems); }
-  uint64_t unit_bytes() const { return type == kF16 ? 2 : type == kF32 ? 4 : static_cast<uint64_t>(cpu::lowbit_type_info(type)->block_bytes); }
+  bool lowbit() const { return type != kF32 && type != kF16 && type != kQ8_0; }
+  uint64_t unit_elems() const { return type == kQ8_0 ? 32 : !lowbit() ? 1 : static_cast<uint64_t>(cpu::lowbit_type_info(type)->block_elems); }
+  uint64_t unit_bytes() const {
+    return type == kF16 ? 2 : type == kF32 ? 4 : type == kQ8_0 ? 34 : static_cast<uint64_t>(cpu::lowbit_type_info(type)->block_bytes);
+  }
   uint64_t units() const { return elements() / unit_elems(); }
   uint64_t bytes() const { return units() * unit_bytes(); }
 };
@@ -169,6 +177,7 @@ std::vector<Tensor> deepseek2_tensors(const Shape& s) {
 
 std::vector<Tensor> tensors_of(const Shape& s) {
   if (s.deepseek) return deepseek2_tensors(s);
+  const uint32_t et = s.gu_type;  // f16 or q8_0 (--expert-type)
   using F = Tensor::Fill;
   const uint64_t H = static_cast<uint64_t>(s.hidden), Q = static_cast<uint64_t>(s.heads * s.head_dim), KV = static_cast<uint64_t>(s.kv_heads * s.head_dim),
                  E = static_cast<uint64_t>(s.experts), I = static_cast<uint64_t>(s.expert_ffn), D = static_cast<uint64_t>(s.head_dim);
@@ -185,9 +194,9 @@ std::vector<Tensor> tensors_of(const Shape& s) {
     t.push_back({b + "attn_k_norm.weight", kF32, {D}, F::ones});
     t.push_back({b + "ffn_norm.weight", kF32, {H}, F::ones});
     t.push_back({b + "ffn_gate_inp.weight", kF32, {H, E}, F::random});
-    t.push_back({b + "ffn_gate_exps.weight", kF16, {H, I, E}, F::random});
-    t.push_back({b + "ffn_up_exps.weight", kF16, {H, I, E}, F::random});
-    t.push_back({b + "ffn_down_exps.weight", kF16, {I, H, E}, F::random});
+    t.push_back({b + "ffn_gate_exps.weight", et, {H, I, E}, F::random});
+    t.push_back({b + "ffn_up_exps.weight", et, {H, I, E}, F::random});
+    t.push_back({b + "ffn_down_exps.weight", et, {I, H, E}, F::random});
   }
   t.push_back({"output_norm.weight", kF32, {H}, F::ones});
   t.push_back({"output.weight", kF16, {H, kQwenVocab}, F::random});
@@ -268,6 +277,21 @@ uint64_t mix(uint64_t x) {  // splitmix64 finalizer
 void fill(const Tensor& t, uint64_t seed, size_t ti, uint64_t first, uint64_t n, uint8_t* out) {
   constexpr float kStd = 0.02f;
   const float a = kStd * 1.7320508f;  // uniform [-a, a] has standard deviation a / sqrt(3)
+  if (t.type == kQ8_0) {  // first and n are multiples of 32: whole blocks
+    const uint16_t d = f32_to_f16(a / 127.0f);
+    for (uint64_t blk = 0; blk < n / 32; ++blk) {
+      uint8_t* o = out + blk * 34;
+      std::memcpy(o, &d, 2);
+      for (int w = 0; w < 4; ++w) {
+        uint64_t r = mix(seed * 0x100000001b3ull ^ mix(ti) ^ ((first / 32 + blk) * 4 + static_cast<uint64_t>(w)) * 0x9e3779b97f4a7c15ull);
+        for (int j = 0; j < 8; ++j, r >>= 8) {
+          const int v = static_cast<int>(r & 0xff) % 255 - 127;  // -127..127
+          o[2 + w * 8 + j] = static_cast<uint8_t>(static_cast<int8_t>(v));
+        }
+      }
+    }
+    return;
+  }
   for (uint64_t i = 0; i < n; ++i) {
     float v = 1.0f;
     if (t.fill == Tensor::Fill::random) {
@@ -393,7 +417,7 @@ int run(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf("usage: slice_gguf --out FILE [--layers 8] [--seed 0] [--threads T] [--tokenizer DIR] [--hidden 2048] [--heads 32] [--kv-heads 4] "
                   "[--head-dim 128] [--experts 128] [--expert-ffn 768] [--top-k 8] [--arch qwen3moe|deepseek2] [--dense-layers 1] [--ffn 18432] "
-                  "[--q-lora 1536] [--kv-lora 512] [--groups 8] [--group-top 4] [--expert-types GATE_UP,DOWN] [--imatrix-out FILE]\n");
+                  "[--q-lora 1536] [--kv-lora 512] [--groups 8] [--group-top 4] [--expert-types GATE_UP,DOWN] [--imatrix-out FILE] [--expert-type f16|q8_0 (qwen3moe)]\n");
       return 0;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc) fail(ErrorKind::invalid_argument, "expected '--option VALUE', got '" + a + "' (see --help)");
@@ -402,12 +426,17 @@ int run(int argc, char** argv) {
   if (!opts.count("--out")) fail(ErrorKind::invalid_argument, "--out FILE is required");
   const std::string out = opts["--out"];
   std::string tok_dir = opts.count("--tokenizer") ? opts["--tokenizer"] : demo_tokenizer_dir();
-  opts.erase("--out"), opts.erase("--tokenizer");
+  const std::string etype = opts.count("--expert-type") ? opts["--expert-type"] : "f16";
+  const bool etype_given = opts.count("--expert-type") > 0;
+  opts.erase("--out"), opts.erase("--tokenizer"), opts.erase("--expert-type");
+  if (etype != "f16" && etype != "q8_0") fail(ErrorKind::invalid_argument, "--expert-type must be f16 or q8_0, got '" + etype + "'");
   Shape s;
   const std::string arch = opts.count("--arch") ? opts["--arch"] : "qwen3moe";
   opts.erase("--arch");
   if (arch != "qwen3moe" && arch != "deepseek2") fail(ErrorKind::invalid_argument, "--arch must be qwen3moe or deepseek2, got '" + arch + "'");
   const bool ds = s.deepseek = arch == "deepseek2";
+  if (ds && etype_given) fail(ErrorKind::invalid_argument, "--expert-type is for --arch qwen3moe; deepseek2 takes --expert-types GATE_UP,DOWN");
+  if (etype == "q8_0") s.gu_type = s.dn_type = kQ8_0;
   if (ds && tok_dir == demo_tokenizer_dir()) {  // the npm copy of DeepSeek-V3's tokenizer beside the Qwen3 one
     const size_t at = tok_dir.find("tokenizer-qwen3");
     if (at != std::string::npos) tok_dir.replace(at, std::string("tokenizer-qwen3").size(), "tokenizer-deepseek_v3");
@@ -501,7 +530,7 @@ int run(int argc, char** argv) {
     const std::string a = "qwen3moe.";
     m.str("general.architecture", "qwen3moe");
     m.str("general.name", "Qwen3-30B-A3B slice (" + std::to_string(s.layers) + " layers, random weights)");
-    m.u32("general.file_type", 1);  // mostly F16
+    m.u32("general.file_type", s.gu_type == kQ8_0 ? 7 : 1);  // mostly Q8_0 / mostly F16
     m.u32("general.alignment", static_cast<uint32_t>(kAlign));
     m.u32(a + "block_count", static_cast<uint32_t>(s.layers));
     m.u32(a + "context_length", 40960);
@@ -522,7 +551,7 @@ int run(int argc, char** argv) {
   const std::vector<Tensor> ts = tensors_of(s);
   std::map<uint32_t, float> block_scale;  // low-bit types: the scale giving an RMS of about 0.02
   for (const Tensor& t : ts)
-    if (t.type > kF16 && !block_scale.count(t.type)) block_scale[t.type] = lowbit_scale_for(t.type, 0.02f);
+    if (t.lowbit() && !block_scale.count(t.type)) block_scale[t.type] = lowbit_scale_for(t.type, 0.02f);
   std::string head = "GGUF";
   auto put = [&head](auto v) { head.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
   put(uint32_t{3});
@@ -558,7 +587,8 @@ int run(int argc, char** argv) {
   for (size_t ti = 0; ti < ts.size(); ++ti) {
     const Tensor& t = ts[ti];
     const uint64_t n = t.units(), esz = t.unit_bytes(), chunk = kChunkBytes / esz;
-    const float k = t.type > kF16 ? block_scale[t.type] : 0.0f;
+    const float k = t.lowbit() ? block_scale[t.type] : 0.0f;
+    const uint64_t ue = t.unit_elems();
     for (uint64_t first = 0; first < n; first += chunk) {
       const uint64_t len = std::min(chunk, n - first);
       const uint64_t per = (len + static_cast<uint64_t>(threads) - 1) / static_cast<uint64_t>(threads);
@@ -567,8 +597,8 @@ int run(int argc, char** argv) {
         const uint64_t b = static_cast<uint64_t>(w) * per, e = std::min(len, b + per);
         if (b < e)
           pool.emplace_back([&, b, e] {
-            if (t.type > kF16) fill_blocks(t, seed, ti, first + b, e - b, k, buf.data() + b * esz);
-            else fill(t, seed, ti, first + b, e - b, buf.data() + b * esz);
+            if (t.lowbit()) fill_blocks(t, seed, ti, first + b, e - b, k, buf.data() + b * esz);
+            else fill(t, seed, ti, (first + b) * ue, (e - b) * ue, buf.data() + b * esz);  // elements (Q8_0: whole blocks)
           });
       }
       for (auto& th : pool) th.join();
