@@ -69,8 +69,8 @@ plan() {  # NAME ARGS...: the automatic fit's table
   echo "plan $name rc $?"; grep -E "^\|.*chosen|^automatic fit|^auto:" "$O/plan_$name.txt"
 }
 say "plans"
-plan uniform_b1 --batch 1
-plan zipf_b1 --batch 1 --trace "$ZIPF"
+plan uniform_b1 --batch 1 --gpu-expert-cache auto
+plan zipf_b1 --batch 1 --trace "$ZIPF" --gpu-expert-cache auto
 
 # run NAME SECS ARGS...: one hmoe bench; appends its decode / prefill rows (with bound and hit rate) to $ROWS.
 run() {
@@ -115,22 +115,22 @@ say "decode"
 DEC=(-p 0 -n 32 --batch 1,8)
 for r in ${K27B_STATIC:-12 20 28}; do run "static_r$r" 22 "${DEC[@]}" --gpu-resident-moe-layers "0-$((r - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0; done
 run auto 22 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache 0
-run auto_cache 22 "${DEC[@]}" --gpu-resident-moe-layers auto
-run auto_cache_zipf 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF"
+run auto_cache 22 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache auto
+run auto_cache_zipf 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --gpu-expert-cache auto
 R=$(best_static)
 [[ -n $R ]] && run "static_r${R}_zipf" 22 "${DEC[@]}" --gpu-resident-moe-layers "0-$((R - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0 --routing-replay "$ZIPF"
-run auto_cache_zipf_defer1 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --defer-experts 1
+run auto_cache_zipf_defer1 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --defer-experts 1 --gpu-expert-cache auto
 
 say "prefill"
 run prefill8k_streamed 25 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
 run prefill8k_cpu_experts 30 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
-run auto_cache_zipf_lru 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --gpu-expert-cache-policy lru
+run auto_cache_zipf_lru 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --gpu-expert-cache-policy lru --gpu-expert-cache auto
 CAP=(--gpu-memory 24GiB --max-model-len 32768 --threads 16 --progress none "${EXTRA[@]}")
 run prefill32k_streamed 40 -p 32768 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
 
 say "more plans"
-plan uniform_b8 --batch 8
-plan zipf_b8 --batch 8 --trace "$ZIPF"
+plan uniform_b8 --batch 8 --gpu-expert-cache auto
+plan zipf_b8 --batch 8 --trace "$ZIPF" --gpu-expert-cache auto
 plan nocache_b1 --batch 1 --gpu-expert-cache 0
 
 say "table"
