@@ -52,6 +52,7 @@ void Q8Acts::reset(int64_t rows, const Mat& w) {
     init.resize(static_cast<size_t>(n * (cols / 64) * 16));
     dv.resize(static_cast<size_t>(n * (cols / 64) * 16));
   }
+  seed.resize(static_cast<size_t>(type == ExtType::q6_k ? n * (cols / 16) : is_b32(type) ? n * (cols / 32) : 0));
 }
 
 int64_t Q8Acts::pos(int64_t k) const {
@@ -95,12 +96,19 @@ void Q8Acts::quantize(int64_t t, const float* x) {
     }
     for (int64_t i = 0; i < block; ++i) qt[pos(b * block + i)] = tmp[i];
   }
+  if (type == ExtType::q6_k) {
+    const int16_t* bs = bsum.data() + t * (cols / 256) * 16;
+    int32_t* sd = seed.data() + t * (cols / 16);
+    for (int64_t i = 0; i < cols / 16; ++i) sd[i] = -32 * bs[i];
+  }
   if (is_b32(type)) {
     const int z = zero_of(type);
     for (int64_t p = 0; p < cols / 64; ++p) {
       int32_t sum[2] = {0, 0};
-      for (int blk = 0; blk < 2; ++blk)
+      for (int blk = 0; blk < 2; ++blk) {
         for (int i = 0; i < 32; ++i) sum[blk] += qt[pos(p * 64 + blk * 32 + i)];
+        seed[static_cast<size_t>(t * (cols / 32) + 2 * p + blk)] = -z * sum[blk];
+      }
       int32_t* in = init.data() + (t * (cols / 64) + p) * 16;
       float* dl = dv.data() + (t * (cols / 64) + p) * 16;
       bool seeded[2] = {false, false};
@@ -124,6 +132,10 @@ void Q8Acts::copy_row(int64_t t, const Q8Acts& src, int64_t ts) {
     const size_t lanes = static_cast<size_t>(cols / 64) * 16;
     std::memcpy(init.data() + t * static_cast<int64_t>(lanes), src.init.data() + ts * static_cast<int64_t>(lanes), lanes * sizeof(int32_t));
     std::memcpy(dv.data() + t * static_cast<int64_t>(lanes), src.dv.data() + ts * static_cast<int64_t>(lanes), lanes * sizeof(float));
+  }
+  if (!seed.empty()) {
+    const int64_t per = type == ExtType::q6_k ? cols / 16 : cols / 32;
+    std::memcpy(seed.data() + t * per, src.seed.data() + ts * per, static_cast<size_t>(per) * sizeof(int32_t));
   }
 }
 

@@ -58,6 +58,7 @@ struct Q8Acts {
   std::vector<int16_t> bsum;   // K types: [n, cols / 256, 16] sums of q per 16 columns (Q4_K/Q5_K: 8 sums per 32)
   std::vector<int32_t> init;   // 32-blocks: [n, cols / 64, 16] int32 lanes seeded with -zero * sum(q) of the lane's block
   std::vector<float> dv;       // 32-blocks: [n, cols / 64, 16] d of the lane's block
+  std::vector<int32_t> seed;   // Q6_K: [n, cols / 16] -32 * sum of q per 16; 32-blocks: [n, cols / 32] -zero * sum of q per block
 
   // Sizes for `rows` rows quantized for weights like w (gguf_q8_applies(w)).
   void reset(int64_t rows, const Mat& w);
@@ -87,6 +88,12 @@ void q8_rows_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64
 // Block b of row t from xb (block floats): codes, scale and (K types) block
 // sums, as Q8Acts::quantize; false (nothing written) when the block holds inf or NaN.
 bool q8_quantize_block_avx512(Q8Acts& a, int64_t t, int64_t b, const float* xb);
+// quant_gguf_q8_tiles.cpp: the row-interleaved kernels (Q4_K, Q5_K, Q6_K,
+// Q8_0 on AVX-512 VNNI, every token count) and the scalar model of their
+// arithmetic, which they equal bit for bit (see that file's comment).
+bool q8_tiles_serve(ExtType t);
+void q8_tiles_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+void q8_tiles_model(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void q8_rows_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 }  // namespace detail
 

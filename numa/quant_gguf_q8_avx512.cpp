@@ -356,6 +356,7 @@ HMOE_V512 bool q8_quantize_block_avx512(Q8Acts& a, int64_t t, int64_t b, const f
 }
 
 void q8_rows_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  if (q8_tiles_serve(static_cast<ExtType>(w.ext))) return q8_tiles_avx512(xa, t0, n, w, r0, r1, y, ldy);
   switch (static_cast<ExtType>(w.ext)) {
     case ExtType::q4_k: return rows<ExtType::q4_k>(xa, t0, n, w, r0, r1, y, ldy);
     case ExtType::q5_k: return rows<ExtType::q5_k>(xa, t0, n, w, r0, r1, y, ldy);
