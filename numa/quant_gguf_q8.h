@@ -85,6 +85,13 @@ void gemm_q8(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool
 namespace detail {  // quant_gguf_q8_avx512.cpp, quant_gguf_q8_avx2.cpp
 bool q8_has_vnni();
 void q8_rows_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// The per-row kernels for every token count (q8_rows_avx512 uses them
+// below a few tokens; same bits as the tile kernels): tests, benchmarks.
+void q8_rows_avx512_rowwise(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// vpdpbusd multiply-adds per second with all operands in registers, summed
+// over the pool's threads (0 without AVX-512 VNNI): the int8 limit the
+// benchmarks print against.
+double q8_vnni_peak_macs(numa::ThreadPool* pool);
 // Block b of row t from xb (block floats): codes, scale and (K types) block
 // sums, as Q8Acts::quantize; false (nothing written) when the block holds inf or NaN.
 bool q8_quantize_block_avx512(Q8Acts& a, int64_t t, int64_t b, const float* xb);

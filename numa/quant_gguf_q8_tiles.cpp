@@ -1,11 +1,11 @@
 // Row-interleaved AVX-512 VNNI kernels of the integer GGUF path for Q4_K,
-// Q5_K, Q6_K and Q8_0 (numa/quant_gguf_q8.h, "tile kernels"), used for every
-// token count so that a token's products never depend on its batch.
+// Q5_K, Q6_K and Q8_0 (numa/quant_gguf_q8.h, "tile kernels", v3) for
+// prompt-sized products, with the same bits as the per-row kernels.
 //
 // Why: the per-row kernels of quant_gguf_q8_avx512.cpp spend two vector
-// instructions (vpmaddubsw + vpdpwssd) per 64 multiply-adds and a float fold
-// per row, token and super-block; prompt products are bound by that integer
-// work. Here one vpdpbusd does 64 multiply-adds for 16 weight rows at once
+// instructions (vpmaddubsw + vpdpwssd) per 64 multiply-adds and a
+// horizontal sum per row, token and block; prompt products are bound by
+// that integer work (decode, bound by the weight reads, keeps them). Here one vpdpbusd does 64 multiply-adds for 16 weight rows at once
 // (lane i = row i, its 4 bytes = 4 consecutive columns of that row), the
 // activation's 4 bytes broadcast from memory, so a register tile of 2 x 16
 // rows by 4 tokens reuses each weight vector 4 times and each broadcast 2
@@ -15,25 +15,29 @@
 // scratch: 16 rows' raw block bytes are transposed as 16 x 16 dwords and the
 // codes unpacked to u8 (Q8_0: w ^ 0x80), stored by quad of columns in
 // natural order ([super-block or block][quad][row vector][64 bytes]),
-// with the per-row scale products beside them; then every token tile runs
-// over the group. The repack is paid once per 32 rows and call.
+// with the per-row scales beside them (lanes = rows, decoded from dword
+// gathers); then every token tile runs over the group. The repack is paid
+// once per 32 rows and call: about as much as the per-row kernels spend on
+// one token, so these serve calls of more than a few tokens.
 //
-// Numerics (the contract every kernel of these types keeps; q8_tiles_model
-// is its scalar statement, bit for bit): per row r and token t, in fp32
-// with fused multiply-adds, blocks in order:
-//  - K types: for each super-block b, fs = 0 and for each sub-block s in
-//    order fs = fma(float(ia_s), d * sc_s, fs), ia_s the exact integer sum of
-//    codes times activation codes over the sub-block (Q6_K: codes - 32);
-//    then acc = fma(fs, dx_b, acc); Q4_K/Q5_K then
+// Numerics (the contract every AVX-512 kernel of these types keeps, the
+// per-row ones of quant_gguf_q8_avx512.cpp included; q8_tiles_model is its
+// scalar statement, bit for bit): per row r and token t, in fp32 with fused
+// multiply-adds, blocks in order:
+//  - K types: per super-block b the exact integer I_b = sum_s sc_s * ia_s,
+//    ia_s the sum of codes times activation codes over sub-block s (Q6_K:
+//    codes - 32); acc = fma(float(I_b), d * dx_b, acc); Q4_K/Q5_K then
 //    acc = fma(-float(M_b), dmin * dx_b, acc), M_b = sum_s m_s * bsum_s.
 //  - Q8_0: per block acc = fma(float(ia), d_w * d_x, acc), ia = sum w * q.
-// Products like d * sc_s are single fp32 roundings. Integer sums are exact
-// (|ia| < 2^22), so every lane order and tile shape gives the same bits.
+// Products like d * dx_b are single fp32 roundings. The integer sums are
+// exact (|I_b| < 2^28), so any lane split, tile shape or kernel gives the
+// same bits; which kernel runs may then depend on the token count.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -42,6 +46,7 @@
 #include "configs/error.h"
 #include "io/tensor/gguf_block_util.h"
 #include "numa/quant_gguf_q8.h"
+#include "numa/thread_pool.h"
 
 #define HMOE_V512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 
@@ -68,20 +73,20 @@ float half_f(const uint8_t* p) { return gguf_half(p); }
 // Codes of row `row` (natural column order) and its per-block scalars.
 struct RowK {
   uint8_t c[256];
-  float dsc[16];   // d * sc_s
+  int32_t sc[16];  // sub-block scales
   int32_t mn[8];   // Q4_K/Q5_K mins
-  float dmin = 0;
+  float d = 0, dmin = 0;
 };
 
 template <ExtType T>
 void decode_row_block(const uint8_t* b, RowK& r) {
   if constexpr (T == ExtType::q4_k || T == ExtType::q5_k) {
-    const float d = half_f(b);
+    r.d = half_f(b);
     r.dmin = half_f(b + 2);
     uint64_t sc, mn;
     gguf_scales_mins_k4(b + 4, sc, mn);
     for (int s = 0; s < 8; ++s) {
-      r.dsc[s] = d * static_cast<float>((sc >> (8 * s)) & 0xFF);
+      r.sc[s] = static_cast<int32_t>((sc >> (8 * s)) & 0xFF);
       r.mn[s] = static_cast<int32_t>((mn >> (8 * s)) & 0xFF);
     }
     const uint8_t* qs = b + (T == ExtType::q4_k ? 16 : 48);
@@ -96,8 +101,8 @@ void decode_row_block(const uint8_t* b, RowK& r) {
         r.c[64 * j + 32 + l] = static_cast<uint8_t>(hi);
       }
   } else {  // q6_k
-    const float d = half_f(b + 208);
-    for (int s = 0; s < 16; ++s) r.dsc[s] = d * static_cast<float>(static_cast<int8_t>(b[192 + s]));
+    r.d = half_f(b + 208);
+    for (int s = 0; s < 16; ++s) r.sc[s] = static_cast<int8_t>(b[192 + s]);
     for (int n = 0; n < 2; ++n)
       for (int l = 0; l < 32; ++l) {
         const uint8_t* ql = b + 64 * n;
@@ -125,16 +130,16 @@ void model_rows(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r
         for (int64_t b = 0; b < nb; ++b) {
           decode_row_block<T>(base + (r * nb + b) * kBB<T>, rk);
           const float dx = xa.d[static_cast<size_t>(t * nb + b)];
-          float fs = 0.0f;
+          int32_t ib = 0;
           for (int s = 0; s < NS; ++s) {
             int32_t ia = 0;
             for (int e = 0; e < W; ++e) {
               const int k = s * W + e;
               ia += (static_cast<int32_t>(rk.c[k]) - (T == ExtType::q6_k ? 32 : 0)) * xq[b * 256 + xoff<T>(k / 4) + k % 4];
             }
-            fs = std::fma(static_cast<float>(ia), rk.dsc[s], fs);
+            ib += rk.sc[s] * ia;
           }
-          acc = std::fma(fs, dx, acc);
+          acc = std::fma(static_cast<float>(ib), rk.d * dx, acc);
           if constexpr (kMins<T>) {
             const int16_t* bs = xa.bsum.data() + (t * nb + b) * 16;
             int32_t m = 0;
@@ -192,7 +197,8 @@ HMOE_V512 inline void transpose16(__m512i r[16]) {
 // Scratch of one row group (RV vectors of 16 rows), all blocks of the row.
 struct Pack {
   uint8_t* codes;  // K: [nb][64 quads][RV][64]; Q8_0: [nblk][8 quads][RV][64]
-  float* dsc;      // K: [nb][subs][RV][16]; Q8_0: [nblk][RV][16] d_w
+  float* dsc;      // K: [nb][RV][16] d; Q8_0: [nblk][RV][16] d_w
+  int32_t* sc;     // K: [nb][subs][RV][16] sub-block scales
   int32_t* mn;     // Q4_K/Q5_K: [nb][4 pairs][RV][16] (m_2p | m_2p+1 << 16)
   float* dmin;     // Q4_K/Q5_K: [nb][RV][16]
 };
@@ -260,35 +266,41 @@ HMOE_V512 void pack_group(const uint8_t* base, int64_t rb, int64_t cols, int val
             }
         }
 #undef put
-        // per-row scalars (rows past `valid` get zeros)
-        alignas(64) float dsc[16][16];
-        alignas(64) int32_t mn[4][16];
-        alignas(64) float dm[16];
-        for (int e = 0; e < 16; ++e) {
-          if (e >= vi) {
-            for (int s = 0; s < NS; ++s) dsc[s][e] = 0.0f;
-            for (int p = 0; p < 4; ++p) mn[p][e] = 0;
-            dm[e] = 0.0f;
-            continue;
-          }
-          const uint8_t* bl = rows[e];
-          if constexpr (kMins<T>) {
-            const float d = half_f(bl);
-            dm[e] = half_f(bl + 2);
-            uint64_t sc, mnv;
-            gguf_scales_mins_k4(bl + 4, sc, mnv);
-            for (int s = 0; s < 8; ++s) dsc[s][e] = d * static_cast<float>((sc >> (8 * s)) & 0xFF);
-            for (int p = 0; p < 4; ++p)
-              mn[p][e] = static_cast<int32_t>(((mnv >> (16 * p)) & 0xFF) | (((mnv >> (16 * p + 8)) & 0xFF) << 16));
-          } else {
-            const float d = half_f(bl + 208);
-            for (int s = 0; s < 16; ++s) dsc[s][e] = d * static_cast<float>(static_cast<int8_t>(bl[192 + s]));
-          }
-        }
-        for (int s = 0; s < NS; ++s) _mm512_store_ps(pk.dsc + ((b * NS + s) * RV + i) * 16, _mm512_load_ps(dsc[s]));
+        // per-row scalars, lanes = rows (rows past `valid` read row vi - 1 and get zeros)
+        const __m512i vidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(static_cast<int>(rb)));
+        const __mmask16 live = static_cast<__mmask16>((1u << vi) - 1u);
+        auto gather = [&](int off) HMOE_V512 { return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, vidx, rows[0] + off, 1); };
+        const __m512i bytef = _mm512_set1_epi32(0xFF);
         if constexpr (kMins<T>) {
-          for (int p = 0; p < 4; ++p) _mm512_store_si512(pk.mn + ((b * 4 + p) * RV + i) * 16, _mm512_load_si512(mn[p]));
-          _mm512_store_ps(pk.dmin + (b * RV + i) * 16, _mm512_load_ps(dm));
+          const __m512i g0 = gather(0), u0 = gather(4), u1 = gather(8), u2 = gather(12);
+          const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g0));
+          const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g0, 16)));
+          const __m512i m3f = _mm512_set1_epi32(0x3f3f3f3f), m0f = _mm512_set1_epi32(0x0f0f0f0f), m30 = _mm512_set1_epi32(0x30303030);
+          const __m512i sc_lo = _mm512_and_si512(u0, m3f), mn_lo = _mm512_and_si512(u1, m3f);
+          const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(u2, m0f), _mm512_and_si512(_mm512_srli_epi32(u0, 2), m30));
+          const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m0f), _mm512_and_si512(_mm512_srli_epi32(u1, 2), m30));
+          for (int s = 0; s < 8; ++s) {
+            const __m512i v = s < 4 ? sc_lo : sc_hi;
+            _mm512_store_si512(pk.sc + ((b * NS + s) * RV + i) * 16, _mm512_and_si512(_mm512_srli_epi32(v, static_cast<unsigned>(8 * (s % 4))), bytef));
+          }
+          _mm512_store_ps(pk.dsc + (b * RV + i) * 16, d);
+          const __m512i lo16 = _mm512_set1_epi32(0xFF), hi16 = _mm512_set1_epi32(0xFF0000);
+          for (int p = 0; p < 4; ++p) {
+            const __m512i v = p < 2 ? mn_lo : mn_hi;
+            const __m512i pr = (p % 2) == 0 ? _mm512_or_si512(_mm512_and_si512(v, lo16), _mm512_and_si512(_mm512_slli_epi32(v, 8), hi16))
+                                            : _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v, 16), lo16), _mm512_and_si512(_mm512_srli_epi32(v, 8), hi16));
+            _mm512_store_si512(pk.mn + ((b * 4 + p) * RV + i) * 16, pr);
+          }
+          _mm512_store_ps(pk.dmin + (b * RV + i) * 16, dm);
+        } else {  // q6_k: 16 int8 scales at 192, d at 208 (read as the high half of the dword at 206)
+          const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(gather(206), 16)));
+          for (int g = 0; g < 4; ++g) {
+            const __m512i v = gather(192 + 4 * g);
+            for (int e = 0; e < 4; ++e) {
+              _mm512_store_si512(pk.sc + ((b * NS + 4 * g + e) * RV + i) * 16, _mm512_srai_epi32(_mm512_slli_epi32(v, static_cast<unsigned>(24 - 8 * e)), 24));
+            }
+          }
+          _mm512_store_ps(pk.dsc + (b * RV + i) * 16, d);
         }
       }
   } else {  // q8_0
@@ -355,12 +367,11 @@ HMOE_V512 void tile_k(const Pack& pk, int64_t nb, const Q8Acts& xa, int64_t tx, 
 #pragma GCC unroll 8
     for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m512 fs[RV][NT];
-    __m512i ia[RV][NT];
+    __m512i ib[RV][NT], ia[RV][NT];
 #pragma GCC unroll 8
     for (int i = 0; i < RV; ++i)
 #pragma GCC unroll 8
-      for (int j = 0; j < NT; ++j) fs[i][j] = _mm512_setzero_ps();
+      for (int j = 0; j < NT; ++j) ib[i][j] = _mm512_setzero_si512();
     const uint8_t* cb = pk.codes + b * 64 * RV * 64;
 #pragma GCC unroll 16
     for (int s = 0; s < NS; ++s) {
@@ -385,16 +396,16 @@ HMOE_V512 void tile_k(const Pack& pk, int64_t nb, const Q8Acts& xa, int64_t tx, 
       }
 #pragma GCC unroll 8
       for (int i = 0; i < RV; ++i) {
-        const __m512 dv = _mm512_load_ps(pk.dsc + ((b * NS + s) * RV + i) * 16);
+        const __m512i sv = _mm512_load_si512(pk.sc + ((b * NS + s) * RV + i) * 16);
 #pragma GCC unroll 8
-        for (int j = 0; j < NT; ++j) fs[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[i][j]), dv, fs[i][j]);
+        for (int j = 0; j < NT; ++j) ib[i][j] = _mm512_add_epi32(ib[i][j], _mm512_mullo_epi32(ia[i][j], sv));
       }
     }
 #pragma GCC unroll 8
-    for (int j = 0; j < NT; ++j) {
-      const __m512 dx = _mm512_set1_ps(xd[j][b]);
+    for (int i = 0; i < RV; ++i) {
+      const __m512 dv = _mm512_load_ps(pk.dsc + (b * RV + i) * 16);
 #pragma GCC unroll 8
-      for (int i = 0; i < RV; ++i) acc[i][j] = _mm512_fmadd_ps(fs[i][j], dx, acc[i][j]);
+      for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[i][j]), _mm512_mul_ps(dv, _mm512_set1_ps(xd[j][b])), acc[i][j]);
     }
     if constexpr (kMins<T>) {
 #pragma GCC unroll 8
@@ -498,7 +509,7 @@ HMOE_V512 void rows_tiles(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w,
   const int64_t rb = kK<T> ? cols / 256 * kBB<T> : cols / 32 * 34;
   const int64_t nb = kK<T> ? cols / 256 : cols / 32;  // blocks with their own scales
   constexpr int NS = kK<T> ? kSubs<T> : 1;
-  const size_t codes = static_cast<size_t>(cols) * 32, scales = static_cast<size_t>(nb * NS) * 32 * sizeof(float);
+  const size_t codes = static_cast<size_t>(cols) * 32, scales = static_cast<size_t>(nb * (NS + 1)) * 32 * sizeof(float);
   const size_t mins = kMins<T> ? static_cast<size_t>(nb) * 4 * 32 * sizeof(int32_t) : 0, dmins = kMins<T> ? static_cast<size_t>(nb) * 32 * sizeof(float) : 0;
   thread_local std::vector<uint8_t> scratch;
   const size_t need = codes + scales + mins + dmins + 64;
@@ -509,10 +520,12 @@ HMOE_V512 void rows_tiles(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w,
     const int valid = static_cast<int>(std::min<int64_t>(32, r1 - r));
     const int rv = valid > 16 ? 2 : 1;
     const size_t cbytes = static_cast<size_t>(cols) * 16 * static_cast<size_t>(rv);
-    const size_t sbytes = static_cast<size_t>(nb * NS) * 16 * rv * sizeof(float);
+    const size_t dbytes = static_cast<size_t>(nb) * 16 * rv * sizeof(float);
+    const size_t sbytes = kK<T> ? static_cast<size_t>(nb * NS) * 16 * rv * sizeof(int32_t) : 0;
     const size_t mbytes = kMins<T> ? static_cast<size_t>(nb) * 4 * 16 * rv * sizeof(int32_t) : 0;
-    Pack pk{p0, reinterpret_cast<float*>(p0 + cbytes), reinterpret_cast<int32_t*>(p0 + cbytes + sbytes),
-            reinterpret_cast<float*>(p0 + cbytes + sbytes + mbytes)};
+    uint8_t* p = p0 + cbytes;
+    Pack pk{p0, reinterpret_cast<float*>(p), reinterpret_cast<int32_t*>(p + dbytes), reinterpret_cast<int32_t*>(p + dbytes + sbytes),
+            reinterpret_cast<float*>(p + dbytes + sbytes + mbytes)};
     if (rv == 2) {
       pack_group<T, 2>(base + r * rb, rb, cols, valid, pk);
       run_tokens<T, 2>(pk, cols, xa, t0, n, y + r, ldy, valid);
@@ -523,7 +536,39 @@ HMOE_V512 void rows_tiles(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w,
   }
 }
 
+// 16 independent vpdpbusd chains, `iters` times: 16 * 64 multiply-adds each.
+HMOE_V512 __attribute__((noinline)) int32_t vnni_spin(int64_t iters) {
+  __m512i a[16];
+  for (int i = 0; i < 16; ++i) a[i] = _mm512_set1_epi32(i);
+  __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
+  for (int64_t it = 0; it < iters; ++it) {
+    __asm__ volatile("" : "+v"(w), "+v"(x));
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) a[i] = _mm512_dpbusd_epi32(a[i], w, x);
+  }
+  __m512i s = a[0];
+  for (int i = 1; i < 16; ++i) s = _mm512_add_epi32(s, a[i]);
+  return _mm512_reduce_add_epi32(s);
+}
+
 }  // namespace
+
+double q8_vnni_peak_macs(numa::ThreadPool* pool) {
+  if (!q8_has_vnni()) return 0.0;
+  constexpr int64_t kIters = 2000000;
+  const int threads = pool ? pool->size() : 1;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (pool) pool->parallel_for(threads, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) (void)vnni_spin(kIters);
+      }, 1, 1);
+    else (void)vnni_spin(kIters);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 16.0 * 64.0 * static_cast<double>(kIters) * threads / sec);
+  }
+  return best;
+}
 
 bool q8_tiles_serve(ExtType t) { return t == ExtType::q4_k || t == ExtType::q5_k || t == ExtType::q6_k || t == ExtType::q8_0; }
 

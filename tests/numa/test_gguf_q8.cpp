@@ -167,7 +167,7 @@ TEST_CASE("gemm_rows_q8: every SIMD kernel equals the reference; the product is 
   }
 }
 
-TEST_CASE("tile kernels (Q4_K, Q5_K, Q6_K, Q8_0): the AVX-512 kernel equals its scalar model bit for bit at every row and token count") {
+TEST_CASE("Q4_K, Q5_K, Q6_K, Q8_0 on AVX-512: the tile kernels, the per-row kernels and gemm_rows_q8 equal the scalar model bit for bit") {
   if (cpu::best_isa() != cpu::Isa::avx512 || !cpu::detail::q8_has_vnni()) {
     MESSAGE("no AVX-512 VNNI here: the tile kernels do not run");
     return;
@@ -185,11 +185,15 @@ TEST_CASE("tile kernels (Q4_K, Q5_K, Q6_K, Q8_0): the AVX-512 kernel equals its 
         for (int64_t i = 0; i < N + t0; ++i) a.quantize(i, x.data() + i * cols);
         for (int64_t n : {1, 2, 3, 4, 5, 7, 9, 17}) {
           for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, rows}, std::pair<int64_t, int64_t>{1, rows}, std::pair<int64_t, int64_t>{rows / 2, rows}}) {
-            std::vector<float> y(static_cast<size_t>(n * rows), -7.0f), m(y.size(), -7.0f);
+            std::vector<float> y(static_cast<size_t>(n * rows), -7.0f), m(y.size(), -7.0f), pr(y.size(), -7.0f), g(y.size(), -7.0f);
             cpu::detail::q8_tiles_avx512(a, t0, n, q.w, r0, r1, y.data(), rows);
             cpu::detail::q8_tiles_model(a, t0, n, q.w, r0, r1, m.data(), rows);
+            cpu::detail::q8_rows_avx512_rowwise(a, t0, n, q.w, r0, r1, pr.data(), rows);
+            cpu::gemm_rows_q8(a, t0, n, q.w, r0, r1, g.data(), rows);
             INFO(cpu::ext_type_info(static_cast<uint32_t>(t))->name << " cols " << cols << " rows " << rows << " n " << n << " r0 " << r0);
             CHECK(std::memcmp(y.data(), m.data(), y.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(pr.data(), m.data(), y.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(g.data(), m.data(), y.size() * sizeof(float)) == 0);
             bool touched_outside = false;
             for (int64_t j = 0; j < n; ++j)
               for (int64_t r = 0; r < r0; ++r) touched_outside = touched_outside || y[static_cast<size_t>(j * rows + r)] != -7.0f;
