@@ -172,7 +172,7 @@ void gemm_q8(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool
   };
   if (pool && n * w.cols >= (1 << 15)) pool->parallel_for(n, quant, 4);
   else quant(0, n, 0);
-  constexpr int64_t kBlock = 16;
+  constexpr int64_t kBlock = 32;  // the tile kernels' row group
   const int64_t blocks = (w.rows + kBlock - 1) / kBlock;
   auto body = [&](int64_t b0, int64_t b1, int) { gemm_rows_q8(xa, 0, n, w, b0 * kBlock, std::min(w.rows, b1 * kBlock), y, w.rows); };
   if (pool && w.rows * w.cols * n >= 32768) pool->parallel_for(blocks, body);

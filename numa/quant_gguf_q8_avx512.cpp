@@ -14,7 +14,7 @@
 // v3: Q4_K, Q5_K, Q6_K and Q8_0 take the numerics of
 // quant_gguf_q8_tiles.cpp (exact integer sums per block, one fp32 step per
 // block and row): v1 adds each row's integer lanes up per block (four rows
-// at once) and serves calls of fewer than kTileMinTokens tokens (decode);
+// at once) and serves calls of fewer than kTileMinTokens* tokens (decode);
 // the row-interleaved tile kernels serve the rest with the same bits (v2's
 // per-call unpack is gone). Q4_0/Q5_0 keep v1 with per-lane fp32 sums.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -45,10 +45,10 @@ bool q8_has_vnni() {
 
 namespace {
 
-// From this many tokens on, Q4_K/Q5_K/Q6_K/Q8_0 products take the tile
-// kernels (bench_gguf_cpu --kernels: they win from about 4 tokens; below,
+// From this many tokens on, Q4_K/Q5_K/Q6_K (Q8_0) products take the tile
+// kernels (bench_gguf_cpu --kernels: they win from 4-8 (2) tokens; below,
 // their per-call repack costs more than v1's unpack).
-constexpr int64_t kTileMinTokens = 4;
+constexpr int64_t kTileMinTokensK = 6, kTileMinTokensQ8 = 2;
 
 // Prefetch distance: the same place in the next tile's rows (R rows on)
 // when rows are short, so that several KB are in flight per stream; at most
@@ -419,7 +419,8 @@ HMOE_V512 bool q8_quantize_block_avx512(Q8Acts& a, int64_t t, int64_t b, const f
 }
 
 void q8_rows_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  if (n >= kTileMinTokens && q8_tiles_serve(static_cast<ExtType>(w.ext))) return q8_tiles_avx512(xa, t0, n, w, r0, r1, y, ldy);
+  const auto t = static_cast<ExtType>(w.ext);
+  if (q8_tiles_serve(t) && n >= (t == ExtType::q8_0 ? kTileMinTokensQ8 : kTileMinTokensK)) return q8_tiles_avx512(xa, t0, n, w, r0, r1, y, ldy);
   q8_rows_avx512_rowwise(xa, t0, n, w, r0, r1, y, ldy);
 }
 
