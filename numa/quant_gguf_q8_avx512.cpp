@@ -46,9 +46,9 @@ bool q8_has_vnni() {
 namespace {
 
 // From this many tokens on, Q4_K/Q5_K/Q6_K (Q8_0) products take the tile
-// kernels (bench_gguf_cpu --kernels: they win from 4-8 (2) tokens; below,
+// kernels (bench_gguf_cpu --kernels: they win from 4-8 (Q8_0: 4) tokens; below,
 // their per-call repack costs more than v1's unpack).
-constexpr int64_t kTileMinTokensK = 6, kTileMinTokensQ8 = 2;
+constexpr int64_t kTileMinTokensK = 6, kTileMinTokensQ8 = 4;
 
 // Prefetch distance: the same place in the next tile's rows (R rows on)
 // when rows are short, so that several KB are in flight per stream; at most
@@ -190,7 +190,7 @@ HMOE_V512 void tile_k(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, flo
     for (int64_t bi = 0; bi < nb; ++bi) {
       __m512i a[4][NT];
       __m128i ms[4][NT];
-      alignas(16) float d[4], dm[4];
+      float d[4], dm[4];
       for (int i = 0; i < 4; ++i) {
         const uint8_t* b = rows[i] + bi * BB;
         const char* pf = reinterpret_cast<const char*>(b + ahead);
@@ -203,7 +203,7 @@ HMOE_V512 void tile_k(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, flo
         dm[i] = k.dmin;
         for (int j = 0; j < NT; ++j) a[i][j] = dot_k<T>(k, xq[j] + bi * 256, xb[j] + bi * 16, ms[i][j]);
       }
-      const __m128 d4 = _mm_load_ps(d), dm4 = _mm_load_ps(dm);
+      const __m128 d4 = _mm_setr_ps(d[0], d[1], d[2], d[3]), dm4 = _mm_setr_ps(dm[0], dm[1], dm[2], dm[3]);
       for (int j = 0; j < NT; ++j) {
         const __m128 dx = _mm_set1_ps(xd[j][bi]);
         acc[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4(a[0][j], a[1][j], a[2][j], a[3][j])), _mm_mul_ps(d4, dx), acc[j]);
@@ -322,17 +322,20 @@ HMOE_V512 void tile_q8(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, fl
     for (int j = 0; j < NT; ++j) acc[j] = _mm_setzero_ps();
     for (int64_t p = 0; p < np; ++p) {
       __m512i a[4][NT];
-      alignas(16) uint16_t h[2][8] = {};
+      uint64_t ha = 0, hb = 0;  // the 4 rows' f16 scales, built in registers (no store-to-load forwarding)
       for (int i = 0; i < 4; ++i) {
         const uint8_t* pa = rows[i] + 2 * p * BB;
         _mm_prefetch(reinterpret_cast<const char*>(pa + ahead), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(pa + ahead + 64), _MM_HINT_T0);
-        std::memcpy(&h[0][i], pa, 2);
-        std::memcpy(&h[1][i], pa + BB, 2);
+        uint16_t h0, h1;
+        std::memcpy(&h0, pa, 2);
+        std::memcpy(&h1, pa + BB, 2);
+        ha |= static_cast<uint64_t>(h0) << (16 * i);
+        hb |= static_cast<uint64_t>(h1) << (16 * i);
         const __m512i c = unpack_pair<ExtType::q8_0>(pa);
         for (int j = 0; j < NT; ++j) a[i][j] = _mm512_dpbusd_epi32(_mm512_loadu_si512(xi[j] + 16 * p), c, _mm512_loadu_si512(xq[j] + 64 * p));
       }
-      const __m128 da = _mm_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h[0]))), db = _mm_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h[1])));
+      const __m128 da = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(ha))), db = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(hb)));
       for (int j = 0; j < NT; ++j) {
         const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0][j], a[1][j]), _mm512_unpackhi_epi32(a[0][j], a[1][j]));
         const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2][j], a[3][j]), _mm512_unpackhi_epi32(a[2][j], a[3][j]));
