@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "numa/quant_gguf.h"
+#include "numa/quant_gguf_amx.h"
 
 namespace hmoe::cpu {
 
@@ -99,6 +100,10 @@ bool q8_quantize_block_avx512(Q8Acts& a, int64_t t, int64_t b, const float* xb);
 // Q8_0 on AVX-512 VNNI, every token count) and the scalar model of their
 // arithmetic, which they equal bit for bit (see that file's comment).
 bool q8_tiles_serve(ExtType t);
+// Whether the tile kernels run 16-token blocks on AMX-INT8 tiles (hardware:
+// cpu::amx_mode() is hardware and the CPU has AMX-INT8; emulate: the tests'
+// scalar tiles; off). Same bits either way.
+AmxMode q8_amx_mode();
 void q8_tiles_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void q8_tiles_model(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void q8_rows_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);

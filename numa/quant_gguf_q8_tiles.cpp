@@ -34,6 +34,7 @@
 // same bits; which kernel runs may then depend on the token count.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -46,6 +47,7 @@
 
 #include "configs/error.h"
 #include "io/tensor/gguf_block_util.h"
+#include "numa/quant_gguf_amx.h"
 #include "numa/quant_gguf_q8.h"
 #include "numa/thread_pool.h"
 
@@ -490,11 +492,146 @@ HMOE_V512 inline void run_tile(const Pack& pk, int64_t cols, const Q8Acts& xa, i
   else tile_q8<RV, NT>(pk, cols / 32, xa, tx, y, ldy, valid);
 }
 
+// ---- AMX-INT8 (TDPBSUD) --------------------------------------------------------------
+// The repacked group is TDPBSUD's B operand as it stands: per sub-block
+// (Q8_0: block) of K columns, K/4 rows of 64 bytes, row u = column quad u of
+// 16 weight rows (4 bytes each); the activation rows are the A operand (16
+// tokens x K bytes, row stride = the row's columns); C[token][row] is then
+// ia_s, exact, for 16 tokens x 16 rows at once. The epilogue is the VNNI
+// tile's, per token, so the bits are the same: this pass may serve any
+// 16-token block of a call and the VNNI tiles the rest.
+
+struct alignas(64) AmxCfg {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(AmxCfg) == 64);
+
+// Emulated tiles: tile 1 = A (16 x K signed bytes), 2 = B (K/4 x 64
+// unsigned bytes), 0 = C (16 x 16 int32); tdpbsud as the ISA defines it.
+struct EmuI8 {
+  int8_t a[16][64];
+  uint8_t b[16][64];
+  int32_t c[16][16];
+  int kb = 32;
+};
+thread_local EmuI8 g_emu8;
+
+void emu8_dp(const int8_t* ap, int64_t as, const uint8_t* bp, int64_t bs, int kb, int32_t* cout) {
+  EmuI8& e = g_emu8;
+  for (int m = 0; m < 16; ++m) std::memcpy(e.a[m], ap + m * as, static_cast<size_t>(kb));
+  for (int k = 0; k < kb / 4; ++k) std::memcpy(e.b[k], bp + k * bs, 64);
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 16; ++n) {
+      int32_t acc = 0;
+      for (int k = 0; k < kb / 4; ++k)
+        for (int j = 0; j < 4; ++j) acc += static_cast<int32_t>(e.a[m][4 * k + j]) * static_cast<int32_t>(e.b[k][4 * n + j]);
+      cout[m * 16 + n] = acc;
+    }
+}
+
+void hw8_config(int kb) {
+  AmxCfg cfg;
+  cfg.colsb[0] = 64;
+  cfg.rows[0] = 16;
+  cfg.colsb[1] = static_cast<uint16_t>(kb);
+  cfg.rows[1] = 16;
+  cfg.colsb[2] = 64;
+  cfg.rows[2] = static_cast<uint8_t>(kb / 4);
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg) : "memory");
+}
+void hw8_dp(const int8_t* ap, int64_t as, const uint8_t* bp, int64_t bs, int32_t* cout) {
+  __asm__ volatile("tilezero %%tmm0" ::);
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm1" ::"r"(ap), "r"(as) : "memory");
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm2" ::"r"(bp), "r"(bs) : "memory");
+  __asm__ volatile("tdpbsud %%tmm2, %%tmm1, %%tmm0" ::);
+  __asm__ volatile("tilestored %%tmm0, (%0,%1,1)" ::"r"(cout), "r"(int64_t{64}) : "memory");
+}
+
+// Tokens [tx, tx + 16) through the packed group with tiles (HW) or their
+// emulation; rows of vector i are lanes as in tile_k / tile_q8.
+template <ExtType T, int RV, bool HW>
+HMOE_V512 void amx_block(const Pack& pk, int64_t cols, const Q8Acts& xa, int64_t tx, float* y, int64_t ldy, int valid) {
+  constexpr int KB = T == ExtType::q6_k ? 16 : 32, QPS = KB / 4;
+  constexpr int NS = kK<T> ? kSubs<T> : 1;
+  const int64_t nb = kK<T> ? cols / 256 : cols / 32;
+  alignas(64) int32_t c[16 * 16];
+  alignas(64) float accm[16][16];
+  const int8_t* x0 = xa.q.data() + tx * xa.cols;
+  for (int i = 0; i < RV; ++i) {
+    __m512 acc[16];
+    for (int m = 0; m < 16; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i ib[16];
+      for (int m = 0; m < 16; ++m) ib[m] = _mm512_setzero_si512();
+      for (int s = 0; s < NS; ++s) {
+        const int8_t* ap = kK<T> ? x0 + b * 256 + xoff<T>(s * QPS) : x0 + b * 32;
+        const uint8_t* bp = kK<T> ? pk.codes + ((b * 64 + s * QPS) * RV + i) * 64 : pk.codes + (b * 8 * RV + i) * 64;
+        if constexpr (HW) hw8_dp(ap, xa.cols, bp, RV * 64, c);
+        else emu8_dp(ap, xa.cols, bp, RV * 64, KB, c);
+        if constexpr (kK<T>) {
+          const __m512i sv = _mm512_load_si512(pk.sc + ((b * NS + s) * RV + i) * 16);
+          for (int m = 0; m < 16; ++m) {
+            __m512i ia = _mm512_load_si512(c + 16 * m);
+            if constexpr (T == ExtType::q6_k) ia = _mm512_add_epi32(ia, _mm512_set1_epi32(xa.seed[static_cast<size_t>((tx + m) * nb * 16 + b * 16 + s)]));
+            ib[m] = _mm512_add_epi32(ib[m], _mm512_mullo_epi32(ia, sv));
+          }
+        } else {
+          const __m512 dw = _mm512_load_ps(pk.dsc + (b * RV + i) * 16);
+          for (int m = 0; m < 16; ++m) {
+            const __m512i ia = _mm512_add_epi32(_mm512_load_si512(c + 16 * m), _mm512_set1_epi32(xa.seed[static_cast<size_t>((tx + m) * nb + b)]));
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_mul_ps(dw, _mm512_set1_ps(xa.d[static_cast<size_t>((tx + m) * nb + b)])), acc[m]);
+          }
+        }
+      }
+      if constexpr (kK<T>) {
+        const __m512 dv = _mm512_load_ps(pk.dsc + (b * RV + i) * 16);
+        for (int m = 0; m < 16; ++m) {
+          const float dx = xa.d[static_cast<size_t>((tx + m) * nb + b)];
+          acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[m]), _mm512_mul_ps(dv, _mm512_set1_ps(dx)), acc[m]);
+        }
+        if constexpr (kMins<T>) {
+          const __m512 dm = _mm512_load_ps(pk.dmin + (b * RV + i) * 16);
+          for (int m = 0; m < 16; ++m) {
+            __m512i mm = _mm512_setzero_si512();
+            const int16_t* bs = xa.bsum.data() + ((tx + m) * nb + b) * 16;
+            for (int p = 0; p < 4; ++p) mm = _mm512_dpwssd_epi32(mm, _mm512_load_si512(pk.mn + ((b * 4 + p) * RV + i) * 16), bcast32(bs + 2 * p));
+            const float dx = xa.d[static_cast<size_t>((tx + m) * nb + b)];
+            acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mm), _mm512_mul_ps(dm, _mm512_set1_ps(dx)), acc[m]);
+          }
+        }
+      }
+    }
+    for (int m = 0; m < 16; ++m) _mm512_store_ps(accm[m], acc[m]);
+    const int vi = std::clamp(valid - 16 * i, 0, 16);
+    const __mmask16 mk = static_cast<__mmask16>((1u << vi) - 1u);
+    for (int m = 0; m < 16; ++m) _mm512_mask_storeu_ps(y + m * ldy + 16 * i, mk, _mm512_load_ps(accm[m]));
+  }
+}
+
+bool amx_int8_cpu() {
+  static const bool v = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return ((d >> 25) & 1u) != 0;  // AMX-INT8
+  }();
+  return v;
+}
+
 // Every token of [t0, t0 + n) through the packed group, NT at a time.
 template <ExtType T, int RV>
-HMOE_V512 void run_tokens(const Pack& pk, int64_t cols, const Q8Acts& xa, int64_t t0, int64_t n, float* y, int64_t ldy, int valid) {
+HMOE_V512 void run_tokens(const Pack& pk, int64_t cols, const Q8Acts& xa, int64_t t0, int64_t n, float* y, int64_t ldy, int valid, AmxMode amx) {
   constexpr int NT = 4;
   int64_t t = 0;
+  if (amx == AmxMode::hardware) {
+    hw8_config(T == ExtType::q6_k ? 16 : 32);
+    for (; t + 16 <= n; t += 16) amx_block<T, RV, true>(pk, cols, xa, t0 + t, y + t * ldy, ldy, valid);
+    __asm__ volatile("tilerelease" ::: "memory");
+  } else if (amx == AmxMode::emulate) {
+    for (; t + 16 <= n; t += 16) amx_block<T, RV, false>(pk, cols, xa, t0 + t, y + t * ldy, ldy, valid);
+  }
   for (; t + NT <= n; t += NT) run_tile<T, RV, NT>(pk, cols, xa, t0 + t, y + t * ldy, ldy, valid);
   switch (n - t) {
     case 3: run_tile<T, RV, 3>(pk, cols, xa, t0 + t, y + t * ldy, ldy, valid); break;
@@ -517,6 +654,7 @@ HMOE_V512 void rows_tiles(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w,
   if (scratch.size() < need) scratch.resize(need);
   auto* p0 = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
   const auto* base = static_cast<const uint8_t*>(w.data);
+  const AmxMode amx = n >= 16 ? q8_amx_mode() : AmxMode::off;
   for (int64_t r = r0; r < r1; r += 32) {
     const int valid = static_cast<int>(std::min<int64_t>(32, r1 - r));
     const int rv = valid > 16 ? 2 : 1;
@@ -529,10 +667,10 @@ HMOE_V512 void rows_tiles(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w,
             reinterpret_cast<float*>(p + dbytes + sbytes + mbytes)};
     if (rv == 2) {
       pack_group<T, 2>(base + r * rb, rb, cols, valid, pk);
-      run_tokens<T, 2>(pk, cols, xa, t0, n, y + r, ldy, valid);
+      run_tokens<T, 2>(pk, cols, xa, t0, n, y + r, ldy, valid, amx);
     } else {
       pack_group<T, 1>(base + r * rb, rb, cols, valid, pk);
-      run_tokens<T, 1>(pk, cols, xa, t0, n, y + r, ldy, valid);
+      run_tokens<T, 1>(pk, cols, xa, t0, n, y + r, ldy, valid, amx);
     }
   }
 }
@@ -581,6 +719,11 @@ double q8_vnni_peak_macs(numa::ThreadPool* pool) {
   double sum = 0;
   for (double v : per) sum += v;
   return sum;
+}
+
+AmxMode q8_amx_mode() {
+  const AmxMode m = amx_mode();
+  return m == AmxMode::hardware && !amx_int8_cpu() ? AmxMode::off : m;
 }
 
 bool q8_tiles_serve(ExtType t) { return t == ExtType::q4_k || t == ExtType::q5_k || t == ExtType::q6_k || t == ExtType::q8_0; }

@@ -13,6 +13,7 @@
 #include "configs/error.h"
 #include "numa/expert_engine.h"
 #include "numa/kernels.h"
+#include "numa/quant_gguf_amx.h"
 #include "numa/quant_gguf_q8.h"
 #include "tests/quant_tools/quantizers.h"
 
@@ -203,6 +204,42 @@ TEST_CASE("Q4_K, Q5_K, Q6_K, Q8_0 on AVX-512: the tile kernels, the per-row kern
       }
     }
   }
+}
+
+TEST_CASE("AMX-INT8 tiles (emulated; and the hardware ones where this CPU has them) give the tile kernels' bits") {
+  if (cpu::best_isa() != cpu::Isa::avx512 || !cpu::detail::q8_has_vnni()) {
+    MESSAGE("no AVX-512 VNNI here: the tile kernels do not run");
+    return;
+  }
+  const cpu::AmxMode old = cpu::amx_mode();
+  std::vector<cpu::AmxMode> modes = {cpu::AmxMode::emulate};
+  if (cpu::amx_hardware()) modes.push_back(cpu::AmxMode::hardware);
+  for (cpu::AmxMode mode : modes)
+    for (ExtType t : {ExtType::q4_k, ExtType::q5_k, ExtType::q6_k, ExtType::q8_0}) {
+      const int64_t cols = unit(t) * 2, rows = 37, N = 35, t0 = 1;
+      QW q = make(t, rows, cols, static_cast<uint32_t>(cols + 5));
+      auto x = randn(static_cast<size_t>((N + t0) * cols), static_cast<uint32_t>(cols + 6));
+      for (int64_t k = 0; k < cols; ++k) x[static_cast<size_t>((t0 + 20) * cols + k)] *= 40.0f;
+      cpu::Q8Acts a;
+      a.reset(N + t0, q.w);
+      for (int64_t i = 0; i < N + t0; ++i) a.quantize(i, x.data() + i * cols);
+      for (int64_t n : {16, 19, 32, 35}) {
+        std::vector<float> y(static_cast<size_t>(n * rows), -7.0f), m(y.size(), -7.0f), v(y.size(), -7.0f);
+        cpu::set_amx_mode(cpu::AmxMode::off);
+        cpu::detail::q8_tiles_avx512(a, t0, n, q.w, 1, rows, v.data(), rows);  // VNNI tiles only
+        cpu::set_amx_mode(mode);
+        const bool ran = cpu::detail::q8_amx_mode() == mode;
+        cpu::detail::q8_tiles_avx512(a, t0, n, q.w, 1, rows, y.data(), rows);
+        cpu::set_amx_mode(old);
+        cpu::detail::q8_tiles_model(a, t0, n, q.w, 1, rows, m.data(), rows);
+        INFO(cpu::ext_type_info(static_cast<uint32_t>(t))->name << " n " << n << (mode == cpu::AmxMode::emulate ? " emulated" : " hardware")
+                                                                 << (ran ? "" : " (no AMX-INT8: VNNI only)"));
+        if (mode == cpu::AmxMode::emulate) CHECK(ran);
+        CHECK(std::memcmp(y.data(), m.data(), y.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(v.data(), m.data(), y.size() * sizeof(float)) == 0);
+      }
+    }
+  cpu::set_amx_mode(old);
 }
 
 TEST_CASE("gemm_q8 over 1, 2 and 3 threads equals one thread; cpu::gemm follows the switch") {
