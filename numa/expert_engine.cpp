@@ -147,6 +147,7 @@ ExpertEngine::ExpertEngine(const std::vector<ExpertWeights>& experts, NodePools&
           same_g([](const ExpertWeights& w) -> const cpu::Mat& { return w.up; }) &&
           cpu::gguf_q8_same_layout(experts[0].gate, experts[0].up);
   g_down_ = same_g([](const ExpertWeights& w) -> const cpu::Mat& { return w.down; });
+  if (g_up_ || g_down_) (void)cpu::detail::q8_amx_mode();  // probe AMX-INT8 (once per process) here, not in the workers
   if (opt.onednn_min_tokens > 0) {
     bool all_bf16 = true;
     for (const auto& w : experts)

@@ -164,6 +164,7 @@ void gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t
 }
 
 void gemm_q8(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool) {
+  (void)detail::q8_amx_mode();  // the first call probes AMX (once per process): here, not in the workers
   thread_local Q8Acts tl;  // reused between calls; the workers use it through the reference
   Q8Acts& xa = tl;
   xa.reset(n, w);

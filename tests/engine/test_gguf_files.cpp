@@ -109,7 +109,7 @@ TEST_CASE("GGUF block types on the 8-bit path: a prompt in one step gives each t
       REQUIRE(lg.size() == static_cast<size_t>(V));
       differ += std::memcmp(lg.data(), all.data() + static_cast<int64_t>(i) * V, static_cast<size_t>(V) * sizeof(float)) != 0;
     }
-    INFO(cpu::ext_type_info(type)->name);
+    INFO(std::string(cpu::ext_type_info(type)->name) << ": " << differ << " of " << ids.size() << " tokens differ");
     CHECK(differ == 0);
   }
 }
