@@ -22,12 +22,17 @@
 //    into 4 x 64 bytes (nibbles, high bits by masks/shifts), multiplied with
 //    vpmaddubsw (u8 codes x s8 activations -> s16 pairs, no saturation:
 //    63 * 127 * 2 < 2^15), scaled by the 6/8-bit sub-block scales with
-//    vpdpwssd into int32 lanes, and the per-super-block integer sum is scaled
-//    once (d * d_x) into fp32 lanes; mins / the Q6_K offset 32 come from the
+//    vpdpwssd into int32 lanes; mins / the Q6_K offset 32 come from the
 //    activation's per-16 sums (bsum).
 //  - 32-blocks: two blocks per 64-byte vector, u8 codes (Q8_0: w ^ 0x80)
 //    times activations by vpdpbusd into int32 lanes seeded with -zero * sum(x)
-//    of each block, then one fma per lane with d_w * d_x.
+//    of each block.
+//  - Q4_K/Q5_K/Q6_K/Q8_0 on AVX-512: the lanes are added up per block and
+//    row (exact integers) and each block adds one fp32 fma per row (the
+//    numerics of quant_gguf_q8_tiles.cpp); from a few tokens on the
+//    row-interleaved tile kernels (AMX-INT8 where present) compute the same
+//    bits, so results never depend on the batch. Q4_0/Q5_0 and AVX2 keep
+//    per-lane fp32 sums (each kernel alone at every token count).
 // The activation row is stored in the order the weight bytes unpack in
 // (Q8Acts::pos), so no shuffles run per weight.
 //
