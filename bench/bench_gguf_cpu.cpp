@@ -386,7 +386,9 @@ void bench_prefill(numa::NodePools& pools, double min_seconds) {
 void bench_kernels(numa::ThreadPool& pool, double min_seconds, int64_t only_batch) {
   const double peak = cpu::detail::q8_vnni_peak_macs(&pool) * 2.0;
   std::printf("\n## 8-bit GGUF kernels (gemm_rows_q8, activations quantized beforehand), %d threads, vpdpbusd peak %.0f GOP/s\n\n", pool.size(), peak / 1e9);
-  std::printf("| format | product [rows x cols] | tokens | per-row ms | tiles ms | speed-up | per-row GOP/s | tiles GOP/s | tiles / int8 peak |\n|---|---|---|---|---|---|---|---|---|\n");
+  const bool amx = cpu::detail::q8_amx_mode() == cpu::AmxMode::hardware;
+  std::printf("AMX-INT8 tiles: %s\n\n", amx ? "yes (the tiles column runs 16-token blocks on them; the last column is the VNNI tiles alone)" : "no");
+  std::printf("| format | product [rows x cols] | tokens | per-row ms | tiles ms | speed-up | per-row GOP/s | tiles GOP/s | tiles / int8 peak | VNNI tiles ms (AMX off) |\n|---|---|---|---|---|---|---|---|---|---|\n");
   struct Shape {
     const char* name;
     int64_t rows, cols;
@@ -405,8 +407,10 @@ void bench_kernels(numa::ThreadPool& pool, double min_seconds, int64_t only_batc
         xa.reset(n, w);
         for (int64_t i = 0; i < n; ++i) xa.quantize(i, x.data() + i * cols);
         std::vector<float> y(static_cast<size_t>(n * rows));
-        double ms[2];
-        for (int v = 0; v < 2; ++v) {
+        double ms[3] = {0, 0, NAN};
+        const cpu::AmxMode mode = cpu::amx_mode();
+        for (int v = 0; v < (amx && n >= 16 ? 3 : 2); ++v) {
+          if (v == 2) cpu::set_amx_mode(cpu::AmxMode::off);
           auto run = [&] {
             pool.parallel_for((rows + 31) / 32, [&](int64_t b, int64_t e, int) {
               for (int64_t i = b; i < e; ++i) {
@@ -427,9 +431,11 @@ void bench_kernels(numa::ThreadPool& pool, double min_seconds, int64_t only_batc
           }
           ms[v] = best * 1e3;
         }
+        cpu::set_amx_mode(mode);
         const double ops = 2.0 * static_cast<double>(rows * cols * n);
-        std::printf("| %s | %s | %ld | %.3f | %.3f | %.2fx | %.1f | %.1f | %.2f |\n", cpu::ext_type_info(static_cast<uint32_t>(t))->name, sh.name, n, ms[0], ms[1],
-                    ms[0] / ms[1], ops / ms[0] / 1e6, ops / ms[1] / 1e6, ops / ms[1] / 1e6 / (peak / 1e9));
+        const std::string vnni = std::isnan(ms[2]) ? "-" : std::to_string(ms[2]);
+        std::printf("| %s | %s | %ld | %.3f | %.3f | %.2fx | %.1f | %.1f | %.2f | %s |\n", cpu::ext_type_info(static_cast<uint32_t>(t))->name, sh.name, n, ms[0], ms[1],
+                    ms[0] / ms[1], ops / ms[0] / 1e6, ops / ms[1] / 1e6, ops / ms[1] / 1e6 / (peak / 1e9), vnni.c_str());
       }
     }
 }
