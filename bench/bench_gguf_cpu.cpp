@@ -23,7 +23,14 @@
 // 3. --prefill-only: the prefill paths, VNNI against AMX-BF16 and the decode
 //    attention kernel against attention_prefill (bench_prefill below).
 //
-// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N (only this batch)] [--no-attention | --attention-only | --prefill-only]
+// 4. --kernels: the 8-bit GGUF kernels alone (cpu::gemm_rows_q8 on
+//    pre-quantized activations, 32-row items across the pool) for Q4_K, Q5_K,
+//    Q6_K, Q8_0 on the model's product shapes, the per-row kernels against
+//    the row-interleaved tile kernels (same bits; gemm_rows_q8 picks by token
+//    count): GOP/s and the fraction of the vpdpbusd peak measured here with
+//    the same threads.
+//
+// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N (only this batch)] [--no-attention | --attention-only | --prefill-only | --kernels]
 //                       [--kv-layers N (attention and layer step: cycle N layers' K/V; default: >= 256 MiB of them; 1: always hot)]
 #include <chrono>
 #include <cmath>
@@ -376,11 +383,68 @@ void bench_prefill(numa::NodePools& pools, double min_seconds) {
               "|---|---|---|---|---|---|\n| per layer | %.1f | %.1f | %.2fx | %.0f | %.0f |\n", ms[0], ms[1], ms[0] / ms[1], flop / ms[0] / 1e6, flop / ms[1] / 1e6);
 }
 
+void bench_kernels(numa::ThreadPool& pool, double min_seconds, int64_t only_batch) {
+  const double peak = cpu::detail::q8_vnni_peak_macs(&pool) * 2.0;
+  std::printf("\n## 8-bit GGUF kernels (gemm_rows_q8, activations quantized beforehand), %d threads, vpdpbusd peak %.0f GOP/s\n\n", pool.size(), peak / 1e9);
+  const bool amx = cpu::detail::q8_amx_mode() == cpu::AmxMode::hardware;
+  std::printf("AMX-INT8 tiles: %s\n\n", amx ? "yes (the tiles column runs 16-token blocks on them; the last column is the VNNI tiles alone)" : "no");
+  std::printf("| format | product [rows x cols] | tokens | per-row ms | tiles ms | speed-up | per-row GOP/s | tiles GOP/s | tiles / int8 peak | VNNI tiles ms (AMX off) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  struct Shape {
+    const char* name;
+    int64_t rows, cols;
+  };
+  for (ExtType t : {ExtType::q4_k, ExtType::q5_k, ExtType::q6_k, ExtType::q8_0})
+    for (Shape sh : {Shape{"expert gate [768 x 2048]", 768, 2048}, Shape{"expert down [2048 x 768]", 2048, 768}, Shape{"q_proj [4096 x 2048]", 4096, 2048}}) {
+      const int64_t cols = sh.cols, rows = sh.rows;
+      if (t != ExtType::q6_k && t != ExtType::q4_k && sh.cols == 768) continue;  // 768 = 3 x 256: the K types only
+      const auto f = randn(static_cast<size_t>(rows * cols), 41, 0.02f);
+      const auto wb = qtools::quant_rows(t, f.data(), rows, cols);
+      const cpu::Mat w = cpu::ext_view(t, wb.data(), rows, cols, "w");
+      for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}, int64_t{32}, int64_t{512}}) {
+        if (only_batch && n != only_batch) continue;
+        const auto x = randn(static_cast<size_t>(n * cols), 42, 1.0f);
+        cpu::Q8Acts xa;
+        xa.reset(n, w);
+        for (int64_t i = 0; i < n; ++i) xa.quantize(i, x.data() + i * cols);
+        std::vector<float> y(static_cast<size_t>(n * rows));
+        double ms[3] = {0, 0, NAN};
+        const cpu::AmxMode mode = cpu::amx_mode();
+        for (int v = 0; v < (amx && n >= 16 ? 3 : 2); ++v) {
+          if (v == 2) cpu::set_amx_mode(cpu::AmxMode::off);
+          auto run = [&] {
+            pool.parallel_for((rows + 31) / 32, [&](int64_t b, int64_t e, int) {
+              for (int64_t i = b; i < e; ++i) {
+                const int64_t r0 = i * 32, r1 = std::min(rows, r0 + 32);
+                if (v == 0) cpu::detail::q8_rows_avx512_rowwise(xa, 0, n, w, r0, r1, y.data(), rows);
+                else cpu::detail::q8_tiles_avx512(xa, 0, n, w, r0, r1, y.data(), rows);
+              }
+            });
+          };
+          run();
+          double best = 1e30, total = 0;
+          for (int r = 0; total < min_seconds || r < 3; ++r) {
+            const auto t0 = clk::now();
+            run();
+            const double sec = std::chrono::duration<double>(clk::now() - t0).count();
+            best = std::min(best, sec);
+            total += sec;
+          }
+          ms[v] = best * 1e3;
+        }
+        cpu::set_amx_mode(mode);
+        const double ops = 2.0 * static_cast<double>(rows * cols * n);
+        const std::string vnni = std::isnan(ms[2]) ? "-" : std::to_string(ms[2]);
+        std::printf("| %s | %s | %ld | %.3f | %.3f | %.2fx | %.1f | %.1f | %.2f | %s |\n", cpu::ext_type_info(static_cast<uint32_t>(t))->name, sh.name, n, ms[0], ms[1],
+                    ms[0] / ms[1], ops / ms[0] / 1e6, ops / ms[1] / 1e6, ops / ms[1] / 1e6 / (peak / 1e9), vnni.c_str());
+      }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false, all = true, attn = true, experts = true, prefill_only = false;
+  bool quick = false, all = true, attn = true, experts = true, prefill_only = false, kernels_only = false;
   int64_t only_batch = 0;
   std::string only_fmt;  // one format by name (Q8_0, Q4_K, ...)
   for (int i = 1; i < argc; ++i) {
@@ -397,8 +461,9 @@ int main(int argc, char** argv) {
     else if (a == "--attention-only") experts = false;
     else if (a == "--kv-layers" && i + 1 < argc) g_kv_layers = std::stoll(argv[++i]);
     else if (a == "--prefill-only") prefill_only = true;
+    else if (a == "--kernels") kernels_only = true;
     else {
-      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N] [--no-attention | --attention-only | --prefill-only] [--kv-layers N]\n");
+      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N] [--no-attention | --attention-only | --prefill-only | --kernels] [--kv-layers N]\n");
       return 2;
     }
   }
@@ -413,6 +478,14 @@ int main(int argc, char** argv) {
               cpu::isa_name(cpu::best_isa()), cpu::detail::q8_has_vnni() ? " +VNNI" : "", bw / 1e9);
   if (prefill_only) {
     bench_prefill(pools, min_s);
+    return 0;
+  }
+  if (kernels_only) {
+    if (cpu::best_isa() != cpu::Isa::avx512 || !cpu::detail::q8_has_vnni()) {
+      std::printf("no AVX-512 VNNI here: the kernels compared need it\n");
+      return 0;
+    }
+    bench_kernels(pool, min_s, only_batch);
     return 0;
   }
   if (experts) std::printf("\n## routed experts (ExpertEngine, hidden %ld, intermediate %ld, top-%ld, 64 experts cycled)\n\n", H, I, K);

@@ -19,6 +19,9 @@ inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 // Rows per work item: 16 keeps the 4-row micro-kernels full and gives every
 // thread many items even at one token.
 constexpr int64_t kRowBlock = 16;
+// GGUF 8-bit path: 32 rows per item, the tile kernels' row group (one
+// repack feeds 2 x 16 rows of every token tile).
+constexpr int64_t kGgufRows = 32;
 // AMX experts: rows per phase-1 item (four 32-row strips dequantized once
 // for all the expert's tokens) and per phase-2 item when any expert is AMX.
 constexpr int64_t kAmxRows1 = 128, kAmxRows2 = 64;
@@ -144,6 +147,7 @@ ExpertEngine::ExpertEngine(const std::vector<ExpertWeights>& experts, NodePools&
           same_g([](const ExpertWeights& w) -> const cpu::Mat& { return w.up; }) &&
           cpu::gguf_q8_same_layout(experts[0].gate, experts[0].up);
   g_down_ = same_g([](const ExpertWeights& w) -> const cpu::Mat& { return w.down; });
+  if (g_up_ || g_down_) (void)cpu::detail::q8_amx_mode();  // probe AMX-INT8 (once per process) here, not in the workers
   if (opt.onednn_min_tokens > 0) {
     bool all_bf16 = true;
     for (const auto& w : experts)
@@ -371,7 +375,7 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
     items.clear();
     const int64_t rows = inter_split_[static_cast<size_t>(j) + 1] - inter_split_[static_cast<size_t>(j)];
     for (size_t a = 0; a < sc.active.size(); ++a) {
-      const int64_t rb = sc.amx[static_cast<size_t>(sc.active[a])] ? kAmxRows1 : kRowBlock;
+      const int64_t rb = sc.amx[static_cast<size_t>(sc.active[a])] ? kAmxRows1 : g_up_ ? kGgufRows : kRowBlock;
       for (int64_t b = 0; b < (rows + rb - 1) / rb; ++b) items.push_back(static_cast<int64_t>(a) << 32 | b);
     }
     n1[static_cast<size_t>(j)] = static_cast<int64_t>(items.size());
@@ -384,7 +388,7 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
       const int64_t blk = item & 0xffffffff;
       const Slice& s = slices_[static_cast<size_t>(j)][static_cast<size_t>(ex)];
       const bool amx = sc.amx[static_cast<size_t>(ex)];
-      const int64_t rb = amx ? kAmxRows1 : kRowBlock;
+      const int64_t rb = amx ? kAmxRows1 : g_up_ ? kGgufRows : kRowBlock;
       const int64_t r0 = blk * rb, r1 = std::min(s.gate.rows, r0 + rb), nr = r1 - r0;
       const int64_t m = sc.count[static_cast<size_t>(ex)], off = sc.offset[static_cast<size_t>(ex)];
       if (g.size() < static_cast<size_t>(m * nr)) {
@@ -432,7 +436,7 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
   // Phase 2: out[token, h] += w * (down . act) for each node's h slice; one
   // item owns a block of hidden rows across all active experts.
   std::vector<int64_t> n2(static_cast<size_t>(nn));
-  const int64_t rb2 = any_amx ? kAmxRows2 : kRowBlock;
+  const int64_t rb2 = any_amx ? kAmxRows2 : g_down_ ? kGgufRows : kRowBlock;
   for (int j = 0; j < nn; ++j)
     n2[static_cast<size_t>(j)] = (hidden_split_[static_cast<size_t>(j) + 1] - hidden_split_[static_cast<size_t>(j)] + rb2 - 1) / rb2;
   pools_.run(n2, [&](int j, int64_t b, int64_t e, int) {

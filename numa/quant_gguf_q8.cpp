@@ -52,6 +52,7 @@ void Q8Acts::reset(int64_t rows, const Mat& w) {
     init.resize(static_cast<size_t>(n * (cols / 64) * 16));
     dv.resize(static_cast<size_t>(n * (cols / 64) * 16));
   }
+  seed.resize(static_cast<size_t>(type == ExtType::q6_k ? n * (cols / 16) : is_b32(type) ? n * (cols / 32) : 0));
 }
 
 int64_t Q8Acts::pos(int64_t k) const {
@@ -95,12 +96,19 @@ void Q8Acts::quantize(int64_t t, const float* x) {
     }
     for (int64_t i = 0; i < block; ++i) qt[pos(b * block + i)] = tmp[i];
   }
+  if (type == ExtType::q6_k) {
+    const int16_t* bs = bsum.data() + t * (cols / 256) * 16;
+    int32_t* sd = seed.data() + t * (cols / 16);
+    for (int64_t i = 0; i < cols / 16; ++i) sd[i] = -32 * bs[i];
+  }
   if (is_b32(type)) {
     const int z = zero_of(type);
     for (int64_t p = 0; p < cols / 64; ++p) {
       int32_t sum[2] = {0, 0};
-      for (int blk = 0; blk < 2; ++blk)
+      for (int blk = 0; blk < 2; ++blk) {
         for (int i = 0; i < 32; ++i) sum[blk] += qt[pos(p * 64 + blk * 32 + i)];
+        seed[static_cast<size_t>(t * (cols / 32) + 2 * p + blk)] = -z * sum[blk];
+      }
       int32_t* in = init.data() + (t * (cols / 64) + p) * 16;
       float* dl = dv.data() + (t * (cols / 64) + p) * 16;
       bool seeded[2] = {false, false};
@@ -124,6 +132,10 @@ void Q8Acts::copy_row(int64_t t, const Q8Acts& src, int64_t ts) {
     const size_t lanes = static_cast<size_t>(cols / 64) * 16;
     std::memcpy(init.data() + t * static_cast<int64_t>(lanes), src.init.data() + ts * static_cast<int64_t>(lanes), lanes * sizeof(int32_t));
     std::memcpy(dv.data() + t * static_cast<int64_t>(lanes), src.dv.data() + ts * static_cast<int64_t>(lanes), lanes * sizeof(float));
+  }
+  if (!seed.empty()) {
+    const int64_t per = type == ExtType::q6_k ? cols / 16 : cols / 32;
+    std::memcpy(seed.data() + t * per, src.seed.data() + ts * per, static_cast<size_t>(per) * sizeof(int32_t));
   }
 }
 
@@ -152,6 +164,7 @@ void gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t
 }
 
 void gemm_q8(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool* pool) {
+  (void)detail::q8_amx_mode();  // the first call probes AMX (once per process): here, not in the workers
   thread_local Q8Acts tl;  // reused between calls; the workers use it through the reference
   Q8Acts& xa = tl;
   xa.reset(n, w);
@@ -160,7 +173,7 @@ void gemm_q8(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool
   };
   if (pool && n * w.cols >= (1 << 15)) pool->parallel_for(n, quant, 4);
   else quant(0, n, 0);
-  constexpr int64_t kBlock = 16;
+  constexpr int64_t kBlock = 32;  // the tile kernels' row group
   const int64_t blocks = (w.rows + kBlock - 1) / kBlock;
   auto body = [&](int64_t b0, int64_t b1, int) { gemm_rows_q8(xa, 0, n, w, b0 * kBlock, std::min(w.rows, b1 * kBlock), y, w.rows); };
   if (pool && w.rows * w.cols * n >= 32768) pool->parallel_for(blocks, body);

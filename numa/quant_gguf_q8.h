@@ -22,12 +22,17 @@
 //    into 4 x 64 bytes (nibbles, high bits by masks/shifts), multiplied with
 //    vpmaddubsw (u8 codes x s8 activations -> s16 pairs, no saturation:
 //    63 * 127 * 2 < 2^15), scaled by the 6/8-bit sub-block scales with
-//    vpdpwssd into int32 lanes, and the per-super-block integer sum is scaled
-//    once (d * d_x) into fp32 lanes; mins / the Q6_K offset 32 come from the
+//    vpdpwssd into int32 lanes; mins / the Q6_K offset 32 come from the
 //    activation's per-16 sums (bsum).
 //  - 32-blocks: two blocks per 64-byte vector, u8 codes (Q8_0: w ^ 0x80)
 //    times activations by vpdpbusd into int32 lanes seeded with -zero * sum(x)
-//    of each block, then one fma per lane with d_w * d_x.
+//    of each block.
+//  - Q4_K/Q5_K/Q6_K/Q8_0 on AVX-512: the lanes are added up per block and
+//    row (exact integers) and each block adds one fp32 fma per row (the
+//    numerics of quant_gguf_q8_tiles.cpp); from a few tokens on the
+//    row-interleaved tile kernels (AMX-INT8 where present) compute the same
+//    bits, so results never depend on the batch. Q4_0/Q5_0 and AVX2 keep
+//    per-lane fp32 sums (each kernel alone at every token count).
 // The activation row is stored in the order the weight bytes unpack in
 // (Q8Acts::pos), so no shuffles run per weight.
 //
@@ -38,6 +43,7 @@
 #include <vector>
 
 #include "numa/quant_gguf.h"
+#include "numa/quant_gguf_amx.h"
 
 namespace hmoe::cpu {
 
@@ -58,6 +64,7 @@ struct Q8Acts {
   std::vector<int16_t> bsum;   // K types: [n, cols / 256, 16] sums of q per 16 columns (Q4_K/Q5_K: 8 sums per 32)
   std::vector<int32_t> init;   // 32-blocks: [n, cols / 64, 16] int32 lanes seeded with -zero * sum(q) of the lane's block
   std::vector<float> dv;       // 32-blocks: [n, cols / 64, 16] d of the lane's block
+  std::vector<int32_t> seed;   // Q6_K: [n, cols / 16] -32 * sum of q per 16; 32-blocks: [n, cols / 32] -zero * sum of q per block
 
   // Sizes for `rows` rows quantized for weights like w (gguf_q8_applies(w)).
   void reset(int64_t rows, const Mat& w);
@@ -84,9 +91,26 @@ void gemm_q8(const float* x, int64_t n, const Mat& w, float* y, numa::ThreadPool
 namespace detail {  // quant_gguf_q8_avx512.cpp, quant_gguf_q8_avx2.cpp
 bool q8_has_vnni();
 void q8_rows_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// The per-row kernels for every token count (q8_rows_avx512 uses them
+// below a few tokens; same bits as the tile kernels): tests, benchmarks.
+void q8_rows_avx512_rowwise(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// vpdpbusd multiply-adds per second with all operands in registers, summed
+// over the pool's threads (0 without AVX-512 VNNI): the int8 limit the
+// benchmarks print against.
+double q8_vnni_peak_macs(numa::ThreadPool* pool);
 // Block b of row t from xb (block floats): codes, scale and (K types) block
 // sums, as Q8Acts::quantize; false (nothing written) when the block holds inf or NaN.
 bool q8_quantize_block_avx512(Q8Acts& a, int64_t t, int64_t b, const float* xb);
+// quant_gguf_q8_tiles.cpp: the row-interleaved kernels (Q4_K, Q5_K, Q6_K,
+// Q8_0 on AVX-512 VNNI, every token count) and the scalar model of their
+// arithmetic, which they equal bit for bit (see that file's comment).
+bool q8_tiles_serve(ExtType t);
+// Whether the tile kernels run 16-token blocks on AMX-INT8 tiles (hardware:
+// cpu::amx_mode() is hardware and the CPU has AMX-INT8; emulate: the tests'
+// scalar tiles; off). Same bits either way.
+AmxMode q8_amx_mode();
+void q8_tiles_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+void q8_tiles_model(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void q8_rows_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 }  // namespace detail
 

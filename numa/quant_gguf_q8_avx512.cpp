@@ -11,10 +11,17 @@
 // unpacked once per call into L1 scratch and every token tile reads it, so
 // the unpack (about a third of v1's instructions at 4 tokens per tile) is
 // paid once per row instead of once per 4 tokens; same bits as v1.
+// v3: Q4_K, Q5_K, Q6_K and Q8_0 take the numerics of
+// quant_gguf_q8_tiles.cpp (exact integer sums per block, one fp32 step per
+// block and row): v1 adds each row's integer lanes up per block (four rows
+// at once) and serves calls of fewer than kTileMinTokens* tokens (decode);
+// the row-interleaved tile kernels serve the rest with the same bits (v2's
+// per-call unpack is gone). Q4_0/Q5_0 keep v1 with per-lane fp32 sums.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -37,6 +44,11 @@ bool q8_has_vnni() {
 }
 
 namespace {
+
+// From this many tokens on, Q4_K/Q5_K/Q6_K (Q8_0) products take the tile
+// kernels (bench_gguf_cpu --kernels: they win from 4-8 (Q8_0: 4) tokens; below,
+// their per-call repack costs more than v1's unpack).
+constexpr int64_t kTileMinTokensK = 6, kTileMinTokensQ8 = 4;
 
 // Prefetch distance: the same place in the next tile's rows (R rows on)
 // when rows are short, so that several KB are in flight per stream; at most
@@ -126,27 +138,40 @@ HMOE_V512 inline void unpack_k(const uint8_t* b, const ScaleIdx& ix, KBlock& k) 
   }
 }
 
-// acc += this super-block's contribution for one token (xq: its 256 codes,
-// bs: its 16 block sums, dx: its scale).
+// This super-block's integer sums for one token (xq: its 256 codes, bs: its
+// 16 block sums): a holds sum_s sc_s * ia_s split over its lanes (Q6_K: the
+// offset 32 taken off), ms (Q4_K/Q5_K) the mins' sum over its 4 lanes.
 template <ExtType T>
-HMOE_V512 inline __m512 dot_k(const KBlock& k, const int8_t* xq, const int16_t* bs, float dx, __m512 acc) {
+HMOE_V512 inline __m512i dot_k(const KBlock& k, const int8_t* xq, const int16_t* bs, __m128i& ms) {
   __m512i a = _mm512_setzero_si512();
   for (int v = 0; v < 4; ++v) a = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(k.c[v], _mm512_loadu_si512(xq + 64 * v)), k.s[v]);
   if constexpr (T == ExtType::q6_k) {
-    // codes carry +32: take 32 * sum_r sc_r * bsum_r off in integers
     const __m256i corr = _mm256_madd_epi16(k.sc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs)));
-    a = _mm512_sub_epi32(a, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(k.d * dx), acc);
+    return _mm512_sub_epi32(a, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
   } else {
-    const __m128i ms = _mm_madd_epi16(k.mn, _mm_loadu_si128(reinterpret_cast<const __m128i*>(bs)));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(k.d * dx), acc);
-    return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi128_si512(ms)), _mm512_set1_ps(k.dmin * dx), acc);
+    ms = _mm_madd_epi16(k.mn, _mm_loadu_si128(reinterpret_cast<const __m128i*>(bs)));
+    return a;
   }
 }
 
+// Lane sums of a0..a3: [sum a0, sum a1, sum a2, sum a3] (exact, integers).
+HMOE_V512 inline __m128i hsum4(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
+  const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+  const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+  const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+  const __m256i u = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+  return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+}
+
+// Per-row kernel (v1 layout, the numerics of quant_gguf_q8_tiles.cpp): R
+// rows (4, or 1) by NT tokens; each row's super-block is unpacked once and
+// multiplied into every token; the integer sums are added up across lanes
+// (four rows at once) before the one fp32 step per block.
 template <ExtType T, int R, int NT>
 HMOE_V512 void tile_k(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* y, int64_t ldy, const ScaleIdx& ix) {
+  static_assert(R == 4 || R == 1);
   constexpr int BB = kBlockBytes<T>;
+  constexpr bool mins = T != ExtType::q6_k;
   const int64_t nb = w.cols / 256;
   const int64_t ahead = prefetch_ahead(nb * BB, R);
   const uint8_t* rows[R];
@@ -159,80 +184,54 @@ HMOE_V512 void tile_k(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, flo
     xd[j] = xa.d.data() + (tx + j) * nb;
     xb[j] = xa.bsum.data() + (tx + j) * nb * 16;
   }
-  __m512 acc[R][NT];
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t bi = 0; bi < nb; ++bi) {
-    for (int i = 0; i < R; ++i) {
-      const uint8_t* b = rows[i] + bi * BB;
-      const char* pf = reinterpret_cast<const char*>(b + ahead);
-      _mm_prefetch(pf, _MM_HINT_T0);
-      _mm_prefetch(pf + 64, _MM_HINT_T0);
-      _mm_prefetch(pf + 128, _MM_HINT_T0);
+  if constexpr (R == 4) {
+    __m128 acc[NT];
+    for (int j = 0; j < NT; ++j) acc[j] = _mm_setzero_ps();
+    for (int64_t bi = 0; bi < nb; ++bi) {
+      __m512i a[4][NT];
+      __m128i ms[4][NT];
+      float d[4], dm[4];
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t* b = rows[i] + bi * BB;
+        const char* pf = reinterpret_cast<const char*>(b + ahead);
+        _mm_prefetch(pf, _MM_HINT_T0);
+        _mm_prefetch(pf + 64, _MM_HINT_T0);
+        _mm_prefetch(pf + 128, _MM_HINT_T0);
+        KBlock k;
+        unpack_k<T>(b, ix, k);
+        d[i] = k.d;
+        dm[i] = k.dmin;
+        for (int j = 0; j < NT; ++j) a[i][j] = dot_k<T>(k, xq[j] + bi * 256, xb[j] + bi * 16, ms[i][j]);
+      }
+      const __m128 d4 = _mm_setr_ps(d[0], d[1], d[2], d[3]), dm4 = _mm_setr_ps(dm[0], dm[1], dm[2], dm[3]);
+      for (int j = 0; j < NT; ++j) {
+        const __m128 dx = _mm_set1_ps(xd[j][bi]);
+        acc[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4(a[0][j], a[1][j], a[2][j], a[3][j])), _mm_mul_ps(d4, dx), acc[j]);
+        if constexpr (mins) {
+          const __m128i m = _mm_hadd_epi32(_mm_hadd_epi32(ms[0][j], ms[1][j]), _mm_hadd_epi32(ms[2][j], ms[3][j]));
+          acc[j] = _mm_fnmadd_ps(_mm_cvtepi32_ps(m), _mm_mul_ps(dm4, dx), acc[j]);
+        }
+      }
+    }
+    for (int j = 0; j < NT; ++j) _mm_storeu_ps(y + j * ldy + r, acc[j]);
+  } else {
+    float acc[NT] = {};
+    for (int64_t bi = 0; bi < nb; ++bi) {
       KBlock k;
-      unpack_k<T>(b, ix, k);
-      for (int j = 0; j < NT; ++j) acc[i][j] = dot_k<T>(k, xq[j] + bi * 256, xb[j] + bi * 16, xd[j][bi], acc[i][j]);
+      unpack_k<T>(rows[0] + bi * BB, ix, k);
+      for (int j = 0; j < NT; ++j) {
+        __m128i ms;
+        const int32_t ib = _mm512_reduce_add_epi32(dot_k<T>(k, xq[j] + bi * 256, xb[j] + bi * 16, ms));
+        const float dx = xd[j][bi];
+        acc[j] = std::fma(static_cast<float>(ib), k.d * dx, acc[j]);
+        if constexpr (mins) {
+          const __m128i h = _mm_hadd_epi32(ms, ms);
+          acc[j] = std::fma(-static_cast<float>(_mm_cvtsi128_si32(_mm_hadd_epi32(h, h))), k.dmin * dx, acc[j]);
+        }
+      }
     }
+    for (int j = 0; j < NT; ++j) y[j * ldy + r] = acc[j];
   }
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < NT; ++j) y[j * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
-}
-
-// The same product as tile_k from super-blocks unpacked beforehand (kb:
-// R rows x nb blocks): prompt-sized calls unpack each row once per call
-// instead of once per NT tokens. Same dot_k per block and token in the same
-// order, so the same bits as tile_k.
-template <ExtType T, int R, int NT>
-HMOE_V512 void tile_k_unpacked(const Q8Acts& xa, int64_t tx, const KBlock* kb, int64_t nb, int64_t r, float* y, int64_t ldy) {
-  const int8_t* xq[NT];
-  const float* xd[NT];
-  const int16_t* xb[NT];
-  for (int j = 0; j < NT; ++j) {
-    xq[j] = xa.q.data() + (tx + j) * xa.cols;
-    xd[j] = xa.d.data() + (tx + j) * nb;
-    xb[j] = xa.bsum.data() + (tx + j) * nb * 16;
-  }
-  __m512 acc[R][NT];
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t bi = 0; bi < nb; ++bi)
-    for (int i = 0; i < R; ++i) {
-      const KBlock& k = kb[i * nb + bi];
-      for (int j = 0; j < NT; ++j) acc[i][j] = dot_k<T>(k, xq[j] + bi * 256, xb[j] + bi * 16, xd[j][bi], acc[i][j]);
-    }
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < NT; ++j) y[j * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
-}
-
-// Rows [r0, r1) in groups of 4 for n > 4 tokens: unpack the group's blocks
-// (prefetching the next group's bytes), then run every token through them.
-template <ExtType T>
-HMOE_V512 int64_t rows_k_unpacked(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy,
-                                  const ScaleIdx& ix) {
-  constexpr int BB = kBlockBytes<T>;
-  const int64_t nb = w.cols / 256, rb = nb * BB;
-  thread_local std::vector<uint8_t> scratch;  // 64-aligned KBlocks (raw bytes: no vector code runs on __m512i members)
-  const size_t need = static_cast<size_t>(4 * nb) * sizeof(KBlock) + 64;
-  if (scratch.size() < need) scratch.resize(need);
-  auto* kb = reinterpret_cast<KBlock*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) {
-    const uint8_t* g = base + r * rb;
-    for (int64_t i = 0; i < 4 * nb; ++i) {
-      const uint8_t* b = g + i * BB;  // rows of a group are contiguous: block i of the group
-      const char* pf = reinterpret_cast<const char*>(b + 4 * rb);
-      _mm_prefetch(pf, _MM_HINT_T0);
-      _mm_prefetch(pf + 64, _MM_HINT_T0);
-      _mm_prefetch(pf + 128, _MM_HINT_T0);
-      unpack_k<T>(b, ix, kb[i]);
-    }
-    int64_t t = 0;
-    for (; t + 4 <= n; t += 4) tile_k_unpacked<T, 4, 4>(xa, t0 + t, kb, nb, r, y + t * ldy, ldy);
-    for (; t + 2 <= n; t += 2) tile_k_unpacked<T, 4, 2>(xa, t0 + t, kb, nb, r, y + t * ldy, ldy);
-    for (; t < n; ++t) tile_k_unpacked<T, 4, 1>(xa, t0 + t, kb, nb, r, y + t * ldy, ldy);
-  }
-  return r;
 }
 
 // 32-blocks: the code vector of block pair p of a row (see the file comment
@@ -298,9 +297,78 @@ HMOE_V512 void tile_b(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, flo
     for (int j = 0; j < NT; ++j) y[j * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
+// Q8_0 per-row kernel with the numerics of quant_gguf_q8_tiles.cpp: per
+// block pair and row one vpdpbusd (lanes 0-7 block 2p, 8-15 block 2p+1,
+// seeded with -128 * sum(q)), the lanes added up per block (four rows at
+// once), then one fp32 step per block.
+template <int R, int NT>
+HMOE_V512 void tile_q8(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* y, int64_t ldy) {
+  static_assert(R == 4 || R == 1);
+  constexpr int BB = 34;
+  const int64_t np = w.cols / 64, nblk = w.cols / 32;
+  const int64_t ahead = prefetch_ahead(np * 2 * BB, R);
+  const uint8_t* rows[R];
+  for (int i = 0; i < R; ++i) rows[i] = static_cast<const uint8_t*>(w.data) + (r + i) * np * 2 * BB;
+  const int8_t* xq[NT];
+  const int32_t* xi[NT];
+  const float* xd[NT];
+  for (int j = 0; j < NT; ++j) {
+    xq[j] = xa.q.data() + (tx + j) * xa.cols;
+    xi[j] = xa.init.data() + (tx + j) * np * 16;
+    xd[j] = xa.d.data() + (tx + j) * nblk;
+  }
+  if constexpr (R == 4) {
+    __m128 acc[NT];
+    for (int j = 0; j < NT; ++j) acc[j] = _mm_setzero_ps();
+    for (int64_t p = 0; p < np; ++p) {
+      __m512i a[4][NT];
+      uint64_t ha = 0, hb = 0;  // the 4 rows' f16 scales, built in registers (no store-to-load forwarding)
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t* pa = rows[i] + 2 * p * BB;
+        _mm_prefetch(reinterpret_cast<const char*>(pa + ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(pa + ahead + 64), _MM_HINT_T0);
+        uint16_t h0, h1;
+        std::memcpy(&h0, pa, 2);
+        std::memcpy(&h1, pa + BB, 2);
+        ha |= static_cast<uint64_t>(h0) << (16 * i);
+        hb |= static_cast<uint64_t>(h1) << (16 * i);
+        const __m512i c = unpack_pair<ExtType::q8_0>(pa);
+        for (int j = 0; j < NT; ++j) a[i][j] = _mm512_dpbusd_epi32(_mm512_loadu_si512(xi[j] + 16 * p), c, _mm512_loadu_si512(xq[j] + 64 * p));
+      }
+      const __m128 da = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(ha))), db = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(hb)));
+      for (int j = 0; j < NT; ++j) {
+        const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0][j], a[1][j]), _mm512_unpackhi_epi32(a[0][j], a[1][j]));
+        const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2][j], a[3][j]), _mm512_unpackhi_epi32(a[2][j], a[3][j]));
+        const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+        const __m256i lo = _mm512_castsi512_si256(t), hi = _mm512_extracti64x4_epi64(t, 1);  // lanes 0-7: block 2p; 8-15: block 2p+1
+        const __m128i ia = _mm_add_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
+        const __m128i ib = _mm_add_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+        acc[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(ia), _mm_mul_ps(da, _mm_set1_ps(xd[j][2 * p])), acc[j]);
+        acc[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(ib), _mm_mul_ps(db, _mm_set1_ps(xd[j][2 * p + 1])), acc[j]);
+      }
+    }
+    for (int j = 0; j < NT; ++j) _mm_storeu_ps(y + j * ldy + r, acc[j]);
+  } else {
+    float acc[NT] = {};
+    for (int64_t p = 0; p < np; ++p) {
+      const uint8_t* pa = rows[0] + 2 * p * BB;
+      const float da = half_at(pa), db = half_at(pa + BB);
+      const __m512i c = unpack_pair<ExtType::q8_0>(pa);
+      for (int j = 0; j < NT; ++j) {
+        const __m512i a = _mm512_dpbusd_epi32(_mm512_loadu_si512(xi[j] + 16 * p), c, _mm512_loadu_si512(xq[j] + 64 * p));
+        const int32_t ia = _mm512_mask_reduce_add_epi32(0x00FF, a), ib = _mm512_mask_reduce_add_epi32(0xFF00, a);
+        acc[j] = std::fma(static_cast<float>(ia), da * xd[j][2 * p], acc[j]);
+        acc[j] = std::fma(static_cast<float>(ib), db * xd[j][2 * p + 1], acc[j]);
+      }
+    }
+    for (int j = 0; j < NT; ++j) y[j * ldy + r] = acc[j];
+  }
+}
+
 template <ExtType T, int R, int NT>
 HMOE_V512 inline void tile(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* y, int64_t ldy, const ScaleIdx& ix) {
   if constexpr (kIsK<T>) tile_k<T, R, NT>(xa, tx, w, r, y, ldy, ix);
+  else if constexpr (T == ExtType::q8_0) tile_q8<R, NT>(xa, tx, w, r, y, ldy);
   else tile_b<T, R, NT>(xa, tx, w, r, y, ldy);
 }
 
@@ -308,8 +376,6 @@ template <ExtType T>
 HMOE_V512 void rows(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   static const ScaleIdx ix = make_idx();  // built once (thread-safe static)
   int64_t r = r0;
-  if constexpr (kIsK<T>)
-    if (n > 4) r = rows_k_unpacked<T>(xa, t0, n, w, r0, r1, y, ldy, ix);
   for (; r + 4 <= r1; r += 4) {
     int64_t t = 0;
     for (; t + 4 <= n; t += 4) tile<T, 4, 4>(xa, t0 + t, w, r, y + t * ldy, ldy, ix);
@@ -356,6 +422,12 @@ HMOE_V512 bool q8_quantize_block_avx512(Q8Acts& a, int64_t t, int64_t b, const f
 }
 
 void q8_rows_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  const auto t = static_cast<ExtType>(w.ext);
+  if (q8_tiles_serve(t) && n >= (t == ExtType::q8_0 ? kTileMinTokensQ8 : kTileMinTokensK)) return q8_tiles_avx512(xa, t0, n, w, r0, r1, y, ldy);
+  q8_rows_avx512_rowwise(xa, t0, n, w, r0, r1, y, ldy);
+}
+
+void q8_rows_avx512_rowwise(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   switch (static_cast<ExtType>(w.ext)) {
     case ExtType::q4_k: return rows<ExtType::q4_k>(xa, t0, n, w, r0, r1, y, ldy);
     case ExtType::q5_k: return rows<ExtType::q5_k>(xa, t0, n, w, r0, r1, y, ldy);

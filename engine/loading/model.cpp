@@ -150,7 +150,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   enable_mtp(graph, settings, dir);
   m->spec_tokens_ = settings.speculative_tokens;
 
-  if (settings.cpu_amx_min_tokens > 0) cpu::amx_mode();  // probe (and self-check) AMX before the weights take memory
+  // probe (and self-check) AMX before the weights take memory; the 8-bit GGUF
+  // path's tile kernels use AMX-INT8 where it is granted
+  if (settings.cpu_amx_min_tokens > 0 || settings.cpu_gguf_int8) cpu::amx_mode();
   m->pools_ = std::make_unique<numa::NodePools>(numa::PoolOptions::from_settings(settings));
   m->pool_ = &m->pools_->pool(0);
   if (graph.engram) m->engram_ = EngramModules::load(bind, c, dir, settings, *m->pool_);

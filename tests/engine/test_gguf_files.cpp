@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -81,6 +82,35 @@ TEST_CASE("GGUF block types: a qwen3moe in each type matches its F32 twin") {
     CHECK(worst8 < 0.03 * std::max(1.0, scale));
     CHECK(from_base > 1e-4);
     CHECK(scale > 0.1);
+  }
+}
+
+TEST_CASE("GGUF block types on the 8-bit path: a prompt in one step gives each token the bits it gets one step at a time") {
+  // Batch invariance through the whole model: the 24-token step runs the
+  // prompt-sized kernels (tiles for Q4_K/Q5_K/Q6_K/Q8_0), the one-token
+  // steps the decode kernels; a token's logits must not tell them apart.
+  test::TempDir dir("gguf-invariance");
+  const std::vector<int32_t> ids = {3, 17, 200, 45, 99, 128, 7, 255, 31, 64, 12, 90, 150, 201, 5, 77, 42, 180, 9, 66, 130, 240, 18, 111};
+  for (uint32_t type : {2u, 8u, 12u, 13u, 14u}) {
+    Built b = build_model(type);
+    auto m = load_quiet(write(dir, "q.gguf", b.quant.bytes()), true);
+    const auto all = test::prompt_logits(*m, ids);
+    const int64_t V = m->config().vocab_size;
+    REQUIRE(all.size() == ids.size() * static_cast<size_t>(V));
+    KvCache kv(m->kv_layout(), static_cast<int64_t>(ids.size()) / 16 + 2, 16);
+    const int seq = kv.add_sequence();
+    kv.reserve(seq, static_cast<int64_t>(ids.size()));
+    int64_t differ = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Batch one;
+      one.add(ids[i], seq, static_cast<int64_t>(i), true);
+      std::vector<float> lg;
+      m->forward(one, kv, lg);
+      REQUIRE(lg.size() == static_cast<size_t>(V));
+      differ += std::memcmp(lg.data(), all.data() + static_cast<int64_t>(i) * V, static_cast<size_t>(V) * sizeof(float)) != 0;
+    }
+    INFO(std::string(cpu::ext_type_info(type)->name) << ": " << differ << " of " << ids.size() << " tokens differ");
+    CHECK(differ == 0);
   }
 }
 

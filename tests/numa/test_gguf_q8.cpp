@@ -13,6 +13,7 @@
 #include "configs/error.h"
 #include "numa/expert_engine.h"
 #include "numa/kernels.h"
+#include "numa/quant_gguf_amx.h"
 #include "numa/quant_gguf_q8.h"
 #include "tests/quant_tools/quantizers.h"
 
@@ -167,6 +168,80 @@ TEST_CASE("gemm_rows_q8: every SIMD kernel equals the reference; the product is 
   }
 }
 
+TEST_CASE("Q4_K, Q5_K, Q6_K, Q8_0 on AVX-512: the tile kernels, the per-row kernels and gemm_rows_q8 equal the scalar model bit for bit") {
+  if (cpu::best_isa() != cpu::Isa::avx512 || !cpu::detail::q8_has_vnni()) {
+    MESSAGE("no AVX-512 VNNI here: the tile kernels do not run");
+    return;
+  }
+  for (ExtType t : {ExtType::q4_k, ExtType::q5_k, ExtType::q6_k, ExtType::q8_0}) {
+    REQUIRE(cpu::detail::q8_tiles_serve(t));
+    for (int64_t cols : {unit(t), unit(t) * 3, int64_t{2048}}) {
+      for (int64_t rows : {int64_t{5}, int64_t{16}, int64_t{37}, int64_t{70}}) {
+        QW q = make(t, rows, cols, static_cast<uint32_t>(rows * 31 + cols));
+        const int64_t N = 19, t0 = 2;
+        auto x = randn(static_cast<size_t>((N + t0) * cols), static_cast<uint32_t>(cols + rows));
+        for (int64_t k = 0; k < cols; ++k) x[static_cast<size_t>((t0 + 3) * cols + k)] *= 40.0f;  // a token with large codes everywhere
+        cpu::Q8Acts a;
+        a.reset(N + t0, q.w);
+        for (int64_t i = 0; i < N + t0; ++i) a.quantize(i, x.data() + i * cols);
+        for (int64_t n : {1, 2, 3, 4, 5, 7, 9, 17}) {
+          for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, rows}, std::pair<int64_t, int64_t>{1, rows}, std::pair<int64_t, int64_t>{rows / 2, rows}}) {
+            std::vector<float> y(static_cast<size_t>(n * rows), -7.0f), m(y.size(), -7.0f), pr(y.size(), -7.0f), g(y.size(), -7.0f);
+            cpu::detail::q8_tiles_avx512(a, t0, n, q.w, r0, r1, y.data(), rows);
+            cpu::detail::q8_tiles_model(a, t0, n, q.w, r0, r1, m.data(), rows);
+            cpu::detail::q8_rows_avx512_rowwise(a, t0, n, q.w, r0, r1, pr.data(), rows);
+            cpu::gemm_rows_q8(a, t0, n, q.w, r0, r1, g.data(), rows);
+            INFO(cpu::ext_type_info(static_cast<uint32_t>(t))->name << " cols " << cols << " rows " << rows << " n " << n << " r0 " << r0);
+            CHECK(std::memcmp(y.data(), m.data(), y.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(pr.data(), m.data(), y.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(g.data(), m.data(), y.size() * sizeof(float)) == 0);
+            bool touched_outside = false;
+            for (int64_t j = 0; j < n; ++j)
+              for (int64_t r = 0; r < r0; ++r) touched_outside = touched_outside || y[static_cast<size_t>(j * rows + r)] != -7.0f;
+            CHECK_FALSE(touched_outside);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("AMX-INT8 tiles (emulated; and the hardware ones where this CPU has them) give the tile kernels' bits") {
+  if (cpu::best_isa() != cpu::Isa::avx512 || !cpu::detail::q8_has_vnni()) {
+    MESSAGE("no AVX-512 VNNI here: the tile kernels do not run");
+    return;
+  }
+  const cpu::AmxMode old = cpu::amx_mode();
+  std::vector<cpu::AmxMode> modes = {cpu::AmxMode::emulate};
+  if (cpu::amx_hardware()) modes.push_back(cpu::AmxMode::hardware);
+  for (cpu::AmxMode mode : modes)
+    for (ExtType t : {ExtType::q4_k, ExtType::q5_k, ExtType::q6_k, ExtType::q8_0}) {
+      const int64_t cols = unit(t) * 2, rows = 37, N = 35, t0 = 1;
+      QW q = make(t, rows, cols, static_cast<uint32_t>(cols + 5));
+      auto x = randn(static_cast<size_t>((N + t0) * cols), static_cast<uint32_t>(cols + 6));
+      for (int64_t k = 0; k < cols; ++k) x[static_cast<size_t>((t0 + 20) * cols + k)] *= 40.0f;
+      cpu::Q8Acts a;
+      a.reset(N + t0, q.w);
+      for (int64_t i = 0; i < N + t0; ++i) a.quantize(i, x.data() + i * cols);
+      for (int64_t n : {16, 19, 32, 35}) {
+        std::vector<float> y(static_cast<size_t>(n * rows), -7.0f), m(y.size(), -7.0f), v(y.size(), -7.0f);
+        cpu::set_amx_mode(cpu::AmxMode::off);
+        cpu::detail::q8_tiles_avx512(a, t0, n, q.w, 1, rows, v.data(), rows);  // VNNI tiles only
+        cpu::set_amx_mode(mode);
+        const bool ran = cpu::detail::q8_amx_mode() == mode;
+        cpu::detail::q8_tiles_avx512(a, t0, n, q.w, 1, rows, y.data(), rows);
+        cpu::set_amx_mode(old);
+        cpu::detail::q8_tiles_model(a, t0, n, q.w, 1, rows, m.data(), rows);
+        INFO(cpu::ext_type_info(static_cast<uint32_t>(t))->name << " n " << n << (mode == cpu::AmxMode::emulate ? " emulated" : " hardware")
+                                                                 << (ran ? "" : " (no AMX-INT8: VNNI only)"));
+        if (mode == cpu::AmxMode::emulate) CHECK(ran);
+        CHECK(std::memcmp(y.data(), m.data(), y.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(v.data(), m.data(), y.size() * sizeof(float)) == 0);
+      }
+    }
+  cpu::set_amx_mode(old);
+}
+
 TEST_CASE("gemm_q8 over 1, 2 and 3 threads equals one thread; cpu::gemm follows the switch") {
   for (ExtType t : {ExtType::q4_k, ExtType::q6_k, ExtType::q8_0}) {
     const int64_t rows = 203, cols = 1024, n = 6;
@@ -283,6 +358,7 @@ TEST_CASE("Q8Acts: the AVX-512 quantizer equals the scalar one bit for bit (code
     CHECK(a.q == b.q);
     CHECK(a.bsum == b.bsum);
     CHECK(a.init == b.init);
+    CHECK(a.seed == b.seed);
     CHECK(std::memcmp(a.d.data(), b.d.data(), a.d.size() * sizeof(float)) == 0);  // NaN scales compare equal bytewise
     CHECK(std::memcmp(a.dv.data(), b.dv.data(), a.dv.size() * sizeof(float)) == 0);
   }
