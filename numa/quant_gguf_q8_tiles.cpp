@@ -35,9 +35,14 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <cpuid.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
 #include <atomic>
 #include <ctime>
 #include <cmath>
@@ -611,15 +616,6 @@ HMOE_V512 void amx_block(const Pack& pk, int64_t cols, const Q8Acts& xa, int64_t
   }
 }
 
-bool amx_int8_cpu() {
-  static const bool v = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    return ((d >> 25) & 1u) != 0;  // AMX-INT8
-  }();
-  return v;
-}
-
 // Every token of [t0, t0 + n) through the packed group, NT at a time.
 template <ExtType T, int RV>
 HMOE_V512 void run_tokens(const Pack& pk, int64_t cols, const Q8Acts& xa, int64_t t0, int64_t n, float* y, int64_t ldy, int valid, AmxMode amx) {
@@ -642,7 +638,7 @@ HMOE_V512 void run_tokens(const Pack& pk, int64_t cols, const Q8Acts& xa, int64_
 }
 
 template <ExtType T>
-HMOE_V512 void rows_tiles(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+HMOE_V512 void rows_tiles(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy, AmxMode amx) {
   const int64_t cols = w.cols;
   const int64_t rb = kK<T> ? cols / 256 * kBB<T> : cols / 32 * 34;
   const int64_t nb = kK<T> ? cols / 256 : cols / 32;  // blocks with their own scales
@@ -654,7 +650,6 @@ HMOE_V512 void rows_tiles(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w,
   if (scratch.size() < need) scratch.resize(need);
   auto* p0 = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
   const auto* base = static_cast<const uint8_t*>(w.data);
-  const AmxMode amx = n >= 16 ? q8_amx_mode() : AmxMode::off;
   for (int64_t r = r0; r < r1; r += 32) {
     const int valid = static_cast<int>(std::min<int64_t>(32, r1 - r));
     const int rv = valid > 16 ? 2 : 1;
@@ -673,6 +668,60 @@ HMOE_V512 void rows_tiles(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w,
       run_tokens<T, 1>(pk, cols, xa, t0, n, y + r, ldy, valid, amx);
     }
   }
+}
+
+// One 32-row Q8_0 group of pseudo-random codes times 16 tokens on the
+// hardware AMX-INT8 tiles against the VNNI tiles, in a forked child (as
+// quant_gguf_amx.cpp's bf16 self-check), so that a fault or a wrong bit from
+// a kernel or hypervisor that does not really give the tile state costs the
+// child: every buffer is made in the parent (the child allocates nothing).
+bool amx_int8_self_check() {
+  constexpr int64_t rows = 32, cols = 256, n = 16;
+  std::vector<uint8_t> wb(static_cast<size_t>(rows * cols / 32 * 34));
+  uint64_t st = 0x9e3779b97f4a7c15ull;
+  auto next = [&st] {
+    st ^= st << 13;
+    st ^= st >> 7;
+    st ^= st << 17;
+    return st;
+  };
+  for (auto& b : wb) b = static_cast<uint8_t>(next());
+  for (size_t blk = 0; blk < wb.size(); blk += 34) {
+    const uint16_t d = static_cast<uint16_t>(0x2000 + next() % 0x400);  // fp16 scales in [0.0078, 0.0156)
+    std::memcpy(wb.data() + blk, &d, 2);
+  }
+  const Mat w = ext_view(ExtType::q8_0, wb.data(), rows, cols, "AMX-INT8 self-check");
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (auto& v : x) v = static_cast<float>(static_cast<int64_t>(next() % 2001) - 1000) * 1e-3f;
+  Q8Acts a;
+  a.reset(n, w);
+  for (int64_t t = 0; t < n; ++t) a.quantize(t, x.data() + t * cols);
+  std::vector<float> hw(static_cast<size_t>(n * rows), 0.0f), vnni(hw.size(), 1.0f);
+  rows_tiles<ExtType::q8_0>(a, 0, n, w, 0, rows, vnni.data(), rows, AmxMode::off);  // also sizes this thread's scratch
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    for (int sig : {SIGILL, SIGSEGV, SIGBUS, SIGFPE}) std::signal(sig, SIG_DFL);
+    rows_tiles<ExtType::q8_0>(a, 0, n, w, 0, rows, hw.data(), rows, AmxMode::hardware);
+    _exit(std::memcmp(hw.data(), vnni.data(), hw.size() * sizeof(float)) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return false;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  std::fprintf(stderr, "hmoe: AMX-INT8 tiles %s in a self-check; GGUF prompts use the VNNI tiles (same bits)\n",
+               WIFSIGNALED(status) ? "fault here" : "gave other bits than the VNNI tiles");
+  return false;
+}
+
+bool amx_int8_cpu() {
+  static const bool v = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return ((d >> 25) & 1u) != 0 && amx_int8_self_check();  // AMX-INT8, and it gives the VNNI tiles' bits
+  }();
+  return v;
 }
 
 std::atomic<int32_t> g_vnni_sink{0};  // keeps the spin's result alive
@@ -729,11 +778,12 @@ AmxMode q8_amx_mode() {
 bool q8_tiles_serve(ExtType t) { return t == ExtType::q4_k || t == ExtType::q5_k || t == ExtType::q6_k || t == ExtType::q8_0; }
 
 void q8_tiles_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  const AmxMode amx = n >= 16 ? q8_amx_mode() : AmxMode::off;
   switch (static_cast<ExtType>(w.ext)) {
-    case ExtType::q4_k: return rows_tiles<ExtType::q4_k>(xa, t0, n, w, r0, r1, y, ldy);
-    case ExtType::q5_k: return rows_tiles<ExtType::q5_k>(xa, t0, n, w, r0, r1, y, ldy);
-    case ExtType::q6_k: return rows_tiles<ExtType::q6_k>(xa, t0, n, w, r0, r1, y, ldy);
-    case ExtType::q8_0: return rows_tiles<ExtType::q8_0>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q4_k: return rows_tiles<ExtType::q4_k>(xa, t0, n, w, r0, r1, y, ldy, amx);
+    case ExtType::q5_k: return rows_tiles<ExtType::q5_k>(xa, t0, n, w, r0, r1, y, ldy, amx);
+    case ExtType::q6_k: return rows_tiles<ExtType::q6_k>(xa, t0, n, w, r0, r1, y, ldy, amx);
+    case ExtType::q8_0: return rows_tiles<ExtType::q8_0>(xa, t0, n, w, r0, r1, y, ldy, amx);
     default: break;
   }
   fail(ErrorKind::internal, "q8_tiles_avx512: type " + std::to_string(w.ext) + " has no tile kernel");
