@@ -1,5 +1,11 @@
 # Where does the split-decode / expert-cache hang stand (test_gpu_expert_cache.cpp,
 # whose first two cases are skipped by default since their first GPU run hung)?
+# First the two device pieces the split path adds, on their own: a batched
+# copy (cudaMemcpyBatchAsync, never run on a GPU before) from a pinned file
+# map between a copy and a step stream, and the time to pin a 1 GiB file map
+# in place (the 8-layer slice's `hmoe bench` stalled inside the load, before
+# the cache's VRAM slots existed: nvidia-smi showed 1560 MiB, the context and
+# the non-expert weights). Then the cache cases.
 # Each run is one test case (-tc) under a guard like final3.sh's, with the
 # loads' progress lines (HMOE_PROGRESS=lines: "measuring host read and pinned
 # PCIe bandwidths", "pinning the host experts ... in place", "host experts
@@ -49,20 +55,25 @@ show() {  # NAME: the summary, progress and messages of a run, and its stall rep
 }
 run_case() {  # NAME LIMIT TC ENV...: one test case with progress lines
   local name=$1 lim=$2 tc=$3; shift 3
+  local left=$((100 - (SECONDS - T0) - 12))  # room for a stall report after it
+  ((left >= 6)) || { echo "$name: no time left"; return; }
+  ((lim > left)) && lim=$left
   guard "$name" "$lim" env HMOE_PROGRESS=lines "$@" stdbuf -oL -eL $B test_gpu -sf='*test_gpu_expert_cache.cpp' -tc="$tc" --no-skip
   show "$name"
 }
 # 0. cudaMemcpyBatchAsync alone, as split() issues it (never run on a GPU before this job).
-run_case ec-copy-batch 10 'copy_batch_to_device*'
+run_case ec-copy-batch 8 'copy_batch_to_device*'
+# 0b. Pinning a 1 GiB read-only file map in place (the big slice's load stalled before the cache's slots existed).
+run_case ec-pin-big 12 'a 1 GiB read-only file map pinned*'
 # 1. The case that hung, as it runs today (fusion off, programmatic launch on).
-run_case ec-split 24 'split decode and the GPU expert cache*'
+run_case ec-split 20 'split decode and the GPU expert cache*'
 # 2. Programmatic launch off: the split's GPU share launched after a copy and an event wait.
-run_case ec-split-nopdl 16 'split decode and the GPU expert cache*' HMOE_GPU_PROGRAMMATIC_LAUNCH=0
+run_case ec-split-nopdl 12 'split decode and the GPU expert cache*' HMOE_GPU_PROGRAMMATIC_LAUNCH=0
 # 3. The 3-slot case (every miss copied): each launch checked where it is made.
-run_case ec-slots-blocking 16 'GPU expert cache of 3 slots*' CUDA_LAUNCH_BLOCKING=1
+run_case ec-slots-blocking 12 'GPU expert cache of 3 slots*' CUDA_LAUNCH_BLOCKING=1
 # 4. If time is left: the memory-cap test with the fused decode kernels (failed in the 16:41 call).
 left=$((100 - (SECONDS - T0) - 4))
-if ((left >= 12)); then
+if ((left >= 14)); then
   guard mc $((left < 15 ? left : 15)) env HMOE_GPU_DECODE_FUSION=1 stdbuf -oL $B test_gpu -sf='*test_gpu_memory_cap.cpp'
   grep -E "^\[doctest\] (test cases|assertions)|ERROR|values" "$O/mc.log" | head -8
 fi
