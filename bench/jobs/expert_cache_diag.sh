@@ -50,7 +50,7 @@ guard() {  # NAME LIMIT CMD...: output in $O/NAME.log; rc in $rc (124: limit); s
   echo "$name rc $rc in $((SECONDS - t0)) s"
 }
 show() {  # NAME: the summary, progress and messages of a run, and its stall report
-  grep -E "^\[doctest\] (test cases|assertions)|ERROR|MESSAGE|^hmoe: (GPU expert cache|loaded)|CHECK|REQUIRE" "$O/$1.log" | cut -c1-240 | tail -14
+  grep -E "^\[doctest\] (test cases|assertions)|ERROR|MESSAGE|^hmoe: (GPU expert cache|loaded)|CHECK|REQUIRE" "$O/$1.log" 2>/dev/null | cut -c1-240 | tail -14
   [[ -f $O/$1.hung ]] && grep -vE "^$" "$O/$1.hung" | head -60
 }
 run_case() {  # NAME LIMIT TC ENV...: one test case with progress lines
