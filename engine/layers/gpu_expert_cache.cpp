@@ -102,7 +102,11 @@ GpuExpertCache::GpuExpertCache(const ModelConfig& c, std::vector<Layer> in, cons
   for (const Layer& l : in) src.push_back({l.layer, l.experts});
   StreamLayoutOptions lo;
   lo.quantized = true;
+  if (!o.quiet) std::fprintf(stderr, "hmoe: GPU expert cache: pinning the host experts of %zu layers in place\n", src.size());
   m.lay = build_stream_layout(c, src, lo, nullptr);
+  if (!o.quiet)
+    std::fprintf(stderr, "hmoe: GPU expert cache: host experts %s\n",
+                 m.lay.in_place ? "pinned in place" : ("in pinned images (" + format_bytes(m.lay.image_bytes) + "): " + m.lay.why_image).c_str());
   std::map<std::pair<int, int>, int> cls_of;
   for (const StreamLayerLayout& L : m.lay.layers) {
     if (!L.native) fail(ErrorKind::internal, "GPU expert cache: layer " + std::to_string(L.layer) + " is not in native GGUF blocks");
@@ -139,8 +143,8 @@ GpuExpertCache::GpuExpertCache(const ModelConfig& c, std::vector<Layer> in, cons
     uint64_t floor = 0;
     for (const Class& k : m.classes) floor += static_cast<uint64_t>(4 * K) * (k.gu_per + k.dn_per);
     budget = std::max(budget, floor);
-    const gpu::DeviceInfo d = gpu::device_info(0);
-    if (d.free_bytes > 0) budget = std::min<uint64_t>(budget, d.free_bytes / 4);
+    const uint64_t free_b = gpu::memory_info().first;  // gpu::device_info() leaves free_bytes 0
+    if (free_b > 0) budget = std::min<uint64_t>(budget, free_b / 4);
   }
   for (Class& k : m.classes) {
     const double share = host > 0 ? static_cast<double>(k.host_bytes) / static_cast<double>(host) : 0;
@@ -380,8 +384,12 @@ std::unique_ptr<GpuExpertCache> make_gpu_expert_cache(const ModelConfig& c, std:
   }
   if (native.empty() || c.num_experts_per_tok > kMaxK) return nullptr;
   if (o.cost.share != 0 && (o.cost.host_bandwidth <= 0 || o.cost.pcie_bandwidth <= 0)) {
+    // Load progress (stderr, unless quiet): where a load stands if it stalls.
+    if (!o.quiet) std::fprintf(stderr, "hmoe: GPU expert cache: measuring host read and pinned PCIe bandwidths\n");
     if (o.cost.host_bandwidth <= 0) o.cost.host_bandwidth = measure_host_read_bandwidth(pool);
     if (o.cost.pcie_bandwidth <= 0) o.cost.pcie_bandwidth = measure_pinned_h2d_bandwidth(64u << 20);
+    if (!o.quiet)
+      std::fprintf(stderr, "hmoe: GPU expert cache: host read %.1f GB/s, pinned PCIe %.1f GB/s\n", o.cost.host_bandwidth / 1e9, o.cost.pcie_bandwidth / 1e9);
   }
   auto cache = std::make_unique<GpuExpertCache>(c, std::move(native), o, step);
   if (cache->stats().slots == 0) {

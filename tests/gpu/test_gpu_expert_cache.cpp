@@ -15,25 +15,36 @@
 //  - the real cache's counters equal the simulator's (hmoe bench cache-sim,
 //    engine/placement/expert_cache_sim.h) on the routing the run recorded
 //    (--routing-trace), for every policy: one policy code for both.
+//  - gpu::copy_batch_to_device alone, between a copy and a step stream as
+//    split() uses it (pinned file map and pinned memory sources), and the
+//    time to pin a 1 GiB file map in place (skipped by default).
 // The tiny-qwen3moe Q8_0 fixture's experts (intermediate 32) are not a shape
 // the native GGUF kernels take: no cache is made for it (checked).
 // Skips without a GPU.
-// The first two cases are skipped by default (run them with --no-skip): on
-// their first GPU run (H100, 2026-12-06 16:41 UTC, bench/jobs/final3.sh) the
+// The cases that turn the cache on are skipped by default (run them with
+// --no-skip), as is the 1 GiB pin: on their first GPU run (H100, 2026-12-06 16:41 UTC, bench/jobs/final3.sh) the
 // first one hung (the main thread spinning, the worker pool idle, no output
 // after loading) and `hmoe bench` with the cache on hung the same way, so
 // --gpu-expert-cache defaults to 0 until the hang is found
 // (.device jobs: bench/jobs/expert_cache_diag.sh).
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "engine/layers/routing_trace.h"
 #include "engine/loading/model.h"
 #include "engine/placement/expert_cache_sim.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "engine/serving/logits.h"
+#include "gpu/moe_stream.h"
 #include "numa/quant_gguf.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/model_run.h"
@@ -44,15 +55,19 @@ using namespace hmoe;
 
 namespace {
 
+// Quiet loads unless HMOE_PROGRESS is set (=lines: the loads' progress on
+// stderr, where a stalled run stands; bench/jobs/expert_cache_diag.sh).
 std::unique_ptr<Model> load(const std::string& path, const std::string& cache, const std::string& split, const std::string& policy = "freq_recency",
                             const std::string& trace = "") {
-  std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", "none", "--progress", "none", "--gpu-prefill-min-batch-size", "0",
+  std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", "none", "--gpu-prefill-min-batch-size", "0",
                                    "--gpu-expert-cache", cache, "--gpu-split-decode", split, "--cpu-gguf-int8", "0", "--gpu-expert-cache-policy", policy};
   if (!trace.empty()) {
     args.push_back("--routing-trace");
     args.push_back(trace);
   }
-  return Model::load(path, Settings::load(args));
+  Settings s = Settings::load(args);
+  if (s.origin("progress") == "default") s.progress = "none";
+  return Model::load(path, s);
 }
 
 struct Run {
@@ -98,6 +113,137 @@ double rows_rel(const std::vector<std::vector<float>>& a, const std::vector<std:
 }
 
 }  // namespace
+
+// gpu::copy_batch_to_device (cudaMemcpyBatchAsync) as split() uses it, on
+// its own: sources in a read-only private file mapping pinned in place
+// (HostRegistration::try_pin, as the cache's layout pins the GGUF map) and
+// in pinned memory, odd sizes and offsets; the copy stream waits for an
+// event of a second "step" stream, which waits for the copies and then adds
+// on the device. Random bytes, checked byte for byte after a round trip.
+// Not skipped: the diag job runs it first (bench/jobs/expert_cache_diag.sh).
+TEST_CASE("copy_batch_to_device from a pinned file map and pinned memory between two streams gives the bytes") {
+  if (!test::have_gpu()) return;
+  test::TempDir dir("gpu-copy-batch");
+  const size_t file_bytes = 3u << 20;
+  std::mt19937_64 rng(7);
+  std::string bytes(file_bytes, '\0');
+  for (auto& ch : bytes) ch = static_cast<char>(rng() & 0xff);
+  const std::string path = dir.str() + "/blocks.bin";
+  test::write_file(path, bytes);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  REQUIRE(map != MAP_FAILED);
+  std::string why;
+  gpu::HostRegistration pin = gpu::HostRegistration::try_pin(map, file_bytes, &why);
+  MESSAGE("file map " << (pin.ok() ? "pinned in place" : "not pinned: " + why));
+  gpu::PinnedBuffer pinned(1u << 20);
+  for (size_t i = 0; i < (1u << 20); ++i) pinned.as<char>()[i] = static_cast<char>(rng() & 0xff);
+  const char* fsrc = static_cast<const char*>(map);
+  // Copies: (source, offset, bytes) -> device offset; no overlaps on the device.
+  struct Op {
+    const char* src;
+    size_t bytes;
+  };
+  std::vector<Op> ops;
+  if (pin.ok())
+    for (size_t off : {size_t{0}, size_t{4096 + 34}, size_t{777777}, size_t{2u << 20}}) ops.push_back({fsrc + off, 139264 + off % 97});
+  for (size_t off : {size_t{0}, size_t{65536 + 2}, size_t{500001}}) ops.push_back({pinned.as<char>() + off, 69632 + off % 89});
+  size_t total = 0;
+  for (const Op& o : ops) total += o.bytes;
+  gpu::DeviceBuffer dev(total + 16);
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  size_t at = 0;
+  for (const Op& o : ops) {
+    dsts.push_back(dev.as<char>() + at);
+    srcs.push_back(o.src);
+    sizes.push_back(o.bytes);
+    at += o.bytes;
+  }
+  gpu::Stream step, copy;
+  step.set_programmatic_launch(true);  // the add below is launched as split()'s GPU share is: right after the wait on the copies
+  gpu::Event free_ev, c1;
+  gpu::DeviceBuffer acc(4096 * 4);
+  gpu::memset_device(acc.data(), 0, 4096 * 4, step);
+  for (int round = 0; round < 3; ++round) {  // as consecutive split() calls: copy waits step, step waits copy
+    free_ev.record(step);
+    copy.wait(free_ev);
+    gpu::copy_batch_to_device(dsts.data(), srcs.data(), sizes.data(), dsts.size(), copy);
+    c1.record(copy);
+    step.wait(c1);
+    gpu::add(acc.as<float>(), acc.as<float>(), 4096, acc.as<float>(), step);
+  }
+  gpu::PinnedBuffer back(total);
+  gpu::copy_to_host(back.as<char>(), dev.data(), total, step);
+  step.synchronize();
+  at = 0;
+  size_t bad = 0;
+  for (const Op& o : ops) {
+    bad += std::memcmp(back.as<char>() + at, o.src, o.bytes) != 0;
+    at += o.bytes;
+  }
+  CHECK(bad == 0);
+  pin = gpu::HostRegistration();
+  ::munmap(map, file_bytes);
+}
+
+// Pinning a large read-only file map in place, as the cache's layout pins a
+// model's experts (2.9 GB for the 8-layer Q4_K_M slice, whose `hmoe bench`
+// stalled inside the load before the cache's slots were allocated): the
+// registration's time (printed) and a batched copy from the map's far end.
+// Skipped by default (1 GiB of disk and memory); the diag job runs it.
+TEST_CASE("a 1 GiB read-only file map pinned in place: registration time and a batched copy from its end" * doctest::skip()) {
+  if (!test::have_gpu()) return;
+  test::TempDir dir("gpu-pin-big");
+  const size_t file_bytes = 1ull << 30;
+  std::string bytes(file_bytes, '\0');
+  std::mt19937_64 rng(11);
+  for (size_t i = 0; i < file_bytes; i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(&bytes[i], &v, 8);
+  }
+  const std::string path = dir.str() + "/big.bin";
+  test::write_file(path, bytes);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  REQUIRE(map != MAP_FAILED);
+  const char* m = static_cast<const char*>(map);
+  volatile char sink = 0;
+  for (size_t off = 0; off < file_bytes; off += 4096) sink = static_cast<char>(sink ^ m[off]);  // resident, as a loaded model's map
+  std::string why;
+  const auto t0 = std::chrono::steady_clock::now();
+  gpu::HostRegistration pin = gpu::HostRegistration::try_pin(map, file_bytes, &why);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("1 GiB file map: " << (pin.ok() ? "pinned in place" : "not pinned: " + why) << " in " << sec << " s (" << static_cast<double>(file_bytes) / sec / 1e9
+                             << " GB/s)");
+  if (pin.ok()) {
+    const size_t chunk = 1u << 20;
+    gpu::DeviceBuffer dev(4 * chunk);
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    for (size_t i = 0; i < 4; ++i) {
+      dsts.push_back(dev.as<char>() + i * chunk);
+      srcs.push_back(m + file_bytes - (i + 1) * chunk - 2 * i);
+      sizes.push_back(chunk);
+    }
+    gpu::Stream s;
+    gpu::copy_batch_to_device(dsts.data(), srcs.data(), sizes.data(), dsts.size(), s);
+    gpu::PinnedBuffer back(4 * chunk);
+    gpu::copy_to_host(back.as<char>(), dev.data(), 4 * chunk, s);
+    s.synchronize();
+    size_t bad = 0;
+    for (size_t i = 0; i < 4; ++i) bad += std::memcmp(back.as<char>() + i * chunk, srcs[i], chunk) != 0;
+    CHECK(bad == 0);
+  }
+  pin = gpu::HostRegistration();
+  ::munmap(map, file_bytes);
+}
 
 TEST_CASE("split decode and the GPU expert cache: the same greedy ids as the CPU experts, logits within the activations' rounding" * doctest::skip()) {
   if (!test::have_gpu()) return;
@@ -184,7 +330,7 @@ TEST_CASE("the tiny-qwen3moe Q8_0 fixture (experts of intermediate 32) gets no G
   CHECK(m->gpu()->expert_cache() == nullptr);
 }
 
-TEST_CASE("the GPU expert cache's hits, misses, admissions and bytes equal the simulator's on the routing trace the run recorded") {
+TEST_CASE("the GPU expert cache's hits, misses, admissions and bytes equal the simulator's on the routing trace the run recorded" * doctest::skip()) {
   if (!test::have_gpu()) return;
   test::TempDir dir("gpu-expert-cache-sim");
   const std::string path = dir.str() + "/q.gguf";
