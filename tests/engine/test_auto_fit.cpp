@@ -107,7 +107,7 @@ TEST_CASE("GPU memory ledger: the cap names what did not fit") {
 
 TEST_CASE("automatic fit: Qwen3-30B-A3B shape on a 24 GiB card") {
   const ModelConfig c = qwen3_30b_shape();
-  Settings s = quiet_settings({"--gpu-memory", "24GiB"});
+  Settings s = quiet_settings({"--gpu-memory", "24GiB", "--gpu-expert-cache", "auto"});  // the cache is off by default (settings.inc)
   const GpuTarget gpu{"a 24 GiB card", 24ull << 30, 1e12, true};
   FitInputs in;
   in.gpu_bandwidth = 1e12;
