@@ -1,6 +1,7 @@
 // Shared by the GGUF GPU tests: a host copy of a quantized matrix with its
 // CPU dequantization, the int8-activation dot reference, and the decode
-// experts check (gpu::gguf_moe_experts against a scalar SwiGLU reference).
+// experts check (gpu::gguf_moe_experts against a scalar SwiGLU reference)
+// and the grouped prefill product check (gpu::gguf_moe_gemm).
 #pragma once
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "gpu/kernels.h"
 #include "gpu/quant.h"
 #include "io/tensor/mat.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -96,6 +98,47 @@ inline double gguf_moe_experts_worst(const std::vector<GgufHostW>& gu, const std
   for (size_t i = 0; i < out.size(); ++i) {
     const double e = std::fabs(y[i] - out[i]) / (3e-2 * mag[i] + 1e-9);
     if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : e;
+  }
+  return worst;
+}
+
+// gpu::gguf_moe_gemm (the grouped tensor-core prefill product) on dw, the
+// device copy of experts ex ([N, C] each), for 90 tokens routed top-2 (expert
+// 0 gets none, expert 1 every token: more than one 64-row tile), against the
+// scalar product of the dequantized weights. Returns the worst |error| /
+// (2^-8 sum |w x|).
+inline double gguf_moe_gemm_worst(const std::vector<GgufHostW>& ex, const gpu::GgufDeviceMat& dw, int64_t N, int64_t C, gpu::Stream& s) {
+  const int64_t E = static_cast<int64_t>(ex.size()), K = 2, n = 90, P = n * K;
+  std::vector<int32_t> ids(static_cast<size_t>(P));
+  for (int64_t tk = 0; tk < n; ++tk) {
+    ids[static_cast<size_t>(tk * K)] = 1;
+    ids[static_cast<size_t>(tk * K + 1)] = static_cast<int32_t>(2 + tk % 3);
+  }
+  auto x = bf16_round(random_floats(static_cast<size_t>(n * C), 41));
+  auto dx = to_device(bf16_of(x), s);
+  auto di = to_device(ids, s);
+  gpu::DeviceBuffer off(static_cast<size_t>(E + 1) * 4), pl(static_cast<size_t>(P) * 4);
+  gpu::moe_route(di.as<int32_t>(), P, E, off.as<int32_t>(), pl.as<int32_t>(), s);
+  std::vector<float> poison(static_cast<size_t>(P * N), std::nanf(""));
+  auto dc = to_device(poison, s);
+  gpu::gguf_moe_gemm(dx.as<uint16_t>(), pl.as<int32_t>(), K, P, off.as<int32_t>(), E, dw.weight(), N, dc.as<float>(), s);
+  auto c = to_host<float>(dc, poison.size(), s);
+  auto pairs = to_host<int32_t>(pl, static_cast<size_t>(P), s);
+  double worst = 0;
+  for (int64_t i = 0; i < P; ++i) {
+    const int32_t p = pairs[static_cast<size_t>(i)];
+    const int64_t tk = p / K;
+    const GgufHostW& w = ex[static_cast<size_t>(ids[static_cast<size_t>(p)])];
+    for (int64_t r = 0; r < N; ++r) {
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < C; ++k) {
+        const double v = static_cast<double>(w.deq[static_cast<size_t>(r * C + k)]) * x[static_cast<size_t>(tk * C + k)];
+        ref += v;
+        mag += std::fabs(v);
+      }
+      const double e = std::fabs(c[static_cast<size_t>(i * N + r)] - ref) / (0x1p-8 * mag + 1e-6);
+      if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : e;
+    }
   }
   return worst;
 }
