@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "configs/error.h"
@@ -59,7 +60,10 @@ double measure_host_read_bandwidth(numa::ThreadPool* pool) {
   // MiB, one thread's pages, one chain) read 72 GB/s on the device's Xeon
   // where 16 threads stream 143-146 GB/s (bench_gpu, 2026-12-06).
   const size_t words = (512ull << 20) / 8, chunk = 1u << 16;
-  std::vector<uint64_t> buf(words);
+  // Default-initialised (no zero fill here): the pool's first touch below
+  // places the pages, not the calling thread.
+  std::unique_ptr<uint64_t[]> owner(new uint64_t[words]);
+  uint64_t* const buf = owner.get();
   const int64_t chunks = static_cast<int64_t>(words / chunk);
   auto run = [&](const numa::ThreadPool::Fn& fn) {
     if (pool) pool->parallel_for(chunks, fn, 4);
@@ -73,7 +77,7 @@ double measure_host_read_bandwidth(numa::ThreadPool* pool) {
   auto body = [&](int64_t b, int64_t e, int) {
     for (int64_t ch = b; ch < e; ++ch) {
       uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-      const uint64_t* p = buf.data() + static_cast<size_t>(ch) * chunk;
+      const uint64_t* p = buf + static_cast<size_t>(ch) * chunk;
       for (size_t i = 0; i < chunk; i += 4) {
         a0 += p[i];
         a1 += p[i + 1];
