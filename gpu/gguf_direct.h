@@ -15,6 +15,7 @@ namespace hmoe::gpu::detail::gguf_direct {
 
 struct Params {
   const uint8_t* data;
+  const uint8_t* end;       // data + bytes(): prefetches stop at the last 16-byte boundary before it
   int64_t rb;               // row bytes
   int cols, rows;           // rows: of the matrix (dense) or of one expert
   int U, P, G, UPL, passes;  // units per row, lanes per row slot, row slots per warp, 32-unit steps per row, passes

@@ -49,6 +49,13 @@ using gguf::Run;
 
 __device__ __forceinline__ uint4 ldg16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
+// Bulk prefetch of [p, p + bytes) into L2 (sm_90 TMA; p and bytes multiples of 16).
+__device__ __forceinline__ void l2_prefetch(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 // out[i] = the 4 bytes at byte offset o + 4 (FIRST + i) of the words w (o
 // even, 0 <= o < 16; words past NIN read as 0).
 template <int FIRST, int NOUT, int NIN>
@@ -401,7 +408,25 @@ __global__ void __launch_bounds__(MODE == kDown ? 512 : 256, MODE == kDown ? 1 :
     }
   };
 
-  // Weights are requested before the wait (dense: resident weights no
+  // The bytes of a task's pass (RP consecutive rows) go to L2 with one bulk
+  // prefetch by lane 0 (the TMA unit: no registers, no load slots): the
+  // warp's first two tasks before the wait and its prologue, then two tasks
+  // ahead of the one it decodes, so DRAM keeps streaming while the warp
+  // waits on its own loads (L2 hits) and computes.
+  auto prefetch = [&](int tk) {
+    if (tk >= ntask || lane != 0) return;
+    int64_t m0;
+    int ps, sl;
+    rows_of(tk, m0, ps, sl);
+    const int r0 = ps * RP, nr = min(RP, p.rows - r0);
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p.data + (m0 + r0) * p.rb) & ~static_cast<uintptr_t>(15);
+    uintptr_t e = (reinterpret_cast<uintptr_t>(p.data + (m0 + r0 + nr) * p.rb) + 15) & ~static_cast<uintptr_t>(15);
+    const uintptr_t lim = reinterpret_cast<uintptr_t>(p.end) & ~static_cast<uintptr_t>(15);
+    if (e > lim) e = lim;
+    if (e > a) l2_prefetch(reinterpret_cast<const void*>(a), static_cast<uint32_t>(e - a));
+  };
+
+  // Weights are prefetched before the wait (dense: resident weights no
   // kernel writes; down: its routing was written before the gate/up kernel
   // in front passed its own wait); gate/up reads the routing of the kernel
   // right in front, so it waits first.
@@ -410,18 +435,20 @@ __global__ void __launch_bounds__(MODE == kDown ? 512 : 256, MODE == kDown ? 1 :
     pdl_wait();
     pdl_trigger();
   }
-  int task = first, j = 0, pass = 0, slot = 0;
-  int64_t mrow0 = 0;
-  if (task < ntask) {
-    rows_of(task, mrow0, pass, slot);
-    load(mrow0, pass, 0);
-  }
+  prefetch(first);
+  prefetch(first + stride);
   if (kEarly) {
     pdl_wait();
     pdl_trigger();
   }
   quantize_x<F, MODE>(p, nx, TB, XP, XD, XS);
   __syncthreads();
+  int task = first, j = 0, pass = 0, slot = 0;
+  int64_t mrow0 = 0;
+  if (task < ntask) {
+    rows_of(task, mrow0, pass, slot);
+    load(mrow0, pass, 0);
+  }
 
   float acc[RR][TB];
 #pragma unroll
@@ -429,6 +456,7 @@ __global__ void __launch_bounds__(MODE == kDown ? 512 : 256, MODE == kDown ? 1 :
 #pragma unroll
     for (int t = 0; t < TB; ++t) acc[rr][t] = 0.0f;
   while (task < ntask) {
+    if (j == 0) prefetch(task + 2 * stride);
     const int u = lu + 32 * j;
     if (u < U) {
       const int grp = u / F::UPB, q = u - grp * F::UPB;
@@ -521,6 +549,7 @@ bool type_ok(GgufType t) { return t == GgufType::q4_k || t == GgufType::q5_k || 
 Params plan(const GgufWeight& w, int64_t rows, int tb) {
   Params p{};
   p.data = static_cast<const uint8_t*>(w.data);
+  p.end = p.data + w.bytes();
   p.rb = static_cast<int64_t>(w.row_bytes());
   p.cols = static_cast<int>(w.cols);
   p.rows = static_cast<int>(rows);
