@@ -48,4 +48,15 @@ bench() {  # NAME LIMIT [VAR=VALUE...]
 }
 bench direct 45
 bench staged 40 HMOE_GPU_GGUF_DECODE_KERNEL=staged
+# Time left: the GGUF kernel tests under compute-sanitizer (out-of-bounds or
+# misaligned global / shared accesses of either kernel set).
+cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+left=$((236 - (SECONDS - T0)))
+if [[ -x $cs ]] && ((left > 25)); then
+  echo "== compute-sanitizer memcheck, test_gpu_gguf_native.cpp $(t) (limit $left s)"
+  B_DIR=$(dirname "$B")
+  timeout $left env LD_LIBRARY_PATH="$B_DIR/lib:${CUDA_HOME:-/usr/local/cuda}/lib64" "$cs" --tool memcheck --print-limit 20 "$B_DIR/bin/test_gpu" -sf='*test_gpu_gguf_native.cpp' \
+    -tc='gpu gguf_gemv matches*,gpu gguf_moe_experts*' >"$O/memcheck.log" 2>&1
+  echo "memcheck rc $? $(t)"; grep -E "ERROR SUMMARY|Invalid|test cases|assertions" "$O/memcheck.log" | head -12
+fi
 echo "== k29g done $(t)"
