@@ -22,7 +22,17 @@
 //    written).
 // One matrix per type is quantized on the host and replicated on the device.
 //
-// Usage: bench_gpu_gguf [--reps N]
+// Decode kernels side by side (issue 26, k29g): every decode row is timed
+// with the staged kernels (gpu::GgufDecodeKernel::staged, each warp copies
+// its rows into shared memory) and the direct ones (lanes load their units
+// into registers; the default) in the same process, one after the other on
+// the same bytes: time, GB/s and % of the read probe for each, and the ratio.
+// Shapes: lm_head [151936, 2048], q_proj [4096, 2048], k_proj [512, 2048],
+// o_proj [2048, 4096], one expert's gate/up [1536, 2048] and down [2048,
+// 768], and the MoE layer at decode (gate/up + down of the top-8).
+//
+// Usage: bench_gpu_gguf [--reps N] [--decode] [--types Q4_K,Q6_K] [--tokens 1,8]
+//   --decode: only the decode rows (no prefill or dequant rows).
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -65,10 +75,35 @@ constexpr auto tname = bench::gguf_type_name;
 
 }  // namespace
 
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> v;
+  size_t b = 0;
+  while (b <= s.size()) {
+    const size_t e = std::min(s.find(',', b), s.size());
+    if (e > b) v.push_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return v;
+}
+
 int main(int argc, char** argv) {
   int reps = 20;
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
+  bool decode_only = false;
+  std::vector<std::string> types = {"Q4_K", "Q5_K", "Q6_K", "Q8_0"};
+  std::vector<int64_t> tokens = {1, 8};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
+    else if (a == "--decode") decode_only = true;
+    else if (a == "--types" && i + 1 < argc) types = split(argv[++i]);
+    else if (a == "--tokens" && i + 1 < argc) {
+      tokens.clear();
+      for (const std::string& t : split(argv[++i])) tokens.push_back(std::stoll(t));
+    } else {
+      std::fprintf(stderr, "usage: bench_gpu_gguf [--reps N] [--decode] [--types Q4_K,Q5_K,Q6_K,Q8_0] [--tokens 1,8]\n");
+      return 2;
+    }
+  }
   if (gpu::device_count() == 0) {
     std::printf("bench_gpu_gguf: no GPU (%s)\n", gpu::describe().c_str());
     return 0;
@@ -84,39 +119,97 @@ int main(int argc, char** argv) {
     read_bw = static_cast<double>(bytes) / timer.us([&] { gpu::read_probe(a.data(), bytes, sink.as<uint32_t>(), s); }) / 1e3;
     std::printf("device read bandwidth (gpu::read_probe, 2 GiB): %.0f GB/s\n\n", read_bw);
   }
-  std::printf("%-6s %-26s %6s %10s %10s %8s %7s\n", "type", "op", "tokens", "us", "MB", "GB/s", "% read");
+  double copy_bw = 0;
+  {
+    const size_t bytes = size_t{1} << 30;
+    gpu::DeviceBuffer a(bytes), b(bytes);
+    gpu::memset_device(a.data(), 1, bytes, s);
+    copy_bw = 2.0 * static_cast<double>(bytes) / timer.us([&] { gpu::copy_on_device(b.data(), a.data(), bytes, s); }) / 1e3;
+    std::printf("device copy bandwidth (cudaMemcpy device to device, 1 GiB, read + written): %.0f GB/s\n\n", copy_bw);
+  }
+  // Decode rows: staged and direct kernels on the same call.
+  std::printf("%-6s %-34s %6s %10s %10s %9s %14s %14s %8s\n", "type", "op", "tokens", "staged us", "direct us", "MB", "staged GB/s", "direct GB/s",
+              "speedup");
+  auto side = [&](cpu::ExtType t, const std::string& op, int64_t n, double bytes, auto&& fn) {
+    gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::staged);
+    const double us_s = timer.us(fn);
+    gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::direct);
+    const double us_d = timer.us(fn);
+    const double gs = bytes / us_s / 1e3, gd = bytes / us_d / 1e3;
+    std::printf("%-6s %-34s %6ld %10.1f %10.1f %9.2f %7.0f (%3.0f%%) %7.0f (%3.0f%%) %7.2fx\n", tname(t), op.c_str(), static_cast<long>(n), us_s, us_d,
+                bytes / 1e6, gs, 100.0 * gs / read_bw, gd, 100.0 * gd / read_bw, us_s / us_d);
+    std::fflush(stdout);
+  };
   auto row = [&](cpu::ExtType t, const std::string& op, int64_t n, double us, double bytes) {
-    std::printf("%-6s %-26s %6ld %10.1f %10.2f %8.0f %6.0f%%\n", tname(t), op.c_str(), static_cast<long>(n), us, bytes / 1e6, bytes / us / 1e3,
+    std::printf("%-6s %-34s %6ld %10.1f %10.2f %8.0f %6.0f%%\n", tname(t), op.c_str(), static_cast<long>(n), us, bytes / 1e6, bytes / us / 1e3,
                 100.0 * bytes / us / 1e3 / read_bw);
   };
   const int64_t H = 2048, I = 768, E = 128, K = 8;
   std::mt19937 rng(5);
-  for (cpu::ExtType t : {cpu::ExtType::q4_k, cpu::ExtType::q5_k, cpu::ExtType::q6_k, cpu::ExtType::q8_0}) {
+  for (const std::string& tn : types) {
+    cpu::ExtType t{};
+    if (tn == "Q4_K") t = cpu::ExtType::q4_k;
+    else if (tn == "Q5_K") t = cpu::ExtType::q5_k;
+    else if (tn == "Q6_K") t = cpu::ExtType::q6_k;
+    else if (tn == "Q8_0") t = cpu::ExtType::q8_0;
+    else {
+      std::fprintf(stderr, "bench_gpu_gguf: unknown type %s (Q4_K, Q5_K, Q6_K, Q8_0)\n", tn.c_str());
+      return 2;
+    }
     struct Mat {
       const char* name;
       int64_t rows, cols, copies;
     };
-    const int64_t max_n = 8;
+    int64_t max_n = 8;
+    for (int64_t n : tokens) max_n = std::max(max_n, n);
     std::vector<uint16_t> xh(static_cast<size_t>(max_n * 4096));
     for (auto& v : xh) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
     gpu::DeviceBuffer x(xh.size() * 2);
     gpu::copy_to_device(x.data(), xh.data(), xh.size() * 2, s);
-    for (Mat m : {Mat{"gemv lm_head", 4748, H, 32}, Mat{"gemv q_proj", 4096, H, 1}, Mat{"gemv o_proj", H, 4096, 1},
-                  Mat{"gemv experts gate/up", 2 * I, H, E}}) {
+    for (Mat m : {Mat{"lm_head", 4748, H, 32}, Mat{"q_proj", 4096, H, 1}, Mat{"k_proj", 512, H, 1}, Mat{"o_proj", H, 4096, 1}}) {
       Stack st = stack(t, m.rows, m.cols, m.copies, s);
       gpu::DeviceBuffer y(static_cast<size_t>(max_n * st.w.rows) * 4);
-      for (int64_t n : {1, 4, 8}) {
-        const double us = timer.us([&] { gpu::gguf_gemv(st.w, x.as<uint16_t>(), n, y.as<float>(), st.w.rows, s); });
-        row(t, std::string(m.name) + " [" + std::to_string(st.w.rows) + "x" + std::to_string(m.cols) + "]", n, us, static_cast<double>(st.w.bytes()));
-      }
+      for (int64_t n : tokens)
+        side(t, std::string(m.name) + " [" + std::to_string(st.w.rows) + "x" + std::to_string(m.cols) + "]", n, static_cast<double>(st.w.bytes()),
+             [&] { gpu::gguf_gemv(st.w, x.as<uint16_t>(), n, y.as<float>(), st.w.rows, s); });
     }
     // One MoE layer: the native pair kernels and the repacked-format kernel on the same routing.
     Stack gu = stack(t, 2 * I, H, E, s), dn = stack(t, H, I, E, s);
+    {
+      gpu::GgufWeight g1 = gu.w, d1 = dn.w;  // one expert of each stack
+      g1.rows = 2 * I;
+      d1.rows = H;
+      gpu::DeviceBuffer y(static_cast<size_t>(max_n * H) * 4);
+      for (int64_t n : tokens) {
+        side(t, "expert gate/up [1536x2048]", n, static_cast<double>(g1.bytes()), [&] { gpu::gguf_gemv(g1, x.as<uint16_t>(), n, y.as<float>(), g1.rows, s); });
+        side(t, "expert down [2048x768]", n, static_cast<double>(d1.bytes()), [&] { gpu::gguf_gemv(d1, x.as<uint16_t>(), n, y.as<float>(), d1.rows, s); });
+      }
+    }
     const std::vector<uint8_t> gu1 = gu.host, dn1 = dn.host;
+    const double expert_bytes = static_cast<double>(gu1.size() + dn1.size());
+    for (int64_t n : tokens) {
+      std::vector<int32_t> ids(static_cast<size_t>(n * K));
+      std::vector<float> wts(ids.size(), 1.0f / K);
+      std::vector<int> seen(static_cast<size_t>(E), 0);
+      for (int64_t tk = 0; tk < n; ++tk) {
+        std::vector<int32_t> perm(static_cast<size_t>(E));
+        for (int32_t e = 0; e < E; ++e) perm[static_cast<size_t>(e)] = e;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int64_t j = 0; j < K; ++j) ids[static_cast<size_t>(tk * K + j)] = perm[static_cast<size_t>(j)];
+      }
+      int distinct = 0;
+      for (int32_t e : ids) distinct += seen[static_cast<size_t>(e)]++ == 0;
+      gpu::DeviceBuffer di(ids.size() * 4), dw(ids.size() * 4), gub(ids.size() * 2 * I * 4), out(static_cast<size_t>(n * H) * 4);
+      gpu::copy_to_device(di.data(), ids.data(), ids.size() * 4, s);
+      gpu::copy_to_device(dw.data(), wts.data(), wts.size() * 4, s);
+      side(t, "moe layer top-8 (gate/up + down)", n, distinct * expert_bytes, [&] {
+        gpu::gguf_moe_experts(x.as<uint16_t>(), n, K, di.as<int32_t>(), dw.as<float>(), gu.w, dn.w, I, gub.as<float>(), out.as<float>(), s);
+      });
+    }
+    if (decode_only) continue;
     std::vector<cpu::Mat> guv(static_cast<size_t>(E), cpu::ext_view(t, gu1.data(), 2 * I, H, "bench")),
         dnv(static_cast<size_t>(E), cpu::ext_view(t, dn1.data(), H, I, "bench"));
     gpu::QDeviceMat qgu(guv, s, "bench gate/up"), qdn(dnv, s, "bench down");
-    const double expert_bytes = static_cast<double>(gu1.size() + dn1.size());
     for (int64_t n : {1, 8}) {
       std::vector<int32_t> ids(static_cast<size_t>(n * K));
       std::vector<float> wts(ids.size(), 1.0f / K);
@@ -129,20 +222,16 @@ int main(int argc, char** argv) {
       }
       int distinct = 0;
       for (int32_t e : ids) distinct += seen[static_cast<size_t>(e)]++ == 0;
-      gpu::DeviceBuffer di(ids.size() * 4), dw(ids.size() * 4), gub(ids.size() * 2 * I * 4), out(static_cast<size_t>(n * H) * 4),
-          off(static_cast<size_t>(E + 1) * 4), pl(ids.size() * 4), act(ids.size() * I * 2), part(ids.size() * H * 4);
+      gpu::DeviceBuffer di(ids.size() * 4), dw(ids.size() * 4), out(static_cast<size_t>(n * H) * 4), off(static_cast<size_t>(E + 1) * 4),
+          pl(ids.size() * 4), act(ids.size() * I * 2), part(ids.size() * H * 4);
       gpu::copy_to_device(di.data(), ids.data(), ids.size() * 4, s);
       gpu::copy_to_device(dw.data(), wts.data(), wts.size() * 4, s);
-      const double us = timer.us([&] {
-        gpu::gguf_moe_experts(x.as<uint16_t>(), n, K, di.as<int32_t>(), dw.as<float>(), gu.w, dn.w, I, gub.as<float>(), out.as<float>(), s);
-      });
-      row(t, "moe layer (gguf_moe_experts)", n, us, distinct * expert_bytes);
       const double us_old = timer.us([&] {
         gpu::moe_route(di.as<int32_t>(), n * K, E, off.as<int32_t>(), pl.as<int32_t>(), s);
         gpu::quant_moe_experts(x.as<uint16_t>(), n, H, I, E, K, dw.as<float>(), off.as<int32_t>(), pl.as<int32_t>(), qgu.weight(), qdn.weight(),
                                act.as<uint16_t>(), part.as<float>(), out.as<float>(), s);
       });
-      row(t, std::string("moe layer (old, ") + gpu::qformat_name(qgu.weight().format) + ")", n, us_old, distinct * expert_bytes);
+      row(t, std::string("moe layer (repacked, ") + gpu::qformat_name(qgu.weight().format) + ")", n, us_old, distinct * expert_bytes);
     }
     // Prefill chunks: the grouped tensor-core product on the blocks (route, gate/up, SwiGLU, down,
     // weighted sum) against dequantizing every expert to bf16 and one cuBLAS product per expert.
@@ -200,6 +289,7 @@ int main(int argc, char** argv) {
     const double dus = timer.us([&] { gpu::gguf_dequant(gu.w, 0, gu.w.rows, deq.as<uint16_t>(), s); });
     row(t, "dequant experts gate/up", 0, dus, static_cast<double>(gu.w.bytes()) + static_cast<double>(gu.w.rows * H) * 2);
   }
-  std::printf("\nGB/s: the file's bytes moved per second (dequant: bytes read + bf16 bytes written); %% read: of the read bandwidth above.\n");
+  std::printf("\nGB/s: the file's bytes moved per second (dequant: bytes read + bf16 bytes written); %%: of the read bandwidth above; speedup: "
+              "staged us / direct us.\n");
   return 0;
 }

@@ -25,6 +25,7 @@
 #include "configs/error.h"
 #include "gpu/common.cuh"
 #include "gpu/gguf_units.cuh"
+#include "gpu/gguf_direct.h"
 #include "gpu/decode_fused.h"
 #include "gpu/quant.h"
 
@@ -591,6 +592,8 @@ void gguf_gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_
   check_gguf_weight(w, "gpu::gguf_gemv");
   if (n < 0 || ldy < w.rows) fail(ErrorKind::invalid_argument, "gpu::gguf_gemv: bad token count or output stride");
   if (n == 0 || w.rows == 0) return;
+  if (n > 65535 * 8) fail(ErrorKind::unsupported, "gpu::gguf_gemv: too many tokens for the decode kernels");
+  if (gguf_decode_kernel() == GgufDecodeKernel::direct && gguf_direct::gemv_supported(w, n)) return gguf_direct::gemv(w, x, n, y, ldy, s);
   Params p = plan(w, w.rows);
   p.x = x;
   p.n = static_cast<int>(n);
@@ -647,6 +650,8 @@ void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids,
   if (k < 1 || k > 16) fail(ErrorKind::unsupported, "gpu::gguf_moe_experts: k = " + std::to_string(k) + " (1..16 supported)");
   if (n <= 0) return;
   if (n > 65535) fail(ErrorKind::unsupported, "gpu::gguf_moe_experts: too many tokens for the decode kernels");
+  if (gguf_decode_kernel() == GgufDecodeKernel::direct && gguf_direct::moe_supported(w_gate_up, w_down, k))
+    return gguf_direct::moe_experts(x, n, k, ids, weights, w_gate_up, w_down, inter, gu, out, s);
   Stream& st = s;
   const unsigned ny = static_cast<unsigned>(n);
   Params g = plan(w_gate_up, 2 * inter);

@@ -181,6 +181,18 @@ class GgufDeviceMat {
   GgufWeight w_;
 };
 
+// Which kernels gguf_gemv and gguf_moe_experts run (process-wide; setting
+// gpu_gguf_decode_kernel). direct (the default): Q4_K/Q5_K/Q6_K/Q8_0 with
+// each lane loading its 64-weight unit from global memory into registers
+// (gpu/gguf_gemv_direct.cu); other types, and activations that do not fit
+// in shared memory, take the staged kernels. staged: the earlier kernels,
+// each warp copying its rows into shared memory first (gpu/gguf_gemv.cu),
+// for every type. Same numerics (the same int8 activation planes and run
+// products; the order of the fp32 sums over runs differs).
+enum class GgufDecodeKernel : uint8_t { staged, direct };
+void set_gguf_decode_kernel(GgufDecodeKernel k);
+GgufDecodeKernel gguf_decode_kernel();
+
 // y[t, r] (row stride ldy) = sum_k x[t, k] W[r, k] for t < n, x bf16 [n, cols].
 // For decode-sized n (each weight byte is read once per 8 tokens); larger
 // passes should dequantize (gguf_dequant) and use cuBLAS. On a stream with

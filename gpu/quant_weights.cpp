@@ -2,6 +2,7 @@
 // views. No CUDA calls of its own (copies go through gpu/memory.h), so the
 // CPU-only build compiles it too (gpu/quant_nocuda.cpp includes this file).
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <iterator>
 
@@ -336,6 +337,12 @@ GgufType gguf_type_of(const cpu::Mat& m, const std::string& what) {
                                      " are not GGUF blocks the GPU kernels read as stored (Q4_K/Q5_K/Q6_K/Q8_0 and Q2_K/Q3_K/IQ1-IQ4/MXFP4)");
   return t;
 }
+
+namespace {
+std::atomic<GgufDecodeKernel> g_decode_kernel{GgufDecodeKernel::direct};
+}  // namespace
+void set_gguf_decode_kernel(GgufDecodeKernel k) { g_decode_kernel.store(k); }
+GgufDecodeKernel gguf_decode_kernel() { return g_decode_kernel.load(); }
 
 void check_gguf_weight(const GgufWeight& w, const std::string& what) {
   auto bad = [&](const std::string& msg) { fail(ErrorKind::unsupported, what + " (" + gguf_type_name(w.type) + "): " + msg); };

@@ -38,6 +38,9 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.quantized_dense = s.gpu_quantized_dense;
   o.programmatic_launch = s.gpu_programmatic_launch;
   o.decode_fusion = s.gpu_decode_fusion;
+  if (s.gpu_gguf_decode_kernel == "direct") o.gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
+  else if (s.gpu_gguf_decode_kernel == "staged") o.gguf_decode_kernel = gpu::GgufDecodeKernel::staged;
+  else fail(ErrorKind::invalid_argument, "--gpu-gguf-decode-kernel / HMOE_GPU_GGUF_DECODE_KERNEL must be direct or staged, got '" + s.gpu_gguf_decode_kernel + "'");
   o.defer_experts = s.defer_experts;
   o.expert_cache.budget_bytes = parse_gpu_expert_cache(s.gpu_expert_cache);
   o.expert_cache.cost.share = parse_gpu_split_decode(s.gpu_split_decode);
@@ -116,6 +119,7 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.tiled_attention = o.tiled_attention;
   m.programmatic_launch = o.programmatic_launch;
   m.decode_fusion = o.decode_fusion;
+  gpu::set_gguf_decode_kernel(o.gguf_decode_kernel);
   gpu::MemoryUse use_weights("the weights (embedding, lm_head, norms)");
   GpuUploader up(bind, m.stream);
   up.set_keep_gguf(o.quantized_dense);

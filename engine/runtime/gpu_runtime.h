@@ -40,6 +40,7 @@
 #include "engine/layers/mla_attention.h"
 #include "engine/layers/routed_experts.h"
 #include "engine/layers/weights.h"
+#include "gpu/quant.h"
 #include "engine/loading/model_config.h"
 #include "engine/models/model_graph.h"
 #include "engine/runtime/batch.h"
@@ -92,6 +93,9 @@ struct GpuRuntimeOptions {
   bool cuda_graphs = false, cpu_overlap = false, tiled_attention = true;
   bool programmatic_launch = true;  // setting gpu_programmatic_launch (gpu::Stream::set_programmatic_launch)
   bool decode_fusion = false;       // setting gpu_decode_fusion (GpuStepInfo::fused)
+  // Setting gpu_gguf_decode_kernel (gpu::set_gguf_decode_kernel, process-wide;
+  // applied when the runtime is built).
+  gpu::GgufDecodeKernel gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
   // Setting defer_experts: hand-off layers followed by another hand-off layer
   // defer their N lowest-weight experts per token to a worker thread that

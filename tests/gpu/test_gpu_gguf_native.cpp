@@ -11,10 +11,13 @@
 // Skips with a message where no GPU is present.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "configs/error.h"
+#include "configs/settings.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "gpu/quant.h"
 #include "numa/quant_gguf.h"
 #include "tests/gpu/gguf_expert_check.h"
@@ -49,6 +52,13 @@ HostW make(cpu::ExtType t, int64_t rows, int64_t cols, uint64_t seed) {
 
 std::string name(cpu::ExtType t) { return cpu::ext_type_info(static_cast<uint32_t>(t))->name; }
 
+// Both decode kernel sets (gpu::set_gguf_decode_kernel); the default is restored after each case.
+const gpu::GgufDecodeKernel kKernels[] = {gpu::GgufDecodeKernel::direct, gpu::GgufDecodeKernel::staged};
+const char* kname(gpu::GgufDecodeKernel k) { return k == gpu::GgufDecodeKernel::direct ? "direct" : "staged"; }
+struct KernelScope {
+  ~KernelScope() { gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::direct); }
+};
+
 }  // namespace
 
 TEST_CASE("gpu gguf: types of CPU views and shapes the native kernels refuse") {
@@ -74,39 +84,100 @@ TEST_CASE("gpu gguf: types of CPU views and shapes the native kernels refuse") {
   CHECK(gpu::GgufWeight{gpu::GgufType::q8_0, nullptr, 1, 2112}.row_bytes() == 2244);
 }
 
+TEST_CASE("gpu gguf: the decode kernel setting takes direct or staged and names a bad value") {
+  Settings s = Settings::defaults();
+  CHECK(s.gpu_gguf_decode_kernel == "direct");
+  CHECK(GpuRuntimeOptions::from_settings(s).gguf_decode_kernel == gpu::GgufDecodeKernel::direct);
+  s.gpu_gguf_decode_kernel = "STAGED";
+  s.validate();  // choices are read in lower case
+  CHECK(GpuRuntimeOptions::from_settings(s).gguf_decode_kernel == gpu::GgufDecodeKernel::staged);
+  s.gpu_gguf_decode_kernel = "fast";
+  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("direct"), Error);
+  CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);
+  gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::staged);
+  CHECK(gpu::gguf_decode_kernel() == gpu::GgufDecodeKernel::staged);
+  gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::direct);
+  CHECK(gpu::gguf_decode_kernel() == gpu::GgufDecodeKernel::direct);
+}
+
 TEST_CASE("gpu gguf_gemv matches the scalar reference within the int8 activation rounding") {
   if (!test::have_gpu()) return;
   gpu::Stream s;
+  KernelScope restore;
   struct Shape {
     int64_t rows, cols;
   };
   for (cpu::ExtType t : kTypes) {
-    std::vector<Shape> shapes = {{37, 2048}, {41, 768}, {9, 4096}, {5, 7168}};
-    if (t == cpu::ExtType::q8_0) shapes.push_back({13, 2112});
+    // 2048/768/4096: Qwen3-30B-A3B rows (one row per warp, rows sharing a warp,
+    // two 32-unit steps); 7168: DeepSeek (four steps, the last one partial);
+    // 256/512: 8 and 4 rows per warp; odd row counts end in partial passes.
+    std::vector<Shape> shapes = {{37, 2048}, {41, 768}, {9, 4096}, {5, 7168}, {19, 256}, {23, 512}};
+    if (t == cpu::ExtType::q8_0) shapes.push_back({13, 2112});  // rows on 4-byte boundaries, 33 units
     for (auto [rows, cols] : shapes) {
       auto h = make(t, rows, cols, 100 + static_cast<uint64_t>(cols) + static_cast<uint64_t>(t));
       gpu::GgufDeviceMat dw({h.view}, s, "test weight");
       CHECK(dw.weight().bytes() == static_cast<size_t>(rows) * h.view.row_bytes());
-      for (int64_t n : {1, 3, 8, 11}) {
+      for (int64_t n : {1, 2, 3, 5, 8, 11}) {
         auto x = bf16_round(test::random_floats(static_cast<size_t>(n * cols), 7 + static_cast<uint64_t>(n)));
         auto dx = test::to_device(bf16_of(x), s);
         const int64_t ldy = rows + 3;
-        std::vector<float> poison(static_cast<size_t>(n * ldy), std::nanf(""));
-        auto dy = test::to_device(poison, s);
-        gpu::gguf_gemv(dw.weight(), dx.as<uint16_t>(), n, dy.as<float>(), ldy, s);
-        auto y = test::to_host<float>(dy, static_cast<size_t>(n * ldy), s);
-        double worst = 0;
-        int64_t bad_t = -1, bad_r = -1;
-        for (int64_t tk = 0; tk < n; ++tk)
-          for (int64_t r = 0; r < rows; ++r) {
-            double ref, bound;
-            ref_dot(h.deq.data() + r * cols, x.data() + tk * cols, cols, ref, bound);
-            const double e = std::fabs(y[static_cast<size_t>(tk * ldy + r)] - ref) / bound;
-            if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : e, bad_t = tk, bad_r = r;
-          }
-        CHECK_MESSAGE(worst <= 1.0, name(t) << " rows=" << rows << " cols=" << cols << " n=" << n << ": worst error/bound " << worst << " at token "
-                                            << bad_t << " row " << bad_r);
+        for (gpu::GgufDecodeKernel kern : kKernels) {
+          gpu::set_gguf_decode_kernel(kern);
+          std::vector<float> poison(static_cast<size_t>(n * ldy), std::nanf(""));
+          auto dy = test::to_device(poison, s);
+          gpu::gguf_gemv(dw.weight(), dx.as<uint16_t>(), n, dy.as<float>(), ldy, s);
+          auto y = test::to_host<float>(dy, static_cast<size_t>(n * ldy), s);
+          double worst = 0;
+          int64_t bad_t = -1, bad_r = -1;
+          for (int64_t tk = 0; tk < n; ++tk)
+            for (int64_t r = 0; r < rows; ++r) {
+              double ref, bound;
+              ref_dot(h.deq.data() + r * cols, x.data() + tk * cols, cols, ref, bound);
+              const double e = std::fabs(y[static_cast<size_t>(tk * ldy + r)] - ref) / bound;
+              if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : e, bad_t = tk, bad_r = r;
+            }
+          CHECK_MESSAGE(worst <= 1.0, kname(kern) << " " << name(t) << " rows=" << rows << " cols=" << cols << " n=" << n << ": worst error/bound "
+                                                  << worst << " at token " << bad_t << " row " << bad_r);
+          // The gaps between the rows of a token are not written.
+          bool gaps = true;
+          for (int64_t tk = 0; tk < n; ++tk)
+            for (int64_t r = rows; r < ldy; ++r) gaps = gaps && std::isnan(y[static_cast<size_t>(tk * ldy + r)]);
+          CHECK_MESSAGE(gaps, kname(kern) << " " << name(t) << " cols=" << cols << " n=" << n << ": wrote past a token's rows");
+        }
       }
+    }
+  }
+}
+
+// The two kernel sets compute the same int8 activation planes and the same
+// run products; only the fp32 order of the sums over runs differs.
+TEST_CASE("gpu gguf_gemv: direct and staged kernels agree to fp32 rounding") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  KernelScope restore;
+  for (cpu::ExtType t : kTypes) {
+    const int64_t rows = 300, cols = 2048;
+    auto h = make(t, rows, cols, 77 + static_cast<uint64_t>(t));
+    gpu::GgufDeviceMat dw({h.view}, s, "test weight");
+    for (int64_t n : {1, 4, 8}) {
+      auto x = bf16_round(test::random_floats(static_cast<size_t>(n * cols), 3 + static_cast<uint64_t>(n)));
+      auto dx = test::to_device(bf16_of(x), s);
+      std::vector<float> got[2];
+      for (int i = 0; i < 2; ++i) {
+        gpu::set_gguf_decode_kernel(kKernels[i]);
+        gpu::DeviceBuffer dy(static_cast<size_t>(n * rows) * 4);
+        gpu::gguf_gemv(dw.weight(), dx.as<uint16_t>(), n, dy.as<float>(), rows, s);
+        got[i] = test::to_host<float>(dy, static_cast<size_t>(n * rows), s);
+      }
+      double worst = 0;
+      for (int64_t tk = 0; tk < n; ++tk)
+        for (int64_t r = 0; r < rows; ++r) {
+          double mag = 0;
+          for (int64_t k = 0; k < cols; ++k) mag += std::fabs(static_cast<double>(h.deq[static_cast<size_t>(r * cols + k)]) * x[static_cast<size_t>(tk * cols + k)]);
+          const size_t i = static_cast<size_t>(tk * rows + r);
+          worst = std::max(worst, std::fabs(static_cast<double>(got[0][i]) - got[1][i]) / (1e-4 * mag + 1e-12));
+        }
+      CHECK_MESSAGE(worst <= 1.0, name(t) << " n=" << n << ": |direct - staged| / (1e-4 sum |w x|) " << worst);
     }
   }
 }
@@ -137,6 +208,7 @@ TEST_CASE("gpu gguf_dequant gives every weight in bf16") {
 TEST_CASE("gpu gguf_moe_experts matches a scalar SwiGLU expert reference") {
   if (!test::have_gpu()) return;
   gpu::Stream s;
+  KernelScope restore;
   const int64_t H = 2048, I = 768, E = 6, K = 3;
   struct Pair {
     cpu::ExtType gu, dn;
@@ -149,8 +221,11 @@ TEST_CASE("gpu gguf_moe_experts matches a scalar SwiGLU expert reference") {
       dn.push_back(make(f.dn, H, I, 900 + static_cast<uint64_t>(e) * 7 + static_cast<uint64_t>(f.dn)));
     }
     for (int64_t n : {1, 4}) {
-      const double worst = test::gguf_moe_experts_worst(gu, dn, H, I, K, n, 5, s);
-      CHECK_MESSAGE(worst <= 1.0, name(f.gu) << "/" << name(f.dn) << " n=" << n << ": worst error/bound " << worst);
+      for (gpu::GgufDecodeKernel kern : kKernels) {
+        gpu::set_gguf_decode_kernel(kern);
+        const double worst = test::gguf_moe_experts_worst(gu, dn, H, I, K, n, 5, s);
+        CHECK_MESSAGE(worst <= 1.0, kname(kern) << " " << name(f.gu) << "/" << name(f.dn) << " n=" << n << ": worst error/bound " << worst);
+      }
     }
   }
 }
