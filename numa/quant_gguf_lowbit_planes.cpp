@@ -1,4 +1,4 @@
-// AVX-512 VNNI + VBMI + GFNI integer kernels of the 256-entry-grid IQ types
+// AVX-512 VNNI + VBMI integer kernels of the 256-entry-grid IQ types
 // (IQ2_XXS, IQ3_XXS), v3: grid rows looked up in registers instead of
 // gathered. v2 (quant_gguf_lowbit_vbmi.cpp) fetches a group's 32 (or 64)
 // grid rows by four gathers and spends most of a group on placing indices
@@ -12,11 +12,15 @@
 // and one fp32 fma per 16 lanes.
 //  - IQ2_XXS: two rows per step (rows A, B in lanes 0-31 / 32-63 of each of
 //    the 8 planes; lane l < 8 = A's sub-block l, l >= 8 = B's);
-//  - IQ3_XXS: one row per step (64 grid rows of 4 bytes: 4 planes); lane
-//    positions ordered so that a sign byte's bits land in mask bytes.
+//  - IQ3_XXS: one row per step (64 grid rows of 4 bytes: 4 planes), lane
+//    positions ordered (r3) so that a lane's 4 rows share a sub-block.
 // Signs: the 7-bit sign indices cut out by vpmultishiftqb, completed by
-// their parity bit with one 128-entry vpermi2b, then transposed 8 x 8 bits
-// per qword by vgf2p8affineqb into per-plane mask bytes (kmovq loads).
+// their parity bit with one 128-entry vpermi2b; plane j's mask is one
+// vptestmb on bit j (a transposition by vgf2p8affineqb with kmovq loads
+// measured slower: the loads wait on the store).
+// Measured (bench_gguf_lowbit --kernel, bench/README.md): a little faster
+// than v2 at batch 1 (the 24 lookup uops per two rows cost what the gathers
+// did) and 20-25% at batch 4, where a decoded group serves more tokens.
 // Codes unsigned: u = bias + |code| or bias - |code| (one masked subtract);
 // the bias comes off by seeding the int32 lanes with -bias * sum(x of the
 // lane's sub-block). Exact integer sums; equal to the scalar reference up to
@@ -30,6 +34,7 @@
 #include <vector>
 
 #include "io/tensor/gguf_iq_grids.h"
+#include "numa/detail/lowbit_bytes.h"
 #include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
 
@@ -101,11 +106,7 @@ const PlaneGrids& plane_grids() {
 }
 
 HMOE_LP inline __m512i ld(const void* p) { return _mm512_load_si512(p); }
-inline uint16_t u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
+using lowbit_bytes::half;
 
 // One plane of a 256-entry grid for 64 indices (hi: index bit 7).
 HMOE_LP inline __m512i lookup256(const uint8_t* plane, __m512i idx, __mmask64 hi) {
@@ -186,7 +187,7 @@ HMOE_LP inline void decode_iq2xxs(const uint8_t* a, const uint8_t* b, Dec<kIq2xx
   const __m512i idx = _mm512_permutex2var_epi8(qa, ld(kT.x2_idx), qb);
   const __m512i aux = _mm512_permutex2var_epi8(qa, ld(kT.x2_aux), qb);
   const __m512i s = _mm512_srli_epi32(aux, 28);
-  const __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(u16(a)) * 0.125f), _mm512_set1_ps(_cvtsh_ss(u16(b)) * 0.125f));
+  const __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half(a) * 0.125f), _mm512_set1_ps(half(b) * 0.125f));
   k.sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(s, s), _mm512_set1_epi32(1))), d);
   const __m512i sb = sign_bytes(aux, kT.x2_ms);  // byte i: row i's signs (A | B)
   const __mmask64 hi = _mm512_movepi8_mask(idx);
@@ -200,7 +201,7 @@ HMOE_LP inline void decode_iq3xxs(const uint8_t* a, Dec<kIq3xxs>& k) {
   const __m512i idx = _mm512_permutexvar_epi8(ld(kT.x3_idx), _mm512_loadu_si512(a + 2));
   const __m512i aux = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 66)));
   const __m512i s = _mm512_permutexvar_epi32(_mm512_load_si512(kT.x3_lane), _mm512_srli_epi32(aux, 28));
-  k.sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(s, s), _mm512_set1_epi32(1))), _mm512_set1_ps(_cvtsh_ss(u16(a)) * 0.25f));
+  k.sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(s, s), _mm512_set1_epi32(1))), _mm512_set1_ps(half(a) * 0.25f));
   // byte p: the sign byte of position p's row (8-weight group r3(p) / 2); bit 4h + j for plane j
   const __m512i sb = _mm512_permutexvar_epi8(ld(kT.x3_sgrp), sign_bytes(aux, kT.x3_ms));
   const __mmask64 hi = _mm512_movepi8_mask(idx);
