@@ -325,6 +325,12 @@ TEST_CASE("deepseek2 GGUF: metadata and tensors that do not fit are errors namin
       {"type", [](std::string& b) { set_tensor_type(b, "blk.1.attn_output.weight", 77); }, "blk.1.attn_output.weight"},
       {"block", [](std::string& b) { set_tensor_type(b, "blk.0.attn_q_b.weight", 8); }, "blk.0.attn_q_b.weight"},
       {"truncated", [](std::string& b) { b.resize(b.size() - 4096); }, "lies beyond the end of the file"},
+      // the low-bit types hold 256 weights a block: these rows (widths of the tiny model, not multiples of 256) do not divide
+      {"block-q2_k", [](std::string& b) { set_tensor_type(b, "blk.0.attn_q_b.weight", 10); }, "blk.0.attn_q_b.weight"},
+      {"block-iq2_xxs", [](std::string& b) { set_tensor_type(b, "blk.1.ffn_gate_exps.weight", 16); }, "blk.1.ffn_gate_exps.weight"},
+      {"block-iq1_s", [](std::string& b) { set_tensor_type(b, "blk.1.attn_kv_a_mqa.weight", 19); }, "blk.1.attn_kv_a_mqa.weight"},
+      {"block-iq3_s", [](std::string& b) { set_tensor_type(b, "output.weight", 21); }, "output.weight"},
+      {"unknown-type-42", [](std::string& b) { set_tensor_type(b, "blk.2.attn_k_b.weight", 42); }, "blk.2.attn_k_b.weight' has unknown ggml type 42"},
   };
   for (const Case& c : cases) {
     INFO(c.tag);
