@@ -18,9 +18,11 @@
 // their parity bit with one 128-entry vpermi2b; plane j's mask is one
 // vptestmb on bit j (a transposition by vgf2p8affineqb with kmovq loads
 // measured slower: the loads wait on the store).
-// Measured (bench_gguf_lowbit --kernel, bench/README.md): a little faster
-// than v2 at batch 1 (the 24 lookup uops per two rows cost what the gathers
-// did) and 20-25% at batch 4, where a decoded group serves more tokens.
+// Measured (bench_gguf_lowbit, bench/README.md): IQ3_XXS 15-20% faster than
+// v2 at batch 1 in the expert engine; IQ2_XXS as fast as v2 alone at batch 1
+// (the 24 lookup uops per two rows cost what the gathers did) but slower in
+// the engine, whose 32-row calls each repeat the activation planes, so v2
+// keeps IQ2_XXS at one token; both 20-25% faster at batch 4.
 // Codes unsigned: u = bias + |code| or bias - |code| (one masked subtract);
 // the bias comes off by seeding the int32 lanes with -bias * sum(x of the
 // lane's sub-block). Exact integer sums; equal to the scalar reference up to
@@ -279,7 +281,10 @@ HMOE_LP void rows(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t
 
 bool lowbit_rows_q8_planes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   switch (w.ext) {
-    case kIq2xxs: rows<kIq2xxs>(xa, t0, n, w, r0, r1, y, ldy); return true;
+    case kIq2xxs:  // one token: v2 measured faster inside the expert engine (its 32-row calls repeat the activation planes)
+      if (n < 2) return false;
+      rows<kIq2xxs>(xa, t0, n, w, r0, r1, y, ldy);
+      return true;
     case kIq3xxs: rows<kIq3xxs>(xa, t0, n, w, r0, r1, y, ldy); return true;
     default: return false;
   }
