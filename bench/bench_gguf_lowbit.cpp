@@ -15,7 +15,8 @@
 // Weights are random blocks with finite fp16 scales: the kernels' work does
 // not depend on the values.
 //
-// --kernel: the int8 kernel alone on one thread, rows resident in L2 (64 x
+// --kernel: the int8 kernel alone on one thread (IQ2_XXS / IQ3_XXS also by
+// their v2 kernel, which v3 replaced), rows resident in L2 (64 x
 // hidden), batch 1 and 4, timed by the thread's CPU time (what a loaded
 // machine's preemption does not inflate): the compute roof, as the GB/s of
 // weights one core could consume.
@@ -174,7 +175,8 @@ double thread_seconds() {
 }
 
 // The int8 kernel alone: rows x H of type t, resident in L2, n tokens; best of 5 runs of ~min_s CPU seconds.
-void kernel_row(const std::string& name, ExtType t, double min_s) {
+// v2 = the VBMI kernel of every type, for the types v3 (grid planes) serves.
+void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = false) {
   const int64_t rows = 64;
   const auto bytes = random_matrix(t, rows, H, 5);
   const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, H, "w");
@@ -193,7 +195,10 @@ void kernel_row(const std::string& name, ExtType t, double min_s) {
       const double t0 = thread_seconds();
       double el = 0;
       while (el < min_s / 5) {
-        for (int i = 0; i < 16; ++i) cpu::gemm_rows_q8(a, 0, n, w, 0, rows, y.data(), rows);
+        for (int i = 0; i < 16; ++i) {
+          if (v2) cpu::detail::lowbit_rows_q8_vbmi(a, 0, n, w, 0, rows, y.data(), rows);
+          else cpu::gemm_rows_q8(a, 0, n, w, 0, rows, y.data(), rows);
+        }
         calls += 16;
         el = thread_seconds() - t0;
       }
@@ -235,6 +240,8 @@ int main(int argc, char** argv) {
     for (ExtType t : cpu::lowbit::kAll) {
       const std::string name = cpu::ext_type_info(static_cast<uint32_t>(t))->name;
       if (only.empty() || only == name) kernel_row(name, t, quick ? 0.2 : 0.5);
+      if ((only.empty() || only == name) && (t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq3_xxs) && cpu::detail::lowbit_has_avx512_vbmi())
+        kernel_row(name + " (v2, before grid planes)", t, quick ? 0.2 : 0.5, true);
     }
     if (only.empty() || only == "Q4_K") kernel_row("Q4_K", ExtType::q4_k, quick ? 0.2 : 0.5);
     std::printf("\n(ns per 256-weight group and row; GB/s: stored weight bytes per second one core consumes.)\n");

@@ -1,36 +1,18 @@
 // Run-time dispatch of the low-bit kernels (numa/quant_gguf_lowbit.h) and
-// their scalar fallback over the block decoding.
+// the scalar fallback (detail::rows_scalar over ext_row_to_f32).
 #include "numa/quant_gguf_lowbit.h"
 
-#include <vector>
-
+#include "numa/detail/kernels_impl.h"
 #include "numa/quant_gguf_q8.h"
 
 namespace hmoe::cpu {
-
-namespace {
-
-void scalar_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  std::vector<float> row(static_cast<size_t>(w.cols));
-  for (int64_t r = r0; r < r1; ++r) {
-    ext_row_to_f32(w, r, row.data());
-    for (int64_t t = 0; t < n; ++t) {
-      const float* xt = x + t * ldx;
-      float s = 0;
-      for (int64_t k = 0; k < w.cols; ++k) s += xt[k] * row[static_cast<size_t>(k)];
-      y[t * ldy + r] = s;
-    }
-  }
-}
-
-}  // namespace
 
 void lowbit_gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   if (r1 <= r0 || n <= 0) return;
   switch (best_isa()) {
     case Isa::avx512: detail::lowbit_rows_avx512(x, ldx, n, w, r0, r1, y, ldy); break;
     case Isa::avx2: detail::lowbit_rows_avx2(x, ldx, n, w, r0, r1, y, ldy); break;
-    default: scalar_rows(x, ldx, n, w, r0, r1, y, ldy); break;
+    default: detail::rows_scalar(x, ldx, n, w, r0, r1, y, ldy); break;
   }
 }
 
@@ -40,7 +22,9 @@ bool lowbit_q8_applies(const Mat& w) {
 
 void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   if (r1 <= r0 || n <= 0) return;
-  if (best_isa() == Isa::avx512 && detail::lowbit_has_avx512_vbmi()) detail::lowbit_rows_q8_vbmi(xa, t0, n, w, r0, r1, y, ldy);
+  const bool vbmi = best_isa() == Isa::avx512 && detail::lowbit_has_avx512_vbmi();
+  if (vbmi && detail::lowbit_rows_q8_planes(xa, t0, n, w, r0, r1, y, ldy)) return;
+  if (vbmi) detail::lowbit_rows_q8_vbmi(xa, t0, n, w, r0, r1, y, ldy);
   else if (best_isa() == Isa::avx512 && detail::lowbit_has_avx512_vnni()) detail::lowbit_rows_q8_avx512(xa, t0, n, w, r0, r1, y, ldy);
   else if (best_isa() != Isa::scalar) detail::lowbit_rows_q8_avx2(xa, t0, n, w, r0, r1, y, ldy);
   else gemm_rows_q8_reference(xa, t0, n, w, r0, r1, y, ldy);

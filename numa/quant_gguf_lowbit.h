@@ -12,7 +12,9 @@
 //    the 32-types) multiplied in integers with VNNI (AVX-512) or maddubs
 //    (AVX2): y = sum_16 dx * (scale * sum(code * xq) + offset * sum(xq)).
 //    Needs cols % 256 == 0 (otherwise the exact path runs).
-//    Kernels, best first: v2 (AVX-512 VNNI + VBMI, quant_gguf_lowbit_vbmi.cpp:
+//    Kernels, best first: v3 for IQ3_XXS and IQ2_XXS at n >= 2 (AVX-512 VNNI + VBMI,
+//    quant_gguf_lowbit_planes.cpp: grid planes looked up in registers,
+//    no gathers), v2 (AVX-512 VNNI + VBMI, quant_gguf_lowbit_vbmi.cpp:
 //    registers only, integer sub-block scales, R rows x NT tokens per tile),
 //    v1 (AVX-512 VNNI without VBMI, quant_gguf_lowbit_avx512.cpp), AVX2.
 #pragma once
@@ -41,6 +43,10 @@ void lowbit_decode256_avx512(ExtType type, const uint8_t* p, uint8_t* ucode, flo
 // v2 (quant_gguf_lowbit_vbmi.cpp): registers only, integer scales; needs VBMI as well.
 bool lowbit_has_avx512_vbmi();
 void lowbit_rows_q8_vbmi(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// v3 (quant_gguf_lowbit_planes.cpp): IQ3_XXS, and IQ2_XXS at 2 or more
+// tokens, by grid planes; same CPUs as v2. Returns false (nothing done)
+// otherwise.
+bool lowbit_rows_q8_planes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 // v1: for AVX-512 VNNI CPUs without VBMI.
 void lowbit_rows_q8_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void lowbit_rows_q8_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);

@@ -22,6 +22,7 @@
 
 #include "configs/error.h"
 #include "io/tensor/gguf_iq_grids.h"
+#include "numa/detail/lowbit_bytes.h"
 #include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
 
@@ -39,26 +40,7 @@ struct Group {
   bool has_offset;
 };
 
-HMOE_L512 inline float gguf_half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-inline uint16_t u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-inline uint32_t u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline uint64_t u64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
+using namespace lowbit_bytes;
 
 // 4 x 7-bit sign indices of a u32 -> 32 sign bits (bit 7 of each byte: parity).
 HMOE_L512 inline uint32_t signs4x7(uint32_t aux) {
@@ -75,7 +57,7 @@ HMOE_L512 inline void store_signed(Group& g, int c, __m512i code) {
 }
 
 HMOE_L512 void dec_q2_k(const uint8_t* b, Group& g) {
-  const float d = gguf_half(b + 80), dmin = gguf_half(b + 82);
+  const float d = half(b + 80), dmin = half(b + 82);
   for (int i = 0; i < 16; ++i) {
     g.scale[i] = d * static_cast<float>(b[i] & 0xF);
     g.offset[i] = -(dmin * static_cast<float>(b[i] >> 4));
@@ -94,7 +76,7 @@ HMOE_L512 void dec_q2_k(const uint8_t* b, Group& g) {
 
 HMOE_L512 void dec_q3_k(const uint8_t* b, Group& g) {
   const uint8_t* sc = b + 96;
-  const float d = gguf_half(b + 108);
+  const float d = half(b + 108);
   for (int j = 0; j < 16; ++j) {
     const int lo = (j < 8 ? sc[j] : sc[j - 8] >> 4) & 0xF;
     const int hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
@@ -123,7 +105,7 @@ HMOE_L512 inline __m512i gather8(const uint64_t* grid, __m512i idx) {
 }
 
 HMOE_L512 void dec_iq2_xxs(const uint8_t* b, Group& g) {
-  const float d = gguf_half(b);
+  const float d = half(b);
   g.has_offset = false;
   const __m128i pick = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1);
   for (int c = 0; c < 4; ++c) {
@@ -147,7 +129,7 @@ constexpr auto kSignTable = [] {
 }();
 
 HMOE_L512 void dec_iq2_xs(const uint8_t* b, Group& g) {
-  const float d = gguf_half(b);
+  const float d = half(b);
   for (int j = 0; j < 16; ++j) g.scale[j] = d * (0.5f + static_cast<float>((b[66 + j / 2] >> (4 * (j % 2))) & 0xF)) * 0.25f;
   g.has_offset = false;
   const __m512i m9 = _mm512_set1_epi64(511);
@@ -162,7 +144,7 @@ HMOE_L512 void dec_iq2_xs(const uint8_t* b, Group& g) {
 }
 
 HMOE_L512 void dec_iq2_s(const uint8_t* b, Group& g) {
-  const float d = gguf_half(b);
+  const float d = half(b);
   for (int j = 0; j < 16; ++j) g.scale[j] = d * (0.5f + static_cast<float>((b[74 + j / 2] >> (4 * (j % 2))) & 0xF)) * 0.25f;
   g.has_offset = false;
   const __m512i sh = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), m3 = _mm512_set1_epi64(3);
@@ -175,7 +157,7 @@ HMOE_L512 void dec_iq2_s(const uint8_t* b, Group& g) {
 }
 
 HMOE_L512 void dec_iq3_xxs(const uint8_t* b, Group& g) {
-  const float d = gguf_half(b);
+  const float d = half(b);
   g.has_offset = false;
   for (int c = 0; c < 4; ++c) {
     const uint32_t s0 = u32(b + 66 + 8 * c), s1 = u32(b + 70 + 8 * c);
@@ -189,7 +171,7 @@ HMOE_L512 void dec_iq3_xxs(const uint8_t* b, Group& g) {
 }
 
 HMOE_L512 void dec_iq3_s(const uint8_t* b, Group& g) {
-  const float d = gguf_half(b);
+  const float d = half(b);
   for (int j = 0; j < 16; ++j) g.scale[j] = d * static_cast<float>(1 + 2 * ((b[106 + j / 4] >> (4 * ((j / 2) % 2))) & 0xF));
   g.has_offset = false;
   const __m512i bit8 = _mm512_set1_epi32(256);
@@ -208,7 +190,7 @@ HMOE_L512 inline __m512i iq1_code(__m512i t, __mmask8 delta_neg) {
 }
 
 HMOE_L512 void dec_iq1_s(const uint8_t* b, Group& g) {
-  const float d = gguf_half(b);
+  const float d = half(b);
   g.has_offset = false;
   const __m512i sh = _mm512_setr_epi64(0, 3, 6, 9, 0, 3, 6, 9), m7 = _mm512_set1_epi64(7);
   for (int c = 0; c < 4; ++c) {
@@ -260,7 +242,7 @@ HMOE_L512 void dec_32blocks(const uint8_t* b, Group& g, bool mxfp4) {
   for (int c = 0; c < 4; ++c) {
     const uint8_t* b0 = b + (2 * c) * bytes;
     const uint8_t* b1 = b0 + bytes;
-    const float s0 = mxfp4 ? e8m0_half(b0[0]) : gguf_half(b0), s1 = mxfp4 ? e8m0_half(b1[0]) : gguf_half(b1);
+    const float s0 = mxfp4 ? e8m0_half(b0[0]) : half(b0), s1 = mxfp4 ? e8m0_half(b1[0]) : half(b1);
     g.scale[4 * c] = g.scale[4 * c + 1] = s0;
     g.scale[4 * c + 2] = g.scale[4 * c + 3] = s1;
     const int o = mxfp4 ? 1 : 2;
@@ -270,7 +252,7 @@ HMOE_L512 void dec_32blocks(const uint8_t* b, Group& g, bool mxfp4) {
 }
 
 HMOE_L512 void dec_iq4_xs(const uint8_t* b, Group& g) {
-  const float d = gguf_half(b);
+  const float d = half(b);
   const uint16_t sh = u16(b + 2);
   for (int j = 0; j < 8; ++j) {
     const int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4);

@@ -41,6 +41,7 @@
 
 #include "configs/error.h"
 #include "io/tensor/gguf_iq_grids.h"
+#include "numa/detail/lowbit_bytes.h"
 #include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
 
@@ -58,22 +59,7 @@ bool lowbit_has_avx512_vbmi() {
 
 namespace {
 
-inline uint16_t u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-inline uint32_t u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline uint64_t u64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
-HMOE_LV inline float half(const uint8_t* p) { return _cvtsh_ss(u16(p)); }
+using namespace lowbit_bytes;
 
 // Type ids (numa/quant_gguf_lowbit.h).
 constexpr uint32_t kQ2K = 10, kQ3K = 11, kIq2xxs = 16, kIq2xs = 17, kIq3xxs = 18, kIq1s = 19, kIq4nl = 20, kIq3s = 21, kIq2s = 22,

@@ -9,6 +9,7 @@
 
 #include "configs/error.h"
 #include "engine/loading/gguf_model.h"
+#include "io/dtype.h"
 #include "io/gguf.h"
 #include "numa/kernels.h"
 #include "numa/quant_gguf.h"
@@ -71,6 +72,9 @@ cpu::Mat view2d(const io::GgufFile& f, const io::GgufTensor& t, int64_t rows, in
 
 bool gguf_deepseek2_tensor_for(const std::string& hf, std::string& g, int64_t& expert) { return gguf_tensor_for(hf, kLayerNames, g, expert); }
 
+// The largest finite F16 value (65504) with room for rounding to it.
+constexpr float kF16Max = 65519.0f;
+
 bool gguf_deepseek2_kv_b(const io::GgufFile& f, int64_t layer, int64_t rows, int64_t cols, std::vector<uint8_t>& out, DType& dtype,
                          std::vector<std::string>& used) {
   const std::string blk = "blk." + std::to_string(layer) + ".";
@@ -109,6 +113,9 @@ bool gguf_deepseek2_kv_b(const io::GgufFile& f, int64_t layer, int64_t rows, int
       for (int64_t i = 0; i < vd; ++i) std::memcpy(o + (h * ew + np + i) * cols, vm.row(h * vd + i), static_cast<size_t>(cols) * 2);
     }
   } else {
+    // Block types: dequantized to fp32, then held as F16 (half the memory;
+    // rounding of 2^-12 relative, far below a block type's own step) unless
+    // a value lies beyond F16's range.
     auto* o = reinterpret_cast<float*>(out.data());
     std::vector<float> row(static_cast<size_t>(std::max(np, cols)));
     for (int64_t h = 0; h < heads; ++h) {
@@ -117,6 +124,16 @@ bool gguf_deepseek2_kv_b(const io::GgufFile& f, int64_t layer, int64_t rows, int
         for (int64_t i = 0; i < np; ++i) o[(h * ew + i) * cols + j] = row[static_cast<size_t>(i)];
       }
       for (int64_t i = 0; i < vd; ++i) cpu::row_to_f32(vm, h * vd + i, o + (h * ew + np + i) * cols);
+    }
+    const int64_t n = rows * cols;
+    bool fits = k.quant != cpu::Quant::none || vm.quant != cpu::Quant::none;  // F32 stays exact
+    for (int64_t i = 0; i < n && fits; ++i) fits = std::fabs(o[i]) <= kF16Max;
+    if (fits) {
+      std::vector<uint8_t> h16(static_cast<size_t>(n) * 2);
+      auto* d = reinterpret_cast<uint16_t*>(h16.data());
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(o[i]);
+      out = std::move(h16);
+      dtype = DType::f16;
     }
   }
   used = {blk + "attn_k_b.weight", blk + "attn_v_b.weight"};

@@ -39,9 +39,13 @@ bool gguf_deepseek2_tensor_for(const std::string& hf_name, std::string& gguf_nam
 
 // Layer `layer`'s kv_b [rows = heads * (nope + v), cols = kv_lora] from the
 // split attn_k_b / attn_v_b into `out` (row-major, `dtype`): copied exactly
-// in F16 or BF16 when both halves are stored so, fp32 otherwise (the block
-// types dequantized; what the latent attention makes of a quantized kv_b
-// anyway). `used` gets the two tensor names. False when the file has no
+// in F16 or BF16 when both halves are stored so, in fp32 when both are F32
+// (or mixed 16-bit types); a block type (Q8_0, Q5_0, ...) in either half
+// dequantized and held as F16 (rounded to nearest even: 2^-12 relative,
+// below any block type's step; half of fp32's memory, 2 GB over
+// DeepSeek-V3's 61 layers), or as fp32 where a value lies beyond F16's range.
+// The latent attention keeps a 16-bit kv_b 16-bit (W_UK^T included).
+// `used` gets the two tensor names. False when the file has no
 // split pair for the layer; Error(bad_model) naming the tensor when their
 // shapes disagree.
 bool gguf_deepseek2_kv_b(const io::GgufFile& f, int64_t layer, int64_t rows, int64_t cols, std::vector<uint8_t>& out, DType& dtype,

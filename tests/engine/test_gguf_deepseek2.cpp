@@ -3,7 +3,7 @@
 // llama.cpp's layout (F32 and F16 with one attn_kv_b; Q8_0, its values as
 // F32, and the Kimi-K2 variant in F16 with the split attn_k_b / attn_v_b) against the safetensors
 // checkpoint run by the same engine: the config, the logits, and the errors
-// for metadata and tensors that do not fit.
+// for metadata and tensors that do not fit; a quantized split kv_b held as F16.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -18,6 +18,7 @@
 #include "engine/loading/gguf_plan.h"
 #include "engine/serving/logits.h"
 #include "engine/loading/model.h"
+#include "io/dtype.h"
 #include "io/gguf.h"
 #include "tests/model_run.h"
 #include "tests/test_util.h"
@@ -195,8 +196,12 @@ TEST_CASE("deepseek2 GGUF logits equal the safetensors path's (F32, F16 with att
     // drifts by up to 0.19 relative error, tiny-deepseekv3/hf_reference.json).
     // So the Q8_0 file is checked against the same weights in plain floats
     // (the values its blocks dequantize to, gguf_deepseek2.py --q8-values):
-    // exactly on the fp32 path, and within the 8-bit activation rounding on
-    // the integer path; and only loosely against the bf16 checkpoint.
+    // on the fp32 path exactly but for kv_b, which the Q8_0 file's split
+    // attn_k_b / attn_v_b give as F16 (the values file's F32 pair stays fp32:
+    // 2^-12 relative rounding of those weights, 6e-4 relative in the logits
+    // here, 2e-3 allowed as for the F16 file), and within the 8-bit
+    // activation rounding on the integer path; and only loosely against the
+    // bf16 checkpoint.
     std::vector<std::string> none;
     Settings s = Settings::load(none);
     s.progress = "none";
@@ -213,11 +218,82 @@ TEST_CASE("deepseek2 GGUF logits equal the safetensors path's (F32, F16 with att
                                                                                      << " (relative " << ci.rel << "), top-1 " << ci.agreed << "/"
                                                                                      << ci.checked);
     MESSAGE("Q8_0 vs the bf16 checkpoint: relative error " << ch.rel << ", top-1 " << ch.agreed << "/" << ch.checked);
-    CHECK(ce.max_diff <= 1e-4 * std::max(1.0, ce.max_abs));
+    CHECK(ce.max_diff <= 2e-3 * std::max(1.0, ce.max_abs));
     CHECK(ce.agreed == ce.checked);
     CHECK(ci.rel <= 0.4);  // the 8-bit activations' rounding, amplified by routing flips as bf16 rounding is
     CHECK(ch.rel <= 0.3);
   }
+}
+
+// kv_b of layer `layer` reassembled from the split pair of `f`.
+struct SplitKvB {
+  std::vector<uint8_t> bytes;
+  DType dtype = DType::f32;
+  int64_t rows = 0, cols = 0;
+  float at(int64_t i) const {
+    if (dtype == DType::f16) return f16_to_f32(reinterpret_cast<const uint16_t*>(bytes.data())[i]);
+    return reinterpret_cast<const float*>(bytes.data())[i];
+  }
+};
+SplitKvB split_kv_b(const io::GgufFile& f, int64_t layer) {
+  const io::GgufTensor* kb = f.find_tensor("blk." + std::to_string(layer) + ".attn_k_b.weight");
+  const io::GgufTensor* vb = f.find_tensor("blk." + std::to_string(layer) + ".attn_v_b.weight");
+  REQUIRE(kb);
+  REQUIRE(vb);
+  SplitKvB r;
+  r.cols = static_cast<int64_t>(kb->shape[1]);
+  r.rows = static_cast<int64_t>(kb->shape[2] * (kb->shape[0] + vb->shape[1]));
+  std::vector<std::string> used;
+  REQUIRE(gguf_deepseek2_kv_b(f, layer, r.rows, r.cols, r.bytes, r.dtype, used));
+  return r;
+}
+
+TEST_CASE("deepseek2 GGUF: a quantized split attn_k_b / attn_v_b is held as F16 (fp32 where a value is beyond F16's range)") {
+  const auto q = io::GgufFile::open(test::fixture_ref("tiny-deepseekv3-Q8_0-split.gguf"));
+  const auto v = io::GgufFile::open(test::fixture_ref("tiny-deepseekv3-Q8_0-values-F32-split.gguf"));
+  for (int64_t layer : {0, 1}) {
+    INFO("layer " << layer);
+    const SplitKvB a = split_kv_b(*q, layer), b = split_kv_b(*v, layer);
+    CHECK(a.dtype == DType::f16);  // Q8_0 blocks (attn_k_b's rows of nope may be F16: then attn_v_b's are Q8_0)
+    CHECK(b.dtype == DType::f32);  // F32 stays exact
+    REQUIRE(a.rows == b.rows);
+    REQUIRE(a.cols == b.cols);
+    int64_t bad = 0, nonzero = 0;
+    for (int64_t i = 0; i < a.rows * a.cols; ++i) {
+      const float want = b.at(i);
+      nonzero += want != 0.0f;
+      if (reinterpret_cast<const uint16_t*>(a.bytes.data())[i] != f32_to_f16(want) && bad++ < 3)
+        FAIL_CHECK("element " << i << ": " << a.at(i) << " is not the F16 rounding of " << want);
+    }
+    CHECK(bad == 0);
+    CHECK(nonzero > a.rows * a.cols / 2);
+  }
+  // A Q8_0 block whose scale makes values beyond F16's range: that layer's kv_b stays fp32, exactly d * q.
+  std::string bytes = test::read_file(test::fixture_ref("tiny-deepseekv3-Q8_0-split.gguf"));
+  const io::GgufTensor* kb = q->find_tensor("blk.0.attn_k_b.weight");
+  const io::GgufTensor* vb = q->find_tensor("blk.0.attn_v_b.weight");
+  const io::GgufTensor* t = kb->type == 8 ? kb : vb;
+  REQUIRE(t->type == 8);  // Q8_0: fp16 d, 32 int8
+  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(t->data), 64));
+  REQUIRE(at != std::string::npos);
+  const uint16_t big = f32_to_f16(30000.0f);
+  std::memcpy(bytes.data() + at, &big, 2);
+  int maxq = 0;
+  for (int i = 0; i < 32; ++i) maxq = std::max(maxq, std::abs(static_cast<int>(static_cast<int8_t>(bytes[at + 2 + static_cast<size_t>(i)]))));
+  REQUIRE(maxq >= 3);  // 30000 * 3 > 65504
+  TempGguf patched(bytes, "kvb-range");
+  const auto p = io::GgufFile::open(patched.path);
+  const SplitKvB c = split_kv_b(*p, 0), d = split_kv_b(*v, 0);
+  CHECK(c.dtype == DType::f32);
+  float top = 0;
+  int64_t differ = 0;
+  for (int64_t i = 0; i < c.rows * c.cols; ++i) {
+    top = std::max(top, std::fabs(c.at(i)));
+    differ += c.at(i) != d.at(i);
+  }
+  CHECK(top == doctest::Approx(30000.0 * maxq).epsilon(1e-3));
+  CHECK(differ <= 32);  // only the patched block's values changed
+  CHECK(split_kv_b(*p, 1).dtype == DType::f16);
 }
 
 TEST_CASE("deepseek2 GGUF: the Kimi-K2 configuration (one expert group, its scaling and yarn) loads and matches") {
@@ -249,6 +325,12 @@ TEST_CASE("deepseek2 GGUF: metadata and tensors that do not fit are errors namin
       {"type", [](std::string& b) { set_tensor_type(b, "blk.1.attn_output.weight", 77); }, "blk.1.attn_output.weight"},
       {"block", [](std::string& b) { set_tensor_type(b, "blk.0.attn_q_b.weight", 8); }, "blk.0.attn_q_b.weight"},
       {"truncated", [](std::string& b) { b.resize(b.size() - 4096); }, "lies beyond the end of the file"},
+      // the low-bit types hold 256 weights a block: these rows (widths of the tiny model, not multiples of 256) do not divide
+      {"block-q2_k", [](std::string& b) { set_tensor_type(b, "blk.0.attn_q_b.weight", 10); }, "blk.0.attn_q_b.weight"},
+      {"block-iq2_xxs", [](std::string& b) { set_tensor_type(b, "blk.1.ffn_gate_exps.weight", 16); }, "blk.1.ffn_gate_exps.weight"},
+      {"block-iq1_s", [](std::string& b) { set_tensor_type(b, "blk.1.attn_kv_a_mqa.weight", 19); }, "blk.1.attn_kv_a_mqa.weight"},
+      {"block-iq3_s", [](std::string& b) { set_tensor_type(b, "output.weight", 21); }, "output.weight"},
+      {"unknown-type-42", [](std::string& b) { set_tensor_type(b, "blk.2.attn_k_b.weight", 42); }, "blk.2.attn_k_b.weight' has unknown ggml type 42"},
   };
   for (const Case& c : cases) {
     INFO(c.tag);

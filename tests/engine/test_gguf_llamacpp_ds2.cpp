@@ -1,5 +1,6 @@
 // deepseek2 GGUF files made by llama.cpp's tools (llama-quantize per low-bit
-// type, one "dynamic" mix) against llama.cpp's own logits on them
+// type, one "dynamic" mix; and a Kimi-K2-shaped model, KIMI-F16 and its
+// dynamic mix KIMI-MIXED, gen/llamacpp_kimik2.sh) against llama.cpp's own logits on them
 // (tests/fixtures/llamacpp_deepseek2_reference.json, made with the files by
 // tests/fixtures/gen/llamacpp_deepseek2.sh, which also says where they go).
 // The files (F16 token_embd and output of a 129,280-token vocabulary: 130+
@@ -10,8 +11,8 @@
 //
 // Per file: top-1 agreement where llama.cpp's top-1/top-2 margin > 0.5, the
 // largest |logit difference| over llama.cpp's top-5 ids and its median over
-// positions, the largest |log-sum-exp difference|, and for the F16 and Q8_0
-// files the greedy ids until our own margin is a close call. On this fixture
+// positions, the largest |log-sum-exp difference|, and for the F16, Q8_0
+// and KIMI-F16 files the greedy ids until our own margin is a close call. On this fixture
 // the group-limited sigmoid routing has near-ties that llama.cpp's F16
 // activations and KV cache already flip (with the F16 file every top-1 is
 // equal, but a few positions' logits are apart by up to 10 where another
@@ -40,7 +41,7 @@ TEST_CASE("deepseek2 GGUF files of llama.cpp's converter and llama-quantize agre
     return;
   }
   const auto ref = nlohmann::json::parse(test::read_file(ref_path));
-  REQUIRE(ref["files"].size() >= 14);
+  REQUIRE(ref["files"].size() >= 17);  // 15 DeepSeek-V3-shaped files, KIMI-F16, KIMI-MIXED
   const auto prompts = ref["prompts"].get<std::vector<std::vector<int32_t>>>();
   REQUIRE(prompts.size() == 2);
   bool header = false;
@@ -88,7 +89,7 @@ TEST_CASE("deepseek2 GGUF files of llama.cpp's converter and llama-quantize agre
         agreed += mine == ids[0];
         if (mine != ids[0]) MESSAGE(label << " prompt " << c << " position " << p << ": top-1 differs at llama.cpp margin " << vals[0] - vals[1]);
       }
-      if (label == "F16" || label == "Q8_0") {  // greedy ids until a close call of ours
+      if (label == "F16" || label == "Q8_0" || label == "KIMI-F16") {  // greedy ids until a close call of ours
         const auto greedy = chat["greedy_ids"].get<std::vector<int32_t>>();
         KvCache kv(model->kv_layout(), static_cast<int64_t>(prompts[c].size() + greedy.size()) / 16 + 2, 16);
         const int seq = kv.add_sequence();
@@ -120,7 +121,7 @@ TEST_CASE("deepseek2 GGUF files of llama.cpp's converter and llama-quantize agre
     std::nth_element(pos_diff.begin(), pos_diff.begin() + static_cast<int64_t>(pos_diff.size() / 2), pos_diff.end());
     const double median = pos_diff.empty() ? 0.0 : pos_diff[pos_diff.size() / 2];
     std::printf("| %s | %d/%d | %.4f | %.4f | %.4f | %s |\n", label.c_str(), agreed, checked, max_diff, median, max_lse,
-                label == "F16" || label == "Q8_0" ? std::to_string(greedy_same).c_str() : "-");
+                label == "F16" || label == "Q8_0" || label == "KIMI-F16" ? std::to_string(greedy_same).c_str() : "-");
     std::fflush(stdout);
     CHECK(checked > 10);
     CHECK(agreed * 100 >= checked * 85);

@@ -235,13 +235,14 @@ TEST_CASE("low-bit GGUF types: threaded cpu::gemm on both paths; bad shapes are 
                     doctest::Contains("blk.0.ffn_down: 40 columns are not a multiple of the IQ4_NL block (32)"));
 }
 
-TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1 and v2 (VBMI) on row and token tails") {
+TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI) and v3 (grid planes) on row and token tails") {
   if (!(cpu::best_isa() == cpu::Isa::avx512 && cpu::detail::lowbit_has_avx512_vnni())) {
     MESSAGE("no AVX-512 VNNI here: not checked");
     return;
   }
   const bool vbmi = cpu::detail::lowbit_has_avx512_vbmi();
   if (!vbmi) MESSAGE("no AVX-512 VBMI here: v2 not checked");
+  const bool planes = vbmi;
   for (ExtType t : cpu::lowbit::kAll) {
     INFO(std::string(info(t).name));
     const int64_t rows = 11, cols = 1024, be = info(t).block_elems;
@@ -261,15 +262,20 @@ TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1 and v2 (VBMI) on row 
           for (int64_t k = 0; k < cols; ++k)
             absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
       }
-      std::vector<float> ref(absdot.size()), v1(absdot.size(), NAN), v2(absdot.size(), NAN);
+      std::vector<float> ref(absdot.size()), v1(absdot.size(), NAN), v2(absdot.size(), NAN), v3(absdot.size(), NAN);
       cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
       cpu::detail::lowbit_rows_q8_avx512(a, 0, n, w, 0, rows, v1.data(), rows);
       if (vbmi) cpu::detail::lowbit_rows_q8_vbmi(a, 0, n, w, 0, rows, v2.data(), rows);
+      // v3 serves IQ3_XXS, and IQ2_XXS from 2 tokens; rows 0..4 and 4..11 (pairs with an odd tail, a start past 0)
+      const bool v3on = planes && cpu::detail::lowbit_rows_q8_planes(a, 0, n, w, 0, 4, v3.data(), rows);
+      if (v3on) CHECK(cpu::detail::lowbit_rows_q8_planes(a, 0, n, w, 4, rows, v3.data(), rows));
+      if (planes) CHECK(v3on == ((t == cpu::lowbit::iq2_xxs && n >= 2) || t == cpu::lowbit::iq3_xxs));
       int bad = 0;
       for (size_t i = 0; i < ref.size(); ++i) {
         const double tol = 2e-5 * absdot[i] + 1e-5;
         if (!(std::fabs(v1[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v1 " << i << ": " << v1[i] << " vs " << ref[i]);
         if (vbmi && !(std::fabs(v2[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v2 " << i << ": " << v2[i] << " vs " << ref[i]);
+        if (v3on && !(std::fabs(v3[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v3 " << i << ": " << v3[i] << " vs " << ref[i]);
       }
       CHECK(bad == 0);
     }
