@@ -26,6 +26,10 @@ void embedding(const bf16_t* table, const int32_t* ids, int64_t n, int64_t hidde
 // same before rounding when y_f32 is not null. d: row width.
 void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, int64_t d, const bf16_t* w, float eps, bf16_t* y,
                   float* y_f32, Stream& s);
+// The same with fp32 weights (Qwen3-Next's zero-centred norms as 1 + w:
+// bf16 would round 1 + w to 8 bits).
+void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, int64_t d, const float* w, float eps, bf16_t* y,
+                  float* y_f32, Stream& s);
 
 // Per-head RMSNorm (weight w[hd]) then rotate-half rotary embedding at
 // position pos[t], in place. x: rows of stride ld floats; row t holds heads*hd

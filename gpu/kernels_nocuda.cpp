@@ -11,6 +11,7 @@ void embedding(const bf16_t*, const int32_t*, int64_t, int64_t, float*, Stream&)
 void add_rms_norm(float*, const float*, const int32_t*, int64_t, int64_t, const bf16_t*, float, bf16_t*, float*, Stream&) {
   no_cuda("add_rms_norm");
 }
+void add_rms_norm(float*, const float*, const int32_t*, int64_t, int64_t, const float*, float, bf16_t*, float*, Stream&) { no_cuda("add_rms_norm"); }
 void qk_norm_rope(float*, int64_t, int64_t, int64_t, int64_t, const bf16_t*, float, const int32_t*, const float*, Stream&) {
   no_cuda("qk_norm_rope");
 }
