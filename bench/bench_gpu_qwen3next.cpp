@@ -188,7 +188,7 @@ void run(const ModelConfig& c, LazyWeights& lw, numa::NodePools& pools, const Li
     return;
   }
   KvLayout kl = g.kv;
-  kl.seq_state_bytes = std::max(kl.seq_state_bytes, rt->seq_state_bytes());
+  if (rt->seq_state_bytes() > 0) kl.seq_state_bytes = rt->seq_state_bytes();  // as Model does for the GPU path
   const std::string where = std::string(all_gpu ? "all-GPU" : "experts on CPU") + (precise ? ", precise" : ", bf16 mode");
   std::printf("\n%s: GPU weights %.2f GB (built in %.1f s; %.1f GB of random bf16 made so far)\n", where.c_str(), static_cast<double>(rt->weight_bytes()) / 1e9,
               bench::now_seconds() - t0, static_cast<double>(lw.bytes()) / 1e9);
