@@ -153,7 +153,8 @@ Limits measure_limits(numa::ThreadPool& pool) {
   return l;
 }
 
-// Products' FLOPs per token of the model (2 per multiply-add): every projection, top-k + shared experts, lm_head not counted (one row per step).
+// Products' FLOPs per token of the model (2 per multiply-add): every projection, the router, top-k + shared experts; lm_head not counted
+// (one row per step), nor the full-attention core (run() adds it per prompt).
 double flops_per_token(const ModelConfig& c, bool split, double& deltanet_layer) {
   const double H = static_cast<double>(c.hidden_size);
   const HybridConfig& h = c.hybrid;
@@ -164,7 +165,7 @@ double flops_per_token(const ModelConfig& c, bool split, double& deltanet_layer)
   const double rule = static_cast<double>(h.linear_num_value_heads) * (6 * dk * dv + 2 * C * (dk + dv));
   deltanet_layer = dn_products + rule;
   const double att = x * 2.0 * H * ((2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads) * c.head_dim + c.num_attention_heads * c.head_dim);
-  const double moe = 2.0 * 3.0 * H * (c.num_experts_per_tok * c.moe_intermediate_size + h.shared_expert_intermediate_size);
+  const double moe = 2.0 * 3.0 * H * (c.num_experts_per_tok * c.moe_intermediate_size + h.shared_expert_intermediate_size) + 2.0 * H * (c.num_experts + 1);
   double f = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) f += (h.full_attention[static_cast<size_t>(l)] ? att : deltanet_layer) + moe;
   return f;
@@ -249,7 +250,11 @@ void run(const ModelConfig& c, LazyWeights& lw, numa::NodePools& pools, const Li
     const double touched = expected_experts_touched(c.num_experts, c.num_experts_per_tok, chunk);
     const double wbytes = rt->decode_weight_bytes(1) + static_cast<double>(L) * (touched - c.num_experts_per_tok) * expert_bytes;
     const double steps_n = std::ceil(static_cast<double>(P) / static_cast<double>(chunk));
-    const double t_bytes = steps_n * wbytes / (all_gpu ? lim.read_bw : lim.dram), t_flops = static_cast<double>(P) * fpt / lim.tensor;
+    // FLOPs: the products per token, and the full-attention layers' causal QK^T and PV (4 nh hd per query-key pair, P^2 / 2 pairs).
+    int64_t full_layers = 0;
+    for (int64_t l = 0; l < L; ++l) full_layers += c.hybrid.full_attention[static_cast<size_t>(l)] ? 1 : 0;
+    const double attn_core = static_cast<double>(full_layers) * 2.0 * c.num_attention_heads * c.head_dim * static_cast<double>(P) * P;
+    const double t_bytes = steps_n * wbytes / (all_gpu ? lim.read_bw : lim.dram), t_flops = (static_cast<double>(P) * fpt + attn_core) / lim.tensor;
     std::printf("| %s | prefill %d in chunks of %lld | %.0f tok/s | %.1f ms | weight-bytes bound %.1f ms, FLOP bound %.1f ms (%.1f GFLOP/token) | %.0f%% of the larger | CPU experts %.1f ms |\n",
                 where.c_str(), P, static_cast<long long>(chunk), P / total, total * 1e3, t_bytes * 1e3, t_flops * 1e3, fpt / 1e9,
                 100.0 * std::max(t_bytes, t_flops) / total, rt->times().cpu_experts_s * 1e3);

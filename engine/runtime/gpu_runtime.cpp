@@ -126,6 +126,8 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.final_norm = upload_norm(up, bind.vec(g.final_norm, H), g.zero_centred_norms, m.norm_f32);
   m.lm_head = up.dense(bind.mat(g.lm_head, c.vocab_size, H));
   ExpertHomeOptions homes = o.experts;
+  // Qwen3-Next under gpu_hybrid_precise: resident bf16 experts' decode-sized passes keep their activation as hi + lo.
+  homes.split_act = o.hybrid_precise && std::any_of(g.blocks.begin(), g.blocks.end(), [](const BlockDesc& d) { return d.attention == AttentionKind::gated_deltanet; });
   if (o.defer_experts > 0) m.deferral = std::make_unique<ExpertDeferral>(o.defer_experts, H, true);
   homes.deferral = m.deferral.get();
   uint64_t expert_bytes = 0;

@@ -328,5 +328,14 @@ TEST_CASE("gpu grouped experts match numa::moe_forward (decode and prefill batch
     double scale = 0;
     for (float v : ref) scale = std::max(scale, std::fabs(static_cast<double>(v)));
     CHECK_MESSAGE(test::tol_ratio(y, ref, 1e-2 * scale, 1e-2) <= 1, "n=" << n << " H=" << H << " I=" << I << " E=" << E);
+    // The activation as a hi + lo pair (gpu_hybrid_precise): within fp32-level noise of the fp32 reference, and closer than one bf16.
+    gpu::DeviceBuffer act_lo(ids.size() * static_cast<size_t>(I) * 2);
+    gpu::moe_experts(dx.as<uint16_t>(), n, H, I, E, K, di.as<int32_t>(), dw.as<float>(), off.as<int32_t>(), pl.as<int32_t>(), dgu.as<uint16_t>(),
+                     ddn.as<uint16_t>(), act.as<uint16_t>(), part.as<float>(), out.as<float>(), s, act_lo.as<uint16_t>());
+    auto y2 = test::to_host<float>(out, ref.size(), s);
+    const double r1 = test::tol_ratio(y, ref, 1e-4 * scale, 1e-4), r2 = test::tol_ratio(y2, ref, 1e-4 * scale, 1e-4);
+    MESSAGE("n=" << n << ": activation bf16 " << r1 << " / hi + lo " << r2 << " of the 1e-4 tolerance");
+    CHECK(r2 <= 1);
+    CHECK(r2 < r1);
   }
 }
