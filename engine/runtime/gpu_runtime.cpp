@@ -60,6 +60,7 @@ struct GpuRuntime::Impl {
   gpu::DeviceBuffer embed, final_norm;
   GpuDense lm_head;
   std::vector<Block> blocks;
+  bool split_act = false;  // ExpertHomeOptions::split_act, also for streamed experts
   bool norm_f32 = false;  // norm weights in fp32 (zero-centred under gpu_hybrid_precise): never fused into a layer's launch
   uint64_t weight_bytes = 0;
   uint64_t dense_bytes = 0;                 // GPU weights but the embedding table and the resident experts
@@ -128,6 +129,7 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   ExpertHomeOptions homes = o.experts;
   // Qwen3-Next under gpu_hybrid_precise: resident bf16 experts' decode-sized passes keep their activation as hi + lo.
   homes.split_act = o.hybrid_precise && std::any_of(g.blocks.begin(), g.blocks.end(), [](const BlockDesc& d) { return d.attention == AttentionKind::gated_deltanet; });
+  m.split_act = homes.split_act;
   if (o.defer_experts > 0) m.deferral = std::make_unique<ExpertDeferral>(o.defer_experts, H, true);
   homes.deferral = m.deferral.get();
   uint64_t expert_bytes = 0;
@@ -270,7 +272,9 @@ void GpuRuntime::enable_expert_streaming(const ExpertStreamOptions& o) {
   for (size_t l = 0; l < m.blocks.size(); ++l)
     if (const auto* w = m.blocks[l].ffn->host_expert_weights()) layers.push_back({static_cast<int64_t>(l), w});
   gpu::MemoryUse use("the expert streaming slots");
-  m.xstream = make_expert_stream(m.c, std::move(layers), o, m.stream, m.blas, &m.pools->pool(0));
+  ExpertStreamOptions so = o;
+  so.split_act = m.split_act;
+  m.xstream = make_expert_stream(m.c, std::move(layers), so, m.stream, m.blas, &m.pools->pool(0));
 }
 
 void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
