@@ -277,8 +277,8 @@ __global__ void __launch_bounds__(kSlice * kRecSlices) recurrent_kernel(const fl
 }
 
 __global__ void gated_norm_kernel(const float* core, const float* proj, int64_t ld, DeltaNetGroups gr, int64_t tok0, Dims d, const float* w, float eps,
-                                  uint16_t* y) {
-  const int64_t i = tok0 + blockIdx.x, row = gr.order[i], V = static_cast<int64_t>(d.nv) * d.dv;
+                                  uint16_t* y, uint16_t* y_lo, int64_t row0) {
+  const int64_t i = tok0 + blockIdx.x, row = gr.order[i], V = static_cast<int64_t>(d.nv) * d.dv, out_row = row - row0;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int hv = warp; hv < d.nv; hv += warps) {
     const float* o = core + i * V + static_cast<int64_t>(hv) * d.dv;
@@ -289,7 +289,10 @@ __global__ void gated_norm_kernel(const float* core, const float* proj, int64_t 
     for (int j = lane; j < d.dv; j += 32) {
       const int64_t col = static_cast<int64_t>(hv) * d.dv + j;
       const float z = proj[row * ld + z_src(col, d)];
-      y[row * V + col] = f2bf(w[j] * (o[j] * inv) * silu_f(z));
+      const float val = w[j] * (o[j] * inv) * silu_f(z);
+      const uint16_t hi = f2bf(val);
+      y[out_row * V + col] = hi;
+      if (y_lo) y_lo[out_row * V + col] = f2bf(val - bf2f(hi));
     }
   }
 }
@@ -387,10 +390,10 @@ void deltanet_recurrent(const float* conv_out, const float* gate, const float* b
 }
 
 void deltanet_gated_norm(const float* core, const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok,
-                         const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s) {
+                         const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s, uint16_t* y_lo, int64_t row0) {
   check_shape(sh);
   if (ntok <= 0) return;
-  gated_norm_kernel<<<static_cast<unsigned>(ntok), 256, 0, cs(s)>>>(core, proj, ld, gr, tok0, dims(sh), w, eps, y);
+  gated_norm_kernel<<<static_cast<unsigned>(ntok), 256, 0, cs(s)>>>(core, proj, ld, gr, tok0, dims(sh), w, eps, y, y_lo, row0);
   HMOE_CUDA_LAUNCHED();
 }
 

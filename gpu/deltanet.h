@@ -64,10 +64,12 @@ void deltanet_chunked(const float* conv_out, const float* gate, const float* bet
                       const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t chunk, float* out, Stream& s);
 void deltanet_recurrent(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
                         const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, float* out, Stream& s);
-// Gated RMSNorm per (token, value head): y[order[i]] = bf16(w * rms(o) *
-// silu(z)), z from proj's z columns; y: [batch row][nv * dv] bf16.
+// Gated RMSNorm per (token, value head): y[order[i] - row0] = bf16(w *
+// rms(o) * silu(z)), z from proj's z columns; y: [batch row][nv * dv] bf16.
+// y_lo (optional, laid out as y): the rounding remainder bf16(value - y),
+// the lo half of a split input.
 void deltanet_gated_norm(const float* core, const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok,
-                         const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s);
+                         const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s, uint16_t* y_lo = nullptr, int64_t row0 = 0);
 // Shared memory the chunked kernel takes for this shape (for the one-time
 // opt-in above 48 KiB; done by the first launch or by this call, which a
 // layer makes before any CUDA graph capture).
@@ -83,7 +85,10 @@ void gated_qkv_prepare(const float* x, int64_t n, int64_t ld, int64_t heads, int
                        const float* wk, float eps, const int32_t* pos, const float* inv_freq, const int32_t* slots, uint16_t* kc, uint16_t* vc,
                        float* q_out, Stream& s);
 // attn[t][h * hd + i] = bf16(attn * sigmoid(gate)), gate = x[t * ld + h * 2 * hd + hd + i].
-void gated_attention_gate(uint16_t* attn, const float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd, Stream& s);
+// With hi and lo (a split input, laid out as attn): hi = bf16(value), lo =
+// bf16(value - hi), attn unchanged.
+void gated_attention_gate(uint16_t* attn, const float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd, Stream& s, uint16_t* hi = nullptr,
+                          uint16_t* lo = nullptr);
 // d[t][i] += sigmoid(logit[t]) * y[t][i] for t < n, i < hidden.
 void add_sigmoid_scaled(float* d, const float* y, const float* logit, int64_t n, int64_t hidden, Stream& s);
 

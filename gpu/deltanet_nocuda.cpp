@@ -29,14 +29,14 @@ void deltanet_recurrent(const float*, const float*, const float*, const DeltaNet
   no_cuda("deltanet_recurrent");
 }
 void deltanet_gated_norm(const float*, const float*, int64_t, const DeltaNetGroups&, int64_t, int64_t, const DeltaNetShape&, const float*, float,
-                         uint16_t*, Stream&) {
+                         uint16_t*, Stream&, uint16_t*, int64_t) {
   no_cuda("deltanet_gated_norm");
 }
 void gated_qkv_prepare(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, const float*, float, const int32_t*,
                        const float*, const int32_t*, uint16_t*, uint16_t*, float*, Stream&) {
   no_cuda("gated_qkv_prepare");
 }
-void gated_attention_gate(uint16_t*, const float*, int64_t, int64_t, int64_t, int64_t, Stream&) { no_cuda("gated_attention_gate"); }
+void gated_attention_gate(uint16_t*, const float*, int64_t, int64_t, int64_t, int64_t, Stream&, uint16_t*, uint16_t*) { no_cuda("gated_attention_gate"); }
 void add_sigmoid_scaled(float*, const float*, const float*, int64_t, int64_t, Stream&) { no_cuda("add_sigmoid_scaled"); }
 
 }  // namespace hmoe::gpu

@@ -20,7 +20,11 @@ __global__ void embedding_kernel(const uint16_t* table, const int32_t* ids, int6
 // Rows up to kNormPer * blockDim.x values keep them in registers (every load
 // issued before the first use); longer rows take the two-pass loop.
 constexpr int kNormPer = 8, kNormThreads = 512;
-__global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(float* x, const float* delta, const int32_t* rows, int64_t d, const uint16_t* w,
+__device__ __forceinline__ float norm_weight(const uint16_t* w, int64_t j) { return bf2f(w[j]); }
+__device__ __forceinline__ float norm_weight(const float* w, int64_t j) { return w[j]; }
+// W: uint16_t (bf16 weights) or float.
+template <class W>
+__global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(float* x, const float* delta, const int32_t* rows, int64_t d, const W* w,
                                                                     float eps, uint16_t* y, float* y_f32) {
   pdl_wait();
   pdl_trigger();
@@ -54,7 +58,7 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(float* x, co
     for (int k = 0; k < kNormPer; ++k) {
       const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
       if (j >= d) continue;
-      const float o = bf2f(w[j]) * (v[k] * inv);
+      const float o = norm_weight(w, j) * (v[k] * inv);
       y[i * d + j] = f2bf(o);
       if (y_f32) y_f32[i * d + j] = o;
     }
@@ -71,7 +75,7 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(float* x, co
   ss = block_sum(ss);
   const float inv = rsqrtf(ss / static_cast<float>(d) + eps);
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const float v = bf2f(w[j]) * (xr[j] * inv);
+    const float v = norm_weight(w, j) * (xr[j] * inv);
     y[i * d + j] = f2bf(v);
     if (y_f32) y_f32[i * d + j] = v;
   }
@@ -180,7 +184,14 @@ void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, 
                   float* y_f32, Stream& s) {
   if (n <= 0) return;
   const unsigned threads = d <= 8 * 256 ? 256 : kNormThreads;  // up to 8 values a thread in registers
-  launch_pdl(s, add_rms_norm_kernel, dim3(static_cast<unsigned>(n)), dim3(threads), 0, x, delta, rows, d, w, eps, y, y_f32);
+  launch_pdl(s, add_rms_norm_kernel<uint16_t>, dim3(static_cast<unsigned>(n)), dim3(threads), 0, x, delta, rows, d, w, eps, y, y_f32);
+}
+
+void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, int64_t d, const float* w, float eps, bf16_t* y,
+                  float* y_f32, Stream& s) {
+  if (n <= 0) return;
+  const unsigned threads = d <= 8 * 256 ? 256 : kNormThreads;
+  launch_pdl(s, add_rms_norm_kernel<float>, dim3(static_cast<unsigned>(n)), dim3(threads), 0, x, delta, rows, d, w, eps, y, y_f32);
 }
 
 void qk_norm_rope(float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd, const bf16_t* w, float eps, const int32_t* pos,

@@ -44,12 +44,19 @@ __global__ void gated_qkv_kernel(const float* x, int64_t ld, int heads, int kv_h
   vc[slot * width + col + i] = f2bf(x[t * ld + static_cast<int64_t>(heads) * 2 * hd + width + col + i]);
 }
 
-__global__ void gate_kernel(uint16_t* attn, const float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd) {
+__global__ void gate_kernel(uint16_t* attn, const float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd, uint16_t* hi, uint16_t* lo) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n * heads * hd) return;
   const int64_t t = idx / (heads * hd), h = (idx / hd) % heads, i = idx % hd;
   const float g = x[t * ld + h * 2 * hd + hd + i];
-  attn[idx] = f2bf(bf2f(attn[idx]) / (1.0f + expf(-g)));
+  const float v = bf2f(attn[idx]) / (1.0f + expf(-g));
+  if (!hi) {
+    attn[idx] = f2bf(v);
+    return;
+  }
+  const uint16_t h16 = f2bf(v);
+  hi[idx] = h16;
+  lo[idx] = f2bf(v - bf2f(h16));
 }
 
 __global__ void add_sigmoid_scaled_kernel(float* d, const float* y, const float* logit, int64_t n, int64_t hidden) {
@@ -76,9 +83,10 @@ void gated_qkv_prepare(const float* x, int64_t n, int64_t ld, int64_t heads, int
   HMOE_CUDA_LAUNCHED();
 }
 
-void gated_attention_gate(uint16_t* attn, const float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd, Stream& s) {
+void gated_attention_gate(uint16_t* attn, const float* x, int64_t n, int64_t ld, int64_t heads, int64_t hd, Stream& s, uint16_t* hi, uint16_t* lo) {
   if (n <= 0) return;
-  gate_kernel<<<blocks(n * heads * hd, 256), 256, 0, cs(s)>>>(attn, x, n, ld, heads, hd);
+  if ((hi == nullptr) != (lo == nullptr)) fail(ErrorKind::internal, "gated_attention_gate: hi and lo go together");
+  gate_kernel<<<blocks(n * heads * hd, 256), 256, 0, cs(s)>>>(attn, x, n, ld, heads, hd, hi, lo);
   HMOE_CUDA_LAUNCHED();
 }
 

@@ -26,6 +26,10 @@ void embedding(const bf16_t* table, const int32_t* ids, int64_t n, int64_t hidde
 // same before rounding when y_f32 is not null. d: row width.
 void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, int64_t d, const bf16_t* w, float eps, bf16_t* y,
                   float* y_f32, Stream& s);
+// The same with fp32 weights (Qwen3-Next's zero-centred norms as 1 + w:
+// bf16 would round 1 + w to 8 bits).
+void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, int64_t d, const float* w, float eps, bf16_t* y,
+                  float* y_f32, Stream& s);
 
 // Per-head RMSNorm (weight w[hd]) then rotate-half rotary embedding at
 // position pos[t], in place. x: rows of stride ld floats; row t holds heads*hd
@@ -114,9 +118,12 @@ void moe_route(const int32_t* ids, int64_t pairs, int64_t experts, int32_t* offs
 // read once per 8 of its tokens. act: [n*k, inter] bf16 scratch;
 // partial: [n*k, hidden] fp32 scratch; out[t] = sum_j weights[t*k+j] *
 // expert_{ids[t*k+j]}(x[t]) (overwritten). hidden and inter: multiples of 8.
+// act_lo (optional, [n*k, inter] bf16 scratch): the activation between the
+// products is kept as a bf16 hi + lo pair (about 16 bits instead of 8; the
+// down product reads both, the weights once).
 void moe_experts(const bf16_t* x, int64_t n, int64_t hidden, int64_t inter, int64_t experts, int64_t k, const int32_t* ids,
                  const float* weights, const int32_t* offsets, const int32_t* pair_list, const bf16_t* w_gate_up,
-                 const bf16_t* w_down, bf16_t* act, float* partial, float* out, Stream& s);
+                 const bf16_t* w_down, bf16_t* act, float* partial, float* out, Stream& s, bf16_t* act_lo = nullptr);
 
 // y = x + d, element-wise over `count` floats (y may alias x).
 void add(const float* x, const float* d, int64_t count, float* y, Stream& s);

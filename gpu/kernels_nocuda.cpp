@@ -11,6 +11,7 @@ void embedding(const bf16_t*, const int32_t*, int64_t, int64_t, float*, Stream&)
 void add_rms_norm(float*, const float*, const int32_t*, int64_t, int64_t, const bf16_t*, float, bf16_t*, float*, Stream&) {
   no_cuda("add_rms_norm");
 }
+void add_rms_norm(float*, const float*, const int32_t*, int64_t, int64_t, const float*, float, bf16_t*, float*, Stream&) { no_cuda("add_rms_norm"); }
 void qk_norm_rope(float*, int64_t, int64_t, int64_t, int64_t, const bf16_t*, float, const int32_t*, const float*, Stream&) {
   no_cuda("qk_norm_rope");
 }
@@ -38,7 +39,7 @@ void router_gemv_topk(const bf16_t*, int64_t, const bf16_t*, int64_t, int64_t, i
 int64_t router_gemv_max_tokens() { return 8; }
 void moe_route(const int32_t*, int64_t, int64_t, int32_t*, int32_t*, Stream&) { no_cuda("moe_route"); }
 void moe_experts(const bf16_t*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*, const float*, const int32_t*, const int32_t*,
-                 const bf16_t*, const bf16_t*, bf16_t*, float*, float*, Stream&) {
+                 const bf16_t*, const bf16_t*, bf16_t*, float*, float*, Stream&, bf16_t*) {
   no_cuda("moe_experts");
 }
 void add(const float*, const float*, int64_t, float*, Stream&) { no_cuda("add"); }

@@ -48,7 +48,7 @@ __global__ void moe_route_kernel(const int32_t* ids, int pairs, int experts, int
 // act[p, r] = bf16(silu(gate_r . x_t) * (up_r . x_t)) for the expert's pairs p = (t, j).
 template <int TB>
 __global__ void moe_gate_up_kernel(const uint16_t* x, int hidden, int inter, int k, const uint16_t* w_gate_up, const int32_t* offsets,
-                                   const int32_t* pair_list, uint16_t* act) {
+                                   const int32_t* pair_list, uint16_t* act, uint16_t* act_lo) {
   extern __shared__ uint4 xs[];  // TB rows of hidden/8
   const int e = blockIdx.y, beg = offsets[e], end = offsets[e + 1];
   if (beg == end) return;
@@ -88,17 +88,22 @@ __global__ void moe_gate_up_kernel(const uint16_t* x, int hidden, int inter, int
     for (int j = 0; j < TB; ++j) {
       if (j < cnt) {
         const float g = warp_sum(ag[j]), u = warp_sum(au[j]);
-        if (lane == 0) act[static_cast<int64_t>(pair_list[g0 + j]) * inter + r] = f2bf(g / (1.0f + expf(-g)) * u);
+        if (lane == 0) {
+          const float v = g / (1.0f + expf(-g)) * u;
+          const int64_t at = static_cast<int64_t>(pair_list[g0 + j]) * inter + r;
+          act[at] = f2bf(v);
+          if (act_lo) act_lo[at] = f2bf(v - bf2f(act[at]));
+        }
       }
     }
   }
 }
 
-// partial[p, r] = weights[p] * (down_r . act[p]).
+// partial[p, r] = weights[p] * (down_r . act[p]); with act_lo, act[p] + act_lo[p].
 template <int TB>
-__global__ void moe_down_kernel(const uint16_t* act, int hidden, int inter, const float* weights, const uint16_t* w_down, const int32_t* offsets,
-                                const int32_t* pair_list, float* partial) {
-  extern __shared__ uint4 as[];  // TB rows of inter/8
+__global__ void moe_down_kernel(const uint16_t* act, const uint16_t* act_lo, int hidden, int inter, const float* weights, const uint16_t* w_down,
+                                const int32_t* offsets, const int32_t* pair_list, float* partial) {
+  extern __shared__ uint4 as[];  // TB rows of inter/8 (then TB rows of act_lo)
   const int e = blockIdx.y, beg = offsets[e], end = offsets[e + 1];
   if (beg == end) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = blockIdx.x * kRowsPerBlock + warp, i8 = inter / 8;
@@ -109,6 +114,7 @@ __global__ void moe_down_kernel(const uint16_t* act, int hidden, int inter, cons
     for (int i = threadIdx.x; i < cnt * i8; i += blockDim.x) {
       const int j = i / i8, c = i % i8;
       as[j * i8 + c] = reinterpret_cast<const uint4*>(act + static_cast<int64_t>(pair_list[g0 + j]) * inter)[c];
+      if (act_lo) as[(TB + j) * i8 + c] = reinterpret_cast<const uint4*>(act_lo + static_cast<int64_t>(pair_list[g0 + j]) * inter)[c];
     }
     __syncthreads();
     if (r >= hidden) continue;
@@ -123,6 +129,12 @@ __global__ void moe_down_kernel(const uint16_t* act, int hidden, int inter, cons
       for (int j = 0; j < TB; ++j) {
         if (j < cnt) {
           unpack8(as[j * i8 + c], af);
+          if (act_lo) {
+            float lf[8];
+            unpack8(as[(TB + j) * i8 + c], lf);
+#pragma unroll
+            for (int q = 0; q < 8; ++q) af[q] += lf[q];
+          }
 #pragma unroll
           for (int q = 0; q < 8; ++q) acc[j] += df[q] * af[q];
         }
@@ -152,16 +164,16 @@ __global__ void moe_combine_kernel(const float* partial, int64_t n, int k, int64
 template <int TB>
 void launch_experts(const bf16_t* x, int64_t n, int64_t hidden, int64_t inter, int64_t experts, int64_t k, const float* weights,
                     const int32_t* offsets, const int32_t* pair_list, const bf16_t* w_gate_up, const bf16_t* w_down, bf16_t* act,
-                    float* partial, cudaStream_t st) {
-  const size_t smem_gu = static_cast<size_t>(TB) * hidden * 2, smem_dn = static_cast<size_t>(TB) * inter * 2;
+                    bf16_t* act_lo, float* partial, cudaStream_t st) {
+  const size_t smem_gu = static_cast<size_t>(TB) * hidden * 2, smem_dn = static_cast<size_t>(TB) * inter * 2 * (act_lo ? 2 : 1);
   if (smem_gu > 48 * 1024) HMOE_CUDA_CHECK(cudaFuncSetAttribute(moe_gate_up_kernel<TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_gu)));
   if (smem_dn > 48 * 1024) HMOE_CUDA_CHECK(cudaFuncSetAttribute(moe_down_kernel<TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_dn)));
   const dim3 g1(static_cast<unsigned>((inter + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(experts));
   moe_gate_up_kernel<TB><<<g1, kRowsPerBlock * 32, smem_gu, st>>>(x, static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(k),
-                                                                   w_gate_up, offsets, pair_list, act);
+                                                                   w_gate_up, offsets, pair_list, act, act_lo);
   HMOE_CUDA_LAUNCHED();
   const dim3 g2(static_cast<unsigned>((hidden + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(experts));
-  moe_down_kernel<TB><<<g2, kRowsPerBlock * 32, smem_dn, st>>>(act, static_cast<int>(hidden), static_cast<int>(inter), weights, w_down,
+  moe_down_kernel<TB><<<g2, kRowsPerBlock * 32, smem_dn, st>>>(act, act_lo, static_cast<int>(hidden), static_cast<int>(inter), weights, w_down,
                                                                 offsets, pair_list, partial);
   HMOE_CUDA_LAUNCHED();
 }
@@ -185,14 +197,15 @@ void moe_route(const int32_t* ids, int64_t pairs, int64_t experts, int32_t* offs
 
 void moe_experts(const bf16_t* x, int64_t n, int64_t hidden, int64_t inter, int64_t experts, int64_t k, const int32_t* ids,
                  const float* weights, const int32_t* offsets, const int32_t* pair_list, const bf16_t* w_gate_up, const bf16_t* w_down,
-                 bf16_t* act, float* partial, float* out, Stream& s) {
+                 bf16_t* act, float* partial, float* out, Stream& s, bf16_t* act_lo) {
   (void)ids;
   if (hidden % 8 != 0 || inter % 8 != 0)
     fail(ErrorKind::unsupported, "gpu::moe_experts: hidden and intermediate sizes must be multiples of 8");
   if (n <= 0) return;
   cudaStream_t st = cs(s);
-  if (hidden <= 3072 && inter <= 3072) launch_experts<8>(x, n, hidden, inter, experts, k, weights, offsets, pair_list, w_gate_up, w_down, act, partial, st);
-  else launch_experts<2>(x, n, hidden, inter, experts, k, weights, offsets, pair_list, w_gate_up, w_down, act, partial, st);
+  if (hidden <= 3072 && inter <= 3072)
+    launch_experts<8>(x, n, hidden, inter, experts, k, weights, offsets, pair_list, w_gate_up, w_down, act, act_lo, partial, st);
+  else launch_experts<2>(x, n, hidden, inter, experts, k, weights, offsets, pair_list, w_gate_up, w_down, act, act_lo, partial, st);
   moe_combine_kernel<<<static_cast<unsigned>((n * hidden + 255) / 256), 256, 0, st>>>(partial, n, static_cast<int>(k), hidden, out);
   HMOE_CUDA_LAUNCHED();
 }

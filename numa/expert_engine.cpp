@@ -72,6 +72,8 @@ cpu::Mat place(const cpu::Mat& m, uint8_t* dst) {
 EngineOptions EngineOptions::from_settings(const Settings& s) {
   EngineOptions o;
   o.bf16_dot = s.cpu_bf16_dot;
+  o.emulate_gpu_act = s.cpu_emulate_gpu_bf16 && s.cpu_bf16_dot;
+  o.gpu_split_act = s.gpu_hybrid_precise;
   o.int8_act = s.cpu_int8_act;
   o.gguf_int8 = s.cpu_gguf_int8;
   o.onednn_min_tokens = s.cpu_onednn_min_tokens;
@@ -290,6 +292,8 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
     sc.active.swap(small);
   }
   const bool bf16dot = opt_.bf16_dot && cpu::has_bf16_dot();
+  // EngineOptions::emulate_gpu_act (the GPU's bf16 activation; only with the bf16 dot products that emulate its inputs).
+  const bool round_act = bf16dot && opt_.emulate_gpu_act && (!opt_.gpu_split_act || (n > 64 && n * k >= 16 * experts_));
   const bool need_bf16 = bf16dot || !sc.big.empty();
   if (sc.xs.size() < static_cast<size_t>(P * H)) sc.xs.resize(static_cast<size_t>(P * H));
   if (sc.act.size() < static_cast<size_t>(P * I)) sc.act.resize(static_cast<size_t>(P * I));
@@ -416,6 +420,8 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
       for (int64_t t = 0; t < m; ++t) {
         float* dst = sc.act.data() + (off + t) * I + col0;
         for (int64_t i = 0; i < nr; ++i) dst[i] = silu(g[static_cast<size_t>(t * nr + i)]) * u[static_cast<size_t>(t * nr + i)];
+        if (round_act)
+          for (int64_t i = 0; i < nr; ++i) dst[i] = bf16_to_f32(f32_to_bf16(dst[i]));
       }
     }
   }, 1, 1);  // chunks of one item: a decode step is only ~20 items per thread

@@ -74,6 +74,14 @@ struct ExpertWeights {
 
 struct EngineOptions {
   bool bf16_dot = false;      // see the file comment
+  // Settings cpu_emulate_gpu_bf16 with cpu_bf16_dot (emulating the GPU's
+  // resident bf16 experts): the activation between the bf16-dot gate/up and
+  // down products is rounded to bf16 where the GPU rounds it: always when
+  // !gpu_split_act, else only in passes the GPU runs as cuBLAS products
+  // (n > 64 tokens and n * k >= 16 * experts; gpu_hybrid_precise keeps the
+  // grouped kernels' activation as hi + lo). Off: fp32, as before.
+  bool emulate_gpu_act = false;
+  bool gpu_split_act = false;
   bool int8_act = true;       // see the file comment
   bool gguf_int8 = true;      // see the file comment
   int64_t onednn_min_tokens = 0;  // see the file comment

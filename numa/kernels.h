@@ -43,6 +43,12 @@ struct GemmOptions {
   // Setting gpu_mla_split_inputs: under round_bf16, gemm_split_input keeps
   // the input as a bf16 hi + lo pair, as the GPU's precise products do.
   bool split_inputs = true;
+  // Setting gpu_hybrid_precise: under round_bf16, Qwen3-Next's layers round
+  // where that GPU mode does (on: zero-centred norm weights, routers and the
+  // shared-expert gate exact, the linear/gated-attention projections' inputs
+  // a hi + lo pair; off: (1 + w), router and gate inputs and those
+  // projections' inputs rounded to bf16 once).
+  bool hybrid_precise = true;
   // Setting cpu_gguf_int8: ggml block weights go through the 8-bit
   // activation integer path (numa/quant_gguf_q8.h) where it applies.
   bool gguf_int8 = true;

@@ -13,6 +13,7 @@ cpu::GemmOptions gemm_options(const Settings& s) {
   cpu::GemmOptions o;
   o.round_bf16 = s.cpu_emulate_gpu_bf16;
   o.split_inputs = s.gpu_mla_split_inputs;
+  o.hybrid_precise = s.gpu_hybrid_precise;
   o.gguf_int8 = s.cpu_gguf_int8;
   o.amx_min_tokens = s.cpu_amx_min_tokens;
   return o;

@@ -113,11 +113,13 @@ void DeltaNetStep::range(const Rows& r, int64_t n, int64_t& g0, int64_t& gn) con
   gn = r.rn;
 }
 
-gpu::DeviceBuffer upload_norm(GpuUploader& up, const cpu::Mat& w, bool zero_centred) {
-  if (!zero_centred) return up.bf16({w});
+gpu::DeviceBuffer upload_norm(GpuUploader& up, const cpu::Mat& w, bool zero_centred, bool f32) {
+  if (!zero_centred && !f32) return up.bf16({w});
   std::vector<float> f = mat_f32(w);
-  for (float& x : f) x += 1.0f;
+  if (zero_centred)
+    for (float& x : f) x += 1.0f;
   up.bind().release(w);
+  if (f32) return up.raw(f.data(), f.size() * sizeof(float));
   std::vector<uint16_t> h(f.size());
   write_bf16(cpu::Mat{DType::f32, f.data(), 1, static_cast<int64_t>(f.size())}, h.data());
   return up.raw(h.data(), h.size() * 2);

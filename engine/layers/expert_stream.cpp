@@ -452,7 +452,7 @@ void ExpertStream::begin(int64_t tokens) {
   auto fit = [](gpu::DeviceBuffer& b, int64_t bytes) { b.reserve(static_cast<size_t>(std::max<int64_t>(bytes, 16))); };
   fit(m.route_off, (E + 1) * 4);
   fit(m.pair_list, P * 4);
-  fit(m.gemm.act, P * m.I * 2);
+  fit(m.gemm.act, P * m.I * 2 * (o.split_act ? 2 : 1));
   fit(m.gemm.ys, P * m.H * 4);
   if (m.nch > 1) m.fill_all = true;  // chunks: every expert of the chunk
   m.copied.assign(static_cast<size_t>(m.units()), 0);
@@ -567,8 +567,9 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
     moe_experts_gemm(m.blas, x, n, H, I, E, K, offs, m.pair_list.as<int32_t>(), weights,
                      [&](int64_t e, bool down) -> const gpu::bf16_t* { return down ? wdn + e * H * I : wgu + e * 2 * I * H; }, m.gemm, out, s);
   } else {
-    gpu::moe_experts(x, n, H, I, E, K, ids, weights, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), wgu, wdn, m.gemm.act.as<gpu::bf16_t>(),
-                     m.gemm.ys.as<float>(), out, s);
+    gpu::bf16_t* act = m.gemm.act.as<gpu::bf16_t>();
+    gpu::moe_experts(x, n, H, I, E, K, ids, weights, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), wgu, wdn, act, m.gemm.ys.as<float>(), out, s,
+                     o.split_act ? act + n * K * I : nullptr);
   }
   m.k1[ju].record(s);
   if (!o.serial && !o.skip_copies && m.fill_all && j + m.S < N) m.enqueue_copy(j + m.S, m.lay.layers[static_cast<size_t>(j + m.S)].all, &m.k1[ju]);

@@ -77,6 +77,10 @@ struct ExpertStreamOptions {
   // room (Plan::fit_stream_bytes); make_expert_stream sizes within them so
   // that the KV blocks allocated later keep their share. 0: free memory.
   uint64_t reserved_bytes = 0;
+  // bf16 experts of the grouped kernels (passes below the gemm threshold)
+  // keep their activation as a bf16 hi + lo pair (ExpertHomeOptions::split_act;
+  // set by the GPU runtime for Qwen3-Next under gpu_hybrid_precise).
+  bool split_act = false;
 };
 
 struct StreamLayerStats {

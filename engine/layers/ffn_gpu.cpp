@@ -71,12 +71,15 @@ class DenseMlpGpu : public GpuFfn {
 class MoeGpu : public GpuFfn {
  public:
   MoeGpu(GpuUploader& up, const ModelConfig& c, int64_t layer, const std::string& f, RouterKind router, int64_t shared_inter, RoutedExperts::Home home,
-         numa::NodePools& pools, ExpertHomeOptions& opt, bool shared_gate)
-      : c_(c), router_kind_(router), H_(c.hidden_size), E_(c.num_experts), K_(c.num_experts_per_tok) {
+         numa::NodePools& pools, ExpertHomeOptions& opt, bool shared_gate, bool fp32_router)
+      : c_(c), router_kind_(router), fp32_router_(fp32_router && router == RouterKind::softmax_topk), H_(c.hidden_size), E_(c.num_experts),
+        K_(c.num_experts_per_tok) {
     if (H_ % 8 != 0 || c.moe_intermediate_size % 8 != 0) fail(ErrorKind::unsupported, "GPU path: hidden and expert sizes must be multiples of 8");
     WeightBinder& b = up.bind();
     const uint64_t before = up.bytes();
-    if (router == RouterKind::softmax_topk) {
+    if (fp32_router_) {
+      router_ = up.f32(b.mat(f + "gate.weight", E_, H_));
+    } else if (router == RouterKind::softmax_topk) {
       router_ = up.bf16({b.mat(f + "gate.weight", E_, H_)});
       router_count_ = gpu::DeviceBuffer(16);  // gpu::router_gemv_topk's block counter, 0 between launches
       gpu::memset_device(router_count_.data(), 0, router_count_.bytes(), up.stream());
@@ -86,12 +89,13 @@ class MoeGpu : public GpuFfn {
       bias_ = up.f32(b.vec(f + "gate.e_score_correction_bias", E_));
     }
     if (shared_inter > 0) shared_.bind(up, f + (shared_gate ? "shared_expert." : "shared_experts."), H_, shared_inter);
-    if (shared_inter > 0 && shared_gate) shared_gate_ = up.bf16({b.mat(f + "shared_expert_gate.weight", 1, H_)});
+    if (shared_inter > 0 && shared_gate)
+      shared_gate_ = fp32_router_ ? up.f32(b.mat(f + "shared_expert_gate.weight", 1, H_)) : up.bf16({b.mat(f + "shared_expert_gate.weight", 1, H_)});
     experts_ = std::make_unique<RoutedExperts>(b, c, layer, f, home, pools, opt, &up.stream());
     bytes_ = up.bytes() - before + experts_->gpu_bytes();
   }
 
-  bool fp32_input() const override { return router_kind_ == RouterKind::deepseek_grouped || host_experts(); }
+  bool fp32_input() const override { return router_kind_ == RouterKind::deepseek_grouped || fp32_router_ || host_experts(); }
   bool host_experts() const override { return experts_->home() == RoutedExperts::Home::host; }
   const std::vector<numa::ExpertWeights>* host_expert_weights() const override { return host_experts() ? &experts_->host_weights() : nullptr; }
   int64_t topk() const override { return K_; }
@@ -111,7 +115,7 @@ class MoeGpu : public GpuFfn {
 
   void enqueue(GpuCtx& ctx, const Rows& r, bool handoff) override { enqueue_with(ctx, r, nullptr, 0, handoff); }
   bool fuses_norm(const GpuCtx& ctx, const Rows& r) const override {
-    return ctx.step.fused && router_kind_ == RouterKind::softmax_topk && gpu::norm_router_fits(r.rn, H_, E_);
+    return ctx.step.fused && router_kind_ == RouterKind::softmax_topk && !fp32_router_ && gpu::norm_router_fits(r.rn, H_, E_);
   }
   void enqueue_with_norm(GpuCtx& ctx, const Rows& r, const bf16_t* norm_w, float eps, bool handoff) override {
     enqueue_with(ctx, r, norm_w, eps, handoff);
@@ -124,7 +128,10 @@ class MoeGpu : public GpuFfn {
     int32_t* ids = ctx.a.ids + r.r0 * K_;
     float* wts = ctx.a.wts + r.r0 * K_;
     const bf16_t* x = ctx.a.hb + r.r0 * H_;
-    if (norm_w) {
+    if (fp32_router_) {
+      ctx.blas.gemm_f32(ctx.a.hf + r.r0 * H_, r.rn, router_.as<float>(), E_, H_, logits, E_);
+      gpu::router_topk(logits, r.rn, E_, K_, c_.norm_topk_prob, ids, wts, s);
+    } else if (norm_w) {
       gpu::add_rms_norm_router_topk(ctx.a.x + r.r0 * H_, ctx.a.d + r.r0 * H_, r.rn, H_, norm_w, eps, ctx.a.hb + r.r0 * H_,
                                     fp32_input() ? ctx.a.hf + r.r0 * H_ : nullptr, router_.as<bf16_t>(), E_, K_, c_.norm_topk_prob, logits,
                                     router_count_.as<int32_t>(), ids, wts, s);
@@ -147,7 +154,9 @@ class MoeGpu : public GpuFfn {
   void enqueue_during_handoff(GpuCtx& ctx, const Rows& r) override {
     if (shared_.I == 0) return;
     shared_.enqueue(ctx, ctx.a.hb + r.r0 * H_, r.rn, ctx.scratch.get<float>("moe.shared") + r.r0 * H_);
-    if (shared_gate_.data())
+    if (shared_gate_.data() && fp32_router_)
+      ctx.blas.gemm_f32(ctx.a.hf + r.r0 * H_, r.rn, shared_gate_.as<float>(), 1, H_, ctx.scratch.get<float>("moe.sgate") + r.r0, 1);
+    else if (shared_gate_.data())
       ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, shared_gate_.as<bf16_t>(), 1, H_, ctx.scratch.get<float>("moe.sgate") + r.r0, 1);
   }
   void enqueue_after_handoff(GpuCtx& ctx, const Rows& r) override {
@@ -166,6 +175,7 @@ class MoeGpu : public GpuFfn {
  private:
   const ModelConfig& c_;
   RouterKind router_kind_;
+  bool fp32_router_;  // softmax router and shared-expert gate in fp32 on hf (make_moe_gpu)
   int64_t H_, E_, K_;
   gpu::DeviceBuffer router_, bias_, shared_gate_;  // shared_gate_: [1, H] bf16 (Qwen3-Next)
   SwiGlu shared_;
@@ -182,8 +192,8 @@ std::unique_ptr<GpuFfn> make_dense_mlp_gpu(GpuUploader& up, const ModelConfig& c
 
 std::unique_ptr<GpuFfn> make_moe_gpu(GpuUploader& up, const ModelConfig& c, int64_t layer, const std::string& prefix, RouterKind router,
                                      int64_t shared_inter, RoutedExperts::Home home, numa::NodePools& pools, ExpertHomeOptions& opt,
-                                     bool shared_gate) {
-  return std::make_unique<MoeGpu>(up, c, layer, prefix, router, shared_inter, home, pools, opt, shared_gate);
+                                     bool shared_gate, bool fp32_router) {
+  return std::make_unique<MoeGpu>(up, c, layer, prefix, router, shared_inter, home, pools, opt, shared_gate, fp32_router);
 }
 
 }  // namespace hmoe

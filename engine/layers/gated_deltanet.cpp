@@ -52,8 +52,10 @@ class GatedDeltaNet : public AttentionBlock {
     const int64_t wq = 2 * K + 2 * V;
     fit(proj_, n * wq);
     fit(ba_, n * 2 * nv_);
-    cpu::gemm(x, n, w_qkvz_, proj_.data(), &pool_, gemm_);
-    cpu::gemm(x, n, w_ba_, ba_.data(), &pool_, gemm_);
+    cpu::GemmOptions split = gemm_;  // the GPU's precise mode splits these inputs (GemmOptions::hybrid_precise)
+    split.split_inputs = gemm_.hybrid_precise;
+    cpu::gemm_split_input(x, n, w_qkvz_, proj_.data(), &pool_, split);
+    cpu::gemm_split_input(x, n, w_ba_, ba_.data(), &pool_, split);
     // Row i of the working buffers is token order_[i] (sequences contiguous).
     fit(mixed_, n * cdim_);
     fit(conv_out_, n * cdim_);
@@ -145,7 +147,7 @@ class GatedDeltaNet : public AttentionBlock {
     const int64_t H = w_out_.rows;
     fit(proj_, n * H);
     float* tmp = proj_.data();
-    cpu::gemm(core_.data(), n, w_out_, tmp, &pool_, gemm_);
+    cpu::gemm_split_input(core_.data(), n, w_out_, tmp, &pool_, split);
     for (int64_t i = 0; i < n; ++i) std::memcpy(out + order_[static_cast<size_t>(i)] * H, tmp + i * H, static_cast<size_t>(H) * 4);
   }
 

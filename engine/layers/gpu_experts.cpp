@@ -189,7 +189,7 @@ std::string GpuResidentExperts::format() const {
 
 void GpuResidentExperts::run(const uint16_t* x, int64_t n, int64_t K, const int32_t* ids, const float* wts, const int32_t* route_off,
                              const int32_t* pair_list, uint16_t* act, float* partial, float* out, gpu::Blas& blas, ExpertScratch& sc,
-                             gpu::Stream& s) {
+                             gpu::Stream& s, uint16_t* act_lo) {
   Impl& m = *impl_;
   if (m.grouped(n)) {  // gate/up, SwiGLU, down, weighted sum: four launches, no host synchronisation
     const int64_t P = n * K;
@@ -245,7 +245,7 @@ void GpuResidentExperts::run(const uint16_t* x, int64_t n, int64_t K, const int3
     gpu::quant_moe_experts(x, n, m.H, m.I, m.E, K, wts, route_off, pair_list, m.qgu->weight(), m.qdn->weight(), act, partial, out, s);
   else
     gpu::moe_experts(x, n, m.H, m.I, m.E, K, ids, wts, route_off, pair_list, m.gate_up.as<uint16_t>(), m.down.as<uint16_t>(), act, partial, out,
-                     s);
+                     s, act_lo);
 }
 
 }  // namespace hmoe

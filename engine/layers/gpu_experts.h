@@ -98,8 +98,10 @@ class GpuResidentExperts {
   // graph: the offsets come to the host) take moe_experts_gemm on `blas`;
   // quantized experts are then dequantized to bf16 a chunk of experts at a
   // time (at most 256 MiB of scratch per matrix kind).
+  // act_lo (optional, laid out as act): bf16 experts of the grouped kernels
+  // keep their activation as a hi + lo pair (gpu::moe_experts).
   void run(const uint16_t* x, int64_t n, int64_t K, const int32_t* ids, const float* wts, const int32_t* route_off, const int32_t* pair_list,
-           uint16_t* act, float* partial, float* out, gpu::Blas& blas, ExpertScratch& scratch, gpu::Stream& s);
+           uint16_t* act, float* partial, float* out, gpu::Blas& blas, ExpertScratch& scratch, gpu::Stream& s, uint16_t* act_lo = nullptr);
 
  private:
   struct Impl;

@@ -30,8 +30,11 @@ std::unique_ptr<GpuFfn> make_dense_mlp_gpu(GpuUploader& up, const ModelConfig& c
 // shared_inter, and the routed experts in their home. shared_gate
 // (Qwen3-Next): the shared expert is `shared_expert.`, scaled per token by
 // sigmoid(shared_expert_gate . x); else `shared_experts.`, unscaled.
+// fp32_router: a softmax top-k router and the shared-expert gate in fp32 on
+// the fp32 normed input (Qwen3-Next under gpu_hybrid_precise: a bf16 input
+// flips near-tied expert choices of the fp32 model); else bf16.
 std::unique_ptr<GpuFfn> make_moe_gpu(GpuUploader& up, const ModelConfig& c, int64_t layer, const std::string& prefix, RouterKind router,
                                      int64_t shared_inter, RoutedExperts::Home home, numa::NodePools& pools, ExpertHomeOptions& opt,
-                                     bool shared_gate = false);
+                                     bool shared_gate = false, bool fp32_router = false);
 
 }  // namespace hmoe

@@ -5,12 +5,27 @@
 #include <cmath>
 
 #include "configs/error.h"
+#include "numa/kernels.h"
 
 namespace hmoe {
 
 namespace {
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// The options of the products whose input the GPU splits in its precise mode.
+cpu::GemmOptions split_options(const cpu::GemmOptions& g) {
+  cpu::GemmOptions o = g;
+  o.split_inputs = g.hybrid_precise;
+  return o;
+}
+// x, or a copy rounded to bf16 where the GPU's bf16 mode rounds a router's input.
+const float* router_input(const float* x, int64_t count, const cpu::GemmOptions& g, std::vector<float>& tmp) {
+  if (!g.round_bf16 || g.hybrid_precise) return x;
+  tmp.resize(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) tmp[static_cast<size_t>(i)] = cpu::round_bf16(x[i]);
+  return tmp.data();
+}
 
 class GatedAttention : public AttentionBlock {
  public:
@@ -20,6 +35,7 @@ class GatedAttention : public AttentionBlock {
         kv_layer_(kv_layer),
         pool_(pool),
         gemm_(gemm),
+        split_(split_options(gemm)),
         rot_(static_cast<int64_t>(static_cast<double>(c.head_dim) * c.hybrid.partial_rotary_factor)),
         rope_(rot_, c.rope_theta) {
     const int64_t H = c.hidden_size, nh = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim;
@@ -39,9 +55,9 @@ class GatedAttention : public AttentionBlock {
     float* q = ws.q.data();
     float* k = ws.k.data();
     float* v = ws.v.data();
-    cpu::gemm(x, n, wq_, qg_.data(), &pool_, gemm_);
-    cpu::gemm(x, n, wk_, k, &pool_, gemm_);
-    cpu::gemm(x, n, wv_, v, &pool_, gemm_);
+    cpu::gemm_split_input(x, n, wq_, qg_.data(), &pool_, split_);
+    cpu::gemm_split_input(x, n, wk_, k, &pool_, split_);
+    cpu::gemm_split_input(x, n, wv_, v, &pool_, split_);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t h = 0; h < nh; ++h) {
         const float* src = qg_.data() + (t * nh + h) * 2 * hd;
@@ -58,8 +74,10 @@ class GatedAttention : public AttentionBlock {
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
     float* attn = ws.attn.data();
     ops::attention(q, n, nh, kvh, hd, slots, kv, kv_layer_, scale, attn, &pool_);
+    if (gemm_.round_bf16)  // the GPU's attention output is bf16 before the gate
+      for (int64_t i = 0; i < n * nh * hd; ++i) attn[i] = cpu::round_bf16(attn[i]);
     for (int64_t i = 0; i < n * nh * hd; ++i) attn[i] *= sigmoid(gate_[static_cast<size_t>(i)]);
-    cpu::gemm(attn, n, wo_, out, &pool_, gemm_);
+    cpu::gemm_split_input(attn, n, wo_, out, &pool_, split_);
   }
 
  private:
@@ -67,6 +85,7 @@ class GatedAttention : public AttentionBlock {
   int64_t kv_layer_;
   numa::ThreadPool& pool_;
   cpu::GemmOptions gemm_;
+  cpu::GemmOptions split_;  // q/k/v and o_proj: hi + lo inputs in the precise mode
   int64_t rot_;
   ops::Rope rope_;  // over the first rot_ dimensions of each head
   NormStore norms_;
@@ -94,7 +113,8 @@ class SharedGatedMoe : public FfnBlock {
 
   void forward(const float* x, int64_t n, float* out, Workspace& ws) override {
     const int64_t E = c_.num_experts, K = c_.num_experts_per_tok, H = c_.hidden_size;
-    cpu::gemm_exact(x, n, router_, ws.router.data(), &pool_);
+    const float* xr = router_input(x, n * H, gemm_, xr_);
+    cpu::gemm_exact(xr, n, router_, ws.router.data(), &pool_);
     for (int64_t t = 0; t < n; ++t)
       ops::softmax_topk(ws.router.data() + t * E, E, K, c_.norm_topk_prob, ws.topk_ids.data() + t * K, ws.topk_w.data() + t * K);
     std::fill(out, out + n * H, 0.0f);
@@ -103,7 +123,7 @@ class SharedGatedMoe : public FfnBlock {
     shared_out_.assign(static_cast<size_t>(n * H), 0.0f);
     gate_.resize(static_cast<size_t>(n));
     numa::mlp_forward(x, n, shared_, shared_out_.data(), &pool_, gemm_);
-    cpu::gemm_exact(x, n, shared_gate_, gate_.data(), &pool_);
+    cpu::gemm_exact(xr, n, shared_gate_, gate_.data(), &pool_);
     for (int64_t t = 0; t < n; ++t) {
       const float s = sigmoid(gate_[static_cast<size_t>(t)]);
       for (int64_t i = 0; i < H; ++i) out[t * H + i] += s * shared_out_[static_cast<size_t>(t * H + i)];
@@ -118,17 +138,17 @@ class SharedGatedMoe : public FfnBlock {
   std::unique_ptr<RoutedExperts> experts_;
   numa::ExpertWeights shared_;
   bool has_shared_ = false;
-  std::vector<float> shared_out_, gate_;
+  std::vector<float> shared_out_, gate_, xr_;
 };
 
 }  // namespace
 
-cpu::Mat NormStore::bind(WeightBinder& b, const std::string& name, int64_t n, bool zero_centred) {
+cpu::Mat NormStore::bind(WeightBinder& b, const std::string& name, int64_t n, bool zero_centred, bool round_bf16) {
   const cpu::Mat w = b.vec(name, n);
   if (!zero_centred) return w;
   auto f = std::make_unique<std::vector<float>>(static_cast<size_t>(n));
   cpu::to_f32(w.dtype, w.data, f->data(), n);
-  for (float& x : *f) x = 1.0f + x;
+  for (float& x : *f) x = round_bf16 ? cpu::round_bf16(1.0f + x) : 1.0f + x;
   const cpu::Mat m{DType::f32, f->data(), 1, n};
   owned_.push_back(std::move(f));
   return m;

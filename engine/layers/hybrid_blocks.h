@@ -30,8 +30,10 @@ std::unique_ptr<FfnBlock> make_shared_gated_moe(WeightBinder& bind, const ModelC
 // Owns the fp32 (1 + w) copies of zero-centred norm weights.
 class NormStore {
  public:
-  // The weight `name` [n]: as stored, or as fp32 (1 + w) when zero_centred.
-  cpu::Mat bind(WeightBinder& b, const std::string& name, int64_t n, bool zero_centred);
+  // The weight `name` [n]: as stored, or as fp32 (1 + w) when zero_centred;
+  // round_bf16: (1 + w) rounded to bf16, as the GPU's bf16 mode stores it
+  // (emulation, GemmOptions::hybrid_precise off).
+  cpu::Mat bind(WeightBinder& b, const std::string& name, int64_t n, bool zero_centred, bool round_bf16 = false);
 
  private:
   std::vector<std::unique_ptr<std::vector<float>>> owned_;

@@ -2,6 +2,7 @@
 // hybrid_gpu.h).
 #include "engine/layers/hybrid_gpu.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "configs/error.h"
@@ -24,8 +25,8 @@ gpu::DeviceBuffer upload_f32_map(GpuUploader& up, const cpu::Mat& m, F f) {
 
 class GatedDeltaNetGpu : public GpuAttention {
  public:
-  GatedDeltaNetGpu(GpuUploader& up, const ModelConfig& c, int64_t state_index, const std::string& p)
-      : sh_(deltanet_shape(c.hybrid)), H_(c.hidden_size), eps_(static_cast<float>(c.rms_norm_eps)) {
+  GatedDeltaNetGpu(GpuUploader& up, const ModelConfig& c, int64_t state_index, const std::string& p, bool split)
+      : sh_(deltanet_shape(c.hybrid)), H_(c.hidden_size), eps_(static_cast<float>(c.rms_norm_eps)), split_(split) {
     if (H_ % 8 != 0 || sh_.value_dim() % 8 != 0) fail(ErrorKind::unsupported, "GPU path: hidden and linear-attention value sizes must be multiples of 8");
     if (sh_.nk <= 0 || sh_.nv % sh_.nk != 0)
       fail(ErrorKind::bad_model, "linear_num_value_heads must be a multiple of linear_num_key_heads");
@@ -50,8 +51,13 @@ class GatedDeltaNetGpu : public GpuAttention {
     ctx.scratch.fit("gdn.gate", n * sh_.nv * 4);
     ctx.scratch.fit("gdn.beta", n * sh_.nv * 4);
     ctx.scratch.fit("gdn.core", n * sh_.value_dim() * 4);
-    ctx.scratch.fit("gdn.o", n * sh_.value_dim() * 2);
+    ctx.scratch.fit("gdn.o", n * sh_.value_dim() * 2 * (split_ ? 2 : 1));
+    if (split_) {
+      ctx.scratch.fit("gdn.x2", n * 2 * H_ * 2);
+      ctx.scratch.fit("gdn.y2", n * 2 * std::max(sh_.proj_cols(), H_) * 4);
+    }
   }
+  bool fp32_input() const override { return split_; }
   void key(const GpuStepInfo& st, std::vector<int64_t>& k) const override {
     if (!st.deltanet) return;
     k.push_back(st.deltanet->count() * 4 + (st.deltanet->plan().multi ? 2 : 0) + (st.deltanet->plan().single ? 1 : 0));
@@ -76,19 +82,36 @@ class GatedDeltaNetGpu : public GpuAttention {
     float* beta = ctx.scratch.get<float>("gdn.beta");
     float* core = ctx.scratch.get<float>("gdn.core");
     bf16_t* o = ctx.scratch.get<bf16_t>("gdn.o");
-    ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, w_in_.as<bf16_t>(), P, H_, proj + r.r0 * P, P);
+    // Split inputs: one product over [hi; lo] (2rn rows, weights read once), the halves added.
+    bf16_t* x2 = split_ ? ctx.scratch.get<bf16_t>("gdn.x2") : nullptr;
+    float* y2 = split_ ? ctx.scratch.get<float>("gdn.y2") : nullptr;
+    if (split_) {
+      gpu::split_bf16(ctx.a.hf + r.r0 * H_, r.rn * H_, x2, x2 + r.rn * H_, s);
+      ctx.blas.gemm(x2, 2 * r.rn, w_in_.as<bf16_t>(), P, H_, y2, P);
+      gpu::add(y2, y2 + r.rn * P, r.rn * P, proj + r.r0 * P, s);
+    } else {
+      ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, w_in_.as<bf16_t>(), P, H_, proj + r.r0 * P, P);
+    }
     gpu::deltanet_prepare(proj, P, gr, tok0, ntok, sh_, conv_.as<float>(), a_neg_.as<float>(), dt_bias_.as<float>(), state_off_, conv, gate, beta, s);
     gpu::deltanet_conv_window(proj, P, gr, g0, gn, sh_, state_off_, s);
     if (ds.plan().multi) gpu::deltanet_chunked(conv, gate, beta, gr, g0, gn, sh_, state_off_, 1, 0, core, s);
     if (ds.plan().single) gpu::deltanet_recurrent(conv, gate, beta, gr, g0, gn, sh_, state_off_, 1, core, s);
-    gpu::deltanet_gated_norm(core, proj, P, gr, tok0, ntok, sh_, norm_.as<float>(), eps_, o, s);
-    ctx.blas.gemm(o + r.r0 * V, r.rn, w_out_.as<bf16_t>(), H_, V, ctx.a.d + r.r0 * H_, H_);
+    if (!split_) {
+      gpu::deltanet_gated_norm(core, proj, P, gr, tok0, ntok, sh_, norm_.as<float>(), eps_, o, s);
+      ctx.blas.gemm(o + r.r0 * V, r.rn, w_out_.as<bf16_t>(), H_, V, ctx.a.d + r.r0 * H_, H_);
+      return;
+    }
+    // The micro-batch's rows r0.. as hi rows [0, rn) and lo rows [rn, 2rn) of o.
+    gpu::deltanet_gated_norm(core, proj, P, gr, tok0, ntok, sh_, norm_.as<float>(), eps_, o, s, o + r.rn * V, r.r0);
+    ctx.blas.gemm(o, 2 * r.rn, w_out_.as<bf16_t>(), H_, V, y2, H_);
+    gpu::add(y2, y2 + r.rn * H_, r.rn * H_, ctx.a.d + r.r0 * H_, s);
   }
 
  private:
   gpu::DeltaNetShape sh_;
   int64_t H_;
   float eps_;
+  bool split_;  // setting gpu_hybrid_precise: in_proj and out_proj take a bf16 hi + lo input
   int64_t state_off_ = 0;
   gpu::DeviceBuffer w_in_, w_out_, conv_, dt_bias_, a_neg_, norm_;
   uint64_t bytes_ = 0;
@@ -96,8 +119,9 @@ class GatedDeltaNetGpu : public GpuAttention {
 
 class GatedAttentionGpu : public GpuAttention {
  public:
-  GatedAttentionGpu(GpuUploader& up, const ModelConfig& c, int64_t kv_layer, const std::string& p)
-      : kv_layer_(kv_layer), H_(c.hidden_size), nh_(c.num_attention_heads), kvh_(c.num_key_value_heads), hd_(c.head_dim),
+  GatedAttentionGpu(GpuUploader& up, const ModelConfig& c, int64_t kv_layer, const std::string& p, bool split)
+      : split_(split),
+        kv_layer_(kv_layer), H_(c.hidden_size), nh_(c.num_attention_heads), kvh_(c.num_key_value_heads), hd_(c.head_dim),
         rot_(static_cast<int64_t>(static_cast<double>(c.head_dim) * c.hybrid.partial_rotary_factor)), eps_(static_cast<float>(c.rms_norm_eps)) {
     if (c.attention_bias) fail(ErrorKind::unsupported, "GPU path: attention_bias=true is not supported");
     if (hd_ % 32 != 0 || hd_ > 128) fail(ErrorKind::unsupported, "GPU path: head_dim " + std::to_string(hd_) + " (supported: 32, 64, 96, 128)");
@@ -119,12 +143,17 @@ class GatedAttentionGpu : public GpuAttention {
     ctx.scratch.fit("gatt.x", n * ld() * 4);
     ctx.scratch.fit("gatt.q", n * nh_ * hd_ * 4);
     ctx.scratch.fit("gatt.attn", n * nh_ * hd_ * 2);
+    if (split_) {
+      ctx.scratch.fit("gatt.x2", n * 2 * std::max(H_, nh_ * hd_) * 2);
+      ctx.scratch.fit("gatt.y2", n * 2 * std::max(ld(), H_) * 4);
+    }
     ctx.scratch.fit("gatt.scratch", gpu::attention_scratch_floats(n, nh_, hd_, ctx.step.max_len) * 4);
   }
   void key(const GpuStepInfo& st, std::vector<int64_t>& k) const override {
     for (int64_t rn : st.mb_rows) k.push_back(gpu::attention_splits(rn, nh_, st.max_len));
   }
   uint64_t bytes() const override { return bytes_; }
+  bool fp32_input() const override { return split_; }
 
   void enqueue(GpuCtx& ctx, const Rows& r) override {
     const GpuStepInfo& st = ctx.step;
@@ -133,7 +162,15 @@ class GatedAttentionGpu : public GpuAttention {
     float* x = ctx.scratch.get<float>("gatt.x");
     float* q = ctx.scratch.get<float>("gatt.q");
     bf16_t* attn = ctx.scratch.get<bf16_t>("gatt.attn");
-    ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, qkv_.as<bf16_t>(), ld(), H_, x, ld());
+    bf16_t* x2 = split_ ? ctx.scratch.get<bf16_t>("gatt.x2") : nullptr;
+    float* y2 = split_ ? ctx.scratch.get<float>("gatt.y2") : nullptr;
+    if (split_) {  // [hi; lo] as one product of 2rn rows, the halves added
+      gpu::split_bf16(ctx.a.hf + r.r0 * H_, r.rn * H_, x2, x2 + r.rn * H_, s);
+      ctx.blas.gemm(x2, 2 * r.rn, qkv_.as<bf16_t>(), ld(), H_, y2, ld());
+      gpu::add(y2, y2 + r.rn * ld(), r.rn * ld(), x, s);
+    } else {
+      ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, qkv_.as<bf16_t>(), ld(), H_, x, ld());
+    }
     gpu::gated_qkv_prepare(x, r.rn, ld(), nh_, kvh_, hd_, rot_, q_norm_.as<float>(), k_norm_.as<float>(), eps_, st.pos + r.r0,
                            inv_freq_.as<float>(), st.slot + r.r0, kc, vc, q, s);
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd_)));
@@ -142,12 +179,19 @@ class GatedAttentionGpu : public GpuAttention {
     else
       gpu::attention(q, nh_ * hd_, r.rn, nh_, kvh_, hd_, kc, vc, st.lists, st.off + r.r0, st.len + r.r0, st.max_len, scale,
                      ctx.scratch.get<float>("gatt.scratch"), attn, s);
-    gpu::gated_attention_gate(attn, x, r.rn, ld(), nh_, hd_, s);
-    ctx.blas.gemm(attn, r.rn, o_.as<bf16_t>(), H_, nh_ * hd_, ctx.a.d + r.r0 * H_, H_);
+    if (!split_) {
+      gpu::gated_attention_gate(attn, x, r.rn, ld(), nh_, hd_, s);
+      ctx.blas.gemm(attn, r.rn, o_.as<bf16_t>(), H_, nh_ * hd_, ctx.a.d + r.r0 * H_, H_);
+      return;
+    }
+    gpu::gated_attention_gate(attn, x, r.rn, ld(), nh_, hd_, s, x2, x2 + r.rn * nh_ * hd_);
+    ctx.blas.gemm(x2, 2 * r.rn, o_.as<bf16_t>(), H_, nh_ * hd_, y2, H_);
+    gpu::add(y2, y2 + r.rn * H_, r.rn * H_, ctx.a.d + r.r0 * H_, s);
   }
 
  private:
   int64_t ld() const { return (2 * nh_ + 2 * kvh_) * hd_; }
+  bool split_;  // setting gpu_hybrid_precise: q/k/v and o_proj take a bf16 hi + lo input
   int64_t kv_layer_, H_, nh_, kvh_, hd_, rot_;
   float eps_;
   gpu::DeviceBuffer qkv_, o_, q_norm_, k_norm_, inv_freq_;
@@ -156,12 +200,13 @@ class GatedAttentionGpu : public GpuAttention {
 
 }  // namespace
 
-std::unique_ptr<GpuAttention> make_gated_deltanet_gpu(GpuUploader& up, const ModelConfig& c, int64_t state_index, const std::string& prefix) {
-  return std::make_unique<GatedDeltaNetGpu>(up, c, state_index, prefix);
+std::unique_ptr<GpuAttention> make_gated_deltanet_gpu(GpuUploader& up, const ModelConfig& c, int64_t state_index, const std::string& prefix,
+                                                     bool split) {
+  return std::make_unique<GatedDeltaNetGpu>(up, c, state_index, prefix, split);
 }
 
-std::unique_ptr<GpuAttention> make_gated_attention_gpu(GpuUploader& up, const ModelConfig& c, int64_t kv_layer, const std::string& prefix) {
-  return std::make_unique<GatedAttentionGpu>(up, c, kv_layer, prefix);
+std::unique_ptr<GpuAttention> make_gated_attention_gpu(GpuUploader& up, const ModelConfig& c, int64_t kv_layer, const std::string& prefix, bool split) {
+  return std::make_unique<GatedAttentionGpu>(up, c, kv_layer, prefix, split);
 }
 
 }  // namespace hmoe

@@ -6,7 +6,13 @@
 //    recurrence for those with one), gated RMSNorm, out_proj;
 //  - gated full attention on the paged KV cache (q with its output gate,
 //    zero-centred q/k norm, partial rotary);
-//  - zero-centred norm weights uploaded as (1 + w).
+//  - zero-centred norm weights uploaded as (1 + w);
+//  - precise (setting gpu_hybrid_precise, the default): the inputs of the
+//    linear-attention in_proj/out_proj and the gated attention's q/k/v and
+//    o_proj are a bf16 hi + lo pair (x = hi + lo to about 16 bits), run as
+//    one product over 2n rows with the halves added: the delta rule's keys
+//    and gates amplify an input rounded once to 8 bits (on the tiny fixture
+//    the bf16 DeltaNet in_proj alone flips clear top-1s).
 //
 // Recurrent state: each sequence's conv windows and delta-rule states live
 // in GPU memory, in a buffer the KV cache's GPU storage lends the sequence
@@ -76,12 +82,16 @@ class DeltaNetStep {
   gpu::DeltaNetGroups dev_;
 };
 
-// RMSNorm weights as bf16, as (1 + w) when zero_centred.
-gpu::DeviceBuffer upload_norm(GpuUploader& up, const cpu::Mat& w, bool zero_centred);
+// RMSNorm weights as bf16, as (1 + w) when zero_centred; f32: as fp32
+// (zero-centred (1 + w) rounded to bf16 keeps 8 bits of 1 + w, about 2 of w).
+gpu::DeviceBuffer upload_norm(GpuUploader& up, const cpu::Mat& w, bool zero_centred, bool f32 = false);
 
 // The layers. Gated DeltaNet reads ctx.step.deltanet; its state is part
 // `state_index` of each sequence's buffer (deltanet_layer_state_bytes each).
-std::unique_ptr<GpuAttention> make_gated_deltanet_gpu(GpuUploader& up, const ModelConfig& c, int64_t state_index, const std::string& prefix);
-std::unique_ptr<GpuAttention> make_gated_attention_gpu(GpuUploader& up, const ModelConfig& c, int64_t kv_layer, const std::string& prefix);
+// split: the projections' inputs as a bf16 hi + lo pair (above).
+std::unique_ptr<GpuAttention> make_gated_deltanet_gpu(GpuUploader& up, const ModelConfig& c, int64_t state_index, const std::string& prefix,
+                                                     bool split = true);
+std::unique_ptr<GpuAttention> make_gated_attention_gpu(GpuUploader& up, const ModelConfig& c, int64_t kv_layer, const std::string& prefix,
+                                                     bool split = true);
 
 }  // namespace hmoe

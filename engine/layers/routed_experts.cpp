@@ -34,6 +34,7 @@ RoutedExperts::RoutedExperts(WeightBinder& bind, const ModelConfig& c, int64_t l
   host_ = std::move(ex);
   trace_ = opt.trace;
   deferral_ = opt.deferral;
+  split_act_ = opt.split_act;
   opt.engine.name = what + (s ? " (CPU)" : "");
   engine_ = std::make_unique<numa::ExpertEngine>(host_, pools, opt.engine);
   opt.engine.print_memory = false;  // the first host layer speaks for all
@@ -55,7 +56,7 @@ void RoutedExperts::reserve(GpuCtx& ctx, int64_t k) const {
   const int64_t n = ctx.step.n;
   ctx.scratch.fit("moe.route_off", (experts_ + 1) * 4);
   ctx.scratch.fit("moe.pair_list", n * k * 4);
-  ctx.scratch.fit("moe.act", n * k * inter_ * 2);
+  ctx.scratch.fit("moe.act", n * k * inter_ * 2 * (split_act_ ? 2 : 1));
   ctx.scratch.fit("moe.partial", n * k * std::max(hidden_, 2 * inter_) * 4);  // also the GGUF kernels' gate/up products
 }
 
@@ -64,8 +65,9 @@ void RoutedExperts::enqueue(GpuCtx& ctx, const gpu::bf16_t* x, int64_t n, int64_
     int32_t* off = ctx.scratch.get<int32_t>("moe.route_off");
     int32_t* pairs = ctx.scratch.get<int32_t>("moe.pair_list");
     if (gpu_->needs_routing(n, k)) gpu::moe_route(ids, n * k, experts_, off, pairs, ctx.s);
-    gpu_->run(x, n, k, ids, w, off, pairs, ctx.scratch.get<gpu::bf16_t>("moe.act"), ctx.scratch.get<float>("moe.partial"), out, ctx.blas,
-              ctx.expert_scratch, ctx.s);
+    gpu::bf16_t* act = ctx.scratch.get<gpu::bf16_t>("moe.act");
+    gpu_->run(x, n, k, ids, w, off, pairs, act, ctx.scratch.get<float>("moe.partial"), out, ctx.blas, ctx.expert_scratch, ctx.s,
+              split_act_ ? act + n * k * inter_ : nullptr);
     return;
   }
   if (!ctx.stream || !ctx.step.stream_pass)

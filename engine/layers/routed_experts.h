@@ -31,6 +31,11 @@ class ExpertDeferral;      // engine/layers/expert_deferral.h
 struct ExpertHomeOptions {
   numa::EngineOptions engine;
   bool keep_quantized = true;  // setting gpu_quantized_experts
+  // GPU homes, bf16 experts: passes of the grouped kernels (decode-sized;
+  // not the cuBLAS passes of > 64 tokens) keep the activation between the
+  // gate/up and down products as a bf16 hi + lo pair (Qwen3-Next under
+  // gpu_hybrid_precise; gpu::moe_experts' act_lo).
+  bool split_act = false;
   // Host homes: run_host records its routing here (null: no trace) and
   // defers experts through this (null: no deferral). Owned by the model /
   // runtime, which outlive the layers' use of them.
@@ -70,6 +75,7 @@ class RoutedExperts {
   std::unique_ptr<GpuResidentExperts> gpu_;
   RoutingTraceWriter* trace_ = nullptr;
   ExpertDeferral* deferral_ = nullptr;
+  bool split_act_ = false;  // ExpertHomeOptions::split_act
 };
 
 }  // namespace hmoe

@@ -22,8 +22,9 @@ CpuRuntime::CpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
                        EngramModules* engram)
     : c_(c), pool_(pools.pool(0)), engram_(engram), gemm_(o.gemm) {
   const int64_t H = c.hidden_size;
+  const bool round_norms = o.gemm.round_bf16 && !o.gemm.hybrid_precise;  // emulating the GPU's bf16 (1 + w)
   embed_ = bind.mat(g.embed, c.vocab_size, H);
-  final_norm_ = norms_.bind(bind, g.final_norm, H, g.zero_centred_norms);
+  final_norm_ = norms_.bind(bind, g.final_norm, H, g.zero_centred_norms, round_norms);
   lm_head_ = g.lm_head == g.embed ? embed_ : bind.mat(g.lm_head, c.vocab_size, H);
   ExpertHomeOptions homes = o.experts;
   // Deferred experts run in the step's thread here (the pools are the attention's too): the semantics, no overlap.
@@ -34,9 +35,9 @@ CpuRuntime::CpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   if (g.mtp && g.mtp->block.kv_layer >= 0) {
     mtp_ = std::make_unique<Mtp>();
     mtp_->fc = bind.mat(g.mtp->fc, H, 2 * H);
-    mtp_->norm_embedding = norms_.bind(bind, g.mtp->norm_embedding, H, g.zero_centred_norms);
-    mtp_->norm_hidden = norms_.bind(bind, g.mtp->norm_hidden, H, g.zero_centred_norms);
-    mtp_->final_norm = norms_.bind(bind, g.mtp->final_norm, H, g.zero_centred_norms);
+    mtp_->norm_embedding = norms_.bind(bind, g.mtp->norm_embedding, H, g.zero_centred_norms, round_norms);
+    mtp_->norm_hidden = norms_.bind(bind, g.mtp->norm_hidden, H, g.zero_centred_norms, round_norms);
+    mtp_->final_norm = norms_.bind(bind, g.mtp->final_norm, H, g.zero_centred_norms, round_norms);
     ExpertHomeOptions own = o.experts;  // not deferred, not traced: the head is no layer of the model
     own.deferral = nullptr;
     own.trace = nullptr;
@@ -48,9 +49,10 @@ CpuRuntime::Block CpuRuntime::make_block(const BlockDesc& d, const ModelGraph& g
                                          ExpertHomeOptions& homes, const CpuRuntimeOptions& o) {
   const ModelConfig& c = c_;
   const int64_t H = c.hidden_size;
+  const bool round_norms = o.gemm.round_bf16 && !o.gemm.hybrid_precise;
   Block b;
-  b.input_norm = norms_.bind(bind, d.input_norm, H, g.zero_centred_norms);
-  b.post_norm = norms_.bind(bind, d.post_norm, H, g.zero_centred_norms);
+  b.input_norm = norms_.bind(bind, d.input_norm, H, g.zero_centred_norms, round_norms);
+  b.post_norm = norms_.bind(bind, d.post_norm, H, g.zero_centred_norms, round_norms);
   const int64_t kv_layer = d.kv_layer >= 0 ? d.kv_layer : d.layer;
   switch (d.attention) {
     case AttentionKind::gqa: b.attn = make_gqa_attention(bind, c, kv_layer, d.attention_prefix, pool_, o.gemm); break;

@@ -32,6 +32,7 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.experts.keep_quantized = s.gpu_quantized_experts;
   o.mla_mode = parse_mla_mode(s.mla_attention);
   o.split_inputs = s.gpu_mla_split_inputs;
+  o.hybrid_precise = s.gpu_hybrid_precise;
   o.cuda_graphs = s.cuda_graphs;
   o.cpu_overlap = s.gpu_cpu_overlap;
   o.tiled_attention = s.gpu_tiled_attention;
@@ -51,7 +52,7 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
 
 struct GpuRuntime::Impl {
   struct Block {
-    gpu::DeviceBuffer in_norm, post_norm;
+    gpu::DeviceBuffer in_norm, post_norm;  // bf16, or fp32 when norm_f32
     std::unique_ptr<GpuAttention> attn;
     std::unique_ptr<GpuFfn> ffn;
   };
@@ -62,6 +63,8 @@ struct GpuRuntime::Impl {
   gpu::DeviceBuffer embed, final_norm;
   GpuDense lm_head;
   std::vector<Block> blocks;
+  bool split_act = false;  // ExpertHomeOptions::split_act, also for streamed experts
+  bool norm_f32 = false;  // norm weights in fp32 (zero-centred under gpu_hybrid_precise): never fused into a layer's launch
   uint64_t weight_bytes = 0;
   uint64_t dense_bytes = 0;                 // GPU weights but the embedding table and the resident experts
   std::vector<uint64_t> expert_layer_bytes;  // per resident MoE layer: all its experts' bytes
@@ -124,9 +127,13 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   GpuUploader up(bind, m.stream);
   up.set_keep_gguf(o.quantized_dense);
   m.embed = up.bf16({bind.mat(g.embed, c.vocab_size, H)});
-  m.final_norm = upload_norm(up, bind.vec(g.final_norm, H), g.zero_centred_norms);
+  m.norm_f32 = g.zero_centred_norms && o.hybrid_precise;
+  m.final_norm = upload_norm(up, bind.vec(g.final_norm, H), g.zero_centred_norms, m.norm_f32);
   m.lm_head = up.dense(bind.mat(g.lm_head, c.vocab_size, H));
   ExpertHomeOptions homes = o.experts;
+  // Qwen3-Next under gpu_hybrid_precise: resident bf16 experts' decode-sized passes keep their activation as hi + lo.
+  homes.split_act = o.hybrid_precise && std::any_of(g.blocks.begin(), g.blocks.end(), [](const BlockDesc& d) { return d.attention == AttentionKind::gated_deltanet; });
+  m.split_act = homes.split_act;
   if (o.defer_experts > 0) m.deferral = std::make_unique<ExpertDeferral>(o.defer_experts, H, true);
   homes.deferral = m.deferral.get();
   uint64_t expert_bytes = 0;
@@ -134,21 +141,22 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   for (const BlockDesc& d : g.blocks) {
     Impl::Block b;
     gpu::MemoryUse use_layer("layer " + std::to_string(d.layer) + "'s weights");
-    b.in_norm = upload_norm(up, bind.vec(d.input_norm, H), g.zero_centred_norms);
-    b.post_norm = upload_norm(up, bind.vec(d.post_norm, H), g.zero_centred_norms);
+    b.in_norm = upload_norm(up, bind.vec(d.input_norm, H), g.zero_centred_norms, m.norm_f32);
+    b.post_norm = upload_norm(up, bind.vec(d.post_norm, H), g.zero_centred_norms, m.norm_f32);
     const bool split = o.split_inputs && d.ffn.precise;
     const int64_t kv_layer = d.kv_layer >= 0 ? d.kv_layer : d.layer;
     if (d.attention == AttentionKind::gqa) b.attn = make_gqa_attention_gpu(up, c, kv_layer, d.attention_prefix);
-    else if (d.attention == AttentionKind::gated_gqa) b.attn = make_gated_attention_gpu(up, c, kv_layer, d.attention_prefix);
+    else if (d.attention == AttentionKind::gated_gqa) b.attn = make_gated_attention_gpu(up, c, kv_layer, d.attention_prefix, o.hybrid_precise);
     else if (d.attention == AttentionKind::gated_deltanet) {
-      b.attn = make_gated_deltanet_gpu(up, c, d.state_index, d.attention_prefix);
+      b.attn = make_gated_deltanet_gpu(up, c, d.state_index, d.attention_prefix, o.hybrid_precise);
       state_layers = std::max(state_layers, d.state_index + 1);
     } else b.attn = make_mla_attention_gpu(up, c, d.layer, d.attention_prefix, o.mla_mode, split);
     if (!d.ffn.moe) {
       b.ffn = make_dense_mlp_gpu(up, c, d.ffn.prefix, d.ffn.inter, split);
     } else {
       const auto home = o.resident[static_cast<size_t>(d.layer)] ? RoutedExperts::Home::gpu : RoutedExperts::Home::host;
-      b.ffn = make_moe_gpu(up, c, d.layer, d.ffn.prefix, d.ffn.router, d.ffn.shared_inter, home, pools, homes, d.ffn.shared_gate);
+      b.ffn = make_moe_gpu(up, c, d.layer, d.ffn.prefix, d.ffn.router, d.ffn.shared_inter, home, pools, homes, d.ffn.shared_gate,
+                           d.ffn.shared_gate && o.hybrid_precise);
       m.topk = std::max(m.topk, b.ffn->topk());
       if (home == RoutedExperts::Home::gpu) expert_bytes += b.ffn->bytes();
     }
@@ -268,7 +276,9 @@ void GpuRuntime::enable_expert_streaming(const ExpertStreamOptions& o) {
   for (size_t l = 0; l < m.blocks.size(); ++l)
     if (const auto* w = m.blocks[l].ffn->host_expert_weights()) layers.push_back({static_cast<int64_t>(l), w});
   gpu::MemoryUse use("the expert streaming slots");
-  m.xstream = make_expert_stream(m.c, std::move(layers), o, m.stream, m.blas, &m.pools->pool(0));
+  ExpertStreamOptions so = o;
+  so.split_act = m.split_act;
+  m.xstream = make_expert_stream(m.c, std::move(layers), so, m.stream, m.blas, &m.pools->pool(0));
 }
 
 void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
@@ -430,6 +440,11 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     m.w_h.reserve(static_cast<size_t>(n * K * 4));
   }
 
+  // (Residual add +) RMSNorm with the model's norm weights (bf16, or fp32 when norm_f32).
+  auto norm = [&](float* x, const float* delta, const int32_t* rows, int64_t cnt, const gpu::DeviceBuffer& w, bf16_t* y, float* y_f32) {
+    if (m.norm_f32) gpu::add_rms_norm(x, delta, rows, cnt, H, w.as<float>(), eps, y, y_f32, s);
+    else gpu::add_rms_norm(x, delta, rows, cnt, H, w.as<bf16_t>(), eps, y, y_f32, s);
+  };
   // Block l's GPU work for rows r (up to its router when it hands off).
   auto enqueue_block = [&](size_t l, const Rows& r) {
     Impl::Block& blk = m.blocks[l];
@@ -440,24 +455,24 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     const int em = m.engram ? m.engram->module_before(static_cast<int64_t>(l)) : -1;
     if (em >= 0 && l == 0) m.engram->apply(em, xr, nullptr, r.r0, r.rn, m.blas, s);
     const float* in_delta = l > 0 && em < 0 ? dr : nullptr;
-    if (blk.attn->fuses_norm(ctx, r)) {
+    if (!m.norm_f32 && blk.attn->fuses_norm(ctx, r)) {
       blk.attn->enqueue_with_norm(ctx, r, blk.in_norm.as<bf16_t>(), eps, in_delta);
     } else {
-      gpu::add_rms_norm(xr, in_delta, nullptr, r.rn, H, blk.in_norm.as<bf16_t>(), eps, hr, blk.attn->fp32_input() ? hfr : nullptr, s);
+      norm(xr, in_delta, nullptr, r.rn, blk.in_norm, hr, blk.attn->fp32_input() ? hfr : nullptr);
       blk.attn->enqueue(ctx, r);
     }
     if (prof) m.part_events[2 + 2 * l].record(s);
     const bool handoff = blk.ffn->host_experts() && !st.stream_pass;
-    if (blk.ffn->fuses_norm(ctx, r)) {
+    if (!m.norm_f32 && blk.ffn->fuses_norm(ctx, r)) {
       blk.ffn->enqueue_with_norm(ctx, r, blk.post_norm.as<bf16_t>(), eps, handoff);
     } else {
-      gpu::add_rms_norm(xr, dr, nullptr, r.rn, H, blk.post_norm.as<bf16_t>(), eps, hr, blk.ffn->fp32_input() ? hfr : nullptr, s);
+      norm(xr, dr, nullptr, r.rn, blk.post_norm, hr, blk.ffn->fp32_input() ? hfr : nullptr);
       blk.ffn->enqueue(ctx, r, handoff);
     }
     if (prof) m.part_events[3 + 2 * l].record(s);
   };
   auto enqueue_tail = [&] {
-    gpu::add_rms_norm(a.x, nullptr, st.rows, mrows, H, m.final_norm.as<bf16_t>(), eps, a.hb, nullptr, s);
+    norm(a.x, nullptr, st.rows, mrows, m.final_norm, a.hb, nullptr);
     m.lm_head.gemm(m.blas, a.hb, mrows, sc.get<float>("act.logits"), V, sc.get<void>("dense.deq"), s);
     if (prof) m.part_events[2 * L + 2].record(s);
   };

@@ -89,6 +89,9 @@ struct GpuRuntimeOptions {
   ExpertHomeOptions experts;
   MlaMode mla_mode = MlaMode::automatic;
   bool split_inputs = true;       // precise layers (FfnDesc::precise, MLA) split their products' inputs
+  // Setting gpu_hybrid_precise (Qwen3-Next): zero-centred norms, router and
+  // shared-expert gate in fp32, linear/gated-attention projection inputs split.
+  bool hybrid_precise = true;
   bool quantized_dense = true;    // GGUF attention / lm_head weights stay in their blocks (setting gpu_quantized_dense)
   bool cuda_graphs = false, cpu_overlap = false, tiled_attention = true;
   bool programmatic_launch = true;  // setting gpu_programmatic_launch (gpu::Stream::set_programmatic_launch)

@@ -229,6 +229,20 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
     MESSAGE("max_recurrent " << max_rec << ", chunk " << chunk << ": delta-rule output within " << core_ratio << " of the tolerance");
     CHECK(core_ratio <= 1);
     CHECK(test::tol_ratio(y_gpu, R.y, 1e-3, 1.0 / 64) <= 1);
+    // The split output (hi + lo, gpu_hybrid_precise): hi the bf16 output above, hi + lo to about 16 bits.
+    const int64_t row0 = 0;
+    gpu::DeviceBuffer yh(static_cast<size_t>(n * V * 2)), yl(static_cast<size_t>(n * V * 2));
+    gpu::deltanet_gated_norm(core.as<float>(), d_proj.as<float>(), P, dg, 0, n, sh, d_norm.as<float>(), eps, yh.as<uint16_t>(), s, yl.as<uint16_t>(), row0);
+    const auto h_gpu = test::f32_of(test::to_host<uint16_t>(yh, static_cast<size_t>((n - row0) * V), s));
+    const auto l_gpu = test::f32_of(test::to_host<uint16_t>(yl, static_cast<size_t>((n - row0) * V), s));
+    std::vector<float> sum(h_gpu.size()), want(h_gpu.size()), hi_want(h_gpu.size());
+    for (size_t i = 0; i < sum.size(); ++i) {
+      sum[i] = h_gpu[i] + l_gpu[i];
+      want[i] = R.y[static_cast<size_t>(row0 * V) + i];
+      hi_want[i] = y_gpu[static_cast<size_t>(row0 * V) + i];
+    }
+    CHECK(h_gpu == hi_want);
+    CHECK(test::tol_ratio(sum, want, 1e-4, 1e-4) <= 1);
     for (int64_t g = 0; g < G; ++g) {
       const auto buf = test::to_host<float>(states[static_cast<size_t>(g)], static_cast<size_t>(2 * layer_floats), s);
       CHECK(std::all_of(buf.begin(), buf.begin() + layer_floats, [](float x) { return x == 7.0f; }));
@@ -285,6 +299,15 @@ TEST_CASE("gated attention kernels match a scalar reference: q/k norm with parti
       for (int64_t i = 0; i < hd; ++i)
         gated[static_cast<size_t>((t * heads + h) * hd + i)] = attn[static_cast<size_t>((t * heads + h) * hd + i)] * sigm(x[static_cast<size_t>(t * ld + h * 2 * hd + hd + i)]);
   auto da = test::to_device(test::bf16_of(attn), s);
+  // Split output first (attn left as it is): hi = bf16(value), hi + lo to about 16 bits.
+  gpu::DeviceBuffer gh(attn.size() * 2), gl(attn.size() * 2);
+  gpu::gated_attention_gate(da.as<uint16_t>(), dx.as<float>(), n, ld, heads, hd, s, gh.as<uint16_t>(), gl.as<uint16_t>());
+  const auto gh_f = test::f32_of(test::to_host<uint16_t>(gh, attn.size(), s)), gl_f = test::f32_of(test::to_host<uint16_t>(gl, attn.size(), s));
+  std::vector<float> gsum(attn.size());
+  for (size_t i = 0; i < gsum.size(); ++i) gsum[i] = gh_f[i] + gl_f[i];
+  CHECK(test::tol_ratio(gh_f, gated, 1e-6, 1.0 / 128) <= 1);
+  CHECK(test::tol_ratio(gsum, gated, 1e-6, 1e-4) <= 1);
+  CHECK(test::f32_of(test::to_host<uint16_t>(da, attn.size(), s)) == attn);
   gpu::gated_attention_gate(da.as<uint16_t>(), dx.as<float>(), n, ld, heads, hd, s);
   CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(da, attn.size(), s)), gated, 1e-6, 1.0 / 128) <= 1);
 

@@ -74,6 +74,19 @@ TEST_CASE("gpu embedding and add_rms_norm match the CPU") {
   CHECK(test::tol_ratio(test::to_host<float>(dyf, ref.size(), s), ref, 1e-5, 1e-4) <= 1);
   CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dy, ref.size(), s)), ref, 1e-3, 8e-3) <= 1);
 
+  // fp32 weights (Qwen3-Next's 1 + w): weights no bf16 holds, the fp32 output within fp32 rounding.
+  {
+    std::vector<float> wf = test::random_floats(static_cast<size_t>(H), 24, 0.1f);
+    for (float& v : wf) v += 1.0f;
+    auto dwf = test::to_device(wf, s);
+    auto dx2 = test::to_device(xr, s);
+    gpu::add_rms_norm(dx2.as<float>(), nullptr, nullptr, n, H, dwf.as<float>(), 1e-6f, dy.as<uint16_t>(), dyf.as<float>(), s);
+    std::vector<float> ref2(xr.size());
+    ops::rms_norm(xr.data(), n, H, cpu::Mat{DType::f32, wf.data(), 1, H}, 1e-6, ref2.data());
+    CHECK(test::tol_ratio(test::to_host<float>(dyf, ref2.size(), s), ref2, 1e-5, 1e-5) <= 1);
+    CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dy, ref2.size(), s)), ref2, 1e-3, 8e-3) <= 1);
+  }
+
   // Gathered rows, no residual.
   std::vector<int32_t> rows = {6, 0, 3};
   auto dr = test::to_device(rows, s);
@@ -315,5 +328,14 @@ TEST_CASE("gpu grouped experts match numa::moe_forward (decode and prefill batch
     double scale = 0;
     for (float v : ref) scale = std::max(scale, std::fabs(static_cast<double>(v)));
     CHECK_MESSAGE(test::tol_ratio(y, ref, 1e-2 * scale, 1e-2) <= 1, "n=" << n << " H=" << H << " I=" << I << " E=" << E);
+    // The activation as a hi + lo pair (gpu_hybrid_precise): within fp32-level noise of the fp32 reference, and closer than one bf16.
+    gpu::DeviceBuffer act_lo(ids.size() * static_cast<size_t>(I) * 2);
+    gpu::moe_experts(dx.as<uint16_t>(), n, H, I, E, K, di.as<int32_t>(), dw.as<float>(), off.as<int32_t>(), pl.as<int32_t>(), dgu.as<uint16_t>(),
+                     ddn.as<uint16_t>(), act.as<uint16_t>(), part.as<float>(), out.as<float>(), s, act_lo.as<uint16_t>());
+    auto y2 = test::to_host<float>(out, ref.size(), s);
+    const double r1 = test::tol_ratio(y, ref, 1e-4 * scale, 1e-4), r2 = test::tol_ratio(y2, ref, 1e-4 * scale, 1e-4);
+    MESSAGE("n=" << n << ": activation bf16 " << r1 << " / hi + lo " << r2 << " of the 1e-4 tolerance");
+    CHECK(r2 <= 1);
+    CHECK(r2 < r1);
   }
 }

@@ -9,19 +9,20 @@
 // sequences; positions that skip are refused; the qwen3next GGUF (Q8_0)
 // gives the top-1 of its own values in F32. Skips without a GPU.
 //
-// Tolerances. This tiny random model amplifies small perturbations: on the
-// CPU, rounding the products' inputs to bf16 as the GPU does
-// (--cpu-emulate-gpu-bf16, bf16 KV cache) agrees with the reference on
-// 118/120 prompt rows and 93/97 greedy steps of margin > 0.5 (the largest
-// margin missed 1.27), and the same prompt in other pieces then differs by
-// 0.9% (relative L2, max |diff| 1.2) with every clear top-1 kept; Q8_0
-// weights move the logits by 23%. So: at least 93% of the rows of margin
-// > 0.5 and every row of margin > 2 agree with the reference; schedules
-// agree within 5% and on 95% of the clear rows (a state carried wrongly
-// gives order 1); the greedy ids are printed, not required identical (the
-// reference's first near-tie comes at step 0-3 of every chat).
+// Tolerances. This tiny random model amplifies small perturbations. The
+// GPU path's default precise mode (setting gpu_hybrid_precise: fp32
+// zero-centred norm weights, router and shared-expert gate on fp32 inputs,
+// hi + lo inputs to the linear/gated-attention projections) agrees with the
+// reference at every row of margin > 0.5 when emulated on the CPU
+// (tests/engine/test_qwen3_next_gpu_numerics.cpp), so every such row must
+// agree here, under every placement; the bf16 mode (206/217 on an H100
+// before) is run and printed, not required. Per placement the test prints
+// the rows with the largest |logit - reference| and every miss with its
+// margin. Schedules agree within 5% and on 95% of the clear rows (a state
+// carried wrongly gives order 1); Q8_0 weights move the logits by 23%.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -33,6 +34,7 @@
 #include "engine/serving/logits.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/model_run.h"
+#include "tests/reference_agreement.h"
 #include "tests/test_util.h"
 
 using namespace hmoe;
@@ -116,71 +118,27 @@ TEST_CASE("tiny-qwen3next on the GPU agrees with the reference top-1 under all-G
       {"--gpu-resident-moe-layers", "0,2,5"},
       {"--gpu-resident-moe-layers", "none"},
       {"--gpu-resident-moe-layers", "none", "--gpu-prefill-min-batch-size", "1", "--gpu-prefetch-window", "2"},  // every pass streams
+      {"--gpu-resident-moe-layers", "all", "--cuda-graphs", "1", "--gpu-decode-fusion", "1"},
+      {"--gpu-resident-moe-layers", "all", "--gpu-hybrid-precise", "0"},  // the bf16 mode: printed, not required
   };
   for (size_t pi = 0; pi < placements.size(); ++pi) {
     auto model = load_gpu(placements[pi]);
-    const bool streamed = pi == 3;
+    const bool streamed = pi == 3, bf16_mode = pi == 5;
     if (streamed) REQUIRE_MESSAGE(model->gpu()->expert_stream() != nullptr, "the settings did not enable streaming");
-    const std::string where_p = placements[pi][1] + (streamed ? " (streamed)" : "");
-    const int64_t V = model->config().vocab_size;
-    int64_t checked = 0, agree = 0, greedy_same = 0, greedy_needed = 0, clear = 0, clear_agree = 0;
-    for (size_t c = 0; c < ref["chats"].size(); ++c) {
-      const auto& chat = ref["chats"][c];
-      const auto ids = chat["ids"].get<std::vector<int32_t>>();
-      const auto greedy = chat["greedy_ids"].get<std::vector<int32_t>>();
-      const int64_t total = static_cast<int64_t>(ids.size() + greedy.size());
-      KvCache kv(model->kv_layout(), total / 16 + 2, 16);
-      const int seq = kv.add_sequence();
-      kv.reserve(seq, total);
-      Batch b;
-      for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], seq, static_cast<int64_t>(i), true);
-      std::vector<float> logits;
-      model->forward(b, kv, logits);
-      auto check_row = [&](const float* row, const nlohmann::json& top_ids, const nlohmann::json& top_logits, const std::string& where) {
-        const double margin = top_logits[0].get<double>() - top_logits[1].get<double>();
-        if (margin <= 0.5) return;
-        ++checked;
-        const int32_t mine = argmax(row, V);
-        if (mine == top_ids[0].get<int32_t>()) ++agree;
-        else MESSAGE(where_p << ": " << where << " top-1 differs at reference margin " << margin);
-        if (margin <= 2.0) return;
-        ++clear;
-        clear_agree += mine == top_ids[0].get<int32_t>();
-        CHECK_MESSAGE(mine == top_ids[0].get<int32_t>(), where_p << ": " << where << " margin " << margin);
-      };
-      for (size_t p = 0; p < ids.size(); ++p)
-        check_row(logits.data() + p * V, chat["top10_ids"][p], chat["top10_logits"][p], "chat " + std::to_string(c) + " prompt " + std::to_string(p));
-      // Greedy: teacher-forced with the reference's ids. Our own greedy run
-      // is the same run up to its first differing id, which may come no
-      // earlier than the reference's first near-tie (margin <= 0.5).
-      std::vector<float> last(logits.end() - V, logits.end());
-      int64_t pos = static_cast<int64_t>(ids.size());
-      bool same = true, tie_seen = false;
-      int64_t first_tie = static_cast<int64_t>(greedy.size()), same_run = 0;
-      for (size_t step = 0; step < greedy.size(); ++step) {
-        const auto& tl = chat["greedy_top10_logits"][step];
-        if (!tie_seen && tl[0].get<double>() - tl[1].get<double>() <= 0.5) {
-          tie_seen = true;
-          first_tie = static_cast<int64_t>(step);
-        }
-        check_row(last.data(), chat["greedy_top10_ids"][step], tl, "chat " + std::to_string(c) + " step " + std::to_string(step));
-        same = same && argmax(last.data(), V) == greedy[step];
-        same_run += same;
-        if (step + 1 == greedy.size()) break;
-        b.clear();
-        b.add(greedy[step], seq, pos++, true);
-        model->forward(b, kv, last);
-      }
-      MESSAGE(where_p << ": chat " << c << " greedy ids identical for " << same_run << " of " << greedy.size() << " steps; the reference's first near-tie is step " << first_tie);
-      greedy_same += same_run;
-      greedy_needed += first_tie;
-    }
-    MESSAGE("placement " << where_p << ": top-1 " << agree << "/" << checked << " rows with margin > 0.5 (" << clear_agree << "/" << clear
-                         << " with margin > 2); greedy ids identical for " << greedy_same << " steps (" << greedy_needed
-                         << " before the reference's first near-ties)");
-    CHECK(checked > 50);
-    CHECK(agree * 100 >= checked * 93);
-    CHECK(clear > 20);
+    std::string where_p;
+    for (size_t i = 1; i < placements[pi].size(); ++i) where_p += (i > 1 ? " " : "") + placements[pi][i];
+    const auto a = test::reference_agreement(*model, ref);
+    // Per position: the largest |logit - reference| over the reference's top 10 (the 8 worst), then every miss with its margin.
+    std::vector<test::AgreementRow> worst = a.rows;
+    std::sort(worst.begin(), worst.end(), [](const auto& x, const auto& y) { return x.worst > y.worst; });
+    std::string w;
+    for (size_t i = 0; i < std::min<size_t>(8, worst.size()); ++i) w += "\n  " + worst[i].where + ": max |diff| " + std::to_string(worst[i].worst) + " (margin " + std::to_string(worst[i].margin) + ")";
+    MESSAGE("placement " << where_p << ": top-1 " << a.summary() << "\nlargest differences at rows of margin > 0.5:" << w
+                         << "\ngreedy ids identical for " << a.greedy_same << " steps in all (up to each chat's first difference)");
+    CHECK(a.checked > 200);
+    CHECK(a.clear > 20);
+    if (bf16_mode) continue;
+    CHECK_MESSAGE(a.agree == a.checked, where_p << ": " << (a.checked - a.agree) << " rows of margin > 0.5 differ (largest missed margin " << a.worst_missed_margin << ")");
     if (streamed) CHECK(model->gpu()->expert_stream()->stats().passes > 0);
   }
 }
