@@ -77,11 +77,6 @@ __device__ __forceinline__ uint4 load_tail(const uint8_t* a, const uint8_t* end)
   return make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16), h[6] | (h[7] << 16));
 }
 
-__device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
-  return (static_cast<uint32_t>(a) & 0xFFu) | ((static_cast<uint32_t>(b) & 0xFFu) << 8) | ((static_cast<uint32_t>(c) & 0xFFu) << 16) |
-         (static_cast<uint32_t>(d) << 24);
-}
-
 __host__ __device__ constexpr int align16(int b) { return (b + 15) / 16 * 16; }
 
 // Shared memory of the activation slots: two int8 code planes, scale per
@@ -268,25 +263,9 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
           for (int i = 0; i < 4; ++i) unpack8(xr[i], v + 8 * i);
         }
       }
-      float amax = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
-      const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int s1[2] = {0, 0}, s2[2] = {0, 0};
+      int s1[2], s2[2];
       uint32_t w1[8], w2[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        int q1[4], q2[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          q1[j] = __float2int_rn(v[4 * i + j] * inv);
-          q2[j] = max(-127, min(127, __float2int_rn((v[4 * i + j] - static_cast<float>(q1[j]) * d) * inv * 254.0f)));
-          s1[i / 4] += q1[j];
-          s2[i / 4] += q2[j];
-        }
-        w1[i] = pack4(q1[0], q1[1], q1[2], q1[3]);
-        w2[i] = pack4(q2[0], q2[1], q2[2], q2[3]);
-      }
+      const float d = quantize32_planes(v, w1, w2, s1, s2);
       uint4* d1 = reinterpret_cast<uint4*>(xq1 + sl * c4 + c0 / 4);
       uint4* d2 = reinterpret_cast<uint4*>(xq2 + sl * c4 + c0 / 4);
       d1[0] = make_uint4(w1[0], w1[1], w1[2], w1[3]);
@@ -593,7 +572,7 @@ void gguf_gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_
   if (n < 0 || ldy < w.rows) fail(ErrorKind::invalid_argument, "gpu::gguf_gemv: bad token count or output stride");
   if (n == 0 || w.rows == 0) return;
   if (n > 65535 * 8) fail(ErrorKind::unsupported, "gpu::gguf_gemv: too many tokens for the decode kernels");
-  if (gguf_decode_kernel() == GgufDecodeKernel::direct && gguf_direct::gemv_supported(w, n)) return gguf_direct::gemv(w, x, n, y, ldy, s);
+  if (gguf_decode_kernel() != GgufDecodeKernel::staged && gguf_direct::gemv_supported(w, n)) return gguf_direct::gemv(w, x, n, y, ldy, s);
   Params p = plan(w, w.rows);
   p.x = x;
   p.n = static_cast<int>(n);

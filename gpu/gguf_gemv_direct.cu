@@ -46,6 +46,8 @@ namespace {
 using gguf::h2f;
 using gguf::k_scale_min;
 using gguf::Run;
+using gguf::pack4;
+using gguf::quantize32_planes;
 
 __device__ __forceinline__ uint4 ldg16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
@@ -262,11 +264,6 @@ struct Q80 {
   }
 };
 
-__device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
-  return (static_cast<uint32_t>(a) & 0xFFu) | ((static_cast<uint32_t>(b) & 0xFFu) << 8) | ((static_cast<uint32_t>(c) & 0xFFu) << 16) |
-         (static_cast<uint32_t>(d) << 24);
-}
-
 enum Mode { kDense = 0, kGateUp = 1, kDown = 2 };
 
 // Rows per warp step: the format's, at most 2 from 4 tokens up (registers).
@@ -306,25 +303,9 @@ __device__ void quantize_x(const Params& p, int nx, int TB, uint4* XP, float* XD
         for (int i = 0; i < 4; ++i) unpack8(xr[i], v + 8 * i);
       }
     }
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
-    const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int s1[2] = {0, 0}, s2[2] = {0, 0};
+    int s1[2], s2[2];
     uint32_t w1[8], w2[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      int q1[4], q2[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        q1[j] = __float2int_rn(v[4 * i + j] * inv);
-        q2[j] = max(-127, min(127, __float2int_rn((v[4 * i + j] - static_cast<float>(q1[j]) * d) * inv * 254.0f)));
-        s1[i / 4] += q1[j];
-        s2[i / 4] += q2[j];
-      }
-      w1[i] = pack4(q1[0], q1[1], q1[2], q1[3]);
-      w2[i] = pack4(q2[0], q2[1], q2[2], q2[3]);
-    }
+    const float d = quantize32_planes(v, w1, w2, s1, s2);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int e = c0 + 16 * hh;
@@ -466,7 +447,7 @@ __global__ void __launch_bounds__(MODE == kDown ? 512 : 256, MODE == kDown ? 1 :
           Run run[4];
           F::decode(raw[rr], q, run);
 #pragma unroll
-          for (int t = 0; t < TB; ++t) acc[rr][t] += unit_dot(run, XP, XD, XS, U, MODE == kDense ? t : slot, u);
+          for (int t = 0; t < TB; ++t) acc[rr][t] += unit_dot(run, XP, XD, XS, U, MODE == kDense ? t : (MODE == kGateUp ? 0 : slot), u);  // gate/up: the one token's activations serve every slot
         }
       }
     }

@@ -159,4 +159,33 @@ struct Q80 {
   }
 };
 
+// The decode kernels' activations: 32 values as two int8 planes, x ~ d (q1 +
+// q2 / 254) with d = amax / 127 (about 16 bits); s1/s2 hold each plane's sum
+// per half of 16 (the runs' min terms). Returns d.
+__device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
+  return (static_cast<uint32_t>(a) & 0xFFu) | ((static_cast<uint32_t>(b) & 0xFFu) << 8) | ((static_cast<uint32_t>(c) & 0xFFu) << 16) |
+         (static_cast<uint32_t>(d) << 24);
+}
+__device__ __forceinline__ float quantize32_planes(const float* v, uint32_t* w1, uint32_t* w2, int* s1, int* s2) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  s1[0] = s1[1] = s2[0] = s2[1] = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    int q1[4], q2[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      q1[j] = __float2int_rn(v[4 * i + j] * inv);
+      q2[j] = max(-127, min(127, __float2int_rn((v[4 * i + j] - static_cast<float>(q1[j]) * d) * inv * 254.0f)));
+      s1[i / 4] += q1[j];
+      s2[i / 4] += q2[j];
+    }
+    w1[i] = pack4(q1[0], q1[1], q1[2], q1[3]);
+    w2[i] = pack4(q2[0], q2[1], q2[2], q2[3]);
+  }
+  return d;
+}
+
 }  // namespace hmoe::gpu::detail::gguf

@@ -182,14 +182,16 @@ class GgufDeviceMat {
 };
 
 // Which kernels gguf_gemv and gguf_moe_experts run (process-wide; setting
-// gpu_gguf_decode_kernel). direct (the default): Q4_K/Q5_K/Q6_K/Q8_0 with
-// each lane loading its 64-weight unit from global memory into registers
+// gpu_gguf_decode_kernel). direct: Q4_K/Q5_K/Q6_K/Q8_0 with each lane
+// loading its 64-weight unit from global memory into registers
 // (gpu/gguf_gemv_direct.cu); other types, and activations that do not fit
-// in shared memory, take the staged kernels. staged: the earlier kernels,
+// in shared memory, take the staged kernels. dense (the default): direct
+// for gguf_gemv, staged for gguf_moe_experts (the direct routed-expert
+// kernels have not yet passed on a GPU). staged: the earlier kernels,
 // each warp copying its rows into shared memory first (gpu/gguf_gemv.cu),
 // for every type. Same numerics (the same int8 activation planes and run
 // products; the order of the fp32 sums over runs differs).
-enum class GgufDecodeKernel : uint8_t { staged, direct };
+enum class GgufDecodeKernel : uint8_t { staged, direct, dense };
 void set_gguf_decode_kernel(GgufDecodeKernel k);
 GgufDecodeKernel gguf_decode_kernel();
 

@@ -108,6 +108,7 @@ ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& 
   o.window = parse_prefetch_window(s);
   o.quiet = quiet;
   o.quantized = s.gpu_quantized_experts;
+  o.pin_in_place = s.gpu_pin_host_experts;
   const int64_t mb = parse_prefill_min_batch(s);
   if (mb >= 0) {
     o.min_batch = mb;
@@ -336,6 +337,7 @@ ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, cons
   lo.quantized = opt.quantized;
   lo.force_image = opt.source == ExpertStreamOptions::Source::copy;
   lo.skip_copies = opt.skip_copies;
+  lo.pin_in_place = opt.source == ExpertStreamOptions::Source::in_place || (opt.source == ExpertStreamOptions::Source::automatic && opt.pin_in_place);
   m.lay = build_stream_layout(c, std::move(src), lo, pool);
   for (int64_t j = 0; j < N; ++j) m.index[m.lay.layers[static_cast<size_t>(j)].layer] = j;
   for (const StreamLayerLayout& L : m.lay.layers)
@@ -395,6 +397,7 @@ ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, cons
                  static_cast<long long>(N), static_cast<long long>(opt.min_batch), static_cast<long long>(m.S), (format_bytes(m.slot_size) + (m.nch > 1 ? " (" + std::to_string(m.C) + " experts each, " + std::to_string(m.nch) + " chunks a layer)" : std::string())).c_str(),
                  m.lay.format.c_str(), opt.window, m.stats.pinned_bandwidth / 1e9,
                  opt.skip_copies    ? "not read (timing mode)"
+                 : m.lay.in_place && m.lay.pageable ? "read in place as pageable memory (not registered: --gpu-pin-host-experts 0)"
                  : m.lay.in_place   ? (m.lay.quantized ? "pinned in place, blocks copied as stored" : "pinned in place (no copy)")
                  : !m.lay.pins.empty()
                      ? ("pinned in place where the GPU takes the stored blocks, the rest in pinned images (" + format_bytes(m.lay.image_bytes) +

@@ -68,6 +68,7 @@ struct ExpertStreamOptions {
   bool serial = false;       // benchmark (b): each layer's copy starts when the step reaches it (no overlap)
   bool skip_copies = false;  // benchmark: no copies at all, slots zeroed (compute time only; results meaningless)
   bool quiet = false;        // no stderr lines
+  bool pin_in_place = false; // Source::automatic: register the host experts in place (setting gpu_pin_host_experts); else read them as pageable memory
   bool quantized = true;     // quantized experts stream in their GPU format (setting gpu_quantized_experts); false: bf16
   // > 0 and < the layer's experts: each slot holds this many experts of a
   // layer and a layer streams in chunks (engine/layers/expert_stream_chunks.h;

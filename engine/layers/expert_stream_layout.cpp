@@ -192,7 +192,8 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
     out.in_place = !o.skip_copies && !o.force_image && all_bf16;
     out.why_image = all_bf16 ? "" : (why_bf16.empty() ? "experts are not plain bf16" : why_bf16);
     if (o.force_image) out.why_image = "a copy was asked for";
-    if (out.in_place && !pin_all(mats, out.pins, &out.why_image)) out.in_place = false;
+    if (out.in_place && !o.pin_in_place) out.pageable = true;
+    else if (out.in_place && !pin_all(mats, out.pins, &out.why_image)) out.in_place = false;
     for (size_t j = 0; j < layers.size(); ++j) {
       StreamLayerLayout& l = out.layers[j];
       l.layer = layers[j].layer;
@@ -268,15 +269,18 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
   }
   out.format = fmt;
   out.stored_blocks = all_direct;
-  // Pin the stored blocks; a refusal puts every region into images.
+  // Pin the stored blocks (when asked); a refusal puts every region into
+  // images. Not asked: the stored blocks are read as pageable memory.
   std::string why_pin;
-  const bool pinned = !o.skip_copies && !direct_mats.empty() && pin_all(direct_mats, out.pins, &why_pin);
-  if (!o.skip_copies && !direct_mats.empty() && !pinned) {
+  const bool try_pin = !o.skip_copies && !direct_mats.empty() && o.pin_in_place;
+  const bool pinned = try_pin && pin_all(direct_mats, out.pins, &why_pin);
+  out.pageable = !o.skip_copies && !direct_mats.empty() && !o.pin_in_place;
+  if (try_pin && !pinned) {
     std::fill(gu_direct.begin(), gu_direct.end(), 0);
     std::fill(dn_direct.begin(), dn_direct.end(), 0);
     why_image = "the driver did not pin the stored blocks: " + why_pin;
   }
-  out.in_place = pinned && all_direct;
+  out.in_place = (pinned || out.pageable) && all_direct;
   out.why_image = out.in_place ? "" : why_image;
   for (size_t j = 0; j < N; ++j) {
     StreamLayerLayout& l = out.layers[j];

@@ -79,12 +79,18 @@ struct StreamLayoutOptions {
   bool quantized = true;      // keep quantized experts quantized (setting gpu_quantized_experts)
   bool force_image = false;   // always repack into a pinned image (ExpertStreamOptions::Source::copy)
   bool skip_copies = false;   // benchmark timing mode: no host memory is read or pinned
+  // Register the stored bytes with the driver in place (setting
+  // gpu_pin_host_experts, or ExpertStreamOptions::Source::in_place). false:
+  // the copies read them as pageable memory (through the driver's staging;
+  // no registration, no image).
+  bool pin_in_place = false;
 };
 
 struct StreamLayout {
   bool quantized = false;
   bool stored_blocks = false;     // quantized: every layer's GPU format is its stored bytes (pinned in place unless refused)
-  bool in_place = false;          // every region pinned where it is stored (no image)
+  bool in_place = false;          // every region read where it is stored (no image): pinned there, or pageable
+  bool pageable = false;          // the regions read in place are not registered (StreamLayoutOptions::pin_in_place false)
   size_t slot_bytes = 0;          // one slot: the largest layer
   size_t down_off = 0;            // bf16: byte offset of the down matrices
   uint64_t image_bytes = 0;       // host bytes of pinned images

@@ -102,11 +102,12 @@ GpuExpertCache::GpuExpertCache(const ModelConfig& c, std::vector<Layer> in, cons
   for (const Layer& l : in) src.push_back({l.layer, l.experts});
   StreamLayoutOptions lo;
   lo.quantized = true;
-  if (!o.quiet) std::fprintf(stderr, "hmoe: GPU expert cache: pinning the host experts of %zu layers in place\n", src.size());
+  lo.pin_in_place = o.pin_in_place;
+  if (!o.quiet) std::fprintf(stderr, "hmoe: GPU expert cache: %s the host experts of %zu layers\n", o.pin_in_place ? "pinning in place" : "laying out (pageable, not pinned)", src.size());
   m.lay = build_stream_layout(c, src, lo, nullptr);
   if (!o.quiet)
     std::fprintf(stderr, "hmoe: GPU expert cache: host experts %s\n",
-                 m.lay.in_place ? "pinned in place" : ("in pinned images (" + format_bytes(m.lay.image_bytes) + "): " + m.lay.why_image).c_str());
+                 m.lay.in_place ? (m.lay.pageable ? "read in place as pageable memory" : "pinned in place") : ("in pinned images (" + format_bytes(m.lay.image_bytes) + "): " + m.lay.why_image).c_str());
   std::map<std::pair<int, int>, int> cls_of;
   for (const StreamLayerLayout& L : m.lay.layers) {
     if (!L.native) fail(ErrorKind::internal, "GPU expert cache: layer " + std::to_string(L.layer) + " is not in native GGUF blocks");

@@ -65,6 +65,7 @@ struct GpuExpertCacheOptions {
   SplitCost cost;             // bandwidths (measured by make_gpu_expert_cache when 0) and the share override
   int64_t max_tokens = 64;    // decode-sized steps only
   bool quiet = false;
+  bool pin_in_place = false;  // setting gpu_pin_host_experts: register the host experts in place; false: read them as pageable memory
 };
 
 // Parses gpu_expert_cache ("auto", "0", bytes with optional KiB/MiB/GiB/KB/MB/GB)

@@ -39,14 +39,16 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.quantized_dense = s.gpu_quantized_dense;
   o.programmatic_launch = s.gpu_programmatic_launch;
   o.decode_fusion = s.gpu_decode_fusion;
-  if (s.gpu_gguf_decode_kernel == "direct") o.gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
+  if (s.gpu_gguf_decode_kernel == "dense") o.gguf_decode_kernel = gpu::GgufDecodeKernel::dense;
+  else if (s.gpu_gguf_decode_kernel == "direct") o.gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
   else if (s.gpu_gguf_decode_kernel == "staged") o.gguf_decode_kernel = gpu::GgufDecodeKernel::staged;
-  else fail(ErrorKind::invalid_argument, "--gpu-gguf-decode-kernel / HMOE_GPU_GGUF_DECODE_KERNEL must be direct or staged, got '" + s.gpu_gguf_decode_kernel + "'");
+  else fail(ErrorKind::invalid_argument, "--gpu-gguf-decode-kernel / HMOE_GPU_GGUF_DECODE_KERNEL must be dense, direct or staged, got '" + s.gpu_gguf_decode_kernel + "'");
   o.defer_experts = s.defer_experts;
   o.expert_cache.budget_bytes = parse_gpu_expert_cache(s.gpu_expert_cache);
   o.expert_cache.cost.share = parse_gpu_split_decode(s.gpu_split_decode);
   o.expert_cache.policy = parse_cache_policy(s.origin("gpu_expert_cache_policy"), s.gpu_expert_cache_policy);
   o.expert_cache.quiet = s.progress == "none";
+  o.expert_cache.pin_in_place = s.gpu_pin_host_experts;
   return o;
 }
 

@@ -56,7 +56,7 @@ std::string name(cpu::ExtType t) { return cpu::ext_type_info(static_cast<uint32_
 const gpu::GgufDecodeKernel kKernels[] = {gpu::GgufDecodeKernel::direct, gpu::GgufDecodeKernel::staged};
 const char* kname(gpu::GgufDecodeKernel k) { return k == gpu::GgufDecodeKernel::direct ? "direct" : "staged"; }
 struct KernelScope {
-  ~KernelScope() { gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::direct); }
+  ~KernelScope() { gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::dense); }
 };
 
 }  // namespace
@@ -84,9 +84,11 @@ TEST_CASE("gpu gguf: types of CPU views and shapes the native kernels refuse") {
   CHECK(gpu::GgufWeight{gpu::GgufType::q8_0, nullptr, 1, 2112}.row_bytes() == 2244);
 }
 
-TEST_CASE("gpu gguf: the decode kernel setting takes direct or staged and names a bad value") {
+TEST_CASE("gpu gguf: the decode kernel setting takes dense, direct or staged and names a bad value") {
   Settings s = Settings::defaults();
-  CHECK(s.gpu_gguf_decode_kernel == "direct");
+  CHECK(s.gpu_gguf_decode_kernel == "dense");
+  CHECK(GpuRuntimeOptions::from_settings(s).gguf_decode_kernel == gpu::GgufDecodeKernel::dense);
+  s.gpu_gguf_decode_kernel = "direct";
   CHECK(GpuRuntimeOptions::from_settings(s).gguf_decode_kernel == gpu::GgufDecodeKernel::direct);
   s.gpu_gguf_decode_kernel = "STAGED";
   s.validate();  // choices are read in lower case
@@ -96,8 +98,8 @@ TEST_CASE("gpu gguf: the decode kernel setting takes direct or staged and names 
   CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);
   gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::staged);
   CHECK(gpu::gguf_decode_kernel() == gpu::GgufDecodeKernel::staged);
-  gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::direct);
-  CHECK(gpu::gguf_decode_kernel() == gpu::GgufDecodeKernel::direct);
+  gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::dense);
+  CHECK(gpu::gguf_decode_kernel() == gpu::GgufDecodeKernel::dense);
 }
 
 TEST_CASE("gpu gguf_gemv matches the scalar reference within the int8 activation rounding") {
