@@ -224,17 +224,7 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
       const int sl = b / nb32, c0 = (b % nb32) * 32;
       float v[32];
       if (MODE == kDown) {
-        const float* g = p.gu + static_cast<int64_t>(by * p.k + sl) * 2 * cols + c0;
-        const float4* g4 = reinterpret_cast<const float4*>(g);
-        const float4* u4 = reinterpret_cast<const float4*>(g + cols);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float4 a = g4[i], u = u4[i];
-          v[4 * i] = a.x / (1.0f + expf(-a.x)) * u.x;
-          v[4 * i + 1] = a.y / (1.0f + expf(-a.y)) * u.y;
-          v[4 * i + 2] = a.z / (1.0f + expf(-a.z)) * u.z;
-          v[4 * i + 3] = a.w / (1.0f + expf(-a.w)) * u.w;
-        }
+        swiglu32(p.gu + static_cast<int64_t>(by * p.k + sl) * 2 * cols + c0, cols, v);
       } else {
         const int t = MODE == kDense ? by * TB + sl : by;
         if (MODE == kDense && t >= p.n) {

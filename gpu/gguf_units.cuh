@@ -159,6 +159,21 @@ struct Q80 {
   }
 };
 
+// The down products' input: v[i] = silu(gate[i]) * up[i] for 32 columns,
+// gate at g (16-byte aligned), up at g + cols (the gate/up rows' layout).
+__device__ __forceinline__ void swiglu32(const float* g, int cols, float* v) {
+  const float4* g4 = reinterpret_cast<const float4*>(g);
+  const float4* u4 = reinterpret_cast<const float4*>(g + cols);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float4 a = g4[i], u = u4[i];
+    v[4 * i] = a.x / (1.0f + expf(-a.x)) * u.x;
+    v[4 * i + 1] = a.y / (1.0f + expf(-a.y)) * u.y;
+    v[4 * i + 2] = a.z / (1.0f + expf(-a.z)) * u.z;
+    v[4 * i + 3] = a.w / (1.0f + expf(-a.w)) * u.w;
+  }
+}
+
 // The decode kernels' activations: 32 values as two int8 planes, x ~ d (q1 +
 // q2 / 254) with d = amax / 127 (about 16 bits); s1/s2 hold each plane's sum
 // per half of 16 (the runs' min terms). Returns d.
