@@ -98,7 +98,7 @@ struct GpuRuntimeOptions {
   bool decode_fusion = false;       // setting gpu_decode_fusion (GpuStepInfo::fused)
   // Setting gpu_gguf_decode_kernel (gpu::set_gguf_decode_kernel, process-wide;
   // applied when the runtime is built).
-  gpu::GgufDecodeKernel gguf_decode_kernel = gpu::GgufDecodeKernel::dense;
+  gpu::GgufDecodeKernel gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
   // Setting defer_experts: hand-off layers followed by another hand-off layer
   // defer their N lowest-weight experts per token to a worker thread that
