@@ -207,13 +207,14 @@ void run(const ModelConfig& c, LazyWeights& lw, numa::NodePools& pools, const Li
   // Experts on the CPU: long prompts stream them to the GPU from the automatic minimum batch on, as Model::load sets it up.
   int64_t stream_min = 0;
   if (!all_gpu) {
-    ExpertStreamOptions so = expert_stream_options(c, Settings::defaults(), pools, rt->host_expert_sample(), true);
+    ExpertStreamOptions so = expert_stream_options(c, Settings::defaults(), pools, rt->host_expert_sample(), false);  // says its choice on stderr
     so.quiet = true;
     rt->enable_expert_streaming(so);
     stream_min = rt->expert_stream() ? so.min_batch : 0;
   }
   KvLayout kl = g.kv;
-  if (rt->seq_state_bytes() > 0) kl.seq_state_bytes = rt->seq_state_bytes();  // as Model does for the GPU path
+  if (rt->seq_state_bytes() > 0) kl.seq_state_bytes = rt->seq_state_bytes();  // as Model::load sets up the GPU path:
+  kl.state_align = 0;                                                           // states on the GPU, no state checkpoints
   const std::string where = std::string(all_gpu ? "all-GPU" : "experts on CPU") + (precise ? ", precise" : ", bf16 mode");
   std::printf("\n%s: GPU weights %.2f GB (built in %.1f s; %.1f GB of random bf16 made so far)%s\n", where.c_str(), static_cast<double>(rt->weight_bytes()) / 1e9,
               bench::now_seconds() - t0, static_cast<double>(lw.bytes()) / 1e9,
@@ -318,7 +319,7 @@ void run(const ModelConfig& c, LazyWeights& lw, numa::NodePools& pools, const Li
                 lim.dram / 1e9, 100.0 * bound / s, t.cpu_experts_s / static_cast<double>(t.steps) * 1e3);
     if (scales_to_48) {
       const double head = head_bytes(c) / lim.read_bw;
-      std::printf(" 48 layers: bound %.2f ms (%.1f tok/s; %.1f GB GPU weights) |", (head + per48 * (bound - head)) * 1e3, 1.0 / (head + per48 * (bound - head)),
+      std::printf(" 48 layers: bound %.2f ms (%.1f tok/s; %.1f GB read on the GPU per step) |", (head + per48 * (bound - head)) * 1e3, 1.0 / (head + per48 * (bound - head)),
                   (head_bytes(c) + per48 * (gpu_bytes - head_bytes(c))) / 1e9);
     }
     std::printf("\n");
