@@ -170,8 +170,8 @@ namespace {
 
 template <bool FUSED, int HD>
 void attention_launch_hd(const float* q, int64_t ldq, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const bf16_t* kc, const bf16_t* vc,
-                      const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, int64_t max_len, float scale, float* scratch,
-                      bf16_t* out, const FusedRope& fr, Stream& s) {
+                         const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, int64_t max_len, float scale, float* scratch,
+                         bf16_t* out, const FusedRope& fr, Stream& s) {
   const int64_t splits = attention_splits(n, heads, max_len);
   if (splits > 1 && scratch == nullptr) fail(ErrorKind::internal, "gpu::attention: split-K needs scratch");
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(heads), static_cast<unsigned>(splits));

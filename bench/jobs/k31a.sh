@@ -44,7 +44,7 @@ left() { local l=$((LIMIT - SECONDS)); ((l > $1)) && l=$1; echo $l; }
 echo "== k31a start $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 guard attn "$(left 45)" $B test_gpu -tc='*qk_norm_rope*,*qkv_norm_rope_store*,gpu attention*,*norm_rope_store_attention*,gated attention kernels*,*tensor-core tiles*'
 grep -E "MESSAGE|hd [0-9]+ |ERROR|FAILED|test cases:|assertions:" "$O/attn.log" | grep -v "^$" | head -60
-guard next "$(left 70)" $B test_gpu -tc='*qwen3next*,*qwen3_next*'
+guard next "$(left 80)" $B test_gpu -tc='*qwen3next*,*qwen3_next*'
 grep -E "placement |  miss:|relative L2|ERROR|FAILED|test cases:|assertions:" "$O/next.log" | head -40
 guard bgpu "$(left 30)" $B bench_gpu --attention-only
 cat "$O/bgpu.log" | head -40
