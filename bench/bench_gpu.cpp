@@ -1,8 +1,9 @@
 // GPU benchmark, two parts.
 // 1. Kernels against the H200 roofline (measured device copy bandwidth and
 //    the 990 TFLOP/s dense bf16 datasheet figure): grouped experts at decode
-//    shapes (GB/s of expert weights), paged attention decode (GB/s of K/V),
-//    cuBLAS prefill products (TFLOP/s).
+//    shapes (GB/s of expert weights), paged attention decode (GB/s of K/V)
+//    and prefill (TFLOP/s) at head_dim 128 (32/4 heads) and 256 (16/2,
+//    Qwen3-Next), cuBLAS prefill products (TFLOP/s).
 // 2. A Qwen3-30B-A3B-shaped model (48 layers, 128 experts of 768, top-8,
 //    hidden 2048, 32/4 heads of 128; random bf16 weights made in place) run
 //    through GpuRuntime with 0/25/50/100% of MoE layers resident: decode tok/s
@@ -16,7 +17,8 @@
 //    GPU bytes. One quantized copy of each expert matrix is made on the host
 //    and uploaded per expert (the GPU holds distinct copies), so only 100%
 //    resident is measured for these.
-// Usage: bench_gpu [--quick] [--skip-model] [--skip-kernels] [--steps N]
+// Usage: bench_gpu [--quick] [--skip-model] [--skip-kernels] [--attention-only]
+//   (the device copy and the attention tables only: head_dim 128 and 256) [--steps N]
 //   [--resident 0,25,50,100] [--batches 1,8] [--experts TYPE]
 //   [--prefill 2048,8192] (one prompt of N tokens in one step per placement,
 //   tiled and per-token attention) [--defer-experts N] (the hybrid step's
@@ -64,7 +66,9 @@ double time_gpu(gpu::Stream& s, int reps, F&& fn) {
   return b.elapsed_ms(a) * 1e-3 / reps;
 }
 
-void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw) {
+void attention_benchmarks(gpu::Stream& s, double copy_bw);
+
+void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw, bool attention_only) {
   gpu::Stream s;
   {
     const size_t bytes = 2ull << 30;
@@ -74,6 +78,7 @@ void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw) {
     copy_bw = 2.0 * static_cast<double>(bytes) / t;
     std::printf("device copy: %.0f GB/s (read+write; the roofline below; H200 datasheet 4800)\n", copy_bw / 1e9);
   }
+  if (attention_only) return attention_benchmarks(s, copy_bw);
   // Grouped experts at Qwen3-30B-A3B shapes.
   const int64_t H = 2048, I = 768, E = 128, K = 8;
   gpu::DeviceBuffer wgu(static_cast<size_t>(E * 2 * I * H) * 2), wdn(static_cast<size_t>(E * H * I) * 2);
@@ -120,72 +125,7 @@ void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw) {
     const double bytes = static_cast<double>(active) * 3 * I * H * 2;
     std::printf("%6lld %8lld %10.1f %10.0f %7.0f%%\n", (long long)n, (long long)active, t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy_bw);
   }
-  // Attention decode: one token per sequence, 32 heads over 4 KV heads of 128.
-  std::printf("\nattention decode (32 q heads, 4 kv heads, hd 128): bytes = K+V read\n");
-  std::printf("%6s %8s %6s %10s %10s %8s\n", "seqs", "ctx", "splits", "us", "GB/s", "of copy");
-  for (auto [seqs, ctx] : {std::pair<int64_t, int64_t>{1, 4096}, {8, 4096}, {32, 8192}}) {
-    const int64_t kvw = 4 * 128, hd = 128, heads = 32;
-    const int64_t slots = seqs * ctx;
-    gpu::DeviceBuffer kc(static_cast<size_t>(slots * kvw) * 2), vc(static_cast<size_t>(slots * kvw) * 2);
-    gpu::memset_device(kc.data(), 0x3c, kc.bytes(), s);
-    gpu::memset_device(vc.data(), 0x3c, vc.bytes(), s);
-    std::vector<int32_t> lists(static_cast<size_t>(slots)), offs(static_cast<size_t>(seqs)), lens(static_cast<size_t>(seqs), static_cast<int32_t>(ctx));
-    for (int64_t i = 0; i < slots; ++i) lists[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % slots);  // scattered blocks
-    for (int64_t q = 0; q < seqs; ++q) offs[static_cast<size_t>(q)] = static_cast<int32_t>(q * ctx);
-    gpu::DeviceBuffer dl(lists.size() * 4), doff(offs.size() * 4), dlen(lens.size() * 4), dq(static_cast<size_t>(seqs * heads * hd) * 4),
-        dout(static_cast<size_t>(seqs * heads * hd) * 2);
-    gpu::copy_to_device(dl.data(), lists.data(), lists.size() * 4, s);
-    gpu::copy_to_device(doff.data(), offs.data(), offs.size() * 4, s);
-    gpu::copy_to_device(dlen.data(), lens.data(), lens.size() * 4, s);
-    gpu::memset_device(dq.data(), 0, dq.bytes(), s);
-    gpu::DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(gpu::attention_scratch_floats(seqs, heads, hd, ctx), 4)) * 4);
-    const double t = time_gpu(s, 20, [&] {
-      gpu::attention(dq.as<float>(), heads * hd, seqs, heads, 4, hd, kc.as<bf16_t>(), vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
-                     dlen.as<int32_t>(), ctx, 0.088f, scratch.as<float>(), dout.as<bf16_t>(), s);
-    });
-    const double bytes = 2.0 * static_cast<double>(slots * kvw) * 2;
-    std::printf("%6lld %8lld %6lld %10.1f %10.0f %7.0f%%\n", (long long)seqs, (long long)ctx, (long long)gpu::attention_splits(seqs, heads, ctx),
-                t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy_bw);
-  }
-  // Attention prefill: one sequence of N tokens attending causally to itself (keys in scattered blocks),
-  // per-token kernel vs tensor-core query tiles; FLOP = 2 products x 2 x heads x hd x N(N+1)/2.
-  std::printf("\nattention prefill (one sequence, 32 q heads, 4 kv heads, hd 128; causal): roofline 990 TFLOP/s dense bf16\n");
-  std::printf("%8s %14s %10s %10s %10s\n", "tokens", "kernel", "ms", "TFLOP/s", "speedup");
-  for (int64_t N : {512, 2048, 8192}) {
-    const int64_t kvw = 4 * 128, hd = 128, heads = 32;
-    gpu::DeviceBuffer kc(static_cast<size_t>(N * kvw) * 2), vc(static_cast<size_t>(N * kvw) * 2), dq(static_cast<size_t>(N * heads * hd) * 4),
-        dout(static_cast<size_t>(N * heads * hd) * 2);
-    std::vector<bf16_t> kh(static_cast<size_t>(N * kvw));
-    for (size_t i = 0; i < kh.size(); ++i) kh[i] = f32_to_bf16(0.02f * static_cast<float>(static_cast<int>((i * 2654435761u) % 201) - 100));
-    gpu::copy_to_device(kc.data(), kh.data(), kh.size() * 2, s);
-    gpu::copy_to_device(vc.data(), kh.data(), kh.size() * 2, s);
-    std::vector<float> qh(static_cast<size_t>(N * heads * hd));
-    for (size_t i = 0; i < qh.size(); ++i) qh[i] = 0.01f * static_cast<float>(static_cast<int>((i * 40503u) % 201) - 100);
-    gpu::copy_to_device(dq.data(), qh.data(), qh.size() * 4, s);
-    std::vector<int32_t> lists(static_cast<size_t>(N)), offs(static_cast<size_t>(N), 0), lens(static_cast<size_t>(N));
-    for (int64_t i = 0; i < N; ++i) {
-      lists[static_cast<size_t>(i)] = static_cast<int32_t>((i / 16 * 7 % (N / 16)) * 16 + i % 16);  // 16-slot blocks, scattered
-      lens[static_cast<size_t>(i)] = static_cast<int32_t>(i + 1);
-    }
-    const std::vector<int32_t> tiles = gpu::attention_tile_list(offs.data(), N);
-    gpu::DeviceBuffer dl(lists.size() * 4), doff(offs.size() * 4), dlen(lens.size() * 4), dt(tiles.size() * 4);
-    gpu::copy_to_device(dl.data(), lists.data(), lists.size() * 4, s);
-    gpu::copy_to_device(doff.data(), offs.data(), offs.size() * 4, s);
-    gpu::copy_to_device(dlen.data(), lens.data(), lens.size() * 4, s);
-    gpu::copy_to_device(dt.data(), tiles.data(), tiles.size() * 4, s);
-    const double flop = 4.0 * heads * hd * static_cast<double>(N) * static_cast<double>(N + 1) / 2;
-    const int reps = N >= 8192 ? 3 : 10;
-    const double t_simt = time_gpu(s, reps, [&] {
-      gpu::attention(dq.as<float>(), heads * hd, N, heads, 4, hd, kc.as<bf16_t>(), vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
-                     dlen.as<int32_t>(), N, 0.088f, nullptr, dout.as<bf16_t>(), s);
-    });
-    const double t_tile = time_gpu(s, reps, [&] {
-      gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, 4, hd, kc.as<bf16_t>(),
-                           vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), 0.088f, dout.as<bf16_t>(), s);
-    });
-    std::printf("%8lld %14s %10.2f %10.1f %10s\n", (long long)N, "per token", t_simt * 1e3, flop / t_simt / 1e12, "1.0x");
-    std::printf("%8lld %14s %10.2f %10.1f %9.1fx\n", (long long)N, "tiles (mma)", t_tile * 1e3, flop / t_tile / 1e12, t_simt / t_tile);
-  }
+  attention_benchmarks(s, copy_bw);
   // cuBLAS products at prefill sizes.
   std::printf("\ncuBLAS bf16 gemm (y = x W^T, fp32 out): roofline 990 TFLOP/s dense bf16 (datasheet)\n");
   gpu::Blas blas(s);
@@ -197,6 +137,81 @@ void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw) {
     const double flops = 2.0 * n * rows * cols, bytes = 2.0 * rows * cols + 2.0 * n * cols + 4.0 * n * rows;
     std::printf("  n=%5lld %6lldx%-5lld %9.1f us %7.1f TFLOP/s (%4.1f%%) %6.0f GB/s\n", (long long)n, (long long)rows, (long long)cols, t * 1e6,
                 flops / t / 1e12, 100 * flops / t / 990e12, bytes / t / 1e9);
+  }
+}
+
+// Paged attention decode (GB/s of K/V) and prefill (per-token kernel vs tensor-core tiles, TFLOP/s) at
+// Qwen3-30B-A3B's shape (32 q / 4 kv heads of 128) and Qwen3-Next-80B-A3B's (16 q / 2 kv heads of 256).
+void attention_benchmarks(gpu::Stream& s, double copy_bw) {
+  for (auto [heads, kvh, hd] : {std::tuple<int64_t, int64_t, int64_t>{32, 4, 128}, {16, 2, 256}}) {
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+    // Attention decode: one token per sequence.
+    std::printf("\nattention decode (%lld q heads, %lld kv heads, hd %lld): bytes = K+V read\n", (long long)heads, (long long)kvh, (long long)hd);
+    std::printf("%6s %8s %6s %10s %10s %8s\n", "seqs", "ctx", "splits", "us", "GB/s", "of copy");
+    for (auto [seqs, ctx] : {std::pair<int64_t, int64_t>{1, 4096}, {1, 32768}, {8, 4096}, {32, 8192}}) {
+      const int64_t kvw = kvh * hd;
+      const int64_t slots = seqs * ctx;
+      gpu::DeviceBuffer kc(static_cast<size_t>(slots * kvw) * 2), vc(static_cast<size_t>(slots * kvw) * 2);
+      gpu::memset_device(kc.data(), 0x3c, kc.bytes(), s);
+      gpu::memset_device(vc.data(), 0x3c, vc.bytes(), s);
+      std::vector<int32_t> lists(static_cast<size_t>(slots)), offs(static_cast<size_t>(seqs)), lens(static_cast<size_t>(seqs), static_cast<int32_t>(ctx));
+      for (int64_t i = 0; i < slots; ++i) lists[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % slots);  // scattered blocks
+      for (int64_t q = 0; q < seqs; ++q) offs[static_cast<size_t>(q)] = static_cast<int32_t>(q * ctx);
+      gpu::DeviceBuffer dl(lists.size() * 4), doff(offs.size() * 4), dlen(lens.size() * 4), dq(static_cast<size_t>(seqs * heads * hd) * 4),
+          dout(static_cast<size_t>(seqs * heads * hd) * 2);
+      gpu::copy_to_device(dl.data(), lists.data(), lists.size() * 4, s);
+      gpu::copy_to_device(doff.data(), offs.data(), offs.size() * 4, s);
+      gpu::copy_to_device(dlen.data(), lens.data(), lens.size() * 4, s);
+      gpu::memset_device(dq.data(), 0, dq.bytes(), s);
+      gpu::DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(gpu::attention_scratch_floats(seqs, heads, hd, ctx), 4)) * 4);
+      const double t = time_gpu(s, 20, [&] {
+        gpu::attention(dq.as<float>(), heads * hd, seqs, heads, kvh, hd, kc.as<bf16_t>(), vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
+                       dlen.as<int32_t>(), ctx, scale, scratch.as<float>(), dout.as<bf16_t>(), s);
+      });
+      const double bytes = 2.0 * static_cast<double>(slots * kvw) * 2;
+      std::printf("%6lld %8lld %6lld %10.1f %10.0f %7.0f%%\n", (long long)seqs, (long long)ctx, (long long)gpu::attention_splits(seqs, heads, ctx),
+                  t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy_bw);
+    }
+    // Attention prefill: one sequence of N tokens attending causally to itself (keys in scattered blocks),
+    // per-token kernel vs tensor-core query tiles; FLOP = 2 products x 2 x heads x hd x N(N+1)/2.
+    std::printf("\nattention prefill (one sequence, %lld q heads, %lld kv heads, hd %lld; causal): roofline 990 TFLOP/s dense bf16\n", (long long)heads,
+                (long long)kvh, (long long)hd);
+    std::printf("%8s %14s %10s %10s %10s\n", "tokens", "kernel", "ms", "TFLOP/s", "speedup");
+    for (int64_t N : {512, 2048, 8192}) {
+      const int64_t kvw = kvh * hd;
+      gpu::DeviceBuffer kc(static_cast<size_t>(N * kvw) * 2), vc(static_cast<size_t>(N * kvw) * 2), dq(static_cast<size_t>(N * heads * hd) * 4),
+          dout(static_cast<size_t>(N * heads * hd) * 2);
+      std::vector<bf16_t> kh(static_cast<size_t>(N * kvw));
+      for (size_t i = 0; i < kh.size(); ++i) kh[i] = f32_to_bf16(0.02f * static_cast<float>(static_cast<int>((i * 2654435761u) % 201) - 100));
+      gpu::copy_to_device(kc.data(), kh.data(), kh.size() * 2, s);
+      gpu::copy_to_device(vc.data(), kh.data(), kh.size() * 2, s);
+      std::vector<float> qh(static_cast<size_t>(N * heads * hd));
+      for (size_t i = 0; i < qh.size(); ++i) qh[i] = 0.01f * static_cast<float>(static_cast<int>((i * 40503u) % 201) - 100);
+      gpu::copy_to_device(dq.data(), qh.data(), qh.size() * 4, s);
+      std::vector<int32_t> lists(static_cast<size_t>(N)), offs(static_cast<size_t>(N), 0), lens(static_cast<size_t>(N));
+      for (int64_t i = 0; i < N; ++i) {
+        lists[static_cast<size_t>(i)] = static_cast<int32_t>((i / 16 * 7 % (N / 16)) * 16 + i % 16);  // 16-slot blocks, scattered
+        lens[static_cast<size_t>(i)] = static_cast<int32_t>(i + 1);
+      }
+      const std::vector<int32_t> tiles = gpu::attention_tile_list(offs.data(), N);
+      gpu::DeviceBuffer dl(lists.size() * 4), doff(offs.size() * 4), dlen(lens.size() * 4), dt(tiles.size() * 4);
+      gpu::copy_to_device(dl.data(), lists.data(), lists.size() * 4, s);
+      gpu::copy_to_device(doff.data(), offs.data(), offs.size() * 4, s);
+      gpu::copy_to_device(dlen.data(), lens.data(), lens.size() * 4, s);
+      gpu::copy_to_device(dt.data(), tiles.data(), tiles.size() * 4, s);
+      const double flop = 4.0 * heads * hd * static_cast<double>(N) * static_cast<double>(N + 1) / 2;
+      const int reps = N >= 8192 ? 3 : 10;
+      const double t_simt = time_gpu(s, reps, [&] {
+        gpu::attention(dq.as<float>(), heads * hd, N, heads, kvh, hd, kc.as<bf16_t>(), vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
+                       dlen.as<int32_t>(), N, scale, nullptr, dout.as<bf16_t>(), s);
+      });
+      const double t_tile = time_gpu(s, reps, [&] {
+        gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd, kc.as<bf16_t>(),
+                             vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout.as<bf16_t>(), s);
+      });
+      std::printf("%8lld %14s %10.2f %10.1f %10s\n", (long long)N, "per token", t_simt * 1e3, flop / t_simt / 1e12, "1.0x");
+      std::printf("%8lld %14s %10.2f %10.1f %9.1fx\n", (long long)N, "tiles (mma)", t_tile * 1e3, flop / t_tile / 1e12, t_simt / t_tile);
+    }
   }
 }
 
@@ -349,7 +364,7 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, skip_model = false, skip_kernels = false;
+  bool quick = false, skip_model = false, skip_kernels = false, attention_only = false;
   std::string experts;
   std::vector<int> prefill;
   int steps = 16;
@@ -369,6 +384,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--skip-model")) skip_model = true;
     else if (!std::strcmp(argv[i], "--skip-kernels")) skip_kernels = true;
+    else if (!std::strcmp(argv[i], "--attention-only")) attention_only = skip_model = true;
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--resident") && i + 1 < argc) pcts = list(argv[++i]);
     else if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) batches = list(argv[++i]);
@@ -400,7 +416,7 @@ int main(int argc, char** argv) {
     numa::PoolOptions popt;
     numa::NodePools pools(popt);
     double copy_bw = 0;
-    if (!skip_kernels) kernel_benchmarks(pools.pool(0), copy_bw);
+    if (!skip_kernels) kernel_benchmarks(pools.pool(0), copy_bw, attention_only);
     if (!skip_model) model_benchmark(pools, quick ? 4 : 48, steps, pcts, batches, experts, prefill, defer);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu: %s\n", e.what());

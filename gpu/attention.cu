@@ -2,9 +2,13 @@
 // Version 1: one block of 128 threads per (token, head); keys in chunks of
 // 128, one warp per key for the scores, one thread per output dimension for
 // the weighted V sum, online softmax across chunks.
-// Version 2 (this): as 1, plus split-K (flash-decoding) when few (token,
-// head) blocks face long contexts: each of S blocks takes a slice of the
-// keys and writes (max, sum, acc); a second kernel combines the slices.
+// Version 2: as 1, plus split-K (flash-decoding) when few (token, head)
+// blocks face long contexts: each of S blocks takes a slice of the keys and
+// writes (max, sum, acc); a second kernel combines the slices.
+// Version 3 (this): head_dim up to 256 (Qwen3-Next's full attention). The
+// block size is a template bound HD (128 or 256 threads, one thread per
+// output dimension); head_dim <= 128 runs the 128-thread instantiation,
+// which is version 2's code unchanged, so its speed is too.
 #include <algorithm>
 
 #include "configs/error.h"
@@ -17,7 +21,7 @@ using namespace detail;
 
 namespace {
 
-constexpr int kThreads = 128, kChunk = 128;
+constexpr int kChunk = 128;  // keys per chunk of the online softmax
 
 // FUSED (decode, one token per sequence): q/k RMSNorm + rotary of the raw
 // q|k|v row and the KV store (qkv_norm_rope_store's arithmetic) in the same
@@ -54,13 +58,15 @@ __device__ __forceinline__ void norm_rope_head(const float* src, int hd, const u
 }
 
 // splits == 1: writes out; else writes scratch[((t*heads + h)*splits + z)*(hd + 2)] = {m, l, acc[hd]}.
-template <bool FUSED>
+// HD threads (HD >= hd): HD / 32 warps score keys, thread d < hd owns output dimension d.
+template <bool FUSED, int HD>
 __global__ void attention_kernel(const float* q, int64_t ldq, int heads, int kv_heads, int hd, const uint16_t* kc, const uint16_t* vc,
                                  const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, float scale, int splits,
                                  float* scratch, uint16_t* out, FusedRope fr) {
-  __shared__ float qs[128];
+  constexpr int kThreads = HD;
+  __shared__ float qs[HD];
   __shared__ float sc[kChunk];
-  __shared__ float ks[128], vs[128], tmp[128];
+  __shared__ float ks[HD], vs[HD], tmp[HD];
   pdl_wait();
   pdl_trigger();
   const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, g = h / (heads / kv_heads);
@@ -162,14 +168,14 @@ int64_t attention_scratch_floats(int64_t n, int64_t heads, int64_t hd, int64_t m
 
 namespace {
 
-template <bool FUSED>
-void attention_launch(const float* q, int64_t ldq, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const bf16_t* kc, const bf16_t* vc,
-                      const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, int64_t max_len, float scale, float* scratch,
-                      bf16_t* out, const FusedRope& fr, Stream& s) {
+template <bool FUSED, int HD>
+void attention_launch_hd(const float* q, int64_t ldq, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const bf16_t* kc, const bf16_t* vc,
+                         const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, int64_t max_len, float scale, float* scratch,
+                         bf16_t* out, const FusedRope& fr, Stream& s) {
   const int64_t splits = attention_splits(n, heads, max_len);
   if (splits > 1 && scratch == nullptr) fail(ErrorKind::internal, "gpu::attention: split-K needs scratch");
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(heads), static_cast<unsigned>(splits));
-  launch_pdl(s, attention_kernel<FUSED>, grid, dim3(kThreads), 0, q, ldq, static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(hd), kc,
+  launch_pdl(s, attention_kernel<FUSED, HD>, grid, dim3(HD), 0, q, ldq, static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(hd), kc,
              vc, slot_lists, offsets, lens, scale, static_cast<int>(splits), scratch, out, fr);
   if (splits > 1) {
     launch_pdl(s, attention_combine_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), dim3(static_cast<unsigned>(hd)), 0,
@@ -177,8 +183,20 @@ void attention_launch(const float* q, int64_t ldq, int64_t n, int64_t heads, int
   }
 }
 
+// The 128-thread kernel for head_dim <= 128 (Qwen3-MoE's decode step), the 256-thread one above.
+template <bool FUSED>
+void attention_launch(const float* q, int64_t ldq, int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, const bf16_t* kc, const bf16_t* vc,
+                      const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, int64_t max_len, float scale, float* scratch,
+                      bf16_t* out, const FusedRope& fr, Stream& s) {
+  if (hd <= 128)
+    attention_launch_hd<FUSED, 128>(q, ldq, n, heads, kv_heads, hd, kc, vc, slot_lists, offsets, lens, max_len, scale, scratch, out, fr, s);
+  else
+    attention_launch_hd<FUSED, 256>(q, ldq, n, heads, kv_heads, hd, kc, vc, slot_lists, offsets, lens, max_len, scale, scratch, out, fr, s);
+}
+
 void check_attention(const char* what, int64_t heads, int64_t kv_heads, int64_t hd) {
-  if (hd % 32 != 0 || hd > 128) fail(ErrorKind::unsupported, std::string("gpu::") + what + ": head_dim " + std::to_string(hd) + " (need 32, 64, 96 or 128)");
+  if (hd % 32 != 0 || hd <= 0 || hd > attention_max_head_dim)
+    fail(ErrorKind::unsupported, std::string("gpu::") + what + ": head_dim " + std::to_string(hd) + " (need a multiple of 32 up to 256)");
   if (kv_heads <= 0 || heads % kv_heads != 0) fail(ErrorKind::invalid_argument, std::string("gpu::") + what + ": heads must be a multiple of kv_heads");
 }
 

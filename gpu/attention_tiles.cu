@@ -12,6 +12,11 @@
 // Compared with gpu::attention (one block per token and head, every key
 // read from global memory per token), K/V traffic falls by the tile's 64
 // rows and both products run on tensor cores. sm_80 or newer.
+// head_dim 256 (Qwen3-Next): a warp's output accumulators alone are 128
+// registers a thread, so q's fragments are read from shared memory at each
+// use instead of held in registers, and keys stream in tiles of 32 (32
+// score registers fewer; Q + K + V tiles 66 KiB of shared memory, within
+// sm_86's 99 KiB). head_dim 64 and 128 keep the code they had.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -26,13 +31,18 @@ using namespace detail;
 
 namespace {
 
-constexpr int kTq = 64, kTk = 64, kThreads = 128;
+constexpr int kTq = 64, kThreads = 128;
 
 template <int HD>
 constexpr int padded() { return HD + 8; }
+// Keys per tile, and whether q's A fragments live in registers (else read from shared memory per use).
+template <int HD>
+constexpr int key_tile() { return HD <= 128 ? 64 : 32; }
+template <int HD>
+constexpr bool q_in_registers() { return HD <= 128; }
 template <int HD>
 constexpr size_t tile_smem() {
-  return static_cast<size_t>(3 * kTq * padded<HD>() * 2 + kTq * 4);
+  return static_cast<size_t>((kTq + 2 * key_tile<HD>()) * padded<HD>() * 2 + kTq * 4);
 }
 
 __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
@@ -53,7 +63,8 @@ template <int HD>
 __global__ void __launch_bounds__(kThreads) attention_tile_kernel(const float* q, int64_t ldq, const int32_t* tiles, int heads, int kv_heads,
                                                                   const __nv_bfloat16* kc, const __nv_bfloat16* vc, const int32_t* slot_lists,
                                                                   const int32_t* offsets, const int32_t* lens, float scale, uint16_t* out) {
-  constexpr int LD = padded<HD>(), KD = HD / 16, ND = HD / 8;
+  constexpr int LD = padded<HD>(), KD = HD / 16, ND = HD / 8, kTk = key_tile<HD>();
+  constexpr bool QR = q_in_registers<HD>();
   extern __shared__ __align__(16) unsigned char smem[];
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kTq][LD]
   __nv_bfloat16* Ks = Qs + kTq * LD;                           // [kTk][LD]
@@ -74,14 +85,18 @@ __global__ void __launch_bounds__(kThreads) attention_tile_kernel(const float* q
   for (int r = 0; r < cnt; ++r) maxlen = max(maxlen, Len[r]);
   const int row0 = warp * 16 + g, row1 = row0 + 8;
   const int len0 = Len[row0], len1 = Len[row1];
-  uint32_t qa[KD][4];
-#pragma unroll
-  for (int k = 0; k < KD; ++k) {
+  // q's A fragment k (columns 16k..16k+15 of the warp's rows): from registers, or loaded from Qs at each use.
+  uint32_t qa[QR ? KD : 1][4];
+  auto q_frag = [&](int k, uint32_t* f) {
     const __nv_bfloat16* b = Qs + k * 16 + t2;
-    qa[k][0] = ld32(b + row0 * LD);
-    qa[k][1] = ld32(b + row1 * LD);
-    qa[k][2] = ld32(b + row0 * LD + 8);
-    qa[k][3] = ld32(b + row1 * LD + 8);
+    f[0] = ld32(b + row0 * LD);
+    f[1] = ld32(b + row1 * LD);
+    f[2] = ld32(b + row0 * LD + 8);
+    f[3] = ld32(b + row1 * LD + 8);
+  };
+  if constexpr (QR) {
+#pragma unroll
+    for (int k = 0; k < KD; ++k) q_frag(k, qa[k]);
   }
   float o[ND][4];
 #pragma unroll
@@ -106,14 +121,29 @@ __global__ void __launch_bounds__(kThreads) attention_tile_kernel(const float* q
       *reinterpret_cast<uint4*>(Vs + j * LD + c * 8) = vv;
     }
     __syncthreads();
-    // S = Q K^T: 8 tiles of 8 keys; b[k][n] = K[n][k].
+    // S = Q K^T: kTk / 8 tiles of 8 keys; b[k][n] = K[n][k].
     float sc[kTk / 8][4];
+    if constexpr (QR) {
 #pragma unroll
-    for (int nt = 0; nt < kTk / 8; ++nt) {
-      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-      const __nv_bfloat16* kr = Ks + (nt * 8 + g) * LD + t2;
+      for (int nt = 0; nt < kTk / 8; ++nt) {
+        sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+        const __nv_bfloat16* kr = Ks + (nt * 8 + g) * LD + t2;
 #pragma unroll
-      for (int k = 0; k < KD; ++k) mma16816(sc[nt], qa[k], ld32(kr + k * 16), ld32(kr + k * 16 + 8));
+        for (int k = 0; k < KD; ++k) mma16816(sc[nt], qa[k], ld32(kr + k * 16), ld32(kr + k * 16 + 8));
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kTk / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll 4
+      for (int k = 0; k < KD; ++k) {
+        uint32_t f[4];
+        q_frag(k, f);
+#pragma unroll
+        for (int nt = 0; nt < kTk / 8; ++nt) {
+          const __nv_bfloat16* kr = Ks + (nt * 8 + g) * LD + t2 + k * 16;
+          mma16816(sc[nt], f, ld32(kr), ld32(kr + 8));
+        }
+      }
     }
     // Mask, scale (log2 units), running max per row (the quad of lanes sharing a row).
     float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -207,12 +237,13 @@ void launch(const float* q, int64_t ldq, int64_t ntiles, const int32_t* tiles, i
 void attention_tiles(const float* q, int64_t ldq, int64_t ntiles, const int32_t* tiles, int64_t heads, int64_t kv_heads, int64_t hd,
                      const bf16_t* kc, const bf16_t* vc, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, float scale,
                      bf16_t* out, Stream& s) {
-  if (hd != 64 && hd != 128) fail(ErrorKind::unsupported, "gpu::attention_tiles: head_dim " + std::to_string(hd) + " (need 64 or 128)");
+  if (!attention_tiles_takes(hd)) fail(ErrorKind::unsupported, "gpu::attention_tiles: head_dim " + std::to_string(hd) + " (need 64, 128 or 256)");
   if (kv_heads <= 0 || heads % kv_heads != 0) fail(ErrorKind::invalid_argument, "gpu::attention_tiles: heads must be a multiple of kv_heads");
   if (ntiles <= 0) return;
   if (ntiles > INT32_MAX || heads > 65535) fail(ErrorKind::unsupported, "gpu::attention_tiles: too many tiles or heads");
   if (hd == 64) launch<64>(q, ldq, ntiles, tiles, heads, kv_heads, kc, vc, slot_lists, offsets, lens, scale, out, cs(s));
-  else launch<128>(q, ldq, ntiles, tiles, heads, kv_heads, kc, vc, slot_lists, offsets, lens, scale, out, cs(s));
+  else if (hd == 128) launch<128>(q, ldq, ntiles, tiles, heads, kv_heads, kc, vc, slot_lists, offsets, lens, scale, out, cs(s));
+  else launch<256>(q, ldq, ntiles, tiles, heads, kv_heads, kc, vc, slot_lists, offsets, lens, scale, out, cs(s));
 }
 
 }  // namespace hmoe::gpu

@@ -49,10 +49,13 @@ void qkv_norm_rope_store(float* x, int64_t n, int64_t ld, int64_t heads, int64_t
 void kv_store(const float* k, const float* v, int64_t ld, int64_t n, int64_t width, const int32_t* slots, bf16_t* kc, bf16_t* vc,
               Stream& s);
 
+constexpr int64_t attention_max_head_dim = 256;
+
 // Causal GQA attention over a paged cache. Token t (query row t of stride
 // ldq, heads*hd values) attends to cache slots slot_lists[offsets[t] + j],
 // j < lens[t]; kc/vc rows hold kv_heads*hd values. out: [n, heads*hd] bf16.
-// hd: 64 or 128 (any multiple of 32 up to 128). max_len >= every lens[t];
+// hd: any multiple of 32 up to attention_max_head_dim (256: Qwen3-Next;
+// hd <= 128 runs a 128-thread block, hd > 128 a 256-thread one). max_len >= every lens[t];
 // when few (token, head) pairs face long contexts the keys are split over
 // several blocks (flash-decoding), which needs `scratch` of
 // attention_scratch_floats(n, heads, hd, max_len) floats (may be null when that is 0).
@@ -67,10 +70,12 @@ int64_t attention_scratch_floats(int64_t n, int64_t heads, int64_t hd, int64_t m
 // the rows of a tile consecutive and sharing one slot list (offsets[row]);
 // q is rounded to bf16 and the softmax weights to bf16 before the V product
 // (mma.sync m16n8k16; sm_80 or newer)
-// (flash-attention numerics). hd: 64 or 128. No scratch.
+// (flash-attention numerics). hd: 64, 128 or 256 (attention_tiles_takes;
+// 256 streams keys in tiles of 32 and reads q from shared memory). No scratch.
 void attention_tiles(const float* q, int64_t ldq, int64_t ntiles, const int32_t* tiles, int64_t heads, int64_t kv_heads, int64_t hd,
                      const bf16_t* kc, const bf16_t* vc, const int32_t* slot_lists, const int32_t* offsets, const int32_t* lens, float scale,
                      bf16_t* out, Stream& s);
+constexpr bool attention_tiles_takes(int64_t hd) { return hd == 64 || hd == 128 || hd == 256; }
 // Host: the tiles for rows 0..n-1 with these list offsets: runs of equal
 // offsets cut every 64 rows.
 inline std::vector<int32_t> attention_tile_list(const int32_t* offsets, int64_t n) {

@@ -15,7 +15,8 @@
 namespace hmoe {
 
 // GQA attention with per-head q/k RMSNorm and rotary embeddings (Qwen3).
-// Steps with query tiles (GpuStepInfo::ntiles) attend on tensor cores for head_dim 64 and 128.
+// Steps with query tiles (GpuStepInfo::ntiles) attend on tensor cores for head_dim 64, 128 and 256
+// (gpu::attention_tiles_takes); head_dim: multiples of 32 up to 256.
 std::unique_ptr<GpuAttention> make_gqa_attention_gpu(GpuUploader& up, const ModelConfig& c, int64_t layer, const std::string& prefix);
 // Multi-head latent attention (DeepSeek-V3); split: the inputs of the big
 // products are a bf16 hi + lo pair (setting gpu_mla_split_inputs).

@@ -21,7 +21,8 @@ class GqaAttentionGpu : public GpuAttention {
       : layer_(layer), H_(c.hidden_size), nh_(c.num_attention_heads), kvh_(c.num_key_value_heads), hd_(c.head_dim),
         eps_(static_cast<float>(c.rms_norm_eps)) {
     if (c.attention_bias) fail(ErrorKind::unsupported, "GPU path: attention_bias=true is not supported");
-    if (hd_ % 32 != 0 || hd_ > 128) fail(ErrorKind::unsupported, "GPU path: head_dim " + std::to_string(hd_) + " (supported: 32, 64, 96, 128)");
+    if (hd_ % 32 != 0 || hd_ <= 0 || hd_ > gpu::attention_max_head_dim)
+      fail(ErrorKind::unsupported, "GPU path: head_dim " + std::to_string(hd_) + " (supported: multiples of 32 up to 256)");
     if (H_ % 8 != 0) fail(ErrorKind::unsupported, "GPU path: hidden and expert sizes must be multiples of 8");
     WeightBinder& b = up.bind();
     const uint64_t before = up.bytes();
@@ -107,7 +108,7 @@ class GqaAttentionGpu : public GpuAttention {
     }
     gpu::qkv_norm_rope_store(q, r.rn, ld, nh_, kvh_, hd_, q_norm_.as<bf16_t>(), k_norm_.as<bf16_t>(), eps_, pos, inv_freq_.as<float>(), st.slot + r.r0,
                              kc, vc, s);
-    if ((hd_ == 64 || hd_ == 128) && st.ntiles > 0 && r.r0 == 0 && r.rn == st.n)
+    if (gpu::attention_tiles_takes(hd_) && st.ntiles > 0 && r.r0 == 0 && r.rn == st.n)
       gpu::attention_tiles(q, ld, st.ntiles, st.tiles, nh_, kvh_, hd_, kc, vc, st.lists, st.off, st.len, scale, attn, s);
     else
       gpu::attention(q, ld, r.rn, nh_, kvh_, hd_, kc, vc, st.lists, st.off + r.r0, st.len + r.r0, st.max_len, scale,

@@ -124,7 +124,8 @@ class GatedAttentionGpu : public GpuAttention {
         kv_layer_(kv_layer), H_(c.hidden_size), nh_(c.num_attention_heads), kvh_(c.num_key_value_heads), hd_(c.head_dim),
         rot_(static_cast<int64_t>(static_cast<double>(c.head_dim) * c.hybrid.partial_rotary_factor)), eps_(static_cast<float>(c.rms_norm_eps)) {
     if (c.attention_bias) fail(ErrorKind::unsupported, "GPU path: attention_bias=true is not supported");
-    if (hd_ % 32 != 0 || hd_ > 128) fail(ErrorKind::unsupported, "GPU path: head_dim " + std::to_string(hd_) + " (supported: 32, 64, 96, 128)");
+    if (hd_ % 32 != 0 || hd_ <= 0 || hd_ > gpu::attention_max_head_dim)
+      fail(ErrorKind::unsupported, "GPU path: head_dim " + std::to_string(hd_) + " (supported: multiples of 32 up to 256)");
     if (rot_ % 2 != 0 || rot_ <= 0) fail(ErrorKind::unsupported, "GPU path: partial_rotary_factor gives " + std::to_string(rot_) + " rotary dimensions (must be even)");
     if (H_ % 8 != 0) fail(ErrorKind::unsupported, "GPU path: hidden size must be a multiple of 8");
     WeightBinder& b = up.bind();
@@ -174,7 +175,7 @@ class GatedAttentionGpu : public GpuAttention {
     gpu::gated_qkv_prepare(x, r.rn, ld(), nh_, kvh_, hd_, rot_, q_norm_.as<float>(), k_norm_.as<float>(), eps_, st.pos + r.r0,
                            inv_freq_.as<float>(), st.slot + r.r0, kc, vc, q, s);
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd_)));
-    if ((hd_ == 64 || hd_ == 128) && st.ntiles > 0 && r.r0 == 0 && r.rn == st.n)
+    if (gpu::attention_tiles_takes(hd_) && st.ntiles > 0 && r.r0 == 0 && r.rn == st.n)
       gpu::attention_tiles(q, nh_ * hd_, st.ntiles, st.tiles, nh_, kvh_, hd_, kc, vc, st.lists, st.off, st.len, scale, attn, s);
     else
       gpu::attention(q, nh_ * hd_, r.rn, nh_, kvh_, hd_, kc, vc, st.lists, st.off + r.r0, st.len + r.r0, st.max_len, scale,

@@ -25,7 +25,7 @@
 // a register differs. tests/engine/test_attention_prefill.cpp checks the
 // bits. Where that cannot hold (q8_0 keys, which the decode kernel sums per
 // group of 32 before scaling; key tiles narrower than 16 from blocks of 8 or
-// fewer tokens; no AVX-512; hd other than 64/128) every token takes
+// fewer tokens; no AVX-512; hd other than 64/128/256) every token takes
 // ops::attention, as do tokens outside runs of at least kMinRun (decode
 // tokens, short chunks), compacted, in the same call.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -64,7 +64,7 @@ bool simd_ok(int64_t hd, const KvCache& kv) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   }();
-  return ok && cpu::best_isa() == cpu::Isa::avx512 && (hd == 64 || hd == 128) && kv.dtype() != KvDtype::q8_0 && kv.geometry().tile == kTile;
+  return ok && cpu::best_isa() == cpu::Isa::avx512 && (hd == 64 || hd == 128 || hd == 256) && kv.dtype() != KvDtype::q8_0 && kv.geometry().tile == kTile;
 }
 
 // The context of one run, decoded: per kv head, keys [blocks][hd][kKB] and
@@ -281,7 +281,8 @@ void run_prefill(const Run& run, const float* q, int64_t heads, int64_t kv_heads
     for (int64_t it = b; it < e; ++it) {
       const int64_t blk = qb - 1 - it / kv_heads, g = it % kv_heads;
       const int64_t q0 = blk * kQ, nq = std::min(kQ, run.len - q0);
-      if (hd == 128) run_item<8>(run, q0, nq, g, q, heads, G, scale, c, out);
+      if (hd == 256) run_item<16>(run, q0, nq, g, q, heads, G, scale, c, out);
+      else if (hd == 128) run_item<8>(run, q0, nq, g, q, heads, G, scale, c, out);
       else run_item<4>(run, q0, nq, g, q, heads, G, scale, c, out);
     }
   };

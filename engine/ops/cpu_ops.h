@@ -43,7 +43,7 @@ void attention(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64
 // The same for batches holding prompt chunks: runs of >= 16 consecutive
 // positions of one sequence are computed as blocked matrix products (16
 // query tokens x the group's heads per item, keys decoded once per run;
-// engine/ops/cpu_attention_prefill.cpp, AVX-512, hd 64/128, fp32/bf16 KV),
+// engine/ops/cpu_attention_prefill.cpp, AVX-512, hd 64/128/256, fp32/bf16 KV),
 // every other token by attention() above. Same contract; each token's
 // result has the same bits as attention() gives it where attention() runs
 // its context as one chunk (contexts below 256, or batches of >= 4 x threads

@@ -1,7 +1,7 @@
 // ops::attention_prefill (engine/ops/cpu_attention_prefill.cpp): prompt runs
 // of many lengths (block tails, one past a run's minimum), runs that start
 // after a cached prefix, two sequences in one batch with decode tokens and a
-// short run beside them, GQA groups, hd 64 and 128, every KV dtype, and 0-3
+// short run beside them, GQA groups, hd 64, 128 and 256, every KV dtype, and 0-3
 // threads, against the scalar reference on random data.
 #include <doctest/doctest.h>
 
@@ -21,7 +21,7 @@ TEST_CASE("attention_prefill: prompt runs, prefixes, mixed batches, dtypes and t
   struct Shape {
     int64_t heads, kvh, hd;
   };
-  for (Shape sh : {Shape{32, 4, 128}, Shape{8, 2, 64}, Shape{6, 6, 64}}) {
+  for (Shape sh : {Shape{32, 4, 128}, Shape{16, 2, 256}, Shape{8, 2, 64}, Shape{6, 6, 64}}) {
     for (KvDtype dt : {KvDtype::f32, KvDtype::bf16, KvDtype::q8_0}) {
       const int64_t bs = 16, maxlen = 300;
       KvLayout layout{2, sh.kvh, sh.hd};
@@ -83,8 +83,8 @@ TEST_CASE("attention_prefill: prompt runs, prefixes, mixed batches, dtypes and t
 // Batch invariance: a prompt run through attention_prefill gives every token
 // the same bits as ops::attention gives it alone (one token, its own call),
 // for contexts the decode kernel runs as one chunk (< 256), the GQA groups
-// whose heads it sums in 1, 2, 4 and 8 chains (G = 8, 12, 2, 1 ...), hd 64
-// and 128, fp32 and bf16 KV, and 0-3 threads.
+// whose heads it sums in 1, 2, 4 and 8 chains (G = 8, 12, 2, 1 ...), hd 64,
+// 128 and 256, fp32 and bf16 KV, and 0-3 threads.
 TEST_CASE("attention_prefill: each token's bits equal ops::attention's for that token alone") {
   if (cpu::best_isa() != cpu::Isa::avx512) {
     MESSAGE("no AVX-512 here: attention_prefill is ops::attention itself, nothing to compare");
@@ -93,7 +93,7 @@ TEST_CASE("attention_prefill: each token's bits equal ops::attention's for that 
   struct Shape {
     int64_t heads, kvh, hd;
   };
-  for (Shape sh : {Shape{32, 4, 128}, Shape{4, 2, 64}, Shape{24, 2, 64}, Shape{7, 1, 128}, Shape{6, 6, 64}}) {
+  for (Shape sh : {Shape{32, 4, 128}, Shape{16, 2, 256}, Shape{4, 2, 64}, Shape{24, 2, 64}, Shape{7, 1, 128}, Shape{6, 6, 64}}) {
     for (KvDtype dt : {KvDtype::f32, KvDtype::bf16}) {
       const int64_t bs = 16, maxlen = 250;
       KvLayout layout{2, sh.kvh, sh.hd};

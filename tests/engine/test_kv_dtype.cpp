@@ -70,11 +70,11 @@ TEST_CASE("attention on each KV dtype: split chunks, GQA, paging and threads equ
   // Three sequences written interleaved (pages not contiguous), contexts 1..2100,
   // decode and mixed rows, on every kernel build the CPU runs (AVX-512, AVX2,
   // plain C++). Query groups of 8, 4, 2, 1 and 7 (= 4 + 2 + 1 heads per
-  // pass); hd 128/64/16 whole 16-value vectors, 24 and 40 a partial last one
+  // pass); hd 256 (Qwen3-Next)/128/64/16 whole 16-value vectors, 24 and 40 a partial last one
   // (q8_0: a 32-value group cut short); blocks of 16 and 32 tokens (whole
   // 16-token key tiles), of 8 and 4 (narrower tiles) and of 24 (8-token tiles).
   double worst_storage[3] = {0, 0, 0}, worst_kernel[3] = {0, 0, 0};
-  for (auto [heads, kvh, hd, bs] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{32, 4, 128, 16}, {8, 2, 64, 32}, {4, 2, 128, 16}, {3, 3, 64, 24},
+  for (auto [heads, kvh, hd, bs] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{32, 4, 128, 16}, {16, 2, 256, 16}, {8, 2, 64, 32}, {4, 2, 128, 16}, {3, 3, 64, 24},
                                     {6, 3, 24, 16}, {4, 4, 16, 16}, {14, 2, 40, 8}, {16, 2, 64, 4}}) {
     const std::vector<int64_t> lens = {2100, 1, 613};
     const int64_t blocks = 2100 / bs * 3 + 16;

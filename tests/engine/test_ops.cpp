@@ -125,7 +125,8 @@ TEST_CASE("attention over the paged cache equals naive causal GQA") {
 TEST_CASE("attention: split chunks, GQA groups, paging and threads equal the scalar reference") {
   // Three sequences written interleaved (their pages are not contiguous),
   // contexts from 1 to 2100 (several chunks each), decode and prefill rows.
-  for (auto [heads, kvh, hd, bs] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{32, 4, 128, 16}, {8, 2, 64, 32}, {6, 3, 24, 16}, {4, 4, 16, 16}}) {
+  // 16/2 heads of 256: Qwen3-Next's full attention.
+  for (auto [heads, kvh, hd, bs] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{32, 4, 128, 16}, {16, 2, 256, 16}, {8, 2, 64, 32}, {6, 3, 24, 16}, {4, 4, 16, 16}}) {
     const std::vector<int64_t> lens = {2100, 1, 613};
     KvCache kv(KvLayout{2, kvh, hd}, 2100 / bs * 3 + 16, bs);
     std::vector<int> seqs;

@@ -203,11 +203,11 @@ TEST_CASE("gpu add_rms_norm_gguf_gemv equals add_rms_norm + gguf_gemv (residual,
   CHECK_THROWS_AS(gpu::add_rms_norm_gguf_gemv(nullptr, counter.as<float>(), 1, nullptr, 1e-6f, nullptr, nullptr, w, nullptr, 4, nullptr, s), Error);
 }
 
-TEST_CASE("gpu norm_rope_store_attention equals qkv_norm_rope_store + attention (decode, GQA, hd 64/128, split-K)") {
+TEST_CASE("gpu norm_rope_store_attention equals qkv_norm_rope_store + attention (decode, GQA, hd 64/128/160/256, split-K)") {
   if (!test::have_gpu()) return;
   gpu::Stream s;
   s.set_programmatic_launch(true);
-  for (int64_t hd : {64, 128})
+  for (int64_t hd : {64, 128, 160, 256})  // 160 and 256: the 256-thread kernel
     for (const std::vector<int32_t>& lens : {std::vector<int32_t>{1, 37, 300}, std::vector<int32_t>{1300}, std::vector<int32_t>{5, 700, 2}}) {
       const int64_t heads = 8, kvh = 2, ld = (heads + 2 * kvh) * hd + 8, width = kvh * hd, n = static_cast<int64_t>(lens.size());
       int64_t total = 0, max_len = 0;

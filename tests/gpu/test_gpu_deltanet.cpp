@@ -255,61 +255,67 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
 
 TEST_CASE("gated attention kernels match a scalar reference: q/k norm with partial rotary, cache store, output gate, gated shared expert") {
   if (!test::have_gpu()) return;
-  const int64_t n = 5, heads = 4, kvh = 2, hd = 64, rot = 16, ld = (2 * heads + 2 * kvh) * hd, width = kvh * hd;
-  const float eps = 1e-6f;
-  const std::vector<float> x = test::random_floats(static_cast<size_t>(n * ld), 21, 1.0f);
-  std::vector<float> wq = test::random_floats(static_cast<size_t>(hd), 22, 0.1f), wk = test::random_floats(static_cast<size_t>(hd), 23, 0.1f);
-  for (float& v : wq) v += 1.0f;
-  for (float& v : wk) v += 1.0f;
-  const std::vector<int32_t> pos = {0, 3, 17, 250, 4000}, slots = {9, 2, 7, 0, 4};
-  const ops::Rope rope(rot, 1e7);
-  // Reference.
-  std::vector<float> q_ref(static_cast<size_t>(n * heads * hd)), k_ref(static_cast<size_t>(10 * width), 0.0f), v_ref(static_cast<size_t>(10 * width), 0.0f);
-  auto norm_rope = [&](const float* src, const std::vector<float>& w, int64_t p, float* dst) {
-    double ss = 0;
-    for (int64_t i = 0; i < hd; ++i) ss += static_cast<double>(src[i]) * src[i];
-    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(hd) + eps));
-    for (int64_t i = 0; i < hd; ++i) dst[i] = w[static_cast<size_t>(i)] * (src[i] * inv);
-    rope.apply(dst, 1, p);  // the first `rot` values only
-  };
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t h = 0; h < heads; ++h) norm_rope(x.data() + t * ld + h * 2 * hd, wq, pos[static_cast<size_t>(t)], q_ref.data() + (t * heads + h) * hd);
-    for (int64_t h = 0; h < kvh; ++h) {
-      norm_rope(x.data() + t * ld + 2 * heads * hd + h * hd, wk, pos[static_cast<size_t>(t)], k_ref.data() + slots[static_cast<size_t>(t)] * width + h * hd);
-      for (int64_t i = 0; i < hd; ++i)
-        v_ref[static_cast<size_t>(slots[static_cast<size_t>(t)] * width + h * hd + i)] = x[static_cast<size_t>(t * ld + 2 * heads * hd + width + h * hd + i)];
+  // A small shape, and Qwen3-Next-80B-A3B's (16 q / 2 kv heads of 256, 64 rotary dimensions).
+  for (auto [heads, kvh, hd, rot] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{4, 2, 64, 16}, {16, 2, 256, 64}}) {
+    INFO("heads " << heads << "/" << kvh << " hd " << hd << " rotary " << rot);
+    const int64_t n = 5, ld = (2 * heads + 2 * kvh) * hd, width = kvh * hd;
+    const float eps = 1e-6f;
+    const std::vector<float> x = test::random_floats(static_cast<size_t>(n * ld), 21, 1.0f);
+    std::vector<float> wq = test::random_floats(static_cast<size_t>(hd), 22, 0.1f), wk = test::random_floats(static_cast<size_t>(hd), 23, 0.1f);
+    for (float& v : wq) v += 1.0f;
+    for (float& v : wk) v += 1.0f;
+    const std::vector<int32_t> pos = {0, 3, 17, 250, 4000}, slots = {9, 2, 7, 0, 4};
+    const ops::Rope rope(rot, 1e7);
+    // Reference.
+    std::vector<float> q_ref(static_cast<size_t>(n * heads * hd)), k_ref(static_cast<size_t>(10 * width), 0.0f), v_ref(static_cast<size_t>(10 * width), 0.0f);
+    auto norm_rope = [&](const float* src, const std::vector<float>& w, int64_t p, float* dst) {
+      double ss = 0;
+      for (int64_t i = 0; i < hd; ++i) ss += static_cast<double>(src[i]) * src[i];
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(hd) + eps));
+      for (int64_t i = 0; i < hd; ++i) dst[i] = w[static_cast<size_t>(i)] * (src[i] * inv);
+      rope.apply(dst, 1, p);  // the first `rot` values only
+    };
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < heads; ++h) norm_rope(x.data() + t * ld + h * 2 * hd, wq, pos[static_cast<size_t>(t)], q_ref.data() + (t * heads + h) * hd);
+      for (int64_t h = 0; h < kvh; ++h) {
+        norm_rope(x.data() + t * ld + 2 * heads * hd + h * hd, wk, pos[static_cast<size_t>(t)], k_ref.data() + slots[static_cast<size_t>(t)] * width + h * hd);
+        for (int64_t i = 0; i < hd; ++i)
+          v_ref[static_cast<size_t>(slots[static_cast<size_t>(t)] * width + h * hd + i)] = x[static_cast<size_t>(t * ld + 2 * heads * hd + width + h * hd + i)];
+      }
     }
-  }
-  gpu::Stream s;
-  auto dx = test::to_device(x, s), dwq = test::to_device(wq, s), dwk = test::to_device(wk, s), dpos = test::to_device(pos, s),
-       dslots = test::to_device(slots, s), dfreq = test::to_device(rope.inv_freq, s);
-  auto kc = test::to_device(std::vector<uint16_t>(static_cast<size_t>(10 * width), 0), s), vc = test::to_device(std::vector<uint16_t>(static_cast<size_t>(10 * width), 0), s);
-  gpu::DeviceBuffer q(static_cast<size_t>(n * heads * hd * 4));
-  gpu::gated_qkv_prepare(dx.as<float>(), n, ld, heads, kvh, hd, rot, dwq.as<float>(), dwk.as<float>(), eps, dpos.as<int32_t>(), dfreq.as<float>(),
-                         dslots.as<int32_t>(), kc.as<uint16_t>(), vc.as<uint16_t>(), q.as<float>(), s);
-  CHECK(test::tol_ratio(test::to_host<float>(q, q_ref.size(), s), q_ref, 1e-5, 1e-4) <= 1);
-  CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(kc, k_ref.size(), s)), k_ref, 1e-6, 1.0 / 128) <= 1);
-  CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(vc, v_ref.size(), s)), v_ref, 1e-6, 1.0 / 128) <= 1);
+    gpu::Stream s;
+    auto dx = test::to_device(x, s), dwq = test::to_device(wq, s), dwk = test::to_device(wk, s), dpos = test::to_device(pos, s),
+         dslots = test::to_device(slots, s), dfreq = test::to_device(rope.inv_freq, s);
+    auto kc = test::to_device(std::vector<uint16_t>(static_cast<size_t>(10 * width), 0), s), vc = test::to_device(std::vector<uint16_t>(static_cast<size_t>(10 * width), 0), s);
+    gpu::DeviceBuffer q(static_cast<size_t>(n * heads * hd * 4));
+    gpu::gated_qkv_prepare(dx.as<float>(), n, ld, heads, kvh, hd, rot, dwq.as<float>(), dwk.as<float>(), eps, dpos.as<int32_t>(), dfreq.as<float>(),
+                           dslots.as<int32_t>(), kc.as<uint16_t>(), vc.as<uint16_t>(), q.as<float>(), s);
+    CHECK(test::tol_ratio(test::to_host<float>(q, q_ref.size(), s), q_ref, 1e-5, 1e-4) <= 1);
+    CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(kc, k_ref.size(), s)), k_ref, 1e-6, 1.0 / 128) <= 1);
+    CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(vc, v_ref.size(), s)), v_ref, 1e-6, 1.0 / 128) <= 1);
 
-  // Output gate on bf16 attention rows.
-  const std::vector<float> attn = test::bf16_round(test::random_floats(static_cast<size_t>(n * heads * hd), 24, 1.0f));
-  std::vector<float> gated(attn.size());
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t i = 0; i < hd; ++i)
-        gated[static_cast<size_t>((t * heads + h) * hd + i)] = attn[static_cast<size_t>((t * heads + h) * hd + i)] * sigm(x[static_cast<size_t>(t * ld + h * 2 * hd + hd + i)]);
-  auto da = test::to_device(test::bf16_of(attn), s);
-  // Split output first (attn left as it is): hi = bf16(value), hi + lo to about 16 bits.
-  gpu::DeviceBuffer gh(attn.size() * 2), gl(attn.size() * 2);
-  gpu::gated_attention_gate(da.as<uint16_t>(), dx.as<float>(), n, ld, heads, hd, s, gh.as<uint16_t>(), gl.as<uint16_t>());
-  const auto gh_f = test::f32_of(test::to_host<uint16_t>(gh, attn.size(), s)), gl_f = test::f32_of(test::to_host<uint16_t>(gl, attn.size(), s));
-  std::vector<float> gsum(attn.size());
-  for (size_t i = 0; i < gsum.size(); ++i) gsum[i] = gh_f[i] + gl_f[i];
-  CHECK(test::tol_ratio(gh_f, gated, 1e-6, 1.0 / 128) <= 1);
-  CHECK(test::tol_ratio(gsum, gated, 1e-6, 1e-4) <= 1);
-  CHECK(test::f32_of(test::to_host<uint16_t>(da, attn.size(), s)) == attn);
-  gpu::gated_attention_gate(da.as<uint16_t>(), dx.as<float>(), n, ld, heads, hd, s);
-  CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(da, attn.size(), s)), gated, 1e-6, 1.0 / 128) <= 1);
+    // Output gate on bf16 attention rows.
+    const std::vector<float> attn = test::bf16_round(test::random_floats(static_cast<size_t>(n * heads * hd), 24, 1.0f));
+    std::vector<float> gated(attn.size());
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < hd; ++i)
+          gated[static_cast<size_t>((t * heads + h) * hd + i)] = attn[static_cast<size_t>((t * heads + h) * hd + i)] * sigm(x[static_cast<size_t>(t * ld + h * 2 * hd + hd + i)]);
+    auto da = test::to_device(test::bf16_of(attn), s);
+    // Split output first (attn left as it is): hi = bf16(value), hi + lo to about 16 bits.
+    gpu::DeviceBuffer gh(attn.size() * 2), gl(attn.size() * 2);
+    gpu::gated_attention_gate(da.as<uint16_t>(), dx.as<float>(), n, ld, heads, hd, s, gh.as<uint16_t>(), gl.as<uint16_t>());
+    const auto gh_f = test::f32_of(test::to_host<uint16_t>(gh, attn.size(), s)), gl_f = test::f32_of(test::to_host<uint16_t>(gl, attn.size(), s));
+    std::vector<float> gsum(attn.size());
+    for (size_t i = 0; i < gsum.size(); ++i) gsum[i] = gh_f[i] + gl_f[i];
+    CHECK(test::tol_ratio(gh_f, gated, 1e-6, 1.0 / 128) <= 1);
+    CHECK(test::tol_ratio(gsum, gated, 1e-6, 1e-4) <= 1);
+    CHECK(test::f32_of(test::to_host<uint16_t>(da, attn.size(), s)) == attn);
+    gpu::gated_attention_gate(da.as<uint16_t>(), dx.as<float>(), n, ld, heads, hd, s);
+    CHECK(test::tol_ratio(test::f32_of(test::to_host<uint16_t>(da, attn.size(), s)), gated, 1e-6, 1.0 / 128) <= 1);
+  }
+  const int64_t n = 5;
+  gpu::Stream s;
 
   // d += sigmoid(logit) * y.
   const int64_t H = 96;

@@ -98,10 +98,10 @@ TEST_CASE("gpu embedding and add_rms_norm match the CPU") {
             1e-5 + 1e-4 * std::fabs(ref[static_cast<size_t>(rows[static_cast<size_t>(r)] * H + i)]));
 }
 
-TEST_CASE("gpu qk_norm_rope matches rms_norm + Rope for head dims 64 and 128") {
+TEST_CASE("gpu qk_norm_rope matches rms_norm + Rope for head dims 64, 128 and 256") {
   if (!test::have_gpu()) return;
   gpu::Stream s;
-  for (int64_t hd : {64, 128}) {
+  for (int64_t hd : {64, 128, 256}) {
     const int64_t n = 5, heads = 3, ld = heads * hd + 16;
     auto x = test::random_floats(static_cast<size_t>(n * ld), 31 + hd);
     auto w = bf16_of(test::random_floats(static_cast<size_t>(hd), 32, 0.5f));
@@ -125,7 +125,7 @@ TEST_CASE("gpu qk_norm_rope matches rms_norm + Rope for head dims 64 and 128") {
 TEST_CASE("gpu qkv_norm_rope_store equals qk_norm_rope on q and k heads plus kv_store") {
   if (!test::have_gpu()) return;
   gpu::Stream s;
-  for (int64_t hd : {64, 128}) {
+  for (int64_t hd : {64, 128, 256}) {
     const int64_t n = 4, heads = 4, kvh = 2, ld = (heads + 2 * kvh) * hd + 8, width = kvh * hd, slots = 9;
     auto x = test::random_floats(static_cast<size_t>(n * ld), 51 + hd);
     auto wq = bf16_of(test::random_floats(static_cast<size_t>(hd), 52, 0.5f)), wk = bf16_of(test::random_floats(static_cast<size_t>(hd), 53, 0.5f));
@@ -338,4 +338,100 @@ TEST_CASE("gpu grouped experts match numa::moe_forward (decode and prefill batch
     CHECK(r2 <= 1);
     CHECK(r2 < r1);
   }
+}
+
+// Qwen3-Next's full-attention shape (16 query heads over 2 KV heads of 256)
+// against the plain scalar reference (ops::attention_reference, double sums)
+// on random data: decode tokens of contexts 1 to 4100, together (split-K over
+// 17 slices) and each alone (1, 3, 6 and 17 slices), then a batch of two
+// prompt chunks (one from position 0: causal masks inside the query tiles and
+// the 32-key tiles; one at context ~1200) and a decode token, per token and in
+// tensor-core tiles. hd 160 (a partial 256-thread block) through the per-token kernel.
+TEST_CASE("gpu attention at head_dim 256 (GQA 16/2) matches the scalar reference: decode with and without split-K, prefill tiles") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  for (int64_t hd : {256, 160}) {
+    const int64_t heads = 16, kvh = 2, block = 16, kvw = kvh * hd;
+    const std::vector<int64_t> ctx = {1, 37, 300, 513, 1300, 4100};
+    int64_t total = 0;
+    for (int64_t c : ctx) total += c;
+    KvCache kv(KvLayout{1, kvh, hd}, total / block + 16, block);
+    std::vector<int> seq;
+    for (size_t i = 0; i < ctx.size(); ++i) {
+      seq.push_back(kv.add_sequence());
+      kv.reserve(seq.back(), ctx[i]);
+    }
+    const int64_t slots = kv.num_blocks() * block;
+    std::vector<float> kc(static_cast<size_t>(slots * kvw)), vc(kc.size());
+    std::vector<int32_t> lists, list_at;  // every sequence's slot list, one after another
+    for (size_t i = 0; i < ctx.size(); ++i) {
+      auto kr = bf16_round(test::random_floats(static_cast<size_t>(ctx[i] * kvw), 300 + i + static_cast<uint64_t>(hd)));
+      auto vr = bf16_round(test::random_floats(static_cast<size_t>(ctx[i] * kvw), 400 + i + static_cast<uint64_t>(hd)));
+      list_at.push_back(static_cast<int32_t>(lists.size()));
+      for (int64_t p = 0; p < ctx[i]; ++p) {
+        kv.store(0, seq[i], p, kr.data() + p * kvw, vr.data() + p * kvw);
+        const int64_t sl = kv.slot_index(seq[i], p);
+        lists.push_back(static_cast<int32_t>(sl));
+        std::copy(kr.begin() + p * kvw, kr.begin() + (p + 1) * kvw, kc.begin() + sl * kvw);
+        std::copy(vr.begin() + p * kvw, vr.begin() + (p + 1) * kvw, vc.begin() + sl * kvw);
+      }
+    }
+    auto dk = test::to_device(bf16_of(kc), s), dv = test::to_device(bf16_of(vc), s), dl = test::to_device(lists, s);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+    // One batch of (sequence index, position) tokens through gpu::attention (and the tiles) against the reference.
+    auto run = [&](const std::vector<std::pair<size_t, int64_t>>& toks, const std::string& what, bool tiles) {
+      std::vector<ops::TokenSlot> ts;
+      std::vector<int32_t> offsets, lens;
+      int64_t max_len = 0;
+      for (auto [i, p] : toks) {
+        ts.push_back({seq[i], p});
+        offsets.push_back(list_at[i]);
+        lens.push_back(static_cast<int32_t>(p + 1));
+        max_len = std::max<int64_t>(max_len, p + 1);
+      }
+      const int64_t n = static_cast<int64_t>(ts.size());
+      auto q = test::random_floats(static_cast<size_t>(n * heads * hd), 500 + static_cast<uint64_t>(n + hd));
+      std::vector<float> ref(q.size());
+      ops::attention_reference(q.data(), n, heads, kvh, hd, ts.data(), kv, 0, scale, ref.data());
+      auto dq = test::to_device(q, s), doff = test::to_device(offsets, s), dlen = test::to_device(lens, s);
+      const int64_t splits = gpu::attention_splits(n, heads, max_len);
+      gpu::DeviceBuffer dout(q.size() * 2), scratch(static_cast<size_t>(std::max<int64_t>(gpu::attention_scratch_floats(n, heads, hd, max_len), 4)) * 4);
+      gpu::attention(dq.as<float>(), heads * hd, n, heads, kvh, hd, dk.as<uint16_t>(), dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
+                     dlen.as<int32_t>(), max_len, scale, scratch.as<float>(), dout.as<uint16_t>(), s);
+      const double r = test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dout, q.size(), s)), ref, 2e-3, 1e-2);
+      MESSAGE("hd " << hd << " " << what << ": " << n << " tokens, max context " << max_len << ", " << splits
+                    << " split(s); worst |diff| / (2e-3 + 1e-2 |ref|) = " << r);
+      CHECK_MESSAGE(r <= 1, "hd " << hd << " " << what);
+      if (!tiles) return splits;
+      const auto tl = gpu::attention_tile_list(offsets.data(), n);
+      auto dt = test::to_device(tl, s);
+      if (!gpu::attention_tiles_takes(hd)) {
+        CHECK_THROWS_AS(gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tl.size() / 2), dt.as<int32_t>(), heads, kvh, hd,
+                                             dk.as<uint16_t>(), dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale,
+                                             dout.as<uint16_t>(), s),
+                        Error);
+        return splits;
+      }
+      gpu::DeviceBuffer dout2(q.size() * 2);
+      gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tl.size() / 2), dt.as<int32_t>(), heads, kvh, hd, dk.as<uint16_t>(),
+                           dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout2.as<uint16_t>(), s);
+      const double r2 = test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dout2, q.size(), s)), ref, 2e-3, 1e-2);
+      MESSAGE("hd " << hd << " " << what << " in " << tl.size() / 2 << " query tiles: worst |diff| / (2e-3 + 1e-2 |ref|) = " << r2);
+      CHECK_MESSAGE(r2 <= 1, "tiles, hd " << hd << " " << what);
+      return splits;
+    };
+    std::vector<std::pair<size_t, int64_t>> decode;
+    for (size_t i = 0; i < ctx.size(); ++i) decode.push_back({i, ctx[i] - 1});
+    CHECK(run(decode, "decode of 6 sequences", false) == 17);
+    const int64_t want[] = {1, 1, 1, 3, 6, 17};
+    for (size_t i = 0; i < ctx.size(); ++i) CHECK(run({decode[i]}, "decode alone at context " + std::to_string(ctx[i]), false) == want[i]);
+    std::vector<std::pair<size_t, int64_t>> prefill;
+    for (int64_t p = 0; p < 200; ++p) prefill.push_back({2, p});
+    for (int64_t p = 1170; p < 1300; ++p) prefill.push_back({4, p});
+    prefill.push_back({5, 4099});
+    CHECK(run(prefill, "two prompt chunks and a decode token", true) == 1);
+  }
+  gpu::Stream s2;
+  CHECK_THROWS_AS(gpu::attention(nullptr, 0, 1, 16, 2, 288, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1.0f, nullptr, nullptr, s2), Error);
+  CHECK_THROWS_AS(gpu::attention(nullptr, 0, 1, 16, 2, 240, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1.0f, nullptr, nullptr, s2), Error);
 }
