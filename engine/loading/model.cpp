@@ -214,6 +214,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
       m->gpu_->enable_expert_streaming(so);
     }
   } else {
+    m->report_.host_residence_why = "a CPU run: the GPU reads no host experts, nothing copied or registered (the expert engine keeps its views, or its node copies on several NUMA nodes)";
     CpuRuntimeOptions o = CpuRuntimeOptions::from_settings(settings);
     o.experts.trace = m->trace_.get();
     m->cpu_ = std::make_unique<CpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
@@ -257,7 +258,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
                  "host RSS %s before loading (peak %s), %s after (peak %s); host experts for GPU DMA: %s%s\n",
                  r.seconds, m->gpu_ ? "GPU" : "CPU", format_bytes(r.gpu_weight_bytes).c_str(), format_bytes(r.host_weight_bytes).c_str(),
                  r.weight_dtype.c_str(), format_bytes(r.rss_before).c_str(), format_bytes(r.peak_rss_before).c_str(),
-                 format_bytes(r.rss_after).c_str(), format_bytes(r.peak_rss_after).c_str(), r.host_residence.c_str(),
+                 format_bytes(r.rss_after).c_str(), format_bytes(r.peak_rss_after).c_str(), m->gpu_ ? r.host_residence.c_str() : "none (a CPU run)",
                  r.host_residence == "copy" ? (" (" + format_bytes(r.residence_copied_bytes) + " copied in " + std::to_string(r.residence_copy_s).substr(0, 5) +
                                                " s, registered in " + std::to_string(r.residence_register_s).substr(0, 5) + " s)").c_str()
                                             : "");

@@ -61,6 +61,7 @@ class Model {
   const std::string& dir() const { return dir_; }
   KvLayout kv_layout() const { return kv_layout_; }
   numa::ThreadPool& pool() { return *pool_; }
+  numa::NodePools& node_pools() { return *pools_; }  // every NUMA node's pool (the expert engine's)
   int64_t weight_bytes() const;
   // Bytes of weights the host holds for this model (views of the checkpoint
   // or --dtype copies; not what went to the GPU).
