@@ -1,6 +1,7 @@
 // The host experts' residence for GPU DMA (see host_residence.h).
 #include "engine/layers/host_residence.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -95,9 +96,38 @@ std::string HostResidenceStats::describe() const {
                 static_cast<long long>(layers), format_bytes(copied_bytes).c_str(), copy_s, copy_s > 0 ? gb / copy_s : 0.0,
                 format_bytes(registered_bytes).c_str(), static_cast<long long>(registrations), register_s, rgb > 0 ? register_s / rgb : 0.0,
                 format_bytes(dropped_bytes).c_str(), drop_s,
-                kept_bytes ? ("; " + format_bytes(kept_bytes) + " came from the loader's own buffers (not a file map) and stay beside the copy").c_str() : "",
-                refused.empty() ? "" : "; REFUSED by the driver: ", refused.c_str());
+                in_place_layers ? ("; " + std::to_string(in_place_layers) + " layers (" + format_bytes(in_place_bytes) +
+                                   ") are the loader's own buffers (no file map): registered where they are, not copied").c_str()
+                                : "",
+                refused.empty() ? "" : "; REFUSED by the driver (the GPU's copies read those layers as pageable memory): ", refused.c_str());
   return buf;
+}
+
+std::vector<numa::ExpertEngine::Buffer> host_ranges(const std::vector<cpu::Mat>& mats) {
+  const uintptr_t page = 4096;
+  std::vector<std::pair<uintptr_t, uintptr_t>> r;
+  for (const cpu::Mat& m : mats) {
+    const size_t data = static_cast<size_t>(m.rows) * m.row_bytes(), groups = static_cast<size_t>(m.rows * m.groups()) * sizeof(float);
+    for (const auto& [p, n] : {std::pair<const void*, size_t>{m.data, data}, {m.scales, m.scales ? groups : 0}, {m.zeros, m.zeros ? groups : 0}}) {
+      if (!p || !n) continue;
+      const auto a = reinterpret_cast<uintptr_t>(p);
+      r.push_back({a / page * page, (a + n + page - 1) / page * page});
+    }
+  }
+  std::sort(r.begin(), r.end());
+  std::vector<numa::ExpertEngine::Buffer> out;
+  uintptr_t lo = 0, hi = 0;
+  for (const auto& x : r) {
+    if (hi > lo && x.first <= hi) {
+      hi = std::max(hi, x.second);
+      continue;
+    }
+    if (hi > lo) out.push_back({reinterpret_cast<const uint8_t*>(lo), hi - lo});
+    lo = x.first;
+    hi = x.second;
+  }
+  if (hi > lo) out.push_back({reinterpret_cast<const uint8_t*>(lo), hi - lo});
+  return out;
 }
 
 bool register_host_buffers(const std::vector<numa::ExpertEngine::Buffer>& buffers, std::vector<gpu::HostRegistration>& out, std::string* why) {

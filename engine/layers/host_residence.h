@@ -18,6 +18,9 @@
 //    private map, and POSIX_FADV_DONTNEED where the file stays open, GGUF),
 //    so the CPU experts and the GPU's copies read the same one copy. The
 //    stream's and the cache's copy lists follow the node pieces.
+//    Experts that are no file map (the loader's own buffers: GPTQ/AWQ/FP8
+//    repacks, --dtype conversions, synthetic models) are anonymous memory
+//    already: they are registered where they are (no second copy).
 //  - map: the file map registered in place (read-only registration first),
 //    as before issue 26's stop-gap.
 //  - off: nothing registered; copies read pageable memory.
@@ -72,11 +75,16 @@ struct HostResidenceStats {
   uint64_t registered_bytes = 0;  // of those, registered with the driver
   int64_t registrations = 0;
   uint64_t dropped_bytes = 0;     // checkpoint pages dropped (file maps)
-  uint64_t kept_bytes = 0;        // sources that are not file maps (the loader's own buffers), kept
+  uint64_t in_place_bytes = 0;    // experts in the loader's own buffers (no file map): registered where they are, not copied
+  int64_t in_place_layers = 0;
   double copy_s = 0, register_s = 0, drop_s = 0;
   std::string refused;            // the driver's answer when it refused a registration
   std::string describe() const;
 };
+
+// The page-rounded, merged ranges of the mats' bytes (data, scales, zeros):
+// what registering them in place covers.
+std::vector<numa::ExpertEngine::Buffer> host_ranges(const std::vector<cpu::Mat>& mats);
 
 // Registers each buffer whole (portable, read-write: anonymous memory) and
 // appends the registrations to `out`. On a refusal the ones made here are

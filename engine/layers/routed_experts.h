@@ -43,11 +43,13 @@ struct ExpertHomeOptions {
   RoutingTraceWriter* trace = nullptr;
   ExpertDeferral* deferral = nullptr;
   // Host homes of a GPU run (engine/layers/host_residence.h): copy makes the
-  // expert engine copy the experts into node memory (whatever the node
-  // count), registers its node buffers with the driver and drops the
-  // checkpoint's pages of them (WeightBinder::drop_copied); map and off
+  // expert engine copy experts that view a checkpoint file map into node
+  // memory (whatever the node count), registers its node buffers with the
+  // driver and drops the checkpoint's pages of them
+  // (WeightBinder::drop_copied); experts in the loader's own buffers
+  // (anonymous memory already) are registered where they are. map and off
   // leave the experts where the checkpoint has them. residence_stats (may
-  // be null) sums what the copies took.
+  // be null) sums what the copies and registrations took.
   HostResidence residence = HostResidence::off;
   HostResidenceStats* residence_stats = nullptr;
 };
@@ -75,7 +77,9 @@ class RoutedExperts {
   void reserve(GpuCtx& ctx, int64_t k) const;
   const std::vector<numa::ExpertWeights>& host_weights() const { return host_; }
   // Copy residence: the experts' bytes as the engine's node pieces
-  // [expert][node] (null otherwise), and whether the driver registered them.
+  // [expert][node] (null when not copied: the bytes are host_weights()'),
+  // and whether the driver registered them (the pieces, or the loader's own
+  // buffers in place).
   const std::vector<std::vector<numa::ExpertWeights>>* host_pieces() const { return pieces_.empty() ? nullptr : &pieces_; }
   bool host_registered() const { return !pins_.empty(); }
   uint64_t gpu_bytes() const;

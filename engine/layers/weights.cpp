@@ -170,6 +170,16 @@ bool WeightSource::dropped(const void* p) const {
   return a >= it->first && a < it->second;
 }
 
+bool WeightBinder::file_backed(const cpu::Mat& m) const {
+  if (lookup_ || !m.data) return false;
+  const size_t data = static_cast<size_t>(m.rows) * m.row_bytes(), groups = static_cast<size_t>(m.rows * m.groups()) * sizeof(float);
+  auto fb = [&](const void* p, size_t n) {
+    if (!p || !n) return false;
+    return source_ ? source_->file_backed(p, n) : store_ && !converted_.count(p) && store_->maps(p, n);
+  };
+  return fb(m.data, data) || fb(m.scales, groups) || fb(m.zeros, groups);
+}
+
 uint64_t WeightBinder::drop_copied(const std::vector<cpu::Mat>& mats) {
   if (lookup_) return 0;
   // File-backed ranges of the views (data, scales, zeros), merged where they touch.

@@ -100,6 +100,8 @@ class WeightBinder {
   // maps; the others (the loader's own buffers: --dtype conversions,
   // repacked quantized tensors, synthetic lookups) are kept.
   uint64_t drop_copied(const std::vector<cpu::Mat>& mats);
+  // Whether any of m's bytes (data, scales, zeros) view a checkpoint file map.
+  bool file_backed(const cpu::Mat& m) const;
   // Names taken so far.
   const std::set<std::string>& used() const { return used_; }
 

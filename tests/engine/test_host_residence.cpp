@@ -6,14 +6,18 @@
 // experts leave the process (the page table, /proc/self/pagemap) and stay
 // out through the load's touch, the views still read right afterwards,
 // and the stream layout built over the node pieces copies each expert's
-// rows from its pieces into the right slot bytes with no image. Plus the
-// setting's values, its aliases and the memory fallback.
+// rows from its pieces into the right slot bytes with no image; experts in
+// the loader's own buffers (no file map) are not copied but registered
+// where they are. Plus the setting's values, its aliases and the memory
+// fallback.
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,6 +28,7 @@
 #include "engine/layers/routed_experts.h"
 #include "engine/layers/weights.h"
 #include "engine/loading/gguf_model.h"
+#include "io/dtype.h"
 #include "numa/quant_gguf.h"
 #include "tests/quant_tools/gguf_models.h"
 #include "tests/quant_tools/lowbit_blocks.h"
@@ -130,7 +135,7 @@ TEST_CASE("copy residence: node pieces compute bit for bit as the file map's vie
       CHECK(st.layers == 1);
       CHECK(st.copied_bytes >= expert_bytes);
       CHECK(st.dropped_bytes == expert_bytes);
-      CHECK(st.kept_bytes == 0);
+      CHECK(st.in_place_layers == 0);
       CHECK(st.registered_bytes == 0);
       CHECK_FALSE(st.refused.empty());  // "not built with CUDA"
       CHECK_FALSE(copied.host_registered());
@@ -290,4 +295,56 @@ TEST_CASE("host residence choice: copy when the GPU reads host experts and MemAv
   CHECK(c.chosen == HostResidence::copy);  // MemAvailable unknown: go ahead
   CHECK(choose_host_residence(HostResidence::map, true, 10 * G, 0, 0).chosen == HostResidence::map);
   CHECK(choose_host_residence(HostResidence::off, true, 10 * G, 0, static_cast<int64_t>(20 * G)).chosen == HostResidence::off);
+}
+
+TEST_CASE("copy residence: experts in the loader's own buffers (no file map) are registered where they are, not copied") {
+  // A synthetic layer handed out by a lookup (as bench/ models and --dtype conversions are: heap memory).
+  const int64_t H = 64, I = 32, E = 3;
+  std::map<std::string, std::vector<uint16_t>> store;
+  WeightLookup lookup = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    if (shape.size() != 2) fail(ErrorKind::bad_model, "no tensor " + name);
+    auto& v = store[name];
+    if (v.empty()) {
+      const auto f = test::random_floats(static_cast<size_t>(shape[0] * shape[1]), std::hash<std::string>{}(name), 0.1f);
+      for (float x : f) v.push_back(f32_to_bf16(x));
+    }
+    return cpu::Mat{DType::bf16, v.data(), shape[0], shape[1]};
+  };
+  WeightBinder bind(lookup);
+  ModelConfig c;
+  c.hidden_size = H;
+  c.moe_intermediate_size = I;
+  c.num_experts = E;
+  c.num_experts_per_tok = 2;
+  numa::NodePools pools(pool_options(2));
+  ExpertHomeOptions opt;
+  opt.engine.print_memory = false;
+  opt.residence = HostResidence::copy;
+  HostResidenceStats st;
+  opt.residence_stats = &st;
+  RoutedExperts r(bind, c, 0, "model.layers.0.mlp.", RoutedExperts::Home::host, pools, opt);
+  CHECK(r.host_pieces() == nullptr);  // the bytes stay the loader's: no second copy
+  CHECK(st.layers == 1);
+  CHECK(st.in_place_layers == 1);
+  CHECK(st.in_place_bytes == static_cast<uint64_t>(3 * E * H * I * 2));
+  CHECK(st.copied_bytes == 0);
+  CHECK(st.dropped_bytes == 0);
+  CHECK_FALSE(st.refused.empty());  // no CUDA here: nothing registered
+  CHECK(st.describe().find("registered where they are") != std::string::npos);
+  // The ranges registering them in place would cover: page-rounded, merged, every byte of every matrix inside.
+  std::vector<cpu::Mat> mats;
+  for (const auto& w : r.host_weights()) mats.insert(mats.end(), {w.gate, w.up, w.down});
+  const auto ranges = host_ranges(mats);
+  REQUIRE_FALSE(ranges.empty());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    CHECK(reinterpret_cast<uintptr_t>(ranges[i].data) % 4096 == 0);
+    CHECK(ranges[i].bytes % 4096 == 0);
+    if (i) CHECK(ranges[i - 1].data + ranges[i - 1].bytes < ranges[i].data);  // merged where they touch
+  }
+  for (const cpu::Mat& m : mats) {
+    const auto* p = static_cast<const uint8_t*>(m.data);
+    bool inside = false;
+    for (const auto& g : ranges) inside = inside || (p >= g.data && p + m.bytes() <= g.data + g.bytes);
+    CHECK(inside);
+  }
 }
