@@ -11,8 +11,10 @@
 # streamed block types under copy/off/map) if time is left.
 # Every step runs under guard (a stalled process's threads and stacks are
 # recorded, it is killed, the job moves on); total <= LIMIT (200 s).
-# Run: pack a CUDA build (sm_90) with hmoe, slice_gguf, test_gpu and
-# llama-cpu's llama-quantize, then `scripts/device run k31c:200`.
+# Run: pack a CUDA build (sm_90) with hmoe, slice_gguf and test_gpu, add the
+# llama-cpu bundle (llama-quantize) and slices.sh (bench/jobs/ or
+# .device/jobs/ of the device root) as for lead1.sh, this file in
+# .device/jobs/, then `OUT=$OUT bash .device/ROOT/scripts/device run k31c:200`.
 set -u
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 LIMIT=${LIMIT:-200}; echo "LIMIT $LIMIT"
@@ -37,7 +39,8 @@ left() { echo $((LIMIT - 5 - SECONDS)); }
 echo "== k31c start $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,noheader) MemAvailable $(grep MemAvailable /proc/meminfo)"
 q=$W/qwen3-30b-a3b-slice-8L-Q4_K_M.gguf
 if [[ ! -s $q ]]; then
-  ( TYPES=Q4_K_M QUANT_SECS=$(( $(left) > 170 ? 70 : $(left) / 3 )) source bench/jobs/slices.sh ) >"$O/slices.txt" 2>&1
+  sl=bench/jobs/slices.sh; [[ -f $sl ]] || sl=.device/jobs/slices.sh
+  ( TYPES=Q4_K_M QUANT_SECS=$(( $(left) > 170 ? 70 : $(left) / 3 )) source "$sl" ) >"$O/slices.txt" 2>&1
   cat "$O/slices.txt"
 fi
 [[ -s $q ]] || { echo "no slice: stop"; exit 0; }
