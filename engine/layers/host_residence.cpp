@@ -99,7 +99,7 @@ std::string HostResidenceStats::describe() const {
                 in_place_layers ? ("; " + std::to_string(in_place_layers) + " layers (" + format_bytes(in_place_bytes) +
                                    ") are the loader's own buffers (no file map): registered where they are, not copied").c_str()
                                 : "",
-                refused.empty() ? "" : "; REFUSED by the driver (the GPU's copies read those layers as pageable memory): ", refused.c_str());
+                refused.empty() ? "" : "; REFUSED by the driver (the stream and the cache try to pin those layers again, else repack them into pinned images): ", refused.c_str());
   return buf;
 }
 
