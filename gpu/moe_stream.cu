@@ -52,21 +52,23 @@ HostRegistration& HostRegistration::operator=(HostRegistration&& o) noexcept {
   return *this;
 }
 
-HostRegistration HostRegistration::try_pin(const void* p, size_t bytes, std::string* why) {
+HostRegistration HostRegistration::try_pin(const void* p, size_t bytes, std::string* why, bool read_only_first) {
   HostRegistration r;
   if (!p || !bytes) return r;
   const uintptr_t page = 4096, a = reinterpret_cast<uintptr_t>(p) / page * page;
   const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
   void* base = reinterpret_cast<void*>(a);
-  cudaError_t e = cudaHostRegister(base, b - a, cudaHostRegisterPortable);
-  if (e != cudaSuccess) {
+  int ro = 0, dev = 0;
+  const bool ro_ok = cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, dev) == cudaSuccess && ro;
+  cudaGetLastError();
+  const unsigned plain = cudaHostRegisterPortable, read_only = cudaHostRegisterPortable | cudaHostRegisterReadOnly;
+  // Read-only mappings (a checkpoint file) ask for the read-only flag first: the driver then never asks the kernel for writable pages.
+  cudaError_t e = cudaHostRegister(base, b - a, read_only_first && ro_ok ? read_only : plain);
+  if (e != cudaSuccess && e != cudaErrorHostMemoryAlreadyRegistered) {
     cudaGetLastError();  // not sticky; clear it
-    // Read-only mappings (a checkpoint file) may need the read-only flag.
-    int ro = 0;
-    int dev = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, dev) == cudaSuccess && ro) {
-      const cudaError_t e2 = cudaHostRegister(base, b - a, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
-      if (e2 == cudaSuccess) e = e2;
+    if (ro_ok) {  // the other flag set (without read-only support both attempts would be the plain one)
+      const cudaError_t e2 = cudaHostRegister(base, b - a, read_only_first ? plain : read_only);
+      if (e2 == cudaSuccess || e2 == cudaErrorHostMemoryAlreadyRegistered) e = e2;
       else cudaGetLastError();
     }
   }

@@ -21,6 +21,10 @@ using bf16_t = uint16_t;
 // false) instead of throwing when the driver refuses (e.g. a file mapping it
 // cannot pin); `why` receives the driver's message. A range someone pinned
 // already counts as pinned (and is left registered at destruction).
+// read_only_first: a read-only mapping (a checkpoint file's map, PROT_READ):
+// cudaHostRegisterReadOnly is tried first where the device supports it (the
+// driver then never asks for writable pages), plain registration after;
+// otherwise (anonymous memory) plain first, read-only as the fallback.
 class HostRegistration {
  public:
   HostRegistration() = default;
@@ -29,7 +33,7 @@ class HostRegistration {
   HostRegistration& operator=(HostRegistration&& o) noexcept;
   HostRegistration(const HostRegistration&) = delete;
   HostRegistration& operator=(const HostRegistration&) = delete;
-  static HostRegistration try_pin(const void* p, size_t bytes, std::string* why);
+  static HostRegistration try_pin(const void* p, size_t bytes, std::string* why, bool read_only_first = false);
   bool ok() const { return base_ != nullptr; }
   size_t bytes() const { return bytes_; }
 

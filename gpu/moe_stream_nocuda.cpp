@@ -9,7 +9,7 @@ namespace hmoe::gpu {
 HostRegistration::~HostRegistration() = default;
 HostRegistration::HostRegistration(HostRegistration&& o) noexcept : base_(o.base_), bytes_(o.bytes_) {}
 HostRegistration& HostRegistration::operator=(HostRegistration&&) noexcept { return *this; }
-HostRegistration HostRegistration::try_pin(const void*, size_t, std::string* why) {
+HostRegistration HostRegistration::try_pin(const void*, size_t, std::string* why, bool) {
   if (why) *why = "not built with CUDA";
   return {};
 }

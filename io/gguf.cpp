@@ -189,13 +189,24 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
     }
     f->base_ = static_cast<const uint8_t*>(m);
   }
-  ::close(fd);
+  f->fd_ = fd;
   f->parse();
   return f;
 }
 
 GgufFile::~GgufFile() {
   if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool GgufFile::maps(const void* p, size_t bytes) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  return base_ && b >= base_ && bytes <= size_ && static_cast<uint64_t>(b - base_) <= size_ - bytes;
+}
+
+void GgufFile::evict(const void* p, size_t bytes) const {
+  if (fd_ < 0 || !maps(p, bytes)) return;
+  ::posix_fadvise(fd_, static_cast<off_t>(static_cast<const uint8_t*>(p) - base_), static_cast<off_t>(bytes), POSIX_FADV_DONTNEED);
 }
 
 void GgufFile::parse() {

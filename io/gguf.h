@@ -88,6 +88,13 @@ class GgufFile {
   uint64_t data_offset() const { return data_offset_; }  // file offset of the data section
   uint64_t file_size() const { return size_; }
   const uint8_t* file_data() const { return base_; }
+  // Whether [p, p + bytes) lies in the file's map.
+  bool maps(const void* p, size_t bytes) const;
+  // Evicts the file's pages of [p, p + bytes) (a range of the map) from the
+  // page cache (POSIX_FADV_DONTNEED on the file, kept open for this; pages
+  // this process still maps stay: drop them with MADV_DONTNEED first). The
+  // map stays valid: a later read faults them in from disk.
+  void evict(const void* p, size_t bytes) const;
 
   const std::vector<GgufKv>& metadata() const { return kv_; }
   const GgufValue* find(std::string_view key) const;  // nullptr if absent
@@ -102,6 +109,7 @@ class GgufFile {
   std::string path_;
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
+  int fd_ = -1;  // kept open for evict()
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;

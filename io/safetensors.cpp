@@ -168,6 +168,15 @@ const TensorView& TensorStore::get(const std::string& name, const std::vector<in
   return *v;
 }
 
+bool TensorStore::maps(const void* p, size_t bytes) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (const auto& f : files_) {
+    const uint8_t* d = f->file().data();
+    if (d && b >= d && bytes <= f->file().size() && static_cast<size_t>(b - d) <= f->file().size() - bytes) return true;
+  }
+  return false;
+}
+
 size_t TensorStore::total_bytes() const {
   size_t n = 0;
   for (const auto& [k, v] : index_) n += v->nbytes;

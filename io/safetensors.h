@@ -61,6 +61,8 @@ class TensorStore {
   const std::map<std::string, const TensorView*>& all() const { return index_; }
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
   size_t total_bytes() const;
+  // Whether [p, p + bytes) lies in one of the files' maps.
+  bool maps(const void* p, size_t bytes) const;
 
  private:
   std::string dir_;

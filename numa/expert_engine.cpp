@@ -203,6 +203,25 @@ ExpertEngine::~ExpertEngine() = default;
 
 uint64_t ExpertEngine::expert_bytes(int64_t e) const { return expert_bytes_[static_cast<size_t>(e)]; }
 
+const ExpertWeights& ExpertEngine::piece(int node, int64_t e) const {
+  if (node < 0 || node >= static_cast<int>(slices_.size()) || e < 0 || e >= experts_)
+    fail(ErrorKind::internal, opt_.name + ": no piece of expert " + std::to_string(e) + " on node " + std::to_string(node));
+  return slices_[static_cast<size_t>(node)][static_cast<size_t>(e)];
+}
+
+std::vector<std::vector<ExpertWeights>> ExpertEngine::pieces() const {
+  std::vector<std::vector<ExpertWeights>> out(static_cast<size_t>(experts_));
+  for (int64_t e = 0; e < experts_; ++e)
+    for (const auto& node : slices_) out[static_cast<size_t>(e)].push_back(node[static_cast<size_t>(e)]);
+  return out;
+}
+
+std::vector<ExpertEngine::Buffer> ExpertEngine::buffers() const {
+  std::vector<Buffer> out;
+  for (const NodeBuffer& b : buffers_) out.push_back({b.data(), b.size()});
+  return out;
+}
+
 std::string ExpertEngine::memory_report() const {
   std::ostringstream s;
   s << opt_.name << ": " << experts_ << " experts [" << hidden_ << " x " << inter_ << "], " << (copied_ ? "placed" : "viewed in place") << " on "

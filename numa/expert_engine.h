@@ -124,12 +124,24 @@ class ExpertEngine {
   // Where node `node` starts its intermediate and hidden slices.
   int64_t inter_begin(int node) const { return inter_split_[static_cast<size_t>(node)]; }
   int64_t hidden_begin(int node) const { return hidden_split_[static_cast<size_t>(node)]; }
+  // Expert e's rows as node `node` holds them: gate/up rows [inter_begin(node),
+  // inter_begin(node + 1)), down rows [hidden_begin(node), hidden_begin(node + 1)),
+  // views into the node's buffer when copied(), else into the caller's
+  // weights. An expert's matrices are the nodes' pieces in node order.
+  const ExpertWeights& piece(int node, int64_t e) const;
+  // The pieces of every expert: [expert][node].
+  std::vector<std::vector<ExpertWeights>> pieces() const;
+  // The node buffers the copied pieces live in (anonymous memory, huge
+  // pages advised, first touched by the node's workers): one per node, in
+  // node order; empty when the engine views the caller's weights.
+  struct Buffer {
+    const uint8_t* data;
+    size_t bytes;
+  };
+  std::vector<Buffer> buffers() const;
 
  private:
-  struct Slice {
-    cpu::Mat gate, up;  // rows [inter_split_[j], inter_split_[j+1])
-    cpu::Mat down;      // rows [hidden_split_[j], hidden_split_[j+1])
-  };
+  using Slice = ExpertWeights;  // gate/up rows [inter_split_[j], inter_split_[j+1]), down rows [hidden_split_[j], hidden_split_[j+1])
   struct Scratch;
 
   NodePools& pools_;

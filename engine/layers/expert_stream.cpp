@@ -13,6 +13,7 @@
 #include "configs/error.h"
 #include "engine/layers/expert_stream_chunks.h"
 #include "engine/layers/expert_stream_layout.h"
+#include "engine/layers/host_residence.h"
 #include "engine/layers/gpu_upload.h"
 #include "engine/placement/placement.h"
 #include "engine/placement/prefill_cost.h"
@@ -108,7 +109,7 @@ ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& 
   o.window = parse_prefetch_window(s);
   o.quiet = quiet;
   o.quantized = s.gpu_quantized_experts;
-  o.pin_in_place = s.gpu_pin_host_experts;
+  o.pin_in_place = host_residence_of(s) != HostResidence::off;
   const int64_t mb = parse_prefill_min_batch(s);
   if (mb >= 0) {
     o.min_batch = mb;
@@ -332,7 +333,7 @@ ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, cons
   const int64_t N = static_cast<int64_t>(layers.size());
   m.S = expert_stream_slots(opt, N);
   std::vector<StreamLayerSource> src;
-  for (const Layer& l : layers) src.push_back({l.layer, l.experts});
+  for (const Layer& l : layers) src.push_back({l.layer, l.experts, l.pieces, l.registered});
   StreamLayoutOptions lo;
   lo.quantized = opt.quantized;
   lo.force_image = opt.source == ExpertStreamOptions::Source::copy;
@@ -397,7 +398,8 @@ ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, cons
                  static_cast<long long>(N), static_cast<long long>(opt.min_batch), static_cast<long long>(m.S), (format_bytes(m.slot_size) + (m.nch > 1 ? " (" + std::to_string(m.C) + " experts each, " + std::to_string(m.nch) + " chunks a layer)" : std::string())).c_str(),
                  m.lay.format.c_str(), opt.window, m.stats.pinned_bandwidth / 1e9,
                  opt.skip_copies    ? "not read (timing mode)"
-                 : m.lay.in_place && m.lay.pageable ? "read in place as pageable memory (not registered: --gpu-pin-host-experts 0)"
+                 : m.lay.in_place && m.lay.pageable ? "read in place as pageable memory (not registered: --gpu-pin-host-experts off)"
+                 : m.lay.in_place && m.lay.registered ? "in node memory registered at load (copy residence), blocks copied as stored"
                  : m.lay.in_place   ? (m.lay.quantized ? "pinned in place, blocks copied as stored" : "pinned in place (no copy)")
                  : !m.lay.pins.empty()
                      ? ("pinned in place where the GPU takes the stored blocks, the rest in pinned images (" + format_bytes(m.lay.image_bytes) +
@@ -423,6 +425,8 @@ bool ExpertStream::wants(int64_t tokens) const {
 int64_t ExpertStream::chunk_experts() const { return impl_->nch > 1 ? impl_->C : impl_->E; }
 bool ExpertStream::streams(int64_t layer) const { return impl_->index.count(layer) != 0; }
 const ExpertStreamStats& ExpertStream::stats() const { return impl_->stats; }
+bool ExpertStream::host_registered() const { return impl_->lay.registered; }
+bool ExpertStream::host_pageable() const { return impl_->lay.in_place && impl_->lay.pageable; }
 uint64_t ExpertStream::pinned_copy_bytes() const { return impl_->lay.image_bytes; }
 bool ExpertStream::quantized() const { return impl_->lay.quantized; }
 const std::string& ExpertStream::format() const { return impl_->lay.format; }

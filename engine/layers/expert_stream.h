@@ -24,7 +24,10 @@
 // first); Compute::kernel runs gpu::moe_experts / gpu::quant_moe_experts
 // (no host sync; for few tokens).
 //
-// Host memory: the experts are pinned where they are when the slot holds
+// Host memory (engine/layers/host_residence.h): under the copy residence
+// the host layers' experts are in node memory their RoutedExperts
+// registered at load, read piece by piece (no pinning here); under map they
+// are pinned where they are when the slot holds
 // their stored bytes (bf16, or GGUF Q8_0/Q4_K blocks) and the driver allows
 // it (no copy); otherwise (formats the GPU repacks, bf16 slots of other
 // dtypes, file mappings the driver refuses) one pinned image per layer is
@@ -68,7 +71,10 @@ struct ExpertStreamOptions {
   bool serial = false;       // benchmark (b): each layer's copy starts when the step reaches it (no overlap)
   bool skip_copies = false;  // benchmark: no copies at all, slots zeroed (compute time only; results meaningless)
   bool quiet = false;        // no stderr lines
-  bool pin_in_place = false; // Source::automatic: register the host experts in place (setting gpu_pin_host_experts); else read them as pageable memory
+  // Source::automatic: register the host experts that their owner did not
+  // register in place (residence map, or copy's node memory where its own
+  // registration was refused); false (residence off): read them as pageable memory.
+  bool pin_in_place = false;
   bool quantized = true;     // quantized experts stream in their GPU format (setting gpu_quantized_experts); false: bf16
   // > 0 and < the layer's experts: each slot holds this many experts of a
   // layer and a layer streams in chunks (engine/layers/expert_stream_chunks.h;
@@ -152,6 +158,8 @@ class ExpertStream {
   struct Layer {
     int64_t layer;
     const std::vector<numa::ExpertWeights>* experts;
+    const std::vector<std::vector<numa::ExpertWeights>>* pieces = nullptr;  // StreamLayerSource::pieces (copy residence)
+    bool registered = false;                                                // StreamLayerSource::registered
   };
   // pool (null: the calling thread) builds the pinned images at construction.
   ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas,
@@ -172,6 +180,8 @@ class ExpertStream {
   void reset_stats();
   uint64_t device_bytes() const;  // slots and scratch
   uint64_t pinned_copy_bytes() const;  // host bytes of pinned images (0 when pinned in place)
+  bool host_registered() const;        // every layer read from node memory its owner registered (copy residence)
+  bool host_pageable() const;          // read in place as pageable memory (residence off)
   bool quantized() const;              // slots hold a GPU quantized format (else bf16)
   int64_t chunk_experts() const;       // experts per slot (the layer's count: whole layers)
   const std::string& format() const;   // "bf16", "Q4_K", "Q4_K / int8-group, Q4_K", ...

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <utility>
 
 #include "configs/error.h"
@@ -80,9 +81,9 @@ std::vector<std::pair<uintptr_t, uintptr_t>> page_ranges(const std::vector<const
   return merged;
 }
 
-bool pin_all(const std::vector<const cpu::Mat*>& mats, std::vector<gpu::HostRegistration>& pins, std::string* why) {
+bool pin_all(const std::vector<const cpu::Mat*>& mats, std::vector<gpu::HostRegistration>& pins, std::string* why, bool read_only_first) {
   for (const auto& x : page_ranges(mats)) {
-    gpu::HostRegistration reg = gpu::HostRegistration::try_pin(reinterpret_cast<const void*>(x.first), x.second - x.first, why);
+    gpu::HostRegistration reg = gpu::HostRegistration::try_pin(reinterpret_cast<const void*>(x.first), x.second - x.first, why, read_only_first);
     if (!reg.ok()) {
       pins.clear();
       return false;
@@ -90,6 +91,27 @@ bool pin_all(const std::vector<const cpu::Mat*>& mats, std::vector<gpu::HostRegi
     pins.push_back(std::move(reg));
   }
   return true;
+}
+
+// Expert e's matrix `which` (0 gate, 1 up, 2 down) as the row pieces that
+// hold its bytes, in row order: the node pieces, or the whole matrix.
+const cpu::Mat& pick(const numa::ExpertWeights& w, int which) { return which == 0 ? w.gate : which == 1 ? w.up : w.down; }
+std::vector<const cpu::Mat*> rows_of(const StreamLayerSource& l, size_t e, int which) {
+  if (!l.pieces) return {&pick((*l.experts)[e], which)};
+  std::vector<const cpu::Mat*> out;
+  for (const numa::ExpertWeights& p : (*l.pieces)[e])
+    if (pick(p, which).rows > 0) out.push_back(&pick(p, which));
+  return out;
+}
+std::vector<cpu::Mat> values(const std::vector<const cpu::Mat*>& v) {
+  std::vector<cpu::Mat> out;
+  for (const cpu::Mat* m : v) out.push_back(*m);
+  return out;
+}
+size_t stored_bytes(const std::vector<const cpu::Mat*>& v) {
+  size_t b = 0;
+  for (const cpu::Mat* m : v) b += static_cast<size_t>(m->rows) * m->row_bytes();
+  return b;
 }
 
 void finish_lists(StreamLayerLayout& l) {
@@ -166,7 +188,20 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
   out.quantized = o.quantized && !layers.empty();
   std::string why_bf16;
   for (const StreamLayerSource& l : layers) {
-    if (static_cast<int64_t>(l.experts->size()) != E) fail(ErrorKind::internal, "expert stream: layer " + std::to_string(l.layer) + " has the wrong expert count");
+    if (static_cast<int64_t>(l.experts->size()) != E || (l.pieces && static_cast<int64_t>(l.pieces->size()) != E))
+      fail(ErrorKind::internal, "expert stream: layer " + std::to_string(l.layer) + " has the wrong expert count");
+    if (l.pieces)
+      for (size_t e = 0; e < l.pieces->size(); ++e)
+        for (int which = 0; which < 3; ++which) {
+          int64_t rows = 0;
+          for (const cpu::Mat* m : rows_of(l, e, which)) {
+            if (!same_type(*m, pick((*l.experts)[e], which)) || m->cols != pick((*l.experts)[e], which).cols)
+              fail(ErrorKind::internal, "expert stream: layer " + std::to_string(l.layer) + " expert " + std::to_string(e) + ": a node piece differs in type or width");
+            rows += m->rows;
+          }
+          if (rows != pick((*l.experts)[e], which).rows)
+            fail(ErrorKind::internal, "expert stream: layer " + std::to_string(l.layer) + " expert " + std::to_string(e) + ": node pieces do not cover the rows");
+        }
     for (const auto& e : *l.experts) {
       if (e.gate.rows != I || e.up.rows != I || e.gate.cols != H || e.up.cols != H || e.down.rows != H || e.down.cols != I)
         fail(ErrorKind::internal, "expert stream: layer " + std::to_string(l.layer) + " experts differ from the model's shapes");
@@ -178,10 +213,19 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
     }
   }
   out.layers.resize(layers.size());
+  // What pinning in place would register: the bytes of the sources their owner did not register.
   std::vector<const cpu::Mat*> mats;
-  for (const StreamLayerSource& l : layers)
-    for (const auto& e : *l.experts)
-      for (const cpu::Mat* mt : {&e.gate, &e.up, &e.down}) mats.push_back(mt);
+  bool all_registered = !layers.empty(), any_pieces = false;
+  for (const StreamLayerSource& l : layers) {
+    all_registered = all_registered && l.registered;
+    any_pieces = any_pieces || l.pieces;
+    if (l.registered) continue;
+    for (size_t e = 0; e < l.experts->size(); ++e)
+      for (int which = 0; which < 3; ++which)
+        for (const cpu::Mat* mt : rows_of(l, e, which)) mats.push_back(mt);
+  }
+  // A file map (no pieces) is read-only: registered with the read-only flag first.
+  const bool read_only_first = !any_pieces;
 
   if (!out.quantized) {
     // bf16 slots: [E][2I][H] then [E][H][I].
@@ -192,8 +236,9 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
     out.in_place = !o.skip_copies && !o.force_image && all_bf16;
     out.why_image = all_bf16 ? "" : (why_bf16.empty() ? "experts are not plain bf16" : why_bf16);
     if (o.force_image) out.why_image = "a copy was asked for";
-    if (out.in_place && !o.pin_in_place) out.pageable = true;
-    else if (out.in_place && !pin_all(mats, out.pins, &out.why_image)) out.in_place = false;
+    if (out.in_place && !mats.empty() && !o.pin_in_place) out.pageable = true;
+    else if (out.in_place && !mats.empty() && !pin_all(mats, out.pins, &out.why_image, read_only_first)) out.in_place = false;
+    out.registered = out.in_place && all_registered;
     for (size_t j = 0; j < layers.size(); ++j) {
       StreamLayerLayout& l = out.layers[j];
       l.layer = layers[j].layer;
@@ -205,19 +250,24 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
         out.image_bytes += out.slot_bytes;
       }
       for (int64_t e = 0; e < E; ++e) {
-        const numa::ExpertWeights& w = (*layers[j].experts)[static_cast<size_t>(e)];
-        const size_t gu_off = static_cast<size_t>(e) * 2 * mat_gu, dn_off = out.down_off + static_cast<size_t>(e) * mat_dn;
-        const void *g = w.gate.data, *u = w.up.data, *d = w.down.data;
-        if (image) {
-          char* base = l.image.as<char>();
-          write_bf16(w.gate, reinterpret_cast<uint16_t*>(base + gu_off));
-          write_bf16(w.up, reinterpret_cast<uint16_t*>(base + gu_off + mat_gu));
-          write_bf16(w.down, reinterpret_cast<uint16_t*>(base + dn_off));
-          g = base + gu_off;
-          u = base + gu_off + mat_gu;
-          d = base + dn_off;
+        const auto eu = static_cast<size_t>(e);
+        const size_t gu_off = eu * 2 * mat_gu, dn_off = out.down_off + eu * mat_dn;
+        const size_t at[3] = {gu_off, gu_off + mat_gu, dn_off};
+        std::vector<StreamCopy>& ops = l.by_expert[eu];
+        for (int which = 0; which < 3; ++which) {
+          size_t dst = at[which];
+          for (const cpu::Mat* m : rows_of(layers[j], eu, which)) {
+            const size_t bytes = static_cast<size_t>(m->rows * m->cols) * 2;
+            if (image) {
+              char* base = l.image.as<char>();
+              write_bf16(*m, reinterpret_cast<uint16_t*>(base + dst));
+              ops.push_back({dst, base + dst, bytes});
+            } else {
+              ops.push_back({dst, m->data, bytes});
+            }
+            dst += bytes;
+          }
         }
-        l.by_expert[static_cast<size_t>(e)] = {{gu_off, g, mat_gu}, {gu_off + mat_gu, u, mat_gu}, {dn_off, d, mat_dn}};
       }
       finish_lists(l);
     }
@@ -235,6 +285,13 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
   bool all_direct = true;
   std::vector<const cpu::Mat*> direct_mats;
   std::vector<char> nat(N, 0);
+  // The bytes of layer j's experts `which` go into direct_mats (to be pinned) unless their owner registered them.
+  auto add_direct = [&](size_t j, std::initializer_list<int> which) {
+    if (layers[j].registered) return;
+    for (size_t e = 0; e < layers[j].experts->size(); ++e)
+      for (int x : which)
+        for (const cpu::Mat* m : rows_of(layers[j], e, x)) direct_mats.push_back(m);
+  };
   for (size_t j = 0; j < N; ++j) {
     const numa::ExpertWeights& w = (*layers[j].experts)[0];
     const std::string what = "layer " + std::to_string(layers[j].layer) + " streamed experts";
@@ -243,26 +300,26 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
       nat[j] = nat[j] && gpu::gguf_native_supported(e.gate) && gpu::gguf_native_supported(e.up) && gpu::gguf_native_supported(e.down);
     if (nat[j]) {
       gu_direct[j] = dn_direct[j] = !o.force_image;
-      for (const auto& e : *layers[j].experts)
-        if (!o.force_image) direct_mats.insert(direct_mats.end(), {&e.gate, &e.up, &e.down});
+      if (!o.force_image) add_direct(j, {0, 1, 2});
       const std::string a = gpu::gguf_type_name(gpu::gguf_type_of(w.gate, what)), b = gpu::gguf_type_name(gpu::gguf_type_of(w.down, what));
       const std::string f = a == b ? a : a + " / " + b;
       if ((", " + fmt + ", ").find(", " + f + ", ") == std::string::npos) fmt += (fmt.empty() ? "" : ", ") + f;
       all_direct = all_direct && gu_direct[j] && dn_direct[j];
       continue;
     }
-    gu0[j] = gpu::qrepack({w.gate, w.up}, what + " gate/up");
-    dn0[j] = gpu::qrepack({w.down}, what + " down");
-    gu_direct[j] = !o.force_image && stored_is_gpu(gu0[j], {w.gate, w.up});
-    dn_direct[j] = !o.force_image && stored_is_gpu(dn0[j], {w.down});
+    std::vector<cpu::Mat> gu_parts = values(rows_of(layers[j], 0, 0));
+    for (const cpu::Mat* m : rows_of(layers[j], 0, 1)) gu_parts.push_back(*m);
+    const std::vector<cpu::Mat> dn_parts = values(rows_of(layers[j], 0, 2));
+    gu0[j] = gpu::qrepack(gu_parts, what + " gate/up");
+    dn0[j] = gpu::qrepack(dn_parts, what + " down");
+    gu_direct[j] = !o.force_image && stored_is_gpu(gu0[j], gu_parts);
+    dn_direct[j] = !o.force_image && stored_is_gpu(dn0[j], dn_parts);
     if (!o.force_image && (!gu_direct[j] || !dn_direct[j]) && why_image.empty())
       why_image = "layer " + std::to_string(layers[j].layer) + "'s " + cpu::mat_type_name(gu_direct[j] ? w.down : w.gate) +
                   " experts are held in the GPU's own layout (repacked once here)";
     all_direct = all_direct && gu_direct[j] && dn_direct[j];
-    for (const auto& e : *layers[j].experts) {
-      if (gu_direct[j]) direct_mats.insert(direct_mats.end(), {&e.gate, &e.up});
-      if (dn_direct[j]) direct_mats.push_back(&e.down);
-    }
+    if (gu_direct[j]) add_direct(j, {0, 1});
+    if (dn_direct[j]) add_direct(j, {2});
     const std::string a = gpu::qformat_name(gu0[j].w.format), b = gpu::qformat_name(dn0[j].w.format);
     const std::string f = a == b ? a : a + " / " + b;
     if ((", " + fmt + ", ").find(", " + f + ", ") == std::string::npos) fmt += (fmt.empty() ? "" : ", ") + f;
@@ -273,7 +330,8 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
   // images. Not asked: the stored blocks are read as pageable memory.
   std::string why_pin;
   const bool try_pin = !o.skip_copies && !direct_mats.empty() && o.pin_in_place;
-  const bool pinned = try_pin && pin_all(direct_mats, out.pins, &why_pin);
+  // Nothing left to pin (every source registered by its owner) counts as pinned.
+  const bool pinned = direct_mats.empty() ? !o.skip_copies : try_pin && pin_all(direct_mats, out.pins, &why_pin, read_only_first);
   out.pageable = !o.skip_copies && !direct_mats.empty() && !o.pin_in_place;
   if (try_pin && !pinned) {
     std::fill(gu_direct.begin(), gu_direct.end(), 0);
@@ -281,6 +339,7 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
     why_image = "the driver did not pin the stored blocks: " + why_pin;
   }
   out.in_place = (pinned || out.pageable) && all_direct;
+  out.registered = out.in_place && all_registered;
   out.why_image = out.in_place ? "" : why_image;
   for (size_t j = 0; j < N; ++j) {
     StreamLayerLayout& l = out.layers[j];
@@ -320,7 +379,7 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
     // One expert per item: repacks are independent (their own ops list, disjoint image bytes).
     auto one_expert = [&](int64_t e) {
       const size_t eu = static_cast<size_t>(e);
-      const numa::ExpertWeights& w = (*layers[j].experts)[eu];
+      const std::vector<const cpu::Mat*> gate = rows_of(layers[j], eu, 0), up = rows_of(layers[j], eu, 1), down = rows_of(layers[j], eu, 2);
       std::vector<StreamCopy>& ops = l.by_expert[eu];
       const std::string what = "layer " + std::to_string(l.layer) + " expert " + std::to_string(e);
       auto put = [&](const void* src, size_t dst, size_t bytes) {
@@ -333,30 +392,34 @@ StreamLayout build_stream_layout(const ModelConfig& c, std::vector<StreamLayerSo
             h.w.group != t.w.group)
           fail(ErrorKind::internal, "expert stream: " + what + " repacks to another layout than expert 0");
       };
-      if (gu_direct[j] || l.native) {
-        const size_t g = static_cast<size_t>(w.gate.rows) * w.gate.row_bytes(), u = static_cast<size_t>(w.up.rows) * w.up.row_bytes();
-        if (g + u != rg.data_per) fail(ErrorKind::internal, "expert stream: " + what + " gate/up differ in size from expert 0's");
-        if (gu_direct[j]) {
-          ops.push_back({rg.data + eu * rg.data_per, w.gate.data, g});
-          ops.push_back({rg.data + eu * rg.data_per + g, w.up.data, u});
-        } else {  // stored blocks the driver did not pin: into the image as they are
-          put(w.gate.data, rg.data + eu * rg.data_per, g);
-          put(w.up.data, rg.data + eu * rg.data_per + g, u);
+      // Stored rows, piece by piece (node pieces follow each other in row order): read in place, or into the image as they are.
+      auto stored = [&](const std::vector<const cpu::Mat*>& rows, size_t dst, bool direct) {
+        for (const cpu::Mat* m : rows) {
+          const size_t b = static_cast<size_t>(m->rows) * m->row_bytes();
+          if (direct) ops.push_back({dst, m->data, b});
+          else put(m->data, dst, b);
+          dst += b;
         }
+      };
+      if (gu_direct[j] || l.native) {
+        const size_t g = stored_bytes(gate), u = stored_bytes(up);
+        if (g + u != rg.data_per) fail(ErrorKind::internal, "expert stream: " + what + " gate/up differ in size from expert 0's");
+        stored(gate, rg.data + eu * rg.data_per, gu_direct[j]);
+        stored(up, rg.data + eu * rg.data_per + g, gu_direct[j]);
       } else {
-        const gpu::QHostMat h = gpu::qrepack({w.gate, w.up}, what + " gate/up");
+        std::vector<cpu::Mat> parts = values(gate);
+        for (const cpu::Mat* m : up) parts.push_back(*m);
+        const gpu::QHostMat h = gpu::qrepack(parts, what + " gate/up");
         same(h, gu0[j], rg);
         put(h.data.data(), rg.data + eu * rg.data_per, rg.data_per);
         put(h.scales.data(), rg.scales + eu * rg.scales_per, rg.scales_per);
         put(h.zeros.data(), rg.zeros + eu * rg.zeros_per, rg.zeros_per);
       }
       if (dn_direct[j] || l.native) {
-        if (static_cast<size_t>(w.down.rows) * w.down.row_bytes() != rd.data_per)
-          fail(ErrorKind::internal, "expert stream: " + what + " down differs in size from expert 0's");
-        if (dn_direct[j]) ops.push_back({rd.data + eu * rd.data_per, w.down.data, rd.data_per});
-        else put(w.down.data, rd.data + eu * rd.data_per, rd.data_per);
+        if (stored_bytes(down) != rd.data_per) fail(ErrorKind::internal, "expert stream: " + what + " down differs in size from expert 0's");
+        stored(down, rd.data + eu * rd.data_per, dn_direct[j]);
       } else {
-        const gpu::QHostMat h = gpu::qrepack({w.down}, what + " down");
+        const gpu::QHostMat h = gpu::qrepack(values(down), what + " down");
         same(h, dn0[j], rd);
         put(h.data.data(), rd.data + eu * rd.data_per, rd.data_per);
         put(h.scales.data(), rd.scales + eu * rd.scales_per, rd.scales_per);

@@ -26,6 +26,13 @@
 // Slots differ per layer only in the bytes used (a Q4_K_M file mixes Q4_K
 // and Q6_K down matrices); a slot is sized for the largest layer.
 //
+// Host residence (engine/layers/host_residence.h): a source may give its
+// experts' bytes as node pieces (numa::ExpertEngine::pieces: each matrix as
+// row slices, one per NUMA node, in anonymous memory) that their owner has
+// registered with the driver already; then every copy reads those pieces
+// (one copy per piece: an expert's rows follow the node split), nothing is
+// pinned here and no image is made for stored blocks.
+//
 // Contract: build_stream_layout reads the host experts (must outlive the
 // result, which keeps views and pins); copy lists are in slot-byte offsets.
 // Errors are Error(internal) for inconsistent shapes. No CUDA of its own
@@ -91,6 +98,7 @@ struct StreamLayout {
   bool stored_blocks = false;     // quantized: every layer's GPU format is its stored bytes (pinned in place unless refused)
   bool in_place = false;          // every region read where it is stored (no image): pinned there, or pageable
   bool pageable = false;          // the regions read in place are not registered (StreamLayoutOptions::pin_in_place false)
+  bool registered = false;        // the regions read in place lie in memory their owner registered (copy residence), every layer
   size_t slot_bytes = 0;          // one slot: the largest layer
   size_t down_off = 0;            // bf16: byte offset of the down matrices
   uint64_t image_bytes = 0;       // host bytes of pinned images
@@ -102,7 +110,11 @@ struct StreamLayout {
 
 struct StreamLayerSource {
   int64_t layer;
-  const std::vector<numa::ExpertWeights>* experts;
+  const std::vector<numa::ExpertWeights>* experts;  // shapes and types; the bytes unless `pieces`
+  // [expert][node]: the bytes as row pieces in row order (copy residence);
+  // null: `experts` holds them.
+  const std::vector<std::vector<numa::ExpertWeights>>* pieces = nullptr;
+  bool registered = false;  // the pieces are registered with the driver by their owner
 };
 
 // Layers sorted by index. Throws Error(internal) when a layer has the wrong

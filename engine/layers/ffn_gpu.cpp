@@ -98,6 +98,8 @@ class MoeGpu : public GpuFfn {
   bool fp32_input() const override { return router_kind_ == RouterKind::deepseek_grouped || fp32_router_ || host_experts(); }
   bool host_experts() const override { return experts_->home() == RoutedExperts::Home::host; }
   const std::vector<numa::ExpertWeights>* host_expert_weights() const override { return host_experts() ? &experts_->host_weights() : nullptr; }
+  const std::vector<std::vector<numa::ExpertWeights>>* host_expert_pieces() const override { return host_experts() ? experts_->host_pieces() : nullptr; }
+  bool host_experts_registered() const override { return host_experts() && experts_->host_registered(); }
   int64_t topk() const override { return K_; }
   uint64_t bytes() const override { return bytes_; }
   uint64_t routed_expert_bytes() const override { return experts_->gpu_bytes(); }

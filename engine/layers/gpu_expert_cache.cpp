@@ -99,15 +99,22 @@ GpuExpertCache::GpuExpertCache(const ModelConfig& c, std::vector<Layer> in, cons
   m.I = c.moe_intermediate_size;
   m.max_tokens = std::max<int64_t>(1, o.max_tokens);
   std::vector<StreamLayerSource> src;
-  for (const Layer& l : in) src.push_back({l.layer, l.experts});
+  bool all_registered = !in.empty();
+  for (const Layer& l : in) {
+    src.push_back({l.layer, l.experts, l.pieces, l.registered});
+    all_registered = all_registered && l.registered;
+  }
   StreamLayoutOptions lo;
   lo.quantized = true;
   lo.pin_in_place = o.pin_in_place;
-  if (!o.quiet) std::fprintf(stderr, "hmoe: GPU expert cache: %s the host experts of %zu layers\n", o.pin_in_place ? "pinning in place" : "laying out (pageable, not pinned)", src.size());
+  if (!o.quiet)
+    std::fprintf(stderr, "hmoe: GPU expert cache: %s the host experts of %zu layers\n",
+                 all_registered ? "laying out (node memory registered at load)" : o.pin_in_place ? "pinning in place" : "laying out (pageable, not pinned)", src.size());
   m.lay = build_stream_layout(c, src, lo, nullptr);
   if (!o.quiet)
     std::fprintf(stderr, "hmoe: GPU expert cache: host experts %s\n",
-                 m.lay.in_place ? (m.lay.pageable ? "read in place as pageable memory" : "pinned in place") : ("in pinned images (" + format_bytes(m.lay.image_bytes) + "): " + m.lay.why_image).c_str());
+                 m.lay.in_place ? (m.lay.registered ? "in node memory registered at load (copy residence)" : m.lay.pageable ? "read in place as pageable memory" : "pinned in place")
+                                : ("in pinned images (" + format_bytes(m.lay.image_bytes) + "): " + m.lay.why_image).c_str());
   std::map<std::pair<int, int>, int> cls_of;
   for (const StreamLayerLayout& L : m.lay.layers) {
     if (!L.native) fail(ErrorKind::internal, "GPU expert cache: layer " + std::to_string(L.layer) + " is not in native GGUF blocks");

@@ -12,8 +12,9 @@
 //     pinned PCIe bandwidths, probed at load and then followed as decode
 //     measures them: the CPU share's wall time per byte of its experts
 //     (observe_cpu) and the copies' GPU-event time per byte, each a moving
-//     average) from pinned host memory (the file map,
-//     pinned in place as the prefill stream pins it) into free or least
+//     average) from pinned host memory (the node memory of the copy
+//     residence, engine/layers/host_residence.h, read piece by piece; or the
+//     file map pinned in place, residence map) into free or least
 //     recently used slots, as one batched copy on a copy stream;
 //  3. enqueues the GPU share (gpu::gguf_moe_experts on the slot pool, ids =
 //     slots) on the step stream once the copies arrived; its output goes to
@@ -65,7 +66,10 @@ struct GpuExpertCacheOptions {
   SplitCost cost;             // bandwidths (measured by make_gpu_expert_cache when 0) and the share override
   int64_t max_tokens = 64;    // decode-sized steps only
   bool quiet = false;
-  bool pin_in_place = false;  // setting gpu_pin_host_experts: register the host experts in place; false: read them as pageable memory
+  // Register the host experts their owner did not register in place
+  // (residence map; copy's node memory registers itself at load); false
+  // (residence off): read them as pageable memory.
+  bool pin_in_place = false;
 };
 
 // Parses gpu_expert_cache ("auto", "0", bytes with optional KiB/MiB/GiB/KB/MB/GB)
@@ -95,6 +99,8 @@ class GpuExpertCache {
   struct Layer {
     int64_t layer;
     const std::vector<numa::ExpertWeights>* experts;
+    const std::vector<std::vector<numa::ExpertWeights>>* pieces = nullptr;  // StreamLayerSource::pieces (copy residence)
+    bool registered = false;                                                // StreamLayerSource::registered
   };
   GpuExpertCache(const ModelConfig& c, std::vector<Layer> layers, const GpuExpertCacheOptions& o, gpu::Stream& step);
   ~GpuExpertCache();

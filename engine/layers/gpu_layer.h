@@ -111,6 +111,11 @@ class GpuFfn {
   // the pass streams them.
   virtual bool host_experts() const { return false; }
   virtual const std::vector<numa::ExpertWeights>* host_expert_weights() const { return nullptr; }
+  // Copy residence (engine/layers/host_residence.h): the host experts'
+  // bytes as node pieces [expert][node] and whether they are registered
+  // with the driver; null / false when the experts are the checkpoint's views.
+  virtual const std::vector<std::vector<numa::ExpertWeights>>* host_expert_pieces() const { return nullptr; }
+  virtual bool host_experts_registered() const { return false; }
   virtual int64_t topk() const { return 0; }
   virtual void reserve(GpuCtx& ctx) = 0;
   // Normed input rows -> d rows. With `handoff`, stops once the routing is

@@ -2,6 +2,7 @@
 #include "engine/layers/routed_experts.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "configs/error.h"
 #include "engine/layers/expert_deferral.h"
@@ -36,8 +37,59 @@ RoutedExperts::RoutedExperts(WeightBinder& bind, const ModelConfig& c, int64_t l
   deferral_ = opt.deferral;
   split_act_ = opt.split_act;
   opt.engine.name = what + (s ? " (CPU)" : "");
-  engine_ = std::make_unique<numa::ExpertEngine>(host_, pools, opt.engine);
+  numa::EngineOptions eo = opt.engine;
+  // Copy residence: experts that view a checkpoint file map are copied into the engine's node memory (even on
+  // one node: the one copy the GPU reads too); experts in the loader's own buffers are anonymous memory
+  // already and are registered where they are.
+  std::vector<cpu::Mat> mats;
+  uint64_t total = 0;
+  bool any_file = false;
+  for (const auto& w : host_)
+    for (const cpu::Mat* m : {&w.gate, &w.up, &w.down}) {
+      mats.push_back(*m);
+      total += m->bytes();
+      any_file = any_file || bind.file_backed(*m);
+    }
+  const bool residence = opt.residence == HostResidence::copy;
+  const bool copy = residence && any_file;
+  if (copy) eo.copy_to_nodes = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  engine_ = std::make_unique<numa::ExpertEngine>(host_, pools, eo);
   opt.engine.print_memory = false;  // the first host layer speaks for all
+  if (!residence) return;
+  const auto t1 = std::chrono::steady_clock::now();
+  std::string why;
+  std::vector<numa::ExpertEngine::Buffer> bufs;
+  if (copy) {
+    pieces_ = engine_->pieces();
+    bufs = engine_->buffers();
+  } else {
+    bufs = host_ranges(mats);
+  }
+  const bool registered = register_host_buffers(bufs, pins_, &why);
+  const auto t2 = std::chrono::steady_clock::now();
+  // The checkpoint's pages of what was copied (file maps) leave the process.
+  const uint64_t dropped = copy ? bind.drop_copied(mats) : 0;
+  const auto t3 = std::chrono::steady_clock::now();
+  HostResidenceStats* st = opt.residence_stats;
+  if (!st) return;
+  ++st->layers;
+  if (copy) {
+    for (const auto& b : bufs) st->copied_bytes += b.bytes;
+    st->copy_s += std::chrono::duration<double>(t1 - t0).count();
+  } else {
+    ++st->in_place_layers;
+    st->in_place_bytes += total;
+  }
+  if (registered) {
+    for (const auto& b : bufs) st->registered_bytes += b.bytes;
+    st->registrations += static_cast<int64_t>(pins_.size());
+  } else if (st->refused.empty()) {
+    st->refused = what + ": " + why;
+  }
+  st->dropped_bytes += dropped;
+  st->register_s += std::chrono::duration<double>(t2 - t1).count();
+  st->drop_s += std::chrono::duration<double>(t3 - t2).count();
 }
 
 RoutedExperts::~RoutedExperts() = default;

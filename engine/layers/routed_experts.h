@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/layers/gpu_layer.h"
+#include "engine/layers/host_residence.h"
 #include "engine/layers/weights.h"
 #include "engine/loading/model_config.h"
 #include "numa/expert_engine.h"
@@ -41,6 +42,16 @@ struct ExpertHomeOptions {
   // runtime, which outlive the layers' use of them.
   RoutingTraceWriter* trace = nullptr;
   ExpertDeferral* deferral = nullptr;
+  // Host homes of a GPU run (engine/layers/host_residence.h): copy makes the
+  // expert engine copy experts that view a checkpoint file map into node
+  // memory (whatever the node count), registers its node buffers with the
+  // driver and drops the checkpoint's pages of them
+  // (WeightBinder::drop_copied); experts in the loader's own buffers
+  // (anonymous memory already) are registered where they are. map and off
+  // leave the experts where the checkpoint has them. residence_stats (may
+  // be null) sums what the copies and registrations took.
+  HostResidence residence = HostResidence::off;
+  HostResidenceStats* residence_stats = nullptr;
 };
 
 class RoutedExperts {
@@ -65,6 +76,12 @@ class RoutedExperts {
   // Scratch enqueue needs for the step.
   void reserve(GpuCtx& ctx, int64_t k) const;
   const std::vector<numa::ExpertWeights>& host_weights() const { return host_; }
+  // Copy residence: the experts' bytes as the engine's node pieces
+  // [expert][node] (null when not copied: the bytes are host_weights()'),
+  // and whether the driver registered them (the pieces, or the loader's own
+  // buffers in place).
+  const std::vector<std::vector<numa::ExpertWeights>>* host_pieces() const { return pieces_.empty() ? nullptr : &pieces_; }
+  bool host_registered() const { return !pins_.empty(); }
   uint64_t gpu_bytes() const;
 
  private:
@@ -72,6 +89,8 @@ class RoutedExperts {
   int64_t layer_, experts_, hidden_, inter_;
   std::vector<numa::ExpertWeights> host_;  // host home
   std::unique_ptr<numa::ExpertEngine> engine_;
+  std::vector<std::vector<numa::ExpertWeights>> pieces_;  // copy residence: engine_->pieces()
+  std::vector<gpu::HostRegistration> pins_;               // copy residence: engine_'s node buffers (released before engine_)
   std::unique_ptr<GpuResidentExperts> gpu_;
   RoutingTraceWriter* trace_ = nullptr;
   ExpertDeferral* deferral_ = nullptr;

@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <unistd.h>
 
@@ -139,6 +140,79 @@ void WeightBinder::drop_pages(const void* p, size_t bytes) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p), b = a + bytes;
   const uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
   if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
+bool WeightSource::drop_pages(const void* p, size_t bytes) {
+  if (!p || !bytes || !file_backed(p, bytes)) return false;
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), b = a + bytes;
+  const uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
+  if (hi <= lo) return true;
+  madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  evict(reinterpret_cast<const void*>(lo), hi - lo);
+  auto it = std::lower_bound(dropped_.begin(), dropped_.end(), std::make_pair(lo, hi));
+  it = dropped_.insert(it, {lo, hi});
+  // Merge with the neighbours.
+  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+  for (const auto& r : dropped_) {
+    if (!merged.empty() && r.first <= merged.back().second) merged.back().second = std::max(merged.back().second, r.second);
+    else merged.push_back(r);
+  }
+  dropped_ = std::move(merged);
+  return true;
+}
+
+bool WeightSource::dropped(const void* p) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = std::upper_bound(dropped_.begin(), dropped_.end(), std::make_pair(a, UINTPTR_MAX));
+  if (it == dropped_.begin()) return false;
+  --it;
+  return a >= it->first && a < it->second;
+}
+
+bool WeightBinder::file_backed(const cpu::Mat& m) const {
+  if (lookup_ || !m.data) return false;
+  const size_t data = static_cast<size_t>(m.rows) * m.row_bytes(), groups = static_cast<size_t>(m.rows * m.groups()) * sizeof(float);
+  auto fb = [&](const void* p, size_t n) {
+    if (!p || !n) return false;
+    return source_ ? source_->file_backed(p, n) : store_ && !converted_.count(p) && store_->maps(p, n);
+  };
+  return fb(m.data, data) || fb(m.scales, groups) || fb(m.zeros, groups);
+}
+
+uint64_t WeightBinder::drop_copied(const std::vector<cpu::Mat>& mats) {
+  if (lookup_) return 0;
+  // File-backed ranges of the views (data, scales, zeros), merged where they touch.
+  std::vector<std::pair<uintptr_t, uintptr_t>> r;
+  uint64_t file_bytes = 0;
+  auto add = [&](const void* p, size_t n) {
+    if (!p || !n) return false;
+    const bool fb = source_ ? source_->file_backed(p, n) : store_ && !converted_.count(p) && store_->maps(p, n);
+    if (fb) r.push_back({reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + n});
+    return fb;
+  };
+  for (const cpu::Mat& m : mats) {
+    if (!m.data) continue;
+    const size_t data = static_cast<size_t>(m.rows) * m.row_bytes(), groups = static_cast<size_t>(m.rows * m.groups()) * sizeof(float);
+    const bool fb = add(m.data, data);
+    if (m.scales) add(m.scales, groups);
+    if (m.zeros) add(m.zeros, groups);
+    if (fb) {
+      file_bytes += m.bytes();
+      if (!source_) released_.insert(m.data);  // plain safetensors: the load's touch skips released tensors
+    }
+  }
+  std::sort(r.begin(), r.end());
+  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+  for (const auto& x : r) {
+    if (!merged.empty() && x.first <= merged.back().second) merged.back().second = std::max(merged.back().second, x.second);
+    else merged.push_back(x);
+  }
+  for (const auto& x : merged) {
+    if (source_) source_->drop_pages(reinterpret_cast<const void*>(x.first), x.second - x.first);
+    else drop_pages(reinterpret_cast<const void*>(x.first), x.second - x.first);
+  }
+  return file_bytes;
 }
 
 void WeightBinder::release(const cpu::Mat& m) {

@@ -32,8 +32,28 @@ class WeightSource {
   // Throws bad_model naming the first tensor nobody took.
   virtual void check_all_used(const std::string& where) const = 0;
   virtual uint64_t total_bytes() const = 0;
-  // Reads every weight once (page faults now rather than on the first request).
+  // Reads every weight once (page faults now rather than on the first
+  // request), skipping the pages drop_pages() dropped.
   virtual void touch(const std::string& label, const std::string& progress_mode) const = 0;
+  // Whether [p, p + bytes) lies in a read-only map of the checkpoint's files
+  // (its pages can be dropped and read again); false for the source's own
+  // buffers (repacked or reassembled tensors).
+  virtual bool file_backed(const void* /*p*/, size_t /*bytes*/) const { return false; }
+  // Copy residence (engine/layers/host_residence.h): the file-backed range
+  // [p, p + bytes) was copied elsewhere: its whole pages leave this process
+  // (MADV_DONTNEED on the private map: a later read faults them in from the
+  // file again) and, where the source keeps the file open, the page cache
+  // (evict); touch() skips them. False (nothing done) when not file-backed.
+  bool drop_pages(const void* p, size_t bytes);
+  // Whether the page holding p was dropped (touch() does not read it).
+  bool dropped(const void* p) const;
+
+ protected:
+  // POSIX_FADV_DONTNEED of the range where the source has the file open.
+  virtual void evict(const void* /*p*/, size_t /*bytes*/) {}
+
+ private:
+  std::vector<std::pair<uintptr_t, uintptr_t>> dropped_;  // page ranges, sorted, merged
 };
 
 // Host view of a tensor with the given shape (throws when absent): what
@@ -71,6 +91,17 @@ class WeightBinder {
   // safetensors), so that GPU-resident weights leave no host copy behind.
   void release(const cpu::Mat& m);
   bool released(const void* data) const { return released_.count(data) > 0; }
+  // Copy residence: the bytes of `mats` (views from this binder) were
+  // copied elsewhere by their user. Where they view a checkpoint file map
+  // (plain safetensors, GGUF, a quantized checkpoint's plain tensors) their
+  // pages are dropped (contiguous views merged first, so that no page
+  // between two of them stays behind; WeightSource::drop_pages) and the
+  // load's touch skips them. Returns the bytes of the views that were file
+  // maps; the others (the loader's own buffers: --dtype conversions,
+  // repacked quantized tensors, synthetic lookups) are kept.
+  uint64_t drop_copied(const std::vector<cpu::Mat>& mats);
+  // Whether any of m's bytes (data, scales, zeros) view a checkpoint file map.
+  bool file_backed(const cpu::Mat& m) const;
   // Names taken so far.
   const std::set<std::string>& used() const { return used_; }
 

@@ -150,17 +150,23 @@ class GgufSource : public WeightSource {
     return b;
   }
 
+  bool file_backed(const void* p, size_t bytes) const override { return f_->maps(p, bytes); }
+
   void touch(const std::string& label, const std::string& mode) const override {
     Progress progress(label, total_bytes(), mode);
     volatile uint8_t sink = 0;
     for (const auto& t : f_->tensors()) {
       uint8_t acc = 0;
-      for (uint64_t off = 0; off < t.bytes; off += 4096) acc ^= t.data[off];
+      for (uint64_t off = 0; off < t.bytes; off += 4096)
+        if (!dropped(t.data + off)) acc ^= t.data[off];  // copied pages (copy residence) stay out of memory
       sink = sink ^ acc;
       progress.add(t.bytes);
     }
     progress.finish();
   }
+
+ protected:
+  void evict(const void* p, size_t bytes) override { f_->evict(p, bytes); }
 
  private:
   // deepseek2: kv_b_proj of a file that stores attn_k_b / attn_v_b, reassembled (owned here).

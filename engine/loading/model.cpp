@@ -2,6 +2,7 @@
 // one runtime the plan names.
 #include "engine/loading/model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "engine/layers/engram.h"
 #include "engine/layers/expert_stream.h"
 #include "engine/layers/gpu_experts.h"
+#include "engine/layers/host_residence.h"
 #include "engine/layers/routing_trace.h"
 #include "engine/layers/weights.h"
 #include "engine/loading/gguf_model.h"
@@ -31,6 +33,8 @@
 namespace hmoe {
 
 namespace {
+
+bool quiet_load(const Settings& s) { return s.progress == "none"; }
 
 // A /proc/self/status field in kB (VmRSS: resident set, VmHWM: its peak), in bytes; 0 when unknown.
 uint64_t status_bytes(const char* key) {
@@ -178,7 +182,27 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
     m->fit_kv_blocks_ = plan->fit_kv_blocks;
     // auto cache size under the fit: the room it left after weights, KV and streaming slots.
     if (plan->expert_cache_bytes > 0 && o.expert_cache.budget_bytes < 0) o.expert_cache.budget_bytes = static_cast<int64_t>(plan->expert_cache_bytes);
+    // Where the host experts live for the GPU's DMA: one registered copy in node memory when it fits (engine/layers/host_residence.h).
+    const bool host_layers = plan->resident_moe_layers() < plan->moe_layers();
+    const bool gpu_reads = host_layers && (parse_prefill_min_batch(settings) != 0 || o.expert_cache.budget_bytes != 0);
+    const auto kv_host = static_cast<uint64_t>(std::max(0.0, settings.kv_offloading_size) * 1073741824.0);  // the pinned KV host pool
+    const HostResidenceChoice residence =
+        choose_host_residence(host_residence_of(settings), gpu_reads, plan->cpu_expert_bytes, kv_host, mem_available_bytes());
+    o.experts.residence = residence.chosen;
+    o.expert_cache.pin_in_place = residence.chosen != HostResidence::off;
+    m->report_.host_residence = host_residence_name(residence.chosen);
+    m->report_.host_residence_why = residence.why;
+    if (!quiet_load(settings)) std::fprintf(stderr, "hmoe: %s\n", residence.describe().c_str());
     m->gpu_ = std::make_unique<GpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
+    if (residence.chosen == HostResidence::copy) {
+      const HostResidenceStats& st = m->gpu_->host_residence_stats();
+      m->report_.residence_copied_bytes = st.copied_bytes;
+      m->report_.residence_registered_bytes = st.registered_bytes;
+      m->report_.residence_dropped_bytes = st.dropped_bytes;
+      m->report_.residence_copy_s = st.copy_s;
+      m->report_.residence_register_s = st.register_s;
+      if (!quiet_load(settings)) std::fprintf(stderr, "hmoe: %s\n", st.describe().c_str());
+    }
     // Linear-attention states live on the GPU: the host keeps only their token counts.
     if (m->gpu_->seq_state_bytes() > 0) m->kv_layout_.seq_state_bytes = m->gpu_->seq_state_bytes();
     m->kv_layout_.state_align = 0;  // the GPU layers take no state checkpoints: no prefix caching for hybrid models there
@@ -186,9 +210,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
     if (plan->resident_moe_layers() < plan->moe_layers()) {
       ExpertStreamOptions so = expert_stream_options(c, settings, *m->pools_, m->gpu_->host_expert_sample(), settings.progress == "none");
       so.reserved_bytes = plan->fit_stream_bytes;
+      so.pin_in_place = m->report_.host_residence != "off";  // the load's residence (a copy that did not fit reads pageable memory)
       m->gpu_->enable_expert_streaming(so);
     }
   } else {
+    m->report_.host_residence_why = "a CPU run: the GPU reads no host experts, nothing copied or registered (the expert engine keeps its views, or its node copies on several NUMA nodes)";
     CpuRuntimeOptions o = CpuRuntimeOptions::from_settings(settings);
     o.experts.trace = m->trace_.get();
     m->cpu_ = std::make_unique<CpuRuntime>(c, graph, bind, *m->pools_, o, m->engram_.get());
@@ -229,10 +255,13 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
   if (settings.progress != "none")
     std::fprintf(stderr,
                  "hmoe: loaded in %.1f s on the %s; weights: %s on the GPU, %s in host memory (dtype %s); "
-                 "host RSS %s before loading (peak %s), %s after (peak %s)\n",
+                 "host RSS %s before loading (peak %s), %s after (peak %s); host experts for GPU DMA: %s%s\n",
                  r.seconds, m->gpu_ ? "GPU" : "CPU", format_bytes(r.gpu_weight_bytes).c_str(), format_bytes(r.host_weight_bytes).c_str(),
                  r.weight_dtype.c_str(), format_bytes(r.rss_before).c_str(), format_bytes(r.peak_rss_before).c_str(),
-                 format_bytes(r.rss_after).c_str(), format_bytes(r.peak_rss_after).c_str());
+                 format_bytes(r.rss_after).c_str(), format_bytes(r.peak_rss_after).c_str(), m->gpu_ ? r.host_residence.c_str() : "none (a CPU run)",
+                 r.host_residence == "copy" ? (" (" + format_bytes(r.residence_copied_bytes) + " copied in " + std::to_string(r.residence_copy_s).substr(0, 5) +
+                                               " s, registered in " + std::to_string(r.residence_register_s).substr(0, 5) + " s)").c_str()
+                                            : "");
   return m;
 }
 

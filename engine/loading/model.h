@@ -43,6 +43,12 @@ struct LoadReport {
   uint64_t gpu_weight_bytes = 0;           // weights uploaded to the GPU
   uint64_t host_weight_bytes = 0;          // weights the host keeps (views or --dtype copies)
   std::string weight_dtype;                // the weight_dtype setting it loaded with
+  // Where the host experts live for the GPU's DMA (engine/layers/host_residence.h):
+  // the choice with its reason, and what the copy residence took.
+  std::string host_residence = "off";      // copy, map or off
+  std::string host_residence_why;
+  uint64_t residence_copied_bytes = 0, residence_registered_bytes = 0, residence_dropped_bytes = 0;
+  double residence_copy_s = 0, residence_register_s = 0;
 };
 
 class Model {
@@ -55,6 +61,7 @@ class Model {
   const std::string& dir() const { return dir_; }
   KvLayout kv_layout() const { return kv_layout_; }
   numa::ThreadPool& pool() { return *pool_; }
+  numa::NodePools& node_pools() { return *pools_; }  // every NUMA node's pool (the expert engine's)
   int64_t weight_bytes() const;
   // Bytes of weights the host holds for this model (views of the checkpoint
   // or --dtype copies; not what went to the GPU).

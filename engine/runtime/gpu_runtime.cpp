@@ -48,7 +48,9 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.expert_cache.cost.share = parse_gpu_split_decode(s.gpu_split_decode);
   o.expert_cache.policy = parse_cache_policy(s.origin("gpu_expert_cache_policy"), s.gpu_expert_cache_policy);
   o.expert_cache.quiet = s.progress == "none";
-  o.expert_cache.pin_in_place = s.gpu_pin_host_experts;
+  // Model::load narrows this to the load's choice (choose_host_residence: a GPU that reads host experts, room in MemAvailable).
+  o.experts.residence = host_residence_of(s);
+  o.expert_cache.pin_in_place = o.experts.residence != HostResidence::off;
   return o;
 }
 
@@ -91,6 +93,7 @@ struct GpuRuntime::Impl {
   numa::NodePools* pools = nullptr;       // the host experts' pools (builds the streaming images)
   std::unique_ptr<ExpertDeferral> deferral;  // null: off
   std::unique_ptr<DeltaNetStep> deltanet;  // linear-attention layers' sequence states (null: none)
+  HostResidenceStats residence;            // what the host layers' copy residence took
 
   explicit Impl(const ModelConfig& cfg) : c(cfg) {}
 };
@@ -138,6 +141,7 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.split_act = homes.split_act;
   if (o.defer_experts > 0) m.deferral = std::make_unique<ExpertDeferral>(o.defer_experts, H, true);
   homes.deferral = m.deferral.get();
+  homes.residence_stats = &m.residence;
   uint64_t expert_bytes = 0;
   int64_t state_layers = 0;
   for (const BlockDesc& d : g.blocks) {
@@ -250,6 +254,7 @@ void GpuRuntime::set_routing_replay(const RoutingTrace* t) {
   m.replay = std::make_unique<RoutingReplay>(*t);
 }
 
+const HostResidenceStats& GpuRuntime::host_residence_stats() const { return impl_->residence; }
 const GpuExpertCache* GpuRuntime::expert_cache() const { return impl_->xcache.get(); }
 GpuExpertCache* GpuRuntime::expert_cache() { return impl_->xcache.get(); }
 
@@ -258,7 +263,8 @@ void GpuRuntime::enable_expert_cache(const GpuExpertCacheOptions& o) {
   m.xcache.reset();
   std::vector<GpuExpertCache::Layer> layers;
   for (size_t l = 0; l < m.blocks.size(); ++l)
-    if (const auto* w = m.blocks[l].ffn->host_expert_weights()) layers.push_back({static_cast<int64_t>(l), w});
+    if (const auto* w = m.blocks[l].ffn->host_expert_weights())
+      layers.push_back({static_cast<int64_t>(l), w, m.blocks[l].ffn->host_expert_pieces(), m.blocks[l].ffn->host_experts_registered()});
   if (layers.empty()) return;
   GpuExpertCacheOptions opt = o;
   opt.max_tokens = Impl::kGraphMaxTokens;
@@ -276,7 +282,8 @@ void GpuRuntime::enable_expert_streaming(const ExpertStreamOptions& o) {
   m.xstream.reset();
   std::vector<ExpertStream::Layer> layers;
   for (size_t l = 0; l < m.blocks.size(); ++l)
-    if (const auto* w = m.blocks[l].ffn->host_expert_weights()) layers.push_back({static_cast<int64_t>(l), w});
+    if (const auto* w = m.blocks[l].ffn->host_expert_weights())
+      layers.push_back({static_cast<int64_t>(l), w, m.blocks[l].ffn->host_expert_pieces(), m.blocks[l].ffn->host_experts_registered()});
   gpu::MemoryUse use("the expert streaming slots");
   ExpertStreamOptions so = o;
   so.split_act = m.split_act;

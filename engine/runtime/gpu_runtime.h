@@ -155,6 +155,8 @@ class GpuRuntime {
   // router (RoutingReplay, engine/layers/routing_trace.h; null: off).
   // Error(invalid_argument) when its layers, experts or top-k are not the model's.
   void set_routing_replay(const RoutingTrace* t);
+  // What the copy residence of the host experts took (ExpertHomeOptions::residence; zeros otherwise).
+  const HostResidenceStats& host_residence_stats() const;
   const GpuExpertCache* expert_cache() const;  // null when off
   GpuExpertCache* expert_cache();
   // Expert 0 of the first MoE layer whose experts stay in host memory (null: none):

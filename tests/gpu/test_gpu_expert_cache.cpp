@@ -39,13 +39,16 @@
 #include <filesystem>
 #include <random>
 
+#include "engine/layers/host_residence.h"
 #include "engine/layers/routing_trace.h"
 #include "engine/loading/model.h"
 #include "engine/placement/expert_cache_sim.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "engine/serving/logits.h"
 #include "gpu/moe_stream.h"
+#include "numa/node_pools.h"
 #include "numa/quant_gguf.h"
+#include "numa/thread_pool.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/model_run.h"
 #include "tests/quant_tools/gguf_models.h"
@@ -57,10 +60,12 @@ namespace {
 
 // Quiet loads unless HMOE_PROGRESS is set (=lines: the loads' progress on
 // stderr, where a stalled run stands; bench/jobs/expert_cache_diag.sh).
+// residence: --gpu-pin-host-experts (engine/layers/host_residence.h; copy is the default).
 std::unique_ptr<Model> load(const std::string& path, const std::string& cache, const std::string& split, const std::string& policy = "freq_recency",
-                            const std::string& trace = "") {
+                            const std::string& trace = "", const std::string& residence = "copy") {
   std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", "none", "--gpu-prefill-min-batch-size", "0",
-                                   "--gpu-expert-cache", cache, "--gpu-split-decode", split, "--cpu-gguf-int8", "0", "--gpu-expert-cache-policy", policy};
+                                   "--gpu-expert-cache", cache, "--gpu-split-decode", split, "--cpu-gguf-int8", "0", "--gpu-expert-cache-policy", policy,
+                                   "--gpu-pin-host-experts", residence};
   if (!trace.empty()) {
     args.push_back("--routing-trace");
     args.push_back(trace);
@@ -190,6 +195,65 @@ TEST_CASE("copy_batch_to_device from a pinned file map and pinned memory between
   ::munmap(map, file_bytes);
 }
 
+// The copy residence's node memory (engine/layers/host_residence.h): a
+// 256 MiB numa::NodeBuffer filled by a pool (first touch), registered whole
+// as register_host_buffers does for a layer's node buffer; the time per GB
+// is printed (the file map's in-place registration spun for minutes on the
+// H100 host; anonymous memory must take well under a second per GB), then a
+// batched copy from pieces at odd offsets, between two streams as split()
+// issues it, gives the bytes.
+TEST_CASE("copy residence: node memory registered whole, its registration time per GB, and batched copies from its pieces") {
+  if (!test::have_gpu()) return;
+  const size_t bytes = 256u << 20;
+  numa::NodeBuffer buf(bytes, 0, false);
+  numa::ThreadPool pool(2);
+  pool.parallel_for(static_cast<int64_t>(bytes >> 20), [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) {
+      std::mt19937_64 rng(static_cast<uint64_t>(i) + 1);
+      for (size_t k = 0; k < (1u << 20); k += 8) {
+        const uint64_t v = rng();
+        std::memcpy(buf.data() + (static_cast<size_t>(i) << 20) + k, &v, 8);
+      }
+    }
+  });
+  std::vector<gpu::HostRegistration> pins;
+  std::string why;
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool ok = register_host_buffers({{buf.data(), buf.size()}}, pins, &why);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("256 MiB of node memory: " << (ok ? "registered" : "NOT registered: " + why) << " in " << sec << " s (" << sec / (static_cast<double>(bytes) / 1e9)
+                                     << " s/GB)");
+  REQUIRE(ok);
+  CHECK(pins.size() == 1);
+  const char* src = reinterpret_cast<const char*>(buf.data());
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  gpu::DeviceBuffer dev(8u << 20);
+  size_t at = 0;
+  for (size_t off : {size_t{64}, size_t{(1u << 20) + 640}, size_t{100u << 20}, size_t{bytes - (3u << 20)}}) {
+    const size_t n = (1u << 20) + off % 4096;
+    dsts.push_back(dev.as<char>() + at);
+    srcs.push_back(src + off);
+    sizes.push_back(n);
+    at += n;
+  }
+  gpu::Stream step, copy;
+  gpu::Event c1;
+  gpu::copy_batch_to_device(dsts.data(), srcs.data(), sizes.data(), dsts.size(), copy);
+  c1.record(copy);
+  step.wait(c1);
+  gpu::PinnedBuffer back(at);
+  gpu::copy_to_host(back.as<char>(), dev.data(), at, step);
+  step.synchronize();
+  size_t bad = 0, o = 0;
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    bad += std::memcmp(back.as<char>() + o, srcs[i], sizes[i]) != 0;
+    o += sizes[i];
+  }
+  CHECK(bad == 0);
+}
+
 // Pinning a large read-only file map in place, as the cache's layout pins a
 // model's experts (2.9 GB for the 8-layer Q4_K_M slice, whose `hmoe bench`
 // stalled inside the load before the cache's slots were allocated): the
@@ -255,15 +319,21 @@ TEST_CASE("split decode and the GPU expert cache: the same greedy ids as the CPU
     auto off = load(path, "0", "auto");
     CHECK(off->gpu()->expert_cache() == nullptr);
     const Run base = greedy(*off, 20);
+    for (const char* residence : {"copy", "off"})
     for (const char* split : {"auto", "0.5", "1"})
       for (const char* policy : {"freq_recency", "lru"}) {
-      auto on = load(path, "auto", split, policy);
+      CAPTURE(residence);
+      // off (pageable copies): one combination, enough to show the same ids through the other copy path.
+      if (std::string(residence) == "off" && (std::string(split) != "1" || std::string(policy) != "lru")) continue;
+      auto on = load(path, "auto", split, policy, "", residence);
       REQUIRE_MESSAGE(on->gpu()->expert_cache() != nullptr, name);
+      CHECK(on->load_report().host_residence == residence);
+      if (std::string(residence) == "copy") CHECK(on->load_report().residence_registered_bytes > 0);
       const Run r = greedy(*on, 20);
       const Run tf = greedy(*on, 20, std::vector<int32_t>(base.ids.begin() + 1, base.ids.end()));  // teacher-forced on base's ids
       const GpuExpertCacheStats& st = on->gpu()->expert_cache()->stats();
       const double rel = rows_rel(tf.rows, base.rows);
-      MESSAGE(name << ", split " << split << ", " << policy << ": rel. logit error " << rel << "; greedy ids " << (r.ids == base.ids ? "identical" : "DIFFER") << "; "
+      MESSAGE(name << ", " << residence << ", split " << split << ", " << policy << ": rel. logit error " << rel << "; greedy ids " << (r.ids == base.ids ? "identical" : "DIFFER") << "; "
                    << on->gpu()->expert_cache()->describe() << "; GPU pairs " << st.c.gpu_pairs << ", CPU pairs " << st.c.cpu_pairs << ", hits "
                    << st.c.hits << ", misses " << st.c.misses << ", bytes " << st.c.bytes);
       CHECK(r.ids == base.ids);

@@ -8,8 +8,10 @@
 //    at clear margins; under each window fill, expert product, source and
 //    window; byte counts match the slots.
 //  - Block types (tests/quant_tools/gguf_models.h: Q4_K and Q6_K as the
-//    file's blocks, pinned in place, run by the gpu::gguf_* kernels; Q4_0
-//    repacked into a pinned int4-group image): streamed logits equal the
+//    file's blocks, run by the gpu::gguf_* kernels, under each residence of
+//    --gpu-pin-host-experts: copy (node memory registered at load), off
+//    (the file map as pageable memory) and map (pinned in place), the same
+//    logits bit for bit; Q4_0 repacked into a pinned int4-group image): streamed logits equal the
 //    resident-quantized ones (same kernels, same bytes) for a short prompt
 //    (decode-style kernels) and a 100-token prompt (the grouped tensor-core
 //    product on GGUF blocks; dequantized chunks through cuBLAS for Q4_0).
@@ -36,9 +38,15 @@ namespace {
 
 // Split decode and the GPU expert cache off: the non-streamed path is the CPU experts' (tests/gpu/test_gpu_expert_cache.cpp covers them).
 // gguf_int8 "0": the CPU experts take the exact fp32 dequantize path instead of 8-bit activations.
-std::unique_ptr<Model> load(const std::string& path, const std::string& resident, const std::string& min_batch, const std::string& gguf_int8 = "1") {
+// residence: --gpu-pin-host-experts (engine/layers/host_residence.h; copy is the default).
+std::unique_ptr<Model> load(const std::string& path, const std::string& resident, const std::string& min_batch, const std::string& gguf_int8 = "1",
+                            const std::string& residence = "copy") {
   std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", resident, "--progress", "none", "--gpu-prefill-min-batch-size",
-                                   min_batch, "--gpu-prefetch-window", "2", "--gpu-expert-cache", "0", "--cpu-gguf-int8", gguf_int8};
+                                   min_batch, "--gpu-prefetch-window", "2", "--gpu-expert-cache", "0", "--cpu-gguf-int8", gguf_int8,
+                                   "--gpu-pin-host-experts", residence == "copy, 2 nodes" ? "copy" : residence};
+  // Two NUMA nodes (a synthetic topology): the expert engine splits each expert's rows in two pieces, and the
+  // stream copies each expert piece by piece.
+  if (residence == "copy, 2 nodes") args.insert(args.end(), {"--topology", "numa:2 core:2 pu:1", "--threads", "2"});
   return Model::load(path, Settings::load(args));
 }
 
@@ -182,32 +190,58 @@ TEST_CASE("tiny-qwen3moe-Q8_0.gguf with every MoE layer streamed matches the non
   }
 }
 
-TEST_CASE("GGUF block types streamed: the same logits as the resident quantized experts (in place and repacked images)") {
+TEST_CASE("GGUF block types streamed: the same logits as the resident quantized experts (copy residence, in place and repacked images)") {
   if (!test::have_gpu()) return;
   test::TempDir dir("gpu-gguf-stream");
-  // Q4_K, Q6_K: the file's blocks (pinned in place); Q4_0: repacked into a pinned image.
+  // Q4_K, Q6_K: the file's blocks (copy: from the node memory registered at load; map: the file map pinned in
+  // place; off: the file map as pageable memory); Q4_0: repacked into a pinned image (from the node pieces under copy).
   for (uint32_t type : {12u, 14u, 2u}) {
     const std::string name = cpu::ext_type_info(type)->name;
     const std::string path = dir.str() + "/q.gguf";
     test::write_file(path, qtools::build_model(type).quant.bytes());
-    auto resident = load(path, "all", "0"), streamed = load(path, "none", "1");
-    REQUIRE(streamed->gpu()->expert_stream() != nullptr);
-    const ExpertStream& xs = *streamed->gpu()->expert_stream();
-    CHECK(xs.quantized());
-    // Q4_K and Q6_K stream the file's blocks (in place when the driver pins the map); Q4_0 is repacked into an image.
-    if (type == 2u) CHECK(xs.pinned_copy_bytes() > 0);
-    if (type != 2u) CHECK(xs.format() == name);
-    MESSAGE(name << ": host experts " << std::string(xs.pinned_copy_bytes() == 0 ? "pinned in place" : "in a pinned image"));
-    for (int64_t len : {11, 100}) {  // grouped kernel; dequantized chunks through cuBLAS
-      std::vector<int32_t> ids;
-      for (int64_t i = 0; i < len; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 5) % 256));
-      const auto lr = test::prompt_logits(*resident, ids), ls = test::prompt_logits(*streamed, ids);
-      const double rel = test::rel_error(ls, lr);
-      MESSAGE(name << ", " << len << " tokens: streamed (" << xs.format() << ", host image " << xs.pinned_copy_bytes() << " bytes) vs resident rel. error "
-                   << rel);
-      CHECK(rel < 1e-4);
+    auto resident = load(path, "all", "0");
+    std::vector<std::vector<float>> by_residence;  // the 100-token logits per residence: the same bytes, the same kernels
+    for (const char* residence : {"copy", "off", "map", "copy, 2 nodes"}) {
+      auto streamed = load(path, "none", "1", "1", residence);
+      REQUIRE(streamed->gpu()->expert_stream() != nullptr);
+      const ExpertStream& xs = *streamed->gpu()->expert_stream();
+      const LoadReport& lr_ = streamed->load_report();
+      CHECK(xs.quantized());
+      const bool copy = std::string(residence).rfind("copy", 0) == 0;
+      CHECK(lr_.host_residence == (copy ? "copy" : residence));
+      if (copy) {
+        // One copy in node memory, registered whole per node buffer; the file's pages of it dropped.
+        CHECK(lr_.residence_copied_bytes > 0);
+        CHECK(lr_.residence_registered_bytes == lr_.residence_copied_bytes);
+        CHECK(lr_.residence_dropped_bytes > 0);
+        if (type != 2u) CHECK(xs.host_registered());
+      }
+      if (std::string(residence) == "off" && type != 2u) CHECK(xs.host_pageable());
+      // Q4_K and Q6_K stream the blocks as stored (no image); Q4_0 is repacked into an image.
+      if (type == 2u) CHECK(xs.pinned_copy_bytes() > 0);
+      if (type != 2u) CHECK(xs.format() == name);
+      if (type != 2u && std::string(residence) != "map") CHECK(xs.pinned_copy_bytes() == 0);
+      if (std::string(residence) == "copy, 2 nodes") CHECK(streamed->node_pools().nodes() == 2);
+      MESSAGE(name << ", residence " << residence << " (" << lr_.host_residence_why << "; copied " << lr_.residence_copied_bytes << " bytes in "
+                   << lr_.residence_copy_s << " s, registered in " << lr_.residence_register_s << " s): host experts "
+                   << std::string(xs.host_registered() ? "registered node memory" : xs.host_pageable() ? "pageable file map" : xs.pinned_copy_bytes() == 0 ? "pinned in place" : "in a pinned image"));
+      for (int64_t len : {11, 100}) {  // grouped kernel; dequantized chunks through cuBLAS
+        std::vector<int32_t> ids;
+        for (int64_t i = 0; i < len; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 5) % 256));
+        const auto lr = test::prompt_logits(*resident, ids), ls = test::prompt_logits(*streamed, ids);
+        const double rel = test::rel_error(ls, lr);
+        MESSAGE(name << ", " << residence << ", " << len << " tokens: streamed (" << xs.format() << ", host image " << xs.pinned_copy_bytes()
+                     << " bytes) vs resident rel. error " << rel);
+        CHECK(rel < 1e-4);
+        if (len == 100) by_residence.push_back(ls);
+      }
+      CHECK(xs.stats().passes == 2);
     }
-    CHECK(xs.stats().passes == 2);
+    REQUIRE(by_residence.size() == 4);
+    // copy (one node and two), off and map: the same bytes through the same kernels.
+    MESSAGE(name << ": 100-token logits, off vs copy " << test::rel_error(by_residence[1], by_residence[0]) << ", map vs copy "
+                 << test::rel_error(by_residence[2], by_residence[0]) << ", copy on 2 nodes vs 1 " << test::rel_error(by_residence[3], by_residence[0]));
+    for (size_t i = 1; i < 4; ++i) CHECK(test::rel_error(by_residence[i], by_residence[0]) < 1e-6);
   }
 }
 

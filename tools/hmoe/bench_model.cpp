@@ -427,6 +427,15 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
                        std::to_string(s.max_num_batched_tokens) + " tokens (--max-num-batched-tokens, as serve); KV blocks of " + std::to_string(s.block_size) +
                        "; random token ids (--seed " + std::to_string(s.seed) + "); " + std::to_string(o.reps) + " repetitions after one warm-up" +
                        (o.replay.empty() ? "" : "; host layers routed by the trace " + o.replay + " (--routing-replay)");
+  const LoadReport& lr = model->load_report();
+  char load_line[512];
+  std::snprintf(load_line, sizeof load_line, "; loaded in %.2f s, host experts for GPU DMA: %s", lr.seconds, lr.host_residence.c_str());
+  header += load_line;
+  if (lr.host_residence == "copy") {
+    std::snprintf(load_line, sizeof load_line, " (%s copied in %.2f s, %s registered in %.2f s, %s of file pages dropped)", format_bytes(lr.residence_copied_bytes).c_str(),
+                  lr.residence_copy_s, format_bytes(lr.residence_registered_bytes).c_str(), lr.residence_register_s, format_bytes(lr.residence_dropped_bytes).c_str());
+    header += load_line;
+  }
   std::fprintf(stderr, "%s\n", header.c_str());
 
   Bench bench(*model, s);
@@ -478,6 +487,13 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
                         {"seed", s.seed},
                         {"repetitions", o.reps},
                         {"warmup_runs", 1},
+                        {"load_s", lr.seconds},
+                        {"host_residence", lr.host_residence},
+                        {"host_residence_why", lr.host_residence_why},
+                        {"residence_copied_bytes", lr.residence_copied_bytes},
+                        {"residence_copy_s", lr.residence_copy_s},
+                        {"residence_registered_bytes", lr.residence_registered_bytes},
+                        {"residence_register_s", lr.residence_register_s},
                         {"results", nlohmann::json::array()}};
     for (const auto& r : results) j["results"].push_back(result_json(r));
     std::printf("%s\n", j.dump().c_str());

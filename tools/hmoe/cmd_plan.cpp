@@ -2,6 +2,7 @@
 // onto a GPU - every layer's place, bytes on the GPU and in host memory, KV
 // capacity, and the estimated decode speed from bandwidths. Works without a
 // GPU: --gpu-memory describes one (default: a 24 GiB card, said so).
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "engine/layers/expert_stream.h"
 #include "engine/layers/gpu_expert_cache.h"
 #include "engine/layers/gpu_experts.h"
+#include "engine/layers/host_residence.h"
 #include "engine/layers/weights.h"
 #include "engine/loading/gguf_model.h"
 #include "engine/loading/gguf_plan.h"
@@ -184,6 +186,21 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
     } else {
       std::printf("GPU expert cache and split decode: off (the host experts are not GGUF Q4_K/Q5_K/Q6_K/Q8_0 matrices of a shape the GPU's native kernels take)\n");
     }
+  }
+  {
+    // Where the host experts live for the GPU's DMA (engine/layers/host_residence.h), chosen as a load on this host would.
+    const bool host_layers = p.resident_moe_layers() < p.moe_layers();
+    const bool reads = host_layers && (parse_prefill_min_batch(s) != 0 || parse_gpu_expert_cache(s.gpu_expert_cache) != 0);
+    const auto kv_host = static_cast<uint64_t>(std::max(0.0, s.kv_offloading_size) * 1073741824.0);
+    const int64_t avail = mem_available_bytes();
+    const HostResidenceChoice rc = choose_host_residence(host_residence_of(s), reads, p.cpu_expert_bytes, kv_host, avail);
+    std::printf("%s\n", rc.describe().c_str());
+    if (rc.chosen == HostResidence::copy)
+      std::printf("  at load: %s of host experts copied into node memory (the expert engine's node pieces, filled by each node's workers; about %.1f s at "
+                  "the %.1f GB/s host read bandwidth above), then registered with the driver whole per layer and node; the checkpoint's pages of them "
+                  "dropped (MADV_DONTNEED, and POSIX_FADV_DONTNEED for GGUF files)%s\n",
+                  format_bytes(p.cpu_expert_bytes).c_str(), static_cast<double>(p.cpu_expert_bytes) / std::max(cpu_bw, 1.0), cpu_bw / 1e9,
+                  gpu::device_count() > 0 ? "" : "; no GPU on this host: a run here is CPU-only and copies nothing");
   }
   if (c.arch == Arch::qwen3_moe_engram && !is_gguf_path(args[0])) std::printf("%s", ple_plan_report(c, io::TensorStore(args[0]), s, 1.0 / t).c_str());
   if (is_gguf_path(args[0])) {
