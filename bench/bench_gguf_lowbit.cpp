@@ -240,8 +240,10 @@ int main(int argc, char** argv) {
     for (ExtType t : cpu::lowbit::kAll) {
       const std::string name = cpu::ext_type_info(static_cast<uint32_t>(t))->name;
       if (only.empty() || only == name) kernel_row(name, t, quick ? 0.2 : 0.5);
-      if ((only.empty() || only == name) && (t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq3_xxs) && cpu::detail::lowbit_has_avx512_vbmi())
-        kernel_row(name + " (v2, before grid planes)", t, quick ? 0.2 : 0.5, true);
+      if ((only.empty() || only == name) && cpu::detail::lowbit_has_avx512_vbmi() &&
+          (t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s ||
+           t == cpu::lowbit::iq1_s || t == cpu::lowbit::iq1_m))
+        kernel_row(name + " (v2, before grid codes)", t, quick ? 0.2 : 0.5, true);
     }
     if (only.empty() || only == "Q4_K") kernel_row("Q4_K", ExtType::q4_k, quick ? 0.2 : 0.5);
     std::printf("\n(ns per 256-weight group and row; GB/s: stored weight bytes per second one core consumes.)\n");

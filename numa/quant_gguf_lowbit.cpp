@@ -23,6 +23,7 @@ bool lowbit_q8_applies(const Mat& w) {
 void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   if (r1 <= r0 || n <= 0) return;
   const bool vbmi = best_isa() == Isa::avx512 && detail::lowbit_has_avx512_vbmi();
+  if (vbmi && detail::lowbit_rows_q8_codes(xa, t0, n, w, r0, r1, y, ldy)) return;
   if (vbmi && detail::lowbit_rows_q8_planes(xa, t0, n, w, r0, r1, y, ldy)) return;
   if (vbmi) detail::lowbit_rows_q8_vbmi(xa, t0, n, w, r0, r1, y, ldy);
   else if (best_isa() == Isa::avx512 && detail::lowbit_has_avx512_vnni()) detail::lowbit_rows_q8_avx512(xa, t0, n, w, r0, r1, y, ldy);

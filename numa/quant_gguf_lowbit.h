@@ -47,6 +47,10 @@ void lowbit_rows_q8_vbmi(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, 
 // tokens, by grid planes; same CPUs as v2. Returns false (nothing done)
 // otherwise.
 bool lowbit_rows_q8_planes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// v4 (quant_gguf_lowbit_codes.cpp): IQ1_S, IQ1_M, IQ2_XXS, IQ3_XXS by
+// 16-bit grid codes expanded with vpmultishiftqb; same CPUs as v2. Returns
+// false (nothing done) for other types.
+bool lowbit_rows_q8_codes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 // v1: for AVX-512 VNNI CPUs without VBMI.
 void lowbit_rows_q8_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void lowbit_rows_q8_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);

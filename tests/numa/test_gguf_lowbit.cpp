@@ -235,7 +235,7 @@ TEST_CASE("low-bit GGUF types: threaded cpu::gemm on both paths; bad shapes are 
                     doctest::Contains("blk.0.ffn_down: 40 columns are not a multiple of the IQ4_NL block (32)"));
 }
 
-TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI) and v3 (grid planes) on row and token tails") {
+TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI), v3 (grid planes) and v4 (grid codes) on row and token tails") {
   if (!(cpu::best_isa() == cpu::Isa::avx512 && cpu::detail::lowbit_has_avx512_vnni())) {
     MESSAGE("no AVX-512 VNNI here: not checked");
     return;
@@ -262,7 +262,7 @@ TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI) and v3 (gr
           for (int64_t k = 0; k < cols; ++k)
             absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
       }
-      std::vector<float> ref(absdot.size()), v1(absdot.size(), NAN), v2(absdot.size(), NAN), v3(absdot.size(), NAN);
+      std::vector<float> ref(absdot.size()), v1(absdot.size(), NAN), v2(absdot.size(), NAN), v3(absdot.size(), NAN), v4(absdot.size(), NAN);
       cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
       cpu::detail::lowbit_rows_q8_avx512(a, 0, n, w, 0, rows, v1.data(), rows);
       if (vbmi) cpu::detail::lowbit_rows_q8_vbmi(a, 0, n, w, 0, rows, v2.data(), rows);
@@ -270,12 +270,19 @@ TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI) and v3 (gr
       const bool v3on = planes && cpu::detail::lowbit_rows_q8_planes(a, 0, n, w, 0, 4, v3.data(), rows);
       if (v3on) CHECK(cpu::detail::lowbit_rows_q8_planes(a, 0, n, w, 4, rows, v3.data(), rows));
       if (planes) CHECK(v3on == ((t == cpu::lowbit::iq2_xxs && n >= 2) || t == cpu::lowbit::iq3_xxs));
+      // v4 (grid codes): rows 0..3 and 3..11 (an odd pair tail and an odd start for IQ2_XXS's row pairs)
+      const bool v4on = vbmi && cpu::detail::lowbit_rows_q8_codes(a, 0, n, w, 0, 3, v4.data(), rows);
+      if (v4on) CHECK(cpu::detail::lowbit_rows_q8_codes(a, 0, n, w, 3, rows, v4.data(), rows));
+      if (vbmi)
+        CHECK(v4on == (t == cpu::lowbit::iq1_s || t == cpu::lowbit::iq1_m || t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs ||
+                      t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s));
       int bad = 0;
       for (size_t i = 0; i < ref.size(); ++i) {
         const double tol = 2e-5 * absdot[i] + 1e-5;
         if (!(std::fabs(v1[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v1 " << i << ": " << v1[i] << " vs " << ref[i]);
         if (vbmi && !(std::fabs(v2[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v2 " << i << ": " << v2[i] << " vs " << ref[i]);
         if (v3on && !(std::fabs(v3[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v3 " << i << ": " << v3[i] << " vs " << ref[i]);
+        if (v4on && !(std::fabs(v4[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v4 " << i << ": " << v4[i] << " vs " << ref[i]);
       }
       CHECK(bad == 0);
     }
