@@ -51,6 +51,8 @@ bool lowbit_rows_q8_planes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w
 // 16-bit grid codes expanded with vpmultishiftqb; same CPUs as v2. Returns
 // false (nothing done) for other types.
 bool lowbit_rows_q8_codes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// Benchmarks and tests: whether the dispatcher takes v4 (default true); returns the previous value.
+bool lowbit_set_codes_for_testing(bool on);
 // v1: for AVX-512 VNNI CPUs without VBMI.
 void lowbit_rows_q8_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void lowbit_rows_q8_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);

@@ -46,16 +46,16 @@ using lowbit_bytes::u16;
 using lowbit_bytes::u32;
 using lowbit_bytes::u64;
 
-constexpr uint32_t kIq2xxs = 16, kIq2xs = 17, kIq3xxs = 18, kIq1s = 19, kIq3s = 21, kIq1m = 29;
+constexpr uint32_t kIq2xxs = 16, kIq2xs = 17, kIq3xxs = 18, kIq1s = 19, kIq3s = 21, kIq2s = 22, kIq1m = 29;
 
-template <uint32_t T> constexpr int kGroupBytes = T == kIq2xxs ? 66 : T == kIq2xs ? 74 : T == kIq3xxs ? 98 : T == kIq3s ? 110 : T == kIq1s ? 50 : 56;
-template <uint32_t T> constexpr int kBias = (T == kIq2xxs || T == kIq2xs) ? 43 : T == kIq3xxs ? 62 : T == kIq3s ? 15 : 9;
+template <uint32_t T> constexpr int kGroupBytes = T == kIq2xxs ? 66 : T == kIq2xs ? 74 : T == kIq3xxs ? 98 : T == kIq3s ? 110 : T == kIq2s ? 82 : T == kIq1s ? 50 : 56;
+template <uint32_t T> constexpr int kBias = (T == kIq2xxs || T == kIq2xs || T == kIq2s) ? 43 : T == kIq3xxs ? 62 : T == kIq3s ? 15 : 9;
 // fp32 factor of the integer scales (2 s + 1), applied to the activation scale
 template <uint32_t T> constexpr float kDScale = T == kIq3xxs ? 0.25f : T == kIq3s ? 1.0f : 0.125f;
 // rows decoded per step
 template <uint32_t T> constexpr int kRows = (T == kIq2xxs || T == kIq2xs) ? 2 : 1;
 // accumulators (scale lane maps) per row: output c goes to c / (4 / kAcc)
-template <uint32_t T> constexpr int kAcc = (T == kIq1m || T == kIq2xs) ? 2 : 1;
+template <uint32_t T> constexpr int kAcc = (T == kIq1m || T == kIq2xs || T == kIq2s) ? 2 : 1;
 
 // Column (0..255 in the group) of byte p (0..63) of output c.
 template <uint32_t T>
@@ -72,8 +72,8 @@ constexpr int kIq3sLevels[8] = {1, 3, 5, 7, 9, 11, 13, 15};
 
 struct Tables {
   alignas(64) uint8_t sign[128];      // 7-bit sign index -> sign byte with its parity bit
-  alignas(64) uint8_t xperm[6][4][64];  // [type slot][c]: byte p <- column (mod 128)
-  uint64_t xhigh[6][4];                 // [type slot][c]: byte p takes columns >= 128
+  alignas(64) uint8_t xperm[7][4][64];  // [type slot][c]: byte p <- column (mod 128)
+  uint64_t xhigh[7][4];                 // [type slot][c]: byte p takes columns >= 128
   alignas(64) uint8_t x2_idx[64];     // IQ2_XXS: position p -> byte of the grid index (rows A | B)
   alignas(64) uint8_t x2_sms[64];     // IQ2_XXS: byte 8i + c = bits 32 + 7c (c < 4)
   alignas(64) uint8_t x2_scm[64];     // IQ2_XXS: position 8c + i <- 8i + c (A), 32 + 8c + i <- 64 + 8i + c (B)
@@ -88,13 +88,14 @@ struct Tables {
   alignas(64) uint8_t xs_scm[64];     // IQ2_XS: position 32r + 8c + i <- high byte of row r's entry 4i + c
   alignas(64) uint8_t s3_scm[64];     // IQ3_S: position 8c + i <- sign byte 4i + c
   alignas(64) uint8_t s3_lv[64];      // IQ3_S levels + bias, period 8
-  alignas(64) uint8_t w2q[4][64];     // IQ1 output c: qword i bytes 0, 1 <- word 4i + c
-  alignas(64) int16_t e_quarter[32], e_sh3[32], e_half[32], e_sh4[32];
+  alignas(64) uint8_t w2q[4][64];
+  alignas(64) uint8_t spread[8][64];  // chunk k: every byte of qword i <- byte 8k + i     // IQ1 output c: qword i bytes 0, 1 <- word 4i + c
+  alignas(64) int16_t e_quarter[32], e_sh3[32], e_half[32], e_sh4[32], e_sh2[32];
   alignas(64) int32_t m1_lanes[2][16];  // IQ1_M: lane L of accumulator a -> 16-weight scale 2 (L / 2) + a
   alignas(16) uint8_t m1_sms[16];      // IQ1_M: bit offset of scale j in the 64 scale bits
 };
 
-template <uint32_t T> constexpr int kSlot = T == kIq2xxs ? 0 : T == kIq3xxs ? 1 : T == kIq1s ? 2 : T == kIq1m ? 3 : T == kIq2xs ? 4 : 5;
+template <uint32_t T> constexpr int kSlot = T == kIq2xxs ? 0 : T == kIq3xxs ? 1 : T == kIq1s ? 2 : T == kIq1m ? 3 : T == kIq2xs ? 4 : T == kIq3s ? 5 : 6;
 
 template <uint32_t T>
 constexpr void put_perm(Tables& t) {
@@ -117,6 +118,7 @@ constexpr Tables make_tables() {
   put_perm<kIq1m>(t);
   put_perm<kIq2xs>(t);
   put_perm<kIq3s>(t);
+  put_perm<kIq2s>(t);
   for (int p = 0; p < 64; ++p) {
     // IQ2_XXS lookups: position p = 16k + 8 row + b holds row's grid row 8k + b (unpacklo/hi pair them with their hi byte)
     const int k = p / 16, row = (p / 8) % 2, b = p % 8, e = 8 * k + b;
@@ -150,6 +152,7 @@ constexpr Tables make_tables() {
   for (int e = 0; e < 32; ++e) {
     t.e_quarter[e] = static_cast<int16_t>(e / 4);
     t.e_sh3[e] = static_cast<int16_t>(3 * (e % 4));
+    t.e_sh2[e] = static_cast<int16_t>(2 * (e % 4));
     t.e_half[e] = static_cast<int16_t>(e / 2);
     t.e_sh4[e] = static_cast<int16_t>(4 * (e % 2));
   }
@@ -325,6 +328,7 @@ HMOE_LC inline void decode_iq3xxs(const uint8_t* a, Dec<kIq3xxs>& k) {
 // The biased IQ1 grid rows.
 struct Iq1Rows {
   alignas(64) uint64_t g[2048];
+  alignas(64) uint64_t iq2s[1024];  // IQ2_S: 43 + level per byte
 };
 const Iq1Rows& make_iq1_rows() {
   static const Iq1Rows r = [] {
@@ -333,6 +337,11 @@ const Iq1Rows& make_iq1_rows() {
       uint64_t v = 0;
       for (int j = 0; j < 8; ++j) v |= ((kIq1sGrid[e] >> (8 * j)) & 0xFF) * 8 << (8 * j);
       t.g[e] = v;
+    }
+    for (int e = 0; e < 1024; ++e) {
+      uint64_t v = 0;
+      for (int j = 0; j < 8; ++j) v |= (((kIq2sGrid[e] >> (8 * j)) & 0xFF) + 43) << (8 * j);
+      t.iq2s[e] = v;
     }
     return t;
   }();
@@ -386,6 +395,18 @@ HMOE_LC inline void decode_iq1m(const uint8_t* a, Dec<kIq1m>& k) {
   k.sc[0][1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_permutexvar_epi32(ld(kT.m1_lanes[1]), odd)), d);
 }
 
+// IQ2_XS / IQ2_S scales (4 bits per 16 weights) as the two accumulators' lane
+// scales: accumulator h (outputs 2h, 2h + 1), lanes 2i, 2i + 1 take the
+// 16-weight scale 2i + h, nibble h of scale byte i; times the row's d.
+HMOE_LC inline void scales16(const uint8_t* d16, const uint8_t* s8, __m512 (&sc)[2]) {
+  const uint64_t s = u64(s8);
+  const uint64_t lo = ((s & 0x0F0F0F0F0F0F0F0Full) << 1) | 0x0101010101010101ull, hi = ((s >> 3) & 0x1E1E1E1E1E1E1E1Eull) | 0x0101010101010101ull;
+  const __m128i v = _mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo));
+  const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(u16(d16))));
+  sc[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(v, v))), d);
+  sc[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(v, v))), d);
+}
+
 // IQ2_XS rows A, B: d, qs u16[32] (9-bit grid index, 7-bit sign index), scales[8] (4 bits per 16 weights).
 HMOE_LC inline void decode_iq2xs(const uint8_t* a, const uint8_t* b, Dec<kIq2xs>& k) {
   const __m512i qa = _mm512_loadu_si512(a + 2), qb = _mm512_loadu_si512(b + 2);
@@ -404,17 +425,8 @@ HMOE_LC inline void decode_iq2xs(const uint8_t* a, const uint8_t* b, Dec<kIq2xs>
       k.u[r][c] = _mm512_mask_sub_epi8(u, sb.chunk(4 * r + c), twob, u);
     }
   }
-  // accumulator h (outputs 2h, 2h + 1), lanes 2i, 2i + 1: the 16-weight scale 2i + h = nibble h of scale byte i
-  const uint8_t* rows[2] = {a, b};
-#pragma GCC unroll 2
-  for (int r = 0; r < 2; ++r) {
-    const uint64_t sc = u64(rows[r] + 66);
-    const uint64_t lo = ((sc & 0x0F0F0F0F0F0F0F0Full) << 1) | 0x0101010101010101ull, hi = ((sc >> 3) & 0x1E1E1E1E1E1E1E1Eull) | 0x0101010101010101ull;
-    const __m128i v = _mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo));
-    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(u16(rows[r]))));
-    k.sc[r][0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(v, v))), d);
-    k.sc[r][1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(v, v))), d);
-  }
+  scales16(a, a + 66, k.sc[0]);
+  scales16(b, b + 66, k.sc[1]);
 }
 
 // IQ3_S row: d, qs[64] (low index bits), qh[8] (index bit 8), signs[32] (per 8 weights), scales[4] (4 bits per 32 weights).
@@ -438,8 +450,28 @@ HMOE_LC inline void decode_iq3s(const uint8_t* a, Dec<kIq3s>& k) {
   k.sc[0][0] = row_scale(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(v, v)), a);
 }
 
+// IQ2_S row: d, qs[32] (index bits 0..7), signs[32] (one byte per grid row), qh[8] (index bits 8, 9), scales[8].
+// The 1024-entry grid is gathered (biased rows, output c: grid rows 4i + c), the signs are the stored bytes.
+HMOE_LC inline void decode_iq2s(const uint8_t* a, Dec<kIq2s>& k) {
+  const __m512i qhw = _mm512_permutexvar_epi16(ld(kT.e_quarter), _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a + 66)))));
+  const __m512i hi = _mm512_and_si512(_mm512_srlv_epi16(qhw, ld(kT.e_sh2)), _mm512_set1_epi16(3));
+  const __m512i w = _mm512_or_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2))), _mm512_slli_epi16(hi, 8));
+  SignBytes sb;  // byte 8c + i: the sign byte of grid row 4i + c
+  sb.put(_mm512_permutexvar_epi8(ld(kT.s3_scm), _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 34)))));
+  const __m512i twob = _mm512_set1_epi8(86);
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m512i idx = _mm512_maskz_permutexvar_epi8(0x0303030303030303ull, ld(kT.w2q[c]), w);
+    const __m512i u = _mm512_i64gather_epi64(idx, reinterpret_cast<const long long*>(kG1.iq2s), 8);
+    k.u[0][c] = _mm512_mask_sub_epi8(u, sb.chunk(c), twob, u);
+  }
+  scales16(a, a + 74, k.sc[0]);
+}
+
 template <uint32_t T>
 HMOE_LC inline void decode(const uint8_t* a, const uint8_t* b, Dec<T>& k) {
+  if constexpr (T == kIq2s) decode_iq2s(a, k);
+  else
   if constexpr (T == kIq2xxs) decode_iq2xxs(a, b, k);
   else if constexpr (T == kIq2xs) decode_iq2xs(a, b, k);
   else if constexpr (T == kIq3s) decode_iq3s(a, k);
@@ -448,10 +480,46 @@ HMOE_LC inline void decode(const uint8_t* a, const uint8_t* b, Dec<T>& k) {
   else decode_iq1m(a, k);
 }
 
+// acc[i][t] += group g's product of the decoded rows with the NT tokens.
+template <uint32_t T, int NT>
+HMOE_LC inline void dot(const Dec<T>& k, const XG<T>* xp, const float* dx, int64_t g, int64_t ng, __m512 (&acc)[kRows<T>][NT]) {
+  constexpr int R = kRows<T>, A = kAcc<T>;
+#pragma GCC unroll 4
+  for (int t = 0; t < NT; ++t) {
+    const XG<T>& x = xp[t * ng + g];
+    const __m512 d = _mm512_set1_ps(dx[t * ng + g]);
+#pragma GCC unroll 2
+    for (int i = 0; i < R; ++i) {
+      __m512i s[A];
+      if constexpr (A == 1) {  // two chains of 2 (vpdpbusd's latency is 5)
+        const __m512i s0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x.seed[0], k.u[i][0], x.x[0]), k.u[i][2], x.x[2]);
+        const __m512i s1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), k.u[i][1], x.x[1]), k.u[i][3], x.x[3]);
+        s[0] = _mm512_add_epi32(s0, s1);
+      } else {
+#pragma GCC unroll 2
+        for (int j = 0; j < A; ++j) s[j] = x.seed[j];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) s[c * A / 4] = _mm512_dpbusd_epi32(s[c * A / 4], k.u[i][c], x.x[c]);
+      }
+#pragma GCC unroll 2
+      for (int j = 0; j < A; ++j) acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[j]), _mm512_mul_ps(k.sc[i][j], d), acc[i][t]);
+    }
+  }
+}
+
+// The lines of bytes [p + ahead, p + ahead + n).
+HMOE_LC inline void prefetch(const uint8_t* p, int64_t ahead, int n) {
+  const char* q = reinterpret_cast<const char*>(p) + ahead;
+  for (int o = 0; o < n; o += 64) _mm_prefetch(q + o, _MM_HINT_T0);
+  _mm_prefetch(q + n - 1, _MM_HINT_T0);
+}
+
 // Rows r.. r + kRows - 1 (`pair` false: one row, the second repeats it) times NT tokens.
+// Two groups per step, both decoded before their products: two independent
+// decode chains (lookups, expansion, sign masks through memory) in flight.
 template <uint32_t T, int NT>
 HMOE_LC void tile(const Mat& w, int64_t r, bool pair, const XG<T>* xp, const float* dx, int64_t ng, float* y, int64_t ldy) {
-  constexpr int GB = kGroupBytes<T>, R = kRows<T>, A = kAcc<T>;
+  constexpr int GB = kGroupBytes<T>, R = kRows<T>;
   const uint8_t* a = w.row(r);
   const uint8_t* b = R == 2 && pair ? w.row(r + 1) : a;
   __m512 acc[R][NT];
@@ -459,30 +527,22 @@ HMOE_LC void tile(const Mat& w, int64_t r, bool pair, const XG<T>* xp, const flo
   for (int t = 0; t < NT; ++t)
 #pragma GCC unroll 2
     for (int i = 0; i < R; ++i) acc[i][t] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < ng; ++g, a += GB, b += GB) {
-    _mm_prefetch(reinterpret_cast<const char*>(a) + 1024, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a) + 1024 + GB - 1, _MM_HINT_T0);
-    if (R == 2 && pair) {
-      _mm_prefetch(reinterpret_cast<const char*>(b) + 1024, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(b) + 1024 + GB - 1, _MM_HINT_T0);
-    }
+  // the same groups of the next step's rows (the weights stream from memory in the expert engine)
+  const int64_t rb = static_cast<int64_t>(w.row_bytes()), ahead = R * rb < 4096 ? R * rb : 4096;
+  int64_t g = 0;
+  for (; g + 2 <= ng; g += 2, a += 2 * GB, b += 2 * GB) {
+    prefetch(a, ahead, 2 * GB);
+    if (R == 2 && pair) prefetch(b, ahead, 2 * GB);
+    Dec<T> k0, k1;
+    decode<T>(a, b, k0);
+    decode<T>(a + GB, b + GB, k1);
+    dot<T, NT>(k0, xp, dx, g, ng, acc);
+    dot<T, NT>(k1, xp, dx, g + 1, ng, acc);
+  }
+  if (g < ng) {
     Dec<T> k;
     decode<T>(a, b, k);
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) {
-      const XG<T>& x = xp[t * ng + g];
-      const __m512 d = _mm512_set1_ps(dx[t * ng + g]);
-#pragma GCC unroll 2
-      for (int i = 0; i < R; ++i) {
-        __m512i s[A];
-#pragma GCC unroll 2
-        for (int j = 0; j < A; ++j) s[j] = x.seed[j];
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) s[c * A / 4] = _mm512_dpbusd_epi32(s[c * A / 4], k.u[i][c], x.x[c]);
-#pragma GCC unroll 2
-        for (int j = 0; j < A; ++j) acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[j]), _mm512_mul_ps(k.sc[i][j], d), acc[i][t]);
-      }
-    }
+    dot<T, NT>(k, xp, dx, g, ng, acc);
   }
 #pragma GCC unroll 4
   for (int t = 0; t < NT; ++t) {
@@ -517,6 +577,7 @@ bool lowbit_rows_q8_codes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w,
     case kIq2xxs: rows<kIq2xxs>(xa, t0, n, w, r0, r1, y, ldy); return true;
     case kIq2xs: rows<kIq2xs>(xa, t0, n, w, r0, r1, y, ldy); return true;
     case kIq3xxs: rows<kIq3xxs>(xa, t0, n, w, r0, r1, y, ldy); return true;
+    case kIq2s: rows<kIq2s>(xa, t0, n, w, r0, r1, y, ldy); return true;
     case kIq3s:  // index bit 8 by vpshufbitqmb
       if (!bitalg) return false;
       rows<kIq3s>(xa, t0, n, w, r0, r1, y, ldy);

@@ -275,7 +275,7 @@ TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI), v3 (grid 
       if (v4on) CHECK(cpu::detail::lowbit_rows_q8_codes(a, 0, n, w, 3, rows, v4.data(), rows));
       if (vbmi)
         CHECK(v4on == (t == cpu::lowbit::iq1_s || t == cpu::lowbit::iq1_m || t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs ||
-                      t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s));
+                      t == cpu::lowbit::iq2_s || t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s));
       int bad = 0;
       for (size_t i = 0; i < ref.size(); ++i) {
         const double tol = 2e-5 * absdot[i] + 1e-5;
