@@ -53,7 +53,10 @@ template <uint32_t T> constexpr int kBias = (T == kIq2xxs || T == kIq2xs || T ==
 // fp32 factor of the integer scales (2 s + 1), applied to the activation scale
 template <uint32_t T> constexpr float kDScale = T == kIq3xxs ? 0.25f : T == kIq3s ? 1.0f : 0.125f;
 // rows decoded per step
-template <uint32_t T> constexpr int kRows = (T == kIq2xxs || T == kIq2xs) ? 2 : 1;
+#ifndef IQ2XS_GATHER
+#define IQ2XS_GATHER 1
+#endif
+template <uint32_t T> constexpr int kRows = (T == kIq2xxs || (T == kIq2xs && !IQ2XS_GATHER)) ? 2 : 1;
 // accumulators (scale lane maps) per row: output c goes to c / (4 / kAcc)
 template <uint32_t T> constexpr int kAcc = (T == kIq1m || T == kIq2xs || T == kIq2s) ? 2 : 1;
 
@@ -329,6 +332,7 @@ HMOE_LC inline void decode_iq3xxs(const uint8_t* a, Dec<kIq3xxs>& k) {
 struct Iq1Rows {
   alignas(64) uint64_t g[2048];
   alignas(64) uint64_t iq2s[1024];  // IQ2_S: 43 + level per byte
+  alignas(64) uint64_t iq2xs[512];  // IQ2_XS: 43 + level per byte
 };
 const Iq1Rows& make_iq1_rows() {
   static const Iq1Rows r = [] {
@@ -342,6 +346,11 @@ const Iq1Rows& make_iq1_rows() {
       uint64_t v = 0;
       for (int j = 0; j < 8; ++j) v |= (((kIq2sGrid[e] >> (8 * j)) & 0xFF) + 43) << (8 * j);
       t.iq2s[e] = v;
+    }
+    for (int e = 0; e < 512; ++e) {
+      uint64_t v = 0;
+      for (int j = 0; j < 8; ++j) v |= (((kIq2xsGrid[e] >> (8 * j)) & 0xFF) + 43) << (8 * j);
+      t.iq2xs[e] = v;
     }
     return t;
   }();
@@ -407,6 +416,7 @@ HMOE_LC inline void scales16(const uint8_t* d16, const uint8_t* s8, __m512 (&sc)
   sc[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(v, v))), d);
 }
 
+#if !IQ2XS_GATHER
 // IQ2_XS rows A, B: d, qs u16[32] (9-bit grid index, 7-bit sign index), scales[8] (4 bits per 16 weights).
 HMOE_LC inline void decode_iq2xs(const uint8_t* a, const uint8_t* b, Dec<kIq2xs>& k) {
   const __m512i qa = _mm512_loadu_si512(a + 2), qb = _mm512_loadu_si512(b + 2);
@@ -428,6 +438,8 @@ HMOE_LC inline void decode_iq2xs(const uint8_t* a, const uint8_t* b, Dec<kIq2xs>
   scales16(a, a + 66, k.sc[0]);
   scales16(b, b + 66, k.sc[1]);
 }
+
+#endif
 
 // IQ3_S row: d, qs[64] (low index bits), qh[8] (index bit 8), signs[32] (per 8 weights), scales[4] (4 bits per 32 weights).
 HMOE_LC inline void decode_iq3s(const uint8_t* a, Dec<kIq3s>& k) {
@@ -468,12 +480,32 @@ HMOE_LC inline void decode_iq2s(const uint8_t* a, Dec<kIq2s>& k) {
   scales16(a, a + 74, k.sc[0]);
 }
 
+// IQ2_XS row by gathers: grid rows 4i + c of output c, sign indices above the 9 index bits.
+HMOE_LC inline void decode_iq2xs_g(const uint8_t* a, Dec<kIq2xs>& k) {
+  const __m512i q = _mm512_loadu_si512(a + 2);
+  const __m512i w = _mm512_and_si512(q, _mm512_set1_epi16(511));
+  SignBytes sb;  // byte 8c + i: grid row 4i + c's high byte >> 1
+  sb.put(sign_bytes(_mm512_srli_epi16(_mm512_permutexvar_epi8(ld(kT.xs_scm), q), 1)));
+  const __m512i twob = _mm512_set1_epi8(86);
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m512i idx = _mm512_maskz_permutexvar_epi8(0x0303030303030303ull, ld(kT.w2q[c]), w);
+    const __m512i u = _mm512_i64gather_epi64(idx, reinterpret_cast<const long long*>(kG1.iq2xs), 8);
+    k.u[0][c] = _mm512_mask_sub_epi8(u, sb.chunk(c), twob, u);
+  }
+  scales16(a, a + 66, k.sc[0]);
+}
+
 template <uint32_t T>
 HMOE_LC inline void decode(const uint8_t* a, const uint8_t* b, Dec<T>& k) {
   if constexpr (T == kIq2s) decode_iq2s(a, k);
+#if IQ2XS_GATHER
+  else if constexpr (T == kIq2xs) decode_iq2xs_g(a, k);
+#else
+  else if constexpr (T == kIq2xs) decode_iq2xs(a, b, k);
+#endif
   else
   if constexpr (T == kIq2xxs) decode_iq2xxs(a, b, k);
-  else if constexpr (T == kIq2xs) decode_iq2xs(a, b, k);
   else if constexpr (T == kIq3s) decode_iq3s(a, k);
   else if constexpr (T == kIq3xxs) decode_iq3xxs(a, k);
   else if constexpr (T == kIq1s) decode_iq1s(a, k);
