@@ -53,10 +53,7 @@ template <uint32_t T> constexpr int kBias = (T == kIq2xxs || T == kIq2xs || T ==
 // fp32 factor of the integer scales (2 s + 1), applied to the activation scale
 template <uint32_t T> constexpr float kDScale = T == kIq3xxs ? 0.25f : T == kIq3s ? 1.0f : 0.125f;
 // rows decoded per step
-#ifndef IQ2XS_GATHER
-#define IQ2XS_GATHER 1
-#endif
-template <uint32_t T> constexpr int kRows = (T == kIq2xxs || (T == kIq2xs && !IQ2XS_GATHER)) ? 2 : 1;
+template <uint32_t T> constexpr int kRows = T == kIq2xxs ? 2 : 1;
 // accumulators (scale lane maps) per row: output c goes to c / (4 / kAcc)
 template <uint32_t T> constexpr int kAcc = (T == kIq1m || T == kIq2xs || T == kIq2s) ? 2 : 1;
 
@@ -87,8 +84,7 @@ struct Tables {
   alignas(64) uint8_t x3_scm[64];     // IQ3_XXS: position 8c + i <- 8i + c
   alignas(64) uint8_t x3_ms[2][64];   // IQ3_XXS output c: byte j = bits 16 (2 (c % 2) + j / 4) + 3 (j % 4)
   alignas(64) uint8_t x3_lv[64];      // IQ3 levels + bias, period 8
-  alignas(64) uint8_t xs_lo[64], xs_hi[64];  // IQ2_XS: position p (as x2_idx) -> low / high byte of its u16
-  alignas(64) uint8_t xs_scm[64];     // IQ2_XS: position 32r + 8c + i <- high byte of row r's entry 4i + c
+  alignas(64) uint8_t xs_scm[64];     // IQ2_XS: position 8c + i <- high byte of grid row 4i + c
   alignas(64) uint8_t s3_scm[64];     // IQ3_S: position 8c + i <- sign byte 4i + c
   alignas(64) uint8_t s3_lv[64];      // IQ3_S levels + bias, period 8
   alignas(64) uint8_t w2q[4][64];
@@ -126,8 +122,6 @@ constexpr Tables make_tables() {
     // IQ2_XXS lookups: position p = 16k + 8 row + b holds row's grid row 8k + b (unpacklo/hi pair them with their hi byte)
     const int k = p / 16, row = (p / 8) % 2, b = p % 8, e = 8 * k + b;
     t.x2_idx[p] = static_cast<uint8_t>(64 * row + 8 * (e / 4) + e % 4);
-    t.xs_lo[p] = static_cast<uint8_t>(64 * row + 2 * e);
-    t.xs_hi[p] = static_cast<uint8_t>(64 * row + 2 * e + 1);
     {
       const int rr = p / 32, cc = (p % 32) / 8, ii = p % 8;
       t.xs_scm[p] = static_cast<uint8_t>(64 * rr + 2 * (4 * ii + cc) + 1);
@@ -172,7 +166,6 @@ constexpr Tables kT = make_tables();
 struct Codes {
   alignas(64) uint8_t iq2xxs[2][256];
   alignas(64) uint8_t iq3xxs[2][256];
-  alignas(64) uint8_t iq2xs[2][512];
   alignas(64) uint8_t iq3s[2][512];
 };
 int level_code(const int* levels, int n, int v) {
@@ -193,11 +186,8 @@ const Codes& make_codes() {
       t.iq3xxs[1][e] = static_cast<uint8_t>(c3 >> 8);
     }
     for (int e = 0; e < 512; ++e) {
-      uint32_t c2 = 0, c3 = 0;
-      for (int j = 0; j < 8; ++j) c2 |= static_cast<uint32_t>(level_code(kIq2Levels, 3, static_cast<int>((kIq2xsGrid[e] >> (8 * j)) & 0xFF))) << (2 * j);
+      uint32_t c3 = 0;
       for (int j = 0; j < 4; ++j) c3 |= static_cast<uint32_t>(level_code(kIq3sLevels, 8, static_cast<int>((kIq3sGrid[e] >> (8 * j)) & 0xFF))) << (3 * j);
-      t.iq2xs[0][e] = static_cast<uint8_t>(c2);
-      t.iq2xs[1][e] = static_cast<uint8_t>(c2 >> 8);
       t.iq3s[0][e] = static_cast<uint8_t>(c3);
       t.iq3s[1][e] = static_cast<uint8_t>(c3 >> 8);
     }
@@ -416,30 +406,6 @@ HMOE_LC inline void scales16(const uint8_t* d16, const uint8_t* s8, __m512 (&sc)
   sc[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(v, v))), d);
 }
 
-#if !IQ2XS_GATHER
-// IQ2_XS rows A, B: d, qs u16[32] (9-bit grid index, 7-bit sign index), scales[8] (4 bits per 16 weights).
-HMOE_LC inline void decode_iq2xs(const uint8_t* a, const uint8_t* b, Dec<kIq2xs>& k) {
-  const __m512i qa = _mm512_loadu_si512(a + 2), qb = _mm512_loadu_si512(b + 2);
-  const __m512i idx = _mm512_permutex2var_epi8(qa, ld(kT.xs_lo), qb), hb = _mm512_permutex2var_epi8(qa, ld(kT.xs_hi), qb);
-  const __mmask64 hi7 = _mm512_movepi8_mask(idx), hi8 = _mm512_test_epi8_mask(hb, _mm512_set1_epi8(1));
-  const __m512i lo8 = lookup512(kC.iq2xs[0], idx, hi7, hi8), hi8v = lookup512(kC.iq2xs[1], idx, hi7, hi8);
-  const __m512i q[2] = {_mm512_unpacklo_epi8(lo8, hi8v), _mm512_unpackhi_epi8(lo8, hi8v)};
-  SignBytes sb;  // the 7 sign bits above the index bit (bit 7 of a byte: the next byte's bit 0, unused by the lookup)
-  sb.put(sign_bytes(_mm512_srli_epi16(_mm512_permutex2var_epi8(qa, ld(kT.xs_scm), qb), 1)));
-  const __m512i lv = ld(kT.x2_lv), twob = _mm512_set1_epi8(86);
-#pragma GCC unroll 2
-  for (int r = 0; r < 2; ++r) {
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m512i u = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ld(kT.x2_ms[c]), q[r]), lv);
-      k.u[r][c] = _mm512_mask_sub_epi8(u, sb.chunk(4 * r + c), twob, u);
-    }
-  }
-  scales16(a, a + 66, k.sc[0]);
-  scales16(b, b + 66, k.sc[1]);
-}
-
-#endif
 
 // IQ3_S row: d, qs[64] (low index bits), qh[8] (index bit 8), signs[32] (per 8 weights), scales[4] (4 bits per 32 weights).
 HMOE_LC inline void decode_iq3s(const uint8_t* a, Dec<kIq3s>& k) {
@@ -480,8 +446,9 @@ HMOE_LC inline void decode_iq2s(const uint8_t* a, Dec<kIq2s>& k) {
   scales16(a, a + 74, k.sc[0]);
 }
 
-// IQ2_XS row by gathers: grid rows 4i + c of output c, sign indices above the 9 index bits.
-HMOE_LC inline void decode_iq2xs_g(const uint8_t* a, Dec<kIq2xs>& k) {
+// IQ2_XS row: d, qs u16[32] (9-bit grid index, 7-bit sign index), scales[8] (4 bits per 16 weights); the
+// 512-entry grid gathered (biased rows; 512-entry register lookups measured slower), output c: grid rows 4i + c.
+HMOE_LC inline void decode_iq2xs(const uint8_t* a, Dec<kIq2xs>& k) {
   const __m512i q = _mm512_loadu_si512(a + 2);
   const __m512i w = _mm512_and_si512(q, _mm512_set1_epi16(511));
   SignBytes sb;  // byte 8c + i: grid row 4i + c's high byte >> 1
@@ -497,15 +464,10 @@ HMOE_LC inline void decode_iq2xs_g(const uint8_t* a, Dec<kIq2xs>& k) {
 }
 
 template <uint32_t T>
-HMOE_LC inline void decode(const uint8_t* a, const uint8_t* b, Dec<T>& k) {
+HMOE_LC inline void decode(const uint8_t* a, [[maybe_unused]] const uint8_t* b, Dec<T>& k) {
   if constexpr (T == kIq2s) decode_iq2s(a, k);
-#if IQ2XS_GATHER
-  else if constexpr (T == kIq2xs) decode_iq2xs_g(a, k);
-#else
-  else if constexpr (T == kIq2xs) decode_iq2xs(a, b, k);
-#endif
-  else
-  if constexpr (T == kIq2xxs) decode_iq2xxs(a, b, k);
+  else if constexpr (T == kIq2xs) decode_iq2xs(a, k);
+  else if constexpr (T == kIq2xxs) decode_iq2xxs(a, b, k);
   else if constexpr (T == kIq3s) decode_iq3s(a, k);
   else if constexpr (T == kIq3xxs) decode_iq3xxs(a, k);
   else if constexpr (T == kIq1s) decode_iq1s(a, k);
