@@ -25,7 +25,7 @@
 // machine's preemption does not inflate): the compute roof, as the GB/s of
 // weights one core could consume.
 //
-// Usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--compare-v2] [--type NAME] [--experts E] [--shape deepseek|qwen]
+// Usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--compare-v2] [--batch N] [--type NAME] [--experts E] [--shape deepseek|qwen]
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -228,6 +228,7 @@ void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = fals
 int main(int argc, char** argv) {
   int threads = 0;
   bool quick = false, kernel = false, compare = false;
+  std::vector<int64_t> batches{1, 8, 32};
   int64_t E = 24;
   std::string only;
   for (int i = 1; i < argc; ++i) {
@@ -236,13 +237,14 @@ int main(int argc, char** argv) {
     else if (a == "--quick") quick = true;
     else if (a == "--kernel") kernel = true;
     else if (a == "--compare-v2") compare = true;
+    else if (a == "--batch" && i + 1 < argc) batches = {std::stoll(argv[++i])};
     else if (a == "--type" && i + 1 < argc) only = argv[++i];
     else if (a == "--experts" && i + 1 < argc) E = std::stoll(argv[++i]);
     else if (a == "--shape" && i + 1 < argc) {
       const std::string s = argv[++i];
       if (s == "qwen") H = 2048, I = 768;
     } else {
-      std::fprintf(stderr, "usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--compare-v2] [--type NAME] [--experts E] [--shape deepseek|qwen]\n");
+      std::fprintf(stderr, "usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--compare-v2] [--batch N] [--type NAME] [--experts E] [--shape deepseek|qwen]\n");
       return 2;
     }
   }
@@ -306,7 +308,7 @@ int main(int argc, char** argv) {
     numa::ExpertEngine eq(set.w, pools, on), ee(set.w, pools, off);
     const double bpw = 8.0 * set.expert_bytes / static_cast<double>(3 * H * I);
     const bool v4 = compare && uses_codes(f.up, f.down);
-    for (int64_t n : {int64_t{1}, int64_t{8}, int64_t{32}}) {
+    for (int64_t n : batches) {
       const double se = (quick && n > 1) ? NAN : time_forward(ee, n, E, min_s * (n > 1 ? 0.5 : 1.0));
       double sq_cpu = 1e30, sq = 1e30, v2 = 1e30, v2_cpu = 1e30;
       // --compare-v2: v4 and v2 in turns, three times each (a shared machine's load moves between them)

@@ -35,7 +35,7 @@
 #include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
 
-#define HMOE_LC __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx512bitalg,bmi2,f16c,fma")))
+#define HMOE_LC __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx512bitalg,gfni,bmi2,f16c,fma")))
 
 namespace hmoe::cpu::detail {
 
@@ -252,6 +252,28 @@ struct SignBytes {
 };
 
 // One byte plane of a 256-entry table for 64 indices (hi: index bit 7).
+// GF(2) affine maps of a byte's low code bits (the bits above ignored) to
+// biased levels, for vgf2p8affineqb (port 0, where vpermb takes port 5 with
+// the vpmultishiftqb before it): output bit i = parity(row i & x) ^ bit i of
+// b, row i = byte 7 - i of the matrix. A map exists when the levels are an
+// affine image of the codes: IQ2 (3 levels, any 3 points are), IQ3_S
+// (15 + 2k + 1 = 16 | 2k); IQ3_XXS's 62 is not (vpermb there).
+constexpr uint64_t affine_matrix(const uint8_t* cols, int n) {
+  uint64_t m = 0;
+  for (int i = 0; i < 8; ++i) {
+    uint64_t row = 0;
+    for (int j = 0; j < n; ++j) row |= static_cast<uint64_t>((cols[j] >> i) & 1) << j;
+    m |= row << (8 * (7 - i));
+  }
+  return m;
+}
+constexpr uint8_t kIq2Cols[2] = {(43 + 25) ^ (43 + 8), (43 + 43) ^ (43 + 8)};  // code 1, code 2 against code 0
+constexpr uint64_t kIq2Affine = affine_matrix(kIq2Cols, 2);
+constexpr int kIq2Affine0 = 43 + 8;
+constexpr uint8_t kIq3sCols[3] = {2, 4, 8};
+constexpr uint64_t kIq3sAffine = affine_matrix(kIq3sCols, 3);
+constexpr int kIq3sAffine0 = 16;
+
 HMOE_LC inline __m512i lookup256(const uint8_t* plane, __m512i idx, __mmask64 hi) {
   const __m512i lo = _mm512_permutex2var_epi8(ld(plane), idx, ld(plane + 64));
   const __m512i up = _mm512_permutex2var_epi8(ld(plane + 128), idx, ld(plane + 192));
@@ -281,12 +303,12 @@ HMOE_LC inline void decode_iq2xxs(const uint8_t* a, const uint8_t* b, Dec<kIq2xx
                                               _mm512_multishift_epi64_epi8(ld(kT.x2_sms), qb));
   SignBytes sb;
   sb.put(sign_bytes(ms));
-  const __m512i lv = ld(kT.x2_lv), twob = _mm512_set1_epi8(86);
+  const __m512i lv = _mm512_set1_epi64(static_cast<long long>(kIq2Affine)), twob = _mm512_set1_epi8(86);
 #pragma GCC unroll 2
   for (int r = 0; r < 2; ++r) {
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
-      const __m512i u = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ld(kT.x2_ms[c]), q[r]), lv);
+      const __m512i u = _mm512_gf2p8affine_epi64_epi8(_mm512_multishift_epi64_epi8(ld(kT.x2_ms[c]), q[r]), lv, kIq2Affine0);
       k.u[r][c] = _mm512_mask_sub_epi8(u, sb.chunk(4 * r + c), twob, u);
     }
   }
@@ -416,10 +438,10 @@ HMOE_LC inline void decode_iq3s(const uint8_t* a, Dec<kIq3s>& k) {
   const __m512i q[2] = {_mm512_unpacklo_epi8(lo8, hi8v), _mm512_unpackhi_epi8(lo8, hi8v)};
   SignBytes sb;
   sb.put(_mm512_permutexvar_epi8(ld(kT.s3_scm), _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 74)))));
-  const __m512i lv = ld(kT.s3_lv), twob = _mm512_set1_epi8(30);
+  const __m512i lv = _mm512_set1_epi64(static_cast<long long>(kIq3sAffine)), twob = _mm512_set1_epi8(30);
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
-    const __m512i u = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ld(kT.x3_ms[c % 2]), q[c / 2]), lv);
+    const __m512i u = _mm512_gf2p8affine_epi64_epi8(_mm512_multishift_epi64_epi8(ld(kT.x3_ms[c % 2]), q[c / 2]), lv, kIq3sAffine0);
     k.u[0][c] = _mm512_mask_sub_epi8(u, sb.chunk(c), twob, u);
   }
   // sub-block i: nibble i of the 4 scale bytes, 2 s + 1, to lanes 2i, 2i + 1
