@@ -309,7 +309,8 @@ HMOE_LC inline void decode_iq2xxs(const uint8_t* a, const uint8_t* b, Dec<kIq2xx
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       const __m512i u = _mm512_gf2p8affine_epi64_epi8(_mm512_multishift_epi64_epi8(ld(kT.x2_ms[c]), q[r]), lv, kIq2Affine0);
-      k.u[r][c] = _mm512_mask_sub_epi8(u, sb.chunk(4 * r + c), twob, u);
+      const __mmask64 m = sb.chunk(4 * r + c);
+      k.u[r][c] = _mm512_mask_sub_epi8(u, m, twob, u);
     }
   }
   // sub-block i's scale: the top 4 bits of dword 2i + 1; (aux >> 27) | 1 = 2 s + 1, to lanes 2i, 2i + 1
