@@ -1,27 +1,34 @@
-// AVX-512 VNNI + VBMI integer kernels of the grid IQ types (IQ1_S, IQ1_M,
-// IQ2_XXS, IQ3_XXS), v4: 16-bit grid codes expanded by vpmultishiftqb.
-// v2 (quant_gguf_lowbit_vbmi.cpp) gathers 8-byte grid rows and v3
-// (quant_gguf_lowbit_planes.cpp) looks up every byte plane of a grid row;
-// here a grid row is its *code*: the few levels a grid byte takes (IQ1, IQ2:
-// 3 levels, 2 bits; IQ3: 8 levels, 3 bits) packed into 16 bits, so a
-// 256-entry grid is two byte planes (8 zmm, lo and hi code byte) and one
-// lookup of 64 grid rows is 4 vpermi2b (IQ1's 2048-entry grid: one gather of
-// 16 codes instead of one of 8 rows). A register of 32 codes (qword i =
-// rows 4i..4i+3) then becomes 64 weights by one vpmultishiftqb (byte j of
-// qword i takes the 2 or 3 code bits of its weight from whichever row the
-// control names) and one vpermb of a level table (periodic, so the bits
-// above the code do not matter), the sign bits of 64 weights are one kmovq
-// load, and IQ1's delta is ored into the table index per qword.
-//  - the 4 code vectors of a 256-weight group take the rows in an order that
-//    puts one scale sub-block in each qword lane pair (or two, as two
-//    accumulators), so the scales are one fp32 fma per 16 lanes and token;
-//  - the activations are permuted into that order once per call (a dot
-//    product does not care about the order inside a sub-block), with the
-//    bias terms (-bias * sum(x) of each lane) as int32 lane seeds;
-//  - IQ2_XXS decodes two rows per step (64 grid lookups fill a vector).
-// Codes unsigned: u = bias + level or bias - level (one masked subtract).
-// Exact integer sums; equal to the scalar reference up to the order of
-// fp32 sums.
+// AVX-512 VNNI + VBMI (+ BITALG, GFNI) integer kernels of the grid IQ types
+// (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), v4. v2
+// (quant_gguf_lowbit_vbmi.cpp) decodes a row's group in the weights' own
+// order and spends most of a step placing indices, signs and 16 integer
+// scales; v4 lays a group out so that every scale sub-block sits in fixed
+// int32 lanes of all four 64-weight vectors:
+//  - output vector c, qword i takes grid row 4i + c (8-weight rows; IQ3's
+//    4-weight rows: 8i + 2c, 8i + 2c + 1), so qword i is sub-block i for the
+//    32-weight scales (one int32 accumulator, one fp32 fma per 16 lanes and
+//    token) and two accumulators serve the 16-weight scales (IQ1_M,
+//    IQ2_XS, IQ2_S); the activations are permuted into that order once per
+//    call, with the bias terms (-bias * sum(x) of each lane) as lane seeds;
+//  - 256- and 512-entry grids (IQ2_XXS, IQ3_XXS, IQ3_S) are looked up in
+//    registers as 16-bit *codes* (the position of each byte among the grid's
+//    3 or 8 levels, packed): two byte planes, 2 vpermi2b per plane and 64
+//    rows (IQ2_XXS: two rows per step fill the 64); a register of 32 codes
+//    becomes 64 weights by one vpmultishiftqb (byte j takes its weight's code
+//    bits from the row the control names) and one vgf2p8affineqb (IQ2,
+//    IQ3_S: the levels are an affine GF(2) image of the codes; port 0, where
+//    vpermb would queue behind the shifts on port 5) or vpermb of a periodic
+//    level table (IQ3_XXS, whose top level 62 is not affine);
+//  - IQ1_S, IQ1_M (2048 entries), IQ2_S (1024) and IQ2_XS (512, measured
+//    faster than 8 vpermi2b per 64 rows) gather their biased 8-byte rows;
+//  - sign bits of 64 weights are one kmovq load from the sign bytes stored
+//    in output order; u = bias + level or bias - level (one masked
+//    subtract); IQ1's delta is added per qword.
+// Two vpdpbusd chains per row and token (latency 5). Exact integer sums;
+// equal to the scalar reference up to the order of fp32 sums.
+// Measured (bench_gguf_lowbit --kernel / --compare-v2, bench/README.md):
+// faster than v2 for every type at 4 and 8 tokens, and at 1 token except
+// IQ1_M (gather-bound; v2 keeps it at one token) and IQ1_S (equal).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
@@ -586,21 +593,22 @@ HMOE_LC void rows(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t
 }  // namespace
 
 bool lowbit_rows_q8_codes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  static const bool bitalg = [] {
+  static const bool isa = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bitalg");
+    return __builtin_cpu_supports("avx512bitalg") && __builtin_cpu_supports("gfni");
   }();
+  if (!isa) return false;
   switch (w.ext) {
     case kIq2xxs: rows<kIq2xxs>(xa, t0, n, w, r0, r1, y, ldy); return true;
     case kIq2xs: rows<kIq2xs>(xa, t0, n, w, r0, r1, y, ldy); return true;
     case kIq3xxs: rows<kIq3xxs>(xa, t0, n, w, r0, r1, y, ldy); return true;
     case kIq2s: rows<kIq2s>(xa, t0, n, w, r0, r1, y, ldy); return true;
-    case kIq3s:  // index bit 8 by vpshufbitqmb
-      if (!bitalg) return false;
-      rows<kIq3s>(xa, t0, n, w, r0, r1, y, ldy);
-      return true;
+    case kIq3s: rows<kIq3s>(xa, t0, n, w, r0, r1, y, ldy); return true;
     case kIq1s: rows<kIq1s>(xa, t0, n, w, r0, r1, y, ldy); return true;
-    case kIq1m: rows<kIq1m>(xa, t0, n, w, r0, r1, y, ldy); return true;
+    case kIq1m:  // one token: v2 measured faster (both gather-bound; v4's two accumulators cost more there)
+      if (n < 2) return false;
+      rows<kIq1m>(xa, t0, n, w, r0, r1, y, ldy);
+      return true;
     default: return false;
   }
 }
