@@ -86,7 +86,6 @@ struct Tables {
   alignas(64) uint8_t x2_sms[64];     // IQ2_XXS: byte 8i + c = bits 32 + 7c (c < 4)
   alignas(64) uint8_t x2_scm[64];     // IQ2_XXS: position 8c + i <- 8i + c (A), 32 + 8c + i <- 64 + 8i + c (B)
   alignas(64) uint8_t x2_ms[4][64];   // IQ2_XXS output c: byte j of a qword = bits 16c + 2j
-  alignas(64) uint8_t x2_lv[64];      // IQ2 levels + bias, period 4
   alignas(64) uint8_t x3_idx[64];     // IQ3_XXS: position p -> grid index byte
   alignas(64) uint8_t x3_sms[64];     // IQ3_XXS: byte 8i + c = bits 7c
   alignas(64) uint8_t x3_scm[64];     // IQ3_XXS: position 8c + i <- 8i + c
@@ -94,7 +93,6 @@ struct Tables {
   alignas(64) uint8_t x3_lv[64];      // IQ3 levels + bias, period 8
   alignas(64) uint8_t xs_scm[64];     // IQ2_XS: position 8c + i <- high byte of grid row 4i + c
   alignas(64) uint8_t s3_scm[64];     // IQ3_S: position 8c + i <- sign byte 4i + c
-  alignas(64) uint8_t s3_lv[64];      // IQ3_S levels + bias, period 8
   alignas(64) uint8_t w2q[4][64];
   alignas(64) uint8_t spread[8][64];  // chunk k: every byte of qword i <- byte 8k + i     // IQ1 output c: qword i bytes 0, 1 <- word 4i + c
   alignas(64) int16_t e_quarter[32], e_sh3[32], e_half[32], e_sh4[32], e_sh2[32];
@@ -150,9 +148,7 @@ constexpr Tables make_tables() {
       const int kk = p / 16, hh = (p % 16) / 8, bb = p % 8, w = 8 * kk + bb;
       t.x3_idx[p] = static_cast<uint8_t>(8 * (w / 4) + 4 * hh + w % 4);
     }
-    t.x2_lv[p] = static_cast<uint8_t>(43 + ((p & 3) < 3 ? kIq2Levels[p & 3] : 0));
     t.x3_lv[p] = static_cast<uint8_t>(62 + kIq3Levels[p & 7]);
-    t.s3_lv[p] = static_cast<uint8_t>(15 + kIq3sLevels[p & 7]);
   }
   for (int e = 0; e < 32; ++e) {
     t.e_quarter[e] = static_cast<int16_t>(e / 4);
@@ -170,7 +166,7 @@ constexpr Tables make_tables() {
 }
 constexpr Tables kT = make_tables();
 
-// Grid codes: 256-entry grids as lo / hi code byte planes, IQ1's 2048 as u16.
+// Grid codes of the register-resident grids (IQ2_XXS, IQ3_XXS: 256 entries, IQ3_S: 512) as lo / hi code byte planes.
 struct Codes {
   alignas(64) uint8_t iq2xxs[2][256];
   alignas(64) uint8_t iq3xxs[2][256];
@@ -259,7 +255,6 @@ struct SignBytes {
   HMOE_LC __mmask64 chunk(int k) const { return _load_mask64(reinterpret_cast<__mmask64*>(const_cast<uint8_t*>(b + 8 * k))); }
 };
 
-// One byte plane of a 256-entry table for 64 indices (hi: index bit 7).
 // GF(2) affine maps of a byte's low code bits (the bits above ignored) to
 // biased levels, for vgf2p8affineqb (port 0, where vpermb takes port 5 with
 // the vpmultishiftqb before it): output bit i = parity(row i & x) ^ bit i of
@@ -282,6 +277,7 @@ constexpr uint8_t kIq3sCols[3] = {2, 4, 8};
 constexpr uint64_t kIq3sAffine = affine_matrix(kIq3sCols, 3);
 constexpr int kIq3sAffine0 = 16;
 
+// One byte plane of a 256-entry table for 64 indices (hi: index bit 7).
 HMOE_LC inline __m512i lookup256(const uint8_t* plane, __m512i idx, __mmask64 hi) {
   const __m512i lo = _mm512_permutex2var_epi8(ld(plane), idx, ld(plane + 64));
   const __m512i up = _mm512_permutex2var_epi8(ld(plane + 128), idx, ld(plane + 192));
