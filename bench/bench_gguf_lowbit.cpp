@@ -9,7 +9,11 @@
 //    taken before every format, the best one counting); the same over
 //    process CPU time per thread (a shared machine's preemption left out);
 //    experts are cycled over E so the working set is past the caches;
-//  - batch 32: integer GOP/s (2 x 3 x H x I per (token, expert) pair).
+//  - batch 8 (a short prompt chunk) and 32: integer GOP/s (2 x 3 x H x I per
+//    (token, expert) pair).
+// --compare-v2: the int8 step again with the v4 kernels turned off (v2 for
+// their types), in turns with v4 (three of each, the best counting): the
+// before/after of quant_gguf_lowbit_codes.cpp on the same load.
 // "int8" is the default path (8-bit activations, VNNI), "exact" the fp32
 // dequantize path (setting cpu_gguf_int8=0).
 // Weights are random blocks with finite fp16 scales: the kernels' work does
@@ -21,7 +25,7 @@
 // machine's preemption does not inflate): the compute roof, as the GB/s of
 // weights one core could consume.
 //
-// Usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--type NAME] [--experts E] [--shape deepseek|qwen]
+// Usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--compare-v2] [--batch N] [--type NAME] [--experts E] [--shape deepseek|qwen]
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -168,6 +172,15 @@ double time_forward(numa::ExpertEngine& eng, int64_t n, int64_t E, double min_se
   return best;
 }
 
+// Whether the v4 kernels (numa/quant_gguf_lowbit_codes.cpp) serve one of these types.
+bool uses_codes(ExtType a, ExtType b) {
+  auto v4 = [](ExtType t) {
+    return t == cpu::lowbit::iq1_s || t == cpu::lowbit::iq1_m || t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq3_xxs ||
+           t == cpu::lowbit::iq3_s || t == cpu::lowbit::iq2_s;
+  };
+  return cpu::detail::lowbit_has_avx512_vbmi() && (v4(a) || v4(b));
+}
+
 double thread_seconds() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -214,7 +227,8 @@ void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = fals
 
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false, kernel = false;
+  bool quick = false, kernel = false, compare = false;
+  std::vector<int64_t> batches{1, 8, 32};
   int64_t E = 24;
   std::string only;
   for (int i = 1; i < argc; ++i) {
@@ -222,13 +236,15 @@ int main(int argc, char** argv) {
     if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
     else if (a == "--quick") quick = true;
     else if (a == "--kernel") kernel = true;
+    else if (a == "--compare-v2") compare = true;
+    else if (a == "--batch" && i + 1 < argc) batches = {std::stoll(argv[++i])};
     else if (a == "--type" && i + 1 < argc) only = argv[++i];
     else if (a == "--experts" && i + 1 < argc) E = std::stoll(argv[++i]);
     else if (a == "--shape" && i + 1 < argc) {
       const std::string s = argv[++i];
       if (s == "qwen") H = 2048, I = 768;
     } else {
-      std::fprintf(stderr, "usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--type NAME] [--experts E] [--shape deepseek|qwen]\n");
+      std::fprintf(stderr, "usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--compare-v2] [--batch N] [--type NAME] [--experts E] [--shape deepseek|qwen]\n");
       return 2;
     }
   }
@@ -240,8 +256,10 @@ int main(int argc, char** argv) {
     for (ExtType t : cpu::lowbit::kAll) {
       const std::string name = cpu::ext_type_info(static_cast<uint32_t>(t))->name;
       if (only.empty() || only == name) kernel_row(name, t, quick ? 0.2 : 0.5);
-      if ((only.empty() || only == name) && (t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq3_xxs) && cpu::detail::lowbit_has_avx512_vbmi())
-        kernel_row(name + " (v2, before grid planes)", t, quick ? 0.2 : 0.5, true);
+      if ((only.empty() || only == name) && cpu::detail::lowbit_has_avx512_vbmi() &&
+          (t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s || t == cpu::lowbit::iq2_s ||
+           t == cpu::lowbit::iq1_s || t == cpu::lowbit::iq1_m))
+        kernel_row(name + " (v2, before grid codes)", t, quick ? 0.2 : 0.5, true);
     }
     if (only.empty() || only == "Q4_K") kernel_row("Q4_K", ExtType::q4_k, quick ? 0.2 : 0.5);
     std::printf("\n(ns per 256-weight group and row; GB/s: stored weight bytes per second one core consumes.)\n");
@@ -271,6 +289,7 @@ int main(int argc, char** argv) {
     double bpw, mb;
     int64_t n;
     double se, sq, sq_cpu, bytes, ops;
+    double v2 = NAN, v2_cpu = NAN;  // --compare-v2: the same step without the v4 kernels
   };
   std::vector<Row> out;
   int probes = 0;
@@ -288,14 +307,25 @@ int main(int argc, char** argv) {
     off.gguf_int8 = false;
     numa::ExpertEngine eq(set.w, pools, on), ee(set.w, pools, off);
     const double bpw = 8.0 * set.expert_bytes / static_cast<double>(3 * H * I);
-    for (int64_t n : {int64_t{1}, int64_t{32}}) {
+    const bool v4 = compare && uses_codes(f.up, f.down);
+    for (int64_t n : batches) {
       const double se = (quick && n > 1) ? NAN : time_forward(ee, n, E, min_s * (n > 1 ? 0.5 : 1.0));
-      double sq_cpu = 0;
-      const double sq = time_forward(eq, n, E, min_s, pool.size(), &sq_cpu);
+      double sq_cpu = 1e30, sq = 1e30, v2 = 1e30, v2_cpu = 1e30;
+      // --compare-v2: v4 and v2 in turns, three times each (a shared machine's load moves between them)
+      for (int rep = 0; rep < (v4 ? 3 : 1); ++rep) {
+        double c = 0;
+        sq = std::min(sq, time_forward(eq, n, E, v4 ? min_s / 2 : min_s, pool.size(), &c));
+        sq_cpu = std::min(sq_cpu, c);
+        if (!v4) continue;
+        const bool prev = cpu::detail::lowbit_set_codes_for_testing(false);
+        v2 = std::min(v2, time_forward(eq, n, E, min_s / 2, pool.size(), &c));
+        v2_cpu = std::min(v2_cpu, c);
+        cpu::detail::lowbit_set_codes_for_testing(prev);
+      }
       const double touched = static_cast<double>(n == 1 ? K : std::min<int64_t>(E, 3 * K));  // distinct experts per step
       const double bytes = touched * set.expert_bytes;
       const double ops = 2.0 * 3.0 * static_cast<double>(H * I) * static_cast<double>(n * K);
-      out.push_back({f.name, bpw, set.expert_bytes / 1e6, n, se, sq, sq_cpu, bytes, ops});
+      out.push_back({f.name, bpw, set.expert_bytes / 1e6, n, se, sq, sq_cpu, bytes, ops, v4 ? v2 : NAN, v4 ? v2_cpu : NAN});
     }
   }
   std::printf("# bench_gguf_lowbit: %d threads, ISA %s%s%s, read bandwidth %.2f GB/s (best of %d probes of 256 MiB with the same threads, "
@@ -304,12 +334,15 @@ int main(int argc, char** argv) {
               cpu::detail::lowbit_has_avx512_vbmi() ? " +VBMI" : "", bw, probes, bw_low, bw_cpu);
   std::printf("\n## routed experts (ExpertEngine, hidden %ld, intermediate %ld, top-%ld, %ld experts cycled)\n\n", H, I, K, E);
   std::printf("| format (gate,up / down) | bits/weight | MB/expert | batch | exact ms | int8 ms | int8 GB/s | int8 / read bw | int8 GOP/s "
-              "| int8 CPU ms | CPU-time GB/s / read bw |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const Row& r : out)
-    std::printf("| %s | %.3f | %.2f | %ld | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f |\n", r.name.c_str(), r.bpw, r.mb, r.n, r.se * 1e3,
+              "| int8 CPU ms | CPU-time GB/s / read bw |%s\n", compare ? " v2 ms | v2 CPU ms | v2 CPU-time / read bw |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|%s\n", compare ? "---|---|---|" : "");
+  for (const Row& r : out) {
+    std::printf("| %s | %.3f | %.2f | %ld | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f |", r.name.c_str(), r.bpw, r.mb, r.n, r.se * 1e3,
                 r.sq * 1e3, r.bytes / r.sq / 1e9, r.bytes / r.sq / 1e9 / bw, r.ops / r.sq / 1e9, r.sq_cpu * 1e3,
                 r.bytes / r.sq_cpu / 1e9 / bw_cpu);
+    if (compare) std::printf(" %.2f | %.2f | %.2f |", r.v2 * 1e3, r.v2_cpu * 1e3, r.bytes / r.v2_cpu / 1e9 / bw_cpu);
+    std::printf("\n");
+  }
   std::printf("\n(GB/s at batch 1: stored bytes of the 8 experts a token touches / fastest step; GOP/s: 2 x 3 x H x I per (token,\n"
               " expert) pair; exact = the fp32 dequantize path. CPU ms: the smallest process CPU time per thread of a step (waits\n"
               " that spin count as busy); its GB/s against the probe's over CPU time.)\n");

@@ -2,10 +2,18 @@
 // the scalar fallback (detail::rows_scalar over ext_row_to_f32).
 #include "numa/quant_gguf_lowbit.h"
 
+#include <atomic>
+
 #include "numa/detail/kernels_impl.h"
 #include "numa/quant_gguf_q8.h"
 
 namespace hmoe::cpu {
+
+namespace {
+std::atomic<bool> g_codes{true};
+}
+
+bool detail::lowbit_set_codes_for_testing(bool on) { return g_codes.exchange(on); }
 
 void lowbit_gemm_rows(const float* x, int64_t ldx, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   if (r1 <= r0 || n <= 0) return;
@@ -23,6 +31,7 @@ bool lowbit_q8_applies(const Mat& w) {
 void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   if (r1 <= r0 || n <= 0) return;
   const bool vbmi = best_isa() == Isa::avx512 && detail::lowbit_has_avx512_vbmi();
+  if (vbmi && g_codes.load(std::memory_order_relaxed) && detail::lowbit_rows_q8_codes(xa, t0, n, w, r0, r1, y, ldy)) return;
   if (vbmi && detail::lowbit_rows_q8_planes(xa, t0, n, w, r0, r1, y, ldy)) return;
   if (vbmi) detail::lowbit_rows_q8_vbmi(xa, t0, n, w, r0, r1, y, ldy);
   else if (best_isa() == Isa::avx512 && detail::lowbit_has_avx512_vnni()) detail::lowbit_rows_q8_avx512(xa, t0, n, w, r0, r1, y, ldy);

@@ -12,9 +12,11 @@
 //    the 32-types) multiplied in integers with VNNI (AVX-512) or maddubs
 //    (AVX2): y = sum_16 dx * (scale * sum(code * xq) + offset * sum(xq)).
 //    Needs cols % 256 == 0 (otherwise the exact path runs).
-//    Kernels, best first: v3 for IQ3_XXS and IQ2_XXS at n >= 2 (AVX-512 VNNI + VBMI,
-//    quant_gguf_lowbit_planes.cpp: grid planes looked up in registers,
-//    no gathers), v2 (AVX-512 VNNI + VBMI, quant_gguf_lowbit_vbmi.cpp:
+//    Kernels, best first: v4 for the IQ1/IQ2/IQ3 types (AVX-512 VNNI +
+//    VBMI + BITALG + GFNI, quant_gguf_lowbit_codes.cpp: sub-blocks in
+//    fixed lanes, grid codes or gathered rows), v3 (grid planes,
+//    quant_gguf_lowbit_planes.cpp; reached where v4 declines: a CPU
+//    without BITALG or GFNI), v2 (AVX-512 VNNI + VBMI, quant_gguf_lowbit_vbmi.cpp:
 //    registers only, integer sub-block scales, R rows x NT tokens per tile),
 //    v1 (AVX-512 VNNI without VBMI, quant_gguf_lowbit_avx512.cpp), AVX2.
 #pragma once
@@ -47,6 +49,14 @@ void lowbit_rows_q8_vbmi(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, 
 // tokens, by grid planes; same CPUs as v2. Returns false (nothing done)
 // otherwise.
 bool lowbit_rows_q8_planes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// v4 (quant_gguf_lowbit_codes.cpp): IQ1_S, IQ1_M (2 or more tokens),
+// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S with every scale sub-block in fixed
+// lanes (grid codes expanded by vpmultishiftqb, or gathered rows); v2's
+// CPUs with AVX-512 BITALG and GFNI as well. Returns false (nothing done)
+// otherwise.
+bool lowbit_rows_q8_codes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// Benchmarks and tests: whether the dispatcher takes v4 (default true); returns the previous value.
+bool lowbit_set_codes_for_testing(bool on);
 // v1: for AVX-512 VNNI CPUs without VBMI.
 void lowbit_rows_q8_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void lowbit_rows_q8_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);

@@ -3,8 +3,9 @@
 // gguf_lowbit_reference.json, made by tests/fixtures/gen/
 // gguf_lowbit_reference.py), the AVX-512 decoder against the scalar codes,
 // the exact and the int8 products of every ISA against plain double sums on
-// random blocks, the AVX-512 int8 kernels v1 and v2 on row and token tails
-// (every type, IQ2_S included), the threaded cpu::gemm, and the shape errors.
+// random blocks, the AVX-512 int8 kernels v1, v2, v3 and v4 on row and
+// token tails (every type, IQ2_S included) and the dispatcher with v4 on and
+// off, the threaded cpu::gemm, and the shape errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -235,7 +236,7 @@ TEST_CASE("low-bit GGUF types: threaded cpu::gemm on both paths; bad shapes are 
                     doctest::Contains("blk.0.ffn_down: 40 columns are not a multiple of the IQ4_NL block (32)"));
 }
 
-TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI) and v3 (grid planes) on row and token tails") {
+TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI), v3 (grid planes) and v4 (grid codes) on row and token tails") {
   if (!(cpu::best_isa() == cpu::Isa::avx512 && cpu::detail::lowbit_has_avx512_vnni())) {
     MESSAGE("no AVX-512 VNNI here: not checked");
     return;
@@ -243,6 +244,8 @@ TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI) and v3 (gr
   const bool vbmi = cpu::detail::lowbit_has_avx512_vbmi();
   if (!vbmi) MESSAGE("no AVX-512 VBMI here: v2 not checked");
   const bool planes = vbmi;
+  const bool v4cpu = __builtin_cpu_supports("avx512bitalg") && __builtin_cpu_supports("gfni");
+  if (vbmi && !v4cpu) MESSAGE("no AVX-512 BITALG or GFNI here: v4 not checked");
   for (ExtType t : cpu::lowbit::kAll) {
     INFO(std::string(info(t).name));
     const int64_t rows = 11, cols = 1024, be = info(t).block_elems;
@@ -262,7 +265,7 @@ TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI) and v3 (gr
           for (int64_t k = 0; k < cols; ++k)
             absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
       }
-      std::vector<float> ref(absdot.size()), v1(absdot.size(), NAN), v2(absdot.size(), NAN), v3(absdot.size(), NAN);
+      std::vector<float> ref(absdot.size()), v1(absdot.size(), NAN), v2(absdot.size(), NAN), v3(absdot.size(), NAN), v4(absdot.size(), NAN);
       cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
       cpu::detail::lowbit_rows_q8_avx512(a, 0, n, w, 0, rows, v1.data(), rows);
       if (vbmi) cpu::detail::lowbit_rows_q8_vbmi(a, 0, n, w, 0, rows, v2.data(), rows);
@@ -270,12 +273,27 @@ TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI) and v3 (gr
       const bool v3on = planes && cpu::detail::lowbit_rows_q8_planes(a, 0, n, w, 0, 4, v3.data(), rows);
       if (v3on) CHECK(cpu::detail::lowbit_rows_q8_planes(a, 0, n, w, 4, rows, v3.data(), rows));
       if (planes) CHECK(v3on == ((t == cpu::lowbit::iq2_xxs && n >= 2) || t == cpu::lowbit::iq3_xxs));
+      // v4 (grid codes): rows 0..3 and 3..11 (an odd pair tail and an odd start for IQ2_XXS's row pairs)
+      const bool v4on = vbmi && cpu::detail::lowbit_rows_q8_codes(a, 0, n, w, 0, 3, v4.data(), rows);
+      if (v4on) CHECK(cpu::detail::lowbit_rows_q8_codes(a, 0, n, w, 3, rows, v4.data(), rows));
+      if (vbmi && v4cpu)
+        CHECK(v4on == (t == cpu::lowbit::iq1_s || (t == cpu::lowbit::iq1_m && n >= 2) || t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs ||
+                      t == cpu::lowbit::iq2_s || t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s));
+      // the dispatcher with v4 on and off (benchmarks turn it off to compare)
+      std::vector<float> on(absdot.size(), NAN), off(absdot.size(), NAN);
+      cpu::gemm_rows_q8(a, 0, n, w, 0, rows, on.data(), rows);
+      const bool prev = cpu::detail::lowbit_set_codes_for_testing(false);
+      cpu::gemm_rows_q8(a, 0, n, w, 0, rows, off.data(), rows);
+      CHECK_FALSE(cpu::detail::lowbit_set_codes_for_testing(prev));
       int bad = 0;
       for (size_t i = 0; i < ref.size(); ++i) {
         const double tol = 2e-5 * absdot[i] + 1e-5;
         if (!(std::fabs(v1[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v1 " << i << ": " << v1[i] << " vs " << ref[i]);
         if (vbmi && !(std::fabs(v2[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v2 " << i << ": " << v2[i] << " vs " << ref[i]);
         if (v3on && !(std::fabs(v3[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v3 " << i << ": " << v3[i] << " vs " << ref[i]);
+        if (v4on && !(std::fabs(v4[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("v4 " << i << ": " << v4[i] << " vs " << ref[i]);
+        if (!(std::fabs(on[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("dispatch, v4 on " << i << ": " << on[i] << " vs " << ref[i]);
+        if (!(std::fabs(off[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("dispatch, v4 off " << i << ": " << off[i] << " vs " << ref[i]);
       }
       CHECK(bad == 0);
     }
