@@ -169,6 +169,8 @@ void attention_launch(const float* q, int64_t ldq, int64_t n, int64_t heads, int
   const int64_t splits = attention_splits(n, heads, max_len);
   if (splits > 1 && scratch == nullptr) fail(ErrorKind::internal, "gpu::attention: split-K needs scratch");
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(heads), static_cast<unsigned>(splits));
+  // Bytes: each sequence's keys and values once (at the capture's longest context), q and the output.
+  declare_launch_bytes(static_cast<double>(n * kv_heads * hd) * static_cast<double>(max_len) * 4.0 + static_cast<double>(n * heads * hd) * 6.0);
   launch_pdl(s, attention_kernel<FUSED>, grid, dim3(kThreads), 0, q, ldq, static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(hd), kc,
              vc, slot_lists, offsets, lens, scale, static_cast<int>(splits), scratch, out, fr);
   if (splits > 1) {

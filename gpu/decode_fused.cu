@@ -150,6 +150,8 @@ void launch_router(const RouterArgs& a, Stream& s) {
   const size_t smem = static_cast<size_t>(kWarps * a.experts) * sizeof(float) + (NORM ? static_cast<size_t>(a.n * a.hidden) * 2 : 0);
   auto kern = router_kernel<NORM>;
   if (smem > 48 * 1024) HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  declare_launch_bytes(static_cast<double>(a.experts) * a.hidden * 2 + static_cast<double>(a.n) * a.hidden * (NORM ? 14.0 : 2.0) +
+                       static_cast<double>(a.n) * a.experts * 8.0);
   launch_pdl(s, kern, dim3(blocks), dim3(kThreads), smem, a);
 }
 

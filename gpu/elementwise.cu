@@ -177,6 +177,7 @@ unsigned blocks_for(int64_t count, int threads) { return static_cast<unsigned>((
 
 void embedding(const bf16_t* table, const int32_t* ids, int64_t n, int64_t hidden, float* out, Stream& s) {
   if (n <= 0) return;
+  declare_launch_bytes(static_cast<double>(n) * static_cast<double>(hidden * 6 + 4));
   launch_pdl(s, embedding_kernel, dim3(static_cast<unsigned>(n)), dim3(256), 0, table, ids, hidden, out);
 }
 
@@ -184,6 +185,7 @@ void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, 
                   float* y_f32, Stream& s) {
   if (n <= 0) return;
   const unsigned threads = d <= 8 * 256 ? 256 : kNormThreads;  // up to 8 values a thread in registers
+  declare_launch_bytes(static_cast<double>(n * d) * (delta ? 14.0 : 6.0) + (y_f32 ? 4.0 * static_cast<double>(n * d) : 0.0) + static_cast<double>(d * 2));
   launch_pdl(s, add_rms_norm_kernel<uint16_t>, dim3(static_cast<unsigned>(n)), dim3(threads), 0, x, delta, rows, d, w, eps, y, y_f32);
 }
 
@@ -191,6 +193,7 @@ void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, 
                   float* y_f32, Stream& s) {
   if (n <= 0) return;
   const unsigned threads = d <= 8 * 256 ? 256 : kNormThreads;
+  declare_launch_bytes(static_cast<double>(n * d) * (delta ? 14.0 : 6.0) + (y_f32 ? 4.0 * static_cast<double>(n * d) : 0.0) + static_cast<double>(d * 4));
   launch_pdl(s, add_rms_norm_kernel<float>, dim3(static_cast<unsigned>(n)), dim3(threads), 0, x, delta, rows, d, w, eps, y, y_f32);
 }
 
@@ -207,6 +210,7 @@ void qkv_norm_rope_store(float* x, int64_t n, int64_t ld, int64_t heads, int64_t
                          float eps, const int32_t* pos, const float* inv_freq, const int32_t* slots, bf16_t* kc, bf16_t* vc, Stream& s) {
   if (hd % 32 != 0 || hd > 256) fail(ErrorKind::unsupported, "gpu::qkv_norm_rope_store: head_dim " + std::to_string(hd) + " (need a multiple of 32, <= 256)");
   if (n <= 0) return;
+  declare_launch_bytes(static_cast<double>(n * (heads + 2 * kv_heads) * hd) * 8.0 + static_cast<double>(n * kv_heads * hd) * 4.0);
   launch_pdl(s, qkv_norm_rope_store_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads + kv_heads)), dim3(static_cast<unsigned>(hd)), 0,
              x, ld, static_cast<int>(heads), hd, w_q, w_k, eps, pos, inv_freq, static_cast<int>(kv_heads), slots, kc, vc);
 }
@@ -232,6 +236,7 @@ void split_bf16(const float* x, int64_t count, bf16_t* hi, bf16_t* lo, Stream& s
 
 void add(const float* x, const float* d, int64_t count, float* y, Stream& s) {
   if (count <= 0) return;
+  declare_launch_bytes(static_cast<double>(count) * 12.0);
   launch_pdl(s, add_kernel, dim3(blocks_for(count, 256)), dim3(256), 0, x, d, count, y);
 }
 

@@ -33,6 +33,6 @@ bool gemv_supported(const GgufWeight& w, int64_t n);
 bool moe_supported(const GgufWeight& gate_up, const GgufWeight& down, int64_t k);
 void gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy, Stream& s);
 void moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* weights, const GgufWeight& w_gate_up, const GgufWeight& w_down,
-                 int64_t inter, float* gu, float* out, Stream& s);
+                 int64_t inter, float* gu, float* out, Stream& s, double gu_bytes = -1, double down_bytes = -1);  // bytes: declare_launch_bytes
 
 }  // namespace hmoe::gpu::detail::gguf_direct

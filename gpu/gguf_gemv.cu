@@ -562,6 +562,7 @@ void gguf_gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_
   if (n < 0 || ldy < w.rows) fail(ErrorKind::invalid_argument, "gpu::gguf_gemv: bad token count or output stride");
   if (n == 0 || w.rows == 0) return;
   if (n > 65535 * 8) fail(ErrorKind::unsupported, "gpu::gguf_gemv: too many tokens for the decode kernels");
+  declare_launch_bytes(static_cast<double>(w.bytes()) + static_cast<double>(n) * static_cast<double>(w.cols * 2 + w.rows * 4));
   if (gguf_decode_kernel() != GgufDecodeKernel::staged && gguf_direct::gemv_supported(w, n)) return gguf_direct::gemv(w, x, n, y, ldy, s);
   Params p = plan(w, w.rows);
   p.x = x;
@@ -594,6 +595,7 @@ void add_rms_norm_gguf_gemv(float* x, const float* delta, int64_t n, const bf16_
   p.hb = hb;
   p.hf = hf;
   p.counter = counter;
+  declare_launch_bytes(static_cast<double>(w.bytes()) + static_cast<double>(w.cols * 14 + w.rows * 4));
   launch<1, kDense>(w.type, p, dim3(persistent_blocks(p.tasks, kWarps, 1)), kWarps, smem_bytes(1, p.cols, kWarps, 1), s);
 }
 
@@ -619,8 +621,13 @@ void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids,
   if (k < 1 || k > 16) fail(ErrorKind::unsupported, "gpu::gguf_moe_experts: k = " + std::to_string(k) + " (1..16 supported)");
   if (n <= 0) return;
   if (n > 65535) fail(ErrorKind::unsupported, "gpu::gguf_moe_experts: too many tokens for the decode kernels");
+  const double experts = static_cast<double>(std::min<int64_t>(n * k, w_gate_up.rows / (2 * inter)));
+  const double gu_bytes = experts * static_cast<double>(2 * inter) * static_cast<double>(w_gate_up.row_bytes()) +
+                          static_cast<double>(n) * static_cast<double>(hidden * 2 + k * 2 * inter * 4);
+  const double dn_bytes = experts * static_cast<double>(hidden) * static_cast<double>(w_down.row_bytes()) +
+                          static_cast<double>(n) * static_cast<double>(k * 2 * inter * 4 + hidden * 4);
   if (gguf_decode_kernel() == GgufDecodeKernel::direct && gguf_direct::moe_supported(w_gate_up, w_down, k))
-    return gguf_direct::moe_experts(x, n, k, ids, weights, w_gate_up, w_down, inter, gu, out, s);
+    return gguf_direct::moe_experts(x, n, k, ids, weights, w_gate_up, w_down, inter, gu, out, s, gu_bytes, dn_bytes);
   Stream& st = s;
   const unsigned ny = static_cast<unsigned>(n);
   Params g = plan(w_gate_up, 2 * inter);
@@ -628,6 +635,7 @@ void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids,
   g.k = static_cast<int>(k);
   g.ids = ids;
   g.y = gu;
+  declare_launch_bytes(gu_bytes);
   launch<1, kGateUp>(w_gate_up.type, g, dim3(persistent_blocks(static_cast<int64_t>(g.tasks) * k, kWarps, n), ny), kWarps,
                      smem_bytes(1, g.cols, kWarps, 1), st);
   Params d = plan(w_down, hidden);
@@ -639,6 +647,7 @@ void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids,
   d.ldy = hidden;
   if (d.R > 8) d.R = 8;  // the block's row sums hold 8 rows per slot
   d.tasks = (d.rows + d.R - 1) / d.R;
+  declare_launch_bytes(dn_bytes);
   launch<1, kDown>(w_down.type, d, dim3(persistent_blocks(d.tasks, 1, n), ny), static_cast<int>(k),
                    smem_bytes(static_cast<int>(k), d.cols, static_cast<int>(k), 1), st);
 }

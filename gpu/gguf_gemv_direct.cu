@@ -601,7 +601,7 @@ void gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy
 }
 
 void moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* weights, const GgufWeight& w_gate_up, const GgufWeight& w_down,
-                 int64_t inter, float* gu, float* out, Stream& s) {
+                 int64_t inter, float* gu, float* out, Stream& s, double gu_bytes, double down_bytes) {
   const unsigned ny = static_cast<unsigned>(n);
   Params g = plan(w_gate_up, 2 * inter, 1);
   g.x = x;
@@ -609,6 +609,7 @@ void moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, cons
   g.k = static_cast<int>(k);
   g.ids = ids;
   g.y = gu;
+  declare_launch_bytes(gu_bytes);
   launch<1, kGateUp>(w_gate_up.type, g, dim3(blocks(static_cast<int64_t>(g.passes) * k, kWarps, n), ny), kWarps * 32,
                      static_cast<size_t>(x_bytes(1, g.U)), s);
   const int64_t hidden = w_gate_up.cols;
@@ -621,6 +622,7 @@ void moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, cons
   d.y = out;
   d.ldy = hidden;
   const size_t smem = static_cast<size_t>(x_bytes(static_cast<int>(k), d.U)) + static_cast<size_t>(k) * d.G * rr_of(w_down.type, 1) * 4;
+  declare_launch_bytes(down_bytes);
   launch<1, kDown>(w_down.type, d, dim3(blocks(d.passes, 1, n), ny), static_cast<int>(k) * 32, smem, s);
 }
 

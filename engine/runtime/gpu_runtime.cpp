@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "configs/error.h"
 #include "engine/layers/routing_trace.h"
@@ -213,6 +214,13 @@ void GpuRuntime::set_part_profile(bool on) {
 const GpuPartTimes& GpuRuntime::part_times() const { return impl_->part_times; }
 size_t GpuRuntime::last_step_graphs() const { return impl_->seg_graphs.last_graphs(); }
 std::vector<std::string> GpuRuntime::last_step_kernels() const { return impl_->seg_graphs.last_kernels(); }
+gpu::GraphTiming GpuRuntime::time_last_step_nodes(int reps) {
+  Impl& m = *impl_;
+  m.stream.synchronize();
+  gpu::GraphTiming t = m.seg_graphs.time_last(m.stream, reps);
+  m.stream.synchronize();
+  return t;
+}
 double expected_experts_touched(int64_t e, int64_t k, int64_t tokens) {
   if (e <= 0 || k <= 0 || tokens <= 0) return 0;
   const double E = static_cast<double>(e), K = static_cast<double>(std::min(k, e));
@@ -457,6 +465,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     const int em = m.engram ? m.engram->module_before(static_cast<int64_t>(l)) : -1;
     if (em >= 0 && l == 0) m.engram->apply(em, xr, nullptr, r.r0, r.rn, m.blas, s);
     const float* in_delta = l > 0 && em < 0 ? dr : nullptr;
+    std::optional<gpu::LaunchScope> scope(std::in_place, "layer " + std::to_string(l) + " attention");
     if (!m.norm_f32 && blk.attn->fuses_norm(ctx, r)) {
       blk.attn->enqueue_with_norm(ctx, r, blk.in_norm.as<bf16_t>(), eps, in_delta);
     } else {
@@ -465,6 +474,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     }
     if (prof) m.part_events[2 + 2 * l].record(s);
     const bool handoff = blk.ffn->host_experts() && !st.stream_pass;
+    scope.emplace("layer " + std::to_string(l) + " feed-forward");
     if (!m.norm_f32 && blk.ffn->fuses_norm(ctx, r)) {
       blk.ffn->enqueue_with_norm(ctx, r, blk.post_norm.as<bf16_t>(), eps, handoff);
     } else {
@@ -474,18 +484,25 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     if (prof) m.part_events[3 + 2 * l].record(s);
   };
   auto enqueue_tail = [&] {
+    gpu::LaunchScope scope("tail");
     norm(a.x, nullptr, st.rows, mrows, m.final_norm, a.hb, nullptr);
     m.lm_head.gemm(m.blas, a.hb, mrows, sc.get<float>("act.logits"), V, sc.get<void>("dense.deq"), s);
     if (prof) m.part_events[2 * L + 2].record(s);
   };
   auto enqueue_segment = [&](size_t i, const Rows& r, bool tail) {
     if (i == 0 && prof) m.part_events[0].record(s);
-    if (i == 0) gpu::embedding(m.embed.as<bf16_t>(), st.tok + r.r0, r.rn, H, a.x + r.r0 * H, s);
+    if (i == 0) {
+      gpu::LaunchScope scope("embedding");
+      gpu::embedding(m.embed.as<bf16_t>(), st.tok + r.r0, r.rn, H, a.x + r.r0 * H, s);
+    }
     if (i == 0 && prof) m.part_events[1].record(s);
     if (i > 0 && cuts[i - 1].handoff) m.blocks[cuts[i - 1].after].ffn->enqueue_after_handoff(ctx, r);
     const size_t first = i == 0 ? 0 : cuts[i - 1].after + 1, last = i + 1 < nseg ? cuts[i].after + 1 : L;
     for (size_t l = first; l < last; ++l) enqueue_block(l, r);
-    if (i + 1 == nseg) gpu::add(a.x + r.r0 * H, a.d + r.r0 * H, r.rn * H, a.x + r.r0 * H, s);
+    if (i + 1 == nseg) {
+      gpu::LaunchScope scope("tail");
+      gpu::add(a.x + r.r0 * H, a.d + r.r0 * H, r.rn * H, a.x + r.r0 * H, s);
+    }
     if (tail) enqueue_tail();
   };
   // Decode-sized steps replay each segment as a CUDA graph while the key

@@ -134,6 +134,11 @@ class GpuRuntime {
   // decode step launches (benchmarks).
   size_t last_step_graphs() const;
   std::vector<std::string> last_step_kernels() const;
+  // Every node of those graphs timed alone and as it runs in the graph
+  // (gpu::Graph::time_nodes; benchmarks): replays the last step's graphs
+  // (the same work again: the step's values are recomputed, the KV rows
+  // rewritten as they are). Empty when the last step ran no graph.
+  gpu::GraphTiming time_last_step_nodes(int reps);
   // Bytes of GPU weights a decode step of `tokens` sequences reads: every
   // dense weight once (embedding: the tokens' rows), and per resident MoE
   // layer the experts the step touches, expected under uniform routing
