@@ -196,25 +196,7 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
   float ninv = 0.0f;
   if (norm) {
     __shared__ float npart[16];
-    const int vt = cols <= 2048 ? 256 : 512, per = (cols + vt - 1) / vt;
-    for (int hh = 0; hh < vt / 256; ++hh) {
-      const int tv = static_cast<int>(threadIdx.x) + 256 * hh;
-      float ss = 0.0f;
-#pragma unroll 4
-      for (int i = 0; i < per; ++i) {
-        const int j = tv + vt * i;
-        if (j >= cols) continue;
-        float u = p.xres[j];
-        if (p.delta) u += p.delta[j];
-        ss += u * u;
-      }
-      ss = warp_sum(ss);
-      if (lane == 0) npart[warp + 8 * hh] = ss;
-    }
-    __syncthreads();
-    float r = 0.0f;
-    for (int w = 0; w < vt / 32; ++w) r += npart[w];
-    ninv = rsqrtf(r / static_cast<float>(cols) + p.eps);
+    ninv = block_rms_inv256(p.xres, p.delta, cols, p.eps, npart);
   }
 
   // Prologue: the block's activation slots as two int8 planes per 32,
@@ -551,7 +533,7 @@ unsigned persistent_blocks(int64_t warp_tasks, int warps, int64_t per_y) {
     HMOE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n;
   }();
-  const int64_t want = std::max<int64_t>(1, 2 * static_cast<int64_t>(sms) / std::max<int64_t>(per_y, 1));  // about one resident wave
+  const int64_t want = std::max<int64_t>(1, gguf_decode_blocks_per_sm() * static_cast<int64_t>(sms) / std::max<int64_t>(per_y, 1));  // about one resident wave
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((warp_tasks + warps - 1) / warps, want)));
 }
 
@@ -584,6 +566,9 @@ void add_rms_norm_gguf_gemv(float* x, const float* delta, int64_t n, const bf16_
   if (!norm_gemv_fits(w, n)) fail(ErrorKind::invalid_argument, "gpu::add_rms_norm_gguf_gemv: one token, 1..8192 columns and at least one row");
   if (ldy < w.rows) fail(ErrorKind::invalid_argument, "gpu::add_rms_norm_gguf_gemv: output stride below the rows");
   if (delta && !counter) fail(ErrorKind::invalid_argument, "gpu::add_rms_norm_gguf_gemv: a residual update needs the block counter");
+  declare_launch_bytes(static_cast<double>(w.bytes()) + static_cast<double>(w.cols * 14 + w.rows * 4));
+  if (gguf_decode_kernel() != GgufDecodeKernel::staged && gguf_direct::gemv_supported(w, 1))
+    return gguf_direct::gemv_normed(x, delta, norm_w, eps, hb, hf, w, y, ldy, counter, s);
   Params p = plan(w, w.rows);
   p.n = 1;
   p.y = y;
@@ -595,7 +580,6 @@ void add_rms_norm_gguf_gemv(float* x, const float* delta, int64_t n, const bf16_
   p.hb = hb;
   p.hf = hf;
   p.counter = counter;
-  declare_launch_bytes(static_cast<double>(w.bytes()) + static_cast<double>(w.cols * 14 + w.rows * 4));
   launch<1, kDense>(w.type, p, dim3(persistent_blocks(p.tasks, kWarps, 1)), kWarps, smem_bytes(1, p.cols, kWarps, 1), s);
 }
 

@@ -115,7 +115,7 @@ class MoeGpu : public GpuFfn {
 
   void enqueue(GpuCtx& ctx, const Rows& r, bool handoff) override { enqueue_with(ctx, r, nullptr, 0, handoff); }
   bool fuses_norm(const GpuCtx& ctx, const Rows& r) const override {
-    return ctx.step.fused && router_kind_ == RouterKind::softmax_topk && !fp32_router_ && gpu::norm_router_fits(r.rn, H_, E_);
+    return ctx.step.fuse.norm_router && router_kind_ == RouterKind::softmax_topk && !fp32_router_ && gpu::norm_router_fits(r.rn, H_, E_);
   }
   void enqueue_with_norm(GpuCtx& ctx, const Rows& r, const bf16_t* norm_w, float eps, bool handoff) override {
     enqueue_with(ctx, r, norm_w, eps, handoff);
@@ -135,7 +135,7 @@ class MoeGpu : public GpuFfn {
       gpu::add_rms_norm_router_topk(ctx.a.x + r.r0 * H_, ctx.a.d + r.r0 * H_, r.rn, H_, norm_w, eps, ctx.a.hb + r.r0 * H_,
                                     fp32_input() ? ctx.a.hf + r.r0 * H_ : nullptr, router_.as<bf16_t>(), E_, K_, c_.norm_topk_prob, logits,
                                     router_count_.as<int32_t>(), ids, wts, s);
-    } else if (router_kind_ == RouterKind::softmax_topk && ctx.step.fused && r.rn <= gpu::router_gemv_max_tokens() && E_ <= 1024) {  // decode: one launch
+    } else if (router_kind_ == RouterKind::softmax_topk && (ctx.step.fuse.router || ctx.step.fuse.norm_router) && r.rn <= gpu::router_gemv_max_tokens() && E_ <= 1024) {  // decode: one launch
       gpu::router_gemv_topk(x, r.rn, router_.as<bf16_t>(), E_, H_, K_, c_.norm_topk_prob, logits, router_count_.as<int32_t>(), ids, wts, s);
     } else if (router_kind_ == RouterKind::softmax_topk) {
       ctx.blas.gemm(x, r.rn, router_.as<bf16_t>(), E_, H_, logits, E_);
