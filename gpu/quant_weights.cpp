@@ -339,7 +339,7 @@ GgufType gguf_type_of(const cpu::Mat& m, const std::string& what) {
 }
 
 namespace {
-std::atomic<GgufDecodeKernel> g_decode_kernel{GgufDecodeKernel::dense};
+std::atomic<GgufDecodeKernel> g_decode_kernel{GgufDecodeKernel::direct};
 }  // namespace
 void set_gguf_decode_kernel(GgufDecodeKernel k) { g_decode_kernel.store(k); }
 GgufDecodeKernel gguf_decode_kernel() { return g_decode_kernel.load(); }

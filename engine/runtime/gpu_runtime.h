@@ -98,7 +98,7 @@ struct GpuRuntimeOptions {
   DecodeFusion decode_fusion;       // settings gpu_decode_fusion, gpu_decode_fuse (GpuStepInfo::fuse)
   // Setting gpu_gguf_decode_kernel (gpu::set_gguf_decode_kernel, process-wide;
   // applied when the runtime is built).
-  gpu::GgufDecodeKernel gguf_decode_kernel = gpu::GgufDecodeKernel::dense;
+  gpu::GgufDecodeKernel gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
   int gguf_decode_blocks_per_sm = 2;  // setting gpu_gguf_decode_blocks_per_sm (gpu::set_gguf_decode_blocks_per_sm, process-wide)
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
   // Setting defer_experts: hand-off layers followed by another hand-off layer

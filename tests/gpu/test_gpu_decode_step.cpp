@@ -166,9 +166,9 @@ TEST_CASE("gpu add_rms_norm_gguf_gemv equals add_rms_norm + gguf_gemv (residual,
   gpu::DeviceBuffer counter(16);
   gpu::memset_device(counter.data(), 0, 16, s);
   struct Restore {
-    ~Restore() { gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::dense); }
+    ~Restore() { gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::direct); }
   } restore;
-  for (gpu::GgufDecodeKernel kset : {gpu::GgufDecodeKernel::dense, gpu::GgufDecodeKernel::staged})
+  for (gpu::GgufDecodeKernel kset : {gpu::GgufDecodeKernel::direct, gpu::GgufDecodeKernel::staged})
   for (cpu::ExtType t : {cpu::ExtType::q4_k, cpu::ExtType::q6_k, cpu::ExtType::q8_0})
     for (auto [rows, cols, with_delta] : {std::tuple<int64_t, int64_t, bool>{4608, 2048, true}, {512, 2048, false}, {37, 768, true}, {300, 4096, true}}) {
       const auto wf = test::random_floats(static_cast<size_t>(rows * cols), 121 + static_cast<uint64_t>(cols), 0.05f);
@@ -388,7 +388,7 @@ TEST_CASE("GGUF decode on the GPU: tail_norm and the grids' blocks per SM leave 
   REQUIRE_MESSAGE(std::filesystem::exists(gguf), gguf << " missing");
   struct Restore {  // the kernel set and grid size are process-wide: back to the defaults after the case
     ~Restore() {
-      gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::dense);
+      gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::direct);
       gpu::set_gguf_decode_blocks_per_sm(2);
     }
   } restore;

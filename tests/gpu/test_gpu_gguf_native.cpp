@@ -56,7 +56,7 @@ std::string name(cpu::ExtType t) { return cpu::ext_type_info(static_cast<uint32_
 const gpu::GgufDecodeKernel kKernels[] = {gpu::GgufDecodeKernel::direct, gpu::GgufDecodeKernel::staged};
 const char* kname(gpu::GgufDecodeKernel k) { return k == gpu::GgufDecodeKernel::direct ? "direct" : "staged"; }
 struct KernelScope {
-  ~KernelScope() { gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::dense); }
+  ~KernelScope() { gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::direct); }
 };
 
 }  // namespace
@@ -86,10 +86,10 @@ TEST_CASE("gpu gguf: types of CPU views and shapes the native kernels refuse") {
 
 TEST_CASE("gpu gguf: the decode kernel setting takes dense, direct or staged and names a bad value") {
   Settings s = Settings::defaults();
-  CHECK(s.gpu_gguf_decode_kernel == "dense");
-  CHECK(GpuRuntimeOptions::from_settings(s).gguf_decode_kernel == gpu::GgufDecodeKernel::dense);
-  s.gpu_gguf_decode_kernel = "direct";
+  CHECK(s.gpu_gguf_decode_kernel == "direct");
   CHECK(GpuRuntimeOptions::from_settings(s).gguf_decode_kernel == gpu::GgufDecodeKernel::direct);
+  s.gpu_gguf_decode_kernel = "dense";
+  CHECK(GpuRuntimeOptions::from_settings(s).gguf_decode_kernel == gpu::GgufDecodeKernel::dense);
   s.gpu_gguf_decode_kernel = "STAGED";
   s.validate();  // choices are read in lower case
   CHECK(GpuRuntimeOptions::from_settings(s).gguf_decode_kernel == gpu::GgufDecodeKernel::staged);
@@ -98,8 +98,8 @@ TEST_CASE("gpu gguf: the decode kernel setting takes dense, direct or staged and
   CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);
   gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::staged);
   CHECK(gpu::gguf_decode_kernel() == gpu::GgufDecodeKernel::staged);
-  gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::dense);
-  CHECK(gpu::gguf_decode_kernel() == gpu::GgufDecodeKernel::dense);
+  gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::direct);
+  CHECK(gpu::gguf_decode_kernel() == gpu::GgufDecodeKernel::direct);
 }
 
 TEST_CASE("gpu gguf_gemv matches the scalar reference within the int8 activation rounding") {
