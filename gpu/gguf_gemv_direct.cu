@@ -617,8 +617,16 @@ bool moe_supported(const GgufWeight& gate_up, const GgufWeight& down, int64_t k)
          static_cast<size_t>(x_bytes(static_cast<int>(k), static_cast<int>(down.cols / 64))) + 16 * 64 * 4 <= kMaxSmem;
 }
 
+// Warps per block of a dense product: 8, or fewer (down to 2) when 8 would
+// leave SMs without a block (small matrices: v, o_proj at one token), so
+// that the same warps spread over more SMs. Each pass is still one warp's:
+// the results do not change.
+int dense_warps(int passes, int64_t ny) {
+  const int64_t per_sm = (static_cast<int64_t>(passes) * ny + sm_count() - 1) / sm_count();
+  return static_cast<int>(std::max<int64_t>(2, std::min<int64_t>(kWarps, per_sm)));
+}
+
 void gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy, Stream& s) {
-  const int threads = kWarps * 32;
   auto go = [&](auto tb) {
     constexpr int TB = decltype(tb)::value;
     Params p = plan(w, w.rows, TB);
@@ -627,7 +635,8 @@ void gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy
     p.y = y;
     p.ldy = ldy;
     const unsigned ty = static_cast<unsigned>((n + TB - 1) / TB);
-    launch<TB, kDense>(w.type, p, dim3(blocks(p.passes, kWarps, ty), ty), threads, static_cast<size_t>(x_bytes(TB, p.U)), s);
+    const int warps = dense_warps(p.passes, ty);
+    launch<TB, kDense>(w.type, p, dim3(blocks(p.passes, warps, ty), ty), warps * 32, static_cast<size_t>(x_bytes(TB, p.U)), s);
   };
   if (n == 1) return go(std::integral_constant<int, 1>{});
   if (n == 2) return go(std::integral_constant<int, 2>{});

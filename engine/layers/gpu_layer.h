@@ -41,6 +41,7 @@ struct DecodeFusion {
   bool norm_router = false;  // softmax router, <= 8 tokens: post-attention residual add + RMSNorm, router product and top-k in one launch
   bool router = false;       // softmax router, <= 8 tokens: router product and top-k in one launch (no cuBLAS call)
   bool tail_norm = false;    // the last residual add inside the final RMSNorm's launch
+  bool expert_prefetch = false;  // one-launch routers at one token ask the chosen resident experts' bytes into L2 (a hint: no result changes)
 };
 
 // The step's shape and metadata on the device (set by the executor).

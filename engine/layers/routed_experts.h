@@ -17,6 +17,7 @@
 #include "engine/layers/gpu_layer.h"
 #include "engine/layers/weights.h"
 #include "engine/loading/model_config.h"
+#include "gpu/kernels.h"
 #include "numa/expert_engine.h"
 #include "numa/node_pools.h"
 
@@ -66,6 +67,9 @@ class RoutedExperts {
   void reserve(GpuCtx& ctx, int64_t k) const;
   const std::vector<numa::ExpertWeights>& host_weights() const { return host_; }
   uint64_t gpu_bytes() const;
+  // The resident experts' layout for a decode router's L2 prefetch
+  // (GpuResidentExperts::prefetch); empty when they are not on the GPU.
+  gpu::ExpertPrefetch gpu_prefetch() const;
 
  private:
   Home home_;

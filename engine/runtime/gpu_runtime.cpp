@@ -46,11 +46,13 @@ DecodeFusion parse_decode_fusion(const std::string& list, bool all) {
     if (n == "all" || n == "norm_router") f.norm_router = true;
     if (n == "all" || n == "router") f.router = true;
     if (n == "all" || n == "tail_norm") f.tail_norm = true;
-    if (n != "all" && n != "attention" && n != "norm_qkv" && n != "norm_router" && n != "router" && n != "tail_norm")
+    if (n == "all" || n == "expert_prefetch") f.expert_prefetch = true;
+    if (n != "all" && n != "attention" && n != "norm_qkv" && n != "norm_router" && n != "router" && n != "tail_norm" && n != "expert_prefetch")
       fail(ErrorKind::invalid_argument, "--gpu-decode-fuse / HMOE_GPU_DECODE_FUSE: unknown launch '" + n +
-                                            "' (a comma list of attention, norm_qkv, norm_router, router, tail_norm; or all, none), got '" + list + "'");
+                                            "' (a comma list of attention, norm_qkv, norm_router, router, tail_norm, expert_prefetch; or all, none), got '" +
+                                            list + "'");
   }
-  if (all) f.attention = f.norm_qkv = f.norm_router = f.router = f.tail_norm = true;
+  if (all) f.attention = f.norm_qkv = f.norm_router = f.router = f.tail_norm = f.expert_prefetch = true;
   return f;
 }
 

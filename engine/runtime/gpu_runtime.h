@@ -143,7 +143,8 @@ class GpuRuntime {
   // Every node of those graphs timed alone and as it runs in the graph
   // (gpu::Graph::time_nodes; benchmarks): replays the last step's graphs
   // (the same work again: the step's values are recomputed, the KV rows
-  // rewritten as they are). Empty when the last step ran no graph.
+  // rewritten as they are; the step's KvCache must still be alive). Empty
+  // when the last step ran no graph.
   gpu::GraphTiming time_last_step_nodes(int reps);
   // Bytes of GPU weights a decode step of `tokens` sequences reads: every
   // dense weight once (embedding: the tokens' rows), and per resident MoE

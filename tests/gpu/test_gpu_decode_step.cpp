@@ -367,9 +367,10 @@ TEST_CASE("--gpu-decode-fuse: the launches listed, all, none; anything else refu
   CHECK(!d.norm_qkv);
   CHECK(!d.norm_router);
   const DecodeFusion a = parse_decode_fusion("all", false), n = parse_decode_fusion("none", false), f = parse_decode_fusion("none", true);
-  CHECK((a.attention && a.norm_qkv && a.norm_router && a.router && a.tail_norm));
-  CHECK(!(n.attention || n.norm_qkv || n.norm_router || n.router || n.tail_norm));
-  CHECK((f.attention && f.norm_qkv && f.norm_router && f.router && f.tail_norm));  // --gpu-decode-fusion 1 takes all
+  CHECK((a.attention && a.norm_qkv && a.norm_router && a.router && a.tail_norm && a.expert_prefetch));
+  CHECK(!(n.attention || n.norm_qkv || n.norm_router || n.router || n.tail_norm || n.expert_prefetch));
+  CHECK((f.attention && f.norm_qkv && f.norm_router && f.router && f.tail_norm && f.expert_prefetch));  // --gpu-decode-fusion 1 takes all
+  CHECK(parse_decode_fusion(Settings::defaults().gpu_decode_fuse, false).expert_prefetch);
   const DecodeFusion s = parse_decode_fusion(" attention , norm_router ", false);
   CHECK((s.attention && s.norm_router && !s.router));
   try {
@@ -382,7 +383,7 @@ TEST_CASE("--gpu-decode-fuse: the launches listed, all, none; anything else refu
   }
 }
 
-TEST_CASE("GGUF decode on the GPU: tail_norm and the grids' blocks per SM leave the logits bit for bit; the one-launch router keeps top-1") {
+TEST_CASE("GGUF decode on the GPU: tail_norm, expert_prefetch and the grids' blocks per SM leave the logits bit for bit; the one-launch router keeps top-1") {
   if (!test::have_gpu()) return;
   const std::string gguf = test::fixture_ref("tiny-qwen3moe-Q8_0.gguf");
   REQUIRE_MESSAGE(std::filesystem::exists(gguf), gguf << " missing");
@@ -403,11 +404,13 @@ TEST_CASE("GGUF decode on the GPU: tail_norm and the grids' blocks per SM leave 
       return decode(*m, seqs, 12);
     };
     for (const int64_t seqs : {1, 8}) {
-      const DecodeRun a = run("none", "2", seqs), t = run("tail_norm", "2", seqs), o = run("none", "1", seqs), r = run("router", "2", seqs);
+      const DecodeRun a = run("none", "2", seqs), t = run("tail_norm", "2", seqs), o = run("none", "1", seqs), r = run("router", "2", seqs),
+                      rp = run("router,expert_prefetch", "2", seqs);
       const std::string what = std::string(kernel) + ", " + std::to_string(seqs) + " sequences";
       REQUIRE(a.logits.size() == t.logits.size());
       CHECK_MESSAGE(a.logits == t.logits, what << ": the last residual add inside the final norm changed the logits");
       CHECK_MESSAGE(a.logits == o.logits, what << ": one block per SM changed the logits");
+      CHECK_MESSAGE(r.logits == rp.logits, what << ": the experts' L2 prefetch changed the logits");
       int64_t adds = 0, adds_tail = 0, routers = 0;
       for (const auto& k : a.kernels) adds += k.find("add_kernel") != std::string::npos;
       for (const auto& k : t.kernels) adds_tail += k.find("add_kernel") != std::string::npos;

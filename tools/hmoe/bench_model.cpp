@@ -200,7 +200,8 @@ class Bench {
     return r;
   }
 
-  Result decode(int64_t gen, int64_t depth, int64_t batch, int64_t reps) {
+  // nodes: when given, the last step's graph timed node by node before the KV cache goes (GpuRuntime::time_last_step_nodes).
+  Result decode(int64_t gen, int64_t depth, int64_t batch, int64_t reps, gpu::GraphTiming* nodes = nullptr) {
     Result r{"decode", 0, gen, depth, batch, {}, 0, {}, 0};
     KvCache kv(m_.kv_layout(), blocks_for(batch, depth + gen), block_);
     std::vector<int> seqs;
@@ -228,6 +229,7 @@ class Bench {
       r.graphs = g->last_step_graphs();
       r.kernels = g->last_step_kernels();
       r.step_weight_bytes = g->decode_weight_bytes(batch);
+      if (nodes) *nodes = g->time_last_step_nodes(5);
     }
     return r;
   }
@@ -540,9 +542,9 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
   if (on_gpu && o.kernels) {
     const double bw = device_read_bandwidth();
     for (int64_t b : o.batches) {  // 8 steps after a short context with graphs, then the last step's graph node by node
-      const Result r = bench.decode(8, 0, b, 1);
-      const double step_ms = 1e3 * r.wall() / 8.0;
-      print_decode_kernels(b, model->gpu()->time_last_step_nodes(5), step_ms, bw);
+      gpu::GraphTiming nodes;
+      const Result r = bench.decode(8, 0, b, 1, &nodes);
+      print_decode_kernels(b, nodes, 1e3 * r.wall() / 8.0, bw);
     }
   }
   return 0;
