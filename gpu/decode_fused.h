@@ -47,9 +47,7 @@ void norm_rope_store_attention(float* qkv, int64_t ldq, int64_t n, int64_t heads
 // (row stride ldy), in one launch: every block normalises the row itself
 // in add_rms_norm's order (the same hb, and so the same y, bit for bit).
 // counter: one int32 of device memory, 0 before and after (needed with
-// delta). w as gguf_gemv takes it, with up to 8192 columns; the kernel set
-// gguf_gemv would take (gpu::gguf_decode_kernel: the direct kernels where
-// they take w, else the staged ones).
+// delta). w as gguf_gemv takes it, with up to 8192 columns.
 bool norm_gemv_fits(const GgufWeight& w, int64_t n);
 void add_rms_norm_gguf_gemv(float* x, const float* delta, int64_t n, const bf16_t* norm_w, float eps, bf16_t* hb, float* hf, const GgufWeight& w,
                             float* y, int64_t ldy, int32_t* counter, Stream& s);
