@@ -36,19 +36,19 @@ struct FusedRope {
   uint16_t *kc_out, *vc_out;
 };
 
-// Normalises the head of `hd` floats at src with weight w (wi: this
-// thread's element) and rotates it at position p (fi: this thread's
-// frequency), into dst (hd floats of shared memory). Every thread of the block calls it.
-__device__ __forceinline__ void norm_rope_head(const float* src, int hd, float wi, float eps, float p, float fi, float* tmp, float* dst) {
+// Normalises the head of `hd` floats at src with weight w and rotates it at
+// position p, into dst (hd floats of shared memory). Every thread of the block calls it.
+__device__ __forceinline__ void norm_rope_head(const float* src, int hd, const uint16_t* w, float eps, float p, const float* inv_freq, float* tmp,
+                                               float* dst) {
   const int i = threadIdx.x;
   const float a = i < hd ? src[i] : 0.0f;
   const float ss = block_sum(a * a);
   const float inv = rsqrtf(ss / static_cast<float>(hd) + eps);
-  if (i < hd) tmp[i] = wi * (a * inv);
+  if (i < hd) tmp[i] = bf2f(w[i]) * (a * inv);
   __syncthreads();
   const int half = hd / 2;
   if (i < half) {
-    const float f = p * fi;
+    const float f = p * inv_freq[i];
     const float c = static_cast<float>(cos(static_cast<double>(f))), sn = static_cast<float>(sin(static_cast<double>(f)));
     const float x0 = tmp[i], x1 = tmp[i + half];
     dst[i] = x0 * c - x1 * sn;
@@ -67,22 +67,15 @@ __global__ void attention_kernel(const float* q, int64_t ldq, int heads, int kv_
   __shared__ float qs[HD];
   __shared__ float sc[kChunk];
   __shared__ float ks[HD], vs[HD], tmp[HD];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // FUSED: the norm weights and rotary frequencies (no kernel writes them) are requested before the wait.
-  float wqi = 0.0f, wki = 0.0f, fi = 0.0f;
-  if (FUSED && tid < hd) {
-    wqi = bf2f(fr.wq[tid]);
-    wki = bf2f(fr.wk[tid]);
-    if (tid < hd / 2) fi = fr.inv_freq[tid];
-  }
   pdl_wait();
   pdl_trigger();
   const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, g = h / (heads / kv_heads);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float* qrow = q + static_cast<int64_t>(t) * ldq;
   if (FUSED) {
     const float p = static_cast<float>(fr.pos[t]);
-    norm_rope_head(qrow + h * hd, hd, wqi, fr.eps, p, fi, tmp, qs);
-    norm_rope_head(qrow + (heads + g) * hd, hd, wki, fr.eps, p, fi, tmp, ks);
+    norm_rope_head(qrow + h * hd, hd, fr.wq, fr.eps, p, fr.inv_freq, tmp, qs);
+    norm_rope_head(qrow + (heads + g) * hd, hd, fr.wk, fr.eps, p, fr.inv_freq, tmp, ks);
     if (tid < hd) {
       const uint16_t kb = f2bf(ks[tid]), vb = f2bf(qrow[(heads + kv_heads + g) * hd + tid]);
       ks[tid] = bf2f(kb);
@@ -182,8 +175,6 @@ void attention_launch_hd(const float* q, int64_t ldq, int64_t n, int64_t heads, 
   const int64_t splits = attention_splits(n, heads, max_len);
   if (splits > 1 && scratch == nullptr) fail(ErrorKind::internal, "gpu::attention: split-K needs scratch");
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(heads), static_cast<unsigned>(splits));
-  // Bytes: each sequence's keys and values once (at the capture's longest context), q and the output.
-  declare_launch_bytes(static_cast<double>(n * kv_heads * hd) * static_cast<double>(max_len) * 4.0 + static_cast<double>(n * heads * hd) * 6.0);
   launch_pdl(s, attention_kernel<FUSED, HD>, grid, dim3(HD), 0, q, ldq, static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(hd), kc,
              vc, slot_lists, offsets, lens, scale, static_cast<int>(splits), scratch, out, fr);
   if (splits > 1) {

@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <utility>
-#include <vector>
 
 #include "gpu/check.h"
 #include "gpu/memory.h"
@@ -37,14 +36,6 @@ __device__ __forceinline__ void pdl_trigger() {
 // Whether the current device takes programmatic launches (compute 9.0+).
 bool pdl_supported();
 
-// Launch notes for gpu::Graph::time_nodes (gpu/graph_timing.cu): while a
-// graph captures on this thread, launch_pdl notes each kernel with the bytes
-// its launcher declared just before (declare_launch_bytes; none: -1) and the
-// current gpu::LaunchScope. Off the capture both cost a thread-local test.
-void set_launch_log(std::vector<Graph::Note>* log);
-void note_launch(const void* func);
-void declare_launch_bytes(double bytes);
-
 // kern<<<grid, block, smem, s>>>(args...), with the programmatic-serialization
 // attribute when s asks for it and the device takes it. Checks the launch.
 template <class... KArgs, class... Args>
@@ -59,7 +50,6 @@ void launch_pdl(Stream& s, void (*kern)(KArgs...), dim3 grid, dim3 block, size_t
   at[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = at;
   cfg.numAttrs = s.programmatic_launch() && pdl_supported() ? 1 : 0;
-  note_launch(reinterpret_cast<const void*>(kern));
   HMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(std::forward<Args>(args))...));
 }
 

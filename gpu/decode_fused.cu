@@ -44,34 +44,7 @@ struct RouterArgs {
   int32_t* counter;
   int32_t* ids;
   float* weights;
-  ExpertPrefetch pf;  // gate_up null: none
 };
-
-// The experts ids[0..k) of one token: their weights' bytes to L2 in bulk
-// prefetches of up to 32 KB, the warp's lanes taking every 32nd chunk.
-// Starts are rounded down to 16 bytes (inside the allocation: the bases are
-// cudaMalloc'd), ends down too (a hint may leave a few bytes out).
-__device__ void prefetch_experts(const ExpertPrefetch& pf, const int32_t* ids, int k) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr uintptr_t kChunk = 32 << 10;
-  const int lane = threadIdx.x & 31;
-  __syncwarp();  // lane 0 wrote ids
-  for (int m = 0; m < 2; ++m)  // every expert's gate/up (needed first), then every down
-    for (int j = 0; j < k; ++j) {
-      const int64_t e = ids[j];
-      if (e < 0 || e >= pf.experts) continue;
-      const uint8_t* base = static_cast<const uint8_t*>(m ? pf.down : pf.gate_up);
-      const size_t per = m ? pf.down_expert : pf.gate_up_expert;
-      if (!base || per == 0) continue;
-      const uintptr_t lo = reinterpret_cast<uintptr_t>(base + e * per) & ~uintptr_t{15};
-      const uintptr_t hi = reinterpret_cast<uintptr_t>(base + (e + 1) * per) & ~uintptr_t{15};
-      for (uintptr_t c = lo + lane * kChunk; c < hi; c += 32 * kChunk) {
-        const uint32_t bytes = static_cast<uint32_t>(hi - c < kChunk ? hi - c : kChunk);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c), "r"(bytes) : "memory");
-      }
-    }
-#endif
-}
 
 template <bool NORM>
 __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a) {
@@ -132,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a) {
         for (int t = 0; t < kTokens; ++t) {
           if (t >= a.n) break;
           const uint4 xv = NORM ? reinterpret_cast<const uint4*>(xs + t * H)[c]
-                                : __ldcg(reinterpret_cast<const uint4*>(a.x + static_cast<int64_t>(t) * H) + c);  // through L2: written by the kernel in front, which may have run while this grid was resident
+                                : __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<int64_t>(t) * H) + c);
           unpack8(xv, xf);
 #pragma unroll
           for (int q = 0; q < 8; ++q) acc[t] += wf[q] * xf[q];
@@ -153,11 +126,9 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a) {
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int t = warp; t < a.n; t += kWarps) {
+  for (int t = warp; t < a.n; t += kWarps)
     softmax_topk_warp(a.logits + static_cast<int64_t>(t) * a.experts, a.experts, a.k, a.normalize, p + warp * a.experts, a.ids + t * a.k,
                       a.weights + t * a.k);
-    if (a.pf.gate_up && a.n == 1) prefetch_experts(a.pf, a.ids + t * a.k, a.k);  // one token: its experts' bytes start for the kernels after
-  }
   if (NORM && a.delta) {  // every block has read x: the residual update
     for (int t = 0; t < a.n; ++t)
       for (int j = threadIdx.x; j < H; j += kThreads) a.xres[static_cast<int64_t>(t) * H + j] += a.delta[static_cast<int64_t>(t) * H + j];
@@ -179,8 +150,6 @@ void launch_router(const RouterArgs& a, Stream& s) {
   const size_t smem = static_cast<size_t>(kWarps * a.experts) * sizeof(float) + (NORM ? static_cast<size_t>(a.n * a.hidden) * 2 : 0);
   auto kern = router_kernel<NORM>;
   if (smem > 48 * 1024) HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  declare_launch_bytes(static_cast<double>(a.experts) * a.hidden * 2 + static_cast<double>(a.n) * a.hidden * (NORM ? 14.0 : 2.0) +
-                       static_cast<double>(a.n) * a.experts * 8.0);
   launch_pdl(s, kern, dim3(blocks), dim3(kThreads), smem, a);
 }
 
@@ -189,7 +158,7 @@ void launch_router(const RouterArgs& a, Stream& s) {
 int64_t router_gemv_max_tokens() { return kTokens; }
 
 void router_gemv_topk(const bf16_t* x, int64_t n, const bf16_t* w, int64_t experts, int64_t hidden, int64_t k, bool normalize, float* logits,
-                      int32_t* counter, int32_t* ids, float* weights, Stream& s, const ExpertPrefetch* pf) {
+                      int32_t* counter, int32_t* ids, float* weights, Stream& s) {
   check_router("router_gemv_topk", n, hidden, experts, k);
   if (n <= 0) return;
   RouterArgs a{};
@@ -204,7 +173,6 @@ void router_gemv_topk(const bf16_t* x, int64_t n, const bf16_t* w, int64_t exper
   a.counter = counter;
   a.ids = ids;
   a.weights = weights;
-  if (pf) a.pf = *pf;
   launch_router<false>(a, s);
 }
 
@@ -214,7 +182,7 @@ bool norm_router_fits(int64_t n, int64_t hidden, int64_t experts) {
 
 void add_rms_norm_router_topk(float* x, const float* delta, int64_t n, int64_t hidden, const bf16_t* norm_w, float eps, bf16_t* hb, float* hf,
                               const bf16_t* w, int64_t experts, int64_t k, bool normalize, float* logits, int32_t* counter, int32_t* ids,
-                              float* weights, Stream& s, const ExpertPrefetch* pf) {
+                              float* weights, Stream& s) {
   check_router("add_rms_norm_router_topk", n, hidden, experts, k);
   if (hidden > kNormMax) fail(ErrorKind::unsupported, "gpu::add_rms_norm_router_topk: hidden over 8192");
   if (n <= 0) return;
@@ -235,7 +203,6 @@ void add_rms_norm_router_topk(float* x, const float* delta, int64_t n, int64_t h
   a.counter = counter;
   a.ids = ids;
   a.weights = weights;
-  if (pf) a.pf = *pf;
   launch_router<true>(a, s);
 }
 

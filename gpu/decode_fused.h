@@ -26,7 +26,7 @@ namespace hmoe::gpu {
 bool norm_router_fits(int64_t n, int64_t hidden, int64_t experts);
 void add_rms_norm_router_topk(float* x, const float* delta, int64_t n, int64_t hidden, const bf16_t* norm_w, float eps, bf16_t* hb, float* hf,
                               const bf16_t* w, int64_t experts, int64_t k, bool normalize, float* logits, int32_t* counter, int32_t* ids,
-                              float* weights, Stream& s, const ExpertPrefetch* pf = nullptr);
+                              float* weights, Stream& s);
 
 // gpu::qkv_norm_rope_store followed by gpu::attention in one launch, for
 // steps whose every sequence has one token (decode): the raw q|k|v rows

@@ -6,7 +6,7 @@ namespace hmoe::gpu {
 
 bool norm_router_fits(int64_t, int64_t, int64_t) { return false; }
 void add_rms_norm_router_topk(float*, const float*, int64_t, int64_t, const bf16_t*, float, bf16_t*, float*, const bf16_t*, int64_t, int64_t, bool,
-                              float*, int32_t*, int32_t*, float*, Stream&, const ExpertPrefetch*) {
+                              float*, int32_t*, int32_t*, float*, Stream&) {
   fail(ErrorKind::unsupported, "gpu::add_rms_norm_router_topk: not built with CUDA");
 }
 

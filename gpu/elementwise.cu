@@ -26,23 +26,12 @@ __device__ __forceinline__ float norm_weight(const float* w, int64_t j) { return
 template <class W>
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(float* x, const float* delta, const int32_t* rows, int64_t d, const W* w,
                                                                     float eps, uint16_t* y, float* y_f32) {
-  // The norm weights (no kernel writes them) are requested before the wait
-  // (programmatic launch): their load overlaps the kernel in front.
-  const bool short_row = d <= static_cast<int64_t>(kNormPer) * blockDim.x;
-  float wv[kNormPer];
-  if (short_row) {
-#pragma unroll
-    for (int k = 0; k < kNormPer; ++k) {
-      const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-      wv[k] = j < d ? norm_weight(w, j) : 0.0f;
-    }
-  }
   pdl_wait();
   pdl_trigger();
   const int64_t i = blockIdx.x, r = rows ? rows[i] : i;
   float* xr = x + r * d;
   float ss = 0;
-  if (short_row) {
+  if (d <= static_cast<int64_t>(kNormPer) * blockDim.x) {
     float v[kNormPer];
 #pragma unroll
     for (int k = 0; k < kNormPer; ++k) {
@@ -69,7 +58,7 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(float* x, co
     for (int k = 0; k < kNormPer; ++k) {
       const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
       if (j >= d) continue;
-      const float o = wv[k] * (v[k] * inv);
+      const float o = norm_weight(w, j) * (v[k] * inv);
       y[i * d + j] = f2bf(o);
       if (y_f32) y_f32[i * d + j] = o;
     }
@@ -121,23 +110,21 @@ __global__ void qkv_norm_rope_store_kernel(float* x, int64_t ld, int heads, int6
                                            const int32_t* pos, const float* inv_freq, int kv_heads, const int32_t* slots, uint16_t* kc,
                                            uint16_t* vc) {
   __shared__ float v[256];
+  pdl_wait();
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y, i = threadIdx.x;
   const bool is_k = h >= heads;
   const uint16_t* w = is_k ? wk : wq;
-  // The norm weight and rotary frequency (no kernel writes them) are requested before the wait.
-  const float wi = bf2f(w[i]), fi = i < static_cast<int>(hd / 2) ? inv_freq[i] : 0.0f;
-  pdl_wait();
-  pdl_trigger();
   float* xh = x + t * ld + static_cast<int64_t>(h) * hd;  // k heads follow the q heads
   const float a = xh[i];
   const float ss = block_sum(a * a);
   const float inv = rsqrtf(ss / static_cast<float>(hd) + eps);
-  v[i] = wi * (a * inv);
+  v[i] = bf2f(w[i]) * (a * inv);
   __syncthreads();
   const int half = static_cast<int>(hd / 2);
   if (i < half) {
-    const float f = static_cast<float>(pos[t]) * fi;
+    const float f = static_cast<float>(pos[t]) * inv_freq[i];
     const float c = static_cast<float>(cos(static_cast<double>(f))), s = static_cast<float>(sin(static_cast<double>(f)));
     const float p = v[i], q = v[i + half];
     const float r0 = p * c - q * s, r1 = q * c + p * s;
@@ -190,7 +177,6 @@ unsigned blocks_for(int64_t count, int threads) { return static_cast<unsigned>((
 
 void embedding(const bf16_t* table, const int32_t* ids, int64_t n, int64_t hidden, float* out, Stream& s) {
   if (n <= 0) return;
-  declare_launch_bytes(static_cast<double>(n) * static_cast<double>(hidden * 6 + 4));
   launch_pdl(s, embedding_kernel, dim3(static_cast<unsigned>(n)), dim3(256), 0, table, ids, hidden, out);
 }
 
@@ -198,7 +184,6 @@ void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, 
                   float* y_f32, Stream& s) {
   if (n <= 0) return;
   const unsigned threads = d <= 8 * 256 ? 256 : kNormThreads;  // up to 8 values a thread in registers
-  declare_launch_bytes(static_cast<double>(n * d) * (delta ? 14.0 : 6.0) + (y_f32 ? 4.0 * static_cast<double>(n * d) : 0.0) + static_cast<double>(d * 2));
   launch_pdl(s, add_rms_norm_kernel<uint16_t>, dim3(static_cast<unsigned>(n)), dim3(threads), 0, x, delta, rows, d, w, eps, y, y_f32);
 }
 
@@ -206,7 +191,6 @@ void add_rms_norm(float* x, const float* delta, const int32_t* rows, int64_t n, 
                   float* y_f32, Stream& s) {
   if (n <= 0) return;
   const unsigned threads = d <= 8 * 256 ? 256 : kNormThreads;
-  declare_launch_bytes(static_cast<double>(n * d) * (delta ? 14.0 : 6.0) + (y_f32 ? 4.0 * static_cast<double>(n * d) : 0.0) + static_cast<double>(d * 4));
   launch_pdl(s, add_rms_norm_kernel<float>, dim3(static_cast<unsigned>(n)), dim3(threads), 0, x, delta, rows, d, w, eps, y, y_f32);
 }
 
@@ -223,7 +207,6 @@ void qkv_norm_rope_store(float* x, int64_t n, int64_t ld, int64_t heads, int64_t
                          float eps, const int32_t* pos, const float* inv_freq, const int32_t* slots, bf16_t* kc, bf16_t* vc, Stream& s) {
   if (hd % 32 != 0 || hd > 256) fail(ErrorKind::unsupported, "gpu::qkv_norm_rope_store: head_dim " + std::to_string(hd) + " (need a multiple of 32, <= 256)");
   if (n <= 0) return;
-  declare_launch_bytes(static_cast<double>(n * (heads + 2 * kv_heads) * hd) * 8.0 + static_cast<double>(n * kv_heads * hd) * 4.0);
   launch_pdl(s, qkv_norm_rope_store_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads + kv_heads)), dim3(static_cast<unsigned>(hd)), 0,
              x, ld, static_cast<int>(heads), hd, w_q, w_k, eps, pos, inv_freq, static_cast<int>(kv_heads), slots, kc, vc);
 }
@@ -249,7 +232,6 @@ void split_bf16(const float* x, int64_t count, bf16_t* hi, bf16_t* lo, Stream& s
 
 void add(const float* x, const float* d, int64_t count, float* y, Stream& s) {
   if (count <= 0) return;
-  declare_launch_bytes(static_cast<double>(count) * 12.0);
   launch_pdl(s, add_kernel, dim3(blocks_for(count, 256)), dim3(256), 0, x, d, count, y);
 }
 

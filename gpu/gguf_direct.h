@@ -26,27 +26,13 @@ struct Params {
   int64_t ldy;
   const int32_t* ids;
   const float* weights;
-  // Dense at one token with the input norm fused (nw set; gemv_normed): x is
-  // read as hb = bf16(nw * (xres + delta) / rms), gpu::add_rms_norm's values,
-  // which block 0 writes to hb (and hf); the block that counts itself last
-  // in counter adds delta to xres and sets the counter back to 0.
-  float* xres;
-  const float* delta;
-  const uint16_t* nw;
-  float eps;
-  uint16_t* hb;
-  float* hf;
-  int32_t* counter;
 };
 
 // Whether the direct kernels take w at n tokens (types above, activations fit in shared memory).
 bool gemv_supported(const GgufWeight& w, int64_t n);
 bool moe_supported(const GgufWeight& gate_up, const GgufWeight& down, int64_t k);
 void gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy, Stream& s);
-// gpu::add_rms_norm_gguf_gemv (gpu/decode_fused.h) on the direct kernels; gemv_supported(w, 1).
-void gemv_normed(float* x, const float* delta, const bf16_t* norm_w, float eps, bf16_t* hb, float* hf, const GgufWeight& w, float* y, int64_t ldy,
-                 int32_t* counter, Stream& s);
 void moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* weights, const GgufWeight& w_gate_up, const GgufWeight& w_down,
-                 int64_t inter, float* gu, float* out, Stream& s, double gu_bytes = -1, double down_bytes = -1);  // bytes: declare_launch_bytes
+                 int64_t inter, float* gu, float* out, Stream& s);
 
 }  // namespace hmoe::gpu::detail::gguf_direct

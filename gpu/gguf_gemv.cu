@@ -196,7 +196,25 @@ __global__ void __launch_bounds__(512) gg_kernel(Params p) {
   float ninv = 0.0f;
   if (norm) {
     __shared__ float npart[16];
-    ninv = block_rms_inv256(p.xres, p.delta, cols, p.eps, npart);
+    const int vt = cols <= 2048 ? 256 : 512, per = (cols + vt - 1) / vt;
+    for (int hh = 0; hh < vt / 256; ++hh) {
+      const int tv = static_cast<int>(threadIdx.x) + 256 * hh;
+      float ss = 0.0f;
+#pragma unroll 4
+      for (int i = 0; i < per; ++i) {
+        const int j = tv + vt * i;
+        if (j >= cols) continue;
+        float u = p.xres[j];
+        if (p.delta) u += p.delta[j];
+        ss += u * u;
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) npart[warp + 8 * hh] = ss;
+    }
+    __syncthreads();
+    float r = 0.0f;
+    for (int w = 0; w < vt / 32; ++w) r += npart[w];
+    ninv = rsqrtf(r / static_cast<float>(cols) + p.eps);
   }
 
   // Prologue: the block's activation slots as two int8 planes per 32,
@@ -533,7 +551,7 @@ unsigned persistent_blocks(int64_t warp_tasks, int warps, int64_t per_y) {
     HMOE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n;
   }();
-  const int64_t want = std::max<int64_t>(1, gguf_decode_blocks_per_sm() * static_cast<int64_t>(sms) / std::max<int64_t>(per_y, 1));  // about one resident wave
+  const int64_t want = std::max<int64_t>(1, 2 * static_cast<int64_t>(sms) / std::max<int64_t>(per_y, 1));  // about one resident wave
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((warp_tasks + warps - 1) / warps, want)));
 }
 
@@ -544,7 +562,6 @@ void gguf_gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_
   if (n < 0 || ldy < w.rows) fail(ErrorKind::invalid_argument, "gpu::gguf_gemv: bad token count or output stride");
   if (n == 0 || w.rows == 0) return;
   if (n > 65535 * 8) fail(ErrorKind::unsupported, "gpu::gguf_gemv: too many tokens for the decode kernels");
-  declare_launch_bytes(static_cast<double>(w.bytes()) + static_cast<double>(n) * static_cast<double>(w.cols * 2 + w.rows * 4));
   if (gguf_decode_kernel() != GgufDecodeKernel::staged && gguf_direct::gemv_supported(w, n)) return gguf_direct::gemv(w, x, n, y, ldy, s);
   Params p = plan(w, w.rows);
   p.x = x;
@@ -566,9 +583,6 @@ void add_rms_norm_gguf_gemv(float* x, const float* delta, int64_t n, const bf16_
   if (!norm_gemv_fits(w, n)) fail(ErrorKind::invalid_argument, "gpu::add_rms_norm_gguf_gemv: one token, 1..8192 columns and at least one row");
   if (ldy < w.rows) fail(ErrorKind::invalid_argument, "gpu::add_rms_norm_gguf_gemv: output stride below the rows");
   if (delta && !counter) fail(ErrorKind::invalid_argument, "gpu::add_rms_norm_gguf_gemv: a residual update needs the block counter");
-  declare_launch_bytes(static_cast<double>(w.bytes()) + static_cast<double>(w.cols * 14 + w.rows * 4));
-  if (gguf_decode_kernel() != GgufDecodeKernel::staged && gguf_direct::gemv_supported(w, 1))
-    return gguf_direct::gemv_normed(x, delta, norm_w, eps, hb, hf, w, y, ldy, counter, s);
   Params p = plan(w, w.rows);
   p.n = 1;
   p.y = y;
@@ -605,13 +619,8 @@ void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids,
   if (k < 1 || k > 16) fail(ErrorKind::unsupported, "gpu::gguf_moe_experts: k = " + std::to_string(k) + " (1..16 supported)");
   if (n <= 0) return;
   if (n > 65535) fail(ErrorKind::unsupported, "gpu::gguf_moe_experts: too many tokens for the decode kernels");
-  const double experts = static_cast<double>(std::min<int64_t>(n * k, w_gate_up.rows / (2 * inter)));
-  const double gu_bytes = experts * static_cast<double>(2 * inter) * static_cast<double>(w_gate_up.row_bytes()) +
-                          static_cast<double>(n) * static_cast<double>(hidden * 2 + k * 2 * inter * 4);
-  const double dn_bytes = experts * static_cast<double>(hidden) * static_cast<double>(w_down.row_bytes()) +
-                          static_cast<double>(n) * static_cast<double>(k * 2 * inter * 4 + hidden * 4);
   if (gguf_decode_kernel() == GgufDecodeKernel::direct && gguf_direct::moe_supported(w_gate_up, w_down, k))
-    return gguf_direct::moe_experts(x, n, k, ids, weights, w_gate_up, w_down, inter, gu, out, s, gu_bytes, dn_bytes);
+    return gguf_direct::moe_experts(x, n, k, ids, weights, w_gate_up, w_down, inter, gu, out, s);
   Stream& st = s;
   const unsigned ny = static_cast<unsigned>(n);
   Params g = plan(w_gate_up, 2 * inter);
@@ -619,7 +628,6 @@ void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids,
   g.k = static_cast<int>(k);
   g.ids = ids;
   g.y = gu;
-  declare_launch_bytes(gu_bytes);
   launch<1, kGateUp>(w_gate_up.type, g, dim3(persistent_blocks(static_cast<int64_t>(g.tasks) * k, kWarps, n), ny), kWarps,
                      smem_bytes(1, g.cols, kWarps, 1), st);
   Params d = plan(w_down, hidden);
@@ -631,7 +639,6 @@ void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids,
   d.ldy = hidden;
   if (d.R > 8) d.R = 8;  // the block's row sums hold 8 rows per slot
   d.tasks = (d.rows + d.R - 1) / d.R;
-  declare_launch_bytes(dn_bytes);
   launch<1, kDown>(w_down.type, d, dim3(persistent_blocks(d.tasks, 1, n), ny), static_cast<int>(k),
                    smem_bytes(static_cast<int>(k), d.cols, static_cast<int>(k), 1), st);
 }

@@ -278,13 +278,6 @@ __host__ __device__ constexpr int x_bytes(int nx, int U) { return nx * U * 160; 
 template <class F, int MODE>
 __device__ void quantize_x(const Params& p, int nx, int TB, uint4* XP, float* XD, int* XS) {
   const int cols = p.cols, nb32 = cols / 32, U = p.U, by = blockIdx.y;
-  // Fused input norm (dense, one token, 256 threads): add_rms_norm's values.
-  const bool norm = MODE == kDense && p.nw != nullptr;
-  float ninv = 0.0f;
-  if (norm) {
-    __shared__ float npart[16];
-    ninv = gguf::block_rms_inv256(p.xres, p.delta, cols, p.eps, npart);
-  }
   for (int b = threadIdx.x; b < nx * nb32; b += blockDim.x) {
     const int sl = b / nb32, c0 = (b % nb32) * 32;
     float v[32];
@@ -295,22 +288,6 @@ __device__ void quantize_x(const Params& p, int nx, int TB, uint4* XP, float* XD
       if (t >= p.n) {
 #pragma unroll
         for (int i = 0; i < 32; ++i) v[i] = 0.0f;
-      } else if (norm) {  // rounded to bf16 as hb holds them; block 0 writes hb
-        const float* xr = p.xres + c0;
-        const float* dr = p.delta ? p.delta + c0 : nullptr;
-        const bool writer = blockIdx.x == 0 && by == 0;
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          float u = xr[i];
-          if (dr) u += dr[i];
-          const float f = bf2f(p.nw[c0 + i]) * (u * ninv);
-          const uint16_t fb = f2bf(f);
-          v[i] = bf2f(fb);
-          if (writer) {
-            p.hb[c0 + i] = fb;
-            if (p.hf) p.hf[c0 + i] = f;
-          }
-        }
       } else {
         const uint4* xr = reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(t) * cols + c0);
 #pragma unroll
@@ -432,29 +409,17 @@ __global__ void __launch_bounds__(MODE == kDown ? 512 : 256, MODE == kDown ? 1 :
   }
   prefetch(first);
   prefetch(first + stride);
-  // The first pass's bytes go to registers before the wait too (where
-  // kEarly) and before the activations are quantized: the load's latency
-  // overlaps the kernel in front and the prologue instead of following them.
-  int task = first, j = 0, pass = 0, slot = 0;
-  int64_t mrow0 = 0;
-  if (task < ntask) {
-    rows_of(task, mrow0, pass, slot);
-    load(mrow0, pass, 0);
-  }
   if (kEarly) {
     pdl_wait();
     pdl_trigger();
   }
   quantize_x<F, MODE>(p, nx, TB, XP, XD, XS);
   __syncthreads();
-  if (MODE == kDense && p.nw != nullptr && p.delta != nullptr) {  // every block has read xres once the last one counts itself: the residual update
-    __shared__ bool last;
-    if (threadIdx.x == 0) last = atomicAdd(p.counter, 1) == static_cast<int>(gridDim.x * gridDim.y) - 1;
-    __syncthreads();
-    if (last) {
-      for (int j = threadIdx.x; j < p.cols; j += blockDim.x) p.xres[j] += p.delta[j];
-      if (threadIdx.x == 0) *p.counter = 0;
-    }
+  int task = first, j = 0, pass = 0, slot = 0;
+  int64_t mrow0 = 0;
+  if (task < ntask) {
+    rows_of(task, mrow0, pass, slot);
+    load(mrow0, pass, 0);
   }
 
   float acc[RR][TB];
@@ -598,9 +563,9 @@ void launch(GgufType t, const Params& p, dim3 grid, int threads, size_t smem, St
 
 constexpr int kWarps = 8;
 
-// Blocks of a persistent launch: gpu::gguf_decode_blocks_per_sm() (2) per SM over all blockIdx.y, at most one task per warp.
+// Blocks of a persistent launch: two per SM over all blockIdx.y, at most one task per warp.
 unsigned blocks(int64_t warp_tasks, int warps, int64_t ny) {
-  const int64_t want = std::max<int64_t>(1, gguf_decode_blocks_per_sm() * static_cast<int64_t>(sm_count()) / std::max<int64_t>(ny, 1));
+  const int64_t want = std::max<int64_t>(1, 2 * static_cast<int64_t>(sm_count()) / std::max<int64_t>(ny, 1));
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((warp_tasks + warps - 1) / warps, want)));
 }
 
@@ -617,16 +582,8 @@ bool moe_supported(const GgufWeight& gate_up, const GgufWeight& down, int64_t k)
          static_cast<size_t>(x_bytes(static_cast<int>(k), static_cast<int>(down.cols / 64))) + 16 * 64 * 4 <= kMaxSmem;
 }
 
-// Warps per block of a dense product: 8, or fewer (down to 2) when 8 would
-// leave SMs without a block (small matrices: v, o_proj at one token), so
-// that the same warps spread over more SMs. Each pass is still one warp's:
-// the results do not change.
-int dense_warps(int passes, int64_t ny) {
-  const int64_t per_sm = (static_cast<int64_t>(passes) * ny + sm_count() - 1) / sm_count();
-  return static_cast<int>(std::max<int64_t>(2, std::min<int64_t>(kWarps, per_sm)));
-}
-
 void gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy, Stream& s) {
+  const int threads = kWarps * 32;
   auto go = [&](auto tb) {
     constexpr int TB = decltype(tb)::value;
     Params p = plan(w, w.rows, TB);
@@ -635,8 +592,7 @@ void gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy
     p.y = y;
     p.ldy = ldy;
     const unsigned ty = static_cast<unsigned>((n + TB - 1) / TB);
-    const int warps = dense_warps(p.passes, ty);
-    launch<TB, kDense>(w.type, p, dim3(blocks(p.passes, warps, ty), ty), warps * 32, static_cast<size_t>(x_bytes(TB, p.U)), s);
+    launch<TB, kDense>(w.type, p, dim3(blocks(p.passes, kWarps, ty), ty), threads, static_cast<size_t>(x_bytes(TB, p.U)), s);
   };
   if (n == 1) return go(std::integral_constant<int, 1>{});
   if (n == 2) return go(std::integral_constant<int, 2>{});
@@ -644,24 +600,8 @@ void gemv(const GgufWeight& w, const bf16_t* x, int64_t n, float* y, int64_t ldy
   go(std::integral_constant<int, 8>{});
 }
 
-void gemv_normed(float* x, const float* delta, const bf16_t* norm_w, float eps, bf16_t* hb, float* hf, const GgufWeight& w, float* y, int64_t ldy,
-                 int32_t* counter, Stream& s) {
-  Params p = plan(w, w.rows, 1);
-  p.n = 1;
-  p.y = y;
-  p.ldy = ldy;
-  p.xres = x;
-  p.delta = delta;
-  p.nw = norm_w;
-  p.eps = eps;
-  p.hb = hb;
-  p.hf = hf;
-  p.counter = counter;
-  launch<1, kDense>(w.type, p, dim3(blocks(p.passes, kWarps, 1)), kWarps * 32, static_cast<size_t>(x_bytes(1, p.U)), s);
-}
-
 void moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* weights, const GgufWeight& w_gate_up, const GgufWeight& w_down,
-                 int64_t inter, float* gu, float* out, Stream& s, double gu_bytes, double down_bytes) {
+                 int64_t inter, float* gu, float* out, Stream& s) {
   const unsigned ny = static_cast<unsigned>(n);
   Params g = plan(w_gate_up, 2 * inter, 1);
   g.x = x;
@@ -669,7 +609,6 @@ void moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, cons
   g.k = static_cast<int>(k);
   g.ids = ids;
   g.y = gu;
-  declare_launch_bytes(gu_bytes);
   launch<1, kGateUp>(w_gate_up.type, g, dim3(blocks(static_cast<int64_t>(g.passes) * k, kWarps, n), ny), kWarps * 32,
                      static_cast<size_t>(x_bytes(1, g.U)), s);
   const int64_t hidden = w_gate_up.cols;
@@ -682,7 +621,6 @@ void moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids, cons
   d.y = out;
   d.ldy = hidden;
   const size_t smem = static_cast<size_t>(x_bytes(static_cast<int>(k), d.U)) + static_cast<size_t>(k) * d.G * rr_of(w_down.type, 1) * 4;
-  declare_launch_bytes(down_bytes);
   launch<1, kDown>(w_down.type, d, dim3(blocks(d.passes, 1, n), ny), static_cast<int>(k) * 32, smem, s);
 }
 

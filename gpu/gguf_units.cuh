@@ -13,7 +13,6 @@
 
 #include <cstdint>
 
-#include "gpu/common.cuh"
 #include "gpu/gguf_lowbit_units.h"  // Run, and the low-bit types' units
 
 namespace hmoe::gpu::detail::gguf {
@@ -159,35 +158,6 @@ struct Q80 {
     }
   }
 };
-
-// 1 / rms of the row xres (+ delta, may be null) of `cols` values as
-// gpu::add_rms_norm computes it, bit for bit: its block of 256 threads
-// (cols <= 2048) or 512, thread tv summing the squares of values tv + vt * i
-// in i order, each warp's butterfly sum, the warps' sums in warp order.
-// Every thread of a 256-thread block calls it (two virtual threads each for
-// 512) and gets the value; npart: 16 floats of shared memory.
-__device__ __forceinline__ float block_rms_inv256(const float* xres, const float* delta, int cols, float eps, float* npart) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int vt = cols <= 2048 ? 256 : 512, per = (cols + vt - 1) / vt;
-  for (int hh = 0; hh < vt / 256; ++hh) {
-    const int tv = static_cast<int>(threadIdx.x) + 256 * hh;
-    float ss = 0.0f;
-#pragma unroll 4
-    for (int i = 0; i < per; ++i) {
-      const int j = tv + vt * i;
-      if (j >= cols) continue;
-      float u = xres[j];
-      if (delta) u += delta[j];
-      ss += u * u;
-    }
-    ss = warp_sum(ss);
-    if (lane == 0) npart[warp + 8 * hh] = ss;
-  }
-  __syncthreads();
-  float r = 0.0f;
-  for (int w = 0; w < vt / 32; ++w) r += npart[w];
-  return rsqrtf(r / static_cast<float>(cols) + eps);
-}
 
 // The down products' input: v[i] = silu(gate[i]) * up[i] for 32 columns,
 // gate at g (16-byte aligned), up at g + cols (the gate/up rows' layout).

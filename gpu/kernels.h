@@ -100,19 +100,6 @@ void silu_mul(const float* gu, int64_t n, int64_t inter, bf16_t* h, bf16_t* h_lo
 // [hi; lo] when lo = hi + count, then the two halves added).
 void split_bf16(const float* x, int64_t count, bf16_t* hi, bf16_t* lo, Stream& s);
 
-// The routed experts' weights a decode router asks into L2 once it has
-// picked a one-token step's experts (router_gemv_topk,
-// add_rms_norm_router_topk), for the expert kernels that follow it: expert
-// e's bytes [gate_up + e * gate_up_expert, + gate_up_expert) and the same of
-// down (either base may be null). A hint to the memory system: no result
-// changes. sm_90+ (the bulk prefetch of the TMA unit); elsewhere nothing.
-struct ExpertPrefetch {
-  const void* gate_up = nullptr;
-  const void* down = nullptr;
-  size_t gate_up_expert = 0, down_expert = 0;  // bytes per expert
-  int64_t experts = 0;
-};
-
 // Softmax over each row of logits [n, experts], then the k largest (ties:
 // lower index), renormalised when `normalize`. ids/weights: [n, k].
 void router_topk(const float* logits, int64_t n, int64_t experts, int64_t k, bool normalize, int32_t* ids, float* weights,
@@ -123,11 +110,8 @@ void router_topk(const float* logits, int64_t n, int64_t experts, int64_t k, boo
 // overwritten. counter: one int32 of device memory that is 0 before the
 // call and is 0 again after it (the blocks count themselves in it; one
 // counter per stream at a time). experts <= 1024, hidden a multiple of 8.
-// pf (optional): at one token the last block then asks the chosen experts'
-// weights into L2 (ExpertPrefetch).
-struct ExpertPrefetch;
 void router_gemv_topk(const bf16_t* x, int64_t n, const bf16_t* w, int64_t experts, int64_t hidden, int64_t k, bool normalize, float* logits,
-                      int32_t* counter, int32_t* ids, float* weights, Stream& s, const ExpertPrefetch* pf = nullptr);
+                      int32_t* counter, int32_t* ids, float* weights, Stream& s);
 int64_t router_gemv_max_tokens();
 
 // Groups the n*k (token, slot) pairs by expert: offsets[e]..offsets[e+1]

@@ -33,8 +33,7 @@ int64_t attention_scratch_floats(int64_t, int64_t, int64_t, int64_t) { no_cuda("
 void silu_mul(const float*, int64_t, int64_t, bf16_t*, bf16_t*, Stream&) { no_cuda("silu_mul"); }
 void split_bf16(const float*, int64_t, bf16_t*, bf16_t*, Stream&) { no_cuda("split_bf16"); }
 void router_topk(const float*, int64_t, int64_t, int64_t, bool, int32_t*, float*, Stream&) { no_cuda("router_topk"); }
-void router_gemv_topk(const bf16_t*, int64_t, const bf16_t*, int64_t, int64_t, int64_t, bool, float*, int32_t*, int32_t*, float*, Stream&,
-                      const ExpertPrefetch*) {
+void router_gemv_topk(const bf16_t*, int64_t, const bf16_t*, int64_t, int64_t, int64_t, bool, float*, int32_t*, int32_t*, float*, Stream&) {
   no_cuda("router_gemv_topk");
 }
 int64_t router_gemv_max_tokens() { return 8; }

@@ -102,17 +102,10 @@ float Event::elapsed_ms(const Event& start) const {
 Graph::~Graph() { reset(); }
 void Graph::reset() {
   if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
-  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
   exec_ = nullptr;
-  graph_ = nullptr;
 }
-void Graph::begin_capture(Stream& s) {
-  HMOE_CUDA_CHECK(cudaStreamBeginCapture(cs(s), cudaStreamCaptureModeThreadLocal));
-  notes_.clear();
-  detail::set_launch_log(&notes_);
-}
+void Graph::begin_capture(Stream& s) { HMOE_CUDA_CHECK(cudaStreamBeginCapture(cs(s), cudaStreamCaptureModeThreadLocal)); }
 void Graph::end_capture(Stream& s) {
-  detail::set_launch_log(nullptr);
   cudaGraph_t g = nullptr;
   HMOE_CUDA_CHECK(cudaStreamEndCapture(cs(s), &g));
   reset();
@@ -139,12 +132,9 @@ void Graph::end_capture(Stream& s) {
   (void)cudaGetLastError();  // a kernel the runtime could not name (a library's) is not an error
   cudaGraphExec_t e = nullptr;
   const cudaError_t err = cudaGraphInstantiate(&e, g, 0);
-  if (err != cudaSuccess) {
-    cudaGraphDestroy(g);
-    detail::cuda_fail(err, "cudaGraphInstantiate", __FILE__, __LINE__);
-  }
+  cudaGraphDestroy(g);
+  if (err != cudaSuccess) detail::cuda_fail(err, "cudaGraphInstantiate", __FILE__, __LINE__);
   exec_ = e;
-  graph_ = g;  // kept for time_nodes (the node parameters it holds are small)
 }
 void Graph::launch(Stream& s) { HMOE_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cs(s))); }
 

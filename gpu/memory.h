@@ -107,46 +107,11 @@ class Event {
   void* handle_ = nullptr;
 };
 
-// One node of a captured graph, timed (Graph::time_nodes; benchmarks).
-struct NodeTime {
-  std::string name;   // the kernel's demangled name ("?" where the runtime cannot name it), or the node's kind ("memcpy", "memset", ...)
-  std::string scope;  // the gpu::LaunchScope that enqueued it ("" outside any)
-  bool kernel = false;
-  unsigned grid[3] = {0, 0, 0}, block[3] = {0, 0, 0};
-  size_t smem = 0;      // dynamic shared memory per block
-  double bytes = -1;    // device bytes the launch moves, as its launcher declared them (-1: not declared: a library's kernel)
-  double alone_us = 0;  // run after every earlier node has finished, an event on either side (no programmatic overlap); best of reps
-  double in_graph_us = 0;  // the graph cut after this node minus the graph cut before it, programmatic edges kept; best of reps each
-};
-struct GraphTiming {
-  std::vector<NodeTime> nodes;  // in the graph's dependency order
-  double graph_us = 0;          // the whole graph, one launch between two events (best of reps)
-  double empty_us = 0;          // an empty graph the same way (the launch's own cost, inside graph_us and the first node's in_graph_us)
-};
-
-// Labels the launches noted while it lives (this thread): NodeTime::scope.
-class LaunchScope {
- public:
-  explicit LaunchScope(std::string label);
-  ~LaunchScope();
-  LaunchScope(const LaunchScope&) = delete;
-  LaunchScope& operator=(const LaunchScope&) = delete;
-
- private:
-  std::string saved_;
-};
-
 // A CUDA graph captured from the work enqueued on one stream between
 // begin_capture() and end_capture(), replayed with launch(). Kernels whose
 // arguments (pointers, sizes) change need a new capture.
 class Graph {
  public:
-  // What a launch through gpu::detail::launch_pdl declared while capturing (time_nodes).
-  struct Note {
-    const void* func = nullptr;
-    double bytes = -1;
-    std::string scope;
-  };
   Graph() = default;
   ~Graph();
   Graph(const Graph&) = delete;
@@ -160,16 +125,10 @@ class Graph {
   // runtime cannot name one), in the graph's node order; and all its nodes.
   const std::vector<std::string>& kernels() const { return kernels_; }
   size_t nodes() const { return nodes_; }
-  // Times every node of the captured graph on s (benchmarks; see NodeTime):
-  // runs the graph's work 2 + reps * (nodes + 2) times, so it must be safe
-  // to replay (a decode step is: it recomputes the same values). Blocks.
-  GraphTiming time_nodes(Stream& s, int reps) const;
 
  private:
-  void* exec_ = nullptr;   // cudaGraphExec_t
-  void* graph_ = nullptr;  // cudaGraph_t, kept for time_nodes
+  void* exec_ = nullptr;  // cudaGraphExec_t
   std::vector<std::string> kernels_;
-  std::vector<Note> notes_;
   size_t nodes_ = 0;
 };
 

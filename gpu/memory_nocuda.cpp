@@ -31,9 +31,6 @@ void Graph::reset() {}
 void Graph::begin_capture(Stream&) { no_cuda("gpu::Graph::begin_capture"); }
 void Graph::end_capture(Stream&) { no_cuda("gpu::Graph::end_capture"); }
 void Graph::launch(Stream&) { no_cuda("gpu::Graph::launch"); }
-GraphTiming Graph::time_nodes(Stream&, int) const { no_cuda("gpu::Graph::time_nodes"); }
-LaunchScope::LaunchScope(std::string label) : saved_(std::move(label)) {}
-LaunchScope::~LaunchScope() = default;
 void copy_to_device(void*, const void*, size_t, Stream&) { no_cuda("gpu::copy_to_device"); }
 void copy_to_host(void*, const void*, size_t, Stream&) { no_cuda("gpu::copy_to_host"); }
 void copy_on_device(void*, const void*, size_t, Stream&) { no_cuda("gpu::copy_on_device"); }

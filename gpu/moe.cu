@@ -184,7 +184,6 @@ void router_topk(const float* logits, int64_t n, int64_t experts, int64_t k, boo
   if (k < 1 || k > experts) fail(ErrorKind::invalid_argument, "gpu::router_topk: k must be in 1..experts");
   if (experts > 12 * 1024) fail(ErrorKind::unsupported, "gpu::router_topk: more than 12288 experts");
   if (n <= 0) return;
-  declare_launch_bytes(static_cast<double>(n) * static_cast<double>(experts * 4 + k * 8));
   launch_pdl(s, router_topk_kernel, dim3(static_cast<unsigned>(n)), dim3(32), static_cast<size_t>(experts) * sizeof(float), logits,
              static_cast<int>(experts), static_cast<int>(k), normalize, ids, weights);
 }

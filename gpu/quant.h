@@ -195,13 +195,6 @@ class GgufDeviceMat {
 enum class GgufDecodeKernel : uint8_t { staged, direct, dense };
 void set_gguf_decode_kernel(GgufDecodeKernel k);
 GgufDecodeKernel gguf_decode_kernel();
-// Blocks per SM of the persistent decode grids of both kernel sets
-// (process-wide, clamped to 1..8; setting gpu_gguf_decode_blocks_per_sm;
-// default 2). 1 leaves each SM room for the next kernel's blocks, which a
-// programmatic launch schedules while this one runs (two blocks of the
-// 256-thread, ~128-register kernels fill an SM's register file).
-void set_gguf_decode_blocks_per_sm(int blocks);
-int gguf_decode_blocks_per_sm();
 
 // y[t, r] (row stride ldy) = sum_k x[t, k] W[r, k] for t < n, x bf16 [n, cols].
 // For decode-sized n (each weight byte is read once per 8 tokens); larger

@@ -343,11 +343,6 @@ std::atomic<GgufDecodeKernel> g_decode_kernel{GgufDecodeKernel::direct};
 }  // namespace
 void set_gguf_decode_kernel(GgufDecodeKernel k) { g_decode_kernel.store(k); }
 GgufDecodeKernel gguf_decode_kernel() { return g_decode_kernel.load(); }
-namespace {
-std::atomic<int> g_blocks_per_sm{2};
-}  // namespace
-void set_gguf_decode_blocks_per_sm(int b) { g_blocks_per_sm.store(b < 1 ? 1 : (b > 8 ? 8 : b)); }
-int gguf_decode_blocks_per_sm() { return g_blocks_per_sm.load(); }
 
 void check_gguf_weight(const GgufWeight& w, const std::string& what) {
   auto bad = [&](const std::string& msg) { fail(ErrorKind::unsupported, what + " (" + gguf_type_name(w.type) + "): " + msg); };

@@ -92,7 +92,6 @@ class MoeGpu : public GpuFfn {
     if (shared_inter > 0 && shared_gate)
       shared_gate_ = fp32_router_ ? up.f32(b.mat(f + "shared_expert_gate.weight", 1, H_)) : up.bf16({b.mat(f + "shared_expert_gate.weight", 1, H_)});
     experts_ = std::make_unique<RoutedExperts>(b, c, layer, f, home, pools, opt, &up.stream());
-    prefetch_ = experts_->gpu_prefetch();
     bytes_ = up.bytes() - before + experts_->gpu_bytes();
   }
 
@@ -118,7 +117,7 @@ class MoeGpu : public GpuFfn {
 
   void enqueue(GpuCtx& ctx, const Rows& r, bool handoff) override { enqueue_with(ctx, r, nullptr, 0, handoff); }
   bool fuses_norm(const GpuCtx& ctx, const Rows& r) const override {
-    return ctx.step.fuse.norm_router && router_kind_ == RouterKind::softmax_topk && !fp32_router_ && gpu::norm_router_fits(r.rn, H_, E_);
+    return ctx.step.fused && router_kind_ == RouterKind::softmax_topk && !fp32_router_ && gpu::norm_router_fits(r.rn, H_, E_);
   }
   void enqueue_with_norm(GpuCtx& ctx, const Rows& r, const bf16_t* norm_w, float eps, bool handoff) override {
     enqueue_with(ctx, r, norm_w, eps, handoff);
@@ -131,17 +130,15 @@ class MoeGpu : public GpuFfn {
     int32_t* ids = ctx.a.ids + r.r0 * K_;
     float* wts = ctx.a.wts + r.r0 * K_;
     const bf16_t* x = ctx.a.hb + r.r0 * H_;
-    // Resident experts at decode: the router's last block asks the chosen experts' bytes into L2 (a hint).
-    const gpu::ExpertPrefetch* pf = ctx.step.fuse.expert_prefetch && prefetch_.gate_up ? &prefetch_ : nullptr;
     if (fp32_router_) {
       ctx.blas.gemm_f32(ctx.a.hf + r.r0 * H_, r.rn, router_.as<float>(), E_, H_, logits, E_);
       gpu::router_topk(logits, r.rn, E_, K_, c_.norm_topk_prob, ids, wts, s);
     } else if (norm_w) {
       gpu::add_rms_norm_router_topk(ctx.a.x + r.r0 * H_, ctx.a.d + r.r0 * H_, r.rn, H_, norm_w, eps, ctx.a.hb + r.r0 * H_,
                                     fp32_input() ? ctx.a.hf + r.r0 * H_ : nullptr, router_.as<bf16_t>(), E_, K_, c_.norm_topk_prob, logits,
-                                    router_count_.as<int32_t>(), ids, wts, s, pf);
-    } else if (router_kind_ == RouterKind::softmax_topk && (ctx.step.fuse.router || ctx.step.fuse.norm_router) && r.rn <= gpu::router_gemv_max_tokens() && E_ <= 1024) {  // decode: one launch
-      gpu::router_gemv_topk(x, r.rn, router_.as<bf16_t>(), E_, H_, K_, c_.norm_topk_prob, logits, router_count_.as<int32_t>(), ids, wts, s, pf);
+                                    router_count_.as<int32_t>(), ids, wts, s);
+    } else if (router_kind_ == RouterKind::softmax_topk && ctx.step.fused && r.rn <= gpu::router_gemv_max_tokens() && E_ <= 1024) {  // decode: one launch
+      gpu::router_gemv_topk(x, r.rn, router_.as<bf16_t>(), E_, H_, K_, c_.norm_topk_prob, logits, router_count_.as<int32_t>(), ids, wts, s);
     } else if (router_kind_ == RouterKind::softmax_topk) {
       ctx.blas.gemm(x, r.rn, router_.as<bf16_t>(), E_, H_, logits, E_);
       gpu::router_topk(logits, r.rn, E_, K_, c_.norm_topk_prob, ids, wts, s);
@@ -186,7 +183,6 @@ class MoeGpu : public GpuFfn {
   SwiGlu shared_;
   std::unique_ptr<RoutedExperts> experts_;
   gpu::DeviceBuffer router_count_;  // the decode router's block counter (gpu/decode_fused.h)
-  gpu::ExpertPrefetch prefetch_;     // the resident experts' layout (gate_up null: host experts or a repacked format)
   uint64_t bytes_ = 0;
 };
 

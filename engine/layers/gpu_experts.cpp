@@ -169,24 +169,6 @@ bool GpuResidentExperts::Impl::grouped(int64_t n) const {
 
 bool GpuResidentExperts::needs_routing(int64_t n, int64_t K) const { return !impl_->ngu || impl_->grouped(n) || big_pass(n, K, impl_->E); }
 
-gpu::ExpertPrefetch GpuResidentExperts::prefetch() const {
-  const Impl& m = *impl_;
-  gpu::ExpertPrefetch p;
-  p.experts = m.E;
-  if (m.ngu) {
-    p.gate_up = m.ngu->weight().data;
-    p.down = m.ndn->weight().data;
-    p.gate_up_expert = m.ngu->weight().bytes() / static_cast<size_t>(m.E);
-    p.down_expert = m.ndn->weight().bytes() / static_cast<size_t>(m.E);
-  } else if (!m.qgu) {
-    p.gate_up = m.gate_up.data();
-    p.down = m.down.data();
-    p.gate_up_expert = static_cast<size_t>(2 * m.I * m.H) * 2;
-    p.down_expert = static_cast<size_t>(m.H * m.I) * 2;
-  }
-  return p;
-}
-
 uint64_t GpuResidentExperts::bytes() const {
   const Impl& m = *impl_;
   if (m.ngu) return m.ngu->weight().bytes() + m.ndn->weight().bytes();

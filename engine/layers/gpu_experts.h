@@ -92,10 +92,6 @@ class GpuResidentExperts {
   // Whether run() for n tokens reads route_off / pair_list (gpu::moe_route);
   // GGUF experts of decode-sized passes go by ids alone.
   bool needs_routing(int64_t n, int64_t K) const;
-  // Where each expert's bytes are (GGUF blocks as stored, or bf16): what a
-  // decode router may ask into L2 (gpu::ExpertPrefetch); empty (null bases)
-  // for the repacked formats.
-  gpu::ExpertPrefetch prefetch() const;
 
   // out[t] = sum_j wts[t*K+j] * expert_{ids[t*K+j]}(x[t]) for t < n (overwritten).
   // Passes of n > 64 tokens with n * K >= 16 * E (never inside a captured

@@ -32,25 +32,13 @@ class ExpertStream;        // engine/layers/expert_stream.h
 struct ExpertScratch;      // engine/layers/gpu_experts.h
 class DeltaNetStep;        // engine/layers/hybrid_gpu.h
 
-// Which decode launches run fused (settings gpu_decode_fusion and
-// gpu_decode_fuse; each fused launch gives its unfused launches' results up
-// to fp32 summation order, tests/gpu/test_gpu_decode_step.cpp).
-struct DecodeFusion {
-  bool attention = false;    // GQA, every sequence one token: q/k norms, rotary, KV store and attention in one launch
-  bool norm_qkv = false;     // GGUF q|k|v product at one token: the input residual add + RMSNorm inside it
-  bool norm_router = false;  // softmax router, <= 8 tokens: post-attention residual add + RMSNorm, router product and top-k in one launch
-  bool router = false;       // softmax router, <= 8 tokens: router product and top-k in one launch (no cuBLAS call)
-  bool tail_norm = false;    // the last residual add inside the final RMSNorm's launch
-  bool expert_prefetch = false;  // one-launch routers at one token ask the chosen resident experts' bytes into L2 (a hint: no result changes)
-};
-
 // The step's shape and metadata on the device (set by the executor).
 struct GpuStepInfo {
   int64_t n = 0, mrows = 0;          // tokens, logit rows
   int64_t list_len = 0, max_len = 0; // KV slot lists of the step's sequences: total and longest
   int64_t ntiles = 0;                // prefill query tiles (gpu::attention_tile_list), 0: none
   int64_t multi_tokens = 0;          // tokens of sequences with more than one token in the step
-  DecodeFusion fuse;                 // decode launches that run fused (decode-sized steps only)
+  bool fused = true;                 // decode launches may be fused (setting gpu_decode_fusion)
   const int32_t *tok = nullptr, *pos = nullptr, *slot = nullptr, *off = nullptr, *len = nullptr, *multi = nullptr, *rows = nullptr,
                 *lists = nullptr, *tiles = nullptr;
   std::vector<int64_t> mb_rows;     // rows of each micro-batch

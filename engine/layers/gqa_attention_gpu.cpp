@@ -72,7 +72,7 @@ class GqaAttentionGpu : public GpuAttention {
   uint64_t bytes() const override { return bytes_; }
 
   void enqueue(GpuCtx& ctx, const Rows& r) override { enqueue_with(ctx, r, nullptr, 0, nullptr); }
-  bool fuses_norm(const GpuCtx& ctx, const Rows& r) const override { return ctx.step.fuse.norm_qkv && q_.rows() > 0 && q_.normed_fits(r.rn); }
+  bool fuses_norm(const GpuCtx& ctx, const Rows& r) const override { return ctx.step.fused && q_.rows() > 0 && q_.normed_fits(r.rn); }
   void enqueue_with_norm(GpuCtx& ctx, const Rows& r, const bf16_t* norm_w, float eps, const float* delta) override {
     enqueue_with(ctx, r, norm_w, eps, delta);
   }
@@ -119,7 +119,7 @@ class GqaAttentionGpu : public GpuAttention {
  private:
   int64_t ld() const { return (nh_ + 2 * kvh_) * hd_; }
   // Decode steps (every sequence one token, no prefill tiles) take the fused attention launch.
-  static bool fused(const GpuStepInfo& st) { return st.fuse.attention && st.multi_tokens == 0 && st.ntiles == 0; }
+  static bool fused(const GpuStepInfo& st) { return st.fused && st.multi_tokens == 0 && st.ntiles == 0; }
   int64_t layer_, H_, nh_, kvh_, hd_;
   float eps_;
   gpu::DeviceBuffer qkv_, q_norm_, k_norm_, inv_freq_, norm_count_;

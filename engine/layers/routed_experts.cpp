@@ -95,7 +95,6 @@ RoutedExperts::RoutedExperts(WeightBinder& bind, const ModelConfig& c, int64_t l
 RoutedExperts::~RoutedExperts() = default;
 
 uint64_t RoutedExperts::gpu_bytes() const { return gpu_ ? gpu_->bytes() : 0; }
-gpu::ExpertPrefetch RoutedExperts::gpu_prefetch() const { return gpu_ ? gpu_->prefetch() : gpu::ExpertPrefetch{}; }
 
 void RoutedExperts::run_host(const float* x, int64_t n, const int32_t* ids, const float* w, int64_t k, float* out) {
   if (!engine_) fail(ErrorKind::internal, "layer " + std::to_string(layer_) + ": routed experts are not in host memory");

@@ -18,7 +18,6 @@
 #include "engine/layers/host_residence.h"
 #include "engine/layers/weights.h"
 #include "engine/loading/model_config.h"
-#include "gpu/kernels.h"
 #include "numa/expert_engine.h"
 #include "numa/node_pools.h"
 
@@ -84,9 +83,6 @@ class RoutedExperts {
   const std::vector<std::vector<numa::ExpertWeights>>* host_pieces() const { return pieces_.empty() ? nullptr : &pieces_; }
   bool host_registered() const { return !pins_.empty(); }
   uint64_t gpu_bytes() const;
-  // The resident experts' layout for a decode router's L2 prefetch
-  // (GpuResidentExperts::prefetch); empty when they are not on the GPU.
-  gpu::ExpertPrefetch gpu_prefetch() const;
 
  private:
   Home home_;

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <optional>
 
 #include "configs/error.h"
 #include "engine/layers/routing_trace.h"
@@ -27,35 +26,6 @@ namespace hmoe {
 
 using gpu::bf16_t;
 
-DecodeFusion parse_decode_fusion(const std::string& list, bool all) {
-  DecodeFusion f;
-  std::vector<std::string> names;
-  std::string cur;
-  for (char ch : list + ",") {
-    if (ch == ',') {
-      if (!cur.empty()) names.push_back(cur);
-      cur.clear();
-    } else if (ch != ' ') {
-      cur += ch;
-    }
-  }
-  for (const std::string& n : names) {
-    if (n == "none") continue;
-    if (n == "all" || n == "attention") f.attention = true;
-    if (n == "all" || n == "norm_qkv") f.norm_qkv = true;
-    if (n == "all" || n == "norm_router") f.norm_router = true;
-    if (n == "all" || n == "router") f.router = true;
-    if (n == "all" || n == "tail_norm") f.tail_norm = true;
-    if (n == "all" || n == "expert_prefetch") f.expert_prefetch = true;
-    if (n != "all" && n != "attention" && n != "norm_qkv" && n != "norm_router" && n != "router" && n != "tail_norm" && n != "expert_prefetch")
-      fail(ErrorKind::invalid_argument, "--gpu-decode-fuse / HMOE_GPU_DECODE_FUSE: unknown launch '" + n +
-                                            "' (a comma list of attention, norm_qkv, norm_router, router, tail_norm, expert_prefetch; or all, none), got '" +
-                                            list + "'");
-  }
-  if (all) f.attention = f.norm_qkv = f.norm_router = f.router = f.tail_norm = f.expert_prefetch = true;
-  return f;
-}
-
 GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   GpuRuntimeOptions o;
   o.experts.engine = numa::EngineOptions::from_settings(s);
@@ -68,12 +38,11 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.tiled_attention = s.gpu_tiled_attention;
   o.quantized_dense = s.gpu_quantized_dense;
   o.programmatic_launch = s.gpu_programmatic_launch;
-  o.decode_fusion = parse_decode_fusion(s.gpu_decode_fuse, s.gpu_decode_fusion);
+  o.decode_fusion = s.gpu_decode_fusion;
   if (s.gpu_gguf_decode_kernel == "dense") o.gguf_decode_kernel = gpu::GgufDecodeKernel::dense;
   else if (s.gpu_gguf_decode_kernel == "direct") o.gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
   else if (s.gpu_gguf_decode_kernel == "staged") o.gguf_decode_kernel = gpu::GgufDecodeKernel::staged;
   else fail(ErrorKind::invalid_argument, "--gpu-gguf-decode-kernel / HMOE_GPU_GGUF_DECODE_KERNEL must be dense, direct or staged, got '" + s.gpu_gguf_decode_kernel + "'");
-  o.gguf_decode_blocks_per_sm = static_cast<int>(s.gpu_gguf_decode_blocks_per_sm);
   o.defer_experts = s.defer_experts;
   o.expert_cache.budget_bytes = parse_gpu_expert_cache(s.gpu_expert_cache);
   o.expert_cache.cost.share = parse_gpu_split_decode(s.gpu_split_decode);
@@ -114,8 +83,7 @@ struct GpuRuntime::Impl {
   GpuPartTimes part_times;
   GpuStepTimes times;
   static constexpr int64_t kGraphMaxTokens = 64;  // larger steps are launched plainly
-  bool use_graphs = false, overlap = false, tiled_attention = true, programmatic_launch = true;
-  DecodeFusion decode_fusion;
+  bool use_graphs = false, overlap = false, tiled_attention = true, decode_fusion = false, programmatic_launch = true;
   int64_t overlap_b_rows = 0;
   SegmentGraphs seg_graphs;
   std::unique_ptr<ExpertStream> xstream;  // streamed host experts for big passes (null: off)
@@ -160,7 +128,6 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.programmatic_launch = o.programmatic_launch;
   m.decode_fusion = o.decode_fusion;
   gpu::set_gguf_decode_kernel(o.gguf_decode_kernel);
-  gpu::set_gguf_decode_blocks_per_sm(o.gguf_decode_blocks_per_sm);
   gpu::MemoryUse use_weights("the weights (embedding, lm_head, norms)");
   GpuUploader up(bind, m.stream);
   up.set_keep_gguf(o.quantized_dense);
@@ -250,13 +217,6 @@ void GpuRuntime::set_part_profile(bool on) {
 const GpuPartTimes& GpuRuntime::part_times() const { return impl_->part_times; }
 size_t GpuRuntime::last_step_graphs() const { return impl_->seg_graphs.last_graphs(); }
 std::vector<std::string> GpuRuntime::last_step_kernels() const { return impl_->seg_graphs.last_kernels(); }
-gpu::GraphTiming GpuRuntime::time_last_step_nodes(int reps) {
-  Impl& m = *impl_;
-  m.stream.synchronize();
-  gpu::GraphTiming t = m.seg_graphs.time_last(m.stream, reps);
-  m.stream.synchronize();
-  return t;
-}
 double expected_experts_touched(int64_t e, int64_t k, int64_t tokens) {
   if (e <= 0 || k <= 0 || tokens <= 0) return 0;
   const double E = static_cast<double>(e), K = static_cast<double>(std::min(k, e));
@@ -417,7 +377,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   st.tiles = st.lists + st.list_len;
   st.kv = &kvs;
   st.stream_pass = m.xstream && m.xstream->wants(n);
-  st.fuse = m.decode_fusion;
+  st.fused = m.decode_fusion;
   // Programmatic launch for decode-sized steps only: prefill passes are few
   // long kernels (and streamed passes wait on copy events), nothing to gain.
   s.set_programmatic_launch(m.programmatic_launch && n <= Impl::kGraphMaxTokens && !st.stream_pass);
@@ -504,7 +464,6 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     const int em = m.engram ? m.engram->module_before(static_cast<int64_t>(l)) : -1;
     if (em >= 0 && l == 0) m.engram->apply(em, xr, nullptr, r.r0, r.rn, m.blas, s);
     const float* in_delta = l > 0 && em < 0 ? dr : nullptr;
-    std::optional<gpu::LaunchScope> scope(std::in_place, "layer " + std::to_string(l) + " attention");
     if (!m.norm_f32 && blk.attn->fuses_norm(ctx, r)) {
       blk.attn->enqueue_with_norm(ctx, r, blk.in_norm.as<bf16_t>(), eps, in_delta);
     } else {
@@ -513,7 +472,6 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     }
     if (prof) m.part_events[2 + 2 * l].record(s);
     const bool handoff = blk.ffn->host_experts() && !st.stream_pass;
-    scope.emplace("layer " + std::to_string(l) + " feed-forward");
     if (!m.norm_f32 && blk.ffn->fuses_norm(ctx, r)) {
       blk.ffn->enqueue_with_norm(ctx, r, blk.post_norm.as<bf16_t>(), eps, handoff);
     } else {
@@ -522,30 +480,19 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     }
     if (prof) m.part_events[3 + 2 * l].record(s);
   };
-  // The last residual add: its own launch over every row, or (tail_norm)
-  // inside the final norm for the logit rows only (the other rows' x is not
-  // read again); the same fp32 sums either way.
-  const bool fold_tail = st.fuse.tail_norm;
   auto enqueue_tail = [&] {
-    gpu::LaunchScope scope("tail");
-    norm(a.x, fold_tail ? a.d : nullptr, st.rows, mrows, m.final_norm, a.hb, nullptr);
+    norm(a.x, nullptr, st.rows, mrows, m.final_norm, a.hb, nullptr);
     m.lm_head.gemm(m.blas, a.hb, mrows, sc.get<float>("act.logits"), V, sc.get<void>("dense.deq"), s);
     if (prof) m.part_events[2 * L + 2].record(s);
   };
   auto enqueue_segment = [&](size_t i, const Rows& r, bool tail) {
     if (i == 0 && prof) m.part_events[0].record(s);
-    if (i == 0) {
-      gpu::LaunchScope scope("embedding");
-      gpu::embedding(m.embed.as<bf16_t>(), st.tok + r.r0, r.rn, H, a.x + r.r0 * H, s);
-    }
+    if (i == 0) gpu::embedding(m.embed.as<bf16_t>(), st.tok + r.r0, r.rn, H, a.x + r.r0 * H, s);
     if (i == 0 && prof) m.part_events[1].record(s);
     if (i > 0 && cuts[i - 1].handoff) m.blocks[cuts[i - 1].after].ffn->enqueue_after_handoff(ctx, r);
     const size_t first = i == 0 ? 0 : cuts[i - 1].after + 1, last = i + 1 < nseg ? cuts[i].after + 1 : L;
     for (size_t l = first; l < last; ++l) enqueue_block(l, r);
-    if (i + 1 == nseg && !fold_tail) {
-      gpu::LaunchScope scope("tail");
-      gpu::add(a.x + r.r0 * H, a.d + r.r0 * H, r.rn * H, a.x + r.r0 * H, s);
-    }
+    if (i + 1 == nseg) gpu::add(a.x + r.r0 * H, a.d + r.r0 * H, r.rn * H, a.x + r.r0 * H, s);
     if (tail) enqueue_tail();
   };
   // Decode-sized steps replay each segment as a CUDA graph while the key

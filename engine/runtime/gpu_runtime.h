@@ -95,11 +95,10 @@ struct GpuRuntimeOptions {
   bool quantized_dense = true;    // GGUF attention / lm_head weights stay in their blocks (setting gpu_quantized_dense)
   bool cuda_graphs = false, cpu_overlap = false, tiled_attention = true;
   bool programmatic_launch = true;  // setting gpu_programmatic_launch (gpu::Stream::set_programmatic_launch)
-  DecodeFusion decode_fusion;       // settings gpu_decode_fusion, gpu_decode_fuse (GpuStepInfo::fuse)
+  bool decode_fusion = false;       // setting gpu_decode_fusion (GpuStepInfo::fused)
   // Setting gpu_gguf_decode_kernel (gpu::set_gguf_decode_kernel, process-wide;
   // applied when the runtime is built).
   gpu::GgufDecodeKernel gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
-  int gguf_decode_blocks_per_sm = 2;  // setting gpu_gguf_decode_blocks_per_sm (gpu::set_gguf_decode_blocks_per_sm, process-wide)
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
   // Setting defer_experts: hand-off layers followed by another hand-off layer
   // defer their N lowest-weight experts per token to a worker thread that
@@ -112,11 +111,6 @@ struct GpuRuntimeOptions {
   // Everything from the settings but `resident` and `devices` (the placement's).
   static GpuRuntimeOptions from_settings(const Settings& s);
 };
-
-// Settings gpu_decode_fuse (a comma list of DecodeFusion's launches, "all"
-// or "none"; Error(invalid_argument) naming the flag for anything else) and
-// gpu_decode_fusion (all: every one of them).
-DecodeFusion parse_decode_fusion(const std::string& list, bool all);
 
 class GpuRuntime {
  public:
@@ -140,12 +134,6 @@ class GpuRuntime {
   // decode step launches (benchmarks).
   size_t last_step_graphs() const;
   std::vector<std::string> last_step_kernels() const;
-  // Every node of those graphs timed alone and as it runs in the graph
-  // (gpu::Graph::time_nodes; benchmarks): replays the last step's graphs
-  // (the same work again: the step's values are recomputed, the KV rows
-  // rewritten as they are; the step's KvCache must still be alive). Empty
-  // when the last step ran no graph.
-  gpu::GraphTiming time_last_step_nodes(int reps);
   // Bytes of GPU weights a decode step of `tokens` sequences reads: every
   // dense weight once (embedding: the tokens' rows), and per resident MoE
   // layer the experts the step touches, expected under uniform routing

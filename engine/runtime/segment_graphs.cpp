@@ -75,19 +75,4 @@ std::vector<std::string> SegmentGraphs::last_kernels() const {
   return k;
 }
 
-gpu::GraphTiming SegmentGraphs::time_last(gpu::Stream& s, int reps) const {
-  gpu::GraphTiming all;
-  if (!last_) return all;
-  bool first = true;
-  for (const auto& g : *last_) {
-    if (!g) continue;
-    gpu::GraphTiming t = g->time_nodes(s, reps);
-    all.nodes.insert(all.nodes.end(), t.nodes.begin(), t.nodes.end());
-    all.graph_us += t.graph_us;
-    if (first) all.empty_us = t.empty_us;
-    first = false;
-  }
-  return all;
-}
-
 }  // namespace hmoe

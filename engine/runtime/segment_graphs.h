@@ -35,9 +35,6 @@ class SegmentGraphs {
   // benchmarks: what one replayed step launches).
   size_t last_graphs() const;
   std::vector<std::string> last_kernels() const;
-  // Those graphs' nodes timed (gpu::Graph::time_nodes), graph after graph;
-  // graph_us the sum of theirs.
-  gpu::GraphTiming time_last(gpu::Stream& s, int reps) const;
 
  private:
   using Set = std::vector<std::unique_ptr<gpu::Graph>>;

@@ -18,7 +18,6 @@
 #include "engine/runtime/segment_graphs.h"
 #include "gpu/memory.h"
 #include "gpu/quant.h"
-#include "tools/hmoe/bench_kernels.h"
 #include "tools/hmoe/command.h"
 
 namespace hmoe::cli {
@@ -29,7 +28,6 @@ struct Options {
   int64_t reps = 3;
   bool json = false;
   bool breakdown = false;  // --decode-breakdown
-  bool kernels = false;    // --decode-kernels
   std::string model;
   std::string replay;      // --routing-replay FILE
 };
@@ -67,7 +65,6 @@ Options parse_options(std::vector<std::string>& args) {
   take_any(args, {"-r", "--repetitions"}, r, used);
   o.json = take_flag(args, "--json");
   o.breakdown = take_flag(args, "--decode-breakdown");
-  o.kernels = take_flag(args, "--decode-kernels");
   take_option(args, "--routing-replay", o.replay);
   reject_unknown_flags(args, "bench");
   if (args.size() != 1)
@@ -200,8 +197,7 @@ class Bench {
     return r;
   }
 
-  // nodes: when given, the last step's graph timed node by node before the KV cache goes (GpuRuntime::time_last_step_nodes).
-  Result decode(int64_t gen, int64_t depth, int64_t batch, int64_t reps, gpu::GraphTiming* nodes = nullptr) {
+  Result decode(int64_t gen, int64_t depth, int64_t batch, int64_t reps) {
     Result r{"decode", 0, gen, depth, batch, {}, 0, {}, 0};
     KvCache kv(m_.kv_layout(), blocks_for(batch, depth + gen), block_);
     std::vector<int> seqs;
@@ -229,7 +225,6 @@ class Bench {
       r.graphs = g->last_step_graphs();
       r.kernels = g->last_step_kernels();
       r.step_weight_bytes = g->decode_weight_bytes(batch);
-      if (nodes) *nodes = g->time_last_step_nodes(5);
     }
     return r;
   }
@@ -543,7 +538,6 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
                   dram_s * 1e3, gpu_s * 1e3, bound, 100.0 * r.mean() / bound);
     }
   }
-  if (!on_gpu && o.kernels) std::printf("\n--decode-kernels: the model runs on the CPU (no GPU step to time)\n");
   if (on_gpu && o.breakdown) {
     print_decode_breakdown(results, c.num_hidden_layers, device_read_bandwidth());
     std::vector<std::pair<int64_t, GpuPartTimes>> parts;
@@ -554,14 +548,6 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
       model->gpu()->set_part_profile(false);
     }
     print_part_times(parts);
-  }
-  if (on_gpu && o.kernels) {
-    const double bw = device_read_bandwidth();
-    for (int64_t b : o.batches) {  // 8 steps after a short context with graphs, then the last step's graph node by node
-      gpu::GraphTiming nodes;
-      const Result r = bench.decode(8, 0, b, 1, &nodes);
-      print_decode_kernels(b, nodes, 1e3 * r.wall() / 8.0, bw);
-    }
   }
   return 0;
 }

@@ -25,9 +25,6 @@
 // step's kernels by name and count, then per layer the device time of its
 // attention and feed-forward parts in 8 more steps per batch launched
 // plainly with events between the parts (GpuRuntime::set_part_profile).
-// --decode-kernels (GPU) adds, per batch, 8 more decode steps with CUDA
-// graphs and then the last step's graph node by node
-// (tools/hmoe/bench_kernels.h): each kernel's time alone and in the graph.
 // On the GPU path with host layers, a "decode bound" table follows: per
 // decode test the cold bytes per step (distinct host experts the CPU ran x
 // their bytes, GpuStepTimes::cold_bytes) over the host read bandwidth

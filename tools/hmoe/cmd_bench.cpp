@@ -205,7 +205,7 @@ int run_bench(const Settings& s, std::vector<std::string>& args) {
 }  // namespace
 
 HMOE_COMMAND(bench_cmd, "bench",
-             "bench MODEL [-p 512,4096] [-n 64] [-d 0] [--batch 1,8] [-r 3] [--json] [--decode-breakdown] [--decode-kernels] | "
+             "bench MODEL [-p 512,4096] [-n 64] [-d 0] [--batch 1,8] [-r 3] [--json] [--decode-breakdown] | "
              "bench experts [--shape qwen3-30b-a3b|deepseek-v3] [--dtype bf16|int8|int4] [--tokens N] [--threads T] [--json] "
              "[--experts-held N] [--seconds S] [--stream-mib M] | bench experts --sweep [--shapes a,b] [--dtypes a,b] "
              "[--tokens-list 1,4,..] [--threads-list 1,2,..] [--json] | bench disk FILE [--block 512] [--seconds 3] [--group 16] [--json]",
