@@ -2,7 +2,7 @@
 # (engine/layers/host_residence.h, --gpu-pin-host-experts). Hybrid Q4_K_M
 # 8-layer slice (bench/jobs/slices.sh; reused when an earlier job of the call
 # made it), every MoE layer's experts on the CPU, `hmoe bench -p 512,4096
-# -n 32 -r 2` under copy (the new default: node memory registered at load)
+# -n 32 -r 2` under copy (node memory registered at load; off stays the default until this job has run)
 # and off (the file map read as pageable memory, the stop-gap before it),
 # then both again with the GPU expert cache on (split decode). Prints per
 # run the load time, the residence line (bytes copied, registration time and

@@ -161,6 +161,13 @@ TEST_CASE("gpu add_rms_norm_router_topk equals add_rms_norm + router_gemv_topk (
 
 TEST_CASE("gpu add_rms_norm_gguf_gemv equals add_rms_norm + gguf_gemv (residual, normed row, products; Q4_K, Q6_K, Q8_0)") {
   if (!test::have_gpu()) return;
+  // The fused launch runs the staged kernels' products; the separate gguf_gemv
+  // must take the same set to compare bit for bit (the direct set, the
+  // default, sums the runs in another fp32 order).
+  struct Staged {
+    Staged() { gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::staged); }
+    ~Staged() { gpu::set_gguf_decode_kernel(gpu::GgufDecodeKernel::direct); }
+  } staged;
   gpu::Stream s;
   s.set_programmatic_launch(true);
   gpu::DeviceBuffer counter(16);

@@ -60,7 +60,7 @@ namespace {
 
 // Quiet loads unless HMOE_PROGRESS is set (=lines: the loads' progress on
 // stderr, where a stalled run stands; bench/jobs/expert_cache_diag.sh).
-// residence: --gpu-pin-host-experts (engine/layers/host_residence.h; copy is the default).
+// residence: --gpu-pin-host-experts (engine/layers/host_residence.h; off is the default until copy has run on a GPU).
 std::unique_ptr<Model> load(const std::string& path, const std::string& cache, const std::string& split, const std::string& policy = "freq_recency",
                             const std::string& trace = "", const std::string& residence = "copy") {
   std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", "none", "--gpu-prefill-min-batch-size", "0",
