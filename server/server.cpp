@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 
 #include "configs/error.h"
 #include "engine/loading/generation_config.h"
+#include "engine/layers/host_residence.h"
 #include "engine/loading/gguf_model.h"
 #include "engine/placement/placement.h"
 #include "server/http_headers.h"
@@ -18,18 +18,6 @@ ServerStack::~ServerStack() {
   http.reset();
   if (scheduler) scheduler->shutdown();
 }
-
-namespace {
-// MemAvailable of /proc/meminfo in bytes; -1 when unknown.
-int64_t available_ram() {
-  std::ifstream f("/proc/meminfo");
-  std::string key, unit;
-  int64_t kb = 0;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return -1;
-}
-}  // namespace
 
 int64_t context_length(const Settings& s, const ModelConfig& c) {
   if (s.max_model_len < 0)
@@ -89,7 +77,7 @@ SchedulerConfig scheduler_config(const Settings& s, const Model& m) {
   c.kv_blocks = blocks;
   if (s.kv_offloading_size > 0) {
     const double bytes = s.kv_offloading_size * double(int64_t{1} << 30);
-    const int64_t avail = available_ram();
+    const int64_t avail = mem_available_bytes();
     if (avail >= 0 && bytes > static_cast<double>(avail))
       fail(ErrorKind::invalid_argument, "--kv-offloading-size " + std::to_string(s.kv_offloading_size) + " GiB is more than the free RAM (" +
                                             std::to_string(avail >> 20) + " MiB available)");

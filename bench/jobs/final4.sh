@@ -11,23 +11,9 @@ set -u
 OUTD=${OUT:-/tmp/out}; O=/tmp/fin; mkdir -p "$O" "$OUTD"; T0=$SECONDS; TOTAL=${TOTAL:-440}
 rem() { echo $((TOTAL - (SECONDS - T0))); }
 pack() { tar czf "$OUTD/fin.tgz" -C "$O" . 2>/dev/null; }
-guard() {  # NAME SECS CMD...
-  local name=$1 lim=$2; shift 2; local t0=$SECONDS rc=124
-  local r; r=$(rem); ((lim > r)) && lim=$r
-  if ((lim < 8)); then echo "skip $name: no time"; return; fi
-  "$@" >"$O/$name.log" 2>&1 &
-  local pid=$!
-  while ((SECONDS - t0 < lim)); do
-    if ! kill -0 $pid 2>/dev/null; then wait $pid; rc=$?; break; fi
-    sleep 1
-  done
-  if ((rc == 124)) && kill -0 $pid 2>/dev/null; then
-    { echo "== HUNG after $lim s: $*"; for p in $(pgrep -P $pid) $pid; do for t in /proc/$p/task/*; do echo "-- $t $(cat $t/comm) $(cat $t/wchan 2>/dev/null) $(cut -d' ' -f14,15 $t/stat 2>/dev/null)"; cat $t/stack 2>/dev/null | head -6; done; done
-      nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv 2>&1; } >"$O/$name.hung" 2>&1
-    pkill -9 -P $pid 2>/dev/null; kill -9 $pid 2>/dev/null; sleep 1
-  fi
-  echo "$name rc $rc in $((SECONDS - t0)) s (t=$((SECONDS - T0)))"; pack
-}
+# The step runner: bench/jobs/guard.sh (in a device root: beside this job, or under bench/jobs/).
+for g in "$(dirname "${BASH_SOURCE[0]}")/guard.sh" bench/jobs/guard.sh; do [[ -f $g ]] && { source "$g"; break; }; done
+declare -F guard >/dev/null || { echo "guard.sh not found"; exit 1; }
 echo "== final4 start $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,noheader) $(grep MemAvailable /proc/meminfo)"
 W=/tmp/sbs; mkdir -p $W; SLICE=$W/qwen3-30b-a3b-slice-8L-Q4_K_M.gguf
 [[ -s $SLICE ]] || guard slices 80 env W=$W TYPES=Q4_K_M QUANT_SECS=70 bash -c 'source bench/jobs/slices.sh'

@@ -24,22 +24,9 @@
 set -u
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 LIMIT=${LIMIT:-295}
-guard() {  # NAME LIMIT CMD...
-  local name=$1 lim=$2; shift 2; local t0=$SECONDS
-  "$@" >"$O/$name.log" 2>&1 &
-  local pid=$!; rc=124
-  while ((SECONDS - t0 < lim)); do
-    if ! kill -0 $pid 2>/dev/null; then wait $pid; rc=$?; break; fi
-    sleep 1
-  done
-  if ((rc == 124)) && kill -0 $pid 2>/dev/null; then
-    { echo "== HUNG after $lim s: $*"; ps -Lo pid,tid,stat,wchan:32,pcpu,time,comm -p "$pid $(pgrep -d" " -P $pid)"
-      for p in $(pgrep -P $pid) $pid; do for t in /proc/$p/task/*; do echo "-- $t $(cat $t/comm) $(cat $t/wchan 2>/dev/null)"; cat $t/stack 2>/dev/null | head -8; done; done
-      nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv 2>&1; } >"$O/$name.hung" 2>&1
-    pkill -9 -P $pid 2>/dev/null; kill -9 $pid 2>/dev/null; sleep 1
-  fi
-  echo "$name rc $rc in $((SECONDS - t0)) s"
-}
+# The step runner: bench/jobs/guard.sh (in a device root: beside this job, or under bench/jobs/).
+for g in "$(dirname "${BASH_SOURCE[0]}")/guard.sh" bench/jobs/guard.sh; do [[ -f $g ]] && { source "$g"; break; }; done
+declare -F guard >/dev/null || { echo "guard.sh not found"; exit 1; }
 left() { local l=$((LIMIT - SECONDS)); ((l > $1)) && l=$1; echo $l; }
 echo "== k31a start $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 guard attn "$(left 45)" $B test_gpu -tc='*qk_norm_rope*,*qkv_norm_rope_store*,gpu attention*,*norm_rope_store_attention*,gated attention kernels*,*tensor-core tiles*'
