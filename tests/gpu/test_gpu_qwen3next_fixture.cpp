@@ -32,6 +32,7 @@
 #include "engine/loading/model.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "engine/serving/logits.h"
+#include "tests/gpu/clear_top1.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/model_run.h"
 #include "tests/reference_agreement.h"
@@ -91,17 +92,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 void check_same_schedule(const std::vector<float>& mine, const std::vector<float>& ref, int64_t V, const std::string& what) {
   REQUIRE(mine.size() == ref.size());
   const double rel = test::rel_error(mine, ref);
-  int64_t rows = 0, agree = 0;
-  for (size_t r = 0; r * static_cast<size_t>(V) < ref.size(); ++r) {
-    const float* a = ref.data() + r * static_cast<size_t>(V);
-    const int32_t top = argmax(a, V);
-    float second = -1e30f;
-    for (int64_t v = 0; v < V; ++v)
-      if (v != top) second = std::max(second, a[v]);
-    if (a[top] - second <= 0.5f) continue;
-    ++rows;
-    agree += argmax(mine.data() + r * static_cast<size_t>(V), V) == top;
-  }
+  const auto [rows, agree] = test::clear_top1(mine, ref, V);
   MESSAGE(what << ": relative L2 " << rel << ", max |diff| " << max_abs_diff(mine, ref) << ", top-1 " << agree << "/" << rows << " clear rows");
   CHECK(rel <= 5e-2);
   CHECK(agree * 100 >= rows * 95);
@@ -254,17 +245,7 @@ TEST_CASE("qwen3_next on the GPU: the qwen3next GGUF (Q8_0) gives the top-1 of i
   const int64_t V = q8->config().vocab_size;
   const auto ids = long_prompt(100, 55);
   const auto a = run_pieces(*q8, ids, {100}), b = run_pieces(*values, ids, {100});
-  int64_t rows = 0, agree = 0;
-  for (size_t r = 0; r < ids.size(); ++r) {
-    const float* row = b.data() + r * static_cast<size_t>(V);
-    const int32_t top = argmax(row, V);
-    float second = -1e30f;
-    for (int64_t v = 0; v < V; ++v)
-      if (v != top) second = std::max(second, row[v]);
-    if (row[top] - second <= 0.5f) continue;
-    ++rows;
-    agree += argmax(a.data() + r * static_cast<size_t>(V), V) == top;
-  }
+  const auto [rows, agree] = test::clear_top1(a, b, V);
   // bf16 rounding of the F32 values against the Q8_0 blocks read as stored:
   // noise of the order of the CPU's 8-bit activations (11% relative, 109/114
   // clear rows there); a wrong regrouping or block read gives no agreement.

@@ -27,6 +27,7 @@
 #include "gpu/kernels.h"
 #include "io/dtype.h"
 #include "numa/node_pools.h"
+#include "tests/gpu/clear_top1.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/model_run.h"
 #include "tests/test_util.h"
@@ -121,17 +122,7 @@ std::vector<float> run(Runtime& rt, KvLayout layout, const std::vector<int32_t>&
 // The top-1 agreement on rows whose reference margin exceeds 0.5, and the relative L2 of the whole.
 void check_close(const std::vector<float>& gpu, const std::vector<float>& cpu, int64_t V, const std::string& what) {
   REQUIRE(gpu.size() == cpu.size());
-  int64_t rows = 0, agree = 0;
-  for (size_t r = 0; r * static_cast<size_t>(V) < cpu.size(); ++r) {
-    const float* a = cpu.data() + r * static_cast<size_t>(V);
-    const int32_t top = argmax(a, V);
-    float second = -1e30f;
-    for (int64_t v = 0; v < V; ++v)
-      if (v != top) second = std::max(second, a[v]);
-    if (a[top] - second <= 0.5f) continue;
-    ++rows;
-    agree += argmax(gpu.data() + r * static_cast<size_t>(V), V) == top;
-  }
+  const auto [rows, agree] = test::clear_top1(gpu, cpu, V);
   const double rel = test::rel_error(gpu, cpu);
   MESSAGE(what << ": relative L2 " << rel << ", top-1 " << agree << "/" << rows << " rows of margin > 0.5");
   CHECK(rel <= 5e-2);
