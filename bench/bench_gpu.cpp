@@ -18,7 +18,10 @@
 //    and uploaded per expert (the GPU holds distinct copies), so only 100%
 //    resident is measured for these.
 // Usage: bench_gpu [--quick] [--skip-model] [--skip-kernels] [--attention-only]
-//   (the device copy and the attention tables only: head_dim 128 and 256) [--steps N]
+//   (the device copy and the attention tables only: head_dim 128 and 256)
+//   [--moe-only] (the device copy and the grouped-expert tables only, at
+//   Qwen3-30B-A3B and Qwen3-Next-80B-A3B shapes, each with and without the
+//   activation pair act_lo) [--steps N]
 //   [--resident 0,25,50,100] [--batches 1,8] [--experts TYPE]
 //   [--prefill 2048,8192] (one prompt of N tokens in one step per placement,
 //   tiled and per-token attention) [--defer-experts N] (the hybrid step's
@@ -68,19 +71,12 @@ double time_gpu(gpu::Stream& s, int reps, F&& fn) {
 
 void attention_benchmarks(gpu::Stream& s, double copy_bw);
 
-void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw, bool attention_only) {
-  gpu::Stream s;
-  {
-    const size_t bytes = 2ull << 30;
-    gpu::DeviceBuffer a(bytes), b(bytes);
-    gpu::memset_device(a.data(), 1, bytes, s);
-    const double t = time_gpu(s, 10, [&] { gpu::copy_on_device(b.data(), a.data(), bytes, s); });
-    copy_bw = 2.0 * static_cast<double>(bytes) / t;
-    std::printf("device copy: %.0f GB/s (read+write; the roofline below; H200 datasheet 4800)\n", copy_bw / 1e9);
-  }
-  if (attention_only) return attention_benchmarks(s, copy_bw);
-  // Grouped experts at Qwen3-30B-A3B shapes.
-  const int64_t H = 2048, I = 768, E = 128, K = 8;
+// Grouped experts (gpu::moe_experts) at decode shapes: GB/s of the active
+// experts' weights; beside it the same pass with the activation between
+// gate/up and down kept as a bf16 hi + lo pair (act_lo: the precise mode of
+// Qwen3-Next, setting gpu_hybrid_precise_act), whose extra bytes are
+// 2 * pairs * I written and read again, and no extra launch.
+void moe_benchmarks(gpu::Stream& s, double copy_bw, numa::ThreadPool& pool, int64_t H, int64_t I, int64_t E, int64_t K, const char* shape) {
   gpu::DeviceBuffer wgu(static_cast<size_t>(E * 2 * I * H) * 2), wdn(static_cast<size_t>(E * H * I) * 2);
   {
     std::vector<bf16_t> h(static_cast<size_t>(E * 2 * I * H));
@@ -89,13 +85,14 @@ void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw, bool attention_o
     gpu::copy_to_device(wdn.data(), h.data(), static_cast<size_t>(E * H * I) * 2, s);
     s.synchronize();
   }
-  std::printf("\nmoe_experts (H=%lld I=%lld E=%lld k=%lld): bytes = active experts' weights\n", (long long)H, (long long)I, (long long)E, (long long)K);
-  std::printf("%6s %8s %10s %10s %8s\n", "tokens", "experts", "us", "GB/s", "of copy");
+  std::printf("\nmoe_experts, %s (H=%lld I=%lld E=%lld k=%lld): bytes = active experts' weights; hi+lo = with the activation pair\n", shape,
+              (long long)H, (long long)I, (long long)E, (long long)K);
+  std::printf("%6s %8s %10s %10s %8s %12s %10s %12s\n", "tokens", "experts", "us", "GB/s", "of copy", "us hi+lo", "hi+lo +%", "pair bytes");
   for (int64_t n : {1, 8, 64, 512}) {
     std::vector<bf16_t> x(static_cast<size_t>(n * H));
     fill_random(x.data(), x.size(), 7 + static_cast<uint64_t>(n), 1.0f, pool);
     std::vector<int32_t> ids(static_cast<size_t>(n * K));
-    std::vector<float> w(ids.size(), 0.125f);
+    std::vector<float> w(ids.size(), 1.0f / static_cast<float>(K));
     uint64_t r = 12345;
     for (int64_t t = 0; t < n; ++t)
       for (int64_t j = 0; j < K; ++j) {
@@ -109,22 +106,44 @@ void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw, bool attention_o
         } while (dup);
         ids[static_cast<size_t>(t * K + j)] = e;
       }
-    std::vector<bool> used(E);
+    std::vector<bool> used(static_cast<size_t>(E));
     for (auto e : ids) used[static_cast<size_t>(e)] = true;
     const int64_t active = std::count(used.begin(), used.end(), true);
     gpu::DeviceBuffer dx(x.size() * 2), di(ids.size() * 4), dw(w.size() * 4), off((E + 1) * 4), pl(ids.size() * 4), act(ids.size() * I * 2),
-        part(ids.size() * H * 4), out(static_cast<size_t>(n * H) * 4);
+        act_lo(ids.size() * I * 2), part(ids.size() * H * 4), out(static_cast<size_t>(n * H) * 4);
     gpu::copy_to_device(dx.data(), x.data(), x.size() * 2, s);
     gpu::copy_to_device(di.data(), ids.data(), ids.size() * 4, s);
     gpu::copy_to_device(dw.data(), w.data(), w.size() * 4, s);
-    const double t = time_gpu(s, 20, [&] {
-      gpu::moe_route(di.as<int32_t>(), n * K, E, off.as<int32_t>(), pl.as<int32_t>(), s);
-      gpu::moe_experts(dx.as<bf16_t>(), n, H, I, E, K, di.as<int32_t>(), dw.as<float>(), off.as<int32_t>(), pl.as<int32_t>(), wgu.as<bf16_t>(),
-                       wdn.as<bf16_t>(), act.as<bf16_t>(), part.as<float>(), out.as<float>(), s);
-    });
-    const double bytes = static_cast<double>(active) * 3 * I * H * 2;
-    std::printf("%6lld %8lld %10.1f %10.0f %7.0f%%\n", (long long)n, (long long)active, t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy_bw);
+    double t[2];
+    for (int split = 0; split < 2; ++split)
+      t[split] = time_gpu(s, 20, [&] {
+        gpu::moe_route(di.as<int32_t>(), n * K, E, off.as<int32_t>(), pl.as<int32_t>(), s);
+        gpu::moe_experts(dx.as<bf16_t>(), n, H, I, E, K, di.as<int32_t>(), dw.as<float>(), off.as<int32_t>(), pl.as<int32_t>(), wgu.as<bf16_t>(),
+                         wdn.as<bf16_t>(), act.as<bf16_t>(), part.as<float>(), out.as<float>(), s, split ? act_lo.as<bf16_t>() : nullptr);
+      });
+    const double bytes = static_cast<double>(active) * 3 * I * H * 2, pair_bytes = 2.0 * static_cast<double>(n * K * I) * 2;
+    std::printf("%6lld %8lld %10.1f %10.0f %7.0f%% %12.1f %9.1f%% %12.0f\n", (long long)n, (long long)active, t[0] * 1e6, bytes / t[0] / 1e9,
+                100 * bytes / t[0] / copy_bw, t[1] * 1e6, 100 * (t[1] / t[0] - 1), pair_bytes);
   }
+}
+
+void kernel_benchmarks(numa::ThreadPool& pool, double& copy_bw, bool attention_only, bool moe_only) {
+  gpu::Stream s;
+  {
+    const size_t bytes = 2ull << 30;
+    gpu::DeviceBuffer a(bytes), b(bytes);
+    gpu::memset_device(a.data(), 1, bytes, s);
+    const double t = time_gpu(s, 10, [&] { gpu::copy_on_device(b.data(), a.data(), bytes, s); });
+    copy_bw = 2.0 * static_cast<double>(bytes) / t;
+    std::printf("device copy: %.0f GB/s (read+write; the roofline below; H200 datasheet 4800)\n", copy_bw / 1e9);
+  }
+  if (attention_only) return attention_benchmarks(s, copy_bw);
+  if (moe_only) {
+    moe_benchmarks(s, copy_bw, pool, 2048, 768, 128, 8, "Qwen3-30B-A3B");
+    moe_benchmarks(s, copy_bw, pool, 2048, 512, 512, 10, "Qwen3-Next-80B-A3B");
+    return;
+  }
+  moe_benchmarks(s, copy_bw, pool, 2048, 768, 128, 8, "Qwen3-30B-A3B");
   attention_benchmarks(s, copy_bw);
   // cuBLAS products at prefill sizes.
   std::printf("\ncuBLAS bf16 gemm (y = x W^T, fp32 out): roofline 990 TFLOP/s dense bf16 (datasheet)\n");
@@ -364,7 +383,7 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, skip_model = false, skip_kernels = false, attention_only = false;
+  bool quick = false, skip_model = false, skip_kernels = false, attention_only = false, moe_only = false;
   std::string experts;
   std::vector<int> prefill;
   int steps = 16;
@@ -385,6 +404,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--skip-model")) skip_model = true;
     else if (!std::strcmp(argv[i], "--skip-kernels")) skip_kernels = true;
     else if (!std::strcmp(argv[i], "--attention-only")) attention_only = skip_model = true;
+    else if (!std::strcmp(argv[i], "--moe-only")) moe_only = skip_model = true;
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--resident") && i + 1 < argc) pcts = list(argv[++i]);
     else if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) batches = list(argv[++i]);
@@ -416,7 +436,7 @@ int main(int argc, char** argv) {
     numa::PoolOptions popt;
     numa::NodePools pools(popt);
     double copy_bw = 0;
-    if (!skip_kernels) kernel_benchmarks(pools.pool(0), copy_bw, attention_only);
+    if (!skip_kernels) kernel_benchmarks(pools.pool(0), copy_bw, attention_only, moe_only);
     if (!skip_model) model_benchmark(pools, quick ? 4 : 48, steps, pcts, batches, experts, prefill, defer);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu: %s\n", e.what());

@@ -73,7 +73,7 @@ EngineOptions EngineOptions::from_settings(const Settings& s) {
   EngineOptions o;
   o.bf16_dot = s.cpu_bf16_dot;
   o.emulate_gpu_act = s.cpu_emulate_gpu_bf16 && s.cpu_bf16_dot;
-  o.gpu_split_act = s.gpu_hybrid_precise;
+  o.gpu_split_act = s.gpu_hybrid_precise && s.gpu_hybrid_precise_act;
   o.int8_act = s.cpu_int8_act;
   o.gguf_int8 = s.cpu_gguf_int8;
   o.onednn_min_tokens = s.cpu_onednn_min_tokens;

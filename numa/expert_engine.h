@@ -81,7 +81,7 @@ struct EngineOptions {
   // (n > 64 tokens and n * k >= 16 * experts; gpu_hybrid_precise keeps the
   // grouped kernels' activation as hi + lo). Off: fp32, as before.
   bool emulate_gpu_act = false;
-  bool gpu_split_act = false;
+  bool gpu_split_act = false;  // settings gpu_hybrid_precise and gpu_hybrid_precise_act
   bool int8_act = true;       // see the file comment
   bool gguf_int8 = true;      // see the file comment
   int64_t onednn_min_tokens = 0;  // see the file comment

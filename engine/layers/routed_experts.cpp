@@ -25,6 +25,7 @@ RoutedExperts::RoutedExperts(WeightBinder& bind, const ModelConfig& c, int64_t l
   if (home == Home::gpu) {
     if (!s) fail(ErrorKind::internal, what + ": GPU home without a stream");
     gpu_ = std::make_unique<GpuResidentExperts>(ex, opt.keep_quantized, *s, what);
+    split_act_ = opt.split_act && !gpu_->quantized();  // only the bf16 grouped kernels take act_lo
     for (const auto& w : ex) {
       bind.release(w.gate);
       bind.release(w.up);
@@ -35,7 +36,6 @@ RoutedExperts::RoutedExperts(WeightBinder& bind, const ModelConfig& c, int64_t l
   host_ = std::move(ex);
   trace_ = opt.trace;
   deferral_ = opt.deferral;
-  split_act_ = opt.split_act;
   opt.engine.name = what + (s ? " (CPU)" : "");
   numa::EngineOptions eo = opt.engine;
   // Copy residence: experts that view a checkpoint file map are copied into the engine's node memory (even on

@@ -94,7 +94,7 @@ class RoutedExperts {
   std::unique_ptr<GpuResidentExperts> gpu_;
   RoutingTraceWriter* trace_ = nullptr;
   ExpertDeferral* deferral_ = nullptr;
-  bool split_act_ = false;  // ExpertHomeOptions::split_act
+  bool split_act_ = false;  // ExpertHomeOptions::split_act, GPU home with bf16 experts (streamed passes: ExpertStreamOptions::split_act)
 };
 
 }  // namespace hmoe

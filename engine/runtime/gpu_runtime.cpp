@@ -33,6 +33,7 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.mla_mode = parse_mla_mode(s.mla_attention);
   o.split_inputs = s.gpu_mla_split_inputs;
   o.hybrid_precise = s.gpu_hybrid_precise;
+  o.hybrid_precise_act = s.gpu_hybrid_precise_act;
   o.cuda_graphs = s.cuda_graphs;
   o.cpu_overlap = s.gpu_cpu_overlap;
   o.tiled_attention = s.gpu_tiled_attention;
@@ -136,8 +137,8 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.final_norm = upload_norm(up, bind.vec(g.final_norm, H), g.zero_centred_norms, m.norm_f32);
   m.lm_head = up.dense(bind.mat(g.lm_head, c.vocab_size, H));
   ExpertHomeOptions homes = o.experts;
-  // Qwen3-Next under gpu_hybrid_precise: resident bf16 experts' decode-sized passes keep their activation as hi + lo.
-  homes.split_act = o.hybrid_precise && std::any_of(g.blocks.begin(), g.blocks.end(), [](const BlockDesc& d) { return d.attention == AttentionKind::gated_deltanet; });
+  // Qwen3-Next under gpu_hybrid_precise: bf16 experts' decode-sized passes (resident and streamed) keep their activation as hi + lo.
+  homes.split_act = o.hybrid_precise && o.hybrid_precise_act && std::any_of(g.blocks.begin(), g.blocks.end(), [](const BlockDesc& d) { return d.attention == AttentionKind::gated_deltanet; });
   m.split_act = homes.split_act;
   if (o.defer_experts > 0) m.deferral = std::make_unique<ExpertDeferral>(o.defer_experts, H, true);
   homes.deferral = m.deferral.get();

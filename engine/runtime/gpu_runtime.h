@@ -92,6 +92,9 @@ struct GpuRuntimeOptions {
   // Setting gpu_hybrid_precise (Qwen3-Next): zero-centred norms, router and
   // shared-expert gate in fp32, linear/gated-attention projection inputs split.
   bool hybrid_precise = true;
+  // Setting gpu_hybrid_precise_act: under hybrid_precise, bf16 experts' activation
+  // as hi + lo in decode-sized passes (ExpertHomeOptions::split_act).
+  bool hybrid_precise_act = true;
   bool quantized_dense = true;    // GGUF attention / lm_head weights stay in their blocks (setting gpu_quantized_dense)
   bool cuda_graphs = false, cpu_overlap = false, tiled_attention = true;
   bool programmatic_launch = true;  // setting gpu_programmatic_launch (gpu::Stream::set_programmatic_launch)

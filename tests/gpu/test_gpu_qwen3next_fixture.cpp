@@ -16,7 +16,9 @@
 // reference at every row of margin > 0.5 when emulated on the CPU
 // (tests/engine/test_qwen3_next_gpu_numerics.cpp), so every such row must
 // agree here, under every placement; the bf16 mode (206/217 on an H100
-// before) is run and printed, not required. Per placement the test prints
+// before) and the precise mode with the experts' activation as one bf16
+// (gpu_hybrid_precise_act 0: what the resident home ran before k32c,
+// 216/217) are run and printed, not required. Per placement the test prints
 // the rows with the largest |logit - reference| and every miss with its
 // margin. Schedules agree within 5% and on 95% of the clear rows (a state
 // carried wrongly gives order 1); Q8_0 weights move the logits by 23%.
@@ -111,10 +113,11 @@ TEST_CASE("tiny-qwen3next on the GPU agrees with the reference top-1 under all-G
       {"--gpu-resident-moe-layers", "none", "--gpu-prefill-min-batch-size", "1", "--gpu-prefetch-window", "2"},  // every pass streams
       {"--gpu-resident-moe-layers", "all", "--cuda-graphs", "1", "--gpu-decode-fusion", "1"},
       {"--gpu-resident-moe-layers", "all", "--gpu-hybrid-precise", "0"},  // the bf16 mode: printed, not required
+      {"--gpu-resident-moe-layers", "all", "--gpu-hybrid-precise-act", "0"},  // experts' one-bf16 activation: printed, not required
   };
   for (size_t pi = 0; pi < placements.size(); ++pi) {
     auto model = load_gpu(placements[pi]);
-    const bool streamed = pi == 3, bf16_mode = pi == 5;
+    const bool streamed = pi == 3, printed_only = pi >= 5;
     if (streamed) REQUIRE_MESSAGE(model->gpu()->expert_stream() != nullptr, "the settings did not enable streaming");
     std::string where_p;
     for (size_t i = 1; i < placements[pi].size(); ++i) where_p += (i > 1 ? " " : "") + placements[pi][i];
@@ -128,9 +131,39 @@ TEST_CASE("tiny-qwen3next on the GPU agrees with the reference top-1 under all-G
                          << "\ngreedy ids identical for " << a.greedy_same << " steps in all (up to each chat's first difference)");
     CHECK(a.checked > 200);
     CHECK(a.clear > 20);
-    if (bf16_mode) continue;
+    if (printed_only) continue;
     CHECK_MESSAGE(a.agree == a.checked, where_p << ": " << (a.checked - a.agree) << " rows of margin > 0.5 differ (largest missed margin " << a.worst_missed_margin << ")");
     if (streamed) CHECK(model->gpu()->expert_stream()->stats().passes > 0);
+  }
+}
+
+// The experts' activation pair (gpu_hybrid_precise_act) reaches both GPU
+// homes: decode-sized passes of resident experts and of streamed experts
+// give other logits with the pair than with one bf16 (close ones: a 2^-9
+// relative change of the activation). Before k32c the resident home never
+// received the pair (its logits were those of one bf16) and missed a row of
+// margin 0.61 that the streamed home kept.
+TEST_CASE("qwen3_next on the GPU: resident and streamed experts keep their activation as hi + lo in decode-sized passes") {
+  if (!test::have_gpu()) return;
+  const auto ids = long_prompt(24, 17);
+  std::vector<int64_t> pieces{8};
+  pieces.insert(pieces.end(), 16, 1);  // a prompt of 8, then 16 one-token steps
+  const std::vector<std::vector<std::string>> homes = {
+      {"--gpu-resident-moe-layers", "all"},
+      {"--gpu-resident-moe-layers", "none", "--gpu-prefill-min-batch-size", "1", "--gpu-prefetch-window", "2"}};
+  for (const auto& home : homes) {
+    auto pair_model = load_gpu(home);
+    std::vector<std::string> one_args = home;
+    one_args.insert(one_args.end(), {"--gpu-hybrid-precise-act", "0"});
+    auto one_model = load_gpu(one_args);
+    if (home[1] == "none") REQUIRE(pair_model->gpu()->expert_stream() != nullptr);
+    const int64_t V = pair_model->config().vocab_size;
+    const auto pair = run_pieces(*pair_model, ids, pieces), one = run_pieces(*one_model, ids, pieces);
+    const double d = max_abs_diff(pair, one), rel = test::rel_error(pair, one);
+    const auto [rows, agree] = test::clear_top1(one, pair, V);
+    MESSAGE(home[1] << " experts: activation pair vs one bf16: max |diff| " << d << ", relative L2 " << rel << ", top-1 " << agree << "/" << rows);
+    CHECK(d > 1e-5);    // the pair is used
+    CHECK(rel < 5e-2);  // and changes the logits by a rounding, not more
   }
 }
 
