@@ -154,7 +154,8 @@ TEST_CASE("qwen3_next on the GPU: resident and streamed experts keep their activ
   for (const auto& home : homes) {
     auto pair_model = load_gpu(home);
     std::vector<std::string> one_args = home;
-    one_args.insert(one_args.end(), {"--gpu-hybrid-precise-act", "0"});
+    one_args.push_back("--gpu-hybrid-precise-act");
+    one_args.push_back("0");
     auto one_model = load_gpu(one_args);
     if (home[1] == "none") REQUIRE(pair_model->gpu()->expert_stream() != nullptr);
     const int64_t V = pair_model->config().vocab_size;
