@@ -25,8 +25,10 @@
 //    per sequence) against the read bandwidth.
 // Times are between events around the launches, averaged over --reps.
 //
-// Usage: bench_gpu_deltanet [--reps N] [--quick] (--quick: T = 4096 only)
+// Usage: bench_gpu_deltanet [--reps N] [--quick] [--kernels v1,v2]
+// (--quick: T = 4096 only; --kernels: the chunked kernels timed, both by default)
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -129,11 +131,26 @@ void print_row(const Setup& su, const char* what, int64_t T, int64_t S, const ch
 int main(int argc, char** argv) {
   int reps = 5;
   bool quick = false;
+  std::vector<gpu::DeltaNetKernel> kernels = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
     else if (a == "--quick") quick = true;
+    else if (a == "--kernels" && i + 1 < argc) {
+      const std::string k = argv[++i];
+      kernels.clear();
+      if (k.find("v1") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v1);
+      if (k.find("v2") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v2);
+      if (kernels.empty()) {
+        std::fprintf(stderr, "bench_gpu_deltanet: --kernels takes v1, v2 or v1,v2, got %s\n", k.c_str());
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr, "bench_gpu_deltanet: unknown argument %s\n", a.c_str());
+      return 2;
+    }
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows reach the log even if a later launch fails
   if (gpu::device_count() == 0) {
     std::printf("bench_gpu_deltanet: no GPU (%s)\n", gpu::describe().c_str());
     return 0;
@@ -245,8 +262,34 @@ int main(int argc, char** argv) {
       };
       in_proj(true);
       prepare();
+      if (S == T && T == 4096 && kernels.size() == 2) {  // v2 against v1 at the real shape, from the same state
+        const size_t nst = static_cast<size_t>(layer_bytes / 4), nout = static_cast<size_t>(S * V);
+        std::vector<float> st0(nst), o1(nout), o2(nout), s1(nst), s2(nst);
+        gpu::copy_to_host(st0.data(), st.states.data(), nst * 4, s);
+        core(gpu::DeltaNetKernel::v1);
+        gpu::copy_to_host(o1.data(), st.core.data(), nout * 4, s);
+        gpu::copy_to_host(s1.data(), st.states.data(), nst * 4, s);
+        gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
+        core(gpu::DeltaNetKernel::v2);
+        gpu::copy_to_host(o2.data(), st.core.data(), nout * 4, s);
+        gpu::copy_to_host(s2.data(), st.states.data(), nst * 4, s);
+        gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
+        s.synchronize();
+        auto worst = [](const std::vector<float>& a, const std::vector<float>& b, size_t from) {
+          double d = 0, m = 0;
+          for (size_t i = from; i < a.size(); ++i) {
+            d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
+            m = std::max(m, static_cast<double>(std::fabs(a[i])));
+          }
+          return std::pair<double, double>{d, m};
+        };
+        const auto od = worst(o1, o2, 0), sd = worst(s1, s2, static_cast<size_t>((sh.conv_k - 1) * cd));
+        std::printf("v2 against v1, %lld tokens from the same state: outputs max |diff| %.3g (max |v1| %.3g), state max |diff| %.3g (max |v1| %.3g)%s\n",
+                    static_cast<long long>(S), od.first, od.second, sd.first, sd.second,
+                    od.first <= 1e-4 + 1e-3 * od.second && sd.first <= 1e-4 + 1e-3 * sd.second ? "" : "  <-- MISMATCH");
+      }
       const double core_bytes = tf * static_cast<double>(cd + 2 * sh.nv + V) * 4;
-      for (const auto k : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2}) {
+      for (const auto k : kernels) {
         const char* kn = k == gpu::DeltaNetKernel::v2 ? "v2" : "v1";
         print_row(su, "delta rule", T, S, kn, timer.us(steps_of([&] { core(k); }), reps), core_flop(sh, tf), core_bytes);
       }
@@ -266,7 +309,7 @@ int main(int argc, char** argv) {
         print_row(su, "conv+gates", T, S, "", timer.us(steps_of(prepare), reps), 0, tf * static_cast<double>(P + cd + 2 * sh.nv) * 4);
         print_row(su, op, T, S, "", timer.us(steps_of([&] { out_proj(precise); }), reps), 2.0 * tf * m * static_cast<double>(V * H),
                   static_cast<double>(steps) * static_cast<double>(H * V) * 2 + tf * static_cast<double>(V * 4 + V * 4 + H * 4));
-        for (const auto k : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2}) {
+        for (const auto k : kernels) {
           const char* kn = k == gpu::DeltaNetKernel::v2 ? "v2" : "v1";
           const double us = timer.us(steps_of([&] {
                                        in_proj(precise);

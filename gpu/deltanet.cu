@@ -334,6 +334,12 @@ void ensure_smem(size_t bytes) {
 
 }  // namespace
 
+namespace {
+std::atomic<DeltaNetKernel> chosen_kernel{DeltaNetKernel::v1};
+}
+void set_deltanet_kernel(DeltaNetKernel k) { chosen_kernel.store(k); }
+DeltaNetKernel deltanet_kernel() { return chosen_kernel.load(); }
+
 int64_t deltanet_layer_state_bytes(const DeltaNetShape& sh) {
   const int64_t floats = (sh.conv_k - 1) * sh.conv_dim() + sh.nv * sh.dk * sh.dv;
   return (floats * 4 + 255) / 256 * 256;
@@ -343,14 +349,8 @@ void deltanet_configure(const DeltaNetShape& sh) {
   check_shape(sh);
   const Dims d = dims(sh);
   ensure_smem(static_cast<size_t>(chunk_smem_floats(d, chunk_of(d, 0))) * 4);
-  deltanet_v2_configure();
+  if (deltanet_kernel() == DeltaNetKernel::v2) deltanet_v2_configure();  // v2's launches do it too (tests, benchmarks)
 }
-
-namespace {
-std::atomic<DeltaNetKernel> chosen_kernel{DeltaNetKernel::v1};
-}
-void set_deltanet_kernel(DeltaNetKernel k) { chosen_kernel.store(k); }
-DeltaNetKernel deltanet_kernel() { return chosen_kernel.load(); }
 
 void deltanet_prepare(const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok, const DeltaNetShape& sh,
                       const float* conv_w, const float* a_neg, const float* dt_bias, int64_t state_off, float* conv_out, float* gate,

@@ -82,7 +82,7 @@ int64_t deltanet_v2_chunk(const DeltaNetShape& sh, int64_t chunk);
 // on the chunks of the groups it runs: ntok / v2_chunk + gn, so that a
 // step's launch does not depend on how its tokens split into sequences),
 // and the scratch bytes they take: slots x value heads x (C dk + C^2 + 2C
-// + 8) floats (Qwen3-Next-80B-A3B, C = 64: 1.5 MiB per slot, 51 MiB for a
+// + 8) floats (Qwen3-Next-80B-A3B, C = 64: 1.5 MiB per slot, 50 MiB for a
 // 2048-token step of one sequence).
 int64_t deltanet_v2_slots(int64_t ntok, int64_t gn, int64_t v2_chunk);
 int64_t deltanet_v2_scratch_bytes(const DeltaNetShape& sh, int64_t v2_chunk, int64_t slots);

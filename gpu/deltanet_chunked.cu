@@ -411,19 +411,27 @@ int64_t v2_smem_limit() {
   return limit;
 }
 
-template <int C>
-void opt_in(int bytes) {
-  HMOE_CUDA_CHECK(cudaFuncSetAttribute(v2_prep_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  HMOE_CUDA_CHECK(cudaFuncSetAttribute(v2_scan_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+// The dynamic shared memory a v2 kernel may take: the device's opt-in
+// limit less the kernel's static shared memory, and less a margin that
+// deltanet_v2_chunk keeps too.
+constexpr int64_t kSmemMargin = 1024;
+template <class Kern>
+void opt_in(Kern* kern) {
+  cudaFuncAttributes fa{};
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+  const int64_t bytes = v2_smem_limit() - static_cast<int64_t>(fa.sharedSizeBytes);
+  HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// Every v2 kernel may take up to the device's opt-in shared memory (once, before any graph capture).
+// Every v2 kernel may take up to that (once, before any graph capture).
 void ensure_opt_in() {
   static const bool done = [] {
-    const int bytes = static_cast<int>(v2_smem_limit());
-    opt_in<16>(bytes);
-    opt_in<32>(bytes);
-    opt_in<64>(bytes);
+    opt_in(v2_prep_kernel<16>);
+    opt_in(v2_scan_kernel<16>);
+    opt_in(v2_prep_kernel<32>);
+    opt_in(v2_scan_kernel<32>);
+    opt_in(v2_prep_kernel<64>);
+    opt_in(v2_scan_kernel<64>);
     return true;
   }();
   (void)done;
@@ -446,7 +454,7 @@ int64_t deltanet_v2_chunk(const DeltaNetShape& sh, int64_t chunk) {
   if (sh.dk % 16 != 0 || sh.dv % 16 != 0 || sh.dk <= 0 || sh.dv <= 0) return 0;
   int64_t C = chunk > 0 ? chunk : 64;
   if (C != 16 && C != 32 && C != 64) return 0;
-  while (C >= 16 && std::max(prep_smem(C, sh.dk), scan_smem(C, sh.dk)) > v2_smem_limit()) C /= 2;
+  while (C >= 16 && std::max(prep_smem(C, sh.dk), scan_smem(C, sh.dk)) > v2_smem_limit() - kSmemMargin) C /= 2;
   return C >= 16 ? C : 0;
 }
 
