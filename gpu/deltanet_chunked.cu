@@ -13,12 +13,14 @@
 //
 // Phase 2, one block per (sequence, value head, 32 value columns), chunks
 // in order, the state's columns in shared memory:
-//   u = U - W S,  o = (exp(G) q) S + QK u,  S = exp(G_last) S + (exp(G_last - G) k)^T u,
+//   u = U - W S,  o = exp(G) (q S) + QK u,  S = exp(G_last) S + k^T (exp(G_last - G) u),
 // all products on tensor cores in 3xTF32 (each fp32 operand split into a
 // TF32 hi and lo part, hi.hi + hi.lo + lo.hi accumulated in fp32), which
 // keeps the fp32 kernel's accuracy (about 2^-21 relative per product
-// instead of TF32's 2^-11). The next chunk's rows are prefetched into L2
-// while a chunk computes.
+// instead of TF32's 2^-11); each warp takes strips of 16 rows x 32 columns
+// so that an A fragment serves both column tiles. A chunk's rows arrive by
+// asynchronous copies (all in flight at once) while the next chunk's are
+// prefetched into L2.
 //
 // Padded rows of a chunk's last part (L < C tokens) are zero in k, q, W, U
 // and the factors, so they add nothing to the state or the outputs.
@@ -42,7 +44,7 @@ namespace wm = nvcuda::wmma;
 constexpr int kCols = 32;            // value columns per phase-2 block
 constexpr int kLdS = kCols + 4;      // row stride of the shared state / u / o tiles
 constexpr int kPrepThreads = 256;
-constexpr int kScanThreads = 512;
+constexpr int kScanThreads = 256;
 
 struct V2Dims {
   int nk, nv, dk, dv, ck;
@@ -69,24 +71,30 @@ __device__ __forceinline__ void split_tf32(F& hi, F& lo) {
   }
 }
 
-// acc += A (16 x K) B (K x 16) in 3xTF32, K a multiple of 8. a, b: the
-// tiles' first elements. ARow: A[m][k] = a[m * lda + k], else a[k * lda + m];
-// BRow: B[k][n] = b[k * ldb + n], else b[n * ldb + k]. Shared memory, each
-// tile address 32-byte aligned, lda / ldb multiples of 4.
-template <bool ARow, bool BRow>
-__device__ __forceinline__ void mma3(Acc& acc, const float* a, int lda, const float* b, int ldb, int K) {
+// acc[n] += A (16 x K) B_n (K x 16) in 3xTF32 for NB tiles B_n side by
+// side (B_n's columns 16 n.. of B; A's fragments loaded once for all), K a
+// multiple of 8. a, b: the tiles' first elements. ARow: A[m][k] =
+// a[m * lda + k], else a[k * lda + m]; BRow: B[k][n] = b[k * ldb + n], else
+// b[n * ldb + k]. Shared memory, each tile address 32-byte aligned, lda /
+// ldb multiples of 4.
+template <bool ARow, bool BRow, int NB>
+__device__ __forceinline__ void mma3(Acc (&acc)[NB], const float* a, int lda, const float* b, int ldb, int K) {
   using LA = std::conditional_t<ARow, wm::row_major, wm::col_major>;
   using LB = std::conditional_t<BRow, wm::row_major, wm::col_major>;
   wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, LA> ah, al;
   wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, LB> bh, bl;
   for (int k = 0; k < K; k += 8) {
     wm::load_matrix_sync(ah, ARow ? a + k : a + static_cast<int64_t>(k) * lda, lda);
-    wm::load_matrix_sync(bh, BRow ? b + static_cast<int64_t>(k) * ldb : b + k, ldb);
     split_tf32(ah, al);
-    split_tf32(bh, bl);
-    wm::mma_sync(acc, al, bh, acc);
-    wm::mma_sync(acc, ah, bl, acc);
-    wm::mma_sync(acc, ah, bh, acc);
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+      const float* bn = BRow ? b + n * 16 : b + static_cast<int64_t>(n) * 16 * ldb;
+      wm::load_matrix_sync(bh, BRow ? bn + static_cast<int64_t>(k) * ldb : bn + k, ldb);
+      split_tf32(bh, bl);
+      wm::mma_sync(acc[n], al, bh, acc[n]);
+      wm::mma_sync(acc[n], ah, bl, acc[n]);
+      wm::mma_sync(acc[n], ah, bh, acc[n]);
+    }
   }
 }
 
@@ -202,10 +210,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2) v2_prep_kernel(const float* c
     }
     const int tj = idx;
     const float* a = (t < ntri ? ks : qs) + ti * 16 * ldk;
-    Acc acc;
-    wm::fill_fragment(acc, 0.0f);
-    mma3<true, false>(acc, a, ldk, ks + tj * 16 * ldk, ldk, d.dk);
-    wm::store_matrix_sync((t < ntri ? KK : QK) + ti * 16 * ldc + tj * 16, acc, ldc, wm::mem_row_major);
+    Acc acc[1];
+    wm::fill_fragment(acc[0], 0.0f);
+    mma3<true, false, 1>(acc, a, ldk, ks + tj * 16 * ldk, ldk, d.dk);
+    wm::store_matrix_sync((t < ntri ? KK : QK) + ti * 16 * ldc + tj * 16, acc[0], ldc, wm::mem_row_major);
   }
   __syncthreads();
   float* rec = scratch + (static_cast<int64_t>(blockIdx.x) * d.nv + hv) * rec_floats(C, d.dk);
@@ -265,43 +273,55 @@ __global__ void __launch_bounds__(kPrepThreads, 2) v2_prep_kernel(const float* c
   }
 }
 
-// Phase 2: grid (groups, value heads, column slices of kCols).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Phase 2: grid (groups, value heads, column slices of kCols). A slice of
+// fewer columns (dv not a multiple of kCols) runs with zero columns up to
+// kCols, which no product mixes into the others and nothing writes out.
 template <int C>
 __global__ void __launch_bounds__(kScanThreads) v2_scan_kernel(const float* conv_out, DeltaNetGroups gr, int64_t g0, V2Dims d, int64_t state_off,
                                                                int64_t max_rec, float* out, const float* scratch) {
+  constexpr int NB = kCols / 16, c4 = kCols / 4;
   const int g = static_cast<int>(g0 + blockIdx.x);
   const int64_t cnt = gr.count[g];
   if (cnt <= max_rec) return;
   __shared__ int64_t s_base;
-  const int tid = threadIdx.x, warp = tid >> 5, nwarps = blockDim.x >> 5;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nwarps = blockDim.x >> 5;
   if (warp == 0) {
     const int64_t b = first_slot(gr, g0, g, max_rec, C);
     if (tid == 0) s_base = b;
   }
   const int hv = blockIdx.y, hk = hv / (d.nv / d.nk);
-  const int c0 = blockIdx.z * kCols, nc = min(kCols, d.dv - c0), nct = nc / 16;
+  const int c0 = blockIdx.z * kCols, nc = min(kCols, d.dv - c0);
   const int64_t st = gr.start[g], K = static_cast<int64_t>(d.nk) * d.dk, V = static_cast<int64_t>(d.nv) * d.dv;
   const int64_t R = rec_floats(C, d.dk);
   const int ldk = d.dk + 4, ldc = C + 4;
   const bool fresh = gr.fresh[g] != 0;
   float* S = v2_state(gr, g, state_off) + (d.ck - 1) * d.cdim + static_cast<int64_t>(hv) * d.dk * d.dv;
   extern __shared__ __align__(128) float v2_sm[];
-  float* Ss = v2_sm;              // [dk][kLdS]
+  float* Ss = v2_sm;              // [dk][kLdS] the state's columns
   float* Ws = Ss + d.dk * kLdS;   // [C][ldk]
-  float* qs = Ws + C * ldk;       // [C][ldk] exp(G_i) q_i
-  float* ks = qs + C * ldk;       // [C][ldk] exp(G_last - G_i) k_i
+  float* qs = Ws + C * ldk;       // [C][ldk]
+  float* ks = qs + C * ldk;       // [C][ldk]
   float* QKs = ks + C * ldk;      // [C][ldc]
-  float* us = QKs + C * ldc;      // [C][kLdS]
-  float* os = us + C * kLdS;      // [C][kLdS]
-  const int n4 = nc / 4, q4 = d.dk / 4;
-  for (int p = tid; p < d.dk * n4; p += blockDim.x) {
-    const int r = p / n4, c = (p % n4) * 4;
-    const float4 v = fresh ? make_float4(0, 0, 0, 0) : *reinterpret_cast<const float4*>(S + static_cast<int64_t>(r) * d.dv + c0 + c);
+  float* us = QKs + C * ldc;      // [C][kLdS] U, then u
+  float* us2 = us + C * kLdS;     // [C][kLdS] exp(G_last - G_i) u_i
+  float* os = us2 + C * kLdS;     // [C][kLdS]
+  float* Fs = os + C * kLdS;      // [2C + 4] exp(G_i), exp(G_last - G_i), exp(G_last)
+  const int q4 = d.dk / 4;
+  for (int p = tid; p < d.dk * c4; p += blockDim.x) {
+    const int r = p / c4, c = (p % c4) * 4;
+    const float4 v = fresh || c >= nc ? make_float4(0, 0, 0, 0) : *reinterpret_cast<const float4*>(S + static_cast<int64_t>(r) * d.dv + c0 + c);
     *reinterpret_cast<float4*>(Ss + r * kLdS + c) = v;
   }
   __syncthreads();
   const int64_t base = s_base, nch = (cnt + C - 1) / C;
   const int mt = C / 16, kt = d.dk / 16;
+  const float4 zero4 = make_float4(0, 0, 0, 0);
   for (int64_t ci = 0; ci < nch; ++ci) {
     const int64_t t0 = st + ci * C;
     const int L = static_cast<int>(min(static_cast<int64_t>(C), cnt - ci * C));
@@ -309,7 +329,31 @@ __global__ void __launch_bounds__(kScanThreads) v2_scan_kernel(const float* conv
     const float* Wg = rec;
     const float* QKg = Wg + C * d.dk;
     const float* Fg = QKg + C * C;
-    if (ci + 1 < nch) {  // the next chunk's rows into L2
+    // This chunk's rows into shared memory (asynchronous copies, all in flight at once).
+    for (int p = tid; p < C * q4; p += blockDim.x) {
+      const int i = p / q4, c = (p % q4) * 4;
+      if (i < L) {
+        const float* row = conv_out + (t0 + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + c;
+        cp_async16(Ws + i * ldk + c, Wg + i * d.dk + c);
+        cp_async16(qs + i * ldk + c, row);
+        cp_async16(ks + i * ldk + c, row + K);
+      } else {
+        *reinterpret_cast<float4*>(Ws + i * ldk + c) = zero4;
+        *reinterpret_cast<float4*>(qs + i * ldk + c) = zero4;
+        *reinterpret_cast<float4*>(ks + i * ldk + c) = zero4;
+      }
+    }
+    for (int p = tid; p < C * C / 4; p += blockDim.x) {
+      const int i = p / (C / 4), j = (p % (C / 4)) * 4;
+      cp_async16(QKs + i * ldc + j, QKg + i * C + j);
+    }
+    for (int p = tid; p < C * c4; p += blockDim.x) {
+      const int i = p / c4, c = (p % c4) * 4;
+      if (i < L && c < nc) cp_async16(us + i * kLdS + c, out + (t0 + i) * V + static_cast<int64_t>(hv) * d.dv + c0 + c);
+      else *reinterpret_cast<float4*>(us + i * kLdS + c) = zero4;
+    }
+    for (int p = tid; p < (2 * C + 4) / 4; p += blockDim.x) cp_async16(Fs + 4 * p, Fg + 4 * p);
+    if (ci + 1 < nch) {  // the next chunk's rows into L2 meanwhile
       const int64_t tn = t0 + C;
       const int Ln = static_cast<int>(min(static_cast<int64_t>(C), cnt - (ci + 1) * C));
       const float* rn = rec + d.nv * R;
@@ -323,75 +367,68 @@ __global__ void __launch_bounds__(kScanThreads) v2_scan_kernel(const float* conv
       }
       for (int p = tid; p < Ln; p += blockDim.x) prefetch_l2(out + (tn + p) * V + static_cast<int64_t>(hv) * d.dv + c0);
     }
-    for (int p = tid; p < C * q4; p += blockDim.x) {
-      const int i = p / q4, c = (p % q4) * 4;
-      float4 w = make_float4(0, 0, 0, 0), q = w, k = w;
-      if (i < L) {
-        const float eq = Fg[i], ek = Fg[C + i];
-        const float* row = conv_out + (t0 + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + c;
-        w = *reinterpret_cast<const float4*>(Wg + i * d.dk + c);
-        q = *reinterpret_cast<const float4*>(row);
-        k = *reinterpret_cast<const float4*>(row + K);
-        q = make_float4(eq * q.x, eq * q.y, eq * q.z, eq * q.w);
-        k = make_float4(ek * k.x, ek * k.y, ek * k.z, ek * k.w);
-      }
-      *reinterpret_cast<float4*>(Ws + i * ldk + c) = w;
-      *reinterpret_cast<float4*>(qs + i * ldk + c) = q;
-      *reinterpret_cast<float4*>(ks + i * ldk + c) = k;
-    }
-    for (int p = tid; p < C * C / 4; p += blockDim.x) {
-      const int i = p / (C / 4), j = (p % (C / 4)) * 4;
-      *reinterpret_cast<float4*>(QKs + i * ldc + j) = *reinterpret_cast<const float4*>(QKg + i * C + j);
-    }
-    for (int p = tid; p < C * n4; p += blockDim.x) {
-      const int i = p / n4, c = (p % n4) * 4;
-      const float4 u = i < L ? *reinterpret_cast<const float4*>(out + (t0 + i) * V + static_cast<int64_t>(hv) * d.dv + c0 + c) : make_float4(0, 0, 0, 0);
-      *reinterpret_cast<float4*>(us + i * kLdS + c) = u;
-    }
-    const float dl = Fg[2 * C];
+    cp_async_wait_all();
     __syncthreads();
-    // u = U - W S; o = (exp(G) q) S.
-    for (int t = warp; t < 2 * mt * nct; t += nwarps) {
-      const int tt = t % (mt * nct), ti = tt / nct, tj = tt % nct;
-      Acc prod;
-      wm::fill_fragment(prod, 0.0f);
-      if (t < mt * nct) {
-        mma3<true, true>(prod, Ws + ti * 16 * ldk, ldk, Ss + tj * 16, kLdS, d.dk);
-        Acc u;
-        wm::load_matrix_sync(u, us + ti * 16 * kLdS + tj * 16, kLdS, wm::mem_row_major);
+    const float dl = Fs[2 * C];
+    // Strips of 16 rows x kCols: u = U - W S (and exp(G_last - G) u beside it); o = exp(G) (q S).
+    for (int t = warp; t < 2 * mt; t += nwarps) {
+      const int ti = t % mt;
+      Acc prod[NB];
 #pragma unroll
-        for (int e = 0; e < u.num_elements; ++e) u.x[e] -= prod.x[e];
-        wm::store_matrix_sync(us + ti * 16 * kLdS + tj * 16, u, kLdS, wm::mem_row_major);
-      } else {
-        mma3<true, true>(prod, qs + ti * 16 * ldk, ldk, Ss + tj * 16, kLdS, d.dk);
-        wm::store_matrix_sync(os + ti * 16 * kLdS + tj * 16, prod, kLdS, wm::mem_row_major);
-      }
-    }
-    __syncthreads();
-    // o += QK u; S = exp(G_last) S + (exp(G_last - G) k)^T u.
-    for (int t = warp; t < mt * nct + kt * nct; t += nwarps) {
-      Acc acc;
-      if (t < mt * nct) {
-        const int ti = t / nct, tj = t % nct;
-        wm::load_matrix_sync(acc, os + ti * 16 * kLdS + tj * 16, kLdS, wm::mem_row_major);
-        mma3<true, true>(acc, QKs + ti * 16 * ldc, ldc, us + tj * 16, kLdS, C);
-        wm::store_matrix_sync(os + ti * 16 * kLdS + tj * 16, acc, kLdS, wm::mem_row_major);
-      } else {
-        const int tt = t - mt * nct, ri = tt / nct, tj = tt % nct;
-        wm::load_matrix_sync(acc, Ss + ri * 16 * kLdS + tj * 16, kLdS, wm::mem_row_major);
+      for (int n = 0; n < NB; ++n) wm::fill_fragment(prod[n], 0.0f);
+      mma3<true, true, NB>(prod, (t < mt ? Ws : qs) + ti * 16 * ldk, ldk, Ss, kLdS, d.dk);
+      if (t < mt) {
 #pragma unroll
-        for (int e = 0; e < acc.num_elements; ++e) acc.x[e] *= dl;
-        mma3<false, true>(acc, ks + ri * 16, ldk, us + tj * 16, kLdS, C);
-        wm::store_matrix_sync(Ss + ri * 16 * kLdS + tj * 16, acc, kLdS, wm::mem_row_major);
+        for (int n = 0; n < NB; ++n) {
+          Acc u;
+          wm::load_matrix_sync(u, us + ti * 16 * kLdS + n * 16, kLdS, wm::mem_row_major);
+#pragma unroll
+          for (int e = 0; e < u.num_elements; ++e) u.x[e] -= prod[n].x[e];
+          wm::store_matrix_sync(us + ti * 16 * kLdS + n * 16, u, kLdS, wm::mem_row_major);
+        }
+        __syncwarp();
+        for (int e = lane; e < 16 * kCols; e += 32) {
+          const int r = ti * 16 + e / kCols, c = e % kCols;
+          us2[r * kLdS + c] = Fs[C + r] * us[r * kLdS + c];
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < NB; ++n) wm::store_matrix_sync(os + ti * 16 * kLdS + n * 16, prod[n], kLdS, wm::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 16 * kCols; e += 32) {
+          const int r = ti * 16 + e / kCols, c = e % kCols;
+          os[r * kLdS + c] *= Fs[r];
+        }
       }
     }
     __syncthreads();
+    // o += QK u; S = exp(G_last) S + k^T (exp(G_last - G) u).
+    for (int t = warp; t < mt + kt; t += nwarps) {
+      Acc acc[NB];
+      float* tile = t < mt ? os + t * 16 * kLdS : Ss + (t - mt) * 16 * kLdS;
+#pragma unroll
+      for (int n = 0; n < NB; ++n) wm::load_matrix_sync(acc[n], tile + n * 16, kLdS, wm::mem_row_major);
+      if (t < mt) {
+        mma3<true, true, NB>(acc, QKs + t * 16 * ldc, ldc, us, kLdS, C);
+      } else {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+          for (int e = 0; e < acc[n].num_elements; ++e) acc[n].x[e] *= dl;
+        mma3<false, true, NB>(acc, ks + (t - mt) * 16, ldk, us2, kLdS, C);
+      }
+#pragma unroll
+      for (int n = 0; n < NB; ++n) wm::store_matrix_sync(tile + n * 16, acc[n], kLdS, wm::mem_row_major);
+    }
+    __syncthreads();
+    const int n4 = nc / 4;
     for (int p = tid; p < L * n4; p += blockDim.x) {
       const int i = p / n4, c = (p % n4) * 4;
       *reinterpret_cast<float4*>(out + (t0 + i) * V + static_cast<int64_t>(hv) * d.dv + c0 + c) = *reinterpret_cast<const float4*>(os + i * kLdS + c);
     }
   }
   __syncthreads();
+  const int n4 = nc / 4;
   for (int p = tid; p < d.dk * n4; p += blockDim.x) {
     const int r = p / n4, c = (p % n4) * 4;
     *reinterpret_cast<float4*>(S + static_cast<int64_t>(r) * d.dv + c0 + c) = *reinterpret_cast<const float4*>(Ss + r * kLdS + c);
@@ -399,7 +436,7 @@ __global__ void __launch_bounds__(kScanThreads) v2_scan_kernel(const float* conv
 }
 
 int64_t prep_smem(int64_t C, int64_t dk) { return (2 * C * (dk + 4) + 2 * C * (C + 4) + 3 * C) * 4; }
-int64_t scan_smem(int64_t C, int64_t dk) { return (dk * kLdS + 3 * C * (dk + 4) + C * (C + 4) + 2 * C * kLdS) * 4; }
+int64_t scan_smem(int64_t C, int64_t dk) { return (dk * kLdS + 3 * C * (dk + 4) + C * (C + 4) + 3 * C * kLdS + 2 * C + 4) * 4; }
 
 int64_t v2_smem_limit() {
   static const int64_t limit = [] {
