@@ -42,7 +42,7 @@ namespace {
 namespace wm = nvcuda::wmma;
 
 constexpr int kCols = 32;            // value columns per phase-2 block
-constexpr int kLdS = kCols + 4;      // row stride of the shared state / u / o tiles
+constexpr int kLdS = kCols + 8;      // row stride of the shared state / u / o tiles
 constexpr int kPrepThreads = 256;
 constexpr int kScanThreads = 256;
 
@@ -299,15 +299,17 @@ __global__ void __launch_bounds__(kScanThreads) v2_scan_kernel(const float* conv
   const int c0 = blockIdx.z * kCols, nc = min(kCols, d.dv - c0);
   const int64_t st = gr.start[g], K = static_cast<int64_t>(d.nk) * d.dk, V = static_cast<int64_t>(d.nv) * d.dv;
   const int64_t R = rec_floats(C, d.dk);
-  const int ldk = d.dk + 4, ldc = C + 4;
+  // Strides: 4 banks apart for the row-major A operands (W, q, QK), 8 apart for the
+  // column-major A (k) and the row-major B (S, u): wmma's tf32 loads then hit 32 banks.
+  const int ldk = d.dk + 4, ldk2 = d.dk + 8, ldc = C + 4;
   const bool fresh = gr.fresh[g] != 0;
   float* S = v2_state(gr, g, state_off) + (d.ck - 1) * d.cdim + static_cast<int64_t>(hv) * d.dk * d.dv;
   extern __shared__ __align__(128) float v2_sm[];
   float* Ss = v2_sm;              // [dk][kLdS] the state's columns
   float* Ws = Ss + d.dk * kLdS;   // [C][ldk]
   float* qs = Ws + C * ldk;       // [C][ldk]
-  float* ks = qs + C * ldk;       // [C][ldk]
-  float* QKs = ks + C * ldk;      // [C][ldc]
+  float* ks = qs + C * ldk;       // [C][ldk2]
+  float* QKs = ks + C * ldk2;     // [C][ldc]
   float* us = QKs + C * ldc;      // [C][kLdS] U, then u
   float* us2 = us + C * kLdS;     // [C][kLdS] exp(G_last - G_i) u_i
   float* os = us2 + C * kLdS;     // [C][kLdS]
@@ -336,11 +338,11 @@ __global__ void __launch_bounds__(kScanThreads) v2_scan_kernel(const float* conv
         const float* row = conv_out + (t0 + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + c;
         cp_async16(Ws + i * ldk + c, Wg + i * d.dk + c);
         cp_async16(qs + i * ldk + c, row);
-        cp_async16(ks + i * ldk + c, row + K);
+        cp_async16(ks + i * ldk2 + c, row + K);
       } else {
         *reinterpret_cast<float4*>(Ws + i * ldk + c) = zero4;
         *reinterpret_cast<float4*>(qs + i * ldk + c) = zero4;
-        *reinterpret_cast<float4*>(ks + i * ldk + c) = zero4;
+        *reinterpret_cast<float4*>(ks + i * ldk2 + c) = zero4;
       }
     }
     for (int p = tid; p < C * C / 4; p += blockDim.x) {
@@ -415,7 +417,7 @@ __global__ void __launch_bounds__(kScanThreads) v2_scan_kernel(const float* conv
         for (int n = 0; n < NB; ++n)
 #pragma unroll
           for (int e = 0; e < acc[n].num_elements; ++e) acc[n].x[e] *= dl;
-        mma3<false, true, NB>(acc, ks + (t - mt) * 16, ldk, us2, kLdS, C);
+        mma3<false, true, NB>(acc, ks + (t - mt) * 16, ldk2, us2, kLdS, C);
       }
 #pragma unroll
       for (int n = 0; n < NB; ++n) wm::store_matrix_sync(tile + n * 16, acc[n], kLdS, wm::mem_row_major);
@@ -436,7 +438,7 @@ __global__ void __launch_bounds__(kScanThreads) v2_scan_kernel(const float* conv
 }
 
 int64_t prep_smem(int64_t C, int64_t dk) { return (2 * C * (dk + 4) + 2 * C * (C + 4) + 3 * C) * 4; }
-int64_t scan_smem(int64_t C, int64_t dk) { return (dk * kLdS + 3 * C * (dk + 4) + C * (C + 4) + 3 * C * kLdS + 2 * C + 4) * 4; }
+int64_t scan_smem(int64_t C, int64_t dk) { return (dk * kLdS + 2 * C * (dk + 4) + C * (dk + 8) + C * (C + 4) + 3 * C * kLdS + 2 * C + 4) * 4; }
 
 int64_t v2_smem_limit() {
   static const int64_t limit = [] {
