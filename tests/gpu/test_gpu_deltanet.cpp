@@ -10,8 +10,11 @@
 #include <cmath>
 #include <random>
 
+#include "configs/error.h"
+#include "configs/settings.h"
 #include "engine/ops/cpu_ops.h"
 #include "engine/ops/delta_rule.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "gpu/deltanet.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
@@ -423,6 +426,31 @@ TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 
     CHECK(ro <= 1);
     CHECK(rs <= 1);
   }
+}
+
+TEST_CASE("gated deltanet: the kernel setting takes v1 or v2, names a bad value, and v2's scratch follows its formula") {
+  Settings s = Settings::defaults();
+  CHECK(s.gpu_deltanet_kernel == "v1");
+  CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v1);
+  s.gpu_deltanet_kernel = "V2";
+  s.validate();  // choices are read in lower case
+  CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v2);
+  s.gpu_deltanet_kernel = "v3";
+  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v2"), Error);
+  CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);
+  gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v2);
+  CHECK(gpu::deltanet_kernel() == gpu::DeltaNetKernel::v2);
+  gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v1);
+  // Qwen3-Next-80B-A3B, a 2048-token step of one sequence: 33 chunk slots of 32 value heads x (64 x 128 + 64^2 + 2 x 64 + 8) floats.
+  gpu::DeltaNetShape sh;
+  sh.nk = 16;
+  sh.nv = 32;
+  sh.dk = 128;
+  sh.dv = 128;
+  sh.conv_k = 4;
+  CHECK(gpu::deltanet_v2_slots(2048, 1, 64) == 33);
+  CHECK(gpu::deltanet_v2_scratch_bytes(sh, 64, 33) == int64_t{33} * 32 * 12424 * 4);
+  CHECK(gpu::deltanet_v2_scratch_bytes(sh, 0, 33) == 0);
 }
 
 TEST_CASE("gated attention kernels match a scalar reference: q/k norm with partial rotary, cache store, output gate, gated shared expert") {
