@@ -36,6 +36,7 @@
 //    and of the read bandwidth (weights + the chunk's activations and state).
 // Never pass/fail on time. Usage: bench_gpu_qwen3next [--layers L]
 // [--contexts 4096,32768] [--chunk 4096] [--steps 32] [--skip-cpu] [--skip-bf16]
+// [--deltanet-kernel v1|v2] (the chunked delta rule, setting gpu_deltanet_kernel)
 // (--prefill is the old name of --contexts)
 #include <algorithm>
 #include <cmath>
@@ -187,13 +188,14 @@ double flops_per_token(const ModelConfig& c, bool split, double& deltanet_layer)
 double head_bytes(const ModelConfig& c) { return 2.0 * static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size); }
 
 void run(const ModelConfig& c, LazyWeights& lw, numa::NodePools& pools, const Limits& lim, bool all_gpu, bool precise, const std::vector<int>& contexts,
-         int64_t chunk, int steps) {
+         int64_t chunk, int steps, gpu::DeltaNetKernel deltanet_kernel) {
   const int64_t L = c.num_hidden_layers, V = c.vocab_size;
   const HybridConfig& h = c.hybrid;
   GpuRuntimeOptions o;
   o.resident.assign(static_cast<size_t>(L), all_gpu);
   o.hybrid_precise = precise;
   o.cuda_graphs = true;
+  o.deltanet_kernel = deltanet_kernel;
   WeightLookup get = [&lw](const std::string& n, const std::vector<int64_t>& s) { return lw.get(n, s); };
   const ModelGraph g = model_graph(c, [&](const std::string& n) { return n.rfind("mtp.", 0) != 0; });
   std::unique_ptr<GpuRuntime> rt;
@@ -333,6 +335,7 @@ int main(int argc, char** argv) {
   int64_t layers = 8, chunk = 4096;
   int steps = 32;
   bool skip_cpu = false, skip_bf16 = false;
+  gpu::DeltaNetKernel deltanet_kernel = gpu::DeltaNetKernel::v1;  // setting gpu_deltanet_kernel's default
   std::vector<int> contexts = {4096, 32768};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--layers") && i + 1 < argc) layers = std::atoll(argv[++i]);
@@ -340,6 +343,14 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--skip-cpu")) skip_cpu = true;
     else if (!std::strcmp(argv[i], "--skip-bf16")) skip_bf16 = true;
+    else if (!std::strcmp(argv[i], "--deltanet-kernel") && i + 1 < argc) {
+      const std::string k = argv[++i];
+      if (k != "v1" && k != "v2") {
+        std::fprintf(stderr, "bench_gpu_qwen3next: --deltanet-kernel takes v1 or v2, got %s\n", k.c_str());
+        return 2;
+      }
+      deltanet_kernel = k == "v2" ? gpu::DeltaNetKernel::v2 : gpu::DeltaNetKernel::v1;
+    }
     else if ((!std::strcmp(argv[i], "--contexts") || !std::strcmp(argv[i], "--prefill")) && i + 1 < argc) {
       contexts.clear();
       for (const char* p = argv[++i]; *p;) {
@@ -373,9 +384,9 @@ int main(int argc, char** argv) {
     LazyWeights lw(pools.pool(0));
     for (bool precise : {true, false}) {
       if (!precise && skip_bf16) continue;
-      run(c, lw, pools, lim, true, precise, precise ? contexts : std::vector<int>{contexts.front()}, chunk, steps);
+      run(c, lw, pools, lim, true, precise, precise ? contexts : std::vector<int>{contexts.front()}, chunk, steps, deltanet_kernel);
     }
-    if (!skip_cpu) run(c, lw, pools, lim, false, true, contexts, chunk, steps);
+    if (!skip_cpu) run(c, lw, pools, lim, false, true, contexts, chunk, steps, deltanet_kernel);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu_qwen3next: %s\n", e.what());
     return 1;

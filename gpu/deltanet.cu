@@ -3,7 +3,7 @@
 // chunked kernel for prompts and a one-step recurrence for decode, and the
 // gated output norm.
 //
-// The chunked kernel (v1): one block per (sequence, value head, slice of
+// The chunked kernel v1 (v2: gpu/deltanet_chunked.cu): one block per (sequence, value head, slice of
 // up to 32 value columns); the columns of the state are independent in the
 // delta rule, so slices split the work without talking to each other. Per
 // chunk of C tokens, in shared memory: k and q rows, the decays' running
@@ -13,11 +13,13 @@
 // column per lane), then o = exp(G) S0^T q + QK u and the state
 // S = exp(G_last) S0 + sum_j exp(G_last - G_j) k_j u_j^T. Chunks run in order.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "configs/error.h"
 #include "gpu/common.cuh"
 #include "gpu/deltanet.h"
+#include "gpu/deltanet_chunked.h"
 
 namespace hmoe::gpu {
 using namespace detail;
@@ -332,6 +334,12 @@ void ensure_smem(size_t bytes) {
 
 }  // namespace
 
+namespace {
+std::atomic<DeltaNetKernel> chosen_kernel{DeltaNetKernel::v1};
+}
+void set_deltanet_kernel(DeltaNetKernel k) { chosen_kernel.store(k); }
+DeltaNetKernel deltanet_kernel() { return chosen_kernel.load(); }
+
 int64_t deltanet_layer_state_bytes(const DeltaNetShape& sh) {
   const int64_t floats = (sh.conv_k - 1) * sh.conv_dim() + sh.nv * sh.dk * sh.dv;
   return (floats * 4 + 255) / 256 * 256;
@@ -341,6 +349,7 @@ void deltanet_configure(const DeltaNetShape& sh) {
   check_shape(sh);
   const Dims d = dims(sh);
   ensure_smem(static_cast<size_t>(chunk_smem_floats(d, chunk_of(d, 0))) * 4);
+  if (deltanet_kernel() == DeltaNetKernel::v2) deltanet_v2_configure();  // v2's launches do it too (tests, benchmarks)
 }
 
 void deltanet_prepare(const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok, const DeltaNetShape& sh,
@@ -377,6 +386,15 @@ void deltanet_chunked(const float* conv_out, const float* gate, const float* bet
   const dim3 grid(static_cast<unsigned>(gn), static_cast<unsigned>(sh.nv), static_cast<unsigned>((sh.dv + dvs - 1) / dvs));
   chunked_kernel<<<grid, kChunkThreads, smem, cs(s)>>>(conv_out, gate, beta, gr, g0, d, state_off, max_recurrent, C, out);
   HMOE_CUDA_LAUNCHED();
+}
+
+void deltanet_chunked(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
+                      const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t chunk, float* out, Stream& s, DeltaNetKernel kernel,
+                      int64_t ntok, void* scratch) {
+  check_shape(sh);
+  const int64_t c2 = kernel == DeltaNetKernel::v2 ? deltanet_v2_chunk(sh, chunk) : 0;
+  if (c2 == 0) return deltanet_chunked(conv_out, gate, beta, gr, g0, gn, sh, state_off, max_recurrent, chunk, out, s);
+  deltanet_chunked_v2(conv_out, gate, beta, gr, g0, gn, sh, state_off, max_recurrent, c2, deltanet_v2_slots(ntok, gn, c2), scratch, out, s);
 }
 
 void deltanet_recurrent(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,

@@ -62,6 +62,38 @@ void deltanet_conv_window(const float* proj, int64_t ld, const DeltaNetGroups& g
 // token. Each launch leaves the other's groups alone.
 void deltanet_chunked(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
                       const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t chunk, float* out, Stream& s);
+// The chunked delta rule's kernels (gpu/deltanet_chunked.cu tells v2's design):
+//  - v1: one block per (sequence, value head, 32 value columns) walking the
+//    chunks in order, plain fp32, no scratch;
+//  - v2: all chunks' intra-chunk work at once (W, U, the decayed q.k), then
+//    a walk over the chunks per (sequence, value head, 32 value columns)
+//    with its products on tensor cores in 3xTF32 (fp32 accuracy); needs a
+//    device scratch of deltanet_v2_scratch_bytes and dk, dv multiples of 16.
+enum class DeltaNetKernel { v1, v2 };
+// The kernel the layers use (setting gpu_deltanet_kernel; process-wide, set
+// when the GPU runtime is built, before any layer runs).
+void set_deltanet_kernel(DeltaNetKernel k);
+DeltaNetKernel deltanet_kernel();
+// v2's tokens per chunk for `chunk` (0: 64): 16, 32 or 64, halved while its
+// shared memory does not fit this GPU; 0 when v2 cannot run the shape or
+// chunk (dk or dv not a multiple of 16, another chunk size): v1 runs then.
+int64_t deltanet_v2_chunk(const DeltaNetShape& sh, int64_t chunk);
+// v2's chunk slots for a step of ntok ordered tokens in gn groups (a bound
+// on the chunks of the groups it runs: ntok / v2_chunk + gn, so that a
+// step's launch does not depend on how its tokens split into sequences),
+// and the scratch bytes they take: slots x value heads x (C dk + C^2 + 2C
+// + 8) floats (Qwen3-Next-80B-A3B, C = 64: 1.5 MiB per slot, 50 MiB for a
+// 2048-token step of one sequence).
+int64_t deltanet_v2_slots(int64_t ntok, int64_t gn, int64_t v2_chunk);
+int64_t deltanet_v2_scratch_bytes(const DeltaNetShape& sh, int64_t v2_chunk, int64_t slots);
+// As above with the kernel chosen: ntok is the step's ordered tokens (at
+// least the groups' tokens), scratch (v2 only) at least
+// deltanet_v2_scratch_bytes(sh, c, deltanet_v2_slots(ntok, gn, c)) bytes,
+// c = deltanet_v2_chunk(sh, chunk), 16-byte aligned like conv_out and out.
+// v2 writes intermediate values into out's rows of the groups it runs.
+void deltanet_chunked(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
+                      const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t chunk, float* out, Stream& s, DeltaNetKernel kernel,
+                      int64_t ntok, void* scratch);
 void deltanet_recurrent(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
                         const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, float* out, Stream& s);
 // Gated RMSNorm per (token, value head): y[order[i] - row0] = bf16(w *

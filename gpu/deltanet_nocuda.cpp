@@ -24,6 +24,20 @@ void deltanet_chunked(const float*, const float*, const float*, const DeltaNetGr
                       int64_t, float*, Stream&) {
   no_cuda("deltanet_chunked");
 }
+void deltanet_chunked(const float*, const float*, const float*, const DeltaNetGroups&, int64_t, int64_t, const DeltaNetShape&, int64_t, int64_t,
+                      int64_t, float*, Stream&, DeltaNetKernel, int64_t, void*) {
+  no_cuda("deltanet_chunked");
+}
+namespace {
+DeltaNetKernel chosen_kernel = DeltaNetKernel::v1;
+}
+void set_deltanet_kernel(DeltaNetKernel k) { chosen_kernel = k; }
+DeltaNetKernel deltanet_kernel() { return chosen_kernel; }
+int64_t deltanet_v2_chunk(const DeltaNetShape&, int64_t) { no_cuda("deltanet_v2_chunk"); }
+int64_t deltanet_v2_slots(int64_t ntok, int64_t gn, int64_t v2_chunk) { return v2_chunk > 0 ? ntok / v2_chunk + gn : 0; }
+int64_t deltanet_v2_scratch_bytes(const DeltaNetShape& sh, int64_t v2_chunk, int64_t slots) {
+  return v2_chunk > 0 ? slots * sh.nv * (v2_chunk * sh.dk + v2_chunk * v2_chunk + 2 * v2_chunk + 8) * 4 : 0;
+}
 void deltanet_recurrent(const float*, const float*, const float*, const DeltaNetGroups&, int64_t, int64_t, const DeltaNetShape&, int64_t, int64_t,
                         float*, Stream&) {
   no_cuda("deltanet_recurrent");

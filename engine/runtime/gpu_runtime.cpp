@@ -44,6 +44,9 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   else if (s.gpu_gguf_decode_kernel == "direct") o.gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
   else if (s.gpu_gguf_decode_kernel == "staged") o.gguf_decode_kernel = gpu::GgufDecodeKernel::staged;
   else fail(ErrorKind::invalid_argument, "--gpu-gguf-decode-kernel / HMOE_GPU_GGUF_DECODE_KERNEL must be dense, direct or staged, got '" + s.gpu_gguf_decode_kernel + "'");
+  if (s.gpu_deltanet_kernel == "v1") o.deltanet_kernel = gpu::DeltaNetKernel::v1;
+  else if (s.gpu_deltanet_kernel == "v2") o.deltanet_kernel = gpu::DeltaNetKernel::v2;
+  else fail(ErrorKind::invalid_argument, "--gpu-deltanet-kernel / HMOE_GPU_DELTANET_KERNEL must be v1 or v2, got '" + s.gpu_deltanet_kernel + "'");
   o.defer_experts = s.defer_experts;
   o.expert_cache.budget_bytes = parse_gpu_expert_cache(s.gpu_expert_cache);
   o.expert_cache.cost.share = parse_gpu_split_decode(s.gpu_split_decode);
@@ -129,6 +132,7 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.programmatic_launch = o.programmatic_launch;
   m.decode_fusion = o.decode_fusion;
   gpu::set_gguf_decode_kernel(o.gguf_decode_kernel);
+  gpu::set_deltanet_kernel(o.deltanet_kernel);
   gpu::MemoryUse use_weights("the weights (embedding, lm_head, norms)");
   GpuUploader up(bind, m.stream);
   up.set_keep_gguf(o.quantized_dense);

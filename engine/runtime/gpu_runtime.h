@@ -40,6 +40,7 @@
 #include "engine/layers/mla_attention.h"
 #include "engine/layers/routed_experts.h"
 #include "engine/layers/weights.h"
+#include "gpu/deltanet.h"
 #include "gpu/quant.h"
 #include "engine/loading/model_config.h"
 #include "engine/models/model_graph.h"
@@ -102,6 +103,8 @@ struct GpuRuntimeOptions {
   // Setting gpu_gguf_decode_kernel (gpu::set_gguf_decode_kernel, process-wide;
   // applied when the runtime is built).
   gpu::GgufDecodeKernel gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
+  // Setting gpu_deltanet_kernel (gpu::set_deltanet_kernel, process-wide; applied when the runtime is built).
+  gpu::DeltaNetKernel deltanet_kernel = gpu::DeltaNetKernel::v1;
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
   // Setting defer_experts: hand-off layers followed by another hand-off layer
   // defer their N lowest-weight experts per token to a worker thread that

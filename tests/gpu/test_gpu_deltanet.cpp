@@ -10,8 +10,11 @@
 #include <cmath>
 #include <random>
 
+#include "configs/error.h"
+#include "configs/settings.h"
 #include "engine/ops/cpu_ops.h"
 #include "engine/ops/delta_rule.h"
+#include "engine/runtime/gpu_runtime.h"
 #include "gpu/deltanet.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
@@ -189,11 +192,18 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
        d_count = test::to_device(gr.count, s), d_fresh = test::to_device(gr.fresh, s);
   gpu::DeviceBuffer conv(static_cast<size_t>(n * cd * 4)), gate(static_cast<size_t>(n * sh.nv * 4)), beta(static_cast<size_t>(n * sh.nv * 4)),
       core(static_cast<size_t>(n * V * 4)), y(static_cast<size_t>(n * V * 2));
-  // (max_recurrent, chunk): both kernels by token count, everything chunked, everything recurrent.
+  // (max_recurrent, chunk): both kernels by token count, everything chunked, everything recurrent; with
+  // each chunked kernel (v1, v2).
+  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2})
   for (const auto& mode : std::vector<std::pair<int64_t, int64_t>>{{1, 16}, {0, 16}, {1000, 0}, {1, 0}}) {
     const int64_t max_rec = mode.first, chunk = mode.second;
+    const int kv = kernel == gpu::DeltaNetKernel::v2 ? 2 : 1;
+    CAPTURE(kv);
     CAPTURE(max_rec);
     CAPTURE(chunk);
+    const int64_t c2 = kv == 2 ? gpu::deltanet_v2_chunk(sh, chunk) : 0;
+    if (kv == 2) REQUIRE(c2 == (chunk > 0 ? chunk : 64));
+    gpu::DeviceBuffer v2s(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_v2_scratch_bytes(sh, c2, gpu::deltanet_v2_slots(n, G, c2)))));
     std::vector<gpu::DeviceBuffer> states;
     std::vector<uint64_t> ptrs;
     for (int64_t g = 0; g < G; ++g) {
@@ -214,7 +224,8 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
     gpu::deltanet_prepare(d_proj.as<float>(), P, dg, 0, n, sh, d_conv_w.as<float>(), d_a.as<float>(), d_dt.as<float>(), layer_bytes, conv.as<float>(),
                           gate.as<float>(), beta.as<float>(), s);
     gpu::deltanet_conv_window(d_proj.as<float>(), P, dg, 0, G, sh, layer_bytes, s);
-    gpu::deltanet_chunked(conv.as<float>(), gate.as<float>(), beta.as<float>(), dg, 0, G, sh, layer_bytes, max_rec, chunk, core.as<float>(), s);
+    gpu::deltanet_chunked(conv.as<float>(), gate.as<float>(), beta.as<float>(), dg, 0, G, sh, layer_bytes, max_rec, chunk, core.as<float>(), s, kernel, n,
+                          v2s.data());
     gpu::deltanet_recurrent(conv.as<float>(), gate.as<float>(), beta.as<float>(), dg, 0, G, sh, layer_bytes, max_rec, core.as<float>(), s);
     gpu::deltanet_gated_norm(core.as<float>(), d_proj.as<float>(), P, dg, 0, n, sh, d_norm.as<float>(), eps, y.as<uint16_t>(), s);
     const auto c_gpu = test::to_host<float>(conv, static_cast<size_t>(n * cd), s);
@@ -226,7 +237,7 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
     CHECK(test::tol_ratio(g_gpu, R.gate, 1e-6, 1e-5) <= 1);
     CHECK(test::tol_ratio(b_gpu, R.beta, 1e-6, 1e-5) <= 1);
     const double core_ratio = test::tol_ratio(o_gpu, R.core, 1e-4, 1e-3);
-    MESSAGE("max_recurrent " << max_rec << ", chunk " << chunk << ": delta-rule output within " << core_ratio << " of the tolerance");
+    MESSAGE("kernel v" << kv << ", max_recurrent " << max_rec << ", chunk " << chunk << ": delta-rule output within " << core_ratio << " of the tolerance");
     CHECK(core_ratio <= 1);
     CHECK(test::tol_ratio(y_gpu, R.y, 1e-3, 1.0 / 64) <= 1);
     // The split output (hi + lo, gpu_hybrid_precise): hi the bf16 output above, hi + lo to about 16 bits.
@@ -251,6 +262,195 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
       CHECK_MESSAGE(test::tol_ratio(mine, ref, 1e-4, 1e-3) <= 1, "state of group " << g);
     }
   }
+}
+
+namespace {
+
+// What deltanet_prepare would give the delta rule: per token [q | k | v], q
+// and k l2-normalised per key head (q also / sqrt(dk)); decays g < 0 from
+// slow (-0.007) to fast (-2.7); beta in (0, 1).
+struct RuleInputs {
+  std::vector<float> conv, gate, beta;
+};
+RuleInputs rule_inputs(const gpu::DeltaNetShape& sh, int64_t n, uint64_t seed) {
+  const int64_t cd = sh.conv_dim();
+  RuleInputs r;
+  r.conv = test::random_floats(static_cast<size_t>(n * cd), seed, 1.0f);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < 2 * sh.nk; ++h) {
+      float* x = r.conv.data() + t * cd + h * sh.dk;
+      double ss = 0;
+      for (int64_t j = 0; j < sh.dk; ++j) ss += static_cast<double>(x[j]) * x[j];
+      const double inv = 1.0 / std::sqrt(ss + 1e-6) * (h < sh.nk ? 1.0 / std::sqrt(static_cast<double>(sh.dk)) : 1.0);
+      for (int64_t j = 0; j < sh.dk; ++j) x[j] = static_cast<float>(x[j] * inv);
+    }
+  r.gate = test::random_floats(static_cast<size_t>(n * sh.nv), seed + 1, 1.0f);
+  for (float& g : r.gate) g = -std::exp(1.5f * g - 2.0f);
+  r.beta = test::random_floats(static_cast<size_t>(n * sh.nv), seed + 2, 1.5f);
+  for (float& b : r.beta) b = sigm(b);
+  return r;
+}
+
+// The delta rule in double for groups (start, count) of ordered tokens; S:
+// per group [nv][dk][dv], updated; out [token][nv * dv].
+void rule_reference(const gpu::DeltaNetShape& sh, const RuleInputs& in, const std::vector<int32_t>& start, const std::vector<int32_t>& count,
+                    std::vector<float>& S, std::vector<float>& out) {
+  const int64_t cd = sh.conv_dim(), K = sh.key_dim(), V = sh.value_dim(), hs = sh.dk * sh.dv;
+  for (size_t g = 0; g < start.size(); ++g)
+    for (int64_t hv = 0; hv < sh.nv; ++hv) {
+      const int64_t st = start[g], hk = hv / (sh.nv / sh.nk);
+      ops::DeltaRuleArgs a;
+      a.q = in.conv.data() + st * cd + hk * sh.dk;
+      a.k = a.q + K;
+      a.ld_qk = cd;
+      a.v = in.conv.data() + st * cd + 2 * K + hv * sh.dv;
+      a.ld_v = cd;
+      a.g = in.gate.data() + st * sh.nv + hv;
+      a.beta = in.beta.data() + st * sh.nv + hv;
+      a.ld_gb = sh.nv;
+      a.out = out.data() + st * V + hv * sh.dv;
+      a.ld_o = V;
+      a.tokens = count[g];
+      a.dk = sh.dk;
+      a.dv = sh.dv;
+      float* s = S.data() + (static_cast<int64_t>(g) * sh.nv + hv) * hs;
+      std::vector<double> Sd(s, s + hs);
+      ops::delta_rule_reference(a, Sd.data());
+      for (int64_t i = 0; i < hs; ++i) s[i] = static_cast<float>(Sd[static_cast<size_t>(i)]);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 to 300, fresh and continued states, chunks of 16/32/64, v2 against v1") {
+  if (!test::have_gpu()) return;
+  gpu::DeltaNetShape sh;
+  sh.nk = 2;
+  sh.nv = 4;
+  sh.dk = 128;
+  sh.dv = 128;
+  sh.conv_k = 4;
+  // Six sequences: a decode-sized one, one chunk less one, one chunk, one chunk plus one, several chunks, two tokens;
+  // half of them new (garbage in their state buffers), the others continuing a random state.
+  const std::vector<int32_t> counts = {1, 63, 64, 65, 300, 2}, fresh = {0, 1, 0, 1, 0, 1};
+  const int64_t G = static_cast<int64_t>(counts.size());
+  std::vector<int32_t> starts;
+  int64_t n = 0;
+  for (int32_t c : counts) {
+    starts.push_back(static_cast<int32_t>(n));
+    n += c;
+  }
+  const int64_t V = sh.value_dim(), hs = sh.dk * sh.dv, hsz = sh.nv * hs;
+  const int64_t layer_bytes = gpu::deltanet_layer_state_bytes(sh), layer_floats = layer_bytes / 4, soff = (sh.conv_k - 1) * sh.conv_dim();
+  const RuleInputs in = rule_inputs(sh, n, 31);
+  const std::vector<float> S0 = test::random_floats(static_cast<size_t>(G * hsz), 32, 0.3f);
+  std::vector<float> S_ref = S0, out_ref(static_cast<size_t>(n * V), 0.0f);
+  for (int64_t g = 0; g < G; ++g)
+    if (fresh[static_cast<size_t>(g)]) std::fill(S_ref.begin() + g * hsz, S_ref.begin() + (g + 1) * hsz, 0.0f);
+  rule_reference(sh, in, starts, counts, S_ref, out_ref);
+
+  gpu::Stream s;
+  auto d_conv = test::to_device(in.conv, s), d_gate = test::to_device(in.gate, s), d_beta = test::to_device(in.beta, s);
+  std::vector<int32_t> order(static_cast<size_t>(n)), tok_group(static_cast<size_t>(n));
+  for (int64_t g = 0; g < G; ++g)
+    for (int32_t i = 0; i < counts[static_cast<size_t>(g)]; ++i) {
+      order[static_cast<size_t>(starts[static_cast<size_t>(g)] + i)] = starts[static_cast<size_t>(g)] + i;
+      tok_group[static_cast<size_t>(starts[static_cast<size_t>(g)] + i)] = static_cast<int32_t>(g);
+    }
+  auto d_order = test::to_device(order, s), d_tg = test::to_device(tok_group, s);
+  gpu::DeviceBuffer out(static_cast<size_t>(n * V * 4));
+  // One call on groups (start, count, fresh) with per-group states st ([nv][dk][dv] each, in and out); out rows downloaded into o.
+  auto run = [&](gpu::DeltaNetKernel kernel, int64_t chunk, const std::vector<int32_t>& gs, const std::vector<int32_t>& gc,
+                 const std::vector<int32_t>& gf, std::vector<float>& st, std::vector<float>& o) {
+    const int64_t gn = static_cast<int64_t>(gs.size());
+    std::vector<gpu::DeviceBuffer> states;
+    std::vector<uint64_t> ptrs;
+    for (int64_t g = 0; g < gn; ++g) {
+      std::vector<float> buf(static_cast<size_t>(layer_floats), 1e3f);  // a new sequence's buffer holds garbage
+      if (!gf[static_cast<size_t>(g)]) std::copy(st.begin() + g * hsz, st.begin() + (g + 1) * hsz, buf.begin() + soff);
+      states.push_back(test::to_device(buf, s));
+      ptrs.push_back(reinterpret_cast<uint64_t>(states.back().data()));
+    }
+    auto d_ptrs = test::to_device(ptrs, s), d_s = test::to_device(gs, s), d_c = test::to_device(gc, s), d_f = test::to_device(gf, s);
+    gpu::DeltaNetGroups dg;
+    dg.order = d_order.as<int32_t>();
+    dg.tok_group = d_tg.as<int32_t>();
+    dg.start = d_s.as<int32_t>();
+    dg.count = d_c.as<int32_t>();
+    dg.fresh = d_f.as<int32_t>();
+    dg.state = d_ptrs.as<uint64_t>();
+    const int64_t c2 = kernel == gpu::DeltaNetKernel::v2 ? gpu::deltanet_v2_chunk(sh, chunk) : 0;
+    if (kernel == gpu::DeltaNetKernel::v2) REQUIRE(c2 > 0);
+    gpu::DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_v2_scratch_bytes(sh, c2, gpu::deltanet_v2_slots(n, gn, c2)))));
+    gpu::deltanet_chunked(d_conv.as<float>(), d_gate.as<float>(), d_beta.as<float>(), dg, 0, gn, sh, 0, 0, chunk, out.as<float>(), s, kernel, n,
+                          scratch.data());
+    const auto all = test::to_host<float>(out, static_cast<size_t>(n * V), s);
+    for (int64_t g = 0; g < gn; ++g) {
+      std::copy(all.begin() + gs[static_cast<size_t>(g)] * V, all.begin() + (gs[static_cast<size_t>(g)] + gc[static_cast<size_t>(g)]) * V,
+                o.begin() + gs[static_cast<size_t>(g)] * V);
+      const auto buf = test::to_host<float>(states[static_cast<size_t>(g)], static_cast<size_t>(layer_floats), s);
+      std::copy(buf.begin() + soff, buf.begin() + soff + hsz, st.begin() + g * hsz);
+    }
+  };
+  std::vector<float> out_v1;
+  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2})
+    for (int64_t chunk : {0, 32, 16}) {
+      const int kv = kernel == gpu::DeltaNetKernel::v2 ? 2 : 1;
+      CAPTURE(kv);
+      CAPTURE(chunk);
+      std::vector<float> st = S0, o(static_cast<size_t>(n * V), 0.0f);
+      run(kernel, chunk, starts, counts, fresh, st, o);
+      const double ro = test::tol_ratio(o, out_ref, 1e-4, 1e-3), rs = test::tol_ratio(st, S_ref, 1e-4, 1e-3);
+      MESSAGE("head dims 128, kernel v" << kv << ", chunk " << chunk << ": output within " << ro << ", state within " << rs << " of the tolerance");
+      CHECK(ro <= 1);
+      CHECK(rs <= 1);
+      if (chunk == 0 && kv == 1) out_v1 = o;
+      if (chunk == 0 && kv == 2) {
+        const double r12 = test::tol_ratio(o, out_v1, 1e-5, 1e-4);
+        MESSAGE("v2 against v1 (chunk 64): within " << r12 << " of (1e-5, 1e-4)");
+        CHECK(r12 <= 1);
+      }
+    }
+  // The 300-token sequence as two steps (130 + 170 tokens, the second continuing the first's state) gives the one-step result.
+  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2}) {
+    const int kv = kernel == gpu::DeltaNetKernel::v2 ? 2 : 1;
+    CAPTURE(kv);
+    const int32_t s4 = starts[4];
+    std::vector<float> st(S0.begin() + 4 * hsz, S0.begin() + 5 * hsz), o(static_cast<size_t>(n * V), 0.0f);
+    run(kernel, 0, {s4}, {130}, {0}, st, o);
+    run(kernel, 0, {s4 + 130}, {170}, {0}, st, o);
+    const std::vector<float> mine(o.begin() + s4 * V, o.begin() + (s4 + 300) * V), ref(out_ref.begin() + s4 * V, out_ref.begin() + (s4 + 300) * V);
+    const std::vector<float> sref(S_ref.begin() + 4 * hsz, S_ref.begin() + 5 * hsz);
+    const double ro = test::tol_ratio(mine, ref, 1e-4, 1e-3), rs = test::tol_ratio(st, sref, 1e-4, 1e-3);
+    MESSAGE("kernel v" << kv << ", 300 tokens as 130 + 170: output within " << ro << ", state within " << rs << " of the tolerance");
+    CHECK(ro <= 1);
+    CHECK(rs <= 1);
+  }
+}
+
+TEST_CASE("gated deltanet: the kernel setting takes v1 or v2, names a bad value, and v2's scratch follows its formula") {
+  Settings s = Settings::defaults();
+  CHECK(s.gpu_deltanet_kernel == "v1");
+  CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v1);
+  s.gpu_deltanet_kernel = "V2";
+  s.validate();  // choices are read in lower case
+  CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v2);
+  s.gpu_deltanet_kernel = "v3";
+  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v2"), Error);
+  CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);
+  gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v2);
+  CHECK(gpu::deltanet_kernel() == gpu::DeltaNetKernel::v2);
+  gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v1);
+  // Qwen3-Next-80B-A3B, a 2048-token step of one sequence: 33 chunk slots of 32 value heads x (64 x 128 + 64^2 + 2 x 64 + 8) floats.
+  gpu::DeltaNetShape sh;
+  sh.nk = 16;
+  sh.nv = 32;
+  sh.dk = 128;
+  sh.dv = 128;
+  sh.conv_k = 4;
+  CHECK(gpu::deltanet_v2_slots(2048, 1, 64) == 33);
+  CHECK(gpu::deltanet_v2_scratch_bytes(sh, 64, 33) == int64_t{33} * 32 * 12424 * 4);
+  CHECK(gpu::deltanet_v2_scratch_bytes(sh, 0, 33) == 0);
 }
 
 TEST_CASE("gated attention kernels match a scalar reference: q/k norm with partial rotary, cache store, output gate, gated shared expert") {

@@ -1,0 +1,528 @@
+// The chunked delta rule, v2 (gpu/deltanet.h, DeltaNetKernel::v2): two
+// launches instead of v1's one block per (sequence, value head, column
+// slice) that recomputes everything a chunk needs in every slice.
+//
+// Phase 1, one block per (chunk, value head), all chunks at once: the
+// chunk's running decay sum G, KK = k k^T and QK = q k^T (tensor cores),
+// A[i][j] = beta_i exp(G_i - G_j) KK[i][j] (j < i), then (I + A)^-1 applied
+// to [beta exp(G) k | beta v] by forward substitution, a column per thread
+// held in registers: W (C x dk) and U (C x dv). W, the masked decayed
+// QK[i][j] = exp(G_i - G_j) q_i.k_j (j <= i) and the factors exp(G_i),
+// exp(G_last - G_i), exp(G_last) go to the scratch; U goes to `out`, in the
+// rows and columns where the chunk's outputs will be written.
+//
+// Phase 2, one block per (sequence, value head, 32 value columns), chunks
+// in order, the state's columns in shared memory:
+//   u = U - W S,  o = exp(G) (q S) + QK u,  S = exp(G_last) S + k^T (exp(G_last - G) u),
+// all products on tensor cores in 3xTF32 (each fp32 operand split into a
+// TF32 hi and lo part, hi.hi + hi.lo + lo.hi accumulated in fp32), which
+// keeps the fp32 kernel's accuracy (about 2^-21 relative per product
+// instead of TF32's 2^-11); each warp takes strips of 16 rows x 32 columns
+// so that an A fragment serves both column tiles. A chunk's rows arrive by
+// asynchronous copies (all in flight at once) while the next chunk's are
+// prefetched into L2.
+//
+// Padded rows of a chunk's last part (L < C tokens) are zero in k, q, W, U
+// and the factors, so they add nothing to the state or the outputs.
+#include <mma.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "configs/error.h"
+#include "gpu/common.cuh"
+#include "gpu/deltanet.h"
+#include "gpu/deltanet_chunked.h"
+
+namespace hmoe::gpu {
+using namespace detail;
+
+namespace {
+
+namespace wm = nvcuda::wmma;
+
+constexpr int kCols = 32;            // value columns per phase-2 block
+constexpr int kLdS = kCols + 8;      // row stride of the shared state / u / o tiles
+constexpr int kPrepThreads = 256;
+constexpr int kScanThreads = 256;
+
+struct V2Dims {
+  int nk, nv, dk, dv, ck;
+  int64_t cdim;
+};
+
+__device__ __forceinline__ float* v2_state(const DeltaNetGroups& gr, int g, int64_t off) {
+  return reinterpret_cast<float*>(static_cast<uintptr_t>(gr.state[g]) + static_cast<uintptr_t>(off));
+}
+
+// Floats of one (chunk slot, value head) record: W [C][dk], QK [C][C], eq [C], ek [C], exp(G_last), padding.
+__host__ __device__ constexpr int64_t rec_floats(int64_t C, int64_t dk) { return C * dk + C * C + 2 * C + 8; }
+
+using Acc = wm::fragment<wm::accumulator, 16, 16, 8, float>;
+
+template <class F>
+__device__ __forceinline__ void split_tf32(F& hi, F& lo) {
+#pragma unroll
+  for (int e = 0; e < hi.num_elements; ++e) {
+    const float v = hi.x[e];
+    const float h = wm::__float_to_tf32(v);
+    hi.x[e] = h;
+    lo.x[e] = wm::__float_to_tf32(v - h);
+  }
+}
+
+// acc[n] += A (16 x K) B_n (K x 16) in 3xTF32 for NB tiles B_n side by
+// side (B_n's columns 16 n.. of B; A's fragments loaded once for all), K a
+// multiple of 8. a, b: the tiles' first elements. ARow: A[m][k] =
+// a[m * lda + k], else a[k * lda + m]; BRow: B[k][n] = b[k * ldb + n], else
+// b[n * ldb + k]. Shared memory, each tile address 32-byte aligned, lda /
+// ldb multiples of 4.
+template <bool ARow, bool BRow, int NB>
+__device__ __forceinline__ void mma3(Acc (&acc)[NB], const float* a, int lda, const float* b, int ldb, int K) {
+  using LA = std::conditional_t<ARow, wm::row_major, wm::col_major>;
+  using LB = std::conditional_t<BRow, wm::row_major, wm::col_major>;
+  wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, LA> ah, al;
+  wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, LB> bh, bl;
+  for (int k = 0; k < K; k += 8) {
+    wm::load_matrix_sync(ah, ARow ? a + k : a + static_cast<int64_t>(k) * lda, lda);
+    split_tf32(ah, al);
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+      const float* bn = BRow ? b + n * 16 : b + static_cast<int64_t>(n) * 16 * ldb;
+      wm::load_matrix_sync(bh, BRow ? bn + static_cast<int64_t>(k) * ldb : bn + k, ldb);
+      split_tf32(bh, bl);
+      wm::mma_sync(acc[n], al, bh, acc[n]);
+      wm::mma_sync(acc[n], ah, bl, acc[n]);
+      wm::mma_sync(acc[n], ah, bh, acc[n]);
+    }
+  }
+}
+
+// Chunks of group g: ceil(count / C) when the group is chunked (count > max_rec), else none.
+__device__ __forceinline__ int chunks_of(const DeltaNetGroups& gr, int64_t g, int64_t max_rec, int C) {
+  const int64_t c = gr.count[g];
+  return c > max_rec ? static_cast<int>((c + C - 1) / C) : 0;
+}
+
+// Warp-wide: the group and chunk of chunk slot `slot` (slots number the
+// chunks of groups [g0, g0 + gn) in order); false past the last chunk.
+__device__ bool find_slot(const DeltaNetGroups& gr, int64_t g0, int64_t gn, int64_t max_rec, int C, int64_t slot, int& g, int64_t& chunk) {
+  const int lane = threadIdx.x & 31;
+  int64_t before = 0;
+  for (int64_t b = 0; b < gn; b += 32) {
+    const int n = b + lane < gn ? chunks_of(gr, g0 + b + lane, max_rec, C) : 0;
+    int incl = n;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int t = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += t;
+    }
+    const int64_t end = before + incl, beg = end - n;
+    const unsigned hit = __ballot_sync(0xffffffffu, n > 0 && slot >= beg && slot < end);
+    if (hit) {
+      const int src = __ffs(hit) - 1;
+      g = static_cast<int>(g0 + b + src);
+      chunk = slot - __shfl_sync(0xffffffffu, beg, src);
+      return true;
+    }
+    before += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return false;
+}
+
+// Warp-wide: the first slot of group g (the chunks of groups [g0, g)).
+__device__ int64_t first_slot(const DeltaNetGroups& gr, int64_t g0, int g, int64_t max_rec, int C) {
+  const int lane = threadIdx.x & 31;
+  int64_t sum = 0;
+  for (int64_t b = g0; b < g; b += 32) {
+    int n = b + lane < g ? chunks_of(gr, b + lane, max_rec, C) : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+    sum += n;
+  }
+  return sum;
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// Phase 1: grid (slots, value heads).
+template <int C>
+__global__ void __launch_bounds__(kPrepThreads, 2) v2_prep_kernel(const float* conv_out, const float* gate, const float* beta, DeltaNetGroups gr,
+                                                               int64_t g0, int64_t gn, V2Dims d, int64_t max_rec, float* out, float* scratch) {
+  __shared__ int s_g;
+  __shared__ int64_t s_chunk;
+  const int tid = threadIdx.x, warp = tid >> 5, nwarps = blockDim.x >> 5;
+  if (warp == 0) {
+    int g = -1;
+    int64_t chunk = 0;
+    const bool found = find_slot(gr, g0, gn, max_rec, C, blockIdx.x, g, chunk);
+    if (tid == 0) {
+      s_g = found ? g : -1;
+      s_chunk = chunk;
+    }
+  }
+  __syncthreads();
+  if (s_g < 0) return;
+  const int g = s_g, hv = blockIdx.y, hk = hv / (d.nv / d.nk);
+  const int64_t cnt = gr.count[g], t0 = gr.start[g] + s_chunk * C;
+  const int L = static_cast<int>(min(static_cast<int64_t>(C), cnt - s_chunk * C));
+  const int64_t K = static_cast<int64_t>(d.nk) * d.dk, V = static_cast<int64_t>(d.nv) * d.dv;
+  const int ldk = d.dk + 4, ldc = C + 4;
+  extern __shared__ __align__(128) float v2_sm[];
+  float* ks = v2_sm;           // [C][ldk]
+  float* qs = ks + C * ldk;    // [C][ldk]
+  float* KK = qs + C * ldk;    // [C][ldc]; then A
+  float* QK = KK + C * ldc;    // [C][ldc]
+  float* Gs = QK + C * ldc;    // [C]
+  float* Bs = Gs + C;          // [C]
+  float* Eq = Bs + C;          // [C] exp(G_i)
+  if (tid < C) {
+    Gs[tid] = tid < L ? gate[(t0 + tid) * d.nv + hv] : 0.0f;
+    Bs[tid] = tid < L ? beta[(t0 + tid) * d.nv + hv] : 0.0f;
+  }
+  const int q4 = d.dk / 4;
+  for (int p = tid; p < C * q4; p += blockDim.x) {
+    const int i = p / q4, c = (p % q4) * 4;
+    float4 qv = make_float4(0, 0, 0, 0), kv = qv;
+    if (i < L) {
+      const float* row = conv_out + (t0 + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + c;
+      qv = *reinterpret_cast<const float4*>(row);
+      kv = *reinterpret_cast<const float4*>(row + K);
+    }
+    *reinterpret_cast<float4*>(qs + i * ldk + c) = qv;
+    *reinterpret_cast<float4*>(ks + i * ldk + c) = kv;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float acc = 0;
+    for (int i = 0; i < C; ++i) {
+      if (i < L) acc += Gs[i];
+      Gs[i] = acc;  // padded rows: G_last
+    }
+  }
+  // KK and QK, the tiles on and below the diagonal.
+  constexpr int nt = C / 16, ntri = nt * (nt + 1) / 2;
+  for (int t = warp; t < 2 * ntri; t += nwarps) {
+    int idx = t % ntri, ti = 0;
+    while (idx > ti) {
+      idx -= ti + 1;
+      ++ti;
+    }
+    const int tj = idx;
+    const float* a = (t < ntri ? ks : qs) + ti * 16 * ldk;
+    Acc acc[1];
+    wm::fill_fragment(acc[0], 0.0f);
+    mma3<true, false, 1>(acc, a, ldk, ks + tj * 16 * ldk, ldk, d.dk);
+    wm::store_matrix_sync((t < ntri ? KK : QK) + ti * 16 * ldc + tj * 16, acc[0], ldc, wm::mem_row_major);
+  }
+  __syncthreads();
+  float* rec = scratch + (static_cast<int64_t>(blockIdx.x) * d.nv + hv) * rec_floats(C, d.dk);
+  float* Wg = rec;
+  float* QKg = Wg + C * d.dk;
+  float* Fg = QKg + C * C;  // eq [C], ek [C], exp(G_last)
+  const float glast = Gs[C - 1];
+  for (int p = tid; p < C * C; p += blockDim.x) {
+    const int i = p / C, j = p % C;
+    const bool in = j <= i && i < L;  // tiles above the diagonal were never computed: select, never multiply by 0
+    const float e = in ? expf(Gs[i] - Gs[j]) : 0.0f;
+    QKg[p] = in ? e * QK[i * ldc + j] : 0.0f;
+    KK[i * ldc + j] = in && j < i ? Bs[i] * e * KK[i * ldc + j] : 0.0f;
+  }
+  if (tid < C) {
+    const float eq = tid < L ? expf(Gs[tid]) : 0.0f;
+    Eq[tid] = eq;
+    Fg[tid] = eq;
+    Fg[C + tid] = tid < L ? expf(glast - Gs[tid]) : 0.0f;
+  }
+  if (tid == 0) Fg[2 * C] = expf(glast);
+  __syncthreads();
+  // (I + A) [W | U] = [beta exp(G) k | beta v], a column per thread.
+  const float* A = KK;
+  for (int c = tid; c < d.dk + d.dv; c += blockDim.x) {
+    float w[C];
+    const bool key = c < d.dk;
+    const float* vcol = conv_out + t0 * d.cdim + 2 * K + static_cast<int64_t>(hv) * d.dv + (c - d.dk);
+#pragma unroll
+    for (int i = 0; i < C; ++i) w[i] = i < L ? Bs[i] * (key ? Eq[i] * ks[i * ldk + c] : vcol[i * d.cdim]) : 0.0f;
+#pragma unroll
+    for (int i = 1; i < C; ++i) {
+      const float* Ar = A + i * ldc;
+      float a0 = w[i], a1 = 0, a2 = 0, a3 = 0;
+#pragma unroll
+      for (int j = 0; j + 3 < i; j += 4) {
+        const float4 av = *reinterpret_cast<const float4*>(Ar + j);
+        a0 -= av.x * w[j];
+        a1 -= av.y * w[j + 1];
+        a2 -= av.z * w[j + 2];
+        a3 -= av.w * w[j + 3];
+      }
+#pragma unroll
+      for (int j = i & ~3; j < i; ++j) a0 -= Ar[j] * w[j];
+      w[i] = (a0 + a1) + (a2 + a3);
+    }
+    if (key) {
+#pragma unroll
+      for (int i = 0; i < C; ++i)
+        if (i < L) Wg[i * d.dk + c] = w[i];
+    } else {
+      float* ucol = out + t0 * V + static_cast<int64_t>(hv) * d.dv + (c - d.dk);
+#pragma unroll
+      for (int i = 0; i < C; ++i)
+        if (i < L) ucol[i * V] = w[i];
+    }
+  }
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Phase 2: grid (groups, value heads, column slices of kCols). A slice of
+// fewer columns (dv not a multiple of kCols) runs with zero columns up to
+// kCols, which no product mixes into the others and nothing writes out.
+template <int C>
+__global__ void __launch_bounds__(kScanThreads) v2_scan_kernel(const float* conv_out, DeltaNetGroups gr, int64_t g0, V2Dims d, int64_t state_off,
+                                                               int64_t max_rec, float* out, const float* scratch) {
+  constexpr int NB = kCols / 16, c4 = kCols / 4;
+  const int g = static_cast<int>(g0 + blockIdx.x);
+  const int64_t cnt = gr.count[g];
+  if (cnt <= max_rec) return;
+  __shared__ int64_t s_base;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nwarps = blockDim.x >> 5;
+  if (warp == 0) {
+    const int64_t b = first_slot(gr, g0, g, max_rec, C);
+    if (tid == 0) s_base = b;
+  }
+  const int hv = blockIdx.y, hk = hv / (d.nv / d.nk);
+  const int c0 = blockIdx.z * kCols, nc = min(kCols, d.dv - c0);
+  const int64_t st = gr.start[g], K = static_cast<int64_t>(d.nk) * d.dk, V = static_cast<int64_t>(d.nv) * d.dv;
+  const int64_t R = rec_floats(C, d.dk);
+  // Strides: 4 banks apart for the row-major A operands (W, q, QK), 8 apart for the
+  // column-major A (k) and the row-major B (S, u): wmma's tf32 loads then hit 32 banks.
+  const int ldk = d.dk + 4, ldk2 = d.dk + 8, ldc = C + 4;
+  const bool fresh = gr.fresh[g] != 0;
+  float* S = v2_state(gr, g, state_off) + (d.ck - 1) * d.cdim + static_cast<int64_t>(hv) * d.dk * d.dv;
+  extern __shared__ __align__(128) float v2_sm[];
+  float* Ss = v2_sm;              // [dk][kLdS] the state's columns
+  float* Ws = Ss + d.dk * kLdS;   // [C][ldk]
+  float* qs = Ws + C * ldk;       // [C][ldk]
+  float* ks = qs + C * ldk;       // [C][ldk2]
+  float* QKs = ks + C * ldk2;     // [C][ldc]
+  float* us = QKs + C * ldc;      // [C][kLdS] U, then u
+  float* us2 = us + C * kLdS;     // [C][kLdS] exp(G_last - G_i) u_i
+  float* os = us2 + C * kLdS;     // [C][kLdS]
+  float* Fs = os + C * kLdS;      // [2C + 4] exp(G_i), exp(G_last - G_i), exp(G_last)
+  const int q4 = d.dk / 4;
+  for (int p = tid; p < d.dk * c4; p += blockDim.x) {
+    const int r = p / c4, c = (p % c4) * 4;
+    const float4 v = fresh || c >= nc ? make_float4(0, 0, 0, 0) : *reinterpret_cast<const float4*>(S + static_cast<int64_t>(r) * d.dv + c0 + c);
+    *reinterpret_cast<float4*>(Ss + r * kLdS + c) = v;
+  }
+  __syncthreads();
+  const int64_t base = s_base, nch = (cnt + C - 1) / C;
+  const int mt = C / 16, kt = d.dk / 16;
+  const float4 zero4 = make_float4(0, 0, 0, 0);
+  for (int64_t ci = 0; ci < nch; ++ci) {
+    const int64_t t0 = st + ci * C;
+    const int L = static_cast<int>(min(static_cast<int64_t>(C), cnt - ci * C));
+    const float* rec = scratch + ((base + ci) * d.nv + hv) * R;
+    const float* Wg = rec;
+    const float* QKg = Wg + C * d.dk;
+    const float* Fg = QKg + C * C;
+    // This chunk's rows into shared memory (asynchronous copies, all in flight at once).
+    for (int p = tid; p < C * q4; p += blockDim.x) {
+      const int i = p / q4, c = (p % q4) * 4;
+      if (i < L) {
+        const float* row = conv_out + (t0 + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + c;
+        cp_async16(Ws + i * ldk + c, Wg + i * d.dk + c);
+        cp_async16(qs + i * ldk + c, row);
+        cp_async16(ks + i * ldk2 + c, row + K);
+      } else {
+        *reinterpret_cast<float4*>(Ws + i * ldk + c) = zero4;
+        *reinterpret_cast<float4*>(qs + i * ldk + c) = zero4;
+        *reinterpret_cast<float4*>(ks + i * ldk2 + c) = zero4;
+      }
+    }
+    for (int p = tid; p < C * C / 4; p += blockDim.x) {
+      const int i = p / (C / 4), j = (p % (C / 4)) * 4;
+      cp_async16(QKs + i * ldc + j, QKg + i * C + j);
+    }
+    for (int p = tid; p < C * c4; p += blockDim.x) {
+      const int i = p / c4, c = (p % c4) * 4;
+      if (i < L && c < nc) cp_async16(us + i * kLdS + c, out + (t0 + i) * V + static_cast<int64_t>(hv) * d.dv + c0 + c);
+      else *reinterpret_cast<float4*>(us + i * kLdS + c) = zero4;
+    }
+    for (int p = tid; p < (2 * C + 4) / 4; p += blockDim.x) cp_async16(Fs + 4 * p, Fg + 4 * p);
+    if (ci + 1 < nch) {  // the next chunk's rows into L2 meanwhile
+      const int64_t tn = t0 + C;
+      const int Ln = static_cast<int>(min(static_cast<int64_t>(C), cnt - (ci + 1) * C));
+      const float* rn = rec + d.nv * R;
+      const int rec_lines = static_cast<int>((R * 4 + 127) / 128), row_lines = (d.dk * 4 + 127) / 128;
+      for (int p = tid; p < rec_lines; p += blockDim.x) prefetch_l2(reinterpret_cast<const char*>(rn) + p * 128);
+      for (int p = tid; p < Ln * row_lines; p += blockDim.x) {
+        const int i = p / row_lines, l = p % row_lines;
+        const float* row = conv_out + (tn + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + l * 32;
+        prefetch_l2(row);
+        prefetch_l2(row + K);
+      }
+      for (int p = tid; p < Ln; p += blockDim.x) prefetch_l2(out + (tn + p) * V + static_cast<int64_t>(hv) * d.dv + c0);
+    }
+    cp_async_wait_all();
+    __syncthreads();
+    const float dl = Fs[2 * C];
+    // Strips of 16 rows x kCols: u = U - W S (and exp(G_last - G) u beside it); o = exp(G) (q S).
+    for (int t = warp; t < 2 * mt; t += nwarps) {
+      const int ti = t % mt;
+      Acc prod[NB];
+#pragma unroll
+      for (int n = 0; n < NB; ++n) wm::fill_fragment(prod[n], 0.0f);
+      mma3<true, true, NB>(prod, (t < mt ? Ws : qs) + ti * 16 * ldk, ldk, Ss, kLdS, d.dk);
+      if (t < mt) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+          Acc u;
+          wm::load_matrix_sync(u, us + ti * 16 * kLdS + n * 16, kLdS, wm::mem_row_major);
+#pragma unroll
+          for (int e = 0; e < u.num_elements; ++e) u.x[e] -= prod[n].x[e];
+          wm::store_matrix_sync(us + ti * 16 * kLdS + n * 16, u, kLdS, wm::mem_row_major);
+        }
+        __syncwarp();
+        for (int e = lane; e < 16 * kCols; e += 32) {
+          const int r = ti * 16 + e / kCols, c = e % kCols;
+          us2[r * kLdS + c] = Fs[C + r] * us[r * kLdS + c];
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < NB; ++n) wm::store_matrix_sync(os + ti * 16 * kLdS + n * 16, prod[n], kLdS, wm::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 16 * kCols; e += 32) {
+          const int r = ti * 16 + e / kCols, c = e % kCols;
+          os[r * kLdS + c] *= Fs[r];
+        }
+      }
+    }
+    __syncthreads();
+    // o += QK u; S = exp(G_last) S + k^T (exp(G_last - G) u).
+    for (int t = warp; t < mt + kt; t += nwarps) {
+      Acc acc[NB];
+      float* tile = t < mt ? os + t * 16 * kLdS : Ss + (t - mt) * 16 * kLdS;
+#pragma unroll
+      for (int n = 0; n < NB; ++n) wm::load_matrix_sync(acc[n], tile + n * 16, kLdS, wm::mem_row_major);
+      if (t < mt) {
+        mma3<true, true, NB>(acc, QKs + t * 16 * ldc, ldc, us, kLdS, C);
+      } else {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+          for (int e = 0; e < acc[n].num_elements; ++e) acc[n].x[e] *= dl;
+        mma3<false, true, NB>(acc, ks + (t - mt) * 16, ldk2, us2, kLdS, C);
+      }
+#pragma unroll
+      for (int n = 0; n < NB; ++n) wm::store_matrix_sync(tile + n * 16, acc[n], kLdS, wm::mem_row_major);
+    }
+    __syncthreads();
+    const int n4 = nc / 4;
+    for (int p = tid; p < L * n4; p += blockDim.x) {
+      const int i = p / n4, c = (p % n4) * 4;
+      *reinterpret_cast<float4*>(out + (t0 + i) * V + static_cast<int64_t>(hv) * d.dv + c0 + c) = *reinterpret_cast<const float4*>(os + i * kLdS + c);
+    }
+  }
+  __syncthreads();
+  const int n4 = nc / 4;
+  for (int p = tid; p < d.dk * n4; p += blockDim.x) {
+    const int r = p / n4, c = (p % n4) * 4;
+    *reinterpret_cast<float4*>(S + static_cast<int64_t>(r) * d.dv + c0 + c) = *reinterpret_cast<const float4*>(Ss + r * kLdS + c);
+  }
+}
+
+int64_t prep_smem(int64_t C, int64_t dk) { return (2 * C * (dk + 4) + 2 * C * (C + 4) + 3 * C) * 4; }
+int64_t scan_smem(int64_t C, int64_t dk) { return (dk * kLdS + 2 * C * (dk + 4) + C * (dk + 8) + C * (C + 4) + 3 * C * kLdS + 2 * C + 4) * 4; }
+
+int64_t v2_smem_limit() {
+  static const int64_t limit = [] {
+    int dev = 0, v = 0;
+    HMOE_CUDA_CHECK(cudaGetDevice(&dev));
+    HMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return static_cast<int64_t>(v);
+  }();
+  return limit;
+}
+
+// The dynamic shared memory a v2 kernel may take: the device's opt-in
+// limit less the kernel's static shared memory, and less a margin that
+// deltanet_v2_chunk keeps too.
+constexpr int64_t kSmemMargin = 1024;
+template <class Kern>
+void opt_in(Kern* kern) {
+  cudaFuncAttributes fa{};
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+  const int64_t bytes = v2_smem_limit() - static_cast<int64_t>(fa.sharedSizeBytes);
+  HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+// Every v2 kernel may take up to that (once, before any graph capture).
+void ensure_opt_in() {
+  static const bool done = [] {
+    opt_in(v2_prep_kernel<16>);
+    opt_in(v2_scan_kernel<16>);
+    opt_in(v2_prep_kernel<32>);
+    opt_in(v2_scan_kernel<32>);
+    opt_in(v2_prep_kernel<64>);
+    opt_in(v2_scan_kernel<64>);
+    return true;
+  }();
+  (void)done;
+}
+
+template <int C>
+void launch(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn, const V2Dims& d,
+            int64_t state_off, int64_t max_rec, int64_t slots, float* scratch, float* out, Stream& s) {
+  const dim3 g1(static_cast<unsigned>(slots), static_cast<unsigned>(d.nv));
+  v2_prep_kernel<C><<<g1, kPrepThreads, static_cast<size_t>(prep_smem(C, d.dk)), cs(s)>>>(conv_out, gate, beta, gr, g0, gn, d, max_rec, out, scratch);
+  HMOE_CUDA_LAUNCHED();
+  const dim3 g2(static_cast<unsigned>(gn), static_cast<unsigned>(d.nv), static_cast<unsigned>((d.dv + kCols - 1) / kCols));
+  v2_scan_kernel<C><<<g2, kScanThreads, static_cast<size_t>(scan_smem(C, d.dk)), cs(s)>>>(conv_out, gr, g0, d, state_off, max_rec, out, scratch);
+  HMOE_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+int64_t deltanet_v2_chunk(const DeltaNetShape& sh, int64_t chunk) {
+  if (sh.dk % 16 != 0 || sh.dv % 16 != 0 || sh.dk <= 0 || sh.dv <= 0) return 0;
+  int64_t C = chunk > 0 ? chunk : 64;
+  if (C != 16 && C != 32 && C != 64) return 0;
+  while (C >= 16 && std::max(prep_smem(C, sh.dk), scan_smem(C, sh.dk)) > v2_smem_limit() - kSmemMargin) C /= 2;
+  return C >= 16 ? C : 0;
+}
+
+int64_t deltanet_v2_slots(int64_t ntok, int64_t gn, int64_t v2_chunk) { return v2_chunk > 0 ? ntok / v2_chunk + gn : 0; }
+
+int64_t deltanet_v2_scratch_bytes(const DeltaNetShape& sh, int64_t v2_chunk, int64_t slots) {
+  return v2_chunk > 0 ? slots * sh.nv * rec_floats(v2_chunk, sh.dk) * 4 : 0;
+}
+
+void deltanet_v2_configure() { ensure_opt_in(); }
+
+void deltanet_chunked_v2(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
+                         const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t v2_chunk, int64_t slots, void* scratch, float* out,
+                         Stream& s) {
+  if (gn <= 0 || slots <= 0) return;
+  auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) != 0; };
+  if (misaligned(conv_out) || misaligned(out) || misaligned(scratch) || scratch == nullptr)
+    fail(ErrorKind::internal, "gated deltanet v2: conv_out, out and the scratch must be 16-byte aligned device buffers");
+  if (slots > 0x7fffffff || sh.nv > 65535) fail(ErrorKind::unsupported, "gated deltanet v2: too many chunks or value heads for one launch");
+  ensure_opt_in();
+  const V2Dims d{static_cast<int>(sh.nk), static_cast<int>(sh.nv), static_cast<int>(sh.dk), static_cast<int>(sh.dv), static_cast<int>(sh.conv_k),
+                 sh.conv_dim()};
+  float* sc = static_cast<float*>(scratch);
+  switch (v2_chunk) {
+    case 16: launch<16>(conv_out, gate, beta, gr, g0, gn, d, state_off, max_recurrent, slots, sc, out, s); break;
+    case 32: launch<32>(conv_out, gate, beta, gr, g0, gn, d, state_off, max_recurrent, slots, sc, out, s); break;
+    case 64: launch<64>(conv_out, gate, beta, gr, g0, gn, d, state_off, max_recurrent, slots, sc, out, s); break;
+    default: fail(ErrorKind::internal, "gated deltanet v2: chunk " + std::to_string(v2_chunk) + " (16, 32 or 64)");
+  }
+}
+
+}  // namespace hmoe::gpu

@@ -1,0 +1,18 @@
+// Private to gpu/deltanet*.cu: the v2 chunked delta rule's launcher
+// (gpu/deltanet_chunked.cu), called by deltanet_chunked (gpu/deltanet.h),
+// which checks the shape and chooses the kernel.
+#pragma once
+#include <cstdint>
+
+#include "gpu/deltanet.h"
+
+namespace hmoe::gpu {
+
+// v2_chunk: deltanet_v2_chunk's answer (> 0); slots: deltanet_v2_slots'.
+void deltanet_chunked_v2(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
+                         const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t v2_chunk, int64_t slots, void* scratch, float* out,
+                         Stream& s);
+// The v2 kernels' shared-memory opt-in (before any graph capture).
+void deltanet_v2_configure();
+
+}  // namespace hmoe::gpu
