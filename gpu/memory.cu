@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 
 #include "gpu/check.h"
 #include "gpu/common.cuh"
@@ -39,6 +40,12 @@ Stream::~Stream() {
   if (handle_) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
 }
 void Stream::synchronize() { HMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_))); }
+bool Stream::query() {
+  const cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(handle_));
+  if (e == cudaErrorNotReady) return false;
+  HMOE_CUDA_CHECK(e);
+  return true;
+}
 void Stream::wait(const Event& e) { HMOE_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(handle_), static_cast<cudaEvent_t>(e.handle()), 0)); }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) { reserve(bytes); }
@@ -81,6 +88,20 @@ void PinnedBuffer::reserve(size_t bytes) {
   bytes_ = 0;
   HMOE_CUDA_CHECK(cudaHostAlloc(&ptr_, bytes, cudaHostAllocPortable));
   bytes_ = bytes;
+}
+
+MappedBuffer::~MappedBuffer() {
+  if (host_) cudaFreeHost(host_);
+}
+void MappedBuffer::reserve(size_t bytes) {
+  if (bytes <= bytes_) return;
+  if (host_) HMOE_CUDA_CHECK(cudaFreeHost(host_));
+  host_ = device_ = nullptr;
+  bytes_ = 0;
+  HMOE_CUDA_CHECK(cudaHostAlloc(&host_, bytes, cudaHostAllocPortable | cudaHostAllocMapped));
+  std::memset(host_, 0, bytes);
+  bytes_ = bytes;
+  HMOE_CUDA_CHECK(cudaHostGetDevicePointer(&device_, host_, 0));
 }
 
 Event::Event() {

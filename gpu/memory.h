@@ -29,6 +29,9 @@ class Stream {
     return *this;
   }
   void synchronize();
+  // Whether all work enqueued so far has finished (cudaStreamQuery): never
+  // blocks; throws on an error the stream's work raised.
+  bool query();
   // Work enqueued on this stream after the call waits for `e` (its latest record).
   void wait(const Event& e);
   void* handle() const { return handle_; }  // cudaStream_t
@@ -85,6 +88,38 @@ class PinnedBuffer {
 
  private:
   void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Pinned host memory mapped into the device's address space
+// (cudaHostAllocMapped): kernels read and write it over PCIe through
+// device(), the host through host(). Cacheable on the host (not
+// write-combined): the host reads what kernels write at memory speed.
+// Contents are zeroed at allocation. Grows like PinnedBuffer (contents
+// dropped); addresses change only when it grows.
+class MappedBuffer {
+ public:
+  MappedBuffer() = default;
+  explicit MappedBuffer(size_t bytes) { reserve(bytes); }
+  ~MappedBuffer();
+  MappedBuffer(MappedBuffer&& o) noexcept
+      : host_(std::exchange(o.host_, nullptr)), device_(std::exchange(o.device_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  MappedBuffer& operator=(MappedBuffer&& o) noexcept {
+    std::swap(host_, o.host_);
+    std::swap(device_, o.device_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  template <class T>
+  T* host() const { return static_cast<T*>(host_); }
+  template <class T>
+  T* device() const { return static_cast<T*>(device_); }
+  size_t bytes() const { return bytes_; }
+  void reserve(size_t bytes);
+
+ private:
+  void* host_ = nullptr;
+  void* device_ = nullptr;
   size_t bytes_ = 0;
 };
 

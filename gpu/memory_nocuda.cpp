@@ -10,6 +10,7 @@ namespace {
 Stream::Stream() { no_cuda("gpu::Stream"); }
 Stream::~Stream() = default;
 void Stream::synchronize() { no_cuda("gpu::Stream::synchronize"); }
+bool Stream::query() { no_cuda("gpu::Stream::query"); }
 void Stream::wait(const Event&) { no_cuda("gpu::Stream::wait"); }
 DeviceBuffer::DeviceBuffer(size_t bytes) { reserve(bytes); }
 DeviceBuffer::~DeviceBuffer() = default;
@@ -20,6 +21,10 @@ PinnedBuffer::PinnedBuffer(size_t bytes) { reserve(bytes); }
 PinnedBuffer::~PinnedBuffer() = default;
 void PinnedBuffer::reserve(size_t bytes) {
   if (bytes > bytes_) no_cuda("gpu::PinnedBuffer");
+}
+MappedBuffer::~MappedBuffer() = default;
+void MappedBuffer::reserve(size_t bytes) {
+  if (bytes > bytes_) no_cuda("gpu::MappedBuffer");
 }
 Event::Event() { no_cuda("gpu::Event"); }
 Event::~Event() = default;

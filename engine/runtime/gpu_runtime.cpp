@@ -19,6 +19,7 @@
 #include "engine/layers/hybrid_gpu.h"
 #include "engine/placement/placement.h"
 #include "engine/runtime/segment_graphs.h"
+#include "engine/runtime/zero_copy_handoff.h"
 #include "gpu/device.h"
 #include "gpu/memory_cap.h"
 
@@ -36,6 +37,11 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   o.hybrid_precise_act = s.gpu_hybrid_precise_act;
   o.cuda_graphs = s.cuda_graphs;
   o.cpu_overlap = s.gpu_cpu_overlap;
+  std::string handoff = s.gpu_handoff;
+  std::transform(handoff.begin(), handoff.end(), handoff.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  if (handoff == "zero-copy") o.zero_copy_handoff = true;
+  else if (handoff != "copy") fail(ErrorKind::invalid_argument, "--gpu-handoff / HMOE_GPU_HANDOFF must be copy or zero-copy, got '" + s.gpu_handoff + "'");
+  o.handoff_timeout_s = s.gpu_handoff_timeout;
   o.tiled_attention = s.gpu_tiled_attention;
   o.quantized_dense = s.gpu_quantized_dense;
   o.programmatic_launch = s.gpu_programmatic_launch;
@@ -90,6 +96,10 @@ struct GpuRuntime::Impl {
   bool use_graphs = false, overlap = false, tiled_attention = true, decode_fusion = false, programmatic_launch = true;
   int64_t overlap_b_rows = 0;
   SegmentGraphs seg_graphs;
+  bool zero_copy = false;                      // setting gpu_handoff
+  ZeroCopyHandoff zc;                          // its buffers and flags
+  std::function<bool(int64_t)> handoff_hook;   // tests (set_handoff_test_hook)
+  std::string broken;                          // non-empty: a zero-copy step's GPU work did not drain; every forward() fails with this
   std::unique_ptr<ExpertStream> xstream;  // streamed host experts for big passes (null: off)
   std::unique_ptr<GpuEngram> engram;      // n-gram memory modules (null: none)
   std::unique_ptr<GpuExpertCache> xcache; // split decode / expert cache of the host layers (null: off)
@@ -131,6 +141,8 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.tiled_attention = o.tiled_attention;
   m.programmatic_launch = o.programmatic_launch;
   m.decode_fusion = o.decode_fusion;
+  m.zero_copy = o.zero_copy_handoff;
+  m.zc.set_timeout(o.handoff_timeout_s);
   gpu::set_gguf_decode_kernel(o.gguf_decode_kernel);
   gpu::set_deltanet_kernel(o.deltanet_kernel);
   gpu::MemoryUse use_weights("the weights (embedding, lm_head, norms)");
@@ -204,6 +216,11 @@ void GpuRuntime::set_cuda_graphs(bool on) {
   impl_->seg_graphs.clear();
 }
 void GpuRuntime::set_tiled_attention(bool on) { impl_->tiled_attention = on; }
+void GpuRuntime::set_zero_copy_handoff(bool on, double timeout_s) {
+  impl_->zero_copy = on;
+  impl_->zc.set_timeout(timeout_s);
+}
+void GpuRuntime::set_handoff_test_hook(std::function<bool(int64_t)> hook) { impl_->handoff_hook = std::move(hook); }
 void GpuRuntime::set_cpu_overlap(bool on, int64_t second_rows) {
   impl_->overlap = on;
   impl_->overlap_b_rows = std::max<int64_t>(second_rows, 0);
@@ -303,6 +320,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   const int64_t n = static_cast<int64_t>(b.tokens.size()), mrows = static_cast<int64_t>(b.logit_rows.size());
   const int64_t H = c.hidden_size, V = c.vocab_size, K = m.topk;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  if (!m.broken.empty()) fail(ErrorKind::device, m.broken);
   if (kv.layout().k_floats() != m.kv_layout.k_floats() || kv.layout().v_floats() != m.kv_layout.v_floats() ||
       kv.layout().layers != m.kv_layout.layers)
     fail(ErrorKind::internal, "KV cache layout does not fit this model (build it with Model::kv_layout())");
@@ -505,6 +523,14 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   // layers' launches depend on) holds. A module before layer 0 runs inside
   // the first segment: no graphs then.
   const bool graphs = m.use_graphs && !prof && n <= Impl::kGraphMaxTokens && !st.stream_pass && !(m.engram && m.engram->module_before(0) >= 0);
+  // Zero-copy hand-off (zero_copy_handoff.h): the whole step as one graph
+  // with the hand-offs through mapped host memory. Graph-sized steps of one
+  // micro-batch whose only host work is the hand-offs' CPU experts.
+  const bool zero_copy = m.zero_copy && graphs && handoffs && mbs.size() == 1 && !m.xcache && !m.deferral && !m.engram;
+  // Every allocation before the graph runs: while the GPU spins on a
+  // release, a call that synchronizes the device (cudaFreeHost) would never return.
+  if (zero_copy) m.zc.reserve(static_cast<int64_t>(cuts.size()), n, H, K);
+  m.logits_h.reserve(static_cast<size_t>(std::max<int64_t>(mrows * V * 4, 16)));
   if (st.stream_pass) m.xstream->begin(n);  // the first window's copies start now
   std::vector<const void*> key;
   if (graphs) {
@@ -519,6 +545,10 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     std::vector<int64_t> lk;
     for (const auto& blk : m.blocks) blk.attn->key(st, lk);
     for (int64_t x : lk) key.push_back(v(x));
+    if (zero_copy) {
+      m.zc.key(key);
+      key.push_back(m.logits_h.as<void>());
+    }
   }
   auto run_segment = [&](size_t i, size_t mb, bool tail) {
     if (!graphs) return enqueue_segment(i, mbs[mb], tail);
@@ -539,19 +569,20 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
     ev[1].record(s);
     m.blocks[l].ffn->enqueue_during_handoff(ctx, r);
   };
-  auto cpu_and_up = [&](size_t l, size_t mb) {
-    const Rows& r = mbs[mb];
-    gpu::Event* ev = &m.events[8 * l + 4 * mb];
-    ev[1].synchronize();
+  // Whether layer l's hand-off of rows r splits its experts with the GPU (split decode).
+  auto splits = [&](size_t l, const Rows& r) {
+    const GpuExpertCache* xc = m.xcache.get();
+    return xc && r.rn <= xc->max_tokens() && xc->covers(static_cast<int64_t>(l));
+  };
+  // The CPU experts of layer l for rows r, from hf / ids / w in host memory
+  // into out (overwritten). Returns the test hook's answer (false: withhold
+  // a zero-copy release).
+  auto host_experts = [&](size_t l, const Rows& r, const float* hf, int32_t* ids, const float* w, float* out) {
+    const bool release = m.handoff_hook ? m.handoff_hook(static_cast<int64_t>(l)) : true;
     const auto c0 = std::chrono::steady_clock::now();
-    float* out = m.out_h.as<float>() + r.r0 * H;
     std::memset(out, 0, static_cast<size_t>(r.rn * H * 4));
-    const float* hf = m.hf_h.as<float>() + r.r0 * H;
-    if (m.replay) m.replay->apply(static_cast<int64_t>(l), m.ids_h.as<int32_t>() + r.r0 * K, r.rn, K);
-    const int32_t* ids = m.ids_h.as<int32_t>() + r.r0 * K;
-    const float* w = m.w_h.as<float>() + r.r0 * K;
+    if (m.replay) m.replay->apply(static_cast<int64_t>(l), ids, r.rn, K);
     GpuExpertCache* xc = m.xcache.get();
-    const bool split = xc && r.rn <= xc->max_tokens() && xc->covers(static_cast<int64_t>(l));
     // Distinct experts the CPU reads for this hand-off (the decode bound's cold bytes).
     auto count_cold = [&](const int32_t* e, const float* wt, int64_t pairs) {
       const std::vector<numa::ExpertWeights>* hw = m.blocks[l].ffn->host_expert_weights();
@@ -562,7 +593,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
       for (int64_t p = 0; p < pairs; ++p)
         if (e[p] >= 0 && static_cast<size_t>(e[p]) < seen.size() && wt[p] != 0.0f && !seen[static_cast<size_t>(e[p])]++) m.times.cold_bytes += per;
     };
-    if (split) {  // cached experts and a balanced share of the others on the GPU (queued now), the rest on the CPU meanwhile
+    if (splits(l, r)) {  // cached experts and a balanced share of the others on the GPU (queued now), the rest on the CPU meanwhile
       xc->split(static_cast<int64_t>(l), a.hb + r.r0 * H, r.rn, K, ids, w);
       count_cold(xc->cpu_ids(), xc->cpu_weights(), r.rn * xc->cpu_k());
       if (xc->cpu_k() > 0) {
@@ -575,33 +606,77 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
       m.blocks[l].ffn->run_host(hf, r.rn, ids, w, out);
     }
     cpu_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+    return release;
+  };
+  auto cpu_and_up = [&](size_t l, size_t mb) {
+    const Rows& r = mbs[mb];
+    gpu::Event* ev = &m.events[8 * l + 4 * mb];
+    ev[1].synchronize();
+    float* out = m.out_h.as<float>() + r.r0 * H;
+    const bool split = splits(l, r);
+    host_experts(l, r, m.hf_h.as<float>() + r.r0 * H, m.ids_h.as<int32_t>() + r.r0 * K, m.w_h.as<float>() + r.r0 * K, out);
     ev[2].record(s);
     gpu::copy_to_device(a.d + r.r0 * H, out, static_cast<size_t>(r.rn * H * 4), s);
     ev[3].record(s);
-    if (split) xc->add_gpu_share(a.d + r.r0 * H, s);
+    if (split) m.xcache->add_gpu_share(a.d + r.r0 * H, s);
     handed.emplace_back(l, mb);
   };
   // With two micro-batches A, B the stream holds seg_i(A), down(A), seg_i(B),
   // down(B); the host runs A's CPU experts while the GPU runs seg_i(B), then
   // B's while the GPU runs seg_i+1(A).
   const bool one = mbs.size() == 1;
-  for (size_t mb = 0; mb < mbs.size(); ++mb) {
-    run_segment(0, mb, one && nseg == 1);
-    if (nseg > 1 && cuts[0].handoff) down(cuts[0].after, mb);
-  }
-  for (size_t i = 1; i < nseg; ++i)
-    for (size_t mb = 0; mb < mbs.size(); ++mb) {
-      const Cut& x = cuts[i - 1];
-      if (x.handoff) cpu_and_up(x.after, mb);
-      if (x.module >= 0) m.engram->apply(x.module, a.x + mbs[mb].r0 * H, a.d + mbs[mb].r0 * H, mbs[mb].r0, mbs[mb].rn, m.blas, s);
-      run_segment(i, mb, one && i + 1 == nseg);
-      if (i + 1 < nseg && cuts[i].handoff) down(cuts[i].after, mb);
+  if (zero_copy) {
+    // One graph: segment i's GPU work ends with the hand-off kernel (and the
+    // work that overlaps the host's: a shared expert); segment i + 1 starts
+    // with the kernel that waits for the host's release and takes the sums;
+    // the logits' copy and the end flag close it. Nothing else is launched
+    // while the GPU may wait for the host (no kernel loaded lazily then).
+    const Rows& r = mbs[0];
+    m.zc.begin_step(cuts.size());
+    try {
+      m.seg_graphs.run(key, 0, s, [&] {
+        for (size_t i = 0; i < nseg; ++i) {
+          if (i > 0) m.zc.enqueue_wait_add(i - 1, a.d, n, s);
+          enqueue_segment(i, r, i + 1 == nseg);
+          if (i + 1 == nseg) break;
+          m.zc.enqueue_down(i, a.hf, a.ids, a.wts, n, s);
+          m.blocks[cuts[i].after].ffn->enqueue_during_handoff(ctx, r);
+        }
+        gpu::copy_to_host(m.logits_h.as<float>(), sc.get<float>("act.logits"), static_cast<size_t>(mrows * V * 4), s);
+        m.zc.enqueue_end(s);
+      });
+      for (size_t j = 0; j < cuts.size(); ++j) {
+        const size_t l = cuts[j].after;
+        m.zc.wait_ready(j, static_cast<int64_t>(l), s);
+        if (host_experts(l, r, m.zc.hf(), m.zc.ids(), m.zc.weights(), m.zc.out())) m.zc.release(j);
+      }
+      m.zc.wait_end(s);
+    } catch (...) {
+      // Never leave the GPU spinning: release what is left with the abort
+      // value, wait (bounded) for the step to drain, discard it, rethrow.
+      if (!m.zc.abort(s))
+        m.broken = "GPU runtime: a zero-copy step's GPU work did not finish after its hand-offs were aborted (within " +
+                   std::to_string(m.zc.timeout()) + " s); the runtime cannot run more steps";
+      throw;
     }
-  if (m.deferral) m.deferral->end_step();
-  if (!one) enqueue_tail();
-  if (m.engram) m.engram->end_step(b, kv, s);  // history rows for the next steps
-  m.logits_h.reserve(static_cast<size_t>(std::max<int64_t>(mrows * V * 4, 16)));
-  gpu::copy_to_host(m.logits_h.as<float>(), sc.get<float>("act.logits"), static_cast<size_t>(mrows * V * 4), s);
+  } else {
+    for (size_t mb = 0; mb < mbs.size(); ++mb) {
+      run_segment(0, mb, one && nseg == 1);
+      if (nseg > 1 && cuts[0].handoff) down(cuts[0].after, mb);
+    }
+    for (size_t i = 1; i < nseg; ++i)
+      for (size_t mb = 0; mb < mbs.size(); ++mb) {
+        const Cut& x = cuts[i - 1];
+        if (x.handoff) cpu_and_up(x.after, mb);
+        if (x.module >= 0) m.engram->apply(x.module, a.x + mbs[mb].r0 * H, a.d + mbs[mb].r0 * H, mbs[mb].r0, mbs[mb].rn, m.blas, s);
+        run_segment(i, mb, one && i + 1 == nseg);
+        if (i + 1 < nseg && cuts[i].handoff) down(cuts[i].after, mb);
+      }
+    if (m.deferral) m.deferral->end_step();
+    if (!one) enqueue_tail();
+    if (m.engram) m.engram->end_step(b, kv, s);  // history rows for the next steps
+    gpu::copy_to_host(m.logits_h.as<float>(), sc.get<float>("act.logits"), static_cast<size_t>(mrows * V * 4), s);
+  }
   s.synchronize();
   if (st.stream_pass) m.xstream->end();
   if (m.xcache) m.xcache->end_step();
@@ -609,7 +684,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   if (m.deltanet) m.deltanet->end(kv);
   logits.assign(m.logits_h.as<float>(), m.logits_h.as<float>() + mrows * V);
 
-  double transfer_s = 0;
+  double transfer_s = zero_copy ? m.zc.step_seconds() : 0;
   for (const auto& [l, mb] : handed) {
     gpu::Event* ev = &m.events[8 * l + 4 * mb];
     transfer_s += (ev[1].elapsed_ms(ev[0]) + ev[3].elapsed_ms(ev[2])) * 1e-3;
@@ -629,6 +704,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
   m.times.cpu_experts_s += cpu_s;
   m.times.transfer_s += transfer_s;
   m.times.steps += 1;
+  m.times.zero_copy_steps += zero_copy ? 1 : 0;
 }
 
 }  // namespace hmoe

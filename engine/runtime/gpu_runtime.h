@@ -18,6 +18,10 @@
 //  - passes of >= the prefill minimum stream the host experts to the GPU
 //    instead (enable_expert_streaming, engine/layers/expert_stream.h);
 //  - prefill steps attend in query tiles on tensor cores (set_tiled_attention);
+//  - decode-sized steps may hand off through mapped host memory instead of
+//    copies (set_zero_copy_handoff; engine/runtime/zero_copy_handoff.h):
+//    the whole step is one graph enqueued up front, the host and the GPU
+//    signal each other through flags;
 //  - decode-sized hand-offs split their routed experts between the CPU and
 //    the GPU: cached experts and a balanced share of the others, copied
 //    over PCIe, run on the GPU while the CPU computes the rest
@@ -30,6 +34,7 @@
 // constructor throws Error(unsupported).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -59,10 +64,15 @@ class EngramModules;
 struct GpuStepTimes {
   double total_s = 0;        // wall time of forward()
   double cpu_experts_s = 0;  // CPU expert work (wall)
-  double transfer_s = 0;     // host<->device copies of the hand-offs (GPU events)
+  // The hand-offs: copy hand-off, the host<->device copies (GPU events
+  // around them); zero-copy hand-off, the GPU's hand-off kernels plus the
+  // flags' crossings (ZeroCopyHandoff::step_seconds).
+  double transfer_s = 0;
   int64_t steps = 0;
+  int64_t zero_copy_steps = 0;  // of steps, those that handed off through mapped host memory
   uint64_t cold_bytes = 0;   // host experts the CPU ran: distinct experts per layer step x their bytes (the decode bound's DRAM term)
-  double gpu_s() const { return total_s - cpu_experts_s - transfer_s; }  // GPU work and launch overhead
+  // GPU work and what is left: launches, event waits and host bookkeeping (copy hand-off), the GPU's spin reads (zero-copy).
+  double gpu_s() const { return total_s - cpu_experts_s - transfer_s; }
 };
 
 // Device time per part of the steps run with part profiling on
@@ -106,6 +116,9 @@ struct GpuRuntimeOptions {
   // Setting gpu_deltanet_kernel (gpu::set_deltanet_kernel, process-wide; applied when the runtime is built).
   gpu::DeltaNetKernel deltanet_kernel = gpu::DeltaNetKernel::v1;
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
+  // Settings gpu_handoff (zero-copy: true) and gpu_handoff_timeout (seconds).
+  bool zero_copy_handoff = false;
+  double handoff_timeout_s = 10;
   // Setting defer_experts: hand-off layers followed by another hand-off layer
   // defer their N lowest-weight experts per token to a worker thread that
   // runs while the GPU runs the next layer (engine/layers/expert_deferral.h;
@@ -134,6 +147,16 @@ class GpuRuntime {
   void set_cuda_graphs(bool on);
   void set_cpu_overlap(bool on, int64_t second_rows = 0);
   void set_tiled_attention(bool on);
+  // The hand-off of decode-sized steps (setting gpu_handoff): through
+  // mapped host memory (true) or copies (false); the host's time-out in
+  // seconds for a zero-copy hand-off.
+  void set_zero_copy_handoff(bool on, double timeout_s = 10);
+  // Tests: called on the host before each hand-off's CPU experts with the
+  // layer. It may throw (a failing CPU expert step: forward() rethrows after
+  // the GPU is released); returning false withholds the layer's release in a
+  // zero-copy step (the GPU then waits, and the host's wait for the next
+  // hand-off times out). Null: none.
+  void set_handoff_test_hook(std::function<bool(int64_t layer)> hook);
   size_t graph_captures() const;  // CUDA graphs captured so far
   // The CUDA graphs the last graph-replayed step ran (its segments and
   // micro-batches; 0 when none) and their kernel nodes' names: what one

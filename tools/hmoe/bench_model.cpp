@@ -137,6 +137,7 @@ struct Result {
       t.cpu_experts_s += s.times.cpu_experts_s;
       t.transfer_s += s.times.transfer_s;
       t.steps += s.times.steps;
+      t.zero_copy_steps += s.times.zero_copy_steps;
       t.cold_bytes += s.times.cold_bytes;
     }
     return t;
@@ -381,7 +382,8 @@ nlohmann::json result_json(const Result& r) {
     j["step_weight_bytes"] = r.step_weight_bytes;
   }
   if (t.steps > 0)
-    j["gpu_times"] = {{"forward_s", t.total_s}, {"gpu_s", t.gpu_s()}, {"cpu_experts_s", t.cpu_experts_s}, {"transfer_s", t.transfer_s}, {"steps", t.steps}};
+    j["gpu_times"] = {{"forward_s", t.total_s}, {"gpu_s", t.gpu_s()}, {"cpu_experts_s", t.cpu_experts_s}, {"transfer_s", t.transfer_s}, {"steps", t.steps},
+                       {"zero_copy_steps", t.zero_copy_steps}};
   if (const ExpertStreamStats x = r.streamed(); x.passes > 0)
     j["expert_stream"] = {{"passes", x.passes},          {"bytes", x.bytes},       {"copy_s", x.copy_s},
                           {"compute_s", x.compute_s},    {"stall_s", x.stall_s},   {"achieved_bytes_per_s", x.achieved_bandwidth()},
@@ -520,6 +522,21 @@ int run_bench_model(const Settings& s, std::vector<std::string>& args) {
                   static_cast<double>(x.c.bytes) / 1e9, 100.0 * x.c.hit_rate(), static_cast<long long>(x.slots), format_bytes(x.device_bytes).c_str());
   std::printf("\n");
   if (!on_gpu) std::printf("\nCPU path: no GPU/CPU split (all of the time is CPU work).\n");
+  // How the GPU/CPU columns are measured, for the hand-off each test ran.
+  for (const auto& r : results) {
+    const GpuStepTimes t = r.summed();
+    if (!on_gpu || t.steps == 0 || t.transfer_s <= 0) continue;
+    const bool zc = t.zero_copy_steps > 0;
+    std::printf("\n%s batch %lld: %s hand-off (%lld of %lld steps zero-copy), %.1f us per step in hand-offs: %s", r.name().c_str(),
+                static_cast<long long>(r.batch), zc ? "zero-copy" : "copy", static_cast<long long>(t.zero_copy_steps), static_cast<long long>(t.steps),
+                1e6 * t.transfer_s / static_cast<double>(t.steps),
+                zc ? "transfers = the GPU's hand-off kernels (hidden states and routing into mapped host memory, the sums back) + the flags' "
+                     "PCIe crossings (host-side interval between a release and the next ready, less the GPU's span between them); CPU experts = "
+                     "host wall time in the experts; GPU = the rest (kernels, the GPU's spin reads)"
+                   : "transfers = the hand-offs' copies (GPU events around them); CPU experts = host wall time in the experts; GPU = the rest "
+                     "(kernels, launches, event waits)");
+  }
+  std::printf("\n");
   // The decode bound: per step, the cold bytes the CPU read (distinct host experts it ran) at the host's read
   // bandwidth plus the measured GPU work (step wall time less CPU experts and transfers).
   bool any_cold = false;
