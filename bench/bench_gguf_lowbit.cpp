@@ -189,10 +189,16 @@ double thread_seconds() {
 
 // The int8 kernel alone: rows x H of type t, resident in L2, n tokens; best of 5 runs of ~min_s CPU seconds.
 // v2 = the VBMI kernel of every type, for the types v3 (grid planes) serves.
-void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = false) {
+// v5 = IQ1_S repacked into trits (GB/s: the file's bytes per second; the packed bytes are 58 / 50 of them).
+void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = false, bool v5 = false) {
   const int64_t rows = 64;
   const auto bytes = random_matrix(t, rows, H, 5);
   const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, H, "w");
+  std::vector<uint8_t> packed;
+  if (v5) {
+    packed.resize(static_cast<size_t>(rows) * cpu::detail::lowbit_ternary_row_bytes(H) + cpu::detail::kLowbitTernaryPad);
+    cpu::detail::lowbit_ternary_pack(w, 0, rows, packed.data());
+  }
   std::printf("| %s |", name.c_str());
   for (int64_t n : {int64_t{1}, int64_t{4}}) {
     std::mt19937 g(3);
@@ -209,7 +215,8 @@ void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = fals
       double el = 0;
       while (el < min_s / 5) {
         for (int i = 0; i < 16; ++i) {
-          if (v2) cpu::detail::lowbit_rows_q8_vbmi(a, 0, n, w, 0, rows, y.data(), rows);
+          if (v5) cpu::detail::lowbit_rows_q8_ternary(a, 0, n, packed.data(), H, 0, rows, y.data(), rows);
+          else if (v2) cpu::detail::lowbit_rows_q8_vbmi(a, 0, n, w, 0, rows, y.data(), rows);
           else cpu::gemm_rows_q8(a, 0, n, w, 0, rows, y.data(), rows);
         }
         calls += 16;
@@ -260,6 +267,8 @@ int main(int argc, char** argv) {
           (t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s || t == cpu::lowbit::iq2_s ||
            t == cpu::lowbit::iq1_s || t == cpu::lowbit::iq1_m))
         kernel_row(name + " (v2, before grid codes)", t, quick ? 0.2 : 0.5, true);
+      if ((only.empty() || only == name) && cpu::detail::lowbit_ternary_applies(static_cast<uint32_t>(t), H))
+        kernel_row(name + " (v5, repacked into trits)", t, quick ? 0.2 : 0.5, false, true);
     }
     if (only.empty() || only == "Q4_K") kernel_row("Q4_K", ExtType::q4_k, quick ? 0.2 : 0.5);
     std::printf("\n(ns per 256-weight group and row; GB/s: stored weight bytes per second one core consumes.)\n");

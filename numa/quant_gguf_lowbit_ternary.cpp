@@ -1,0 +1,292 @@
+// IQ1_S repacked at load into base-3 trits (v5): the int8 kernel without
+// grid gathers.
+//
+// Why: IQ1_S stores 8 weights in {-1, 0, 1} as an 11-bit index into a
+// 2048-entry grid. No register holds that grid, so v2/v4 gather one 8-byte
+// row per index: 4 vpgatherqq per 256 weights, ~5 cycles each on this
+// box's cores, which alone cost ~7 ns of the ~12 ns a group takes (the
+// dev box reads ~8.5 GB/s per core: 50 bytes / 0.8 of that = 7.4 ns).
+// Repacked once, the same weights are 5 trits per byte (3^5 = 243 <= 256):
+//
+//   group (256 weights, 58 bytes; the file's IQ1_S group is 50, +16%):
+//     [0, 52)   trits: byte j = sum_k t(j, k) 3^k, t = grid value + 1
+//               (plane k, byte j; the 4 trits of plane 4, bytes 48..51 are 0)
+//     [52, 56)  u32: nibble i = 3-bit scale s_i | delta sign << 3 of sub-block i
+//     [56, 58)  fp16 d
+//
+// Decoding is two 256-entry byte lookups (vpermi2b pairs) of the packed
+// bytes: planes 0..3 as 2-bit fields of one byte, each moved to 8 t by one
+// vgf2p8affineqb, and plane 4 as 8 t. Cells (plane k, dword lane L) hold
+// 4 weights of one 32-weight sub-block: planes 0..3 lanes 2i, 2i + 1 are
+// sub-block i (i < 6), lane 12 and plane 4 lanes 0..3 sub-block 6, plane 4
+// lanes 4..11 sub-block 7; planes 0..3 run one vpdpbusd chain (A), plane 4
+// another (B), each with its fp32 lane scales (a vpermps of the nibbles).
+// The activations are permuted into that order once per call (the columns
+// of plane k, byte j, zero past byte 52), with per lane the seeds
+// -7 sum(x) and -9 sum(x): 8 w / dl = 8 (t - 1) + 8 delta = 8 t - 7 or
+// 8 t - 9, the delta's sign choosing the seed per lane (a blend).
+// Exact integer sums; equal to the scalar reference up to the order of the
+// fp32 sums.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "io/tensor/gguf_iq_grids.h"
+#include "numa/detail/lowbit_bytes.h"
+#include "numa/quant_gguf_lowbit.h"
+#include "numa/quant_gguf_q8.h"
+
+#define HMOE_LT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,gfni,bmi2,f16c,fma")))
+
+namespace hmoe::cpu::detail {
+
+namespace {
+
+using lowbit_bytes::u16;
+using lowbit_bytes::u32;
+
+constexpr uint32_t kIq1s = 19;
+constexpr int kPackedBytes = 52, kGroupBytes = 58;
+
+// Column (0..255 within the group) of plane k, byte j; -1 for no weight.
+constexpr int cell_column(int k, int j) {
+  if (j >= kPackedBytes) return -1;
+  if (k < 4) {
+    if (j < 48) return 32 * (j / 8) + 8 * k + j % 8;  // sub-blocks 0..5: lanes 2i, 2i + 1 of planes 0..3
+    return 192 + 4 * k + (j - 48);                    // sub-block 6: lane 12 of planes 0..3
+  }
+  if (j < 16) return 208 + j;        // sub-block 6: plane 4 lanes 0..3
+  if (j < 48) return 224 + (j - 16);  // sub-block 7: plane 4 lanes 4..11
+  return -1;                          // plane 4 lanes 12: padding trits
+}
+// Sub-block of dword lane L in chain A (planes 0..3) and B (plane 4); lanes without weights take 0.
+constexpr int lane_sub_a(int l) { return l < 12 ? l / 2 : l == 12 ? 6 : 0; }
+constexpr int lane_sub_b(int l) { return l < 4 ? 6 : l < 12 ? 7 : 0; }
+
+struct Tables {
+  alignas(64) uint8_t fields[256];  // code -> t0 | t1 << 2 | t2 << 4 | t3 << 6
+  alignas(64) uint8_t plane4[256];  // code -> 8 t4
+  alignas(64) uint8_t xperm[5][64];  // plane k, byte j <- column (mod 128)
+  uint64_t xhigh[5];                 // plane k: bytes whose column is >= 128
+  uint64_t xzero[5];                 // plane k: bytes with a weight
+  alignas(64) uint32_t shift_a[16], shift_b[16];  // 4 x sub-block of the lane
+  alignas(64) float odd[16];                      // nibble -> (2 s + 1) / 8
+};
+
+constexpr Tables make_tables() {
+  Tables t{};
+  for (int c = 0; c < 256; ++c) {
+    int v = c < 243 ? c : 0, f = 0;
+    for (int k = 0; k < 4; ++k) {
+      f |= (v % 3) << (2 * k);
+      v /= 3;
+    }
+    t.fields[c] = static_cast<uint8_t>(f);
+    t.plane4[c] = static_cast<uint8_t>(8 * (v % 3));
+  }
+  for (int k = 0; k < 5; ++k) {
+    t.xhigh[k] = t.xzero[k] = 0;
+    for (int j = 0; j < 64; ++j) {
+      const int col = cell_column(k, j);
+      t.xperm[k][j] = static_cast<uint8_t>(col < 0 ? 0 : col & 127);
+      if (col >= 128) t.xhigh[k] |= uint64_t{1} << j;
+      if (col >= 0) t.xzero[k] |= uint64_t{1} << j;
+    }
+  }
+  for (int l = 0; l < 16; ++l) {
+    t.shift_a[l] = static_cast<uint32_t>(4 * lane_sub_a(l));
+    t.shift_b[l] = static_cast<uint32_t>(4 * lane_sub_b(l));
+  }
+  for (int n = 0; n < 16; ++n) t.odd[n] = static_cast<float>(2 * (n & 7) + 1) * 0.125f;
+  return t;
+}
+constexpr Tables kT = make_tables();
+
+// vgf2p8affineqb matrix moving bits 2k, 2k + 1 to bits 3, 4 (= 8 t_k), the
+// rest 0: output bit i = parity(byte 7 - i of the matrix & x).
+constexpr uint64_t field_matrix(int k) { return (uint64_t{1} << (2 * k)) << (8 * 4) | (uint64_t{1} << (2 * k + 1)) << (8 * 3); }
+
+HMOE_LT inline __m512i ld(const void* p) { return _mm512_load_si512(p); }
+
+// A token's activations for one group: the 5 planes, and per chain the lane seeds -7 / -9 sum(x).
+struct XG {
+  __m512i x[5];
+  __m512i a7, a9, b7, b9;
+};
+
+HMOE_LT const XG* prepare(const Q8Acts& xa, int64_t t0, int64_t n, int64_t ng, std::vector<uint8_t>& buf, std::vector<float>& dx) {
+  buf.resize(static_cast<size_t>(n * ng) * sizeof(XG) + 64);
+  auto* out = reinterpret_cast<XG*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
+  dx.resize(static_cast<size_t>(n * ng));
+  const __m512i one = _mm512_set1_epi8(1);
+  for (int64_t t = 0; t < n; ++t) {
+    const int8_t* xq = xa.q.data() + (t0 + t) * xa.cols;
+    for (int64_t g = 0; g < ng; ++g) {
+      const int8_t* x = xq + 256 * g;
+      const __m512i x0 = _mm512_loadu_si512(x), x1 = _mm512_loadu_si512(x + 64), x2 = _mm512_loadu_si512(x + 128), x3 = _mm512_loadu_si512(x + 192);
+      XG& o = out[t * ng + g];
+      __m512i sa = _mm512_setzero_si512();
+      for (int k = 0; k < 5; ++k) {
+        const __m512i idx = ld(kT.xperm[k]);
+        o.x[k] = _mm512_maskz_mov_epi8(kT.xzero[k], _mm512_mask_blend_epi8(kT.xhigh[k], _mm512_permutex2var_epi8(x0, idx, x1),
+                                                                             _mm512_permutex2var_epi8(x2, idx, x3)));
+        if (k < 4) sa = _mm512_dpbusd_epi32(sa, one, o.x[k]);
+      }
+      const __m512i sb = _mm512_dpbusd_epi32(_mm512_setzero_si512(), one, o.x[4]);
+      const __m512i z = _mm512_setzero_si512();
+      o.a7 = _mm512_sub_epi32(z, _mm512_mullo_epi32(sa, _mm512_set1_epi32(7)));
+      o.a9 = _mm512_sub_epi32(z, _mm512_mullo_epi32(sa, _mm512_set1_epi32(9)));
+      o.b7 = _mm512_sub_epi32(z, _mm512_mullo_epi32(sb, _mm512_set1_epi32(7)));
+      o.b9 = _mm512_sub_epi32(z, _mm512_mullo_epi32(sb, _mm512_set1_epi32(9)));
+      dx[static_cast<size_t>(t * ng + g)] = xa.d[static_cast<size_t>((t0 + t) * ng + g)];
+    }
+  }
+  return out;
+}
+
+// A group's decoded row: the 5 planes as 8 t, the lane scales (2 s + 1) d / 8 of both chains, the delta masks.
+struct Dec {
+  __m512i u[5];
+  __m512 sa, sb;
+  __mmask16 na, nb;  // lanes whose sub-block has the negative delta
+};
+
+// 256-entry byte table lookup of 64 codes (hi: code bit 7).
+HMOE_LT inline __m512i lookup256(const uint8_t* tab, __m512i idx, __mmask64 hi) {
+  const __m512i lo = _mm512_permutex2var_epi8(ld(tab), idx, ld(tab + 64));
+  const __m512i up = _mm512_permutex2var_epi8(ld(tab + 128), idx, ld(tab + 192));
+  return _mm512_mask_blend_epi8(hi, lo, up);
+}
+
+HMOE_LT inline void decode(const uint8_t* p, Dec& k) {
+  const __m512i v = _mm512_loadu_si512(p);  // 52 packed bytes, then this group's and the next one's bytes (x is 0 there)
+  const __mmask64 hi = _mm512_movepi8_mask(v);
+  const __m512i f = lookup256(kT.fields, v, hi);
+  k.u[4] = lookup256(kT.plane4, v, hi);
+  k.u[0] = _mm512_gf2p8affine_epi64_epi8(f, _mm512_set1_epi64(static_cast<long long>(field_matrix(0))), 0);
+  k.u[1] = _mm512_gf2p8affine_epi64_epi8(f, _mm512_set1_epi64(static_cast<long long>(field_matrix(1))), 0);
+  k.u[2] = _mm512_gf2p8affine_epi64_epi8(f, _mm512_set1_epi64(static_cast<long long>(field_matrix(2))), 0);
+  k.u[3] = _mm512_gf2p8affine_epi64_epi8(f, _mm512_set1_epi64(static_cast<long long>(field_matrix(3))), 0);
+  const __m512i nib = _mm512_set1_epi32(static_cast<int>(u32(p + kPackedBytes)));
+  const __m512i la = _mm512_srlv_epi32(nib, ld(kT.shift_a)), lb = _mm512_srlv_epi32(nib, ld(kT.shift_b));
+  k.na = _mm512_test_epi32_mask(la, _mm512_set1_epi32(8));
+  k.nb = _mm512_test_epi32_mask(lb, _mm512_set1_epi32(8));
+  const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(u16(p + kPackedBytes + 4))));
+  k.sa = _mm512_mul_ps(_mm512_permutexvar_ps(la, _mm512_load_ps(kT.odd)), d);
+  k.sb = _mm512_mul_ps(_mm512_permutexvar_ps(lb, _mm512_load_ps(kT.odd)), d);
+}
+
+template <int NT>
+HMOE_LT inline void dot(const Dec& k, const XG* xp, const float* dx, int64_t g, int64_t ng, __m512 (&acc)[NT]) {
+#pragma GCC unroll 4
+  for (int t = 0; t < NT; ++t) {
+    const XG& x = xp[t * ng + g];
+    __m512i a0 = _mm512_mask_blend_epi32(k.na, x.a7, x.a9);
+    __m512i a1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), k.u[1], x.x[1]);
+    a0 = _mm512_dpbusd_epi32(a0, k.u[0], x.x[0]);
+    a1 = _mm512_dpbusd_epi32(a1, k.u[3], x.x[3]);
+    a0 = _mm512_dpbusd_epi32(a0, k.u[2], x.x[2]);
+    const __m512i b = _mm512_dpbusd_epi32(_mm512_mask_blend_epi32(k.nb, x.b7, x.b9), k.u[4], x.x[4]);
+    const __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), k.sb, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), k.sa));
+    acc[t] = _mm512_fmadd_ps(s, _mm512_set1_ps(dx[t * ng + g]), acc[t]);
+  }
+}
+
+HMOE_LT inline void prefetch(const uint8_t* p, int64_t ahead, int n) {
+  const char* q = reinterpret_cast<const char*>(p) + ahead;
+  for (int o = 0; o < n; o += 64) _mm_prefetch(q + o, _MM_HINT_T0);
+  _mm_prefetch(q + n - 1, _MM_HINT_T0);
+  const char* q2 = q + 3 * ahead;
+  for (int o = 0; o < n; o += 64) _mm_prefetch(q2 + o, _MM_HINT_T1);
+  _mm_prefetch(q2 + n - 1, _MM_HINT_T1);
+}
+
+template <int NT>
+HMOE_LT void tile(const uint8_t* a, int64_t rb, int64_t r, const XG* xp, const float* dx, int64_t ng, float* y, int64_t ldy) {
+  __m512 acc[NT];
+#pragma GCC unroll 4
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const int64_t ahead = std::clamp<int64_t>(rb * ((2048 + rb - 1) / rb), 0, 4096);
+  int64_t g = 0;
+  for (; g + 2 <= ng; g += 2, a += 2 * kGroupBytes) {
+    prefetch(a, ahead, 2 * kGroupBytes);
+    Dec k0, k1;
+    decode(a, k0);
+    decode(a + kGroupBytes, k1);
+    dot<NT>(k0, xp, dx, g, ng, acc);
+    dot<NT>(k1, xp, dx, g + 1, ng, acc);
+  }
+  if (g < ng) {
+    Dec k;
+    decode(a, k);
+    dot<NT>(k, xp, dx, g, ng, acc);
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < NT; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[t]);
+}
+
+}  // namespace
+
+bool lowbit_ternary_applies(uint32_t ext, int64_t cols) {
+  static const bool isa = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+           __builtin_cpu_supports("gfni");
+  }();
+  return isa && ext == kIq1s && cols > 0 && cols % 256 == 0;
+}
+
+size_t lowbit_ternary_row_bytes(int64_t cols) { return static_cast<size_t>(cols / 256) * kGroupBytes; }
+
+void lowbit_ternary_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst) {
+  const int64_t ng = w.cols / 256;
+  uint8_t trit[256];
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* src = w.row(r);
+    for (int64_t g = 0; g < ng; ++g, src += 50, dst += kGroupBytes) {
+      uint32_t nibbles = 0;
+      for (int sb = 0; sb < 8; ++sb) {
+        const uint16_t qh = u16(src + 34 + 2 * sb);
+        nibbles |= static_cast<uint32_t>(((qh >> 12) & 7) | ((qh >> 15) << 3)) << (4 * sb);
+        for (int l = 0; l < 4; ++l) {
+          const uint64_t e = kIq1sGrid[src[2 + 4 * sb + l] | (((qh >> (3 * l)) & 7) << 8)];
+          for (int j = 0; j < 8; ++j) trit[32 * sb + 8 * l + j] = static_cast<uint8_t>((e >> (8 * j)) & 0xFF);
+        }
+      }
+      for (int j = 0; j < kPackedBytes; ++j) {
+        int code = 0;
+        for (int k = 4; k >= 0; --k) {
+          const int col = cell_column(k, j);
+          code = 3 * code + (col < 0 ? 0 : trit[col]);
+        }
+        dst[j] = static_cast<uint8_t>(code);
+      }
+      std::memcpy(dst + kPackedBytes, &nibbles, 4);
+      std::memcpy(dst + kPackedBytes + 4, src, 2);
+    }
+  }
+}
+
+HMOE_LT void lowbit_rows_q8_ternary(const Q8Acts& xa, int64_t t0, int64_t n, const uint8_t* packed, int64_t cols, int64_t r0, int64_t r1, float* y,
+                                    int64_t ldy) {
+  if (r1 <= r0 || n <= 0) return;
+  const int64_t ng = cols / 256, rb = static_cast<int64_t>(lowbit_ternary_row_bytes(cols));
+  thread_local std::vector<uint8_t> buf;
+  thread_local std::vector<float> dx;
+  const XG* xp = prepare(xa, t0, n, ng, buf, dx);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* a = packed + r * rb;
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) tile<4>(a, rb, r, xp + t * ng, dx.data() + t * ng, ng, y + t * ldy, ldy);
+    for (; t + 2 <= n; t += 2) tile<2>(a, rb, r, xp + t * ng, dx.data() + t * ng, ng, y + t * ldy, ldy);
+    for (; t < n; ++t) tile<1>(a, rb, r, xp + t * ng, dx.data() + t * ng, ng, y + t * ldy, ldy);
+  }
+}
+
+}  // namespace hmoe::cpu::detail
