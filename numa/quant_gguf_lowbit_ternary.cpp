@@ -8,15 +8,19 @@
 // dev box reads ~8.5 GB/s per core: 50 bytes / 0.8 of that = 7.4 ns).
 // Repacked once, the same weights are 5 trits per byte (3^5 = 243 <= 256):
 //
-//   group (256 weights, 58 bytes; the file's IQ1_S group is 50, +16%):
-//     [0, 52)   trits: byte j = sum_k t(j, k) 3^k, t = grid value + 1
-//               (plane k, byte j; the 4 trits of plane 4, bytes 48..51 are 0)
+//   row: the fp16 d of its groups (2 bytes each), then the groups
+//   (58 bytes per 256 weights in all; the file's IQ1_S group is 50, +16%);
+//   group (56 bytes):
+//     [0, 52)   trits: byte j = sum_{k<4} t(j, k) 3^k + 84 t(j, 4), t = grid
+//               value + 1 (plane k, byte j; plane 4's bytes 48..51 hold 0)
 //     [52, 56)  u32: nibble i = 3-bit scale s_i | delta sign << 3 of sub-block i
-//     [56, 58)  fp16 d
+// (the d of a row's groups together: converted 16 at a time, and times the
+// token's activation scale once per row, not per group).
 //
-// Decoding is two 256-entry byte lookups (vpermi2b pairs) of the packed
-// bytes: planes 0..3 as 2-bit fields of one byte, each moved to 8 t by one
-// vgf2p8affineqb, and plane 4 as 8 t. Cells (plane k, dword lane L) hold
+// Decoding is one 256-entry byte lookup (vpermi2b pair) of the packed bytes
+// giving planes 0..3 as 2-bit fields, each moved to 8 t by one
+// vgf2p8affineqb, and plane 4 by one vpermb of the byte / 4 (84 t keeps
+// the three t apart there). Cells (plane k, dword lane L) hold
 // 4 weights of one 32-weight sub-block: planes 0..3 lanes 2i, 2i + 1 are
 // sub-block i (i < 6), lane 12 and plane 4 lanes 0..3 sub-block 6, plane 4
 // lanes 4..11 sub-block 7; planes 0..3 run one vpdpbusd chain (A), plane 4
@@ -51,7 +55,7 @@ using lowbit_bytes::u16;
 using lowbit_bytes::u32;
 
 constexpr uint32_t kIq1s = 19;
-constexpr int kPackedBytes = 52, kGroupBytes = 58;
+constexpr int kPackedBytes = 52, kGroupBytes = 56, kRowBytesPerGroup = 58;
 
 // Column (0..255 within the group) of plane k, byte j; -1 for no weight.
 constexpr int cell_column(int k, int j) {
@@ -70,7 +74,7 @@ constexpr int lane_sub_b(int l) { return l < 4 ? 6 : l < 12 ? 7 : 0; }
 
 struct Tables {
   alignas(64) uint8_t fields[256];  // code -> t0 | t1 << 2 | t2 << 4 | t3 << 6
-  alignas(64) uint8_t plane4[256];  // code -> 8 t4
+  alignas(64) uint8_t plane4[64];   // code / 4 -> 8 t4
   alignas(64) uint8_t xperm[5][64];  // plane k, byte j <- column (mod 128)
   uint64_t xhigh[5];                 // plane k: bytes whose column is >= 128
   uint64_t xzero[5];                 // plane k: bytes with a weight
@@ -81,14 +85,14 @@ struct Tables {
 constexpr Tables make_tables() {
   Tables t{};
   for (int c = 0; c < 256; ++c) {
-    int v = c < 243 ? c : 0, f = 0;
+    int v = c % 84 < 81 ? c % 84 : 0, f = 0;
     for (int k = 0; k < 4; ++k) {
       f |= (v % 3) << (2 * k);
       v /= 3;
     }
     t.fields[c] = static_cast<uint8_t>(f);
-    t.plane4[c] = static_cast<uint8_t>(8 * (v % 3));
   }
+  for (int i = 0; i < 64; ++i) t.plane4[i] = static_cast<uint8_t>(8 * std::min(i / 21, 2));
   for (int k = 0; k < 5; ++k) {
     t.xhigh[k] = t.xzero[k] = 0;
     for (int j = 0; j < 64; ++j) {
@@ -149,7 +153,7 @@ HMOE_LT const XG* prepare(const Q8Acts& xa, int64_t t0, int64_t n, int64_t ng, s
   return out;
 }
 
-// A group's decoded row: the 5 planes as 8 t, the lane scales (2 s + 1) d / 8 of both chains, the delta masks.
+// A group's decoded row: the 5 planes as 8 t, the lane scales (2 s + 1) / 8 of both chains, the delta masks.
 struct Dec {
   __m512i u[5];
   __m512 sa, sb;
@@ -167,7 +171,7 @@ HMOE_LT inline void decode(const uint8_t* p, Dec& k) {
   const __m512i v = _mm512_loadu_si512(p);  // 52 packed bytes, then this group's and the next one's bytes (x is 0 there)
   const __mmask64 hi = _mm512_movepi8_mask(v);
   const __m512i f = lookup256(kT.fields, v, hi);
-  k.u[4] = lookup256(kT.plane4, v, hi);
+  k.u[4] = _mm512_permutexvar_epi8(_mm512_srli_epi16(v, 2), ld(kT.plane4));
   k.u[0] = _mm512_gf2p8affine_epi64_epi8(f, _mm512_set1_epi64(static_cast<long long>(field_matrix(0))), 0);
   k.u[1] = _mm512_gf2p8affine_epi64_epi8(f, _mm512_set1_epi64(static_cast<long long>(field_matrix(1))), 0);
   k.u[2] = _mm512_gf2p8affine_epi64_epi8(f, _mm512_set1_epi64(static_cast<long long>(field_matrix(2))), 0);
@@ -176,13 +180,12 @@ HMOE_LT inline void decode(const uint8_t* p, Dec& k) {
   const __m512i la = _mm512_srlv_epi32(nib, ld(kT.shift_a)), lb = _mm512_srlv_epi32(nib, ld(kT.shift_b));
   k.na = _mm512_test_epi32_mask(la, _mm512_set1_epi32(8));
   k.nb = _mm512_test_epi32_mask(lb, _mm512_set1_epi32(8));
-  const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(u16(p + kPackedBytes + 4))));
-  k.sa = _mm512_mul_ps(_mm512_permutexvar_ps(la, _mm512_load_ps(kT.odd)), d);
-  k.sb = _mm512_mul_ps(_mm512_permutexvar_ps(lb, _mm512_load_ps(kT.odd)), d);
+  k.sa = _mm512_permutexvar_ps(la, _mm512_load_ps(kT.odd));
+  k.sb = _mm512_permutexvar_ps(lb, _mm512_load_ps(kT.odd));
 }
 
 template <int NT>
-HMOE_LT inline void dot(const Dec& k, const XG* xp, const float* dx, int64_t g, int64_t ng, __m512 (&acc)[NT]) {
+HMOE_LT inline void dot(const Dec& k, const XG* xp, const float* dd, int64_t g, int64_t ng, __m512 (&acc)[NT]) {
 #pragma GCC unroll 4
   for (int t = 0; t < NT; ++t) {
     const XG& x = xp[t * ng + g];
@@ -193,7 +196,7 @@ HMOE_LT inline void dot(const Dec& k, const XG* xp, const float* dx, int64_t g, 
     a0 = _mm512_dpbusd_epi32(a0, k.u[2], x.x[2]);
     const __m512i b = _mm512_dpbusd_epi32(_mm512_mask_blend_epi32(k.nb, x.b7, x.b9), k.u[4], x.x[4]);
     const __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), k.sb, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), k.sa));
-    acc[t] = _mm512_fmadd_ps(s, _mm512_set1_ps(dx[t * ng + g]), acc[t]);
+    acc[t] = _mm512_fmadd_ps(s, _mm512_set1_ps(dd[t * ng + g]), acc[t]);
   }
 }
 
@@ -206,11 +209,24 @@ HMOE_LT inline void prefetch(const uint8_t* p, int64_t ahead, int n) {
   _mm_prefetch(q2 + n - 1, _MM_HINT_T1);
 }
 
+// dd[t * ng + g] = d of group g times token t's activation scale.
 template <int NT>
-HMOE_LT void tile(const uint8_t* a, int64_t rb, int64_t r, const XG* xp, const float* dx, int64_t ng, float* y, int64_t ldy) {
+HMOE_LT void row_scales(const uint8_t* d16, const float* dx, int64_t ng, float* dd) {
+  for (int64_t g = 0; g < ng; g += 16) {
+    const __mmask16 m = ng - g >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (ng - g)) - 1);
+    const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, d16 + 2 * g));
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(dd + t * ng + g, m, _mm512_mul_ps(d, _mm512_maskz_loadu_ps(m, dx + t * ng + g)));
+  }
+}
+
+template <int NT>
+HMOE_LT void tile(const uint8_t* a, int64_t rb, int64_t r, const XG* xp, const float* dx, int64_t ng, float* dd, float* y, int64_t ldy) {
   __m512 acc[NT];
 #pragma GCC unroll 4
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  row_scales<NT>(a, dx, ng, dd);
+  a += 2 * ng;
   const int64_t ahead = std::clamp<int64_t>(rb * ((2048 + rb - 1) / rb), 0, 4096);
   int64_t g = 0;
   for (; g + 2 <= ng; g += 2, a += 2 * kGroupBytes) {
@@ -218,13 +234,13 @@ HMOE_LT void tile(const uint8_t* a, int64_t rb, int64_t r, const XG* xp, const f
     Dec k0, k1;
     decode(a, k0);
     decode(a + kGroupBytes, k1);
-    dot<NT>(k0, xp, dx, g, ng, acc);
-    dot<NT>(k1, xp, dx, g + 1, ng, acc);
+    dot<NT>(k0, xp, dd, g, ng, acc);
+    dot<NT>(k1, xp, dd, g + 1, ng, acc);
   }
   if (g < ng) {
     Dec k;
     decode(a, k);
-    dot<NT>(k, xp, dx, g, ng, acc);
+    dot<NT>(k, xp, dd, g, ng, acc);
   }
 #pragma GCC unroll 4
   for (int t = 0; t < NT; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[t]);
@@ -242,14 +258,17 @@ bool lowbit_ternary_applies(uint32_t ext, int64_t cols) {
   return isa && ext == kIq1s && cols > 0 && cols % 256 == 0;
 }
 
-size_t lowbit_ternary_row_bytes(int64_t cols) { return static_cast<size_t>(cols / 256) * kGroupBytes; }
+size_t lowbit_ternary_row_bytes(int64_t cols) { return static_cast<size_t>(cols / 256) * kRowBytesPerGroup; }
 
 void lowbit_ternary_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst) {
   const int64_t ng = w.cols / 256;
   uint8_t trit[256];
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* src = w.row(r);
+    uint8_t* d16 = dst;
+    dst += 2 * ng;
     for (int64_t g = 0; g < ng; ++g, src += 50, dst += kGroupBytes) {
+      std::memcpy(d16 + 2 * g, src, 2);
       uint32_t nibbles = 0;
       for (int sb = 0; sb < 8; ++sb) {
         const uint16_t qh = u16(src + 34 + 2 * sb);
@@ -261,14 +280,12 @@ void lowbit_ternary_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst) {
       }
       for (int j = 0; j < kPackedBytes; ++j) {
         int code = 0;
-        for (int k = 4; k >= 0; --k) {
-          const int col = cell_column(k, j);
-          code = 3 * code + (col < 0 ? 0 : trit[col]);
-        }
+        for (int k = 3; k >= 0; --k) code = 3 * code + trit[cell_column(k, j)];
+        const int c4 = cell_column(4, j);
+        code += 84 * (c4 < 0 ? 0 : trit[c4]);
         dst[j] = static_cast<uint8_t>(code);
       }
       std::memcpy(dst + kPackedBytes, &nibbles, 4);
-      std::memcpy(dst + kPackedBytes + 4, src, 2);
     }
   }
 }
@@ -278,14 +295,15 @@ HMOE_LT void lowbit_rows_q8_ternary(const Q8Acts& xa, int64_t t0, int64_t n, con
   if (r1 <= r0 || n <= 0) return;
   const int64_t ng = cols / 256, rb = static_cast<int64_t>(lowbit_ternary_row_bytes(cols));
   thread_local std::vector<uint8_t> buf;
-  thread_local std::vector<float> dx;
+  thread_local std::vector<float> dx, dd;
   const XG* xp = prepare(xa, t0, n, ng, buf, dx);
+  dd.resize(static_cast<size_t>(4 * ng));
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* a = packed + r * rb;
     int64_t t = 0;
-    for (; t + 4 <= n; t += 4) tile<4>(a, rb, r, xp + t * ng, dx.data() + t * ng, ng, y + t * ldy, ldy);
-    for (; t + 2 <= n; t += 2) tile<2>(a, rb, r, xp + t * ng, dx.data() + t * ng, ng, y + t * ldy, ldy);
-    for (; t < n; ++t) tile<1>(a, rb, r, xp + t * ng, dx.data() + t * ng, ng, y + t * ldy, ldy);
+    for (; t + 4 <= n; t += 4) tile<4>(a, rb, r, xp + t * ng, dx.data() + t * ng, ng, dd.data(), y + t * ldy, ldy);
+    for (; t + 2 <= n; t += 2) tile<2>(a, rb, r, xp + t * ng, dx.data() + t * ng, ng, dd.data(), y + t * ldy, ldy);
+    for (; t < n; ++t) tile<1>(a, rb, r, xp + t * ng, dx.data() + t * ng, ng, dd.data(), y + t * ldy, ldy);
   }
 }
 
