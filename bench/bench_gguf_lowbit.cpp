@@ -193,14 +193,14 @@ double thread_seconds() {
 
 // The int8 kernel alone: rows x H of type t, resident in L2, n tokens; best of 5 runs of ~min_s CPU seconds.
 // v2 = the VBMI kernel of every type, for the types v3 (grid planes) serves.
-// v5 = IQ1_S repacked into trits (GB/s: the file's bytes per second; the packed bytes are 58 / 50 of them).
+// v5 = IQ1_S / IQ1_M repacked into trits (GB/s: the file's bytes per second; the packed bytes are 58 / 50, 66 / 56 of them).
 void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = false, bool v5 = false) {
   const int64_t rows = 64;
   const auto bytes = random_matrix(t, rows, H, 5);
   const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, H, "w");
   std::vector<uint8_t> packed;
   if (v5) {
-    packed.resize(static_cast<size_t>(rows) * cpu::detail::lowbit_ternary_row_bytes(H) + cpu::detail::kLowbitTernaryPad);
+    packed.resize(static_cast<size_t>(rows) * cpu::detail::lowbit_ternary_row_bytes(static_cast<uint32_t>(t), H) + cpu::detail::kLowbitTernaryPad);
     cpu::detail::lowbit_ternary_pack(w, 0, rows, packed.data());
   }
   std::printf("| %s |", name.c_str());

@@ -44,12 +44,12 @@ bool lowbit_repack_applies(const Mat& w) {
   return w.quant == Quant::ext && best_isa() == Isa::avx512 && detail::lowbit_ternary_applies(w.ext, w.cols);
 }
 
-size_t lowbit_packed_bytes(const Mat& w) { return static_cast<size_t>(w.rows) * detail::lowbit_ternary_row_bytes(w.cols) + detail::kLowbitTernaryPad; }
+size_t lowbit_packed_bytes(const Mat& w) { return static_cast<size_t>(w.rows) * detail::lowbit_ternary_row_bytes(w.ext, w.cols) + detail::kLowbitTernaryPad; }
 
 LowbitPacked lowbit_pack(const Mat& w, uint8_t* dst) {
   detail::lowbit_ternary_pack(w, 0, w.rows, dst);
   std::memset(dst + lowbit_packed_bytes(w) - detail::kLowbitTernaryPad, 0, detail::kLowbitTernaryPad);
-  return {dst, detail::lowbit_ternary_row_bytes(w.cols)};
+  return {dst, detail::lowbit_ternary_row_bytes(w.ext, w.cols)};
 }
 
 void lowbit_gemm_rows_q8_packed(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, const LowbitPacked& p, int64_t r0, int64_t r1, float* y,

@@ -37,7 +37,7 @@ bool lowbit_q8_applies(const Mat& w);
 // The int8 path: xa quantized for w (Q8Acts::reset(n, w)), rows t0.. t0+n.
 void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 
-// A matrix's rows repacked at load for the v5 kernel (IQ1_S into trits,
+// A matrix's rows repacked at load for the v5 kernel (IQ1_S, IQ1_M into trits,
 // see detail::lowbit_ternary_pack): row r at data + r * row_bytes; data null
 // when not repacked. The owner keeps kLowbitTernaryPad bytes after the last row.
 struct LowbitPacked {
@@ -75,20 +75,20 @@ bool lowbit_rows_q8_planes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w
 // CPUs with AVX-512 BITALG and GFNI as well. Returns false (nothing done)
 // otherwise.
 bool lowbit_rows_q8_codes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
-// v5 (quant_gguf_lowbit_ternary.cpp): IQ1_S repacked once into base-3
-// trits (58 bytes per 256 weights against the file's 50), decoded by
-// register lookups instead of v4's grid gathers. applies: the type, the
-// shape (cols % 256 == 0) and the CPU (AVX-512 VNNI, VBMI, GFNI).
+// v5 (quant_gguf_lowbit_ternary.cpp): IQ1_S and IQ1_M repacked once into
+// base-3 trits (58 / 66 bytes per 256 weights against the file's 50 / 56),
+// decoded by register lookups instead of v2/v4's grid gathers. applies: the
+// type, the shape (cols % 256 == 0) and the CPU (AVX-512 VNNI, VBMI, GFNI).
 bool lowbit_ternary_applies(uint32_t ext, int64_t cols);
-size_t lowbit_ternary_row_bytes(int64_t cols);
-// Rows [r0, r1) of w (IQ1_S) packed into dst, row after row
+size_t lowbit_ternary_row_bytes(uint32_t ext, int64_t cols);
+// Rows [r0, r1) of w (IQ1_S or IQ1_M) packed into dst, row after row
 // (lowbit_ternary_row_bytes each). The kernel reads up to 64 bytes past a
 // group's start: a buffer needs kLowbitTernaryPad bytes after its last row.
 constexpr size_t kLowbitTernaryPad = 64;
 void lowbit_ternary_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst);
 // y[t * ldy + r] for rows r0 <= r < r1 of the packed matrix (row r at
-// packed + r * lowbit_ternary_row_bytes(cols)); xa quantized for the IQ1_S
-// matrix it came from.
+// packed + r * lowbit_ternary_row_bytes(xa.type, cols)); xa quantized for
+// the matrix it came from.
 void lowbit_rows_q8_ternary(const Q8Acts& xa, int64_t t0, int64_t n, const uint8_t* packed, int64_t cols, int64_t r0, int64_t r1, float* y,
                             int64_t ldy);
 // Benchmarks and tests: whether the dispatcher takes v4 (default true); returns the previous value.
