@@ -32,10 +32,11 @@
 // fp32 dequantize path.
 //
 // lowbit_repack (HMOE_CPU_LOWBIT_REPACK, default on): with gguf_int8, IQ1_S
-// slices are repacked once here into the v5 layout (numa/quant_gguf_lowbit.h:
-// base-3 trits, 58 bytes per 256 weights against 50) in memory of the node
-// that computes them, and every step reads those instead of the file's
-// blocks (pieces() still returns the file's blocks, for the GPU).
+// and IQ1_M slices are repacked once here into the v5 layout
+// (numa/quant_gguf_lowbit.h: base-3 trits, 58 / 66 bytes per 256 weights
+// against 50 / 56) in memory of the node that computes them, and every step
+// reads those instead of the file's blocks (pieces() still returns the
+// file's blocks, for the GPU).
 //
 // amx_min_tokens (HMOE_CPU_AMX_MIN_TOKENS, default 0 = off; -1 here: the
 // process-wide cpu::amx_min_tokens()): with gguf_int8 on a CPU with AMX-BF16

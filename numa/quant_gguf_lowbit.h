@@ -12,7 +12,9 @@
 //    the 32-types) multiplied in integers with VNNI (AVX-512) or maddubs
 //    (AVX2): y = sum_16 dx * (scale * sum(code * xq) + offset * sum(xq)).
 //    Needs cols % 256 == 0 (otherwise the exact path runs).
-//    Kernels, best first: v4 for the IQ1/IQ2/IQ3 types (AVX-512 VNNI +
+//    Kernels, best first: v5 for IQ1_S / IQ1_M repacked at load into
+//    base-3 trits (quant_gguf_lowbit_ternary.cpp; callers that hold a
+//    LowbitPacked copy, numa::ExpertEngine), v4 for the IQ1/IQ2/IQ3 types (AVX-512 VNNI +
 //    VBMI + BITALG + GFNI, quant_gguf_lowbit_codes.cpp: sub-blocks in
 //    fixed lanes, grid codes or gathered rows), v3 (grid planes,
 //    quant_gguf_lowbit_planes.cpp; reached where v4 declines: a CPU
