@@ -198,7 +198,7 @@ ExpertEngine::ExpertEngine(const std::vector<ExpertWeights>& experts, NodePools&
     });
   }
   if (opt.lowbit_repack && (g_up_ || g_down_)) {
-    // IQ1_S slices repacked for the v5 kernel, each node's by its workers (first touch).
+    // IQ1_S / IQ1_M slices repacked for the v5 kernel, each node's by its workers (first touch).
     auto gu = [&](const Slice& s) { return g_up_ && cpu::lowbit_repack_applies(s.gate) && cpu::lowbit_repack_applies(s.up); };
     auto dn = [&](const Slice& s) { return g_down_ && cpu::lowbit_repack_applies(s.down); };
     std::vector<std::vector<size_t>> poff(static_cast<size_t>(nn));

@@ -304,19 +304,30 @@ HMOE_LT void tile(const uint8_t* a, int64_t rb, int64_t r, const XG<T>* xp, cons
 
 // The grid rows of one file group as trits (grid value + 1) by column.
 void iq1_trits(const uint64_t* rows, uint8_t* trit) {
-  for (int i = 0; i < 32; ++i)
-    for (int j = 0; j < 8; ++j) trit[8 * i + j] = static_cast<uint8_t>((rows[i] >> (8 * j)) & 0xFF);
+  std::memcpy(trit, rows, 256);  // little-endian: byte j of row i is column 8 i + j
+  trit[256] = 0;
 }
 
+// cell_column as a table (plane 4's padding points at a trit of 0 past the 256).
+struct Columns {
+  uint16_t c[5][kPackedBytes];
+};
+template <uint32_t T>
+constexpr Columns make_columns() {
+  Columns t{};
+  for (int k = 0; k < 5; ++k)
+    for (int j = 0; j < kPackedBytes; ++j) t.c[k][j] = static_cast<uint16_t>(cell_column<T>(k, j) < 0 ? 256 : cell_column<T>(k, j));
+  return t;
+}
+template <uint32_t T>
+constexpr Columns kColumns = make_columns<T>();
+
+// trit: 257 entries, the last 0.
 template <uint32_t T>
 void put_trits(const uint8_t* trit, uint8_t* dst) {
-  for (int j = 0; j < kPackedBytes; ++j) {
-    int code = 0;
-    for (int k = 3; k >= 0; --k) code = 3 * code + trit[cell_column<T>(k, j)];
-    const int c4 = cell_column<T>(4, j);
-    code += 84 * (c4 < 0 ? 0 : trit[c4]);
-    dst[j] = static_cast<uint8_t>(code);
-  }
+  const Columns& cc = kColumns<T>;
+  for (int j = 0; j < kPackedBytes; ++j)
+    dst[j] = static_cast<uint8_t>(trit[cc.c[0][j]] + 3 * trit[cc.c[1][j]] + 9 * trit[cc.c[2][j]] + 27 * trit[cc.c[3][j]] + 84 * trit[cc.c[4][j]]);
 }
 
 // IQ1_S group (50 bytes: d, qs[32], qh u16[8]) -> d, packed group.
@@ -328,7 +339,7 @@ uint16_t pack_iq1s(const uint8_t* src, uint8_t* dst) {
     nibbles |= static_cast<uint32_t>(((qh >> 12) & 7) | ((qh >> 15) << 3)) << (4 * sb);
     for (int l = 0; l < 4; ++l) rows[4 * sb + l] = kIq1sGrid[src[2 + 4 * sb + l] | (((qh >> (3 * l)) & 7) << 8)];
   }
-  uint8_t trit[256];
+  uint8_t trit[257];
   iq1_trits(rows, trit);
   put_trits<kIq1s>(trit, dst);
   std::memcpy(dst + kPackedBytes, &nibbles, 4);
@@ -354,7 +365,7 @@ uint16_t pack_iq1m(const uint8_t* src, uint8_t* dst) {
     mc = static_cast<uint16_t>(mc | (neg[2 * l + 1] ? 1u << l : 0u));
   }
   for (int l = 0; l < 12; ++l) mb = static_cast<uint16_t>(mb | (neg[2 * (13 + l / 4) + (l % 4) / 2] ? 1u << l : 0u));
-  uint8_t trit[256];
+  uint8_t trit[257];
   iq1_trits(rows, trit);
   put_trits<kIq1m>(trit, dst);
   std::memcpy(dst + kPackedBytes, &scales, 6);
