@@ -13,7 +13,11 @@
 //    (token, expert) pair).
 // --compare-v2: the int8 step again with the v4 kernels turned off (v2 for
 // their types), in turns with v4 (three of each, the best counting): the
-// before/after of quant_gguf_lowbit_codes.cpp on the same load.
+// before/after of quant_gguf_lowbit_codes.cpp on the same load. Where the
+// engine repacks (IQ1_S, cpu_lowbit_repack: v5), also an engine on the
+// file's blocks (v4) in the same turns; "bytes read / file" is the ratio of
+// the bytes a step streams to the file's, and the CPU-time ratio is given
+// over both (the file's bytes are what a user's model holds).
 // "int8" is the default path (8-bit activations, VNNI), "exact" the fp32
 // dequantize path (setting cpu_gguf_int8=0).
 // Weights are random blocks with finite fp16 scales: the kernels' work does
@@ -189,10 +193,22 @@ double thread_seconds() {
 
 // The int8 kernel alone: rows x H of type t, resident in L2, n tokens; best of 5 runs of ~min_s CPU seconds.
 // v2 = the VBMI kernel of every type, for the types v3 (grid planes) serves.
-void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = false) {
+// v5 = IQ1_S / IQ1_M repacked into trits (GB/s: the file's bytes per second; the packed bytes are 58 / 50, 66 / 56 of them).
+void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = false, bool v5 = false) {
   const int64_t rows = 64;
   const auto bytes = random_matrix(t, rows, H, 5);
   const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, H, "w");
+  std::vector<uint8_t> packed;
+  double pack_ns = 0;  // v5: the repack at load, ns per group (best of 5)
+  if (v5) {
+    packed.resize(static_cast<size_t>(rows) * cpu::detail::lowbit_ternary_row_bytes(static_cast<uint32_t>(t), H) + cpu::detail::kLowbitTernaryPad);
+    pack_ns = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+      const double t0 = thread_seconds();
+      cpu::detail::lowbit_ternary_pack(w, 0, rows, packed.data());
+      pack_ns = std::min(pack_ns, (thread_seconds() - t0) / static_cast<double>(rows * H / 256) * 1e9);
+    }
+  }
   std::printf("| %s |", name.c_str());
   for (int64_t n : {int64_t{1}, int64_t{4}}) {
     std::mt19937 g(3);
@@ -209,7 +225,8 @@ void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = fals
       double el = 0;
       while (el < min_s / 5) {
         for (int i = 0; i < 16; ++i) {
-          if (v2) cpu::detail::lowbit_rows_q8_vbmi(a, 0, n, w, 0, rows, y.data(), rows);
+          if (v5) cpu::detail::lowbit_rows_q8_ternary(a, 0, n, packed.data(), H, 0, rows, y.data(), rows);
+          else if (v2) cpu::detail::lowbit_rows_q8_vbmi(a, 0, n, w, 0, rows, y.data(), rows);
           else cpu::gemm_rows_q8(a, 0, n, w, 0, rows, y.data(), rows);
         }
         calls += 16;
@@ -220,6 +237,7 @@ void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = fals
     const double groups = static_cast<double>(rows * H / 256);
     std::printf(" %.1f | %.2f |", best / groups * 1e9, static_cast<double>(w.bytes()) / best / 1e9);
   }
+  if (v5) std::printf(" repack at load: %.0f ns per group (%.2f GB/s of the file's bytes) |", pack_ns, static_cast<double>(w.bytes()) / static_cast<double>(rows * H / 256) / pack_ns);
   std::printf("\n");
 }
 
@@ -260,6 +278,8 @@ int main(int argc, char** argv) {
           (t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s || t == cpu::lowbit::iq2_s ||
            t == cpu::lowbit::iq1_s || t == cpu::lowbit::iq1_m))
         kernel_row(name + " (v2, before grid codes)", t, quick ? 0.2 : 0.5, true);
+      if ((only.empty() || only == name) && cpu::detail::lowbit_ternary_applies(static_cast<uint32_t>(t), H))
+        kernel_row(name + " (v5, repacked into trits)", t, quick ? 0.2 : 0.5, false, true);
     }
     if (only.empty() || only == "Q4_K") kernel_row("Q4_K", ExtType::q4_k, quick ? 0.2 : 0.5);
     std::printf("\n(ns per 256-weight group and row; GB/s: stored weight bytes per second one core consumes.)\n");
@@ -290,6 +310,8 @@ int main(int argc, char** argv) {
     int64_t n;
     double se, sq, sq_cpu, bytes, ops;
     double v2 = NAN, v2_cpu = NAN;  // --compare-v2: the same step without the v4 kernels
+    double v4_cpu = NAN;            // --compare-v2 where the engine repacks: the file's blocks (v4)
+    double read = 1.0;              // bytes a step reads / the file's bytes
   };
   std::vector<Row> out;
   int probes = 0;
@@ -306,26 +328,39 @@ int main(int argc, char** argv) {
     on.print_memory = off.print_memory = false;
     off.gguf_int8 = false;
     numa::ExpertEngine eq(set.w, pools, on), ee(set.w, pools, off);
+    numa::EngineOptions file = on;
+    file.lowbit_repack = false;
+    numa::ExpertEngine ef(set.w, pools, file);  // the file's blocks (v4/v2 for IQ1_S)
+    double read_bytes = 0;                      // per expert: the packed copies, and the file's bytes of the rest
+    for (const cpu::Mat* m : {&set.w[0].gate, &set.w[0].up, &set.w[0].down})
+      if (!eq.packed_bytes() || !cpu::lowbit_repack_applies(*m)) read_bytes += static_cast<double>(m->bytes());
+    read_bytes += static_cast<double>(eq.packed_bytes()) / static_cast<double>(E);
+    const bool packed = eq.packed_bytes() > 0;
     const double bpw = 8.0 * set.expert_bytes / static_cast<double>(3 * H * I);
     const bool v4 = compare && uses_codes(f.up, f.down);
     for (int64_t n : batches) {
       const double se = (quick && n > 1) ? NAN : time_forward(ee, n, E, min_s * (n > 1 ? 0.5 : 1.0));
-      double sq_cpu = 1e30, sq = 1e30, v2 = 1e30, v2_cpu = 1e30;
+      double sq_cpu = 1e30, sq = 1e30, v2 = 1e30, v2_cpu = 1e30, v4_cpu = 1e30;
       // --compare-v2: v4 and v2 in turns, three times each (a shared machine's load moves between them)
       for (int rep = 0; rep < (v4 ? 3 : 1); ++rep) {
         double c = 0;
         sq = std::min(sq, time_forward(eq, n, E, v4 ? min_s / 2 : min_s, pool.size(), &c));
         sq_cpu = std::min(sq_cpu, c);
         if (!v4) continue;
+        if (packed) {
+          (void)time_forward(ef, n, E, min_s / 2, pool.size(), &c);
+          v4_cpu = std::min(v4_cpu, c);
+        }
         const bool prev = cpu::detail::lowbit_set_codes_for_testing(false);
-        v2 = std::min(v2, time_forward(eq, n, E, min_s / 2, pool.size(), &c));
+        v2 = std::min(v2, time_forward(ef, n, E, min_s / 2, pool.size(), &c));
         v2_cpu = std::min(v2_cpu, c);
         cpu::detail::lowbit_set_codes_for_testing(prev);
       }
       const double touched = static_cast<double>(n == 1 ? K : std::min<int64_t>(E, 3 * K));  // distinct experts per step
       const double bytes = touched * set.expert_bytes;
       const double ops = 2.0 * 3.0 * static_cast<double>(H * I) * static_cast<double>(n * K);
-      out.push_back({f.name, bpw, set.expert_bytes / 1e6, n, se, sq, sq_cpu, bytes, ops, v4 ? v2 : NAN, v4 ? v2_cpu : NAN});
+      out.push_back({f.name, bpw, set.expert_bytes / 1e6, n, se, sq, sq_cpu, bytes, ops, v4 ? v2 : NAN, v4 ? v2_cpu : NAN, v4 && packed ? v4_cpu : NAN,
+                     read_bytes / set.expert_bytes});
     }
   }
   std::printf("# bench_gguf_lowbit: %d threads, ISA %s%s%s, read bandwidth %.2f GB/s (best of %d probes of 256 MiB with the same threads, "
@@ -334,13 +369,16 @@ int main(int argc, char** argv) {
               cpu::detail::lowbit_has_avx512_vbmi() ? " +VBMI" : "", bw, probes, bw_low, bw_cpu);
   std::printf("\n## routed experts (ExpertEngine, hidden %ld, intermediate %ld, top-%ld, %ld experts cycled)\n\n", H, I, K, E);
   std::printf("| format (gate,up / down) | bits/weight | MB/expert | batch | exact ms | int8 ms | int8 GB/s | int8 / read bw | int8 GOP/s "
-              "| int8 CPU ms | CPU-time GB/s / read bw |%s\n", compare ? " v2 ms | v2 CPU ms | v2 CPU-time / read bw |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|%s\n", compare ? "---|---|---|" : "");
+              "| int8 CPU ms | CPU-time GB/s / read bw | bytes read / file | same over bytes read |%s\n",
+              compare ? " v2 ms | v2 CPU ms | v2 CPU-time / read bw | file's blocks (v4) CPU-time / read bw |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", compare ? "---|---|---|---|" : "");
   for (const Row& r : out) {
     std::printf("| %s | %.3f | %.2f | %ld | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f |", r.name.c_str(), r.bpw, r.mb, r.n, r.se * 1e3,
                 r.sq * 1e3, r.bytes / r.sq / 1e9, r.bytes / r.sq / 1e9 / bw, r.ops / r.sq / 1e9, r.sq_cpu * 1e3,
                 r.bytes / r.sq_cpu / 1e9 / bw_cpu);
-    if (compare) std::printf(" %.2f | %.2f | %.2f |", r.v2 * 1e3, r.v2_cpu * 1e3, r.bytes / r.v2_cpu / 1e9 / bw_cpu);
+    std::printf(" %.3f | %.2f |", r.read, r.read * r.bytes / r.sq_cpu / 1e9 / bw_cpu);
+    if (compare)
+      std::printf(" %.2f | %.2f | %.2f | %.2f |", r.v2 * 1e3, r.v2_cpu * 1e3, r.bytes / r.v2_cpu / 1e9 / bw_cpu, r.bytes / r.v4_cpu / 1e9 / bw_cpu);
     std::printf("\n");
   }
   std::printf("\n(GB/s at batch 1: stored bytes of the 8 experts a token touches / fastest step; GOP/s: 2 x 3 x H x I per (token,\n"

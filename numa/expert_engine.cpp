@@ -76,6 +76,7 @@ EngineOptions EngineOptions::from_settings(const Settings& s) {
   o.gpu_split_act = s.gpu_hybrid_precise && s.gpu_hybrid_precise_act;
   o.int8_act = s.cpu_int8_act;
   o.gguf_int8 = s.cpu_gguf_int8;
+  o.lowbit_repack = s.cpu_lowbit_repack;
   o.onednn_min_tokens = s.cpu_onednn_min_tokens;
   if (s.cpu_amx_min_tokens < 0)
     fail(ErrorKind::invalid_argument, "HMOE_CPU_AMX_MIN_TOKENS / --cpu-amx-min-tokens must be >= 0, got " + std::to_string(s.cpu_amx_min_tokens));
@@ -196,6 +197,42 @@ ExpertEngine::ExpertEngine(const std::vector<ExpertWeights>& experts, NodePools&
       }
     });
   }
+  if (opt.lowbit_repack && (g_up_ || g_down_)) {
+    // IQ1_S / IQ1_M slices repacked for the v5 kernel, each node's by its workers (first touch).
+    auto gu = [&](const Slice& s) { return g_up_ && cpu::lowbit_repack_applies(s.gate) && cpu::lowbit_repack_applies(s.up); };
+    auto dn = [&](const Slice& s) { return g_down_ && cpu::lowbit_repack_applies(s.down); };
+    std::vector<std::vector<size_t>> poff(static_cast<size_t>(nn));
+    std::vector<size_t> total(static_cast<size_t>(nn), 0);
+    for (int j = 0; j < nn; ++j)
+      for (int64_t e = 0; e < experts_; ++e) {
+        const Slice& s = slices_[static_cast<size_t>(j)][static_cast<size_t>(e)];
+        poff[static_cast<size_t>(j)].push_back(total[static_cast<size_t>(j)]);
+        if (gu(s)) total[static_cast<size_t>(j)] += align64(cpu::lowbit_packed_bytes(s.gate)) + align64(cpu::lowbit_packed_bytes(s.up));
+        if (dn(s)) total[static_cast<size_t>(j)] += align64(cpu::lowbit_packed_bytes(s.down));
+      }
+    if (std::any_of(total.begin(), total.end(), [](size_t b) { return b > 0; })) {
+      packed_.assign(static_cast<size_t>(nn), std::vector<Packed>(static_cast<size_t>(experts_)));
+      for (int j = 0; j < nn; ++j) {
+        packed_buffers_.emplace_back(std::max<size_t>(total[static_cast<size_t>(j)], 64), pools.topology().nodes[static_cast<size_t>(j)].os_index,
+                                     pools.membind());
+        packed_bytes_ += total[static_cast<size_t>(j)];
+      }
+      pools.run(std::vector<int64_t>(static_cast<size_t>(nn), experts_), [&](int j, int64_t b, int64_t e_end, int) {
+        for (int64_t e = b; e < e_end; ++e) {
+          const Slice& s = slices_[static_cast<size_t>(j)][static_cast<size_t>(e)];
+          Packed& p = packed_[static_cast<size_t>(j)][static_cast<size_t>(e)];
+          uint8_t* dst = packed_buffers_[static_cast<size_t>(j)].data() + poff[static_cast<size_t>(j)][static_cast<size_t>(e)];
+          if (gu(s)) {
+            p.gate = cpu::lowbit_pack(s.gate, dst);
+            dst += align64(cpu::lowbit_packed_bytes(s.gate));
+            p.up = cpu::lowbit_pack(s.up, dst);
+            dst += align64(cpu::lowbit_packed_bytes(s.up));
+          }
+          if (dn(s)) p.down = cpu::lowbit_pack(s.down, dst);
+        }
+      });
+    }
+  }
   if (opt.print_memory) std::fprintf(stderr, "hmoe: %s\n", memory_report().c_str());
 }
 
@@ -227,6 +264,7 @@ std::string ExpertEngine::memory_report() const {
   s << opt_.name << ": " << experts_ << " experts [" << hidden_ << " x " << inter_ << "], " << (copied_ ? "placed" : "viewed in place") << " on "
     << node_bytes_.size() << " node(s):";
   for (size_t j = 0; j < node_bytes_.size(); ++j) s << " node" << j << " " << std::fixed << std::setprecision(1) << node_bytes_[j] / 1048576.0 << " MiB";
+  if (packed_bytes_) s << "; IQ1 types repacked for the CPU kernel: " << std::fixed << std::setprecision(1) << packed_bytes_ / 1048576.0 << " MiB";
   return s.str();
 }
 
@@ -426,8 +464,9 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
         cpu::gemm_rows_q(sc.xq, off, m, gs, 0, nr, g.data(), nr);
         cpu::gemm_rows_q(sc.xq, off, m, us, 0, nr, u.data(), nr);
       } else if (g_up_) {
-        cpu::gemm_rows_q8(sc.gxq, off, m, gs, 0, nr, g.data(), nr);
-        cpu::gemm_rows_q8(sc.gxq, off, m, us, 0, nr, u.data(), nr);
+        const Packed pk = packed_.empty() ? Packed{} : packed_[static_cast<size_t>(j)][static_cast<size_t>(ex)];
+        cpu::lowbit_gemm_rows_q8_packed(sc.gxq, off, m, gs, pk.gate.from(r0), 0, nr, g.data(), nr);
+        cpu::lowbit_gemm_rows_q8_packed(sc.gxq, off, m, us, pk.up.from(r0), 0, nr, u.data(), nr);
       } else if (bf16dot && gs.dtype == DType::bf16 && gs.quant == cpu::Quant::none) {
         cpu::gemm_rows_bf16dot(sc.xs_bf16.data() + off * H, H, m, gs, 0, nr, g.data(), nr);
         cpu::gemm_rows_bf16dot(sc.xs_bf16.data() + off * H, H, m, us, 0, nr, u.data(), nr);
@@ -474,7 +513,10 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
         if (y.size() < static_cast<size_t>(m * nr)) y.resize(static_cast<size_t>(m * nr));
         if (sc.amx[static_cast<size_t>(ex)]) cpu::gemm_rows_amx(sc.aa, sc.ablk[static_cast<size_t>(ex)], m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
         else if (q_down_) cpu::gemm_rows_q(sc.aq, off, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
-        else if (g_down_) cpu::gemm_rows_q8(sc.gaq, off, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
+        else if (g_down_)
+          cpu::lowbit_gemm_rows_q8_packed(sc.gaq, off, m, s.down.slice_rows(r0, r1),
+                                          packed_.empty() ? cpu::LowbitPacked{} : packed_[static_cast<size_t>(j)][static_cast<size_t>(ex)].down.from(r0), 0, nr,
+                                          y.data(), nr);
         else cpu::gemm_rows(sc.act.data() + off * I, I, m, s.down.slice_rows(r0, r1), 0, nr, y.data(), nr);
         const int64_t h0 = hidden_split_[static_cast<size_t>(j)] + r0;
         for (int64_t t = 0; t < m; ++t) {

@@ -31,6 +31,13 @@
 // rows and the SwiGLU output are quantized once per step. Off: the exact
 // fp32 dequantize path.
 //
+// lowbit_repack (HMOE_CPU_LOWBIT_REPACK, default on): with gguf_int8, IQ1_S
+// and IQ1_M slices are repacked once here into the v5 layout
+// (numa/quant_gguf_lowbit.h: base-3 trits, 58 / 66 bytes per 256 weights
+// against 50 / 56) in memory of the node that computes them, and every step
+// reads those instead of the file's blocks (pieces() still returns the
+// file's blocks, for the GPU).
+//
 // amx_min_tokens (HMOE_CPU_AMX_MIN_TOKENS, default 0 = off; -1 here: the
 // process-wide cpu::amx_min_tokens()): with gguf_int8 on a CPU with AMX-BF16
 // (cpu::amx_mode()), experts that get at least this many tokens in a step run
@@ -58,6 +65,7 @@
 #include "numa/node_pools.h"
 #include "numa/onednn_matmul.h"
 #include "numa/quant_gguf_amx.h"
+#include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
 #include "numa/thread_pool.h"
 
@@ -84,6 +92,7 @@ struct EngineOptions {
   bool gpu_split_act = false;  // settings gpu_hybrid_precise and gpu_hybrid_precise_act
   bool int8_act = true;       // see the file comment
   bool gguf_int8 = true;      // see the file comment
+  bool lowbit_repack = true;  // see the file comment
   int64_t onednn_min_tokens = 0;  // see the file comment
   int64_t amx_min_tokens = -1;    // see the file comment
   int copy_to_nodes = -1;     // -1: copy when more than one node; 0: views; 1: always copy
@@ -113,6 +122,9 @@ class ExpertEngine {
   // Bytes one pass over expert e streams (all nodes together).
   uint64_t expert_bytes(int64_t e) const;
   std::string memory_report() const;
+  // Bytes of the lowbit_repack copies, all nodes (0: none); a step reads
+  // these instead of the file's blocks of those matrices.
+  uint64_t packed_bytes() const { return packed_bytes_; }
   // Whether the int8-activation path serves gate/up or down.
   bool int8_act_used() const { return q_up_ || q_down_; }
   // Whether the 8-bit-activation GGUF path serves gate/up or down.
@@ -157,6 +169,12 @@ class ExpertEngine {
   std::vector<int64_t> inter_split_, hidden_split_;  // nodes + 1 boundaries
   std::vector<std::vector<Slice>> slices_;           // [node][expert]
   std::vector<NodeBuffer> buffers_;                  // one per node when copied
+  struct Packed {
+    cpu::LowbitPacked gate, up, down;
+  };
+  std::vector<std::vector<Packed>> packed_;  // [node][expert] lowbit_repack copies (empty: none)
+  std::vector<NodeBuffer> packed_buffers_;   // one per node when packed_
+  uint64_t packed_bytes_ = 0;
   std::vector<uint64_t> node_bytes_;
   std::vector<uint64_t> expert_bytes_;
   std::unique_ptr<Scratch> scratch_;

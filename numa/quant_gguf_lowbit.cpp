@@ -3,6 +3,7 @@
 #include "numa/quant_gguf_lowbit.h"
 
 #include <atomic>
+#include <cstring>
 
 #include "numa/detail/kernels_impl.h"
 #include "numa/quant_gguf_q8.h"
@@ -37,6 +38,27 @@ void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, 
   else if (best_isa() == Isa::avx512 && detail::lowbit_has_avx512_vnni()) detail::lowbit_rows_q8_avx512(xa, t0, n, w, r0, r1, y, ldy);
   else if (best_isa() != Isa::scalar) detail::lowbit_rows_q8_avx2(xa, t0, n, w, r0, r1, y, ldy);
   else gemm_rows_q8_reference(xa, t0, n, w, r0, r1, y, ldy);
+}
+
+bool lowbit_repack_applies(const Mat& w) {
+  return w.quant == Quant::ext && best_isa() == Isa::avx512 && detail::lowbit_ternary_applies(w.ext, w.cols);
+}
+
+size_t lowbit_packed_bytes(const Mat& w) { return static_cast<size_t>(w.rows) * detail::lowbit_ternary_row_bytes(w.ext, w.cols) + detail::kLowbitTernaryPad; }
+
+LowbitPacked lowbit_pack(const Mat& w, uint8_t* dst) {
+  detail::lowbit_ternary_pack(w, 0, w.rows, dst);
+  std::memset(dst + lowbit_packed_bytes(w) - detail::kLowbitTernaryPad, 0, detail::kLowbitTernaryPad);
+  return {dst, detail::lowbit_ternary_row_bytes(w.ext, w.cols)};
+}
+
+void lowbit_gemm_rows_q8_packed(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, const LowbitPacked& p, int64_t r0, int64_t r1, float* y,
+                                int64_t ldy) {
+  if (p.data && xa.type == static_cast<ExtType>(w.ext) && xa.cols == w.cols) {
+    detail::lowbit_rows_q8_ternary(xa, t0, n, p.data, w.cols, r0, r1, y, ldy);
+    return;
+  }
+  gemm_rows_q8(xa, t0, n, w, r0, r1, y, ldy);
 }
 
 }  // namespace hmoe::cpu

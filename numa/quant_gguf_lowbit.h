@@ -12,7 +12,9 @@
 //    the 32-types) multiplied in integers with VNNI (AVX-512) or maddubs
 //    (AVX2): y = sum_16 dx * (scale * sum(code * xq) + offset * sum(xq)).
 //    Needs cols % 256 == 0 (otherwise the exact path runs).
-//    Kernels, best first: v4 for the IQ1/IQ2/IQ3 types (AVX-512 VNNI +
+//    Kernels, best first: v5 for IQ1_S / IQ1_M repacked at load into
+//    base-3 trits (quant_gguf_lowbit_ternary.cpp; callers that hold a
+//    LowbitPacked copy, numa::ExpertEngine), v4 for the IQ1/IQ2/IQ3 types (AVX-512 VNNI +
 //    VBMI + BITALG + GFNI, quant_gguf_lowbit_codes.cpp: sub-blocks in
 //    fixed lanes, grid codes or gathered rows), v3 (grid planes,
 //    quant_gguf_lowbit_planes.cpp; reached where v4 declines: a CPU
@@ -20,6 +22,7 @@
 //    registers only, integer sub-block scales, R rows x NT tokens per tile),
 //    v1 (AVX-512 VNNI without VBMI, quant_gguf_lowbit_avx512.cpp), AVX2.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "io/tensor/quant_blocks_lowbit.h"
@@ -35,6 +38,25 @@ struct Q8Acts;
 bool lowbit_q8_applies(const Mat& w);
 // The int8 path: xa quantized for w (Q8Acts::reset(n, w)), rows t0.. t0+n.
 void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+
+// A matrix's rows repacked at load for the v5 kernel (IQ1_S, IQ1_M into trits,
+// see detail::lowbit_ternary_pack): row r at data + r * row_bytes; data null
+// when not repacked. The owner keeps kLowbitTernaryPad bytes after the last row.
+struct LowbitPacked {
+  const uint8_t* data = nullptr;
+  size_t row_bytes = 0;
+  // The rows from r0 on (for a view of w.slice_rows(r0, ..)).
+  LowbitPacked from(int64_t r0) const { return {data ? data + static_cast<size_t>(r0) * row_bytes : nullptr, row_bytes}; }
+};
+// Whether lowbit_pack serves w (cpu_lowbit_repack: the type, its shape and the CPU).
+bool lowbit_repack_applies(const Mat& w);
+size_t lowbit_packed_bytes(const Mat& w);  // rows * row bytes + the padding
+// w's rows packed into dst (lowbit_packed_bytes(w) long).
+LowbitPacked lowbit_pack(const Mat& w, uint8_t* dst);
+// gemm_rows_q8 taking w's packed rows where p has them (every token count,
+// so results do not depend on the batch), else w.
+void lowbit_gemm_rows_q8_packed(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, const LowbitPacked& p, int64_t r0, int64_t r1, float* y,
+                                int64_t ldy);
 
 namespace detail {  // quant_gguf_lowbit_avx512.cpp / quant_gguf_lowbit_avx2.cpp
 bool lowbit_has_avx512_vnni();
@@ -55,6 +77,22 @@ bool lowbit_rows_q8_planes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w
 // CPUs with AVX-512 BITALG and GFNI as well. Returns false (nothing done)
 // otherwise.
 bool lowbit_rows_q8_codes(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// v5 (quant_gguf_lowbit_ternary.cpp): IQ1_S and IQ1_M repacked once into
+// base-3 trits (58 / 66 bytes per 256 weights against the file's 50 / 56),
+// decoded by register lookups instead of v2/v4's grid gathers. applies: the
+// type, the shape (cols % 256 == 0) and the CPU (AVX-512 VNNI, VBMI, GFNI).
+bool lowbit_ternary_applies(uint32_t ext, int64_t cols);
+size_t lowbit_ternary_row_bytes(uint32_t ext, int64_t cols);
+// Rows [r0, r1) of w (IQ1_S or IQ1_M) packed into dst, row after row
+// (lowbit_ternary_row_bytes each). The kernel reads up to 64 bytes past a
+// group's start: a buffer needs kLowbitTernaryPad bytes after its last row.
+constexpr size_t kLowbitTernaryPad = 64;
+void lowbit_ternary_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst);
+// y[t * ldy + r] for rows r0 <= r < r1 of the packed matrix (row r at
+// packed + r * lowbit_ternary_row_bytes(xa.type, cols)); xa quantized for
+// the matrix it came from.
+void lowbit_rows_q8_ternary(const Q8Acts& xa, int64_t t0, int64_t n, const uint8_t* packed, int64_t cols, int64_t r0, int64_t r1, float* y,
+                            int64_t ldy);
 // Benchmarks and tests: whether the dispatcher takes v4 (default true); returns the previous value.
 bool lowbit_set_codes_for_testing(bool on);
 // v1: for AVX-512 VNNI CPUs without VBMI.

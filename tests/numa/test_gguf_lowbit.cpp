@@ -16,6 +16,7 @@
 
 #include "configs/error.h"
 #include "io/dtype.h"
+#include "numa/expert_engine.h"
 #include "numa/kernels.h"
 #include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
@@ -296,6 +297,110 @@ TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI), v3 (grid 
         if (!(std::fabs(off[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("dispatch, v4 off " << i << ": " << off[i] << " vs " << ref[i]);
       }
       CHECK(bad == 0);
+    }
+  }
+}
+
+TEST_CASE("low-bit GGUF types: IQ1_S and IQ1_M repacked into trits (v5) against the reference on row and token tails") {
+  const int64_t cols = 1280;  // 5 groups: the kernel's group pairs and a single tail group
+  if (!cpu::detail::lowbit_ternary_applies(static_cast<uint32_t>(cpu::lowbit::iq1_s), cols)) {
+    MESSAGE("no AVX-512 VNNI + VBMI + GFNI here: v5 not checked");
+    return;
+  }
+  CHECK_FALSE(cpu::detail::lowbit_ternary_applies(static_cast<uint32_t>(cpu::lowbit::iq2_xxs), cols));
+  CHECK_FALSE(cpu::detail::lowbit_ternary_applies(static_cast<uint32_t>(cpu::lowbit::iq1_s), 300));
+  for (ExtType t : {cpu::lowbit::iq1_s, cpu::lowbit::iq1_m}) {
+    INFO(std::string(info(t).name));
+    CHECK(cpu::detail::lowbit_ternary_applies(static_cast<uint32_t>(t), cols));
+    const int64_t rows = 13, rb = static_cast<int64_t>(cpu::detail::lowbit_ternary_row_bytes(static_cast<uint32_t>(t), cols));
+    CHECK(rb == 5 * (t == cpu::lowbit::iq1_s ? 58 : 66));
+    const auto bytes = random_blocks(t, rows * cols / 256, 1234u + static_cast<uint32_t>(t));
+    const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, cols, "w");
+    // packed in two calls (rows 0..5, 5..13), the padding after the last row poisoned
+    std::vector<uint8_t> packed(static_cast<size_t>(rows * rb) + cpu::detail::kLowbitTernaryPad, 0xA5);
+    cpu::detail::lowbit_ternary_pack(w, 0, 5, packed.data());
+    cpu::detail::lowbit_ternary_pack(w, 5, rows, packed.data() + 5 * rb);
+    for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}}) {
+      INFO("tokens " << n);
+      const auto x = randn(static_cast<size_t>(n * cols), static_cast<uint32_t>(n * 17 + 3));
+      cpu::Q8Acts a;
+      a.reset(n, w);
+      for (int64_t j = 0; j < n; ++j) a.quantize(j, x.data() + j * cols);
+      std::vector<double> absdot(static_cast<size_t>(n * rows));
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::ext_row_to_f32(w, r, row.data());
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t k = 0; k < cols; ++k)
+            absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
+      }
+      std::vector<float> ref(absdot.size()), got(absdot.size(), NAN);
+      cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
+      // rows 0..4 and 4..13: a start past 0
+      cpu::detail::lowbit_rows_q8_ternary(a, 0, n, packed.data(), cols, 0, 4, got.data(), rows);
+      cpu::detail::lowbit_rows_q8_ternary(a, 0, n, packed.data(), cols, 4, rows, got.data(), rows);
+      int bad = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        CHECK(absdot[i] > 0);
+        if (!(std::fabs(got[i] - ref[i]) <= 2e-5 * absdot[i] + 1e-5) && bad++ < 3) FAIL_CHECK("v5 " << i << ": " << got[i] << " vs " << ref[i]);
+      }
+      CHECK(bad == 0);
+    }
+  }
+}
+
+TEST_CASE("low-bit GGUF types: ExpertEngine with IQ1_S / IQ1_M repacked (cpu_lowbit_repack) equals the file's blocks, on 1 and 2 nodes") {
+  const int64_t E = 4, H = 512, I = 768, K = 2;
+  if (!cpu::detail::lowbit_ternary_applies(static_cast<uint32_t>(cpu::lowbit::iq1_s), H)) {
+    MESSAGE("no AVX-512 VNNI + VBMI + GFNI here: the repack is not used");
+    return;
+  }
+  // IQ1_S everywhere, IQ1_M gate/up with IQ1_S down, and IQ1_S gate/up with IQ2_XXS down (down stays the file's blocks)
+  for (auto [tu, td] : {std::pair{cpu::lowbit::iq1_s, cpu::lowbit::iq1_s}, std::pair{cpu::lowbit::iq1_m, cpu::lowbit::iq1_s},
+                        std::pair{cpu::lowbit::iq1_s, cpu::lowbit::iq2_xxs}}) {
+    INFO(info(tu).name << " / " << info(td).name);
+    std::vector<std::vector<uint8_t>> store;
+    std::vector<numa::ExpertWeights> ex;
+    for (int64_t e = 0; e < E; ++e) {
+      store.push_back(random_blocks(tu, I * H / 256, static_cast<uint32_t>(10 * e + 1)));
+      store.push_back(random_blocks(tu, I * H / 256, static_cast<uint32_t>(10 * e + 2)));
+      store.push_back(random_blocks(td, H * I / 256, static_cast<uint32_t>(10 * e + 3)));
+    }
+    for (int64_t e = 0; e < E; ++e)
+      ex.push_back({cpu::ext_view(tu, store[static_cast<size_t>(3 * e)].data(), I, H, "gate"),
+                    cpu::ext_view(tu, store[static_cast<size_t>(3 * e + 1)].data(), I, H, "up"),
+                    cpu::ext_view(td, store[static_cast<size_t>(3 * e + 2)].data(), H, I, "down")});
+    for (const char* topo : {"", "numa:2 core:1 pu:1"}) {
+      INFO("topology '" << topo << "'");
+      numa::PoolOptions po;
+      po.topology = topo;
+      po.threads = 2;
+      po.quiet = true;
+      numa::NodePools pools(po);
+      numa::EngineOptions on, off;
+      on.print_memory = off.print_memory = false;
+      off.lowbit_repack = false;
+      numa::ExpertEngine ep(ex, pools, on), ef(ex, pools, off);
+      const uint64_t gb = tu == cpu::lowbit::iq1_s ? 58 : 66;
+      const uint64_t want = static_cast<uint64_t>(E) * (2 * gb * I * H / 256 + (td == cpu::lowbit::iq1_s ? 58 * H * I / 256 : 0));
+      CHECK(ep.packed_bytes() >= want);
+      CHECK(ep.packed_bytes() <= want + static_cast<uint64_t>(E * 3 * pools.nodes()) * 128);
+      CHECK(ef.packed_bytes() == 0);
+      for (int64_t n : {1, 3}) {
+        const auto x = randn(static_cast<size_t>(n * H), static_cast<uint32_t>(n + 40));
+        std::vector<int32_t> ids(static_cast<size_t>(n * K));
+        std::vector<float> wts(ids.size());
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 3 + i / 2) % E), wts[i] = 0.3f + 0.1f * static_cast<float>(i % 3);
+        std::vector<float> a(static_cast<size_t>(n * H), 0.0f), b = a;
+        ep.forward(x.data(), n, ids.data(), wts.data(), K, a.data());
+        ef.forward(x.data(), n, ids.data(), wts.data(), K, b.data());
+        double diff = 0, scale = 0;
+        for (size_t i = 0; i < a.size(); ++i)
+          diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i]))), scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+        INFO("tokens " << n << " max diff " << diff << " of max " << scale);
+        CHECK(scale > 0);
+        CHECK(diff <= 1e-4 * scale);  // the same integer sums; fp32 sums in another order
+      }
     }
   }
 }
