@@ -36,6 +36,10 @@ __device__ __forceinline__ void pdl_trigger() {
 // Whether the current device takes programmatic launches (compute 9.0+).
 bool pdl_supported();
 
+// The current device's shared memory per block with the opt-in (99 KiB on
+// sm_86/89, 227 KiB on sm_90), read once per process.
+int64_t smem_optin_limit();
+
 // kern<<<grid, block, smem, s>>>(args...), with the programmatic-serialization
 // attribute when s asks for it and the device takes it. Checks the launch.
 template <class... KArgs, class... Args>

@@ -304,16 +304,7 @@ void check_shape(const DeltaNetShape& sh) {
     fail(ErrorKind::unsupported, "gated deltanet on the GPU: value heads must be a multiple of key heads (<= 1024)");
 }
 
-// The device's shared memory per block with the opt-in (99 KiB on sm_86/89, 227 KiB on sm_90).
-int64_t smem_limit() {
-  static const int64_t limit = [] {
-    int dev = 0, v = 0;
-    HMOE_CUDA_CHECK(cudaGetDevice(&dev));
-    HMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return static_cast<int64_t>(v);
-  }();
-  return limit;
-}
+int64_t smem_limit() { return smem_optin_limit(); }
 
 // Tokens per chunk: `chunk` (0: 64), halved until the chunk's shared memory fits.
 int chunk_of(const Dims& d, int64_t chunk) {

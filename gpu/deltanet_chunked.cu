@@ -440,15 +440,6 @@ __global__ void __launch_bounds__(kScanThreads) v2_scan_kernel(const float* conv
 int64_t prep_smem(int64_t C, int64_t dk) { return (2 * C * (dk + 4) + 2 * C * (C + 4) + 3 * C) * 4; }
 int64_t scan_smem(int64_t C, int64_t dk) { return (dk * kLdS + 2 * C * (dk + 4) + C * (dk + 8) + C * (C + 4) + 3 * C * kLdS + 2 * C + 4) * 4; }
 
-int64_t v2_smem_limit() {
-  static const int64_t limit = [] {
-    int dev = 0, v = 0;
-    HMOE_CUDA_CHECK(cudaGetDevice(&dev));
-    HMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return static_cast<int64_t>(v);
-  }();
-  return limit;
-}
 
 // The dynamic shared memory a v2 kernel may take: the device's opt-in
 // limit less the kernel's static shared memory, and less a margin that
@@ -458,7 +449,7 @@ template <class Kern>
 void opt_in(Kern* kern) {
   cudaFuncAttributes fa{};
   HMOE_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
-  const int64_t bytes = v2_smem_limit() - static_cast<int64_t>(fa.sharedSizeBytes);
+  const int64_t bytes = smem_optin_limit() - static_cast<int64_t>(fa.sharedSizeBytes);
   HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
@@ -493,7 +484,7 @@ int64_t deltanet_v2_chunk(const DeltaNetShape& sh, int64_t chunk) {
   if (sh.dk % 16 != 0 || sh.dv % 16 != 0 || sh.dk <= 0 || sh.dv <= 0) return 0;
   int64_t C = chunk > 0 ? chunk : 64;
   if (C != 16 && C != 32 && C != 64) return 0;
-  while (C >= 16 && std::max(prep_smem(C, sh.dk), scan_smem(C, sh.dk)) > v2_smem_limit() - kSmemMargin) C /= 2;
+  while (C >= 16 && std::max(prep_smem(C, sh.dk), scan_smem(C, sh.dk)) > smem_optin_limit() - kSmemMargin) C /= 2;
   return C >= 16 ? C : 0;
 }
 

@@ -27,6 +27,15 @@ bool pdl_supported() {
   }
   return k == 2;
 }
+int64_t smem_optin_limit() {
+  static const int64_t limit = [] {
+    int dev = 0, v = 0;
+    HMOE_CUDA_CHECK(cudaGetDevice(&dev));
+    HMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return static_cast<int64_t>(v);
+  }();
+  return limit;
+}
 }  // namespace detail
 
 using detail::cs;

@@ -50,6 +50,7 @@ namespace hmoe::cpu::detail {
 namespace {
 
 using lowbit_bytes::half;
+using lowbit_bytes::prefetch;
 using lowbit_bytes::u16;
 using lowbit_bytes::u32;
 using lowbit_bytes::u64;
@@ -528,17 +529,6 @@ HMOE_LC inline void dot(const Dec<T>& k, const XG<T>* xp, const float* dx, int64
   }
 }
 
-// The lines of bytes [p + ahead, p + ahead + n) into L1, and the same
-// bytes 3 steps further into L2 (measured 0-5% better in the engine at one
-// token, within the shared box's noise; never worse).
-HMOE_LC inline void prefetch(const uint8_t* p, int64_t ahead, int n) {
-  const char* q = reinterpret_cast<const char*>(p) + ahead;
-  for (int o = 0; o < n; o += 64) _mm_prefetch(q + o, _MM_HINT_T0);
-  _mm_prefetch(q + n - 1, _MM_HINT_T0);
-  const char* q2 = q + 3 * ahead;
-  for (int o = 0; o < n; o += 64) _mm_prefetch(q2 + o, _MM_HINT_T1);
-  _mm_prefetch(q2 + n - 1, _MM_HINT_T1);
-}
 
 // Rows r.. r + kRows - 1 (`pair` false: one row, the second repeats it) times NT tokens.
 // Two groups per step, both decoded before their products: two independent

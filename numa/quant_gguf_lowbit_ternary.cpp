@@ -59,6 +59,7 @@ namespace hmoe::cpu::detail {
 
 namespace {
 
+using lowbit_bytes::prefetch;
 using lowbit_bytes::u16;
 using lowbit_bytes::u32;
 using lowbit_bytes::u64;
@@ -255,14 +256,6 @@ HMOE_LT inline void dot(const Dec& k, const XG<T>* xp, const float* dd, int64_t 
   }
 }
 
-HMOE_LT inline void prefetch(const uint8_t* p, int64_t ahead, int n) {
-  const char* q = reinterpret_cast<const char*>(p) + ahead;
-  for (int o = 0; o < n; o += 64) _mm_prefetch(q + o, _MM_HINT_T0);
-  _mm_prefetch(q + n - 1, _MM_HINT_T0);
-  const char* q2 = q + 3 * ahead;
-  for (int o = 0; o < n; o += 64) _mm_prefetch(q2 + o, _MM_HINT_T1);
-  _mm_prefetch(q2 + n - 1, _MM_HINT_T1);
-}
 
 // dd[t * ng + g] = d of group g times token t's activation scale.
 template <int NT>
