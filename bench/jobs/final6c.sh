@@ -25,9 +25,16 @@ grep -E "placement |  miss:|ERROR|FAILED|test cases:|assertions:" "$O/next_v2.lo
 guard res 40 $B test_gpu -tc='*copy residence*,*GGUF block types streamed*'
 grep -E "registered in|residence|off vs copy|ERROR|FAILED|test cases:|assertions:" "$O/res.log" | head -20
 guard cache 45 env HMOE_GPU_PIN_HOST_EXPERTS=copy $B test_gpu -tc='*expert cache*,gpu gguf low-bit*'
+cache_rc=$rc
 grep -E "hit|ERROR|FAILED|test cases:|assertions:" "$O/cache.log" | head -20
 [[ -n $build_pid ]] && { wait $build_pid; echo "llama build rc $? t=$((SECONDS - T0))"; tail -2 "$O/llama-cuda.log"; }
 r=$(rem); mkdir -p "$O/k28b"
 guard k28b $((r - 5)) env HMOE_GPU_PIN_HOST_EXPERTS=copy LLAMA_CUDA=$L LQ=$L O=$O/k28b bash .device/jobs/k28b.sh
 tail -24 "$O/k28b.log"
+q=/tmp/k28b/ds3-slice-4L-Q4_K_M-iq2_xxs-q2_k.gguf
+if [[ -s $q && $cache_rc == 0 ]]; then
+  guard k28b-split 60 $B hmoe bench "$q" -p 0 -n 64 -r 2 --batch 1 --threads 16 --gpu-resident-moe-layers none --gpu-pin-host-experts copy \
+    --gpu-expert-cache 2GiB --progress none
+  grep -E "split|cache|^\| [pt]|rror" "$O/k28b-split.log" | head -10
+fi
 echo "== final6c done t=$((SECONDS - T0))"; pack
