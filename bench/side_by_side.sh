@@ -11,6 +11,9 @@
 # Placements (rows), each engine's own flags for the same thing:
 #   gpu     all weights on the GPU:     llama-bench -ngl 99            | hmoe --gpu-resident-moe-layers all
 #   hybrid  routed experts on the CPU:  llama-bench -ngl 99 -ot exps=CPU | hmoe --gpu-resident-moe-layers none
+#           (hmoe with its defaults: since 2026-12-07 a GPU expert cache, --gpu-expert-cache auto, runs
+#           cached experts and a PCIe share of the others on the GPU; HMOE_GPU_EXPERT_CACHE=0 in the
+#           environment keeps every routed expert's product on the CPU, as llama.cpp's row does)
 #   cpu     no GPU at all:              llama-bench of a CPU-only build | hmoe --device cpu
 # Without a GPU (no nvidia-smi answer) only the cpu rows run.
 #

@@ -155,7 +155,7 @@ ExpertEngine::ExpertEngine(const std::vector<ExpertWeights>& experts, NodePools&
     bool all_bf16 = true;
     for (const auto& w : experts)
       for (const cpu::Mat* m : {&w.gate, &w.up, &w.down}) all_bf16 = all_bf16 && m->dtype == DType::bf16 && m->quant == cpu::Quant::none;
-    if (all_bf16) onednn_ = std::make_unique<OnednnBf16>();
+    if (all_bf16 && onednn_bf16_available()) onednn_ = std::make_unique<OnednnBf16>();
   }
   q_up_like_ = experts[0].gate;
   q_down_like_ = experts[0].down;

@@ -70,7 +70,26 @@ void OnednnBf16::matmul_swiglu(const uint16_t* xb, int64_t m, int64_t ldx, const
   if (m > 0 && w.rows > 0) impl_->run(1, xb, m, ldx, w, yb, ldy, u, ldu);
 }
 
+bool onednn_bf16_available() {
+  static const bool ok = [] {
+    try {
+      OnednnBf16 mm;
+      const int64_t m = 2, n = 16, k = 32;
+      std::vector<uint16_t> w(static_cast<size_t>(n * k), 0x3f80), x(static_cast<size_t>(m * k), 0x3f80), yb(static_cast<size_t>(m * n));
+      std::vector<float> y(static_cast<size_t>(m * n)), u(static_cast<size_t>(m * n), 1.0f);
+      const cpu::Mat wm{DType::bf16, w.data(), n, k};
+      mm.matmul(x.data(), m, k, wm, y.data(), n);
+      mm.matmul_swiglu(x.data(), m, k, wm, u.data(), n, yb.data(), n);
+      return y[0] == static_cast<float>(k);  // 1 x 1 summed over k
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
 double onednn_bf16_gflops(int64_t m, int64_t n, int64_t k, int reps) {
+  if (!onednn_bf16_available()) return 0;
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
   dnnl::memory::desc a_md({m, k}, dt::bf16, dnnl::memory::format_tag::ab), w_any({k, n}, dt::bf16, dnnl::memory::format_tag::any),

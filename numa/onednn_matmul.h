@@ -40,9 +40,16 @@ class OnednnBf16 {
   std::unique_ptr<Impl> impl_;
 };
 
+// Whether this CPU runs oneDNN's bf16 matmul (with the SwiGLU epilogue):
+// probed once per process by building one small primitive of each kind.
+// Debian's oneDNN has no bf16 matmul for CPUs without AVX-512 (an AVX2-only
+// EPYC answers "could not create a primitive descriptor"): the expert engine
+// then keeps its own kernels for prefill.
+bool onednn_bf16_available();
+
 // GFLOP/s of oneDNN's bf16 matmul on an m x n x k problem (weights reordered
 // once, its OpenMP threads), best of reps: the peak the bf16 prefill rows are
-// compared against.
+// compared against; 0 where onednn_bf16_available() is false.
 double onednn_bf16_gflops(int64_t m, int64_t n, int64_t k, int reps = 3);
 
 }  // namespace hmoe::numa

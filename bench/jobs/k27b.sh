@@ -113,20 +113,20 @@ best_static() {  # the static-sweep run with the highest batch-1 decode tok/s
 
 say "decode"
 DEC=(-p 0 -n 32 --batch 1,8)
-for r in ${K27B_STATIC:-12 20 28}; do run "static_r$r" 22 "${DEC[@]}" --gpu-resident-moe-layers "0-$((r - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0; done
-run auto 22 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache 0
-run auto_cache 22 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache auto
-run auto_cache_zipf 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --gpu-expert-cache auto
+for r in ${K27B_STATIC:-12 20 28}; do run "static_r$r" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((r - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0; done
+run auto 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache 0
+run auto_cache 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache auto
+run auto_cache_zipf 55 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --gpu-expert-cache auto
 R=$(best_static)
-[[ -n $R ]] && run "static_r${R}_zipf" 22 "${DEC[@]}" --gpu-resident-moe-layers "0-$((R - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0 --routing-replay "$ZIPF"
-run auto_cache_zipf_defer1 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --defer-experts 1 --gpu-expert-cache auto
+[[ -n $R ]] && run "static_r${R}_zipf" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((R - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0 --routing-replay "$ZIPF"
+run auto_cache_zipf_defer1 55 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --defer-experts 1 --gpu-expert-cache auto
 
 say "prefill"
-run prefill8k_streamed 25 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
-run prefill8k_cpu_experts 30 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
-run auto_cache_zipf_lru 22 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --gpu-expert-cache-policy lru --gpu-expert-cache auto
+run prefill8k_streamed 50 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
+run prefill8k_cpu_experts 70 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
+run auto_cache_zipf_lru 55 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --gpu-expert-cache-policy lru --gpu-expert-cache auto
 CAP=(--gpu-memory 24GiB --max-model-len 32768 --threads 16 --progress none "${EXTRA[@]}")
-run prefill32k_streamed 40 -p 32768 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
+run prefill32k_streamed 60 -p 32768 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
 
 say "more plans"
 plan uniform_b8 --batch 8 --gpu-expert-cache auto

@@ -222,7 +222,9 @@ TEST_CASE("moe_forward equals the per-token sum of SwiGLU experts") {
         ref[static_cast<size_t>(o)] += wts[static_cast<size_t>(t * K + j)] * d;
       }
     }
-    for (int64_t o = 0; o < H; ++o) CHECK(out[static_cast<size_t>(t * H + o)] == doctest::Approx(ref[static_cast<size_t>(o)]).epsilon(1e-4).scale(1e-3));
+    // Absolute floor 1e-6 (scale 1e-2 at epsilon 1e-4): outputs near zero differ from the double reference by the
+    // fp32 sums' order, which the AVX-512 and AVX2 kernels choose differently (3.8e-7 seen on an AVX2-only EPYC).
+    for (int64_t o = 0; o < H; ++o) CHECK(out[static_cast<size_t>(t * H + o)] == doctest::Approx(ref[static_cast<size_t>(o)]).epsilon(1e-4).scale(1e-2));
   }
 }
 

@@ -430,11 +430,11 @@ TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 
 
 TEST_CASE("gated deltanet: the kernel setting takes v1 or v2, names a bad value, and v2's scratch follows its formula") {
   Settings s = Settings::defaults();
-  CHECK(s.gpu_deltanet_kernel == "v1");
-  CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v1);
-  s.gpu_deltanet_kernel = "V2";
-  s.validate();  // choices are read in lower case
+  CHECK(s.gpu_deltanet_kernel == "v2");
   CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v2);
+  s.gpu_deltanet_kernel = "V1";
+  s.validate();  // choices are read in lower case
+  CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v1);
   s.gpu_deltanet_kernel = "v3";
   CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v2"), Error);
   CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);

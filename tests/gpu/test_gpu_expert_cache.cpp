@@ -21,12 +21,11 @@
 // The tiny-qwen3moe Q8_0 fixture's experts (intermediate 32) are not a shape
 // the native GGUF kernels take: no cache is made for it (checked).
 // Skips without a GPU.
-// The cases that turn the cache on are skipped by default (run them with
-// --no-skip), as is the 1 GiB pin: on their first GPU run (H100, 2026-12-06 16:41 UTC, bench/jobs/final3.sh) the
-// first one hung (the main thread spinning, the worker pool idle, no output
-// after loading) and `hmoe bench` with the cache on hung the same way, so
-// --gpu-expert-cache defaults to 0 until the hang is found
-// (.device jobs: bench/jobs/expert_cache_diag.sh).
+// The 1 GiB pin is skipped by default (run it with --no-skip). The cases that
+// turn the cache on hung on their first GPU run (H100, 2026-12-06 16:41 UTC,
+// bench/jobs/final3.sh) with the file map pinned in place; under the copy
+// residence (the default since 2026-12-07) they and `hmoe bench` with the
+// cache on pass (bench/jobs/final7.sh), and --gpu-expert-cache defaults to auto.
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -60,7 +59,7 @@ namespace {
 
 // Quiet loads unless HMOE_PROGRESS is set (=lines: the loads' progress on
 // stderr, where a stalled run stands; bench/jobs/expert_cache_diag.sh).
-// residence: --gpu-pin-host-experts (engine/layers/host_residence.h; off is the default until copy has run on a GPU).
+// residence: --gpu-pin-host-experts (engine/layers/host_residence.h; copy is the default).
 std::unique_ptr<Model> load(const std::string& path, const std::string& cache, const std::string& split, const std::string& policy = "freq_recency",
                             const std::string& trace = "", const std::string& residence = "copy") {
   std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", "none", "--gpu-prefill-min-batch-size", "0",
@@ -309,7 +308,7 @@ TEST_CASE("a 1 GiB read-only file map pinned in place: registration time and a b
   ::munmap(map, file_bytes);
 }
 
-TEST_CASE("split decode and the GPU expert cache: the same greedy ids as the CPU experts, logits within the activations' rounding" * doctest::skip()) {
+TEST_CASE("split decode and the GPU expert cache: the same greedy ids as the CPU experts, logits within the activations' rounding") {
   if (!test::have_gpu()) return;
   test::TempDir dir("gpu-expert-cache");
   for (uint32_t type : {8u, 12u, 14u}) {
@@ -348,7 +347,7 @@ TEST_CASE("split decode and the GPU expert cache: the same greedy ids as the CPU
   }
 }
 
-TEST_CASE("GPU expert cache of 3 slots: LRU evictions, bytes and pair counters add up; split 0 with an empty cache is the CPU path" * doctest::skip()) {
+TEST_CASE("GPU expert cache of 3 slots: LRU evictions, bytes and pair counters add up; split 0 with an empty cache is the CPU path") {
   if (!test::have_gpu()) return;
   test::TempDir dir("gpu-expert-cache-small");
   const std::string path = dir.str() + "/q.gguf";
@@ -400,7 +399,7 @@ TEST_CASE("the tiny-qwen3moe Q8_0 fixture (experts of intermediate 32) gets no G
   CHECK(m->gpu()->expert_cache() == nullptr);
 }
 
-TEST_CASE("the GPU expert cache's hits, misses, admissions and bytes equal the simulator's on the routing trace the run recorded" * doctest::skip()) {
+TEST_CASE("the GPU expert cache's hits, misses, admissions and bytes equal the simulator's on the routing trace the run recorded") {
   if (!test::have_gpu()) return;
   test::TempDir dir("gpu-expert-cache-sim");
   const std::string path = dir.str() + "/q.gguf";

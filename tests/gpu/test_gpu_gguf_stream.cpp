@@ -38,7 +38,7 @@ namespace {
 
 // Split decode and the GPU expert cache off: the non-streamed path is the CPU experts' (tests/gpu/test_gpu_expert_cache.cpp covers them).
 // gguf_int8 "0": the CPU experts take the exact fp32 dequantize path instead of 8-bit activations.
-// residence: --gpu-pin-host-experts (engine/layers/host_residence.h; off is the default until copy has run on a GPU).
+// residence: --gpu-pin-host-experts (engine/layers/host_residence.h; copy is the default).
 std::unique_ptr<Model> load(const std::string& path, const std::string& resident, const std::string& min_batch, const std::string& gguf_int8 = "1",
                             const std::string& residence = "copy") {
   std::vector<std::string> args = {"--device", "cuda", "--gpu-resident-moe-layers", resident, "--progress", "none", "--gpu-prefill-min-batch-size",
