@@ -24,6 +24,7 @@ using namespace hmoe;
 namespace {
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
+int kernel_number(gpu::DeltaNetKernel k) { return k == gpu::DeltaNetKernel::v3 ? 3 : k == gpu::DeltaNetKernel::v2 ? 2 : 1; }
 float sigm(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // The test's own reading of the checkpoint's grouped layout (per key head:
@@ -194,16 +195,16 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
       core(static_cast<size_t>(n * V * 4)), y(static_cast<size_t>(n * V * 2));
   // (max_recurrent, chunk): both kernels by token count, everything chunked, everything recurrent; with
   // each chunked kernel (v1, v2).
-  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2})
+  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3})
   for (const auto& mode : std::vector<std::pair<int64_t, int64_t>>{{1, 16}, {0, 16}, {1000, 0}, {1, 0}}) {
     const int64_t max_rec = mode.first, chunk = mode.second;
-    const int kv = kernel == gpu::DeltaNetKernel::v2 ? 2 : 1;
+    const int kv = kernel_number(kernel);
     CAPTURE(kv);
     CAPTURE(max_rec);
     CAPTURE(chunk);
-    const int64_t c2 = kv == 2 ? gpu::deltanet_v2_chunk(sh, chunk) : 0;
-    if (kv == 2) REQUIRE(c2 == (chunk > 0 ? chunk : 64));
-    gpu::DeviceBuffer v2s(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_v2_scratch_bytes(sh, c2, gpu::deltanet_v2_slots(n, G, c2)))));
+    if (kv == 2) REQUIRE(gpu::deltanet_v2_chunk(sh, chunk) == (chunk > 0 ? chunk : 64));
+    if (kv == 3) REQUIRE(gpu::deltanet_v3_chunk(sh, chunk) == (chunk > 0 ? chunk : 64));
+    gpu::DeviceBuffer v2s(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_chunked_scratch_bytes(sh, kernel, chunk, n, G))));
     std::vector<gpu::DeviceBuffer> states;
     std::vector<uint64_t> ptrs;
     for (int64_t g = 0; g < G; ++g) {
@@ -322,7 +323,7 @@ void rule_reference(const gpu::DeltaNetShape& sh, const RuleInputs& in, const st
 
 }  // namespace
 
-TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 to 300, fresh and continued states, chunks of 16/32/64, v2 against v1") {
+TEST_CASE("gated deltanet chunked kernels v1, v2 and v3 at head dims 128: lengths 1 to 300, fresh and continued states, chunks of 16/32/64, v2 against v1") {
   if (!test::have_gpu()) return;
   gpu::DeltaNetShape sh;
   sh.nk = 2;
@@ -379,9 +380,9 @@ TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 
     dg.count = d_c.as<int32_t>();
     dg.fresh = d_f.as<int32_t>();
     dg.state = d_ptrs.as<uint64_t>();
-    const int64_t c2 = kernel == gpu::DeltaNetKernel::v2 ? gpu::deltanet_v2_chunk(sh, chunk) : 0;
-    if (kernel == gpu::DeltaNetKernel::v2) REQUIRE(c2 > 0);
-    gpu::DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_v2_scratch_bytes(sh, c2, gpu::deltanet_v2_slots(n, gn, c2)))));
+    if (kernel == gpu::DeltaNetKernel::v2) REQUIRE(gpu::deltanet_v2_chunk(sh, chunk) > 0);
+    if (kernel == gpu::DeltaNetKernel::v3) REQUIRE(gpu::deltanet_v3_chunk(sh, chunk) > 0);
+    gpu::DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_chunked_scratch_bytes(sh, kernel, chunk, n, gn))));
     gpu::deltanet_chunked(d_conv.as<float>(), d_gate.as<float>(), d_beta.as<float>(), dg, 0, gn, sh, 0, 0, chunk, out.as<float>(), s, kernel, n,
                           scratch.data());
     const auto all = test::to_host<float>(out, static_cast<size_t>(n * V), s);
@@ -393,9 +394,9 @@ TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 
     }
   };
   std::vector<float> out_v1;
-  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2})
+  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3})
     for (int64_t chunk : {0, 32, 16}) {
-      const int kv = kernel == gpu::DeltaNetKernel::v2 ? 2 : 1;
+      const int kv = kernel_number(kernel);
       CAPTURE(kv);
       CAPTURE(chunk);
       std::vector<float> st = S0, o(static_cast<size_t>(n * V), 0.0f);
@@ -405,15 +406,15 @@ TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 
       CHECK(ro <= 1);
       CHECK(rs <= 1);
       if (chunk == 0 && kv == 1) out_v1 = o;
-      if (chunk == 0 && kv == 2) {
+      if (chunk == 0 && kv > 1) {
         const double r12 = test::tol_ratio(o, out_v1, 1e-5, 1e-4);
-        MESSAGE("v2 against v1 (chunk 64): within " << r12 << " of (1e-5, 1e-4)");
+        MESSAGE("v" << kv << " against v1 (chunk 64): within " << r12 << " of (1e-5, 1e-4)");
         CHECK(r12 <= 1);
       }
     }
   // The 300-token sequence as two steps (130 + 170 tokens, the second continuing the first's state) gives the one-step result.
-  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2}) {
-    const int kv = kernel == gpu::DeltaNetKernel::v2 ? 2 : 1;
+  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3}) {
+    const int kv = kernel_number(kernel);
     CAPTURE(kv);
     const int32_t s4 = starts[4];
     std::vector<float> st(S0.begin() + 4 * hsz, S0.begin() + 5 * hsz), o(static_cast<size_t>(n * V), 0.0f);
@@ -428,7 +429,7 @@ TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 
   }
 }
 
-TEST_CASE("gated deltanet: the kernel setting takes v1 or v2, names a bad value, and v2's scratch follows its formula") {
+TEST_CASE("gated deltanet: the kernel setting takes v1, v2 or v3, names a bad value, and v2's and v3's scratch follow their formulas") {
   Settings s = Settings::defaults();
   CHECK(s.gpu_deltanet_kernel == "v1");
   CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v1);
@@ -436,7 +437,10 @@ TEST_CASE("gated deltanet: the kernel setting takes v1 or v2, names a bad value,
   s.validate();  // choices are read in lower case
   CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v2);
   s.gpu_deltanet_kernel = "v3";
-  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v2"), Error);
+  s.validate();
+  CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v3);
+  s.gpu_deltanet_kernel = "v4";
+  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v3"), Error);
   CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);
   gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v2);
   CHECK(gpu::deltanet_kernel() == gpu::DeltaNetKernel::v2);
@@ -451,6 +455,13 @@ TEST_CASE("gated deltanet: the kernel setting takes v1 or v2, names a bad value,
   CHECK(gpu::deltanet_v2_slots(2048, 1, 64) == 33);
   CHECK(gpu::deltanet_v2_scratch_bytes(sh, 64, 33) == int64_t{33} * 32 * 12424 * 4);
   CHECK(gpu::deltanet_v2_scratch_bytes(sh, 0, 33) == 0);
+  // v3: (2 x 64 x 128 + 64^2 + 2 x 64 + 8 + 128 x 128) floats per slot and value head.
+  CHECK(gpu::deltanet_v3_scratch_bytes(sh, 64, 33) == int64_t{33} * 32 * (12424 + 8192 + 16384) * 4);
+  CHECK(gpu::deltanet_v3_scratch_bytes(sh, 0, 33) == 0);
+  CHECK(gpu::deltanet_chunked_scratch_bytes(sh, gpu::DeltaNetKernel::v1, 0, 2048, 1) == 0);
+  if (!test::have_gpu()) return;
+  CHECK(gpu::deltanet_chunked_scratch_bytes(sh, gpu::DeltaNetKernel::v2, 0, 2048, 1) == gpu::deltanet_v2_scratch_bytes(sh, 64, 33));
+  CHECK(gpu::deltanet_chunked_scratch_bytes(sh, gpu::DeltaNetKernel::v3, 0, 2048, 1) == gpu::deltanet_v3_scratch_bytes(sh, 64, 33));
 }
 
 TEST_CASE("gated attention kernels match a scalar reference: q/k norm with partial rotary, cache store, output gate, gated shared expert") {
