@@ -75,6 +75,9 @@ void deltanet_chunked(const float* conv_out, const float* gate, const float* bet
 //    every chunk's outputs at once; 3xTF32 like v2; scratch of
 //    deltanet_v3_scratch_bytes (v2's plus K' and an entering state per
 //    chunk and value head), dk, dv multiples of 16.
+//    Under v3, deltanet_prepare and deltanet_gated_norm also take their
+//    vectorised kernels (gpu/deltanet_io.cu) where the shape allows
+//    (conv_k 4, dk dividing 128, dv multiples of 4, 16-byte aligned rows).
 enum class DeltaNetKernel { v1, v2, v3 };
 // The kernel the layers use (setting gpu_deltanet_kernel; process-wide, set
 // when the GPU runtime is built, before any layer runs).

@@ -19,6 +19,7 @@
 // Scratch: slots x value heads records of rec_floats(C, dk, true) floats,
 // then slots x value heads entering states of dk x dv floats.
 #include <algorithm>
+#include <type_traits>
 
 #include "configs/error.h"
 #include "gpu/common.cuh"
@@ -41,6 +42,41 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// mma3 (gpu/deltanet_tf32.cuh) with the hi.lo and lo.hi terms in accumulators
+// of their own, added at the end: per k step the three products no longer
+// wait on each other (the walk's latency is its cost).
+template <bool ARow, bool BRow, int NB>
+__device__ __forceinline__ void mma3x(Acc (&acc)[NB], const float* a, int lda, const float* b, int ldb, int K) {
+  using LA = std::conditional_t<ARow, wm::row_major, wm::col_major>;
+  using LB = std::conditional_t<BRow, wm::row_major, wm::col_major>;
+  wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, LA> ah, al;
+  wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, LB> bh, bl;
+  Acc x1[NB], x2[NB];
+#pragma unroll
+  for (int n = 0; n < NB; ++n) {
+    wm::fill_fragment(x1[n], 0.0f);
+    wm::fill_fragment(x2[n], 0.0f);
+  }
+#pragma unroll 2
+  for (int k = 0; k < K; k += 8) {
+    wm::load_matrix_sync(ah, ARow ? a + k : a + static_cast<int64_t>(k) * lda, lda);
+    split_tf32(ah, al);
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+      const float* bn = BRow ? b + n * 16 : b + static_cast<int64_t>(n) * 16 * ldb;
+      wm::load_matrix_sync(bh, BRow ? bn + static_cast<int64_t>(k) * ldb : bn + k, ldb);
+      split_tf32(bh, bl);
+      wm::mma_sync(x1[n], al, bh, x1[n]);
+      wm::mma_sync(x2[n], ah, bl, x2[n]);
+      wm::mma_sync(acc[n], ah, bh, acc[n]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < NB; ++n)
+#pragma unroll
+    for (int e = 0; e < acc[n].num_elements; ++e) acc[n].x[e] += x1[n].x[e] + x2[n].x[e];
 }
 
 __host__ __device__ constexpr int64_t v3_buf_floats(int64_t C, int64_t dk) { return C * (dk + 4) + C * (dk + 8) + C * kLdS + kBufPad; }
@@ -139,7 +175,7 @@ __global__ void __launch_bounds__(kV3Threads) v3_scan_kernel(DeltaNetGroups gr, 
       const int ti = t / NB, n = t % NB;
       Acc prod[1];
       wm::fill_fragment(prod[0], 0.0f);
-      mma3<true, true, 1>(prod, Wb + ti * 16 * ldk, ldk, Ss + n * 16, kLdS, d.dk);
+      mma3x<true, true, 1>(prod, Wb + ti * 16 * ldk, ldk, Ss + n * 16, kLdS, d.dk);
       Acc u;
       wm::load_matrix_sync(u, Ub + ti * 16 * kLdS + n * 16, kLdS, wm::mem_row_major);
 #pragma unroll
@@ -160,7 +196,7 @@ __global__ void __launch_bounds__(kV3Threads) v3_scan_kernel(DeltaNetGroups gr, 
 #pragma unroll
         for (int e = 0; e < acc[n].num_elements; ++e) acc[n].x[e] *= dl;
       }
-      mma3<false, true, NB>(acc, Kb + t * 16, ldk2, us, kLdS, C);
+      mma3x<false, true, NB>(acc, Kb + t * 16, ldk2, us, kLdS, C);
 #pragma unroll
       for (int n = 0; n < NB; ++n) wm::store_matrix_sync(Ss + t * 16 * kLdS + n * 16, acc[n], kLdS, wm::mem_row_major);
     }
@@ -248,8 +284,8 @@ __global__ void __launch_bounds__(kV3Threads, 2) v3_out_kernel(const float* conv
   if (mine) {
     wm::fill_fragment(acc[0], 0.0f);
     wm::fill_fragment(acc[1], 0.0f);
-    mma3<true, true, 2>(acc, qs + ti * 16 * ldk, ldk, Ss + half * 32, kLdO, d.dk);
-    mma3<true, true, 2>(acc, QKs + ti * 16 * ldc, ldc, us + half * 32, kLdO, C);
+    mma3x<true, true, 2>(acc, qs + ti * 16 * ldk, ldk, Ss + half * 32, kLdO, d.dk);
+    mma3x<true, true, 2>(acc, QKs + ti * 16 * ldc, ldc, us + half * 32, kLdO, C);
   }
   __syncthreads();  // every warp is done with qs: the outputs go there
   float* os = qs;

@@ -159,16 +159,15 @@ Reference reference(const Layout& L, const Groups& gr, const std::vector<float>&
 
 }  // namespace
 
-TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked and recurrent delta rule, state, gated norm") {
-  if (!test::have_gpu()) return;
-  Layout L;
-  L.sh.nk = 2;
-  L.sh.nv = 4;
-  L.sh.dk = 32;
-  L.sh.dv = 48;  // a full 32-column slice and a partial one
-  L.sh.conv_k = 4;
+namespace {
+
+// The whole linear-attention path (conv + gates, conv window, chunked and
+// recurrent delta rule, gated norm and its split) against reference() for
+// each chunked kernel, with the setting gpu_deltanet_kernel at that kernel
+// (v3 also takes the vectorised conv + gates and gated norm), in the modes
+// (max_recurrent, chunk).
+void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<int64_t, int64_t>>& modes) {
   const gpu::DeltaNetShape& sh = L.sh;
-  const Groups gr = make_groups();
   const int64_t n = static_cast<int64_t>(gr.order.size()), G = static_cast<int64_t>(gr.start.size()), P = sh.proj_cols(), cd = sh.conv_dim(),
                 V = sh.value_dim();
   const float eps = 1e-6f;
@@ -196,9 +195,11 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
   // (max_recurrent, chunk): both kernels by token count, everything chunked, everything recurrent; with
   // each chunked kernel (v1, v2).
   for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3})
-  for (const auto& mode : std::vector<std::pair<int64_t, int64_t>>{{1, 16}, {0, 16}, {1000, 0}, {1, 0}}) {
+  for (const auto& mode : modes) {
     const int64_t max_rec = mode.first, chunk = mode.second;
     const int kv = kernel_number(kernel);
+    gpu::set_deltanet_kernel(kernel);
+    CAPTURE(sh.dk);
     CAPTURE(kv);
     CAPTURE(max_rec);
     CAPTURE(chunk);
@@ -263,6 +264,54 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
       CHECK_MESSAGE(test::tol_ratio(mine, ref, 1e-4, 1e-3) <= 1, "state of group " << g);
     }
   }
+  gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v1);
+}
+
+// Sequences of the given lengths interleaved in the batch (round robin), with the given fresh flags.
+Groups interleaved(const std::vector<int32_t>& counts, const std::vector<int32_t>& fresh) {
+  Groups g;
+  const size_t G = counts.size();
+  std::vector<std::vector<int32_t>> rows(G);
+  int32_t row = 0;
+  const int32_t most = *std::max_element(counts.begin(), counts.end());
+  for (int32_t i = 0; i < most; ++i)
+    for (size_t q = 0; q < G; ++q)
+      if (i < counts[q]) rows[q].push_back(row++);
+  for (size_t q = 0; q < G; ++q) {
+    g.start.push_back(static_cast<int32_t>(g.order.size()));
+    g.count.push_back(counts[q]);
+    g.fresh.push_back(fresh[q]);
+    for (int32_t r : rows[q]) {
+      g.order.push_back(r);
+      g.tok_group.push_back(static_cast<int32_t>(q));
+    }
+  }
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked and recurrent delta rule, state, gated norm") {
+  if (!test::have_gpu()) return;
+  Layout L;
+  L.sh.nk = 2;
+  L.sh.nv = 4;
+  L.sh.dk = 32;
+  L.sh.dv = 48;  // a full 32-column slice and a partial one
+  L.sh.conv_k = 4;
+  check_path(L, make_groups(), {{1, 16}, {0, 16}, {1000, 0}, {1, 0}});
+}
+
+TEST_CASE("gated deltanet whole path at head dims 128 (v3: vectorised conv + gates and gated norm): lengths 1 to 300, fresh and continued") {
+  if (!test::have_gpu()) return;
+  Layout L;
+  L.sh.nk = 2;
+  L.sh.nv = 4;
+  L.sh.dk = 128;
+  L.sh.dv = 128;
+  L.sh.conv_k = 4;
+  // Lengths 1, 63, 64, 65, 300 and 2 (the 2-token one continuing a state: its conv window and delta-rule state are random).
+  check_path(L, interleaved({1, 63, 64, 65, 300, 2}, {0, 1, 0, 1, 1, 0}), {{1, 0}, {0, 32}});
 }
 
 namespace {
