@@ -24,6 +24,9 @@
 //
 // Padded rows of a chunk's last part (L < C tokens) are zero in k, q, W, U
 // and the factors, so they add nothing to the state or the outputs.
+//
+// Phase 1's kernel and the 3xTF32 pieces live in gpu/deltanet_tf32.cuh
+// (v3, gpu/deltanet_v3.cu, shares them).
 #include <algorithm>
 #include <type_traits>
 
