@@ -298,6 +298,20 @@ int main(int argc, char** argv) {
       }
       const double core_bytes = tf * static_cast<double>(cd + 2 * sh.nv + V) * 4;
       for (const auto k : kernels) print_row(su, "delta rule", T, S, kname(k), timer.us(steps_of([&] { core(k); }), reps), core_flop(sh, tf), core_bytes);
+      if (std::find(kernels.begin(), kernels.end(), gpu::DeltaNetKernel::v3) != kernels.end()) {
+        // v3's launches one at a time (the others skipped: values wrong, times right), then the state restored.
+        const size_t nst = static_cast<size_t>(layer_bytes / 4);
+        std::vector<float> st0(nst);
+        gpu::copy_to_host(st0.data(), st.states.data(), nst * 4, s);
+        const char* names[3] = {"v3 phase1", "v3 walk", "v3 outputs"};
+        for (int ph = 0; ph < 3; ++ph) {
+          gpu::set_deltanet_v3_phases(1 << ph);
+          print_row(su, names[ph], T, S, "v3", timer.us(steps_of([&] { core(gpu::DeltaNetKernel::v3); }), reps), 0, 0);
+        }
+        gpu::set_deltanet_v3_phases(7);
+        gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
+        s.synchronize();
+      }
       for (const bool precise : {true, false}) {
         const double m = precise ? 2.0 : 1.0;
         const double proj_flop = 2.0 * tf * m * static_cast<double>(H * P + V * H);

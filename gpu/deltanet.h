@@ -101,6 +101,10 @@ int64_t deltanet_v2_scratch_bytes(const DeltaNetShape& sh, int64_t v2_chunk, int
 // slots as deltanet_v2_slots.
 int64_t deltanet_v3_chunk(const DeltaNetShape& sh, int64_t chunk);
 int64_t deltanet_v3_scratch_bytes(const DeltaNetShape& sh, int64_t v3_chunk, int64_t slots);
+// Benchmarks only (bench_gpu_deltanet's phase rows): the v3 launches that
+// run, bit 0 phase 1, bit 1 the walk, bit 2 the outputs (default 7; any
+// other mask leaves wrong results). Process-wide.
+void set_deltanet_v3_phases(int mask);
 // The scratch the chunked delta rule with `kernel` needs for a step of ntok
 // ordered tokens in gn groups (0 for v1, or where the kernel falls back to v1).
 int64_t deltanet_chunked_scratch_bytes(const DeltaNetShape& sh, DeltaNetKernel kernel, int64_t chunk, int64_t ntok, int64_t gn);

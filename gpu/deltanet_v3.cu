@@ -19,6 +19,7 @@
 // Scratch: slots x value heads records of rec_floats(C, dk, true) floats,
 // then slots x value heads entering states of dk x dv floats.
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "configs/error.h"
@@ -328,20 +329,29 @@ void ensure_opt_in3() {
 
 int64_t prep_smem3(int64_t C, int64_t dk) { return (2 * C * (dk + 4) + 2 * C * (C + 4) + 3 * C) * 4; }
 
+std::atomic<int> phases{7};  // set_deltanet_v3_phases
+
 template <int C>
 void launch3(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn, const V2Dims& d,
              int64_t state_off, int64_t max_rec, int64_t slots, float* scratch, float* out, Stream& s) {
   float* states = scratch + slots * d.nv * rec_floats(C, d.dk, true);
-  const dim3 g1(static_cast<unsigned>(slots), static_cast<unsigned>(d.nv));
-  v2_prep_kernel<C, true><<<g1, kPrepThreads, static_cast<size_t>(prep_smem3(C, d.dk)), cs(s)>>>(conv_out, gate, beta, gr, g0, gn, d, max_rec, out,
-                                                                                                  scratch);
-  HMOE_CUDA_LAUNCHED();
-  const dim3 g2(static_cast<unsigned>(gn), static_cast<unsigned>(d.nv), static_cast<unsigned>((d.dv + kCols - 1) / kCols));
-  v3_scan_kernel<C><<<g2, kV3Threads, static_cast<size_t>(v3_scan_smem(C, d.dk)), cs(s)>>>(gr, g0, d, state_off, max_rec, out, scratch, states);
-  HMOE_CUDA_LAUNCHED();
-  const dim3 g3(static_cast<unsigned>(slots), static_cast<unsigned>(d.nv), static_cast<unsigned>((d.dv + kOutCols - 1) / kOutCols));
-  v3_out_kernel<C><<<g3, kV3Threads, static_cast<size_t>(v3_out_smem(C, d.dk)), cs(s)>>>(conv_out, gr, g0, gn, d, max_rec, out, scratch, states);
-  HMOE_CUDA_LAUNCHED();
+  const int mask = phases.load(std::memory_order_relaxed);
+  if (mask & 1) {
+    const dim3 g1(static_cast<unsigned>(slots), static_cast<unsigned>(d.nv));
+    v2_prep_kernel<C, true><<<g1, kPrepThreads, static_cast<size_t>(prep_smem3(C, d.dk)), cs(s)>>>(conv_out, gate, beta, gr, g0, gn, d, max_rec,
+                                                                                                    out, scratch);
+    HMOE_CUDA_LAUNCHED();
+  }
+  if (mask & 2) {
+    const dim3 g2(static_cast<unsigned>(gn), static_cast<unsigned>(d.nv), static_cast<unsigned>((d.dv + kCols - 1) / kCols));
+    v3_scan_kernel<C><<<g2, kV3Threads, static_cast<size_t>(v3_scan_smem(C, d.dk)), cs(s)>>>(gr, g0, d, state_off, max_rec, out, scratch, states);
+    HMOE_CUDA_LAUNCHED();
+  }
+  if (mask & 4) {
+    const dim3 g3(static_cast<unsigned>(slots), static_cast<unsigned>(d.nv), static_cast<unsigned>((d.dv + kOutCols - 1) / kOutCols));
+    v3_out_kernel<C><<<g3, kV3Threads, static_cast<size_t>(v3_out_smem(C, d.dk)), cs(s)>>>(conv_out, gr, g0, gn, d, max_rec, out, scratch, states);
+    HMOE_CUDA_LAUNCHED();
+  }
 }
 
 }  // namespace
@@ -360,6 +370,8 @@ int64_t deltanet_v3_scratch_bytes(const DeltaNetShape& sh, int64_t v3_chunk, int
 }
 
 void deltanet_v3_configure() { ensure_opt_in3(); }
+
+void set_deltanet_v3_phases(int mask) { phases.store(mask & 7); }
 
 void deltanet_chunked_v3(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
                          const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t v3_chunk, int64_t slots, void* scratch, float* out,
