@@ -193,7 +193,7 @@ void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<i
   gpu::DeviceBuffer conv(static_cast<size_t>(n * cd * 4)), gate(static_cast<size_t>(n * sh.nv * 4)), beta(static_cast<size_t>(n * sh.nv * 4)),
       core(static_cast<size_t>(n * V * 4)), y(static_cast<size_t>(n * V * 2));
   // (max_recurrent, chunk): both kernels by token count, everything chunked, everything recurrent; with
-  // each chunked kernel (v1, v2).
+  // each chunked kernel (v1, v2, v3).
   for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3})
   for (const auto& mode : modes) {
     const int64_t max_rec = mode.first, chunk = mode.second;
