@@ -4,7 +4,7 @@
 // of T tokens (4096 and 32768) run in steps of S tokens (2048, the
 // engine's default max_num_batched_tokens, and T in one step), each step
 // continuing the state:
-//  - the chunked delta rule, kernels v1 and v2 (setting gpu_deltanet_kernel):
+//  - the chunked delta rule, kernels v1, v2 and v3 (setting gpu_deltanet_kernel):
 //    time, FLOP/s of the chunked algorithm's useful products (per token and
 //    value head, multiply-adds: C dk for k k^T and q k^T, (C - 1)/2 (dk + dv)
 //    for the triangular solve, 3 dk dv for W S, q S and k^T u, (C + 1)/2 dv
@@ -17,7 +17,8 @@
 //    gpu_hybrid_precise (the default: in_proj and out_proj on a bf16 hi + lo
 //    input pair, 2S rows each) and without it (bf16 input, S rows):
 //    in_proj, conv + norm + gates, conv window, delta rule, gated norm,
-//    out_proj; the same roof with the products' FLOPs (the split's second
+//    out_proj (conv + gates and norm + out timed with the plain kernels, "v2",
+//    and with v3's vectorised ones, "v3"); the same roof with the products' FLOPs (the split's second
 //    half counted as work) added to the delta rule's, bytes: weights once
 //    per step and every intermediate written and read once;
 //  - decode of B sequences x 1 token (1, 8, 64): the one-step recurrence;
@@ -25,8 +26,8 @@
 //    per sequence) against the read bandwidth.
 // Times are between events around the launches, averaged over --reps.
 //
-// Usage: bench_gpu_deltanet [--reps N] [--quick] [--kernels v1,v2]
-// (--quick: T = 4096 only; --kernels: the chunked kernels timed, both by default)
+// Usage: bench_gpu_deltanet [--reps N] [--quick] [--kernels v1,v2,v3]
+// (--quick: T = 4096 only; --kernels: the chunked kernels timed, all three by default)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -131,7 +132,7 @@ void print_row(const Setup& su, const char* what, int64_t T, int64_t S, const ch
 int main(int argc, char** argv) {
   int reps = 5;
   bool quick = false;
-  std::vector<gpu::DeltaNetKernel> kernels = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2};
+  std::vector<gpu::DeltaNetKernel> kernels = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
@@ -141,8 +142,9 @@ int main(int argc, char** argv) {
       kernels.clear();
       if (k.find("v1") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v1);
       if (k.find("v2") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v2);
+      if (k.find("v3") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v3);
       if (kernels.empty()) {
-        std::fprintf(stderr, "bench_gpu_deltanet: --kernels takes v1, v2 or v1,v2, got %s\n", k.c_str());
+        std::fprintf(stderr, "bench_gpu_deltanet: --kernels takes a list of v1, v2, v3, got %s\n", k.c_str());
         return 2;
       }
     } else {
@@ -182,9 +184,12 @@ int main(int argc, char** argv) {
   sh.conv_k = 4;
   gpu::deltanet_configure(sh);
   const int64_t H = su.H, P = sh.proj_cols(), cd = sh.conv_dim(), V = sh.value_dim(), layer_bytes = gpu::deltanet_layer_state_bytes(sh);
-  const int64_t c2 = gpu::deltanet_v2_chunk(sh, 0);
-  std::printf("v2 chunk: %lld tokens; v2 scratch for a 2048-token step: %.1f MiB\n\n", static_cast<long long>(c2),
-              static_cast<double>(gpu::deltanet_v2_scratch_bytes(sh, c2, gpu::deltanet_v2_slots(2048, 1, c2))) / 1048576.0);
+  const int64_t c2 = gpu::deltanet_v2_chunk(sh, 0), c3 = gpu::deltanet_v3_chunk(sh, 0);
+  std::printf("v2 chunk: %lld tokens; v2 scratch for a 2048-token step: %.1f MiB; v3 chunk: %lld tokens, scratch %.1f MiB\n\n",
+              static_cast<long long>(c2), static_cast<double>(gpu::deltanet_v2_scratch_bytes(sh, c2, gpu::deltanet_v2_slots(2048, 1, c2))) / 1048576.0,
+              static_cast<long long>(c3), static_cast<double>(gpu::deltanet_v3_scratch_bytes(sh, c3, gpu::deltanet_v2_slots(2048, 1, c3))) / 1048576.0);
+  auto kname = [](gpu::DeltaNetKernel k) { return k == gpu::DeltaNetKernel::v3 ? "v3" : k == gpu::DeltaNetKernel::v2 ? "v2" : "v1"; };
+  const bool with_v1 = std::find(kernels.begin(), kernels.end(), gpu::DeltaNetKernel::v1) != kernels.end();
   gpu::Blas blas(s);
   std::printf("%-14s %6s %6s %-4s %10s %11s %8s %7s %7s %8s %7s %9s %7s\n", "part", "T", "step", "kern", "us", "tokens/s", "TFLOP/s", "% meas",
               "% 989", "GB/s", "% read", "roof us", "% roof");
@@ -221,7 +226,9 @@ int main(int argc, char** argv) {
       st.o = gpu::DeviceBuffer(static_cast<size_t>(2 * S * V * 2));
       st.d = gpu::DeviceBuffer(static_cast<size_t>(S * H * 4));
       st.states = random_device(static_cast<size_t>(layer_bytes / 4), 7, s);
-      st.v2 = gpu::DeviceBuffer(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_v2_scratch_bytes(sh, c2, gpu::deltanet_v2_slots(S, 1, c2)))));
+      int64_t scratch_bytes = 16;
+      for (const auto k : kernels) scratch_bytes = std::max(scratch_bytes, gpu::deltanet_chunked_scratch_bytes(sh, k, 0, S, 1));
+      st.v2 = gpu::DeviceBuffer(static_cast<size_t>(scratch_bytes));
       st.g = make_groups(1, S, st.states, layer_bytes, s);
       const int64_t steps = T / S;
       const double tf = static_cast<double>(T);
@@ -262,7 +269,8 @@ int main(int argc, char** argv) {
       };
       in_proj(true);
       prepare();
-      if (S == T && T == 4096 && kernels.size() == 2) {  // v2 against v1 at the real shape, from the same state
+      for (const auto kx : kernels) {  // v2 and v3 against v1 at the real shape, from the same state
+        if (!(S == T && T == 4096 && with_v1 && kx != gpu::DeltaNetKernel::v1)) continue;
         const size_t nst = static_cast<size_t>(layer_bytes / 4), nout = static_cast<size_t>(S * V);
         std::vector<float> st0(nst), o1(nout), o2(nout), s1(nst), s2(nst);
         gpu::copy_to_host(st0.data(), st.states.data(), nst * 4, s);
@@ -270,7 +278,7 @@ int main(int argc, char** argv) {
         gpu::copy_to_host(o1.data(), st.core.data(), nout * 4, s);
         gpu::copy_to_host(s1.data(), st.states.data(), nst * 4, s);
         gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
-        core(gpu::DeltaNetKernel::v2);
+        core(kx);
         gpu::copy_to_host(o2.data(), st.core.data(), nout * 4, s);
         gpu::copy_to_host(s2.data(), st.states.data(), nst * 4, s);
         gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
@@ -284,14 +292,25 @@ int main(int argc, char** argv) {
           return std::pair<double, double>{d, m};
         };
         const auto od = worst(o1, o2, 0), sd = worst(s1, s2, static_cast<size_t>((sh.conv_k - 1) * cd));
-        std::printf("v2 against v1, %lld tokens from the same state: outputs max |diff| %.3g (max |v1| %.3g), state max |diff| %.3g (max |v1| %.3g)%s\n",
-                    static_cast<long long>(S), od.first, od.second, sd.first, sd.second,
+        std::printf("%s against v1, %lld tokens from the same state: outputs max |diff| %.3g (max |v1| %.3g), state max |diff| %.3g (max |v1| %.3g)%s\n",
+                    kname(kx), static_cast<long long>(S), od.first, od.second, sd.first, sd.second,
                     od.first <= 1e-4 + 1e-3 * od.second && sd.first <= 1e-4 + 1e-3 * sd.second ? "" : "  <-- MISMATCH");
       }
       const double core_bytes = tf * static_cast<double>(cd + 2 * sh.nv + V) * 4;
-      for (const auto k : kernels) {
-        const char* kn = k == gpu::DeltaNetKernel::v2 ? "v2" : "v1";
-        print_row(su, "delta rule", T, S, kn, timer.us(steps_of([&] { core(k); }), reps), core_flop(sh, tf), core_bytes);
+      for (const auto k : kernels) print_row(su, "delta rule", T, S, kname(k), timer.us(steps_of([&] { core(k); }), reps), core_flop(sh, tf), core_bytes);
+      if (std::find(kernels.begin(), kernels.end(), gpu::DeltaNetKernel::v3) != kernels.end()) {
+        // v3's launches one at a time (the others skipped: values wrong, times right), then the state restored.
+        const size_t nst = static_cast<size_t>(layer_bytes / 4);
+        std::vector<float> st0(nst);
+        gpu::copy_to_host(st0.data(), st.states.data(), nst * 4, s);
+        const char* names[3] = {"v3 phase1", "v3 walk", "v3 outputs"};
+        for (int ph = 0; ph < 3; ++ph) {
+          gpu::set_deltanet_v3_phases(1 << ph);
+          print_row(su, names[ph], T, S, "v3", timer.us(steps_of([&] { core(gpu::DeltaNetKernel::v3); }), reps), 0, 0);
+        }
+        gpu::set_deltanet_v3_phases(7);
+        gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
+        s.synchronize();
       }
       for (const bool precise : {true, false}) {
         const double m = precise ? 2.0 : 1.0;
@@ -306,11 +325,17 @@ int main(int argc, char** argv) {
         const char* op = precise ? "norm+out prec" : "norm+out bf16";
         print_row(su, ip, T, S, "", timer.us(steps_of([&] { in_proj(precise); }), reps), 2.0 * tf * m * static_cast<double>(H * P),
                   static_cast<double>(steps) * static_cast<double>(P * H) * 2 + tf * static_cast<double>(H * 4 + P * 4));
-        print_row(su, "conv+gates", T, S, "", timer.us(steps_of(prepare), reps), 0, tf * static_cast<double>(P + cd + 2 * sh.nv) * 4);
-        print_row(su, op, T, S, "", timer.us(steps_of([&] { out_proj(precise); }), reps), 2.0 * tf * m * static_cast<double>(V * H),
-                  static_cast<double>(steps) * static_cast<double>(H * V) * 2 + tf * static_cast<double>(V * 4 + V * 4 + H * 4));
+        // conv + gates and the gated norm: the plain kernels (v1's and v2's) and v3's vectorised ones (setting-wide).
+        for (const auto io : {gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3}) {
+          if (io == gpu::DeltaNetKernel::v3 && std::find(kernels.begin(), kernels.end(), io) == kernels.end()) continue;
+          gpu::set_deltanet_kernel(io);
+          print_row(su, "conv+gates", T, S, kname(io), timer.us(steps_of(prepare), reps), 0, tf * static_cast<double>(P + cd + 2 * sh.nv) * 4);
+          print_row(su, op, T, S, kname(io), timer.us(steps_of([&] { out_proj(precise); }), reps), 2.0 * tf * m * static_cast<double>(V * H),
+                    static_cast<double>(steps) * static_cast<double>(H * V) * 2 + tf * static_cast<double>(V * 4 + V * 4 + H * 4));
+        }
         for (const auto k : kernels) {
-          const char* kn = k == gpu::DeltaNetKernel::v2 ? "v2" : "v1";
+          gpu::set_deltanet_kernel(k);
+          const char* kn = kname(k);
           const double us = timer.us(steps_of([&] {
                                        in_proj(precise);
                                        prepare();
@@ -320,6 +345,7 @@ int main(int argc, char** argv) {
                                      reps);
           print_row(su, tag, T, S, kn, us, proj_flop + core_flop(sh, tf), w_bytes + act_bytes);
         }
+        gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v1);
       }
       std::printf("\n");
     }

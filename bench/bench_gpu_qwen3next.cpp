@@ -36,7 +36,7 @@
 //    and of the read bandwidth (weights + the chunk's activations and state).
 // Never pass/fail on time. Usage: bench_gpu_qwen3next [--layers L]
 // [--contexts 4096,32768] [--chunk 4096] [--steps 32] [--skip-cpu] [--skip-bf16]
-// [--deltanet-kernel v1|v2] (the chunked delta rule, setting gpu_deltanet_kernel)
+// [--deltanet-kernel v1|v2|v3] (the chunked delta rule, setting gpu_deltanet_kernel)
 // (--prefill is the old name of --contexts)
 #include <algorithm>
 #include <cmath>
@@ -345,11 +345,11 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--skip-bf16")) skip_bf16 = true;
     else if (!std::strcmp(argv[i], "--deltanet-kernel") && i + 1 < argc) {
       const std::string k = argv[++i];
-      if (k != "v1" && k != "v2") {
-        std::fprintf(stderr, "bench_gpu_qwen3next: --deltanet-kernel takes v1 or v2, got %s\n", k.c_str());
+      if (k != "v1" && k != "v2" && k != "v3") {
+        std::fprintf(stderr, "bench_gpu_qwen3next: --deltanet-kernel takes v1, v2 or v3, got %s\n", k.c_str());
         return 2;
       }
-      deltanet_kernel = k == "v2" ? gpu::DeltaNetKernel::v2 : gpu::DeltaNetKernel::v1;
+      deltanet_kernel = k == "v3" ? gpu::DeltaNetKernel::v3 : k == "v2" ? gpu::DeltaNetKernel::v2 : gpu::DeltaNetKernel::v1;
     }
     else if ((!std::strcmp(argv[i], "--contexts") || !std::strcmp(argv[i], "--prefill")) && i + 1 < argc) {
       contexts.clear();

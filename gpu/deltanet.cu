@@ -340,7 +340,8 @@ void deltanet_configure(const DeltaNetShape& sh) {
   check_shape(sh);
   const Dims d = dims(sh);
   ensure_smem(static_cast<size_t>(chunk_smem_floats(d, chunk_of(d, 0))) * 4);
-  if (deltanet_kernel() == DeltaNetKernel::v2) deltanet_v2_configure();  // v2's launches do it too (tests, benchmarks)
+  if (deltanet_kernel() == DeltaNetKernel::v2) deltanet_v2_configure();  // v2's and v3's launches do it too (tests, benchmarks)
+  if (deltanet_kernel() == DeltaNetKernel::v3) deltanet_v3_configure();
 }
 
 void deltanet_prepare(const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok, const DeltaNetShape& sh,
@@ -348,6 +349,9 @@ void deltanet_prepare(const float* proj, int64_t ld, const DeltaNetGroups& gr, i
                       float* beta, Stream& s) {
   check_shape(sh);
   if (ntok <= 0) return;
+  if (deltanet_kernel() == DeltaNetKernel::v3 &&
+      deltanet_prepare_v3(proj, ld, gr, tok0, ntok, sh, conv_w, a_neg, dt_bias, state_off, conv_out, gate, beta, s))
+    return;
   if (sh.conv_dim() * 4 > 48 * 1024) fail(ErrorKind::unsupported, "gated deltanet on the GPU: conv_dim above 12288");
   const float qscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(sh.dk)));
   const int threads = static_cast<int>(std::max<int64_t>(256, (sh.nv + 31) / 32 * 32));
@@ -383,9 +387,26 @@ void deltanet_chunked(const float* conv_out, const float* gate, const float* bet
                       const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t chunk, float* out, Stream& s, DeltaNetKernel kernel,
                       int64_t ntok, void* scratch) {
   check_shape(sh);
+  if (kernel == DeltaNetKernel::v3) {
+    const int64_t c3 = deltanet_v3_chunk(sh, chunk);
+    if (c3 > 0)
+      return deltanet_chunked_v3(conv_out, gate, beta, gr, g0, gn, sh, state_off, max_recurrent, c3, deltanet_v2_slots(ntok, gn, c3), scratch, out, s);
+  }
   const int64_t c2 = kernel == DeltaNetKernel::v2 ? deltanet_v2_chunk(sh, chunk) : 0;
   if (c2 == 0) return deltanet_chunked(conv_out, gate, beta, gr, g0, gn, sh, state_off, max_recurrent, chunk, out, s);
   deltanet_chunked_v2(conv_out, gate, beta, gr, g0, gn, sh, state_off, max_recurrent, c2, deltanet_v2_slots(ntok, gn, c2), scratch, out, s);
+}
+
+int64_t deltanet_chunked_scratch_bytes(const DeltaNetShape& sh, DeltaNetKernel kernel, int64_t chunk, int64_t ntok, int64_t gn) {
+  if (kernel == DeltaNetKernel::v3) {
+    const int64_t c = deltanet_v3_chunk(sh, chunk);
+    return deltanet_v3_scratch_bytes(sh, c, deltanet_v2_slots(ntok, gn, c));
+  }
+  if (kernel == DeltaNetKernel::v2) {
+    const int64_t c = deltanet_v2_chunk(sh, chunk);
+    return deltanet_v2_scratch_bytes(sh, c, deltanet_v2_slots(ntok, gn, c));
+  }
+  return 0;
 }
 
 void deltanet_recurrent(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
@@ -402,6 +423,7 @@ void deltanet_gated_norm(const float* core, const float* proj, int64_t ld, const
                          const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s, uint16_t* y_lo, int64_t row0) {
   check_shape(sh);
   if (ntok <= 0) return;
+  if (deltanet_kernel() == DeltaNetKernel::v3 && deltanet_gated_norm_v3(core, proj, ld, gr, tok0, ntok, sh, w, eps, y, s, y_lo, row0)) return;
   gated_norm_kernel<<<static_cast<unsigned>(ntok), 256, 0, cs(s)>>>(core, proj, ld, gr, tok0, dims(sh), w, eps, y, y_lo, row0);
   HMOE_CUDA_LAUNCHED();
 }

@@ -68,8 +68,17 @@ void deltanet_chunked(const float* conv_out, const float* gate, const float* bet
 //  - v2: all chunks' intra-chunk work at once (W, U, the decayed q.k), then
 //    a walk over the chunks per (sequence, value head, 32 value columns)
 //    with its products on tensor cores in 3xTF32 (fp32 accuracy); needs a
-//    device scratch of deltanet_v2_scratch_bytes and dk, dv multiples of 16.
-enum class DeltaNetKernel { v1, v2 };
+//    device scratch of deltanet_v2_scratch_bytes and dk, dv multiples of 16;
+//  - v3 (gpu/deltanet_v3.cu): v2's intra-chunk work, then a walk over the
+//    chunks that computes only each chunk's entering state (two dependent
+//    products per chunk, the next chunk's rows loaded meanwhile), then
+//    every chunk's outputs at once; 3xTF32 like v2; scratch of
+//    deltanet_v3_scratch_bytes (v2's plus K' and an entering state per
+//    chunk and value head), dk, dv multiples of 16.
+//    Under v3, deltanet_prepare and deltanet_gated_norm also take their
+//    vectorised kernels (gpu/deltanet_io.cu) where the shape allows
+//    (conv_k 4, dk dividing 128, dv multiples of 4, 16-byte aligned rows).
+enum class DeltaNetKernel { v1, v2, v3 };
 // The kernel the layers use (setting gpu_deltanet_kernel; process-wide, set
 // when the GPU runtime is built, before any layer runs).
 void set_deltanet_kernel(DeltaNetKernel k);
@@ -86,11 +95,24 @@ int64_t deltanet_v2_chunk(const DeltaNetShape& sh, int64_t chunk);
 // 2048-token step of one sequence).
 int64_t deltanet_v2_slots(int64_t ntok, int64_t gn, int64_t v2_chunk);
 int64_t deltanet_v2_scratch_bytes(const DeltaNetShape& sh, int64_t v2_chunk, int64_t slots);
+// v3's chunk (as deltanet_v2_chunk, with v3's shared memory) and scratch:
+// slots x value heads x (2 C dk + C^2 + 2C + 8 + dk dv) floats (C = 64,
+// Qwen3-Next-80B-A3B: 4.6 MiB per slot, 152 MiB for a 2048-token step);
+// slots as deltanet_v2_slots.
+int64_t deltanet_v3_chunk(const DeltaNetShape& sh, int64_t chunk);
+int64_t deltanet_v3_scratch_bytes(const DeltaNetShape& sh, int64_t v3_chunk, int64_t slots);
+// Benchmarks only (bench_gpu_deltanet's phase rows): the v3 launches that
+// run, bit 0 phase 1, bit 1 the walk, bit 2 the outputs (default 7; any
+// other mask leaves wrong results). Process-wide.
+void set_deltanet_v3_phases(int mask);
+// The scratch the chunked delta rule with `kernel` needs for a step of ntok
+// ordered tokens in gn groups (0 for v1, or where the kernel falls back to v1).
+int64_t deltanet_chunked_scratch_bytes(const DeltaNetShape& sh, DeltaNetKernel kernel, int64_t chunk, int64_t ntok, int64_t gn);
 // As above with the kernel chosen: ntok is the step's ordered tokens (at
-// least the groups' tokens), scratch (v2 only) at least
-// deltanet_v2_scratch_bytes(sh, c, deltanet_v2_slots(ntok, gn, c)) bytes,
-// c = deltanet_v2_chunk(sh, chunk), 16-byte aligned like conv_out and out.
-// v2 writes intermediate values into out's rows of the groups it runs.
+// least the groups' tokens), scratch (v2, v3) at least
+// deltanet_chunked_scratch_bytes(sh, kernel, chunk, ntok, gn) bytes,
+// 16-byte aligned like conv_out and out. v2 and v3 write intermediate
+// values into out's rows of the groups they run.
 void deltanet_chunked(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
                       const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t chunk, float* out, Stream& s, DeltaNetKernel kernel,
                       int64_t ntok, void* scratch);

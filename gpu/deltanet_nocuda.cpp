@@ -38,6 +38,15 @@ int64_t deltanet_v2_slots(int64_t ntok, int64_t gn, int64_t v2_chunk) { return v
 int64_t deltanet_v2_scratch_bytes(const DeltaNetShape& sh, int64_t v2_chunk, int64_t slots) {
   return v2_chunk > 0 ? slots * sh.nv * (v2_chunk * sh.dk + v2_chunk * v2_chunk + 2 * v2_chunk + 8) * 4 : 0;
 }
+int64_t deltanet_v3_chunk(const DeltaNetShape&, int64_t) { no_cuda("deltanet_v3_chunk"); }
+void set_deltanet_v3_phases(int) {}
+int64_t deltanet_v3_scratch_bytes(const DeltaNetShape& sh, int64_t c, int64_t slots) {
+  return c > 0 ? slots * sh.nv * (2 * c * sh.dk + c * c + 2 * c + 8 + sh.dk * sh.dv) * 4 : 0;
+}
+int64_t deltanet_chunked_scratch_bytes(const DeltaNetShape&, DeltaNetKernel kernel, int64_t, int64_t, int64_t) {
+  if (kernel == DeltaNetKernel::v1) return 0;
+  no_cuda("deltanet_chunked_scratch_bytes");
+}
 void deltanet_recurrent(const float*, const float*, const float*, const DeltaNetGroups&, int64_t, int64_t, const DeltaNetShape&, int64_t, int64_t,
                         float*, Stream&) {
   no_cuda("deltanet_recurrent");

@@ -52,8 +52,10 @@ class GatedDeltaNetGpu : public GpuAttention {
     ctx.scratch.fit("gdn.beta", n * sh_.nv * 4);
     ctx.scratch.fit("gdn.core", n * sh_.value_dim() * 4);
     ctx.scratch.fit("gdn.o", n * sh_.value_dim() * 2 * (split_ ? 2 : 1));
-    if (v2_chunk() > 0 && ctx.step.deltanet && ctx.step.deltanet->plan().multi)
-      ctx.scratch.fit("gdn.v2", gpu::deltanet_v2_scratch_bytes(sh_, v2_chunk(), gpu::deltanet_v2_slots(n, ctx.step.deltanet->count(), v2_chunk())));
+    if (ctx.step.deltanet && ctx.step.deltanet->plan().multi) {
+      const int64_t b = gpu::deltanet_chunked_scratch_bytes(sh_, gpu::deltanet_kernel(), 0, n, ctx.step.deltanet->count());
+      if (b > 0) ctx.scratch.fit("gdn.v2", b);
+    }
     if (split_) {
       ctx.scratch.fit("gdn.x2", n * 2 * H_ * 2);
       ctx.scratch.fit("gdn.y2", n * 2 * std::max(sh_.proj_cols(), H_) * 4);
@@ -97,8 +99,9 @@ class GatedDeltaNetGpu : public GpuAttention {
     gpu::deltanet_prepare(proj, P, gr, tok0, ntok, sh_, conv_.as<float>(), a_neg_.as<float>(), dt_bias_.as<float>(), state_off_, conv, gate, beta, s);
     gpu::deltanet_conv_window(proj, P, gr, g0, gn, sh_, state_off_, s);
     if (ds.plan().multi) {
-      void* v2 = v2_chunk() > 0 ? ctx.scratch.get<float>("gdn.v2") : nullptr;
-      gpu::deltanet_chunked(conv, gate, beta, gr, g0, gn, sh_, state_off_, 1, 0, core, s, v2 ? gpu::DeltaNetKernel::v2 : gpu::DeltaNetKernel::v1, st.n, v2);
+      const gpu::DeltaNetKernel k = gpu::deltanet_kernel();
+      void* v2 = gpu::deltanet_chunked_scratch_bytes(sh_, k, 0, st.n, ds.count()) > 0 ? ctx.scratch.get<float>("gdn.v2") : nullptr;
+      gpu::deltanet_chunked(conv, gate, beta, gr, g0, gn, sh_, state_off_, 1, 0, core, s, v2 ? k : gpu::DeltaNetKernel::v1, st.n, v2);
     }
     if (ds.plan().single) gpu::deltanet_recurrent(conv, gate, beta, gr, g0, gn, sh_, state_off_, 1, core, s);
     if (!split_) {
@@ -117,8 +120,6 @@ class GatedDeltaNetGpu : public GpuAttention {
   int64_t H_;
   float eps_;
   bool split_;  // setting gpu_hybrid_precise: in_proj and out_proj take a bf16 hi + lo input
-  // Tokens per chunk of the v2 chunked kernel (setting gpu_deltanet_kernel), 0: v1.
-  int64_t v2_chunk() const { return gpu::deltanet_kernel() == gpu::DeltaNetKernel::v2 ? gpu::deltanet_v2_chunk(sh_, 0) : 0; }
   int64_t state_off_ = 0;
   gpu::DeviceBuffer w_in_, w_out_, conv_, dt_bias_, a_neg_, norm_;
   uint64_t bytes_ = 0;

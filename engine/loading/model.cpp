@@ -190,6 +190,14 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const Settings& setti
         choose_host_residence(host_residence_of(settings), gpu_reads, plan->cpu_expert_bytes, kv_host, mem_available_bytes());
     o.experts.residence = residence.chosen;
     o.expert_cache.pin_in_place = residence.chosen != HostResidence::off;
+    // The cache's default (auto) ran on a GPU only under the copy residence; under off / map (asked for, or copy
+    // falling back for want of memory) it stays off unless a size is given (its first run, under map, hung).
+    if (o.expert_cache.budget_bytes < 0 && residence.chosen != HostResidence::copy && settings.origin("gpu_expert_cache") == "default") {
+      o.expert_cache.budget_bytes = 0;
+      if (!quiet_load(settings))
+        std::fprintf(stderr, "hmoe: GPU expert cache off: host experts are not in the copy residence (--gpu-pin-host-experts %s); --gpu-expert-cache auto or BYTES turns it on\n",
+                     host_residence_name(residence.chosen));
+    }
     m->report_.host_residence = host_residence_name(residence.chosen);
     m->report_.host_residence_why = residence.why;
     if (!quiet_load(settings)) std::fprintf(stderr, "hmoe: %s\n", residence.describe().c_str());

@@ -24,6 +24,7 @@ using namespace hmoe;
 namespace {
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
+int kernel_number(gpu::DeltaNetKernel k) { return k == gpu::DeltaNetKernel::v3 ? 3 : k == gpu::DeltaNetKernel::v2 ? 2 : 1; }
 float sigm(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // The test's own reading of the checkpoint's grouped layout (per key head:
@@ -158,16 +159,15 @@ Reference reference(const Layout& L, const Groups& gr, const std::vector<float>&
 
 }  // namespace
 
-TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked and recurrent delta rule, state, gated norm") {
-  if (!test::have_gpu()) return;
-  Layout L;
-  L.sh.nk = 2;
-  L.sh.nv = 4;
-  L.sh.dk = 32;
-  L.sh.dv = 48;  // a full 32-column slice and a partial one
-  L.sh.conv_k = 4;
+namespace {
+
+// The whole linear-attention path (conv + gates, conv window, chunked and
+// recurrent delta rule, gated norm and its split) against reference() for
+// each chunked kernel, with the setting gpu_deltanet_kernel at that kernel
+// (v3 also takes the vectorised conv + gates and gated norm), in the modes
+// (max_recurrent, chunk).
+void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<int64_t, int64_t>>& modes) {
   const gpu::DeltaNetShape& sh = L.sh;
-  const Groups gr = make_groups();
   const int64_t n = static_cast<int64_t>(gr.order.size()), G = static_cast<int64_t>(gr.start.size()), P = sh.proj_cols(), cd = sh.conv_dim(),
                 V = sh.value_dim();
   const float eps = 1e-6f;
@@ -193,17 +193,19 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
   gpu::DeviceBuffer conv(static_cast<size_t>(n * cd * 4)), gate(static_cast<size_t>(n * sh.nv * 4)), beta(static_cast<size_t>(n * sh.nv * 4)),
       core(static_cast<size_t>(n * V * 4)), y(static_cast<size_t>(n * V * 2));
   // (max_recurrent, chunk): both kernels by token count, everything chunked, everything recurrent; with
-  // each chunked kernel (v1, v2).
-  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2})
-  for (const auto& mode : std::vector<std::pair<int64_t, int64_t>>{{1, 16}, {0, 16}, {1000, 0}, {1, 0}}) {
+  // each chunked kernel (v1, v2, v3).
+  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3})
+  for (const auto& mode : modes) {
     const int64_t max_rec = mode.first, chunk = mode.second;
-    const int kv = kernel == gpu::DeltaNetKernel::v2 ? 2 : 1;
+    const int kv = kernel_number(kernel);
+    gpu::set_deltanet_kernel(kernel);
+    CAPTURE(sh.dk);
     CAPTURE(kv);
     CAPTURE(max_rec);
     CAPTURE(chunk);
-    const int64_t c2 = kv == 2 ? gpu::deltanet_v2_chunk(sh, chunk) : 0;
-    if (kv == 2) REQUIRE(c2 == (chunk > 0 ? chunk : 64));
-    gpu::DeviceBuffer v2s(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_v2_scratch_bytes(sh, c2, gpu::deltanet_v2_slots(n, G, c2)))));
+    if (kv == 2) REQUIRE(gpu::deltanet_v2_chunk(sh, chunk) == (chunk > 0 ? chunk : 64));
+    if (kv == 3) REQUIRE(gpu::deltanet_v3_chunk(sh, chunk) == (chunk > 0 ? chunk : 64));
+    gpu::DeviceBuffer v2s(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_chunked_scratch_bytes(sh, kernel, chunk, n, G))));
     std::vector<gpu::DeviceBuffer> states;
     std::vector<uint64_t> ptrs;
     for (int64_t g = 0; g < G; ++g) {
@@ -262,6 +264,54 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
       CHECK_MESSAGE(test::tol_ratio(mine, ref, 1e-4, 1e-3) <= 1, "state of group " << g);
     }
   }
+  gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v1);
+}
+
+// Sequences of the given lengths interleaved in the batch (round robin), with the given fresh flags.
+Groups interleaved(const std::vector<int32_t>& counts, const std::vector<int32_t>& fresh) {
+  Groups g;
+  const size_t G = counts.size();
+  std::vector<std::vector<int32_t>> rows(G);
+  int32_t row = 0;
+  const int32_t most = *std::max_element(counts.begin(), counts.end());
+  for (int32_t i = 0; i < most; ++i)
+    for (size_t q = 0; q < G; ++q)
+      if (i < counts[q]) rows[q].push_back(row++);
+  for (size_t q = 0; q < G; ++q) {
+    g.start.push_back(static_cast<int32_t>(g.order.size()));
+    g.count.push_back(counts[q]);
+    g.fresh.push_back(fresh[q]);
+    for (int32_t r : rows[q]) {
+      g.order.push_back(r);
+      g.tok_group.push_back(static_cast<int32_t>(q));
+    }
+  }
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked and recurrent delta rule, state, gated norm") {
+  if (!test::have_gpu()) return;
+  Layout L;
+  L.sh.nk = 2;
+  L.sh.nv = 4;
+  L.sh.dk = 32;
+  L.sh.dv = 48;  // a full 32-column slice and a partial one
+  L.sh.conv_k = 4;
+  check_path(L, make_groups(), {{1, 16}, {0, 16}, {1000, 0}, {1, 0}});
+}
+
+TEST_CASE("gated deltanet whole path at head dims 128 (v3: vectorised conv + gates and gated norm): lengths 1 to 300, fresh and continued") {
+  if (!test::have_gpu()) return;
+  Layout L;
+  L.sh.nk = 2;
+  L.sh.nv = 4;
+  L.sh.dk = 128;
+  L.sh.dv = 128;
+  L.sh.conv_k = 4;
+  // Lengths 1, 63, 64, 65, 300 and 2 (the 2-token one continuing a state: its conv window and delta-rule state are random).
+  check_path(L, interleaved({1, 63, 64, 65, 300, 2}, {0, 1, 0, 1, 1, 0}), {{1, 0}, {0, 32}});
 }
 
 namespace {
@@ -322,7 +372,7 @@ void rule_reference(const gpu::DeltaNetShape& sh, const RuleInputs& in, const st
 
 }  // namespace
 
-TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 to 300, fresh and continued states, chunks of 16/32/64, v2 against v1") {
+TEST_CASE("gated deltanet chunked kernels v1, v2 and v3 at head dims 128: lengths 1 to 300, fresh and continued states, chunks of 16/32/64, v2 against v1") {
   if (!test::have_gpu()) return;
   gpu::DeltaNetShape sh;
   sh.nk = 2;
@@ -379,9 +429,9 @@ TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 
     dg.count = d_c.as<int32_t>();
     dg.fresh = d_f.as<int32_t>();
     dg.state = d_ptrs.as<uint64_t>();
-    const int64_t c2 = kernel == gpu::DeltaNetKernel::v2 ? gpu::deltanet_v2_chunk(sh, chunk) : 0;
-    if (kernel == gpu::DeltaNetKernel::v2) REQUIRE(c2 > 0);
-    gpu::DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_v2_scratch_bytes(sh, c2, gpu::deltanet_v2_slots(n, gn, c2)))));
+    if (kernel == gpu::DeltaNetKernel::v2) REQUIRE(gpu::deltanet_v2_chunk(sh, chunk) > 0);
+    if (kernel == gpu::DeltaNetKernel::v3) REQUIRE(gpu::deltanet_v3_chunk(sh, chunk) > 0);
+    gpu::DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_chunked_scratch_bytes(sh, kernel, chunk, n, gn))));
     gpu::deltanet_chunked(d_conv.as<float>(), d_gate.as<float>(), d_beta.as<float>(), dg, 0, gn, sh, 0, 0, chunk, out.as<float>(), s, kernel, n,
                           scratch.data());
     const auto all = test::to_host<float>(out, static_cast<size_t>(n * V), s);
@@ -393,9 +443,9 @@ TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 
     }
   };
   std::vector<float> out_v1;
-  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2})
+  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3})
     for (int64_t chunk : {0, 32, 16}) {
-      const int kv = kernel == gpu::DeltaNetKernel::v2 ? 2 : 1;
+      const int kv = kernel_number(kernel);
       CAPTURE(kv);
       CAPTURE(chunk);
       std::vector<float> st = S0, o(static_cast<size_t>(n * V), 0.0f);
@@ -405,15 +455,15 @@ TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 
       CHECK(ro <= 1);
       CHECK(rs <= 1);
       if (chunk == 0 && kv == 1) out_v1 = o;
-      if (chunk == 0 && kv == 2) {
+      if (chunk == 0 && kv > 1) {
         const double r12 = test::tol_ratio(o, out_v1, 1e-5, 1e-4);
-        MESSAGE("v2 against v1 (chunk 64): within " << r12 << " of (1e-5, 1e-4)");
+        MESSAGE("v" << kv << " against v1 (chunk 64): within " << r12 << " of (1e-5, 1e-4)");
         CHECK(r12 <= 1);
       }
     }
   // The 300-token sequence as two steps (130 + 170 tokens, the second continuing the first's state) gives the one-step result.
-  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2}) {
-    const int kv = kernel == gpu::DeltaNetKernel::v2 ? 2 : 1;
+  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3}) {
+    const int kv = kernel_number(kernel);
     CAPTURE(kv);
     const int32_t s4 = starts[4];
     std::vector<float> st(S0.begin() + 4 * hsz, S0.begin() + 5 * hsz), o(static_cast<size_t>(n * V), 0.0f);
@@ -428,7 +478,7 @@ TEST_CASE("gated deltanet chunked kernels v1 and v2 at head dims 128: lengths 1 
   }
 }
 
-TEST_CASE("gated deltanet: the kernel setting takes v1 or v2, names a bad value, and v2's scratch follows its formula") {
+TEST_CASE("gated deltanet: the kernel setting takes v1, v2 or v3, names a bad value, and v2's and v3's scratch follow their formulas") {
   Settings s = Settings::defaults();
   CHECK(s.gpu_deltanet_kernel == "v2");
   CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v2);
@@ -436,7 +486,10 @@ TEST_CASE("gated deltanet: the kernel setting takes v1 or v2, names a bad value,
   s.validate();  // choices are read in lower case
   CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v1);
   s.gpu_deltanet_kernel = "v3";
-  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v2"), Error);
+  s.validate();
+  CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v3);
+  s.gpu_deltanet_kernel = "v4";
+  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v3"), Error);
   CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);
   gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v2);
   CHECK(gpu::deltanet_kernel() == gpu::DeltaNetKernel::v2);
@@ -451,6 +504,13 @@ TEST_CASE("gated deltanet: the kernel setting takes v1 or v2, names a bad value,
   CHECK(gpu::deltanet_v2_slots(2048, 1, 64) == 33);
   CHECK(gpu::deltanet_v2_scratch_bytes(sh, 64, 33) == int64_t{33} * 32 * 12424 * 4);
   CHECK(gpu::deltanet_v2_scratch_bytes(sh, 0, 33) == 0);
+  // v3: (2 x 64 x 128 + 64^2 + 2 x 64 + 8 + 128 x 128) floats per slot and value head.
+  CHECK(gpu::deltanet_v3_scratch_bytes(sh, 64, 33) == int64_t{33} * 32 * (12424 + 8192 + 16384) * 4);
+  CHECK(gpu::deltanet_v3_scratch_bytes(sh, 0, 33) == 0);
+  CHECK(gpu::deltanet_chunked_scratch_bytes(sh, gpu::DeltaNetKernel::v1, 0, 2048, 1) == 0);
+  if (!test::have_gpu()) return;
+  CHECK(gpu::deltanet_chunked_scratch_bytes(sh, gpu::DeltaNetKernel::v2, 0, 2048, 1) == gpu::deltanet_v2_scratch_bytes(sh, 64, 33));
+  CHECK(gpu::deltanet_chunked_scratch_bytes(sh, gpu::DeltaNetKernel::v3, 0, 2048, 1) == gpu::deltanet_v3_scratch_bytes(sh, 64, 33));
 }
 
 TEST_CASE("gated attention kernels match a scalar reference: q/k norm with partial rotary, cache store, output gate, gated shared expert") {
