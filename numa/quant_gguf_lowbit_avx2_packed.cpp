@@ -1,26 +1,33 @@
-// IQ2_XXS, IQ2_XS and IQ2_S repacked at load for the AVX2 int8 kernel
-// ("avx2 v3"): the file's 7-bit sign indices (with their parity sign) and
-// packed grid indices cost the AVX2 v2 kernel (quant_gguf_lowbit_avx2_grid.cpp)
-// two table loads per 8 weights and the index arithmetic to reach them; here
-// the signs are bit planes and the indices sit in the kernel's lane order.
+// The grid IQ types repacked at load for the AVX2 int8 kernel ("AVX2 v3"):
+// weights as level codes beside their signs, decoded by vpshufb instead of
+// the grid-table loads of AVX2 v2 (quant_gguf_lowbit_avx2_grid.cpp), which
+// on a Zen 3 core are bound by the ~170 instructions a group takes there
+// (32 table loads, their index arithmetic and the vector inserts).
 //
-// Group (the lane layout of numa/detail/lowbit_avx2_layout.h):
-//   [0, I)      grid indices: IQ2_XXS u8, IQ2_XS / IQ2_S u16; entry 4 j + Q
-//               = chunk(j, Q)'s (I = 32 / 64 bytes)
-//   [I, I + 32) signs: bit j of byte p = the sign of byte p of vector j
-//   then        odd-scale nibbles: IQ2_XXS u32 (nibble h = 32-weight block
-//               h), IQ2_XS / IQ2_S u64 (nibble h = 16-weight block h)
-//   then        the fp16 d
-// 70 bytes per 256 weights for IQ2_XXS (the file's 66, +6%), 106 for IQ2_XS
-// (74, +43%) and IQ2_S (82, +29%).
+// Group (lanes as in numa/detail/lowbit_avx2_layout.h: vector j, qword Q =
+// chunk(j, Q); byte p of vector j = byte p % 8 of qword p / 8):
+//   IQ2_XXS, IQ2_XS, IQ2_S: [0, 64) the 3-level codes of the grid bytes
+//     (8, 25, 43 -> 0, 1, 2): byte p of [32 (j / 4), +32) bits 2 (j % 4) =
+//     vector j's byte p; [64, 96) signs: bit j of byte p = vector j's byte p;
+//   IQ3_XXS, IQ3_S: [0, 128) nibbles, code of the 8 levels | sign << 3:
+//     byte p of [32 (j / 2), +32), nibble j % 2 = vector j's byte p;
+//   then the odd-scale nibbles (IQ2_XXS, IQ3_*: u32, nibble h = 32-weight
+//   block h; IQ2_XS, IQ2_S: u64, nibble h = 16-weight block h), the fp16 d.
+// Bytes per 256 weights: IQ2_XXS 102 (the file's 66, x1.55), IQ2_XS 106
+// (74, x1.43), IQ2_S 106 (82, x1.29), IQ3_XXS 134 (98, x1.37), IQ3_S 134
+// (110, x1.22): on the dev box's Zen 3 (~15 GB/s of reads per core) the
+// v2 kernels took 2-3x longer than reading these bytes.
 //
-// Kernel: per vector the 4 grid rows by table loads (vmovq / vpinsrq), the
-// sign of vector j as bit 7 of the planes shifted by 7 - j choosing between
-// the permuted activations and their negation (vpblendvb), vpmaddubsw of the
-// grid magnitudes with them, pairs of vectors added in 16 bits and
-// multiplied by the blocks' odd scales (vpmaddwd), one int32 sum per group.
-// The same integer sums as the scalar reference per scale block; fp32 sums
-// in another order.
+// Kernel: per vector one vpshufb of the codes (IQ2: magnitudes; IQ3: bias
+// + signed level, bias 62 / 15), vpmaddubsw with the permuted activations
+// (IQ2: the sign of vector j is bit 7 of the planes shifted by 7 - j,
+// choosing the activations or their negation, vpblendvb; IQ3: minus the
+// bias times the activations, precomputed per call), pairs of vectors added
+// in 16 bits and multiplied by the blocks' odd scales (vpmaddwd), one int32
+// sum per group and row, times d and the activation scale in fp32. No
+// software prefetch (measured 0.35 -> 0.38 of the read bandwidth without it
+// on the dev box: Zen 3's stream prefetchers keep up). The same integer
+// sums as the scalar reference per scale block; fp32 sums in another order.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -41,56 +48,83 @@ namespace {
 
 using namespace lowbit_avx2;
 using lowbit_bytes::half;
-using lowbit_bytes::prefetch;
 using lowbit_bytes::u16;
 using lowbit_bytes::u32;
 using lowbit_bytes::u64;
 
-template <uint32_t T> constexpr int kIdxBytes = T == kIq2xxs ? 32 : 64;
+template <uint32_t T> constexpr bool kIq3 = T == kIq3xxs || T == kIq3s;
+template <uint32_t T> constexpr int kCodeBytes = kIq3<T> ? 128 : 96;  // IQ2: codes 64 + sign planes 32
 template <uint32_t T> constexpr int kScaleBytes = kBlocks16<T> ? 8 : 4;
-template <uint32_t T> constexpr int kGroupBytes = kIdxBytes<T> + 32 + kScaleBytes<T> + 2;
-template <uint32_t T> constexpr int kFileBytes = T == kIq2xxs ? 66 : T == kIq2xs ? 74 : 82;
+template <uint32_t T> constexpr int kGroupBytes = kCodeBytes<T> + kScaleBytes<T> + 2;
+template <uint32_t T> constexpr int kFileBytes = T == kIq2xxs ? 66 : T == kIq2xs ? 74 : T == kIq2s ? 82 : T == kIq3xxs ? 98 : 110;
+// IQ3: the bias of the unsigned weights u = bias + signed level
+template <uint32_t T> constexpr int kBias = T == kIq3xxs ? 62 : 15;
 template <uint32_t T> constexpr int chunk(int j, int q) { return lowbit_avx2::chunk(kBlocks16<T>, j, q); }
 
-// Index, sign byte of chunk c and the scale nibbles of a file group.
+// The position of a grid byte among the type's levels.
 template <uint32_t T>
-void file_chunk(const uint8_t* b, int c, uint32_t& idx, uint8_t& sign) {
+constexpr uint32_t level_code(uint32_t v) {
+  if constexpr (kIq3<T>) {
+    if constexpr (T == kIq3s) return (v - 1) / 2;  // 1, 3, .. 15
+    return v == 62 ? 7 : (v - 4) / 8;              // 4, 12, .. 52, 62
+  }
+  return v == 8 ? 0 : v == 25 ? 1 : 2;
+}
+
+// The 8 grid bytes, the sign byte of chunk c and the scale nibbles of a file group.
+template <uint32_t T>
+void file_chunk(const uint8_t* b, int c, uint64_t& row, uint8_t& sign) {
   if constexpr (T == kIq2xxs) {
-    idx = b[2 + 8 * (c / 4) + c % 4];
+    row = kIq2xxsGrid[b[2 + 8 * (c / 4) + c % 4]];
     sign = iq_sign_byte(u32(b + 6 + 8 * (c / 4)) >> (7 * (c % 4)));
   } else if constexpr (T == kIq2xs) {
     const uint32_t q = u16(b + 2 + 2 * c);
-    idx = q & 511;
+    row = kIq2xsGrid[q & 511];
     sign = iq_sign_byte(q >> 9);
-  } else {
-    idx = b[2 + c] | (((b[66 + c / 4] >> (2 * (c % 4))) & 3u) << 8);
+  } else if constexpr (T == kIq2s) {
+    row = kIq2sGrid[b[2 + c] | (((b[66 + c / 4] >> (2 * (c % 4))) & 3u) << 8)];
     sign = b[34 + c];
+  } else if constexpr (T == kIq3xxs) {
+    row = kIq3xxsGrid[b[2 + 2 * c]] | static_cast<uint64_t>(kIq3xxsGrid[b[3 + 2 * c]]) << 32;
+    sign = iq_sign_byte(u32(b + 66 + 4 * (c / 4)) >> (7 * (c % 4)));
+  } else {
+    const uint32_t h = b[66 + c / 4] >> (2 * (c % 4));
+    row = kIq3sGrid[b[2 + 2 * c] | ((h & 1) << 8)] | static_cast<uint64_t>(kIq3sGrid[b[3 + 2 * c] | ((h & 2) << 7)]) << 32;
+    sign = b[74 + c];
   }
 }
 
 template <uint32_t T>
+uint32_t file_scale(const uint8_t* b, int h) {  // 32-weight block h
+  if constexpr (T == kIq2xxs) return u32(b + 6 + 8 * h) >> 28;
+  else if constexpr (T == kIq3xxs) return u32(b + 66 + 4 * h) >> 28;
+  else return (b[106 + h / 2] >> (4 * (h % 2))) & 15u;
+}
+
+template <uint32_t T>
 void pack_group(const uint8_t* b, uint8_t* dst) {
-  uint8_t* sg = dst + kIdxBytes<T>;
-  std::memset(sg, 0, 32);
+  std::memset(dst, 0, kCodeBytes<T>);
   for (int j = 0; j < 8; ++j)
     for (int q = 0; q < 4; ++q) {
-      uint32_t idx;
+      uint64_t row;
       uint8_t sign;
-      file_chunk<T>(b, chunk<T>(j, q), idx, sign);
-      if constexpr (T == kIq2xxs) dst[4 * j + q] = static_cast<uint8_t>(idx);
-      else {
-        const uint16_t v = static_cast<uint16_t>(idx);
-        std::memcpy(dst + 2 * (4 * j + q), &v, 2);
+      file_chunk<T>(b, chunk<T>(j, q), row, sign);
+      for (int k = 0; k < 8; ++k) {
+        const uint32_t code = level_code<T>(static_cast<uint32_t>(row >> (8 * k)) & 0xFF), neg = (sign >> k) & 1u, p = 8 * q + k;
+        if constexpr (kIq3<T>) dst[32 * (j / 2) + p] = static_cast<uint8_t>(dst[32 * (j / 2) + p] | ((code | neg << 3) << (4 * (j % 2))));
+        else {
+          dst[32 * (j / 4) + p] = static_cast<uint8_t>(dst[32 * (j / 4) + p] | (code << (2 * (j % 4))));
+          dst[64 + p] = static_cast<uint8_t>(dst[64 + p] | (neg << j));
+        }
       }
-      for (int k = 0; k < 8; ++k) sg[8 * q + k] = static_cast<uint8_t>(sg[8 * q + k] | (((sign >> k) & 1u) << j));
     }
-  uint8_t* sc = sg + 32;
-  if constexpr (T == kIq2xxs) {
-    uint32_t v = 0;
-    for (int h = 0; h < 8; ++h) v |= (u32(b + 6 + 8 * h) >> 28) << (4 * h);
-    std::memcpy(sc, &v, 4);
-  } else {
+  uint8_t* sc = dst + kCodeBytes<T>;
+  if constexpr (kBlocks16<T>) {
     std::memcpy(sc, b + (T == kIq2xs ? 66 : 74), 8);
+  } else {
+    uint32_t v = 0;
+    for (int h = 0; h < 8; ++h) v |= file_scale<T>(b, h) << (4 * h);
+    std::memcpy(sc, &v, 4);
   }
   std::memcpy(sc + kScaleBytes<T>, b, 2);
 }
@@ -125,18 +159,18 @@ HMOE_AP inline __m256i scale_set(__m256i odd, int k) {
   else return _mm256_shuffle_epi8(odd, _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.ctl32[k / 2])));
 }
 
-// Grid rows of 4 chunks: IQ2_XXS 4 byte indices in q (low 32 bits), else 4 u16.
+// Level table for vpshufb: IQ2 code -> magnitude; IQ3 code | sign << 3 -> bias +- level.
 template <uint32_t T>
-HMOE_AP inline __m256i grid_vec(uint64_t q) {
-  if constexpr (T == kIq2xxs) {
-    const uint32_t v = static_cast<uint32_t>(q);
-    return _mm256_set_epi64x(static_cast<long long>(kIq2xxsGrid[v >> 24]), static_cast<long long>(kIq2xxsGrid[(v >> 16) & 255]),
-                             static_cast<long long>(kIq2xxsGrid[(v >> 8) & 255]), static_cast<long long>(kIq2xxsGrid[v & 255]));
-  } else {
-    const uint64_t* grid = T == kIq2xs ? kIq2xsGrid : kIq2sGrid;
-    return _mm256_set_epi64x(static_cast<long long>(grid[q >> 48]), static_cast<long long>(grid[(q >> 32) & 0xFFFF]),
-                             static_cast<long long>(grid[(q >> 16) & 0xFFFF]), static_cast<long long>(grid[q & 0xFFFF]));
+HMOE_AP inline __m256i level_table() {
+  alignas(32) int8_t t[32] = {};
+  for (int i = 0; i < 16; ++i) {
+    int v = 0;
+    if constexpr (T == kIq3xxs) v = kBias<T> + (i & 8 ? -1 : 1) * ((i & 7) == 7 ? 62 : 4 + 8 * (i & 7));
+    else if constexpr (T == kIq3s) v = kBias<T> + (i & 8 ? -1 : 1) * (1 + 2 * (i & 7));
+    else v = i == 0 ? 8 : i == 1 ? 25 : i == 2 ? 43 : 0;
+    t[i] = t[16 + i] = static_cast<int8_t>(v);
   }
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(t));
 }
 
 HMOE_AP inline float hsum8(__m256 v) {
@@ -145,48 +179,49 @@ HMOE_AP inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-// Row at a times NT tokens; xp: per token and group 256 permuted activations then their negation.
+// Row at a times NT tokens; xp: per token and group 256 permuted activations, then (IQ2) their negation or (IQ3)
+// the products of the bias with them (vpmaddubsw, 8 vectors of 16 words).
 template <uint32_t T, int NT>
-HMOE_AP void tile(const uint8_t* a, int64_t rb, const int8_t* xp, const float* dx, int64_t ng, float* y, int64_t ldy) {
-  constexpr int GB = kGroupBytes<T>, IB = kIdxBytes<T>;
+HMOE_AP void tile(const uint8_t* a, const int8_t* xp, const float* dx, int64_t ng, float* y, int64_t ldy) {
+  constexpr int GB = kGroupBytes<T>;
+  const __m256i lv = level_table<T>(), three = _mm256_set1_epi8(3), fifteen = _mm256_set1_epi8(15);
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  const int64_t ahead = rb * ((2048 + rb - 1) / rb) > 4096 ? 4096 : rb * ((2048 + rb - 1) / rb);
   for (int64_t g = 0; g < ng; ++g, a += GB) {
-    prefetch(a, ahead, GB);
-    const __m256i planes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + IB));
-    const __m256i odd = odd_scales<T>(a + IB + 32);
-    uint64_t q[8];
-    if constexpr (T == kIq2xxs) {
-      for (int i = 0; i < 4; ++i) {
-        const uint64_t v = u64(a + 8 * i);
-        q[2 * i] = v;
-        q[2 * i + 1] = v >> 32;
-      }
-    } else {
-      for (int i = 0; i < 8; ++i) q[i] = u64(a + 8 * i);
-    }
-    // the indices stay in registers (the compiler would reload each byte)
-    asm("" : "+r"(q[0]), "+r"(q[1]), "+r"(q[2]), "+r"(q[3]));
-    asm("" : "+r"(q[4]), "+r"(q[5]), "+r"(q[6]), "+r"(q[7]));
+    const __m256i odd = odd_scales<T>(a + kCodeBytes<T>);
     __m256i sum[NT];
     for (int t = 0; t < NT; ++t) sum[t] = _mm256_setzero_si256();
+    const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)), c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32));
+    const __m256i planes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 64));
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
-      const __m256i g0 = grid_vec<T>(q[2 * k]), g1 = grid_vec<T>(q[2 * k + 1]);
-      const __m256i m0 = _mm256_slli_epi16(planes, 7 - 2 * k), m1 = _mm256_slli_epi16(planes, 6 - 2 * k);
       const __m256i sc = scale_set<T>(odd, k);
+      __m256i u0, u1, m0, m1;
+      if constexpr (kIq3<T>) {
+        const __m256i nib = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * k));
+        u0 = _mm256_shuffle_epi8(lv, _mm256_and_si256(nib, fifteen));
+        u1 = _mm256_shuffle_epi8(lv, _mm256_and_si256(_mm256_srli_epi16(nib, 4), fifteen));
+      } else {  // vector j: codes at bits 2 (j % 4) of c0 / c1, sign at bit j of the planes
+        const __m256i c = k < 2 ? c0 : c1;
+        u0 = _mm256_shuffle_epi8(lv, _mm256_and_si256(k % 2 ? _mm256_srli_epi16(c, 4) : c, three));
+        u1 = _mm256_shuffle_epi8(lv, _mm256_and_si256(_mm256_srli_epi16(c, k % 2 ? 6 : 2), three));
+        m0 = _mm256_slli_epi16(planes, 7 - 2 * k);
+        m1 = _mm256_slli_epi16(planes, 6 - 2 * k);
+      }
 #pragma GCC unroll 4
       for (int t = 0; t < NT; ++t) {
         const int8_t* x = xp + (t * ng + g) * 512 + 64 * k;
-        const __m256i x0 = _mm256_blendv_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(x)), _mm256_load_si256(reinterpret_cast<const __m256i*>(x + 256)), m0);
-        const __m256i x1 =
-            _mm256_blendv_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(x + 32)), _mm256_load_si256(reinterpret_cast<const __m256i*>(x + 288)), m1);
-        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(g0, x0), _mm256_maddubs_epi16(g1, x1));
+        const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x)), x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x + 32));
+        const __m256i e0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x + 256)), e1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x + 288));
+        __m256i p;
+        if constexpr (kIq3<T>)  // (bias + w) x - bias x: |.| <= 62 * 127 * 2 each
+          p = _mm256_add_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(u0, x0), e0), _mm256_sub_epi16(_mm256_maddubs_epi16(u1, x1), e1));
+        else
+          p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, _mm256_blendv_epi8(x0, e0, m0)), _mm256_maddubs_epi16(u1, _mm256_blendv_epi8(x1, e1, m1)));
         sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(p, sc));
       }
     }
-    const float d = half(a + IB + 32 + kScaleBytes<T>) * kDScale<T>;
+    const float d = half(a + kCodeBytes<T> + kScaleBytes<T>) * kDScale<T>;
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d * dx[t * ng + g]), acc[t]);
   }
   for (int t = 0; t < NT; ++t) y[t * ldy] = hsum8(acc[t]);
@@ -206,19 +241,24 @@ HMOE_AP void rows(const Q8Acts& xa, int64_t t0, int64_t n, const uint8_t* packed
       const int8_t* x = xa.q.data() + (t0 + t) * xa.cols + 256 * g;
       int8_t* o = xp + (t * ng + g) * 512;
       for (int p = 0; p < 256; p += 8) std::memcpy(o + p, x + perm[p], 8);  // chunks of 8 columns
-      for (int p = 0; p < 256; p += 32)  // |x| <= 127
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 256 + p),
-                           _mm256_sub_epi8(_mm256_setzero_si256(), _mm256_load_si256(reinterpret_cast<const __m256i*>(o + p))));
+      for (int p = 0; p < 256; p += 32) {
+        const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(o + p));
+        const __m256i e = kIq3<T> ? _mm256_maddubs_epi16(_mm256_set1_epi8(kBias<T>), v) : _mm256_sub_epi8(_mm256_setzero_si256(), v);  // |x| <= 127
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 256 + p), e);
+      }
       dx[static_cast<size_t>(t * ng + g)] = xa.d[static_cast<size_t>((t0 + t) * ng + g)];
     }
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* a = packed + r * rb;
     int64_t t = 0;
-    for (; t + 4 <= n; t += 4) tile<T, 4>(a, rb, xp + t * ng * 512, dx.data() + t * ng, ng, y + t * ldy + r, ldy);
-    for (; t + 2 <= n; t += 2) tile<T, 2>(a, rb, xp + t * ng * 512, dx.data() + t * ng, ng, y + t * ldy + r, ldy);
-    for (; t < n; ++t) tile<T, 1>(a, rb, xp + t * ng * 512, dx.data() + t * ng, ng, y + t * ldy + r, ldy);
+    for (; t + 4 <= n; t += 4) tile<T, 4>(a, xp + t * ng * 512, dx.data() + t * ng, ng, y + t * ldy + r, ldy);
+    for (; t + 2 <= n; t += 2) tile<T, 2>(a, xp + t * ng * 512, dx.data() + t * ng, ng, y + t * ldy + r, ldy);
+    for (; t < n; ++t) tile<T, 1>(a, xp + t * ng * 512, dx.data() + t * ng, ng, y + t * ldy + r, ldy);
   }
 }
+
+template <uint32_t T>
+constexpr size_t group_bytes() { return kGroupBytes<T>; }
 
 }  // namespace
 
@@ -227,19 +267,22 @@ bool lowbit_avx2_pack_applies(uint32_t ext, int64_t cols) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
   }();
-  return isa && (ext == kIq2xxs || ext == kIq2xs || ext == kIq2s) && cols > 0 && cols % 256 == 0;
+  return isa && (ext == kIq2xxs || ext == kIq2xs || ext == kIq2s || ext == kIq3xxs || ext == kIq3s) && cols > 0 && cols % 256 == 0;
 }
 
 size_t lowbit_avx2_row_bytes(uint32_t ext, int64_t cols) {
-  const int gb = ext == kIq2xxs ? kGroupBytes<kIq2xxs> : kGroupBytes<kIq2xs>;
-  return static_cast<size_t>(cols / 256) * static_cast<size_t>(gb);
+  const size_t gb = ext == kIq2xxs ? group_bytes<kIq2xxs>() : ext == kIq2xs ? group_bytes<kIq2xs>() : ext == kIq2s ? group_bytes<kIq2s>()
+                    : ext == kIq3xxs ? group_bytes<kIq3xxs>() : group_bytes<kIq3s>();
+  return static_cast<size_t>(cols / 256) * gb;
 }
 
 void lowbit_avx2_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst) {
   switch (w.ext) {
     case kIq2xxs: pack<kIq2xxs>(w, r0, r1, dst); break;
     case kIq2xs: pack<kIq2xs>(w, r0, r1, dst); break;
-    default: pack<kIq2s>(w, r0, r1, dst); break;
+    case kIq2s: pack<kIq2s>(w, r0, r1, dst); break;
+    case kIq3xxs: pack<kIq3xxs>(w, r0, r1, dst); break;
+    default: pack<kIq3s>(w, r0, r1, dst); break;
   }
 }
 
@@ -249,7 +292,9 @@ void lowbit_rows_q8_avx2_packed(const Q8Acts& xa, int64_t t0, int64_t n, const u
   switch (static_cast<uint32_t>(xa.type)) {
     case kIq2xxs: rows<kIq2xxs>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
     case kIq2xs: rows<kIq2xs>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
-    default: rows<kIq2s>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
+    case kIq2s: rows<kIq2s>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
+    case kIq3xxs: rows<kIq3xxs>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
+    default: rows<kIq3s>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
   }
 }
 

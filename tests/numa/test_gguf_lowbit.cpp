@@ -405,7 +405,7 @@ TEST_CASE("low-bit GGUF types: ExpertEngine with IQ1_S / IQ1_M repacked (cpu_low
   }
 }
 
-TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (IQ2 types repacked) against the reference on row and token tails") {
+TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (repacked) against the reference on row and token tails") {
   const int64_t cols = 1024, rows = 11;
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("bmi2")) {
     MESSAGE("no AVX2 + FMA + BMI2 here: not checked");
@@ -416,7 +416,7 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (IQ2 t
   for (ExtType t : cpu::lowbit::kAll) {
     INFO(std::string(info(t).name));
     const bool grid = t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s || t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s;
-    const bool packs = t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s;
+    const bool packs = grid;
     CHECK(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(t), cols) == packs);
     const auto bytes = random_blocks(t, rows * cols / info(t).block_elems, static_cast<uint32_t>(t) * 11u + 3u);
     const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, cols, "w");
@@ -424,7 +424,7 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (IQ2 t
     int64_t rb = 0;
     if (packs) {
       rb = static_cast<int64_t>(cpu::detail::lowbit_avx2_row_bytes(static_cast<uint32_t>(t), cols));
-      CHECK(rb == 4 * (t == cpu::lowbit::iq2_xxs ? 70 : 106));
+      CHECK(rb == 4 * (t == cpu::lowbit::iq2_xxs ? 102 : t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s ? 106 : 134));
       // packed in two calls (rows 0..5, 5..11), the padding after the last row poisoned
       packed.assign(static_cast<size_t>(rows * rb) + cpu::detail::kLowbitTernaryPad, 0xA5);
       cpu::detail::lowbit_avx2_pack(w, 0, 5, packed.data());
@@ -466,15 +466,15 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (IQ2 t
   }
 }
 
-TEST_CASE("low-bit GGUF types: ExpertEngine with IQ2 types repacked for AVX2 (cpu_lowbit_repack) equals the file's blocks") {
+TEST_CASE("low-bit GGUF types: ExpertEngine with the grid IQ types repacked for AVX2 (cpu_lowbit_repack) equals the file's blocks") {
   const int64_t E = 3, H = 512, I = 768, K = 2;
   if (cpu::best_isa() != cpu::Isa::avx2 || !cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq2_xxs), H)) {
     MESSAGE("not an AVX2 CPU: the AVX2 repack is not used");
     return;
   }
-  // IQ2_XXS everywhere, IQ2_XS gate/up with IQ2_S down, IQ2_XXS gate/up with IQ3_XXS down (down stays the file's blocks)
+  // IQ2_XXS everywhere, IQ2_XS gate/up with IQ2_S down, IQ2_XXS gate/up with IQ3_XXS down, IQ3_S gate/up with Q2_K down (the file's blocks)
   for (auto [tu, td] : {std::pair{cpu::lowbit::iq2_xxs, cpu::lowbit::iq2_xxs}, std::pair{cpu::lowbit::iq2_xs, cpu::lowbit::iq2_s},
-                        std::pair{cpu::lowbit::iq2_xxs, cpu::lowbit::iq3_xxs}}) {
+                        std::pair{cpu::lowbit::iq2_xxs, cpu::lowbit::iq3_xxs}, std::pair{cpu::lowbit::iq3_s, cpu::lowbit::q2_k}}) {
     INFO(info(tu).name << " / " << info(td).name);
     std::vector<std::vector<uint8_t>> store;
     std::vector<numa::ExpertWeights> ex;
@@ -495,7 +495,9 @@ TEST_CASE("low-bit GGUF types: ExpertEngine with IQ2 types repacked for AVX2 (cp
     on.print_memory = off.print_memory = false;
     off.lowbit_repack = false;
     numa::ExpertEngine ep(ex, pools, on), ef(ex, pools, off);
-    auto gb = [](ExtType t) -> uint64_t { return t == cpu::lowbit::iq2_xxs ? 70 : t == cpu::lowbit::iq3_xxs ? 0 : 106; };
+    auto gb = [](ExtType t) -> uint64_t {
+      return t == cpu::lowbit::iq2_xxs ? 102 : t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s ? 106 : t == cpu::lowbit::q2_k ? 0 : 134;
+    };
     const uint64_t want = static_cast<uint64_t>(E) * (2 * gb(tu) * I * H / 256 + gb(td) * H * I / 256);
     CHECK(ep.packed_bytes() >= want);
     CHECK(ep.packed_bytes() <= want + static_cast<uint64_t>(E * 3 * pools.nodes()) * 128);
