@@ -71,25 +71,40 @@ constexpr uint32_t level_code(uint32_t v) {
   return v == 8 ? 0 : v == 25 ? 1 : 2;
 }
 
-// The 8 grid bytes, the sign byte of chunk c and the scale nibbles of a file group.
+// Per grid entry, its bytes' level codes (one byte each), built once.
 template <uint32_t T>
-void file_chunk(const uint8_t* b, int c, uint64_t& row, uint8_t& sign) {
+const std::vector<uint64_t>& code_rows() {
+  static const std::vector<uint64_t> t = [] {
+    const int n = T == kIq2xxs ? 256 : T == kIq2xs ? 512 : T == kIq2s ? 1024 : T == kIq3xxs ? 256 : 512;
+    std::vector<uint64_t> v(static_cast<size_t>(n));
+    for (int e = 0; e < n; ++e) {
+      const uint64_t row = T == kIq2xxs ? kIq2xxsGrid[e] : T == kIq2xs ? kIq2xsGrid[e] : T == kIq2s ? kIq2sGrid[e] : T == kIq3xxs ? kIq3xxsGrid[e] : kIq3sGrid[e];
+      for (int k = 0; k < (kIq3<T> ? 4 : 8); ++k) v[static_cast<size_t>(e)] |= static_cast<uint64_t>(level_code<T>(static_cast<uint32_t>(row >> (8 * k)) & 0xFF)) << (8 * k);
+    }
+    return v;
+  }();
+  return t;
+}
+
+// Grid indices (IQ3: two 4-weight rows, the second in bits 16..) and the sign byte of chunk c of a file group.
+template <uint32_t T>
+inline void file_chunk(const uint8_t* b, int c, uint32_t& idx, uint32_t& sign) {
   if constexpr (T == kIq2xxs) {
-    row = kIq2xxsGrid[b[2 + 8 * (c / 4) + c % 4]];
+    idx = b[2 + 8 * (c / 4) + c % 4];
     sign = iq_sign_byte(u32(b + 6 + 8 * (c / 4)) >> (7 * (c % 4)));
   } else if constexpr (T == kIq2xs) {
     const uint32_t q = u16(b + 2 + 2 * c);
-    row = kIq2xsGrid[q & 511];
+    idx = q & 511;
     sign = iq_sign_byte(q >> 9);
   } else if constexpr (T == kIq2s) {
-    row = kIq2sGrid[b[2 + c] | (((b[66 + c / 4] >> (2 * (c % 4))) & 3u) << 8)];
+    idx = b[2 + c] | (((b[66 + c / 4] >> (2 * (c % 4))) & 3u) << 8);
     sign = b[34 + c];
   } else if constexpr (T == kIq3xxs) {
-    row = kIq3xxsGrid[b[2 + 2 * c]] | static_cast<uint64_t>(kIq3xxsGrid[b[3 + 2 * c]]) << 32;
+    idx = b[2 + 2 * c] | static_cast<uint32_t>(b[3 + 2 * c]) << 16;
     sign = iq_sign_byte(u32(b + 66 + 4 * (c / 4)) >> (7 * (c % 4)));
   } else {
     const uint32_t h = b[66 + c / 4] >> (2 * (c % 4));
-    row = kIq3sGrid[b[2 + 2 * c] | ((h & 1) << 8)] | static_cast<uint64_t>(kIq3sGrid[b[3 + 2 * c] | ((h & 2) << 7)]) << 32;
+    idx = (b[2 + 2 * c] | ((h & 1) << 8)) | (b[3 + 2 * c] | ((h & 2) << 7)) << 16;
     sign = b[74 + c];
   }
 }
@@ -101,21 +116,27 @@ uint32_t file_scale(const uint8_t* b, int h) {  // 32-weight block h
   else return (b[106 + h / 2] >> (4 * (h % 2))) & 15u;
 }
 
+inline void or64(uint8_t* p, uint64_t v) {
+  uint64_t x;
+  std::memcpy(&x, p, 8);
+  x |= v;
+  std::memcpy(p, &x, 8);
+}
+
 template <uint32_t T>
-void pack_group(const uint8_t* b, uint8_t* dst) {
+HMOE_AP void pack_group(const uint8_t* b, uint8_t* dst) {
+  const uint64_t* codes = code_rows<T>().data();
   std::memset(dst, 0, kCodeBytes<T>);
   for (int j = 0; j < 8; ++j)
     for (int q = 0; q < 4; ++q) {
-      uint64_t row;
-      uint8_t sign;
-      file_chunk<T>(b, chunk<T>(j, q), row, sign);
-      for (int k = 0; k < 8; ++k) {
-        const uint32_t code = level_code<T>(static_cast<uint32_t>(row >> (8 * k)) & 0xFF), neg = (sign >> k) & 1u, p = 8 * q + k;
-        if constexpr (kIq3<T>) dst[32 * (j / 2) + p] = static_cast<uint8_t>(dst[32 * (j / 2) + p] | ((code | neg << 3) << (4 * (j % 2))));
-        else {
-          dst[32 * (j / 4) + p] = static_cast<uint8_t>(dst[32 * (j / 4) + p] | (code << (2 * (j % 4))));
-          dst[64 + p] = static_cast<uint8_t>(dst[64 + p] | (neg << j));
-        }
+      uint32_t idx, sign;
+      file_chunk<T>(b, chunk<T>(j, q), idx, sign);
+      if constexpr (kIq3<T>) {  // byte k: code | sign << 3, in nibble j % 2
+        const uint64_t c = codes[idx & 0xFFFF] | codes[idx >> 16] << 32;
+        or64(dst + 32 * (j / 2) + 8 * q, (c | _pdep_u64(sign, 0x0808080808080808ull)) << (4 * (j % 2)));
+      } else {  // byte k: code at bits 2 (j % 4); sign plane bit j
+        or64(dst + 32 * (j / 4) + 8 * q, codes[idx] << (2 * (j % 4)));
+        or64(dst + 64 + 8 * q, _pdep_u64(sign, 0x0101010101010101ull) << j);
       }
     }
   uint8_t* sc = dst + kCodeBytes<T>;
@@ -130,7 +151,7 @@ void pack_group(const uint8_t* b, uint8_t* dst) {
 }
 
 template <uint32_t T>
-void pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst) {
+HMOE_AP void pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst) {
   const int64_t ng = w.cols / 256;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* src = w.row(r);
