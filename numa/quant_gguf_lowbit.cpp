@@ -44,7 +44,10 @@ void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, 
 }
 
 namespace {
-bool ternary_type(uint32_t ext) { return ext == static_cast<uint32_t>(lowbit::iq1_s) || ext == static_cast<uint32_t>(lowbit::iq1_m); }
+// IQ1_S / IQ1_M on AVX-512 CPUs: the v5 trits; everything else (and IQ1_S on AVX2) the AVX2 v3 layout.
+bool ternary_type(uint32_t ext) {
+  return best_isa() == Isa::avx512 && (ext == static_cast<uint32_t>(lowbit::iq1_s) || ext == static_cast<uint32_t>(lowbit::iq1_m));
+}
 size_t packed_row_bytes(const Mat& w) {
   return ternary_type(w.ext) ? detail::lowbit_ternary_row_bytes(w.ext, w.cols) : detail::lowbit_avx2_row_bytes(w.ext, w.cols);
 }

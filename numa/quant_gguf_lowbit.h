@@ -42,7 +42,7 @@ void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, 
 
 // A matrix's rows repacked at load: for the v5 kernel (AVX-512: IQ1_S, IQ1_M
 // into trits, see detail::lowbit_ternary_pack) or the AVX2 v3 kernel (AVX2
-// CPUs: IQ2_XXS/XS/S, IQ3_XXS/S, detail::lowbit_avx2_pack): row r at data + r * row_bytes; data null
+// CPUs: IQ2_XXS/XS/S, IQ3_XXS/S, IQ1_S, detail::lowbit_avx2_pack): row r at data + r * row_bytes; data null
 // when not repacked. The owner keeps kLowbitTernaryPad bytes after the last row.
 struct LowbitPacked {
   const uint8_t* data = nullptr;
@@ -102,9 +102,9 @@ bool lowbit_set_codes_for_testing(bool on);
 // blocks in fixed lanes). Returns false (nothing done) otherwise.
 bool lowbit_rows_q8_avx2_grid(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 // AVX2 v3 (quant_gguf_lowbit_avx2_packed.cpp): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
-// IQ3_S repacked once into level codes beside their signs (102 / 106 / 106 /
-// 134 / 134 bytes per 256 weights against the file's 66 / 74 / 82 / 98 /
-// 110), decoded by vpshufb; same CPUs as AVX2 v2.
+// IQ3_S, IQ1_S repacked once into level codes beside their signs (102 / 106 /
+// 106 / 134 / 134 / 70 bytes per 256 weights against the file's 66 / 74 / 82
+// / 98 / 110 / 50), decoded by vpshufb; same CPUs as AVX2 v2.
 bool lowbit_avx2_pack_applies(uint32_t ext, int64_t cols);
 size_t lowbit_avx2_row_bytes(uint32_t ext, int64_t cols);
 // Rows [r0, r1) of w packed into dst, row after row (lowbit_avx2_row_bytes each).

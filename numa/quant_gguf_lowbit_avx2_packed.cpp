@@ -11,12 +11,17 @@
 //     vector j's byte p; [64, 96) signs: bit j of byte p = vector j's byte p;
 //   IQ3_XXS, IQ3_S: [0, 128) nibbles, code of the 8 levels | sign << 3:
 //     byte p of [32 (j / 2), +32), nibble j % 2 = vector j's byte p;
+//   IQ1_S: [0, 64) the grid's trits (value + 1) as IQ2's codes, no signs;
 //   then the odd-scale nibbles (IQ2_XXS, IQ3_*: u32, nibble h = 32-weight
-//   block h; IQ2_XS, IQ2_S: u64, nibble h = 16-weight block h), the fp16 d.
+//   block h; IQ1_S the same with the delta's sign in bit 3; IQ2_XS, IQ2_S:
+//   u64, nibble h = 16-weight block h), the fp16 d.
 // Bytes per 256 weights: IQ2_XXS 102 (the file's 66, x1.55), IQ2_XS 106
 // (74, x1.43), IQ2_S 106 (82, x1.29), IQ3_XXS 134 (98, x1.37), IQ3_S 134
-// (110, x1.22): on the dev box's Zen 3 (~15 GB/s of reads per core) the
-// v2 kernels took 2-3x longer than reading these bytes.
+// (110, x1.22), IQ1_S 70 (50, x1.40): on the dev box's Zen 3 (~15 GB/s of
+// reads per core) the table-load kernels took 2-3x longer than reading
+// these bytes.
+// IQ1_S: 8 w / dl = 8 t - 8 + delta, so u = 8 t and the pair's x sums
+// (precomputed per call) times -(8 - delta) (-7 or -9) per 32-weight block.
 //
 // Kernel: per vector one vpshufb of the codes (IQ2: magnitudes; IQ3: bias
 // + signed level, bias 62 / 15), vpmaddubsw with the permuted activations
@@ -53,10 +58,11 @@ using lowbit_bytes::u32;
 using lowbit_bytes::u64;
 
 template <uint32_t T> constexpr bool kIq3 = T == kIq3xxs || T == kIq3s;
-template <uint32_t T> constexpr int kCodeBytes = kIq3<T> ? 128 : 96;  // IQ2: codes 64 + sign planes 32
+template <uint32_t T> constexpr bool kIq1 = T == kIq1s;
+template <uint32_t T> constexpr int kCodeBytes = kIq3<T> ? 128 : kIq1<T> ? 64 : 96;  // IQ2: codes 64 + sign planes 32
 template <uint32_t T> constexpr int kScaleBytes = kBlocks16<T> ? 8 : 4;
 template <uint32_t T> constexpr int kGroupBytes = kCodeBytes<T> + kScaleBytes<T> + 2;
-template <uint32_t T> constexpr int kFileBytes = T == kIq2xxs ? 66 : T == kIq2xs ? 74 : T == kIq2s ? 82 : T == kIq3xxs ? 98 : 110;
+template <uint32_t T> constexpr int kFileBytes = T == kIq2xxs ? 66 : T == kIq2xs ? 74 : T == kIq2s ? 82 : T == kIq3xxs ? 98 : T == kIq1s ? 50 : 110;
 // IQ3: the bias of the unsigned weights u = bias + signed level
 template <uint32_t T> constexpr int kBias = T == kIq3xxs ? 62 : 15;
 template <uint32_t T> constexpr int chunk(int j, int q) { return lowbit_avx2::chunk(kBlocks16<T>, j, q); }
@@ -64,6 +70,7 @@ template <uint32_t T> constexpr int chunk(int j, int q) { return lowbit_avx2::ch
 // The position of a grid byte among the type's levels.
 template <uint32_t T>
 constexpr uint32_t level_code(uint32_t v) {
+  if constexpr (kIq1<T>) return v;  // the grid's value + 1: 0, 1, 2
   if constexpr (kIq3<T>) {
     if constexpr (T == kIq3s) return (v - 1) / 2;  // 1, 3, .. 15
     return v == 62 ? 7 : (v - 4) / 8;              // 4, 12, .. 52, 62
@@ -75,10 +82,11 @@ constexpr uint32_t level_code(uint32_t v) {
 template <uint32_t T>
 const std::vector<uint64_t>& code_rows() {
   static const std::vector<uint64_t> t = [] {
-    const int n = T == kIq2xxs ? 256 : T == kIq2xs ? 512 : T == kIq2s ? 1024 : T == kIq3xxs ? 256 : 512;
+    const int n = T == kIq2xxs ? 256 : T == kIq2xs ? 512 : T == kIq2s ? 1024 : T == kIq3xxs ? 256 : T == kIq1s ? 2048 : 512;
     std::vector<uint64_t> v(static_cast<size_t>(n));
     for (int e = 0; e < n; ++e) {
-      const uint64_t row = T == kIq2xxs ? kIq2xxsGrid[e] : T == kIq2xs ? kIq2xsGrid[e] : T == kIq2s ? kIq2sGrid[e] : T == kIq3xxs ? kIq3xxsGrid[e] : kIq3sGrid[e];
+      const uint64_t row = T == kIq2xxs ? kIq2xxsGrid[e] : T == kIq2xs ? kIq2xsGrid[e] : T == kIq2s ? kIq2sGrid[e] : T == kIq3xxs ? kIq3xxsGrid[e]
+                           : T == kIq1s ? kIq1sGrid[e] : kIq3sGrid[e];
       for (int k = 0; k < (kIq3<T> ? 4 : 8); ++k) v[static_cast<size_t>(e)] |= static_cast<uint64_t>(level_code<T>(static_cast<uint32_t>(row >> (8 * k)) & 0xFF)) << (8 * k);
     }
     return v;
@@ -99,6 +107,9 @@ inline void file_chunk(const uint8_t* b, int c, uint32_t& idx, uint32_t& sign) {
   } else if constexpr (T == kIq2s) {
     idx = b[2 + c] | (((b[66 + c / 4] >> (2 * (c % 4))) & 3u) << 8);
     sign = b[34 + c];
+  } else if constexpr (T == kIq1s) {
+    idx = b[2 + c] | ((static_cast<uint32_t>(u16(b + 34 + 2 * (c / 4))) >> (3 * (c % 4))) & 7u) << 8;
+    sign = 0;
   } else if constexpr (T == kIq3xxs) {
     idx = b[2 + 2 * c] | static_cast<uint32_t>(b[3 + 2 * c]) << 16;
     sign = iq_sign_byte(u32(b + 66 + 4 * (c / 4)) >> (7 * (c % 4)));
@@ -110,8 +121,9 @@ inline void file_chunk(const uint8_t* b, int c, uint32_t& idx, uint32_t& sign) {
 }
 
 template <uint32_t T>
-uint32_t file_scale(const uint8_t* b, int h) {  // 32-weight block h
+uint32_t file_scale(const uint8_t* b, int h) {  // 32-weight block h (IQ1_S: the 3-bit scale | the delta's sign << 3)
   if constexpr (T == kIq2xxs) return u32(b + 6 + 8 * h) >> 28;
+  else if constexpr (T == kIq1s) return (static_cast<uint32_t>(u16(b + 34 + 2 * h)) >> 12) & 15u;
   else if constexpr (T == kIq3xxs) return u32(b + 66 + 4 * h) >> 28;
   else return (b[106 + h / 2] >> (4 * (h % 2))) & 15u;
 }
@@ -136,7 +148,7 @@ HMOE_AP void pack_group(const uint8_t* b, uint8_t* dst) {
         or64(dst + 32 * (j / 2) + 8 * q, (c | _pdep_u64(sign, 0x0808080808080808ull)) << (4 * (j % 2)));
       } else {  // byte k: code at bits 2 (j % 4); sign plane bit j
         or64(dst + 32 * (j / 4) + 8 * q, codes[idx] << (2 * (j % 4)));
-        or64(dst + 64 + 8 * q, _pdep_u64(sign, 0x0101010101010101ull) << j);
+        if constexpr (!kIq1<T>) or64(dst + 64 + 8 * q, _pdep_u64(sign, 0x0101010101010101ull) << j);
       }
     }
   uint8_t* sc = dst + kCodeBytes<T>;
@@ -188,6 +200,7 @@ HMOE_AP inline __m256i level_table() {
     int v = 0;
     if constexpr (T == kIq3xxs) v = kBias<T> + (i & 8 ? -1 : 1) * ((i & 7) == 7 ? 62 : 4 + 8 * (i & 7));
     else if constexpr (T == kIq3s) v = kBias<T> + (i & 8 ? -1 : 1) * (1 + 2 * (i & 7));
+    else if constexpr (kIq1<T>) v = i < 3 ? 8 * i : 0;
     else v = i == 0 ? 8 : i == 1 ? 25 : i == 2 ? 43 : 0;
     t[i] = t[16 + i] = static_cast<int8_t>(v);
   }
@@ -209,25 +222,43 @@ HMOE_AP void tile(const uint8_t* a, const int8_t* xp, const float* dx, int64_t n
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t g = 0; g < ng; ++g, a += GB) {
-    const __m256i odd = odd_scales<T>(a + kCodeBytes<T>);
+    __m256i odd, sc1[2], dl1[2];  // IQ1_S: per set the odd scales and -(8 -+ 1) times them as words (madd with the x sums)
+    if constexpr (kIq1<T>) {
+      const __m256i v = _mm256_and_si256(
+          _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(u32(a + kCodeBytes<T>))), _mm256_setr_epi32(0, 4, 16, 20, 8, 12, 24, 28)),
+          _mm256_set1_epi32(15));
+      const __m256i o = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(7)), 1), _mm256_set1_epi32(1));
+      // 8 w / dl = 8 t - 8 + delta: the sums of x times -7 (delta +1) or -9 (bit 3 set: delta -1)
+      const __m256i f = _mm256_sub_epi32(_mm256_set1_epi32(-7), _mm256_srli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(8)), 2));
+      const __m256i od = _mm256_mullo_epi32(o, f);
+      for (int s2 = 0; s2 < 2; ++s2) {
+        const __m256i ctl = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.ctl32w[s2]));
+        sc1[s2] = _mm256_shuffle_epi8(o, ctl);
+        dl1[s2] = _mm256_shuffle_epi8(od, ctl);
+      }
+    } else {
+      odd = odd_scales<T>(a + kCodeBytes<T>);
+    }
     __m256i sum[NT];
     for (int t = 0; t < NT; ++t) sum[t] = _mm256_setzero_si256();
     const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)), c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32));
     const __m256i planes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 64));
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
-      const __m256i sc = scale_set<T>(odd, k);
+      const __m256i sc = kIq1<T> ? sc1[k / 2] : scale_set<T>(odd, k);
       __m256i u0, u1, m0, m1;
       if constexpr (kIq3<T>) {
         const __m256i nib = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32 * k));
         u0 = _mm256_shuffle_epi8(lv, _mm256_and_si256(nib, fifteen));
         u1 = _mm256_shuffle_epi8(lv, _mm256_and_si256(_mm256_srli_epi16(nib, 4), fifteen));
-      } else {  // vector j: codes at bits 2 (j % 4) of c0 / c1, sign at bit j of the planes
+      } else {  // vector j: codes at bits 2 (j % 4) of c0 / c1, sign at bit j of the planes (IQ2)
         const __m256i c = k < 2 ? c0 : c1;
         u0 = _mm256_shuffle_epi8(lv, _mm256_and_si256(k % 2 ? _mm256_srli_epi16(c, 4) : c, three));
         u1 = _mm256_shuffle_epi8(lv, _mm256_and_si256(_mm256_srli_epi16(c, k % 2 ? 6 : 2), three));
-        m0 = _mm256_slli_epi16(planes, 7 - 2 * k);
-        m1 = _mm256_slli_epi16(planes, 6 - 2 * k);
+        if constexpr (!kIq1<T>) {
+          m0 = _mm256_slli_epi16(planes, 7 - 2 * k);
+          m1 = _mm256_slli_epi16(planes, 6 - 2 * k);
+        }
       }
 #pragma GCC unroll 4
       for (int t = 0; t < NT; ++t) {
@@ -237,7 +268,10 @@ HMOE_AP void tile(const uint8_t* a, const int8_t* xp, const float* dx, int64_t n
         __m256i p;
         if constexpr (kIq3<T>)  // (bias + w) x - bias x: |.| <= 62 * 127 * 2 each
           p = _mm256_add_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(u0, x0), e0), _mm256_sub_epi16(_mm256_maddubs_epi16(u1, x1), e1));
-        else
+        else if constexpr (kIq1<T>) {  // 8 t x (|.| <= 16 * 127 * 2 each), and the x sums of the pair (e0) times -(8 -+ 1)
+          p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1));
+          sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(e0, dl1[k / 2]));
+        } else
           p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, _mm256_blendv_epi8(x0, e0, m0)), _mm256_maddubs_epi16(u1, _mm256_blendv_epi8(x1, e1, m1)));
         sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(p, sc));
       }
@@ -262,6 +296,13 @@ HMOE_AP void rows(const Q8Acts& xa, int64_t t0, int64_t n, const uint8_t* packed
       const int8_t* x = xa.q.data() + (t0 + t) * xa.cols + 256 * g;
       int8_t* o = xp + (t * ng + g) * 512;
       for (int p = 0; p < 256; p += 8) std::memcpy(o + p, x + perm[p], 8);  // chunks of 8 columns
+      if constexpr (kIq1<T>) {  // pair k: the sums of x per word of vectors 2k + 2k + 1 at 256 + 64 k (|.| <= 4 * 127)
+        const __m256i one = _mm256_set1_epi8(1);
+        for (int k = 0; k < 4; ++k)
+          _mm256_store_si256(reinterpret_cast<__m256i*>(o + 256 + 64 * k),
+                             _mm256_add_epi16(_mm256_maddubs_epi16(one, _mm256_load_si256(reinterpret_cast<const __m256i*>(o + 64 * k))),
+                                              _mm256_maddubs_epi16(one, _mm256_load_si256(reinterpret_cast<const __m256i*>(o + 64 * k + 32)))));
+      } else
       for (int p = 0; p < 256; p += 32) {
         const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(o + p));
         const __m256i e = kIq3<T> ? _mm256_maddubs_epi16(_mm256_set1_epi8(kBias<T>), v) : _mm256_sub_epi8(_mm256_setzero_si256(), v);  // |x| <= 127
@@ -288,12 +329,12 @@ bool lowbit_avx2_pack_applies(uint32_t ext, int64_t cols) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
   }();
-  return isa && (ext == kIq2xxs || ext == kIq2xs || ext == kIq2s || ext == kIq3xxs || ext == kIq3s) && cols > 0 && cols % 256 == 0;
+  return isa && (ext == kIq2xxs || ext == kIq2xs || ext == kIq2s || ext == kIq3xxs || ext == kIq3s || ext == kIq1s) && cols > 0 && cols % 256 == 0;
 }
 
 size_t lowbit_avx2_row_bytes(uint32_t ext, int64_t cols) {
   const size_t gb = ext == kIq2xxs ? group_bytes<kIq2xxs>() : ext == kIq2xs ? group_bytes<kIq2xs>() : ext == kIq2s ? group_bytes<kIq2s>()
-                    : ext == kIq3xxs ? group_bytes<kIq3xxs>() : group_bytes<kIq3s>();
+                    : ext == kIq3xxs ? group_bytes<kIq3xxs>() : ext == kIq1s ? group_bytes<kIq1s>() : group_bytes<kIq3s>();
   return static_cast<size_t>(cols / 256) * gb;
 }
 
@@ -303,6 +344,7 @@ void lowbit_avx2_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst) {
     case kIq2xs: pack<kIq2xs>(w, r0, r1, dst); break;
     case kIq2s: pack<kIq2s>(w, r0, r1, dst); break;
     case kIq3xxs: pack<kIq3xxs>(w, r0, r1, dst); break;
+    case kIq1s: pack<kIq1s>(w, r0, r1, dst); break;
     default: pack<kIq3s>(w, r0, r1, dst); break;
   }
 }
@@ -315,6 +357,7 @@ void lowbit_rows_q8_avx2_packed(const Q8Acts& xa, int64_t t0, int64_t n, const u
     case kIq2xs: rows<kIq2xs>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
     case kIq2s: rows<kIq2s>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
     case kIq3xxs: rows<kIq3xxs>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
+    case kIq1s: rows<kIq1s>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
     default: rows<kIq3s>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
   }
 }

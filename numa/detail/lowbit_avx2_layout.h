@@ -15,7 +15,7 @@
 
 namespace hmoe::cpu::detail::lowbit_avx2 {
 
-constexpr uint32_t kIq2xxs = 16, kIq2xs = 17, kIq3xxs = 18, kIq3s = 21, kIq2s = 22;
+constexpr uint32_t kIq2xxs = 16, kIq2xs = 17, kIq3xxs = 18, kIq1s = 19, kIq3s = 21, kIq2s = 22;
 
 template <uint32_t T> constexpr bool kBlocks16 = T == kIq2xs || T == kIq2s;
 // fp32 factor of the odd scale (2 s + 1)
@@ -28,6 +28,7 @@ struct Layout {
   uint8_t xperm[2][256];             // [blocks16] vector byte -> column of the group
   alignas(32) uint8_t ctl32[2][32];  // 32-weight blocks, set s: the words of qword Q <- byte 8 s + 4 (Q % 2) of the lane
   alignas(32) uint8_t ctl16[4][32];  // 16-weight blocks, set k: qword Q <- byte 4 k + Q of the lane
+  alignas(32) uint8_t ctl32w[2][32];  // as ctl32, the word at byte 8 s + 4 (Q % 2) (an int32 lane's low half)
 };
 
 constexpr Layout make_layout() {
@@ -38,6 +39,7 @@ constexpr Layout make_layout() {
     const int w = (p % 16) / 2, q = 2 * (p / 16) + w / 4;  // word w of the lane, qword q of the vector
     for (int s = 0; s < 2; ++s) t.ctl32[s][p] = p % 2 ? 0x80 : static_cast<uint8_t>(8 * s + 4 * (q % 2));
     for (int k = 0; k < 4; ++k) t.ctl16[k][p] = p % 2 ? 0x80 : static_cast<uint8_t>(4 * k + q);
+    for (int s = 0; s < 2; ++s) t.ctl32w[s][p] = static_cast<uint8_t>(8 * s + 4 * (q % 2) + p % 2);
   }
   return t;
 }

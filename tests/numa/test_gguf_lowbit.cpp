@@ -411,12 +411,12 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (repac
     MESSAGE("no AVX2 + FMA + BMI2 here: not checked");
     return;
   }
-  CHECK_FALSE(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq1_s), cols));
+  CHECK_FALSE(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq1_m), cols));
   CHECK_FALSE(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq2_xxs), 300));
   for (ExtType t : cpu::lowbit::kAll) {
     INFO(std::string(info(t).name));
     const bool grid = t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s || t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s;
-    const bool packs = grid;
+    const bool packs = grid || t == cpu::lowbit::iq1_s;
     CHECK(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(t), cols) == packs);
     const auto bytes = random_blocks(t, rows * cols / info(t).block_elems, static_cast<uint32_t>(t) * 11u + 3u);
     const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, cols, "w");
@@ -424,7 +424,7 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (repac
     int64_t rb = 0;
     if (packs) {
       rb = static_cast<int64_t>(cpu::detail::lowbit_avx2_row_bytes(static_cast<uint32_t>(t), cols));
-      CHECK(rb == 4 * (t == cpu::lowbit::iq2_xxs ? 102 : t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s ? 106 : 134));
+      CHECK(rb == 4 * (t == cpu::lowbit::iq2_xxs ? 102 : t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s ? 106 : t == cpu::lowbit::iq1_s ? 70 : 134));
       // packed in two calls (rows 0..5, 5..11), the padding after the last row poisoned
       packed.assign(static_cast<size_t>(rows * rb) + cpu::detail::kLowbitTernaryPad, 0xA5);
       cpu::detail::lowbit_avx2_pack(w, 0, 5, packed.data());
@@ -446,7 +446,7 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (repac
       }
       std::vector<float> ref(absdot.size()), v2(absdot.size(), NAN), v3(absdot.size(), NAN);
       cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
-      // rows 0..3 and 3..11: a start past 0
+      // rows 0..3 and 3..11: a start past 0 (v2: the grid IQ types but IQ1_S)
       const bool v2on = cpu::detail::lowbit_rows_q8_avx2_grid(a, 0, n, w, 0, 3, v2.data(), rows);
       CHECK(v2on == grid);
       if (v2on) CHECK(cpu::detail::lowbit_rows_q8_avx2_grid(a, 0, n, w, 3, rows, v2.data(), rows));
@@ -472,9 +472,11 @@ TEST_CASE("low-bit GGUF types: ExpertEngine with the grid IQ types repacked for 
     MESSAGE("not an AVX2 CPU: the AVX2 repack is not used");
     return;
   }
-  // IQ2_XXS everywhere, IQ2_XS gate/up with IQ2_S down, IQ2_XXS gate/up with IQ3_XXS down, IQ3_S gate/up with Q2_K down (the file's blocks)
+  // IQ2_XXS everywhere, IQ2_XS gate/up with IQ2_S down, IQ2_XXS gate/up with IQ3_XXS down, IQ3_S gate/up with Q2_K down (the file's
+  // blocks), IQ1_S gate/up with IQ2_XXS down (UD-IQ1_S-like)
   for (auto [tu, td] : {std::pair{cpu::lowbit::iq2_xxs, cpu::lowbit::iq2_xxs}, std::pair{cpu::lowbit::iq2_xs, cpu::lowbit::iq2_s},
-                        std::pair{cpu::lowbit::iq2_xxs, cpu::lowbit::iq3_xxs}, std::pair{cpu::lowbit::iq3_s, cpu::lowbit::q2_k}}) {
+                        std::pair{cpu::lowbit::iq2_xxs, cpu::lowbit::iq3_xxs}, std::pair{cpu::lowbit::iq3_s, cpu::lowbit::q2_k},
+                        std::pair{cpu::lowbit::iq1_s, cpu::lowbit::iq2_xxs}}) {
     INFO(info(tu).name << " / " << info(td).name);
     std::vector<std::vector<uint8_t>> store;
     std::vector<numa::ExpertWeights> ex;
@@ -496,7 +498,8 @@ TEST_CASE("low-bit GGUF types: ExpertEngine with the grid IQ types repacked for 
     off.lowbit_repack = false;
     numa::ExpertEngine ep(ex, pools, on), ef(ex, pools, off);
     auto gb = [](ExtType t) -> uint64_t {
-      return t == cpu::lowbit::iq2_xxs ? 102 : t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s ? 106 : t == cpu::lowbit::q2_k ? 0 : 134;
+      return t == cpu::lowbit::iq2_xxs ? 102 : t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s ? 106 : t == cpu::lowbit::q2_k ? 0
+             : t == cpu::lowbit::iq1_s ? 70 : 134;
     };
     const uint64_t want = static_cast<uint64_t>(E) * (2 * gb(tu) * I * H / 256 + gb(td) * H * I / 256);
     CHECK(ep.packed_bytes() >= want);
