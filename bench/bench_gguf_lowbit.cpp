@@ -176,13 +176,19 @@ double time_forward(numa::ExpertEngine& eng, int64_t n, int64_t E, double min_se
   return best;
 }
 
-// Whether the v4 kernels (numa/quant_gguf_lowbit_codes.cpp) serve one of these types.
+// Whether the AVX2 v2 / v3 kernels (numa/quant_gguf_lowbit_avx2_grid.cpp, _avx2_packed.cpp; IQ1_S: v3 only) serve t here.
+bool uses_avx2_grid(ExtType t) {
+  return cpu::best_isa() == cpu::Isa::avx2 && (t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq3_xxs ||
+                                                t == cpu::lowbit::iq3_s || t == cpu::lowbit::iq2_s || t == cpu::lowbit::iq1_s);
+}
+
+// Whether the v4 kernels (numa/quant_gguf_lowbit_codes.cpp), or on AVX2 CPUs the AVX2 v2 kernel, serve one of these types.
 bool uses_codes(ExtType a, ExtType b) {
   auto v4 = [](ExtType t) {
     return t == cpu::lowbit::iq1_s || t == cpu::lowbit::iq1_m || t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq3_xxs ||
            t == cpu::lowbit::iq3_s || t == cpu::lowbit::iq2_s;
   };
-  return cpu::detail::lowbit_has_avx512_vbmi() && (v4(a) || v4(b));
+  return (cpu::detail::lowbit_has_avx512_vbmi() && (v4(a) || v4(b))) || uses_avx2_grid(a) || uses_avx2_grid(b);
 }
 
 double thread_seconds() {
@@ -194,18 +200,22 @@ double thread_seconds() {
 // The int8 kernel alone: rows x H of type t, resident in L2, n tokens; best of 5 runs of ~min_s CPU seconds.
 // v2 = the VBMI kernel of every type, for the types v3 (grid planes) serves.
 // v5 = IQ1_S / IQ1_M repacked into trits (GB/s: the file's bytes per second; the packed bytes are 58 / 50, 66 / 56 of them).
-void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = false, bool v5 = false) {
+// a2v3 = AVX2 CPUs: IQ2_XXS / IQ2_XS / IQ2_S repacked (70 / 106 / 106 bytes against the file's 66 / 74 / 82).
+// v1 = the dispatcher with the v4 / AVX2 v2 kernels off (AVX2 CPUs: v1, the scalar decode).
+void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = false, bool v5 = false, bool a2v3 = false, bool v1 = false) {
   const int64_t rows = 64;
   const auto bytes = random_matrix(t, rows, H, 5);
   const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, H, "w");
   std::vector<uint8_t> packed;
-  double pack_ns = 0;  // v5: the repack at load, ns per group (best of 5)
-  if (v5) {
-    packed.resize(static_cast<size_t>(rows) * cpu::detail::lowbit_ternary_row_bytes(static_cast<uint32_t>(t), H) + cpu::detail::kLowbitTernaryPad);
+  double pack_ns = 0;  // v5 / a2v3: the repack at load, ns per group (best of 5)
+  if (v5 || a2v3) {
+    const size_t rbytes = v5 ? cpu::detail::lowbit_ternary_row_bytes(static_cast<uint32_t>(t), H) : cpu::detail::lowbit_avx2_row_bytes(static_cast<uint32_t>(t), H);
+    packed.resize(static_cast<size_t>(rows) * rbytes + cpu::detail::kLowbitTernaryPad);
     pack_ns = 1e30;
     for (int rep = 0; rep < 5; ++rep) {
       const double t0 = thread_seconds();
-      cpu::detail::lowbit_ternary_pack(w, 0, rows, packed.data());
+      if (v5) cpu::detail::lowbit_ternary_pack(w, 0, rows, packed.data());
+      else cpu::detail::lowbit_avx2_pack(w, 0, rows, packed.data());
       pack_ns = std::min(pack_ns, (thread_seconds() - t0) / static_cast<double>(rows * H / 256) * 1e9);
     }
   }
@@ -226,8 +236,13 @@ void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = fals
       while (el < min_s / 5) {
         for (int i = 0; i < 16; ++i) {
           if (v5) cpu::detail::lowbit_rows_q8_ternary(a, 0, n, packed.data(), H, 0, rows, y.data(), rows);
+          else if (a2v3) cpu::detail::lowbit_rows_q8_avx2_packed(a, 0, n, packed.data(), H, 0, rows, y.data(), rows);
           else if (v2) cpu::detail::lowbit_rows_q8_vbmi(a, 0, n, w, 0, rows, y.data(), rows);
-          else cpu::gemm_rows_q8(a, 0, n, w, 0, rows, y.data(), rows);
+          else if (v1) {
+            const bool prev = cpu::detail::lowbit_set_codes_for_testing(false);
+            cpu::gemm_rows_q8(a, 0, n, w, 0, rows, y.data(), rows);
+            cpu::detail::lowbit_set_codes_for_testing(prev);
+          } else cpu::gemm_rows_q8(a, 0, n, w, 0, rows, y.data(), rows);
         }
         calls += 16;
         el = thread_seconds() - t0;
@@ -237,7 +252,7 @@ void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = fals
     const double groups = static_cast<double>(rows * H / 256);
     std::printf(" %.1f | %.2f |", best / groups * 1e9, static_cast<double>(w.bytes()) / best / 1e9);
   }
-  if (v5) std::printf(" repack at load: %.0f ns per group (%.2f GB/s of the file's bytes) |", pack_ns, static_cast<double>(w.bytes()) / static_cast<double>(rows * H / 256) / pack_ns);
+  if (v5 || a2v3) std::printf(" repack at load: %.0f ns per group (%.2f GB/s of the file's bytes) |", pack_ns, static_cast<double>(w.bytes()) / static_cast<double>(rows * H / 256) / pack_ns);
   std::printf("\n");
 }
 
@@ -280,6 +295,10 @@ int main(int argc, char** argv) {
         kernel_row(name + " (v2, before grid codes)", t, quick ? 0.2 : 0.5, true);
       if ((only.empty() || only == name) && cpu::detail::lowbit_ternary_applies(static_cast<uint32_t>(t), H))
         kernel_row(name + " (v5, repacked into trits)", t, quick ? 0.2 : 0.5, false, true);
+      const bool avx2 = cpu::best_isa() == cpu::Isa::avx2;
+      if ((only.empty() || only == name) && avx2 && cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(t), H))
+        kernel_row(name + " (AVX2 v3, repacked)", t, quick ? 0.2 : 0.5, false, false, true);
+      if ((only.empty() || only == name) && avx2 && uses_avx2_grid(t)) kernel_row(name + " (AVX2 v1, before)", t, quick ? 0.2 : 0.5, false, false, false, true);
     }
     if (only.empty() || only == "Q4_K") kernel_row("Q4_K", ExtType::q4_k, quick ? 0.2 : 0.5);
     std::printf("\n(ns per 256-weight group and row; GB/s: stored weight bytes per second one core consumes.)\n");

@@ -264,7 +264,7 @@ std::string ExpertEngine::memory_report() const {
   s << opt_.name << ": " << experts_ << " experts [" << hidden_ << " x " << inter_ << "], " << (copied_ ? "placed" : "viewed in place") << " on "
     << node_bytes_.size() << " node(s):";
   for (size_t j = 0; j < node_bytes_.size(); ++j) s << " node" << j << " " << std::fixed << std::setprecision(1) << node_bytes_[j] / 1048576.0 << " MiB";
-  if (packed_bytes_) s << "; IQ1 types repacked for the CPU kernel: " << std::fixed << std::setprecision(1) << packed_bytes_ / 1048576.0 << " MiB";
+  if (packed_bytes_) s << "; low-bit types repacked for the CPU kernel: " << std::fixed << std::setprecision(1) << packed_bytes_ / 1048576.0 << " MiB";
   return s.str();
 }
 

@@ -36,26 +36,43 @@ void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, 
   if (vbmi && detail::lowbit_rows_q8_planes(xa, t0, n, w, r0, r1, y, ldy)) return;
   if (vbmi) detail::lowbit_rows_q8_vbmi(xa, t0, n, w, r0, r1, y, ldy);
   else if (best_isa() == Isa::avx512 && detail::lowbit_has_avx512_vnni()) detail::lowbit_rows_q8_avx512(xa, t0, n, w, r0, r1, y, ldy);
-  else if (best_isa() != Isa::scalar) detail::lowbit_rows_q8_avx2(xa, t0, n, w, r0, r1, y, ldy);
+  else if (best_isa() != Isa::scalar) {
+    if (!(g_codes.load(std::memory_order_relaxed) && detail::lowbit_rows_q8_avx2_grid(xa, t0, n, w, r0, r1, y, ldy)))
+      detail::lowbit_rows_q8_avx2(xa, t0, n, w, r0, r1, y, ldy);
+  }
   else gemm_rows_q8_reference(xa, t0, n, w, r0, r1, y, ldy);
 }
 
+namespace {
+// IQ1_S / IQ1_M on AVX-512 CPUs: the v5 trits; everything else (and IQ1_S on AVX2) the AVX2 v3 layout.
+bool ternary_type(uint32_t ext) {
+  return best_isa() == Isa::avx512 && (ext == static_cast<uint32_t>(lowbit::iq1_s) || ext == static_cast<uint32_t>(lowbit::iq1_m));
+}
+size_t packed_row_bytes(const Mat& w) {
+  return ternary_type(w.ext) ? detail::lowbit_ternary_row_bytes(w.ext, w.cols) : detail::lowbit_avx2_row_bytes(w.ext, w.cols);
+}
+}  // namespace
+
 bool lowbit_repack_applies(const Mat& w) {
-  return w.quant == Quant::ext && best_isa() == Isa::avx512 && detail::lowbit_ternary_applies(w.ext, w.cols);
+  if (w.quant != Quant::ext) return false;
+  if (best_isa() == Isa::avx512) return detail::lowbit_ternary_applies(w.ext, w.cols);
+  return best_isa() == Isa::avx2 && detail::lowbit_avx2_pack_applies(w.ext, w.cols);
 }
 
-size_t lowbit_packed_bytes(const Mat& w) { return static_cast<size_t>(w.rows) * detail::lowbit_ternary_row_bytes(w.ext, w.cols) + detail::kLowbitTernaryPad; }
+size_t lowbit_packed_bytes(const Mat& w) { return static_cast<size_t>(w.rows) * packed_row_bytes(w) + detail::kLowbitTernaryPad; }
 
 LowbitPacked lowbit_pack(const Mat& w, uint8_t* dst) {
-  detail::lowbit_ternary_pack(w, 0, w.rows, dst);
+  if (ternary_type(w.ext)) detail::lowbit_ternary_pack(w, 0, w.rows, dst);
+  else detail::lowbit_avx2_pack(w, 0, w.rows, dst);
   std::memset(dst + lowbit_packed_bytes(w) - detail::kLowbitTernaryPad, 0, detail::kLowbitTernaryPad);
-  return {dst, detail::lowbit_ternary_row_bytes(w.ext, w.cols)};
+  return {dst, packed_row_bytes(w)};
 }
 
 void lowbit_gemm_rows_q8_packed(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, const LowbitPacked& p, int64_t r0, int64_t r1, float* y,
                                 int64_t ldy) {
   if (p.data && xa.type == static_cast<ExtType>(w.ext) && xa.cols == w.cols) {
-    detail::lowbit_rows_q8_ternary(xa, t0, n, p.data, w.cols, r0, r1, y, ldy);
+    if (ternary_type(w.ext)) detail::lowbit_rows_q8_ternary(xa, t0, n, p.data, w.cols, r0, r1, y, ldy);
+    else detail::lowbit_rows_q8_avx2_packed(xa, t0, n, p.data, w.cols, r0, r1, y, ldy);
     return;
   }
   gemm_rows_q8(xa, t0, n, w, r0, r1, y, ldy);

@@ -20,7 +20,8 @@
 //    quant_gguf_lowbit_planes.cpp; reached where v4 declines: a CPU
 //    without BITALG or GFNI), v2 (AVX-512 VNNI + VBMI, quant_gguf_lowbit_vbmi.cpp:
 //    registers only, integer sub-block scales, R rows x NT tokens per tile),
-//    v1 (AVX-512 VNNI without VBMI, quant_gguf_lowbit_avx512.cpp), AVX2.
+//    v1 (AVX-512 VNNI without VBMI, quant_gguf_lowbit_avx512.cpp); on AVX2
+//    CPUs v2 for the grid IQ types (quant_gguf_lowbit_avx2_grid.cpp), else v1.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -39,8 +40,9 @@ bool lowbit_q8_applies(const Mat& w);
 // The int8 path: xa quantized for w (Q8Acts::reset(n, w)), rows t0.. t0+n.
 void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 
-// A matrix's rows repacked at load for the v5 kernel (IQ1_S, IQ1_M into trits,
-// see detail::lowbit_ternary_pack): row r at data + r * row_bytes; data null
+// A matrix's rows repacked at load: for the v5 kernel (AVX-512: IQ1_S, IQ1_M
+// into trits, see detail::lowbit_ternary_pack) or the AVX2 v3 kernel (AVX2
+// CPUs: IQ2_XXS/XS/S, IQ3_XXS/S, IQ1_S, detail::lowbit_avx2_pack): row r at data + r * row_bytes; data null
 // when not repacked. The owner keeps kLowbitTernaryPad bytes after the last row.
 struct LowbitPacked {
   const uint8_t* data = nullptr;
@@ -93,8 +95,23 @@ void lowbit_ternary_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst);
 // the matrix it came from.
 void lowbit_rows_q8_ternary(const Q8Acts& xa, int64_t t0, int64_t n, const uint8_t* packed, int64_t cols, int64_t r0, int64_t r1, float* y,
                             int64_t ldy);
-// Benchmarks and tests: whether the dispatcher takes v4 (default true); returns the previous value.
+// Benchmarks and tests: whether the dispatcher takes v4 (AVX2 CPUs: the AVX2 v2 kernel; default true); returns the previous value.
 bool lowbit_set_codes_for_testing(bool on);
+// AVX2 v2 (quant_gguf_lowbit_avx2_grid.cpp): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+// IQ3_S on CPUs with AVX2 + FMA + BMI2 (grid rows by table loads, scale
+// blocks in fixed lanes). Returns false (nothing done) otherwise.
+bool lowbit_rows_q8_avx2_grid(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// AVX2 v3 (quant_gguf_lowbit_avx2_packed.cpp): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+// IQ3_S, IQ1_S repacked once into level codes beside their signs (102 / 106 /
+// 106 / 134 / 134 / 70 bytes per 256 weights against the file's 66 / 74 / 82
+// / 98 / 110 / 50), decoded by vpshufb; same CPUs as AVX2 v2.
+bool lowbit_avx2_pack_applies(uint32_t ext, int64_t cols);
+size_t lowbit_avx2_row_bytes(uint32_t ext, int64_t cols);
+// Rows [r0, r1) of w packed into dst, row after row (lowbit_avx2_row_bytes each).
+void lowbit_avx2_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst);
+// As lowbit_rows_q8_ternary, for the AVX2 packed rows.
+void lowbit_rows_q8_avx2_packed(const Q8Acts& xa, int64_t t0, int64_t n, const uint8_t* packed, int64_t cols, int64_t r0, int64_t r1, float* y,
+                                int64_t ldy);
 // v1: for AVX-512 VNNI CPUs without VBMI.
 void lowbit_rows_q8_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void lowbit_rows_q8_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);

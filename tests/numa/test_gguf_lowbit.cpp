@@ -404,3 +404,121 @@ TEST_CASE("low-bit GGUF types: ExpertEngine with IQ1_S / IQ1_M repacked (cpu_low
     }
   }
 }
+
+TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (repacked) against the reference on row and token tails") {
+  const int64_t cols = 1024, rows = 11;
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("bmi2")) {
+    MESSAGE("no AVX2 + FMA + BMI2 here: not checked");
+    return;
+  }
+  CHECK_FALSE(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq1_m), cols));
+  CHECK_FALSE(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq2_xxs), 300));
+  for (ExtType t : cpu::lowbit::kAll) {
+    INFO(std::string(info(t).name));
+    const bool grid = t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s || t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s;
+    const bool packs = grid || t == cpu::lowbit::iq1_s;
+    CHECK(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(t), cols) == packs);
+    const auto bytes = random_blocks(t, rows * cols / info(t).block_elems, static_cast<uint32_t>(t) * 11u + 3u);
+    const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, cols, "w");
+    std::vector<uint8_t> packed;
+    int64_t rb = 0;
+    if (packs) {
+      rb = static_cast<int64_t>(cpu::detail::lowbit_avx2_row_bytes(static_cast<uint32_t>(t), cols));
+      CHECK(rb == 4 * (t == cpu::lowbit::iq2_xxs ? 102 : t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s ? 106 : t == cpu::lowbit::iq1_s ? 70 : 134));
+      // packed in two calls (rows 0..5, 5..11), the padding after the last row poisoned
+      packed.assign(static_cast<size_t>(rows * rb) + cpu::detail::kLowbitTernaryPad, 0xA5);
+      cpu::detail::lowbit_avx2_pack(w, 0, 5, packed.data());
+      cpu::detail::lowbit_avx2_pack(w, 5, rows, packed.data() + 5 * rb);
+    }
+    for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, int64_t{9}}) {
+      INFO("tokens " << n);
+      const auto x = randn(static_cast<size_t>(n * cols), static_cast<uint32_t>(n * 13 + 7));
+      cpu::Q8Acts a;
+      a.reset(n, w);
+      for (int64_t j = 0; j < n; ++j) a.quantize(j, x.data() + j * cols);
+      std::vector<double> absdot(static_cast<size_t>(n * rows));
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::ext_row_to_f32(w, r, row.data());
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t k = 0; k < cols; ++k)
+            absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
+      }
+      std::vector<float> ref(absdot.size()), v2(absdot.size(), NAN), v3(absdot.size(), NAN);
+      cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
+      // rows 0..3 and 3..11: a start past 0 (v2: the grid IQ types but IQ1_S)
+      const bool v2on = cpu::detail::lowbit_rows_q8_avx2_grid(a, 0, n, w, 0, 3, v2.data(), rows);
+      CHECK(v2on == grid);
+      if (v2on) CHECK(cpu::detail::lowbit_rows_q8_avx2_grid(a, 0, n, w, 3, rows, v2.data(), rows));
+      if (packs) {
+        cpu::detail::lowbit_rows_q8_avx2_packed(a, 0, n, packed.data(), cols, 0, 4, v3.data(), rows);
+        cpu::detail::lowbit_rows_q8_avx2_packed(a, 0, n, packed.data(), cols, 4, rows, v3.data(), rows);
+      }
+      int bad = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        CHECK(absdot[i] > 0);
+        const double tol = 2e-5 * absdot[i] + 1e-5;
+        if (v2on && !(std::fabs(v2[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v2 " << i << ": " << v2[i] << " vs " << ref[i]);
+        if (packs && !(std::fabs(v3[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v3 " << i << ": " << v3[i] << " vs " << ref[i]);
+      }
+      CHECK(bad == 0);
+    }
+  }
+}
+
+TEST_CASE("low-bit GGUF types: ExpertEngine with the grid IQ types repacked for AVX2 (cpu_lowbit_repack) equals the file's blocks") {
+  const int64_t E = 3, H = 512, I = 768, K = 2;
+  if (cpu::best_isa() != cpu::Isa::avx2 || !cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq2_xxs), H)) {
+    MESSAGE("not an AVX2 CPU: the AVX2 repack is not used");
+    return;
+  }
+  // IQ2_XXS everywhere, IQ2_XS gate/up with IQ2_S down, IQ2_XXS gate/up with IQ3_XXS down, IQ3_S gate/up with Q2_K down (the file's
+  // blocks), IQ1_S gate/up with IQ2_XXS down (UD-IQ1_S-like)
+  for (auto [tu, td] : {std::pair{cpu::lowbit::iq2_xxs, cpu::lowbit::iq2_xxs}, std::pair{cpu::lowbit::iq2_xs, cpu::lowbit::iq2_s},
+                        std::pair{cpu::lowbit::iq2_xxs, cpu::lowbit::iq3_xxs}, std::pair{cpu::lowbit::iq3_s, cpu::lowbit::q2_k},
+                        std::pair{cpu::lowbit::iq1_s, cpu::lowbit::iq2_xxs}}) {
+    INFO(info(tu).name << " / " << info(td).name);
+    std::vector<std::vector<uint8_t>> store;
+    std::vector<numa::ExpertWeights> ex;
+    for (int64_t e = 0; e < E; ++e) {
+      store.push_back(random_blocks(tu, I * H / 256, static_cast<uint32_t>(10 * e + 1)));
+      store.push_back(random_blocks(tu, I * H / 256, static_cast<uint32_t>(10 * e + 2)));
+      store.push_back(random_blocks(td, H * I / 256, static_cast<uint32_t>(10 * e + 3)));
+    }
+    for (int64_t e = 0; e < E; ++e)
+      ex.push_back({cpu::ext_view(tu, store[static_cast<size_t>(3 * e)].data(), I, H, "gate"),
+                    cpu::ext_view(tu, store[static_cast<size_t>(3 * e + 1)].data(), I, H, "up"),
+                    cpu::ext_view(td, store[static_cast<size_t>(3 * e + 2)].data(), H, I, "down")});
+    numa::PoolOptions po;
+    po.threads = 2;
+    po.quiet = true;
+    numa::NodePools pools(po);
+    numa::EngineOptions on, off;
+    on.print_memory = off.print_memory = false;
+    off.lowbit_repack = false;
+    numa::ExpertEngine ep(ex, pools, on), ef(ex, pools, off);
+    auto gb = [](ExtType t) -> uint64_t {
+      return t == cpu::lowbit::iq2_xxs ? 102 : t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s ? 106 : t == cpu::lowbit::q2_k ? 0
+             : t == cpu::lowbit::iq1_s ? 70 : 134;
+    };
+    const uint64_t want = static_cast<uint64_t>(E) * (2 * gb(tu) * I * H / 256 + gb(td) * H * I / 256);
+    CHECK(ep.packed_bytes() >= want);
+    CHECK(ep.packed_bytes() <= want + static_cast<uint64_t>(E * 3 * pools.nodes()) * 128);
+    CHECK(ef.packed_bytes() == 0);
+    for (int64_t n : {1, 3}) {
+      const auto x = randn(static_cast<size_t>(n * H), static_cast<uint32_t>(n + 40));
+      std::vector<int32_t> ids(static_cast<size_t>(n * K));
+      std::vector<float> wts(ids.size());
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 3 + i / 2) % E), wts[i] = 0.3f + 0.1f * static_cast<float>(i % 3);
+      std::vector<float> a(static_cast<size_t>(n * H), 0.0f), b = a;
+      ep.forward(x.data(), n, ids.data(), wts.data(), K, a.data());
+      ef.forward(x.data(), n, ids.data(), wts.data(), K, b.data());
+      double diff = 0, scale = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i]))), scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+      INFO("tokens " << n << " max diff " << diff << " of max " << scale);
+      CHECK(scale > 0);
+      CHECK(diff <= 1e-4 * scale);  // the same integer sums; fp32 sums in another order
+    }
+  }
+}
