@@ -405,7 +405,7 @@ TEST_CASE("low-bit GGUF types: ExpertEngine with IQ1_S / IQ1_M repacked (cpu_low
   }
 }
 
-TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid and codebook types) and v3 (repacked) against the reference on row and token tails") {
+TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid, codebook and K types) and v3 (repacked) against the reference on row and token tails") {
   const int64_t cols = 1024, rows = 11;
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("bmi2")) {
     MESSAGE("no AVX2 + FMA + BMI2 here: not checked");
@@ -418,6 +418,7 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid and code
     const bool grid = t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s || t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s;
     const bool packs = grid || t == cpu::lowbit::iq1_s;
     const bool nibble = t == cpu::lowbit::iq4_nl || t == cpu::lowbit::iq4_xs || t == cpu::lowbit::mxfp4;
+    const bool kq = t == cpu::lowbit::q2_k || t == cpu::lowbit::q3_k;
     CHECK(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(t), cols) == packs);
     const auto bytes = random_blocks(t, rows * cols / info(t).block_elems, static_cast<uint32_t>(t) * 11u + 3u);
     const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, cols, "w");
@@ -452,12 +453,14 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid and code
       CHECK(v2on == grid);
       if (v2on) CHECK(cpu::detail::lowbit_rows_q8_avx2_grid(a, 0, n, w, 3, rows, v2.data(), rows));
       // the codebook types' v2: rows 0..5 and 5..11, and tokens 1.. of a second call from t0 = 1
-      const bool nibon = cpu::detail::lowbit_rows_q8_avx2_nibble(a, 0, n, w, 0, 5, v2n.data(), rows);
-      CHECK(nibon == nibble);
+      // (and Q2_K / Q3_K's)
+      const auto v2more = nibble ? cpu::detail::lowbit_rows_q8_avx2_nibble : cpu::detail::lowbit_rows_q8_avx2_kquant;
+      const bool nibon = v2more(a, 0, n, w, 0, 5, v2n.data(), rows);
+      CHECK(nibon == (nibble || kq));
       if (nibon) {
-        CHECK(cpu::detail::lowbit_rows_q8_avx2_nibble(a, 0, n, w, 5, rows, v2n.data(), rows));
+        CHECK(v2more(a, 0, n, w, 5, rows, v2n.data(), rows));
         std::vector<float> tail(absdot.size(), NAN);
-        if (n > 1) CHECK(cpu::detail::lowbit_rows_q8_avx2_nibble(a, 1, n - 1, w, 0, rows, tail.data() + rows, rows));
+        if (n > 1) CHECK(v2more(a, 1, n - 1, w, 0, rows, tail.data() + rows, rows));
         for (size_t i = static_cast<size_t>(rows); i < tail.size(); ++i) CHECK(tail[i] == v2n[i]);
       }
       std::vector<float> disp(absdot.size(), NAN);
@@ -472,7 +475,7 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid and code
         const double tol = 2e-5 * absdot[i] + 1e-5;
         if (v2on && !(std::fabs(v2[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v2 " << i << ": " << v2[i] << " vs " << ref[i]);
         if (packs && !(std::fabs(v3[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v3 " << i << ": " << v3[i] << " vs " << ref[i]);
-        if (nibon && !(std::fabs(v2n[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v2 codebook " << i << ": " << v2n[i] << " vs " << ref[i]);
+        if (nibon && !(std::fabs(v2n[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v2 codebook / K " << i << ": " << v2n[i] << " vs " << ref[i]);
         if (!(std::fabs(disp[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("dispatch " << i << ": " << disp[i] << " vs " << ref[i]);
       }
       CHECK(bad == 0);
