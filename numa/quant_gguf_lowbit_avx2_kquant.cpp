@@ -63,13 +63,14 @@ HMOE_AK inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-// Q3_K's 16 scales - 32 as int8.
-inline void q3k_scales(const uint8_t* sc, int8_t* s) {
-  for (int j = 0; j < 16; ++j) {
-    const int lo = (j < 8 ? sc[j] : sc[j - 8] >> 4) & 0xF;
-    const int hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
-    s[j] = static_cast<int8_t>((lo | (hi << 4)) - 32);
-  }
+// Q3_K's 16 scales - 32 as int8: low nibbles sc[0..7] then their high nibbles, and
+// bits 2 (j / 4) of sc[8 + j % 4] as bits 4, 5 (dword k of the broadcast shifted by 2 k).
+HMOE_AK inline __m128i q3k_scales(const uint8_t* sc) {
+  const __m128i m4 = _mm_set1_epi8(15);
+  const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc));
+  const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(a, m4), _mm_and_si128(_mm_srli_epi16(a, 4), m4));
+  const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(static_cast<int>(lowbit_bytes::u32(sc + 8))), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+  return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
 }
 
 // Row at a times NT tokens: x the activations of token 0 (token t at x + t * cols), dx their scales and bs their sums
@@ -90,9 +91,7 @@ HMOE_AK void tile(const uint8_t* a, int64_t rb, const int8_t* x, int64_t cols, c
     if constexpr (T == kQ2k) {
       s8 = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)), _mm_set1_epi8(15));
     } else {
-      alignas(16) int8_t s[16];
-      q3k_scales(a + 96, s);
-      s8 = _mm_load_si128(reinterpret_cast<const __m128i*>(s));
+      s8 = q3k_scales(a + 96);
       hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
     }
     const __m256i sb = _mm256_broadcastsi128_si256(s8);
