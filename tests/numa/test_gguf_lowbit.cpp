@@ -405,7 +405,7 @@ TEST_CASE("low-bit GGUF types: ExpertEngine with IQ1_S / IQ1_M repacked (cpu_low
   }
 }
 
-TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid, codebook and K types) and v3 (repacked) against the reference on row and token tails") {
+TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid, codebook, K types, IQ1_M) and v3 (repacked) against the reference on row and token tails") {
   const int64_t cols = 1024, rows = 11;
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("bmi2")) {
     MESSAGE("no AVX2 + FMA + BMI2 here: not checked");
@@ -453,10 +453,12 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid, codeboo
       CHECK(v2on == grid);
       if (v2on) CHECK(cpu::detail::lowbit_rows_q8_avx2_grid(a, 0, n, w, 3, rows, v2.data(), rows));
       // the codebook types' v2: rows 0..5 and 5..11, and tokens 1.. of a second call from t0 = 1
-      // (and Q2_K / Q3_K's)
-      const auto v2more = nibble ? cpu::detail::lowbit_rows_q8_avx2_nibble : cpu::detail::lowbit_rows_q8_avx2_kquant;
+      // (and Q2_K / Q3_K's, IQ1_M's)
+      const auto v2more = nibble ? cpu::detail::lowbit_rows_q8_avx2_nibble
+                          : t == cpu::lowbit::iq1_m ? cpu::detail::lowbit_rows_q8_avx2_iq1m
+                                                    : cpu::detail::lowbit_rows_q8_avx2_kquant;
       const bool nibon = v2more(a, 0, n, w, 0, 5, v2n.data(), rows);
-      CHECK(nibon == (nibble || kq));
+      CHECK(nibon == (nibble || kq || t == cpu::lowbit::iq1_m));
       if (nibon) {
         CHECK(v2more(a, 0, n, w, 5, rows, v2n.data(), rows));
         std::vector<float> tail(absdot.size(), NAN);
@@ -475,7 +477,7 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid, codeboo
         const double tol = 2e-5 * absdot[i] + 1e-5;
         if (v2on && !(std::fabs(v2[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v2 " << i << ": " << v2[i] << " vs " << ref[i]);
         if (packs && !(std::fabs(v3[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v3 " << i << ": " << v3[i] << " vs " << ref[i]);
-        if (nibon && !(std::fabs(v2n[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v2 codebook / K " << i << ": " << v2n[i] << " vs " << ref[i]);
+        if (nibon && !(std::fabs(v2n[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v2 codebook / K / IQ1_M " << i << ": " << v2n[i] << " vs " << ref[i]);
         if (!(std::fabs(disp[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("dispatch " << i << ": " << disp[i] << " vs " << ref[i]);
       }
       CHECK(bad == 0);
