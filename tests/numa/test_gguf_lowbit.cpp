@@ -5,7 +5,9 @@
 // the exact and the int8 products of every ISA against plain double sums on
 // random blocks, the AVX-512 int8 kernels v1, v2, v3 and v4 on row and
 // token tails (every type, IQ2_S included) and the dispatcher with v4 on and
-// off, the threaded cpu::gemm, and the shape errors.
+// off, the AVX2 kernels (v2 on the file's blocks for every type but IQ1_S,
+// v3 repacked) on row and token tails, the threaded cpu::gemm, and the
+// shape errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
