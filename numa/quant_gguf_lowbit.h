@@ -106,7 +106,7 @@ bool lowbit_set_codes_for_testing(bool on);
 bool lowbit_rows_q8_avx2_grid(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 // AVX2 v2 of the 16-entry codebook types (quant_gguf_lowbit_avx2_nibble.cpp):
 // IQ4_NL, IQ4_XS, MXFP4 on the file's blocks (vpshufb lookups of the
-// nibbles) on CPUs with AVX2 + FMA + F16C. Returns false (nothing done) otherwise.
+// nibbles) on CPUs with AVX2 + FMA + F16C + BMI2. Returns false (nothing done) otherwise.
 bool lowbit_rows_q8_avx2_nibble(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 // AVX2 v2 of Q2_K and Q3_K (quant_gguf_lowbit_avx2_kquant.cpp) on the file's
 // blocks, same CPUs as the codebook kernel. Returns false (nothing done) otherwise.

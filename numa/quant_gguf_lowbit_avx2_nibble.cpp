@@ -11,8 +11,9 @@
 // (vpsignb; vpmaddubsw pairs <= 2 * 127 * 127 < 2^15), widened by vpmaddwd:
 //  - IQ4_NL, MXFP4 (a scale per 32-weight block): with ones, one int32 sum
 //    per block, times the block's scale and the activation scale in fp32;
-//  - IQ4_XS (6-bit scales ls - 32 per 32 weights of a 256-weight block):
-//    with the integer scale, so one int32 sum per block, times d and dx.
+//  - IQ4_XS (6-bit scales ls - 32 per 32 weights of a 256-weight block,
+//    decoded for the group at once, high bits by pdep): with the integer
+//    scale (vpshufb of the words), one int32 sum per block, times d and dx.
 // Exact integer sums per scale block, as the scalar reference's codes and
 // scales (lowbit_block_codes); equal to it up to the order of the fp32 sums.
 // R tokens share a row's decoded codes (tiles of 4, 2, 1 tokens).
@@ -25,7 +26,7 @@
 #include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
 
-#define HMOE_AN __attribute__((target("avx2,fma,f16c")))
+#define HMOE_AN __attribute__((target("avx2,fma,f16c,bmi2")))
 
 namespace hmoe::cpu::detail {
 
@@ -80,13 +81,17 @@ HMOE_AN void tile(const uint8_t* a, int64_t rb, const int8_t* x, int64_t cols, c
   for (int64_t g = 0; g < ng; ++g, a += GB) {
     prefetch(a, ahead, GB);
     if constexpr (T == kIq4xs) {
-      const uint32_t sh = u16(a + 2);
+      // the 8 scales ls - 32 as words in both lanes: low bits from the nibbles of scales_l, high bits spread by pdep
+      const __m128i m4 = _mm_set1_epi8(15), l = _mm_cvtsi32_si128(static_cast<int>(lowbit_bytes::u32(a + 4)));
+      const __m128i hi = _mm_cvtsi64_si128(static_cast<long long>(_pdep_u64(u16(a + 2), 0x0303030303030303ull)));
+      const __m128i ls = _mm_sub_epi8(_mm_or_si128(_mm_unpacklo_epi8(_mm_and_si128(l, m4), _mm_and_si128(_mm_srli_epi16(l, 4), m4)), _mm_slli_epi16(hi, 4)),
+                                      _mm_set1_epi8(32));
+      const __m256i sw = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(ls));
       __m256i sum[NT];
       for (int t = 0; t < NT; ++t) sum[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        const int ls = static_cast<int>(((a[4 + j / 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)) - 32;
-        const __m256i c = codes32<T>(a + 8 + 16 * j), s = _mm256_set1_epi16(static_cast<int16_t>(ls));
+        const __m256i c = codes32<T>(a + 8 + 16 * j), s = _mm256_shuffle_epi8(sw, _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * j)));
         for (int t = 0; t < NT; ++t) {
           const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + t * cols + 256 * g + 32 * j));
           sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(dot16(c, xv), s));
@@ -130,7 +135,7 @@ HMOE_AN void rows(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t
 bool lowbit_rows_q8_avx2_nibble(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   static const bool isa = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
   }();
   if (!isa) return false;
   switch (w.ext) {
