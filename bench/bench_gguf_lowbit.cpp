@@ -176,11 +176,10 @@ double time_forward(numa::ExpertEngine& eng, int64_t n, int64_t E, double min_se
   return best;
 }
 
-// Whether the AVX2 v2 / v3 kernels (numa/quant_gguf_lowbit_avx2_grid.cpp, _avx2_packed.cpp; IQ1_S: v3 only) serve t here.
-bool uses_avx2_grid(ExtType t) {
-  return cpu::best_isa() == cpu::Isa::avx2 && (t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq3_xxs ||
-                                                t == cpu::lowbit::iq3_s || t == cpu::lowbit::iq2_s || t == cpu::lowbit::iq1_s);
-}
+// Whether the AVX2 v2 / v3 kernels serve t here: every low-bit type on an AVX2 CPU (v2 on the file's blocks:
+// quant_gguf_lowbit_avx2_grid.cpp, _avx2_nibble.cpp, _avx2_kquant.cpp, _avx2_iq1m.cpp; v3 repacked, _avx2_packed.cpp;
+// IQ1_S: v3 only), so --compare-v2 and --kernel add AVX2 v1 (the path before) beside them.
+bool uses_avx2_grid(ExtType t) { return cpu::best_isa() == cpu::Isa::avx2 && cpu::lowbit_type(static_cast<uint32_t>(t)); }
 
 // Whether the v4 kernels (numa/quant_gguf_lowbit_codes.cpp), or on AVX2 CPUs the AVX2 v2 kernel, serve one of these types.
 bool uses_codes(ExtType a, ExtType b) {

@@ -37,7 +37,9 @@ void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, 
   if (vbmi) detail::lowbit_rows_q8_vbmi(xa, t0, n, w, r0, r1, y, ldy);
   else if (best_isa() == Isa::avx512 && detail::lowbit_has_avx512_vnni()) detail::lowbit_rows_q8_avx512(xa, t0, n, w, r0, r1, y, ldy);
   else if (best_isa() != Isa::scalar) {
-    if (!(g_codes.load(std::memory_order_relaxed) && detail::lowbit_rows_q8_avx2_grid(xa, t0, n, w, r0, r1, y, ldy)))
+    const bool v2 = g_codes.load(std::memory_order_relaxed);
+    if (!(v2 && (detail::lowbit_rows_q8_avx2_grid(xa, t0, n, w, r0, r1, y, ldy) || detail::lowbit_rows_q8_avx2_nibble(xa, t0, n, w, r0, r1, y, ldy) ||
+                detail::lowbit_rows_q8_avx2_kquant(xa, t0, n, w, r0, r1, y, ldy) || detail::lowbit_rows_q8_avx2_iq1m(xa, t0, n, w, r0, r1, y, ldy))))
       detail::lowbit_rows_q8_avx2(xa, t0, n, w, r0, r1, y, ldy);
   }
   else gemm_rows_q8_reference(xa, t0, n, w, r0, r1, y, ldy);

@@ -21,7 +21,10 @@
 //    without BITALG or GFNI), v2 (AVX-512 VNNI + VBMI, quant_gguf_lowbit_vbmi.cpp:
 //    registers only, integer sub-block scales, R rows x NT tokens per tile),
 //    v1 (AVX-512 VNNI without VBMI, quant_gguf_lowbit_avx512.cpp); on AVX2
-//    CPUs v2 for the grid IQ types (quant_gguf_lowbit_avx2_grid.cpp), else v1.
+//    CPUs v2 for the grid IQ types (quant_gguf_lowbit_avx2_grid.cpp) and
+//    the codebook types IQ4_NL / IQ4_XS / MXFP4 (quant_gguf_lowbit_avx2_nibble.cpp)
+//    Q2_K / Q3_K (quant_gguf_lowbit_avx2_kquant.cpp) and IQ1_M
+//    (quant_gguf_lowbit_avx2_iq1m.cpp), else v1.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -101,6 +104,16 @@ bool lowbit_set_codes_for_testing(bool on);
 // IQ3_S on CPUs with AVX2 + FMA + BMI2 (grid rows by table loads, scale
 // blocks in fixed lanes). Returns false (nothing done) otherwise.
 bool lowbit_rows_q8_avx2_grid(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// AVX2 v2 of the 16-entry codebook types (quant_gguf_lowbit_avx2_nibble.cpp):
+// IQ4_NL, IQ4_XS, MXFP4 on the file's blocks (vpshufb lookups of the
+// nibbles) on CPUs with AVX2 + FMA + F16C + BMI2. Returns false (nothing done) otherwise.
+bool lowbit_rows_q8_avx2_nibble(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// AVX2 v2 of Q2_K and Q3_K (quant_gguf_lowbit_avx2_kquant.cpp) on the file's
+// blocks, same CPUs as the codebook kernel. Returns false (nothing done) otherwise.
+bool lowbit_rows_q8_avx2_kquant(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// AVX2 v2 of IQ1_M (quant_gguf_lowbit_avx2_iq1m.cpp) on the file's blocks, on
+// CPUs with AVX2 + FMA + F16C + BMI2. Returns false (nothing done) otherwise.
+bool lowbit_rows_q8_avx2_iq1m(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 // AVX2 v3 (quant_gguf_lowbit_avx2_packed.cpp): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
 // IQ3_S, IQ1_S repacked once into level codes beside their signs (102 / 106 /
 // 106 / 134 / 134 / 70 bytes per 256 weights against the file's 66 / 74 / 82

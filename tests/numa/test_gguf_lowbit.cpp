@@ -5,7 +5,9 @@
 // the exact and the int8 products of every ISA against plain double sums on
 // random blocks, the AVX-512 int8 kernels v1, v2, v3 and v4 on row and
 // token tails (every type, IQ2_S included) and the dispatcher with v4 on and
-// off, the threaded cpu::gemm, and the shape errors.
+// off, the AVX2 kernels (v2 on the file's blocks for every type but IQ1_S,
+// v3 repacked) on row and token tails, the threaded cpu::gemm, and the
+// shape errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -405,7 +407,7 @@ TEST_CASE("low-bit GGUF types: ExpertEngine with IQ1_S / IQ1_M repacked (cpu_low
   }
 }
 
-TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (repacked) against the reference on row and token tails") {
+TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid, codebook, K types, IQ1_M) and v3 (repacked) against the reference on row and token tails") {
   const int64_t cols = 1024, rows = 11;
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("bmi2")) {
     MESSAGE("no AVX2 + FMA + BMI2 here: not checked");
@@ -417,6 +419,8 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (repac
     INFO(std::string(info(t).name));
     const bool grid = t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s || t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s;
     const bool packs = grid || t == cpu::lowbit::iq1_s;
+    const bool nibble = t == cpu::lowbit::iq4_nl || t == cpu::lowbit::iq4_xs || t == cpu::lowbit::mxfp4;
+    const bool kq = t == cpu::lowbit::q2_k || t == cpu::lowbit::q3_k;
     CHECK(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(t), cols) == packs);
     const auto bytes = random_blocks(t, rows * cols / info(t).block_elems, static_cast<uint32_t>(t) * 11u + 3u);
     const cpu::Mat w = cpu::ext_view(t, bytes.data(), rows, cols, "w");
@@ -444,12 +448,27 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (repac
           for (int64_t k = 0; k < cols; ++k)
             absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
       }
-      std::vector<float> ref(absdot.size()), v2(absdot.size(), NAN), v3(absdot.size(), NAN);
+      std::vector<float> ref(absdot.size()), v2(absdot.size(), NAN), v3(absdot.size(), NAN), v2n(absdot.size(), NAN);
       cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
       // rows 0..3 and 3..11: a start past 0 (v2: the grid IQ types but IQ1_S)
       const bool v2on = cpu::detail::lowbit_rows_q8_avx2_grid(a, 0, n, w, 0, 3, v2.data(), rows);
       CHECK(v2on == grid);
       if (v2on) CHECK(cpu::detail::lowbit_rows_q8_avx2_grid(a, 0, n, w, 3, rows, v2.data(), rows));
+      // the codebook types' v2: rows 0..5 and 5..11, and tokens 1.. of a second call from t0 = 1
+      // (and Q2_K / Q3_K's, IQ1_M's)
+      const auto v2more = nibble ? cpu::detail::lowbit_rows_q8_avx2_nibble
+                          : t == cpu::lowbit::iq1_m ? cpu::detail::lowbit_rows_q8_avx2_iq1m
+                                                    : cpu::detail::lowbit_rows_q8_avx2_kquant;
+      const bool nibon = v2more(a, 0, n, w, 0, 5, v2n.data(), rows);
+      CHECK(nibon == (nibble || kq || t == cpu::lowbit::iq1_m));
+      if (nibon) {
+        CHECK(v2more(a, 0, n, w, 5, rows, v2n.data(), rows));
+        std::vector<float> tail(absdot.size(), NAN);
+        if (n > 1) CHECK(v2more(a, 1, n - 1, w, 0, rows, tail.data() + rows, rows));
+        for (size_t i = static_cast<size_t>(rows); i < tail.size(); ++i) CHECK(tail[i] == v2n[i]);
+      }
+      std::vector<float> disp(absdot.size(), NAN);
+      cpu::lowbit_gemm_rows_q8(a, 0, n, w, 0, rows, disp.data(), rows);
       if (packs) {
         cpu::detail::lowbit_rows_q8_avx2_packed(a, 0, n, packed.data(), cols, 0, 4, v3.data(), rows);
         cpu::detail::lowbit_rows_q8_avx2_packed(a, 0, n, packed.data(), cols, 4, rows, v3.data(), rows);
@@ -460,6 +479,8 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks) and v3 (repac
         const double tol = 2e-5 * absdot[i] + 1e-5;
         if (v2on && !(std::fabs(v2[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v2 " << i << ": " << v2[i] << " vs " << ref[i]);
         if (packs && !(std::fabs(v3[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v3 " << i << ": " << v3[i] << " vs " << ref[i]);
+        if (nibon && !(std::fabs(v2n[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("AVX2 v2 codebook / K / IQ1_M " << i << ": " << v2n[i] << " vs " << ref[i]);
+        if (!(std::fabs(disp[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("dispatch " << i << ": " << disp[i] << " vs " << ref[i]);
       }
       CHECK(bad == 0);
     }
