@@ -111,13 +111,20 @@ best_static() {  # the static-sweep run with the highest batch-1 decode tok/s
   echo "${best#static_r}"
 }
 
-say "decode"
+# K27B_PART: 1 = the static sweep, auto, auto + cache (uniform and Zipf); 2 = the best static placement on the Zipf
+# trace (K27B_BEST=R names it when part 1's logs are not in $O), deferral, prefill, LRU, the batch-8 plans;
+# unset = both (about 700 s: more than one call's 600 s).
+PART=${K27B_PART:-all}
 DEC=(-p 0 -n 32 --batch 1,8)
+if [[ $PART != 2 ]]; then
+say "decode"
 for r in ${K27B_STATIC:-12 20 28}; do run "static_r$r" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((r - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0; done
 run auto 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache 0
 run auto_cache 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache auto
 run auto_cache_zipf 55 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --gpu-expert-cache auto
-R=$(best_static)
+fi
+if [[ $PART != 1 ]]; then
+R=${K27B_BEST:-$(best_static)}
 [[ -n $R ]] && run "static_r${R}_zipf" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((R - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0 --routing-replay "$ZIPF"
 run auto_cache_zipf_defer1 55 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --defer-experts 1 --gpu-expert-cache auto
 
@@ -132,6 +139,7 @@ say "more plans"
 plan uniform_b8 --batch 8 --gpu-expert-cache auto
 plan zipf_b8 --batch 8 --trace "$ZIPF" --gpu-expert-cache auto
 plan nocache_b1 --batch 1 --gpu-expert-cache 0
+fi
 
 say "table"
 echo
