@@ -1,9 +1,10 @@
 // Private to gpu/deltanet_chunked.cu and gpu/deltanet_v3.cu: the chunked
 // delta rule's shared device pieces: 3xTF32 tensor-core products (mma3),
-// the chunk-slot numbering (find_slot, first_slot), asynchronous copies, and
-// phase 1 (v2_prep_kernel: every chunk's W, U, decayed q.k and decay
-// factors; gpu/deltanet_chunked.cu tells the design). With KE (v3) phase 1
-// also writes exp(G_last - G_i) k_i after the record's factors.
+// the chunk-slot numbering (find_slot, first_slot; block_chunk, a
+// slot-per-block kernel's chunk), asynchronous copies, and phase 1
+// (v2_prep_kernel: every chunk's W, U, decayed q.k and decay factors;
+// gpu/deltanet_chunked.cu tells the design). With KE (v3) phase 1 also
+// writes exp(G_last - G_i) k_i after the record's factors.
 #pragma once
 #include <mma.h>
 
@@ -122,16 +123,21 @@ __device__ inline int64_t first_slot(const DeltaNetGroups& gr, int64_t g0, int g
   return sum;
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// The tokens of one chunk: [t0, t0 + L) of the batch, L <= C.
+struct ChunkSpan {
+  int64_t t0;
+  int L;
+};
 
-// Phase 1: grid (slots, value heads).
-template <int C, bool KE>
-__global__ void __launch_bounds__(kPrepThreads, 2) v2_prep_kernel(const float* conv_out, const float* gate, const float* beta, DeltaNetGroups gr,
-                                                               int64_t g0, int64_t gn, V2Dims d, int64_t max_rec, float* out, float* scratch) {
+// Block-wide, called by every thread (one __syncthreads): warp 0 finds chunk
+// slot blockIdx.x (find_slot) and shares it through the block's static shared
+// memory (s_g, s_chunk: 12 bytes); false, for every thread, past the last chunk.
+template <int C>
+__device__ __forceinline__ bool block_chunk(const DeltaNetGroups& gr, int64_t g0, int64_t gn, int64_t max_rec, ChunkSpan& span) {
   __shared__ int s_g;
   __shared__ int64_t s_chunk;
-  const int tid = threadIdx.x, warp = tid >> 5, nwarps = blockDim.x >> 5;
-  if (warp == 0) {
+  const int tid = threadIdx.x;
+  if ((tid >> 5) == 0) {
     int g = -1;
     int64_t chunk = 0;
     const bool found = find_slot(gr, g0, gn, max_rec, C, blockIdx.x, g, chunk);
@@ -141,10 +147,26 @@ __global__ void __launch_bounds__(kPrepThreads, 2) v2_prep_kernel(const float* c
     }
   }
   __syncthreads();
-  if (s_g < 0) return;
-  const int g = s_g, hv = blockIdx.y, hk = hv / (d.nv / d.nk);
-  const int64_t cnt = gr.count[g], t0 = gr.start[g] + s_chunk * C;
-  const int L = static_cast<int>(min(static_cast<int64_t>(C), cnt - s_chunk * C));
+  if (s_g < 0) return false;
+  const int g = s_g;
+  const int64_t cnt = gr.count[g];
+  span.t0 = gr.start[g] + s_chunk * C;
+  span.L = static_cast<int>(min(static_cast<int64_t>(C), cnt - s_chunk * C));
+  return true;
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// Phase 1: grid (slots, value heads).
+template <int C, bool KE>
+__global__ void __launch_bounds__(kPrepThreads, 2) v2_prep_kernel(const float* conv_out, const float* gate, const float* beta, DeltaNetGroups gr,
+                                                               int64_t g0, int64_t gn, V2Dims d, int64_t max_rec, float* out, float* scratch) {
+  const int tid = threadIdx.x, warp = tid >> 5, nwarps = blockDim.x >> 5;
+  ChunkSpan span;
+  if (!block_chunk<C>(gr, g0, gn, max_rec, span)) return;
+  const int hv = blockIdx.y, hk = hv / (d.nv / d.nk);
+  const int64_t t0 = span.t0;
+  const int L = span.L;
   const int64_t K = static_cast<int64_t>(d.nk) * d.dk, V = static_cast<int64_t>(d.nv) * d.dv;
   const int ldk = d.dk + 4, ldc = C + 4;
   extern __shared__ __align__(128) float v2_sm[];

@@ -216,24 +216,13 @@ __global__ void __launch_bounds__(kV3Threads, 2) v3_out_kernel(const float* conv
                                                                int64_t max_rec, float* out, const float* recs, const float* states) {
   static_assert(2 * C / 16 <= kV3Threads / 32, "one strip per warp");
   constexpr int mt = C / 16, o4 = kOutCols / 4, ldc = C + 4;
-  __shared__ int s_g;
-  __shared__ int64_t s_chunk;
   const int tid = threadIdx.x, warp = tid >> 5;
-  if (warp == 0) {
-    int g = -1;
-    int64_t chunk = 0;
-    const bool found = find_slot(gr, g0, gn, max_rec, C, blockIdx.x, g, chunk);
-    if (tid == 0) {
-      s_g = found ? g : -1;
-      s_chunk = chunk;
-    }
-  }
-  __syncthreads();
-  if (s_g < 0) return;
-  const int g = s_g, hv = blockIdx.y, hk = hv / (d.nv / d.nk);
+  ChunkSpan span;
+  if (!block_chunk<C>(gr, g0, gn, max_rec, span)) return;
+  const int hv = blockIdx.y, hk = hv / (d.nv / d.nk);
   const int c0 = blockIdx.z * kOutCols, nc = min(kOutCols, d.dv - c0), n4 = nc / 4, q4 = d.dk / 4;
-  const int64_t cnt = gr.count[g], t0 = gr.start[g] + s_chunk * C;
-  const int L = static_cast<int>(min(static_cast<int64_t>(C), cnt - s_chunk * C));
+  const int64_t t0 = span.t0;
+  const int L = span.L;
   const int64_t V = static_cast<int64_t>(d.nv) * d.dv, HS = static_cast<int64_t>(d.dk) * d.dv, slot = blockIdx.x;
   const float* rec = recs + (slot * d.nv + hv) * rec_floats(C, d.dk, true);
   const float* QKg = rec + C * d.dk;

@@ -120,12 +120,6 @@ HMOE_AG inline __m256i odd_scales(const uint8_t* b) {
   return _mm256_or_si256(_mm256_add_epi8(v, v), _mm256_set1_epi8(1));
 }
 
-template <uint32_t T>
-HMOE_AG inline __m256i scale_set(__m256i odd, int k) {
-  if constexpr (kBlocks16<T>) return _mm256_shuffle_epi8(odd, _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.ctl16[k])));
-  else return _mm256_shuffle_epi8(odd, _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.ctl32[k / 2])));
-}
-
 // Vector j of the group: grid magnitudes and sign bytes.
 template <uint32_t T>
 HMOE_AG inline void vec(const uint8_t* b, int j, __m256i& g, __m256i& s) {
@@ -136,12 +130,6 @@ HMOE_AG inline void vec(const uint8_t* b, int j, __m256i& g, __m256i& s) {
   chunk_bytes<T>(b, chunk<T>(j, 3), g3, s3);
   g = _mm256_set_epi64x(static_cast<long long>(g3), static_cast<long long>(g2), static_cast<long long>(g1), static_cast<long long>(g0));
   s = _mm256_set_epi64x(static_cast<long long>(s3), static_cast<long long>(s2), static_cast<long long>(s1), static_cast<long long>(s0));
-}
-
-HMOE_AG inline float hsum8(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
 // Row r times NT tokens; xp: the permuted activations (token t, group g at xp + (t * ng + g) * 256), dx their scales.

@@ -186,12 +186,6 @@ HMOE_AP inline __m256i odd_scales(const uint8_t* sc) {
   return _mm256_or_si256(_mm256_add_epi8(v, v), _mm256_set1_epi8(1));
 }
 
-template <uint32_t T>
-HMOE_AP inline __m256i scale_set(__m256i odd, int k) {
-  if constexpr (kBlocks16<T>) return _mm256_shuffle_epi8(odd, _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.ctl16[k])));
-  else return _mm256_shuffle_epi8(odd, _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.ctl32[k / 2])));
-}
-
 // Level table for vpshufb: IQ2 code -> magnitude; IQ3 code | sign << 3 -> bias +- level.
 template <uint32_t T>
 HMOE_AP inline __m256i level_table() {
@@ -205,12 +199,6 @@ HMOE_AP inline __m256i level_table() {
     t[i] = t[16 + i] = static_cast<int8_t>(v);
   }
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(t));
-}
-
-HMOE_AP inline float hsum8(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
 // Row at a times NT tokens; xp: per token and group 256 permuted activations, then (IQ2) their negation or (IQ3)

@@ -1,6 +1,8 @@
 // Private to numa/: the lane layout shared by the AVX2 kernels of the grid IQ
 // types (quant_gguf_lowbit_avx2_grid.cpp on the file's blocks,
-// quant_gguf_lowbit_avx2_packed.cpp on the rows repacked at load).
+// quant_gguf_lowbit_avx2_packed.cpp on the rows repacked at load), and the
+// two vector helpers both kernels use (scale_set, hsum8; callers compiled
+// for avx2, fma, f16c and bmi2, as these two are).
 //
 // A 256-weight group is 32 chunks of 8 weights (IQ3: two 4-weight grid
 // rows) in 8 vectors of 4 qwords, so that qword Q of every vector holds one
@@ -11,6 +13,8 @@
 // Vectors 2k and 2k + 1 share their blocks lane for lane (pair k: the
 // blocks of set k / 2, or k for 16-weight blocks).
 #pragma once
+#include <immintrin.h>
+
 #include <cstdint>
 
 namespace hmoe::cpu::detail::lowbit_avx2 {
@@ -44,5 +48,21 @@ constexpr Layout make_layout() {
   return t;
 }
 inline constexpr Layout kLayout = make_layout();
+
+// Pair k's odd scales as the int16 words vpmaddwd multiplies the pair's
+// sums by: the group's odd-scale bytes (each kernel's odd_scales) shuffled
+// by ctl32 / ctl16.
+template <uint32_t T>
+__attribute__((target("avx2,fma,f16c,bmi2"))) inline __m256i scale_set(__m256i odd, int k) {
+  if constexpr (kBlocks16<T>) return _mm256_shuffle_epi8(odd, _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.ctl16[k])));
+  else return _mm256_shuffle_epi8(odd, _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.ctl32[k / 2])));
+}
+
+// The sum of v's eight floats.
+__attribute__((target("avx2,fma,f16c,bmi2"))) inline float hsum8(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
 
 }  // namespace hmoe::cpu::detail::lowbit_avx2
