@@ -111,8 +111,9 @@ best_static() {  # the static-sweep run with the highest batch-1 decode tok/s
   echo "${best#static_r}"
 }
 
-# K27B_PART: 1 = the static sweep, auto, auto + cache (uniform and Zipf); 2 = the best static placement on the Zipf
-# trace (K27B_BEST=R names it when part 1's logs are not in $O), deferral, prefill, LRU, the batch-8 plans;
+# K27B_PART: 1 = the static sweep, auto, auto + cache on the Zipf trace, the best static placement on the same trace
+# (K27B_BEST=R names it instead of the sweep's logs in $O); 2 = auto + cache on the model's own routing, deferral,
+# prefill, LRU, the batch-8 plans;
 # unset = both (about 700 s: more than one call's 600 s).
 PART=${K27B_PART:-all}
 DEC=(-p 0 -n 32 --batch 1,8)
@@ -120,12 +121,12 @@ if [[ $PART != 2 ]]; then
 say "decode"
 for r in ${K27B_STATIC:-12 20 28}; do run "static_r$r" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((r - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0; done
 run auto 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache 0
-run auto_cache 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache auto
 run auto_cache_zipf 55 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --gpu-expert-cache auto
-fi
-if [[ $PART != 1 ]]; then
 R=${K27B_BEST:-$(best_static)}
 [[ -n $R ]] && run "static_r${R}_zipf" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((R - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0 --routing-replay "$ZIPF"
+fi
+if [[ $PART != 1 ]]; then
+run auto_cache 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache auto
 run auto_cache_zipf_defer1 55 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --defer-experts 1 --gpu-expert-cache auto
 
 say "prefill"
