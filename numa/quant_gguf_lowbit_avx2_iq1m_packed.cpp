@@ -1,0 +1,224 @@
+// IQ1_M repacked at load for the AVX2 int8 kernel ("AVX2 v3" of IQ1_M; the
+// other AVX2 v3 types are in quant_gguf_lowbit_avx2_packed.cpp). Why: on the
+// file's blocks (AVX2 v2, quant_gguf_lowbit_avx2_iq1m.cpp) every 8 weights
+// cost a kIq1sGrid row load and its insert into a vector, ~30 ns a group on
+// the dev box's Zen 3 against the ~4 ns in which a core reads 56 bytes.
+//
+// Group (80 bytes and the d, 82 per 256 weights against the file's 56, x1.46; lanes as
+// numa/detail/lowbit_avx2_layout.h's 16-weight blocks: vector j, qword Q =
+// chunk 2 (Q + 4 (j / 2)) + j % 2, so that pair k = vectors 2k, 2k + 1
+// holds block Q + 4k in qword Q):
+//   [0, 64)  the trits t = grid + 1 in 0..2, 2 bits a weight: byte p of
+//            [32 (j % 2), +32) bits 2 (j / 2) = vector j's byte p, so that
+//            pair k's codes sit at the same bits of the two halves;
+//   [64, 80) per chunk its block's 3-bit scale | the delta's sign << 3
+//            (set: delta -1), nibble h of byte i = chunk
+//            16 h + 2 (i % 8) + i / 8 (word 16 h + i of the chunk sums
+//            below): every scale twice, so that two vpshufb give the
+//            chunk sums' coefficients and the blocks' scales without the
+//            bit arithmetic of the file's packing (a first form with the
+//            48 scale and 32 sign bits, 76 bytes, took 8.3 ns a group
+//            against this one's ... in the kernel alone).
+// A row: the fp16 d of its groups (2 bytes each: multiplied by the
+// activations' scales once per row and tile), then its groups.
+// Why not v5's trits (66 + 16 bytes here): AVX2 has no 256-entry byte
+// lookup, and base-3 bytes decoded by multiplies cost more instructions
+// than the bytes they save (the kernel is compute-bound at one token).
+//
+// Sums: 8 w / (d (2 s + 1)) = 8 t - (8 - delta), so per group
+//   2 sum 8 w x / d = sum_b 16 odd_b sum_{i in b} t_i x_i
+//                   - sum_c 2 X_c odd_{b(c)} (8 - delta_c)
+// with X_c the activations' sum over chunk c. The first term: the codes
+// masked in place (pair 0: bits 0-1, 1: 2-3, 2: 4-5, 3: bits 6-7 shifted to
+// 2-3), i.e. f t with f = 1, 4, 16, 4, vpmaddubsw with the permuted
+// activations, the pair added in 16 bits (<= 2 * 2 * 32 * 128), vpmaddwd by
+// 16 odd / f (<= 240, placed by vpshufb as the other 16-weight types). The
+// second: -2 X_c (precomputed per call, 32 words) vpmaddwd the bytes
+// odd (7 or 9) looked up by vpshufb from scale | sign << 3 (one nibble
+// per chunk). One int32 sum per group and token, times d / 16 and the
+// activation scale in fp32: the same integer sums as the scalar reference's
+// codes and scales (lowbit_block_codes), fp32 sums in another order.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "io/tensor/gguf_iq_grids.h"
+#include "numa/detail/lowbit_avx2_layout.h"
+#include "numa/detail/lowbit_bytes.h"
+#include "numa/quant_gguf_lowbit.h"
+#include "numa/quant_gguf_q8.h"
+
+#define HMOE_AM __attribute__((target("avx2,fma,f16c,bmi2")))
+
+namespace hmoe::cpu::detail {
+
+namespace {
+
+using lowbit_avx2::kLayout;
+using lowbit_bytes::half;
+using lowbit_bytes::u16;
+
+constexpr int kFileBytes = 56, kGroupBytes = 80, kNibAt = 64;  // a row: its groups' fp16 d (2 ng bytes), then the groups
+constexpr int kXBytes = 256 + 64;  // per token and group: the permuted activations, then -2 X_c as 32 words
+
+// Chunk of word w (0..31) of the chunk sums (and of nibble w / 16 of byte w % 16 at kNibAt).
+constexpr int sum_chunk(int w) { return 16 * (w / 16) + 2 * (w % 8) + (w / 8) % 2; }
+
+void pack_group(const uint8_t* b, uint8_t* dst) {
+  std::memset(dst, 0, kGroupBytes);
+  for (int w = 0; w < 32; ++w) {  // scale of the chunk's block | the delta's sign << 3
+    const int c = sum_chunk(w);
+    const uint32_t s = (u16(b + 48 + 2 * (c / 8)) >> (3 * ((c / 2) % 4))) & 7u, sign = (b[32 + c / 2] >> (4 * (c % 2) + 3)) & 1u;
+    dst[kNibAt + w % 16] = static_cast<uint8_t>(dst[kNibAt + w % 16] | (s | sign << 3) << (4 * (w / 16)));
+  }
+  for (int j = 0; j < 8; ++j)
+    for (int q = 0; q < 4; ++q) {
+      const int c = lowbit_avx2::chunk(true, j, q);
+      const uint64_t row = kIq1sGrid[b[c] | ((b[32 + c / 2] >> (4 * (c % 2))) & 7u) << 8];  // bytes 0, 1, 2
+      uint64_t v;
+      std::memcpy(&v, dst + 32 * (j % 2) + 8 * q, 8);
+      v |= row << (2 * (j / 2));
+      std::memcpy(dst + 32 * (j % 2) + 8 * q, &v, 8);
+    }
+}
+
+uint16_t file_d(const uint8_t* b) {
+  return static_cast<uint16_t>((u16(b + 48) >> 12) | ((u16(b + 50) >> 8) & 0x00F0) | ((u16(b + 52) >> 4) & 0x0F00) | (u16(b + 54) & 0xF000));
+}
+
+HMOE_AM inline float hsum8(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// Byte tables of scale | sign << 3 (both lanes): odd (8 - delta), and f odd (the sign ignored).
+struct Tables {
+  alignas(32) uint8_t delta[32], odd16[32], odd4[32], odd1[32];
+};
+constexpr Tables make_tables() {
+  Tables t{};
+  for (int i = 0; i < 32; ++i) {
+    const int odd = 2 * (i & 7) + 1;
+    t.delta[i] = static_cast<uint8_t>(odd * (i & 8 ? 9 : 7));
+    t.odd16[i] = static_cast<uint8_t>(16 * odd);
+    t.odd4[i] = static_cast<uint8_t>(4 * odd);
+    t.odd1[i] = static_cast<uint8_t>(odd);
+  }
+  return t;
+}
+constexpr Tables kTables = make_tables();
+
+HMOE_AM inline __m256i ld(const int8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+HMOE_AM inline __m256i tab(const uint8_t* t) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(t)); }
+
+// Row at a (its d's, then its groups) times NT tokens; xp: per token and group kXBytes (token t, group g at
+// xp + (t ng + g) kXBytes); dd: NT ng floats of scratch.
+template <int NT>
+HMOE_AM void tile(const uint8_t* a, const int8_t* xp, const float* dx, int64_t ng, float* dd, float* y, int64_t ldy) {
+  for (int t = 0; t < NT; ++t) {  // d / 16 times the activations' scale, per group
+    int64_t g = 0;
+    for (; g + 8 <= ng; g += 8)
+      _mm256_storeu_ps(dd + t * ng + g, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 2 * g))),
+                                                                    _mm256_set1_ps(0.0625f)),
+                                                      _mm256_loadu_ps(dx + t * ng + g)));
+    for (; g < ng; ++g) dd[t * ng + g] = half(a + 2 * g) * 0.0625f * dx[t * ng + g];
+  }
+  a += 2 * ng;
+  const __m256i lut = tab(kTables.delta), m15 = _mm256_set1_epi8(15);
+  const __m256i m0 = _mm256_set1_epi8(0x03), m1 = _mm256_set1_epi8(0x0C), m2 = _mm256_set1_epi8(0x30);
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g, a += kGroupBytes) {
+    // the chunk sums' coefficients: words 0..15 from the low nibbles, 16..31 the high ones (the nibbles in both lanes)
+    const __m256i nb = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + kNibAt)));
+    const __m256i lo = _mm256_and_si256(nb, m15), hi = _mm256_and_si256(_mm256_srli_epi16(nb, 4), m15);
+    const __m256i ca = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(_mm256_shuffle_epi8(lut, lo)));
+    const __m256i cc = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(_mm256_shuffle_epi8(lut, hi)));
+    // block b's scale: byte b of lo (words 0..7: chunk 2 b), b >= 8 byte b - 8 of hi; pair k takes 16 odd / f_k (f = 1, 4, 16, 4)
+    const __m256i sb = _mm256_unpacklo_epi64(lo, hi);
+    const __m256i odd = _mm256_shuffle_epi8(tab(kTables.odd1), sb), odd4 = _mm256_shuffle_epi8(tab(kTables.odd4), sb),
+                  odd16 = _mm256_shuffle_epi8(tab(kTables.odd16), sb);
+    const __m256i* ctl = reinterpret_cast<const __m256i*>(kLayout.ctl16);
+    const __m256i sc0 = _mm256_shuffle_epi8(odd16, _mm256_load_si256(ctl)), sc1 = _mm256_shuffle_epi8(odd4, _mm256_load_si256(ctl + 1));
+    const __m256i sc2 = _mm256_shuffle_epi8(odd, _mm256_load_si256(ctl + 2)), sc3 = _mm256_shuffle_epi8(odd4, _mm256_load_si256(ctl + 3));
+    const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)), c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32));
+    const __m256i u00 = _mm256_and_si256(c0, m0), u01 = _mm256_and_si256(c1, m0), u10 = _mm256_and_si256(c0, m1), u11 = _mm256_and_si256(c1, m1);
+    const __m256i u20 = _mm256_and_si256(c0, m2), u21 = _mm256_and_si256(c1, m2);
+    const __m256i u30 = _mm256_and_si256(_mm256_srli_epi16(c0, 4), m1), u31 = _mm256_and_si256(_mm256_srli_epi16(c1, 4), m1);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* x = xp + (t * ng + g) * kXBytes;
+      __m256i s = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u00, ld(x + 0)), _mm256_maddubs_epi16(u01, ld(x + 32))), sc0);
+      s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u10, ld(x + 64)), _mm256_maddubs_epi16(u11, ld(x + 96))), sc1));
+      s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u20, ld(x + 128)), _mm256_maddubs_epi16(u21, ld(x + 160))), sc2));
+      s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u30, ld(x + 192)), _mm256_maddubs_epi16(u31, ld(x + 224))), sc3));
+      s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_madd_epi16(ld(x + 256), ca), _mm256_madd_epi16(ld(x + 288), cc)));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(dd + t * ng + g), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) y[t * ldy] = hsum8(acc[t]);
+}
+
+// Token t's activations of group g at o: vector j's bytes in the layout's order (pair k's two vectors at 64 k), then -2 X_c.
+HMOE_AM void prepare(const int8_t* x, int8_t* o) {
+  const uint8_t* perm = kLayout.xperm[1];
+  for (int p = 0; p < 256; p += 8) std::memcpy(o + p, x + perm[p], 8);  // chunks of 8 columns
+  alignas(32) uint64_t sums[32];
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int v = 0; v < 8; ++v)  // sums of chunks 4v..4v+3, + 1024 (the bytes taken as x + 128)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums + 4 * v),
+                       _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * v)), flip), _mm256_setzero_si256()));
+  int16_t xs[32];
+  for (int w = 0; w < 32; ++w) xs[w] = static_cast<int16_t>(-2 * (static_cast<int>(sums[sum_chunk(w)]) - 1024));
+  std::memcpy(o + 256, xs, 64);
+}
+
+HMOE_AM void rows(const Q8Acts& xa, int64_t t0, int64_t n, const uint8_t* packed, int64_t cols, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  const int64_t ng = cols / 256, rb = ng * (kGroupBytes + 2);
+  thread_local std::vector<int8_t> buf;
+  thread_local std::vector<float> dx, dd;
+  dd.resize(static_cast<size_t>(4 * ng));
+  buf.resize(static_cast<size_t>(n * ng * kXBytes) + 32);
+  dx.resize(static_cast<size_t>(n * ng));
+  int8_t* xp = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t{31});
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g = 0; g < ng; ++g) {
+      prepare(xa.q.data() + (t0 + t) * xa.cols + 256 * g, xp + (t * ng + g) * kXBytes);
+      dx[static_cast<size_t>(t * ng + g)] = xa.d[static_cast<size_t>((t0 + t) * ng + g)];
+    }
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* a = packed + r * rb;
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) tile<4>(a, xp + t * ng * kXBytes, dx.data() + t * ng, ng, dd.data(), y + t * ldy + r, ldy);
+    for (; t + 2 <= n; t += 2) tile<2>(a, xp + t * ng * kXBytes, dx.data() + t * ng, ng, dd.data(), y + t * ldy + r, ldy);
+    for (; t < n; ++t) tile<1>(a, xp + t * ng * kXBytes, dx.data() + t * ng, ng, dd.data(), y + t * ldy + r, ldy);
+  }
+}
+
+}  // namespace
+
+size_t lowbit_avx2_iq1m_row_bytes(int64_t cols) { return static_cast<size_t>(cols / 256) * (kGroupBytes + 2); }
+
+void lowbit_avx2_iq1m_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst) {
+  const int64_t ng = w.cols / 256;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* src = w.row(r);
+    for (int64_t g = 0; g < ng; ++g, src += kFileBytes) {
+      const uint16_t d = file_d(src);
+      std::memcpy(dst + 2 * g, &d, 2);
+      pack_group(src, dst + 2 * ng + g * kGroupBytes);
+    }
+    dst += ng * (kGroupBytes + 2);
+  }
+}
+
+void lowbit_rows_q8_avx2_iq1m_packed(const Q8Acts& xa, int64_t t0, int64_t n, const uint8_t* packed, int64_t cols, int64_t r0, int64_t r1, float* y,
+                                     int64_t ldy) {
+  if (r1 <= r0 || n <= 0) return;
+  rows(xa, t0, n, packed, cols, r0, r1, y, ldy);
+}
+
+}  // namespace hmoe::cpu::detail
