@@ -56,7 +56,6 @@ namespace hmoe::cpu::detail {
 
 namespace {
 
-using lowbit_avx2::kLayout;
 using lowbit_bytes::half;
 using lowbit_bytes::u16;
 
@@ -64,7 +63,23 @@ constexpr int kFileBytes = 56, kGroupBytes = 80, kNibAt = 64;  // a row: its gro
 constexpr int kXBytes = 256 + 64;  // per token and group: the permuted activations, then -2 X_c as 32 words
 
 // Chunk of word w (0..31) of the chunk sums (and of nibble w / 16 of byte w % 16 at kNibAt).
-constexpr int sum_chunk(int w) { return 16 * (w / 16) + 2 * (w % 8) + (w / 8) % 2; }
+constexpr int sum_chunk(int w) { return 16 * (w / 16) + 4 * (w % 4) + (w % 16) / 4; }
+
+// vpshufb controls of pair k's scales (words of qword Q: block Q + 4 k) from the nibble bytes
+// of blocks 4 (k / 2) ..: block b of a half (b < 8) at byte 8 (b % 2) + b / 2 (chunk 2 b).
+struct Ctl {
+  alignas(32) uint8_t k[4][32];
+};
+constexpr Ctl make_ctl() {
+  Ctl c{};
+  for (int k = 0; k < 4; ++k)
+    for (int p = 0; p < 32; ++p) {
+      const int q = 2 * (p / 16) + (p % 16) / 8, b = q + 4 * (k % 2);
+      c.k[k][p] = p % 2 ? 0x80 : static_cast<uint8_t>(8 * (b % 2) + b / 2);
+    }
+  return c;
+}
+constexpr Ctl kCtl = make_ctl();
 
 void pack_group(const uint8_t* b, uint8_t* dst) {
   std::memset(dst, 0, kGroupBytes);
@@ -137,13 +152,11 @@ HMOE_AM void tile(const uint8_t* a, const int8_t* xp, const float* dx, int64_t n
     const __m256i lo = _mm256_and_si256(nb, m15), hi = _mm256_and_si256(_mm256_srli_epi16(nb, 4), m15);
     const __m256i ca = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(_mm256_shuffle_epi8(lut, lo)));
     const __m256i cc = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(_mm256_shuffle_epi8(lut, hi)));
-    // block b's scale: byte b of lo (words 0..7: chunk 2 b), b >= 8 byte b - 8 of hi; pair k takes 16 odd / f_k (f = 1, 4, 16, 4)
-    const __m256i sb = _mm256_unpacklo_epi64(lo, hi);
-    const __m256i odd = _mm256_shuffle_epi8(tab(kTables.odd1), sb), odd4 = _mm256_shuffle_epi8(tab(kTables.odd4), sb),
-                  odd16 = _mm256_shuffle_epi8(tab(kTables.odd16), sb);
-    const __m256i* ctl = reinterpret_cast<const __m256i*>(kLayout.ctl16);
-    const __m256i sc0 = _mm256_shuffle_epi8(odd16, _mm256_load_si256(ctl)), sc1 = _mm256_shuffle_epi8(odd4, _mm256_load_si256(ctl + 1));
-    const __m256i sc2 = _mm256_shuffle_epi8(odd, _mm256_load_si256(ctl + 2)), sc3 = _mm256_shuffle_epi8(odd4, _mm256_load_si256(ctl + 3));
+    // the blocks' scales: blocks 0..7 in lo, 8..15 in hi (kCtl); pair k takes 16 odd / f_k (f = 1, 4, 16, 4)
+    const __m256i sc0 = _mm256_shuffle_epi8(_mm256_shuffle_epi8(tab(kTables.odd16), lo), tab(kCtl.k[0]));
+    const __m256i sc1 = _mm256_shuffle_epi8(_mm256_shuffle_epi8(tab(kTables.odd4), lo), tab(kCtl.k[1]));
+    const __m256i sc2 = _mm256_shuffle_epi8(_mm256_shuffle_epi8(tab(kTables.odd1), hi), tab(kCtl.k[2]));
+    const __m256i sc3 = _mm256_shuffle_epi8(_mm256_shuffle_epi8(tab(kTables.odd4), hi), tab(kCtl.k[3]));
     const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)), c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32));
     const __m256i u00 = _mm256_and_si256(c0, m0), u01 = _mm256_and_si256(c1, m0), u10 = _mm256_and_si256(c0, m1), u11 = _mm256_and_si256(c1, m1);
     const __m256i u20 = _mm256_and_si256(c0, m2), u21 = _mm256_and_si256(c1, m2);
@@ -162,18 +175,25 @@ HMOE_AM void tile(const uint8_t* a, const int8_t* xp, const float* dx, int64_t n
   for (int t = 0; t < NT; ++t) y[t * ldy] = hsum8(acc[t]);
 }
 
-// Token t's activations of group g at o: vector j's bytes in the layout's order (pair k's two vectors at 64 k), then -2 X_c.
+// Token t's activations of group g at o: vector j's bytes in the layout's order (pair k's two vectors at 64 k: the
+// even chunks of columns [64 k, +64), then the odd ones), then -2 X_c in sum_chunk's order.
 HMOE_AM void prepare(const int8_t* x, int8_t* o) {
-  const uint8_t* perm = kLayout.xperm[1];
-  for (int p = 0; p < 256; p += 8) std::memcpy(o + p, x + perm[p], 8);  // chunks of 8 columns
-  alignas(32) uint64_t sums[32];
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int v = 0; v < 8; ++v)  // sums of chunks 4v..4v+3, + 1024 (the bytes taken as x + 128)
-    _mm256_store_si256(reinterpret_cast<__m256i*>(sums + 4 * v),
-                       _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * v)), flip), _mm256_setzero_si256()));
-  int16_t xs[32];
-  for (int w = 0; w < 32; ++w) xs[w] = static_cast<int16_t>(-2 * (static_cast<int>(sums[sum_chunk(w)]) - 1024));
-  std::memcpy(o + 256, xs, 64);
+  __m256i s[8];
+  for (int v = 0; v < 8; ++v) {  // qword q: the sum of chunk 4 v + q, + 1024 (the bytes taken as x + 128)
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * v));
+    s[v] = _mm256_sad_epu8(_mm256_xor_si256(xv, flip), _mm256_setzero_si256());
+    if (v % 2) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * v - 32));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32 * v - 32), _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(a, xv), 0xD8));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32 * v), _mm256_permute4x64_epi64(_mm256_unpackhi_epi64(a, xv), 0xD8));
+    }
+  }
+  for (int h = 0; h < 2; ++h) {  // word 4 q + i = chunk 16 h + 4 i + q
+    const __m256i* v = s + 4 * h;
+    const __m256i w = _mm256_or_si256(_mm256_or_si256(v[0], _mm256_slli_epi64(v[1], 16)), _mm256_or_si256(_mm256_slli_epi64(v[2], 32), _mm256_slli_epi64(v[3], 48)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(o + 256 + 32 * h), _mm256_sub_epi16(_mm256_set1_epi16(2048), _mm256_slli_epi16(w, 1)));
+  }
 }
 
 HMOE_AM void rows(const Q8Acts& xa, int64_t t0, int64_t n, const uint8_t* packed, int64_t cols, int64_t r0, int64_t r1, float* y, int64_t ldy) {
