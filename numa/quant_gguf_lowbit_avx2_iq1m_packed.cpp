@@ -1,43 +1,46 @@
 // IQ1_M repacked at load for the AVX2 int8 kernel ("AVX2 v3" of IQ1_M; the
 // other AVX2 v3 types are in quant_gguf_lowbit_avx2_packed.cpp). Why: on the
 // file's blocks (AVX2 v2, quant_gguf_lowbit_avx2_iq1m.cpp) every 8 weights
-// cost a kIq1sGrid row load and its insert into a vector, ~30 ns a group on
-// the dev box's Zen 3 against the ~4 ns in which a core reads 56 bytes.
+// cost a kIq1sGrid row load and its insert into a vector: 23-31 ns a group
+// and row on the dev box's Zen 3 (kernel alone), against ~4 ns in which a
+// core reads the 56 bytes; this one takes 5.6 ns.
 //
-// Group (80 bytes and the d, 82 per 256 weights against the file's 56, x1.46; lanes as
-// numa/detail/lowbit_avx2_layout.h's 16-weight blocks: vector j, qword Q =
-// chunk 2 (Q + 4 (j / 2)) + j % 2, so that pair k = vectors 2k, 2k + 1
-// holds block Q + 4k in qword Q):
+// A row: the fp16 d of its groups (2 bytes each, multiplied by the
+// activations' scales once per row and tile), then its groups of 80 bytes:
+// 82 per 256 weights against the file's 56 (x1.46). Lanes as
+// numa/detail/lowbit_avx2_layout.h's 16-weight blocks (vector j, qword Q =
+// chunk 2 (Q + 4 (j / 2)) + j % 2: pair k = vectors 2k, 2k + 1 holds block
+// Q + 4k in qword Q). Group:
 //   [0, 64)  the trits t = grid + 1 in 0..2, 2 bits a weight: byte p of
-//            [32 (j % 2), +32) bits 2 (j / 2) = vector j's byte p, so that
-//            pair k's codes sit at the same bits of the two halves;
-//   [64, 80) per chunk its block's 3-bit scale | the delta's sign << 3
-//            (set: delta -1), nibble h of byte i = chunk
-//            16 h + 2 (i % 8) + i / 8 (word 16 h + i of the chunk sums
-//            below): every scale twice, so that two vpshufb give the
-//            chunk sums' coefficients and the blocks' scales without the
-//            bit arithmetic of the file's packing (a first form with the
-//            48 scale and 32 sign bits, 76 bytes, took 8.3 ns a group
-//            against this one's ... in the kernel alone).
-// A row: the fp16 d of its groups (2 bytes each: multiplied by the
-// activations' scales once per row and tile), then its groups.
-// Why not v5's trits (66 + 16 bytes here): AVX2 has no 256-entry byte
-// lookup, and base-3 bytes decoded by multiplies cost more instructions
-// than the bytes they save (the kernel is compute-bound at one token).
+//            [32 (j % 2), +32) bits kCodeShift[j / 2] = vector j's byte p
+//            (pair k's codes at the same bits of both halves);
+//   [64, 80) per chunk its block's 3-bit scale | the delta's sign << 3 (set:
+//            delta -1); nibble h of byte i = chunk sum_chunk(16 h + i).
+//            Every scale twice: two vpshufb give the chunk sums'
+//            coefficients, two more a pair's scales, with none of the bit
+//            arithmetic of the file's packing (a first form with the 48
+//            scale and 32 sign bits, 76 bytes with the d, took 8.3 ns a
+//            group against 7.0 for this one, before the vector
+//            activation prep).
+// Why not v5's trits (52 bytes of codes against 64): AVX2 has no
+// 256-entry byte lookup, and base-3 bytes decoded by multiplies cost more
+// instructions than the bytes they save (compute-bound at one token).
 //
 // Sums: 8 w / (d (2 s + 1)) = 8 t - (8 - delta), so per group
 //   2 sum 8 w x / d = sum_b 16 odd_b sum_{i in b} t_i x_i
 //                   - sum_c 2 X_c odd_{b(c)} (8 - delta_c)
-// with X_c the activations' sum over chunk c. The first term: the codes
-// masked in place (pair 0: bits 0-1, 1: 2-3, 2: 4-5, 3: bits 6-7 shifted to
-// 2-3), i.e. f t with f = 1, 4, 16, 4, vpmaddubsw with the permuted
-// activations, the pair added in 16 bits (<= 2 * 2 * 32 * 128), vpmaddwd by
-// 16 odd / f (<= 240, placed by vpshufb as the other 16-weight types). The
-// second: -2 X_c (precomputed per call, 32 words) vpmaddwd the bytes
-// odd (7 or 9) looked up by vpshufb from scale | sign << 3 (one nibble
-// per chunk). One int32 sum per group and token, times d / 16 and the
+// with X_c the activations' sum over chunk c (odd = 2 s + 1). The first
+// term: the codes masked in place, f t with f = 1, 16 (pairs 0, 1: bits
+// 0-1, 4-5), 4 (pair 2: bits 2-3; pair 3: bits 6-7 shifted to 2-3),
+// vpmaddubsw with the permuted activations, the pair added in 16 bits
+// (<= 2 * 2 * 32 * 127), vpmaddwd by 16 odd / f (<= 240, bytes by vpshufb
+// lookups, placed by vpshufb). The second: -2 X_c (per call: vpsadbw, 32
+// words) vpmaddwd the odd (8 - delta) (<= 135) looked up by vpshufb from the
+// nibbles. One int32 sum per group and token, times d / 16 and the
 // activation scale in fp32: the same integer sums as the scalar reference's
-// codes and scales (lowbit_block_codes), fp32 sums in another order.
+// codes and scales (lowbit_block_codes), fp32 sums in another order. One
+// L1 prefetch 1 KiB ahead (CPU time in the engine 4.92 -> 4.72 ms, mean of
+// six alternating runs each).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -60,7 +63,9 @@ using lowbit_bytes::half;
 using lowbit_bytes::u16;
 
 constexpr int kFileBytes = 56, kGroupBytes = 80, kNibAt = 64;  // a row: its groups' fp16 d (2 ng bytes), then the groups
-constexpr int kXBytes = 256 + 64;  // per token and group: the permuted activations, then -2 X_c as 32 words
+constexpr int kXBytes = 256 + 64;
+// Pair k's codes at bits kCodeShift[k] of the two halves: f = 1, 16 for pairs 0, 1 (blocks 0..7), 4 for 2, 3.
+constexpr int kCodeShift[4] = {0, 4, 2, 6};  // per token and group: the permuted activations, then -2 X_c as 32 words
 
 // Chunk of word w (0..31) of the chunk sums (and of nibble w / 16 of byte w % 16 at kNibAt).
 constexpr int sum_chunk(int w) { return 16 * (w / 16) + 4 * (w % 4) + (w % 16) / 4; }
@@ -94,7 +99,7 @@ void pack_group(const uint8_t* b, uint8_t* dst) {
       const uint64_t row = kIq1sGrid[b[c] | ((b[32 + c / 2] >> (4 * (c % 2))) & 7u) << 8];  // bytes 0, 1, 2
       uint64_t v;
       std::memcpy(&v, dst + 32 * (j % 2) + 8 * q, 8);
-      v |= row << (2 * (j / 2));
+      v |= row << kCodeShift[j / 2];
       std::memcpy(dst + 32 * (j % 2) + 8 * q, &v, 8);
     }
 }
@@ -147,6 +152,8 @@ HMOE_AM void tile(const uint8_t* a, const int8_t* xp, const float* dx, int64_t n
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t g = 0; g < ng; ++g, a += kGroupBytes) {
+    _mm_prefetch(reinterpret_cast<const char*>(a) + 1024, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a) + 1024 + 64, _MM_HINT_T0);
     // the chunk sums' coefficients: words 0..15 from the low nibbles, 16..31 the high ones (the nibbles in both lanes)
     const __m256i nb = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + kNibAt)));
     const __m256i lo = _mm256_and_si256(nb, m15), hi = _mm256_and_si256(_mm256_srli_epi16(nb, 4), m15);
@@ -154,12 +161,12 @@ HMOE_AM void tile(const uint8_t* a, const int8_t* xp, const float* dx, int64_t n
     const __m256i cc = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(_mm256_shuffle_epi8(lut, hi)));
     // the blocks' scales: blocks 0..7 in lo, 8..15 in hi (kCtl); pair k takes 16 odd / f_k (f = 1, 4, 16, 4)
     const __m256i sc0 = _mm256_shuffle_epi8(_mm256_shuffle_epi8(tab(kTables.odd16), lo), tab(kCtl.k[0]));
-    const __m256i sc1 = _mm256_shuffle_epi8(_mm256_shuffle_epi8(tab(kTables.odd4), lo), tab(kCtl.k[1]));
-    const __m256i sc2 = _mm256_shuffle_epi8(_mm256_shuffle_epi8(tab(kTables.odd1), hi), tab(kCtl.k[2]));
-    const __m256i sc3 = _mm256_shuffle_epi8(_mm256_shuffle_epi8(tab(kTables.odd4), hi), tab(kCtl.k[3]));
+    const __m256i sc1 = _mm256_shuffle_epi8(_mm256_shuffle_epi8(tab(kTables.odd1), lo), tab(kCtl.k[1]));
+    const __m256i hi4 = _mm256_shuffle_epi8(tab(kTables.odd4), hi);
+    const __m256i sc2 = _mm256_shuffle_epi8(hi4, tab(kCtl.k[2])), sc3 = _mm256_shuffle_epi8(hi4, tab(kCtl.k[3]));
     const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)), c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32));
-    const __m256i u00 = _mm256_and_si256(c0, m0), u01 = _mm256_and_si256(c1, m0), u10 = _mm256_and_si256(c0, m1), u11 = _mm256_and_si256(c1, m1);
-    const __m256i u20 = _mm256_and_si256(c0, m2), u21 = _mm256_and_si256(c1, m2);
+    const __m256i u00 = _mm256_and_si256(c0, m0), u01 = _mm256_and_si256(c1, m0), u10 = _mm256_and_si256(c0, m2), u11 = _mm256_and_si256(c1, m2);
+    const __m256i u20 = _mm256_and_si256(c0, m1), u21 = _mm256_and_si256(c1, m1);
     const __m256i u30 = _mm256_and_si256(_mm256_srli_epi16(c0, 4), m1), u31 = _mm256_and_si256(_mm256_srli_epi16(c1, 4), m1);
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
