@@ -63,15 +63,15 @@ using lowbit_bytes::half;
 using lowbit_bytes::u16;
 
 constexpr int kFileBytes = 56, kGroupBytes = 80, kNibAt = 64;  // a row: its groups' fp16 d (2 ng bytes), then the groups
-constexpr int kXBytes = 256 + 64;
+constexpr int kXBytes = 256 + 64;  // per token and group: the permuted activations, then -2 X_c as 32 words
 // Pair k's codes at bits kCodeShift[k] of the two halves: f = 1, 16 for pairs 0, 1 (blocks 0..7), 4 for 2, 3.
-constexpr int kCodeShift[4] = {0, 4, 2, 6};  // per token and group: the permuted activations, then -2 X_c as 32 words
+constexpr int kCodeShift[4] = {0, 4, 2, 6};
 
 // Chunk of word w (0..31) of the chunk sums (and of nibble w / 16 of byte w % 16 at kNibAt).
 constexpr int sum_chunk(int w) { return 16 * (w / 16) + 4 * (w % 4) + (w % 16) / 4; }
 
-// vpshufb controls of pair k's scales (words of qword Q: block Q + 4 k) from the nibble bytes
-// of blocks 4 (k / 2) ..: block b of a half (b < 8) at byte 8 (b % 2) + b / 2 (chunk 2 b).
+// vpshufb controls of pair k's scales (the words of qword Q: block Q + 4 k) from the nibble bytes of
+// the half k / 2 (blocks 8 (k / 2) ..): block b of a half at byte 8 (b % 2) + b / 2 (its chunk 2 b).
 struct Ctl {
   alignas(32) uint8_t k[4][32];
 };
