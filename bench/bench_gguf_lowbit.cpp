@@ -14,8 +14,9 @@
 // --compare-v2: the int8 step again with the v4 kernels turned off (v2 for
 // their types), in turns with v4 (three of each, the best counting): the
 // before/after of quant_gguf_lowbit_codes.cpp on the same load. Where the
-// engine repacks (IQ1_S, cpu_lowbit_repack: v5), also an engine on the
-// file's blocks (v4) in the same turns; "bytes read / file" is the ratio of
+// engine repacks (cpu_lowbit_repack: IQ1_S / IQ1_M v5 on AVX-512; on AVX2
+// CPUs AVX2 v3 of the grid IQ types, IQ1_S and IQ1_M), also an engine on the
+// file's blocks (v4, or AVX2 v2) in the same turns; "bytes read / file" is the ratio of
 // the bytes a step streams to the file's, and the CPU-time ratio is given
 // over both (the file's bytes are what a user's model holds).
 // "int8" is the default path (8-bit activations, VNNI), "exact" the fp32
@@ -177,8 +178,8 @@ double time_forward(numa::ExpertEngine& eng, int64_t n, int64_t E, double min_se
 }
 
 // Whether the AVX2 v2 / v3 kernels serve t here: every low-bit type on an AVX2 CPU (v2 on the file's blocks:
-// quant_gguf_lowbit_avx2_grid.cpp, _avx2_nibble.cpp, _avx2_kquant.cpp, _avx2_iq1m.cpp; v3 repacked, _avx2_packed.cpp;
-// IQ1_S: v3 only), so --compare-v2 and --kernel add AVX2 v1 (the path before) beside them.
+// quant_gguf_lowbit_avx2_grid.cpp, _avx2_nibble.cpp, _avx2_kquant.cpp, _avx2_iq1m.cpp; v3 repacked, _avx2_packed.cpp,
+// _avx2_iq1m_packed.cpp; IQ1_S: v3 only), so --compare-v2 and --kernel add AVX2 v1 (the path before) beside them.
 bool uses_avx2_grid(ExtType t) { return cpu::best_isa() == cpu::Isa::avx2 && cpu::lowbit_type(static_cast<uint32_t>(t)); }
 
 // Whether the v4 kernels (numa/quant_gguf_lowbit_codes.cpp), or on AVX2 CPUs the AVX2 v2 kernel, serve one of these types.
@@ -199,7 +200,8 @@ double thread_seconds() {
 // The int8 kernel alone: rows x H of type t, resident in L2, n tokens; best of 5 runs of ~min_s CPU seconds.
 // v2 = the VBMI kernel of every type, for the types v3 (grid planes) serves.
 // v5 = IQ1_S / IQ1_M repacked into trits (GB/s: the file's bytes per second; the packed bytes are 58 / 50, 66 / 56 of them).
-// a2v3 = AVX2 CPUs: IQ2_XXS / IQ2_XS / IQ2_S repacked (70 / 106 / 106 bytes against the file's 66 / 74 / 82).
+// a2v3 = AVX2 CPUs: the grid IQ types, IQ1_S and IQ1_M repacked (bytes per 256 weights in numa/quant_gguf_lowbit.h;
+// IQ1_M 82 against the file's 56).
 // v1 = the dispatcher with the v4 / AVX2 v2 kernels off (AVX2 CPUs: v1, the scalar decode).
 void kernel_row(const std::string& name, ExtType t, double min_s, bool v2 = false, bool v5 = false, bool a2v3 = false, bool v1 = false) {
   const int64_t rows = 64;

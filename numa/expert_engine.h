@@ -34,9 +34,10 @@
 // lowbit_repack (HMOE_CPU_LOWBIT_REPACK, default on): with gguf_int8, IQ1_S
 // and IQ1_M slices (AVX-512 CPUs) are repacked once here into the v5 layout
 // (numa/quant_gguf_lowbit.h: base-3 trits, 58 / 66 bytes per 256 weights
-// against 50 / 56), and IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS / IQ3_S / IQ1_S
-// slices (AVX2 CPUs) into the AVX2 v3 level codes (102 / 106 / 106 / 134 /
-// 134 / 70 bytes against 66 / 74 / 82 / 98 / 110 / 50), in memory of the node that computes them, and every step
+// against 50 / 56), and IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS / IQ3_S / IQ1_S /
+// IQ1_M slices (AVX2 CPUs) into the AVX2 v3 level codes (102 / 106 / 106 /
+// 134 / 134 / 70 / 82 bytes against 66 / 74 / 82 / 98 / 110 / 50 / 56), in
+// memory of the node that computes them, and every step
 // reads those instead of the file's blocks (pieces() still returns the
 // file's blocks, for the GPU).
 //

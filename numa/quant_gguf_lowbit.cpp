@@ -46,7 +46,7 @@ void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, 
 }
 
 namespace {
-// IQ1_S / IQ1_M on AVX-512 CPUs: the v5 trits; everything else (and IQ1_S on AVX2) the AVX2 v3 layout.
+// IQ1_S / IQ1_M on AVX-512 CPUs: the v5 trits; everything else (and IQ1_S / IQ1_M on AVX2) the AVX2 v3 layouts.
 bool ternary_type(uint32_t ext) {
   return best_isa() == Isa::avx512 && (ext == static_cast<uint32_t>(lowbit::iq1_s) || ext == static_cast<uint32_t>(lowbit::iq1_m));
 }

@@ -24,7 +24,9 @@
 //    CPUs v2 for the grid IQ types (quant_gguf_lowbit_avx2_grid.cpp) and
 //    the codebook types IQ4_NL / IQ4_XS / MXFP4 (quant_gguf_lowbit_avx2_nibble.cpp)
 //    Q2_K / Q3_K (quant_gguf_lowbit_avx2_kquant.cpp) and IQ1_M
-//    (quant_gguf_lowbit_avx2_iq1m.cpp), else v1.
+//    (quant_gguf_lowbit_avx2_iq1m.cpp), else v1; AVX2 v3 for the grid IQ
+//    types, IQ1_S and IQ1_M repacked at load (quant_gguf_lowbit_avx2_packed.cpp,
+//    _avx2_iq1m_packed.cpp; callers that hold a LowbitPacked copy).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -45,7 +47,7 @@ void lowbit_gemm_rows_q8(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, 
 
 // A matrix's rows repacked at load: for the v5 kernel (AVX-512: IQ1_S, IQ1_M
 // into trits, see detail::lowbit_ternary_pack) or the AVX2 v3 kernel (AVX2
-// CPUs: IQ2_XXS/XS/S, IQ3_XXS/S, IQ1_S, detail::lowbit_avx2_pack): row r at data + r * row_bytes; data null
+// CPUs: IQ2_XXS/XS/S, IQ3_XXS/S, IQ1_S, IQ1_M, detail::lowbit_avx2_pack): row r at data + r * row_bytes; data null
 // when not repacked. The owner keeps kLowbitTernaryPad bytes after the last row.
 struct LowbitPacked {
   const uint8_t* data = nullptr;
@@ -117,7 +119,9 @@ bool lowbit_rows_q8_avx2_iq1m(const Q8Acts& xa, int64_t t0, int64_t n, const Mat
 // AVX2 v3 (quant_gguf_lowbit_avx2_packed.cpp): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
 // IQ3_S, IQ1_S repacked once into level codes beside their signs (102 / 106 /
 // 106 / 134 / 134 / 70 bytes per 256 weights against the file's 66 / 74 / 82
-// / 98 / 110 / 50), decoded by vpshufb; same CPUs as AVX2 v2.
+// / 98 / 110 / 50), decoded by vpshufb; IQ1_M (quant_gguf_lowbit_avx2_iq1m_packed.cpp)
+// as 2-bit trits masked in place, its deltas against the activations'
+// sums per 8 (82 bytes against 56); same CPUs as AVX2 v2.
 bool lowbit_avx2_pack_applies(uint32_t ext, int64_t cols);
 size_t lowbit_avx2_row_bytes(uint32_t ext, int64_t cols);
 // Rows [r0, r1) of w packed into dst, row after row (lowbit_avx2_row_bytes each).
@@ -125,6 +129,11 @@ void lowbit_avx2_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst);
 // As lowbit_rows_q8_ternary, for the AVX2 packed rows.
 void lowbit_rows_q8_avx2_packed(const Q8Acts& xa, int64_t t0, int64_t n, const uint8_t* packed, int64_t cols, int64_t r0, int64_t r1, float* y,
                                 int64_t ldy);
+// IQ1_M's AVX2 v3, reached through the three above.
+size_t lowbit_avx2_iq1m_row_bytes(int64_t cols);
+void lowbit_avx2_iq1m_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst);
+void lowbit_rows_q8_avx2_iq1m_packed(const Q8Acts& xa, int64_t t0, int64_t n, const uint8_t* packed, int64_t cols, int64_t r0, int64_t r1, float* y,
+                                     int64_t ldy);
 // v1: for AVX-512 VNNI CPUs without VBMI.
 void lowbit_rows_q8_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void lowbit_rows_q8_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);

@@ -1,6 +1,8 @@
 // AVX2 int8 kernel of IQ1_M on the file's blocks: "avx2 v2" for it, for CPUs
 // without AVX-512 (v1 in quant_gguf_lowbit_avx2.cpp decodes every group
-// through the scalar reference; IQ1_M has no AVX2 repacked layout).
+// through the scalar reference). Where the caller holds the rows repacked at
+// load (numa::ExpertEngine, cpu_lowbit_repack) AVX2 v3 runs instead
+// (quant_gguf_lowbit_avx2_iq1m_packed.cpp); this one serves the rest.
 //
 // A block is 32 chunks of 8 weights, chunk i a row of kIq1sGrid (bytes
 // grid + 1 in 0..2) picked by qs[i] and 3 bits of qh, and the delta's sign

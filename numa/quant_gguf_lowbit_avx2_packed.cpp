@@ -317,10 +317,12 @@ bool lowbit_avx2_pack_applies(uint32_t ext, int64_t cols) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
   }();
-  return isa && (ext == kIq2xxs || ext == kIq2xs || ext == kIq2s || ext == kIq3xxs || ext == kIq3s || ext == kIq1s) && cols > 0 && cols % 256 == 0;
+  return isa && (ext == kIq2xxs || ext == kIq2xs || ext == kIq2s || ext == kIq3xxs || ext == kIq3s || ext == kIq1s || ext == kIq1m) && cols > 0 &&
+         cols % 256 == 0;
 }
 
 size_t lowbit_avx2_row_bytes(uint32_t ext, int64_t cols) {
+  if (ext == kIq1m) return lowbit_avx2_iq1m_row_bytes(cols);
   const size_t gb = ext == kIq2xxs ? group_bytes<kIq2xxs>() : ext == kIq2xs ? group_bytes<kIq2xs>() : ext == kIq2s ? group_bytes<kIq2s>()
                     : ext == kIq3xxs ? group_bytes<kIq3xxs>() : ext == kIq1s ? group_bytes<kIq1s>() : group_bytes<kIq3s>();
   return static_cast<size_t>(cols / 256) * gb;
@@ -333,6 +335,7 @@ void lowbit_avx2_pack(const Mat& w, int64_t r0, int64_t r1, uint8_t* dst) {
     case kIq2s: pack<kIq2s>(w, r0, r1, dst); break;
     case kIq3xxs: pack<kIq3xxs>(w, r0, r1, dst); break;
     case kIq1s: pack<kIq1s>(w, r0, r1, dst); break;
+    case kIq1m: lowbit_avx2_iq1m_pack(w, r0, r1, dst); break;
     default: pack<kIq3s>(w, r0, r1, dst); break;
   }
 }
@@ -346,6 +349,7 @@ void lowbit_rows_q8_avx2_packed(const Q8Acts& xa, int64_t t0, int64_t n, const u
     case kIq2s: rows<kIq2s>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
     case kIq3xxs: rows<kIq3xxs>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
     case kIq1s: rows<kIq1s>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
+    case kIq1m: lowbit_rows_q8_avx2_iq1m_packed(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
     default: rows<kIq3s>(xa, t0, n, packed, cols, r0, r1, y, ldy); break;
   }
 }

@@ -19,7 +19,7 @@
 
 namespace hmoe::cpu::detail::lowbit_avx2 {
 
-constexpr uint32_t kIq2xxs = 16, kIq2xs = 17, kIq3xxs = 18, kIq1s = 19, kIq3s = 21, kIq2s = 22;
+constexpr uint32_t kIq2xxs = 16, kIq2xs = 17, kIq3xxs = 18, kIq1s = 19, kIq3s = 21, kIq2s = 22, kIq1m = 29;
 
 template <uint32_t T> constexpr bool kBlocks16 = T == kIq2xs || T == kIq2s;
 // fp32 factor of the odd scale (2 s + 1)

@@ -6,8 +6,8 @@
 // random blocks, the AVX-512 int8 kernels v1, v2, v3 and v4 on row and
 // token tails (every type, IQ2_S included) and the dispatcher with v4 on and
 // off, the AVX2 kernels (v2 on the file's blocks for every type but IQ1_S,
-// v3 repacked) on row and token tails, the threaded cpu::gemm, and the
-// shape errors.
+// v3 repacked; IQ1_M's v3 at 1-5 and 8 tokens on odd row counts) on row and
+// token tails, the threaded cpu::gemm, and the shape errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -413,12 +413,12 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid, codeboo
     MESSAGE("no AVX2 + FMA + BMI2 here: not checked");
     return;
   }
-  CHECK_FALSE(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq1_m), cols));
+  CHECK_FALSE(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::q2_k), cols));
   CHECK_FALSE(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq2_xxs), 300));
   for (ExtType t : cpu::lowbit::kAll) {
     INFO(std::string(info(t).name));
     const bool grid = t == cpu::lowbit::iq2_xxs || t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s || t == cpu::lowbit::iq3_xxs || t == cpu::lowbit::iq3_s;
-    const bool packs = grid || t == cpu::lowbit::iq1_s;
+    const bool packs = grid || t == cpu::lowbit::iq1_s || t == cpu::lowbit::iq1_m;
     const bool nibble = t == cpu::lowbit::iq4_nl || t == cpu::lowbit::iq4_xs || t == cpu::lowbit::mxfp4;
     const bool kq = t == cpu::lowbit::q2_k || t == cpu::lowbit::q3_k;
     CHECK(cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(t), cols) == packs);
@@ -428,7 +428,7 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid, codeboo
     int64_t rb = 0;
     if (packs) {
       rb = static_cast<int64_t>(cpu::detail::lowbit_avx2_row_bytes(static_cast<uint32_t>(t), cols));
-      CHECK(rb == 4 * (t == cpu::lowbit::iq2_xxs ? 102 : t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s ? 106 : t == cpu::lowbit::iq1_s ? 70 : 134));
+      CHECK(rb == 4 * (t == cpu::lowbit::iq2_xxs ? 102 : t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s ? 106 : t == cpu::lowbit::iq1_s ? 70 : t == cpu::lowbit::iq1_m ? 82 : 134));
       // packed in two calls (rows 0..5, 5..11), the padding after the last row poisoned
       packed.assign(static_cast<size_t>(rows * rb) + cpu::detail::kLowbitTernaryPad, 0xA5);
       cpu::detail::lowbit_avx2_pack(w, 0, 5, packed.data());
@@ -487,6 +487,58 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid, codeboo
   }
 }
 
+TEST_CASE("low-bit GGUF types: IQ1_M's AVX2 v3 (repacked) against the reference at 1-8 tokens, odd row counts and row starts") {
+  const int64_t cols = 2048;
+  const uint32_t id = static_cast<uint32_t>(cpu::lowbit::iq1_m);
+  if (!cpu::detail::lowbit_avx2_pack_applies(id, cols)) {
+    MESSAGE("no AVX2 + FMA + BMI2 + F16C here: not checked");
+    return;
+  }
+  CHECK_FALSE(cpu::detail::lowbit_avx2_pack_applies(id, 1000));
+  const int64_t rb = static_cast<int64_t>(cpu::detail::lowbit_avx2_row_bytes(id, cols));
+  CHECK(rb == 8 * 82);
+  for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{13}}) {
+    INFO("rows " << rows);
+    const auto bytes = random_blocks(cpu::lowbit::iq1_m, rows * cols / 256, static_cast<uint32_t>(rows) * 7u + 1u);
+    const cpu::Mat w = cpu::ext_view(cpu::lowbit::iq1_m, bytes.data(), rows, cols, "w");
+    // packed in two calls (none for rows [0, 0) at one row), nothing after the last row
+    std::vector<uint8_t> packed(static_cast<size_t>(rows * rb), 0xA5);
+    const int64_t split = rows / 2;
+    cpu::detail::lowbit_avx2_pack(w, 0, split, packed.data());
+    cpu::detail::lowbit_avx2_pack(w, split, rows, packed.data() + split * rb);
+    for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{8}}) {
+      INFO("tokens " << n);
+      // the ends of the int8 range in every group
+      auto x = randn(static_cast<size_t>(n * cols), static_cast<uint32_t>(n * 31 + rows));
+      for (size_t i = 0; i < x.size(); i += 61) x[i] = (i / 61) % 2 ? 40.0f : -40.0f;
+      cpu::Q8Acts a;
+      a.reset(n, w);
+      for (int64_t j = 0; j < n; ++j) a.quantize(j, x.data() + j * cols);
+      std::vector<double> absdot(static_cast<size_t>(n * rows));
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::ext_row_to_f32(w, r, row.data());
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t k = 0; k < cols; ++k)
+            absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
+      }
+      std::vector<float> ref(absdot.size()), v3(absdot.size(), NAN), tail(absdot.size(), NAN);
+      cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
+      // rows [0, split) and [split, rows); tokens 1.. again from t0 = 1
+      cpu::detail::lowbit_rows_q8_avx2_packed(a, 0, n, packed.data(), cols, 0, split, v3.data(), rows);
+      cpu::detail::lowbit_rows_q8_avx2_packed(a, 0, n, packed.data(), cols, split, rows, v3.data(), rows);
+      if (n > 1) cpu::detail::lowbit_rows_q8_avx2_packed(a, 1, n - 1, packed.data(), cols, 0, rows, tail.data() + rows, rows);
+      int bad = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double tol = 2e-5 * absdot[i] + 1e-5;
+        if (!(std::fabs(v3[i] - ref[i]) <= tol) && bad++ < 3) FAIL_CHECK("IQ1_M AVX2 v3 " << i << ": " << v3[i] << " vs " << ref[i]);
+        if (n > 1 && i >= static_cast<size_t>(rows) && !(tail[i] == v3[i]) && bad++ < 3) FAIL_CHECK("from t0 = 1, " << i << ": " << tail[i] << " vs " << v3[i]);
+      }
+      CHECK(bad == 0);
+    }
+  }
+}
+
 TEST_CASE("low-bit GGUF types: ExpertEngine with the grid IQ types repacked for AVX2 (cpu_lowbit_repack) equals the file's blocks") {
   const int64_t E = 3, H = 512, I = 768, K = 2;
   if (cpu::best_isa() != cpu::Isa::avx2 || !cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq2_xxs), H)) {
@@ -494,10 +546,11 @@ TEST_CASE("low-bit GGUF types: ExpertEngine with the grid IQ types repacked for 
     return;
   }
   // IQ2_XXS everywhere, IQ2_XS gate/up with IQ2_S down, IQ2_XXS gate/up with IQ3_XXS down, IQ3_S gate/up with Q2_K down (the file's
-  // blocks), IQ1_S gate/up with IQ2_XXS down (UD-IQ1_S-like)
+  // blocks), IQ1_S gate/up with IQ2_XXS down (UD-IQ1_S-like), IQ1_M everywhere, IQ1_M gate/up with IQ1_S down
   for (auto [tu, td] : {std::pair{cpu::lowbit::iq2_xxs, cpu::lowbit::iq2_xxs}, std::pair{cpu::lowbit::iq2_xs, cpu::lowbit::iq2_s},
                         std::pair{cpu::lowbit::iq2_xxs, cpu::lowbit::iq3_xxs}, std::pair{cpu::lowbit::iq3_s, cpu::lowbit::q2_k},
-                        std::pair{cpu::lowbit::iq1_s, cpu::lowbit::iq2_xxs}}) {
+                        std::pair{cpu::lowbit::iq1_s, cpu::lowbit::iq2_xxs}, std::pair{cpu::lowbit::iq1_m, cpu::lowbit::iq1_m},
+                        std::pair{cpu::lowbit::iq1_m, cpu::lowbit::iq1_s}}) {
     INFO(info(tu).name << " / " << info(td).name);
     std::vector<std::vector<uint8_t>> store;
     std::vector<numa::ExpertWeights> ex;
@@ -520,7 +573,7 @@ TEST_CASE("low-bit GGUF types: ExpertEngine with the grid IQ types repacked for 
     numa::ExpertEngine ep(ex, pools, on), ef(ex, pools, off);
     auto gb = [](ExtType t) -> uint64_t {
       return t == cpu::lowbit::iq2_xxs ? 102 : t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s ? 106 : t == cpu::lowbit::q2_k ? 0
-             : t == cpu::lowbit::iq1_s ? 70 : 134;
+             : t == cpu::lowbit::iq1_s ? 70 : t == cpu::lowbit::iq1_m ? 82 : 134;
     };
     const uint64_t want = static_cast<uint64_t>(E) * (2 * gb(tu) * I * H / 256 + gb(td) * H * I / 256);
     CHECK(ep.packed_bytes() >= want);
