@@ -62,7 +62,6 @@ lb() {  # NAME FILE ARGS...: one llama-bench
 hb hyb4-default "$Q4" -p 4096 -n 64 --gpu-resident-moe-layers none
 hb hyb8-default "$Q8" -p 4096 -n 64 --gpu-resident-moe-layers none
 lb llama-hyb8 "$Q8" -ngl 99 -ot exps=CPU -p 4096 -n 64
-hb hyb8-nocache "$Q8" -p 4096 -n 64 --gpu-resident-moe-layers none --gpu-expert-cache 0
 hb gpu8 "$Q8" -p 4096 -n 64 --gpu-resident-moe-layers all
 lb llama-gpu8 "$Q8" -ngl 99 -p 4096 -n 64
 echo "== final8 done $(t)"; pack
