@@ -8,12 +8,14 @@
 
 #include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
+#include "numa/detail/lowbit_avx2_layout.h"
 
 #define HMOE_L256 __attribute__((target("avx2,fma,f16c")))
 
 namespace hmoe::cpu::detail {
 
 namespace {
+using lowbit_avx2::hsum8;
 
 struct Codes {
   alignas(32) int8_t c[256];
@@ -30,12 +32,6 @@ void group_codes(ExtType t, const uint8_t* p, Codes& g) {
 int64_t group_bytes(ExtType t) {
   const ExtTypeInfo* ti = lowbit_type_info(static_cast<uint32_t>(t));
   return static_cast<int64_t>(ti->block_bytes) * (256 / ti->block_elems);
-}
-
-HMOE_L256 inline float hsum8(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
 HMOE_L256 float q8_group_dot(const Codes& g, const int8_t* xq, const int16_t* bsum) {

@@ -24,12 +24,14 @@
 #include "numa/detail/lowbit_bytes.h"
 #include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
+#include "numa/detail/lowbit_avx2_layout.h"
 
 #define HMOE_A1 __attribute__((target("avx2,fma,f16c,bmi2")))
 
 namespace hmoe::cpu::detail {
 
 namespace {
+using lowbit_avx2::hsum8;
 
 using lowbit_bytes::prefetch;
 using lowbit_bytes::u16;
@@ -48,12 +50,6 @@ constexpr Ctl make_ctl() {
   return c;
 }
 constexpr Ctl kCtl = make_ctl();
-
-HMOE_A1 inline float hsum8(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
 
 // Grid row of chunk i (qh nibble h).
 inline uint64_t row(const uint8_t* qs, int i, uint32_t h) { return kIq1sGrid[qs[i] | ((h & 7) << 8)]; }

@@ -58,6 +58,7 @@
 namespace hmoe::cpu::detail {
 
 namespace {
+using lowbit_avx2::hsum8;
 
 using lowbit_bytes::half;
 using lowbit_bytes::u16;
@@ -106,12 +107,6 @@ void pack_group(const uint8_t* b, uint8_t* dst) {
 
 uint16_t file_d(const uint8_t* b) {
   return static_cast<uint16_t>((u16(b + 48) >> 12) | ((u16(b + 50) >> 8) & 0x00F0) | ((u16(b + 52) >> 4) & 0x0F00) | (u16(b + 54) & 0xF000));
-}
-
-HMOE_AM inline float hsum8(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
 // Byte tables of scale | sign << 3 (both lanes): odd (8 - delta), and f odd (the sign ignored).

@@ -24,12 +24,14 @@
 #include "numa/detail/lowbit_bytes.h"
 #include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
+#include "numa/detail/lowbit_avx2_layout.h"
 
 #define HMOE_AK __attribute__((target("avx2,fma,f16c")))
 
 namespace hmoe::cpu::detail {
 
 namespace {
+using lowbit_avx2::hsum8;
 
 using lowbit_bytes::half;
 using lowbit_bytes::prefetch;
@@ -56,12 +58,6 @@ constexpr Ctl make_ctl() {
 constexpr Ctl kCtl = make_ctl();
 
 HMOE_AK inline __m256i ctl(const uint8_t (&v)[32]) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(v)); }
-
-HMOE_AK inline float hsum8(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
 
 // Q3_K's 16 scales - 32 as int8: low nibbles sc[0..7] then their high nibbles, and
 // bits 2 (j / 4) of sc[8 + j % 4] as bits 4, 5 (dword k of the broadcast shifted by 2 k).

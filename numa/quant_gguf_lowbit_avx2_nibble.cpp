@@ -25,12 +25,14 @@
 #include "numa/detail/lowbit_bytes.h"
 #include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
+#include "numa/detail/lowbit_avx2_layout.h"
 
 #define HMOE_AN __attribute__((target("avx2,fma,f16c,bmi2")))
 
 namespace hmoe::cpu::detail {
 
 namespace {
+using lowbit_avx2::hsum8;
 
 using lowbit_bytes::half;
 using lowbit_bytes::prefetch;
@@ -63,12 +65,6 @@ HMOE_AN inline __m256i codes32(const uint8_t* q) {
 
 // 16 int16 pair sums of codes c times activations x.
 HMOE_AN inline __m256i dot16(__m256i c, __m256i x) { return _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c)); }
-
-HMOE_AN inline float hsum8(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
 
 // Row at a times NT tokens: x the activations of token 0 (token t at x + t * cols), dx their scales (token t at dx + t * ng).
 template <uint32_t T, int NT>

@@ -58,8 +58,8 @@ __attribute__((target("avx2,fma,f16c,bmi2"))) inline __m256i scale_set(__m256i o
   else return _mm256_shuffle_epi8(odd, _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.ctl32[k / 2])));
 }
 
-// The sum of v's eight floats.
-__attribute__((target("avx2,fma,f16c,bmi2"))) inline float hsum8(__m256 v) {
+// The sum of v's eight floats (AVX2 without BMI2, so that every AVX2 kernel can inline it).
+__attribute__((target("avx2,fma,f16c"))) inline float hsum8(__m256 v) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
