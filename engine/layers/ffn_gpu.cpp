@@ -171,8 +171,9 @@ class MoeGpu : public GpuFfn {
   }
   void run_host(const float* x, int64_t n, const int32_t* ids, const float* w, float* out) override { experts_->run_host(x, n, ids, w, K_, out); }
   void run_host_pairs(const float* x, int64_t n, const int32_t* ids, const float* w, int64_t k, float* out) override {
-    experts_->run_host(x, n, ids, w, k, out);
+    experts_->run_host(x, n, ids, w, k, out, /*record=*/false);
   }
+  void record_routing(int64_t n, const int32_t* ids, int64_t k) override { experts_->record_routing(n, ids, k); }
 
  private:
   const ModelConfig& c_;

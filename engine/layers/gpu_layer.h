@@ -135,8 +135,12 @@ class GpuFfn {
   // Host: the routed experts for n rows; out [n, hidden] overwritten.
   virtual void run_host(const float*, int64_t, const int32_t*, const float*, float*) {}
   // The same for k pairs per token (split decode hands the CPU a subset:
-  // engine/layers/gpu_expert_cache.h); out [n, hidden] overwritten.
+  // engine/layers/gpu_expert_cache.h); out [n, hidden] overwritten. Not
+  // written to the routing trace: split decode calls record_routing with
+  // the step's whole routing first.
   virtual void run_host_pairs(const float*, int64_t, const int32_t*, const float*, int64_t, float*) {}
+  // The routing trace (--routing-trace) of n tokens' k routed experts.
+  virtual void record_routing(int64_t, const int32_t*, int64_t) {}
   virtual uint64_t bytes() const = 0;
   // Of bytes(): the routed experts resident on the GPU (0: none).
   virtual uint64_t routed_expert_bytes() const { return 0; }

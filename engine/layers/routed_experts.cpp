@@ -96,9 +96,13 @@ RoutedExperts::~RoutedExperts() = default;
 
 uint64_t RoutedExperts::gpu_bytes() const { return gpu_ ? gpu_->bytes() : 0; }
 
-void RoutedExperts::run_host(const float* x, int64_t n, const int32_t* ids, const float* w, int64_t k, float* out) {
-  if (!engine_) fail(ErrorKind::internal, "layer " + std::to_string(layer_) + ": routed experts are not in host memory");
+void RoutedExperts::record_routing(int64_t n, const int32_t* ids, int64_t k) {
   if (trace_) trace_->record(layer_, n, k, ids);
+}
+
+void RoutedExperts::run_host(const float* x, int64_t n, const int32_t* ids, const float* w, int64_t k, float* out, bool record) {
+  if (!engine_) fail(ErrorKind::internal, "layer " + std::to_string(layer_) + ": routed experts are not in host memory");
+  if (record) record_routing(n, ids, k);
   if (!deferral_ || deferral_->defer() == 0) return engine_->forward(x, n, ids, w, k, out);
   deferral_->run(layer_, x, n, ids, w, k, out,
                  [this](const float* xx, int64_t nn, const int32_t* ii, const float* ww, int64_t kk, float* oo) { engine_->forward(xx, nn, ii, ww, kk, oo); });

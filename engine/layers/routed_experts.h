@@ -69,7 +69,11 @@ class RoutedExperts {
   int64_t layer() const { return layer_; }
   // Host: out[t] += sum_j w[t*k+j] * expert_{ids[t*k+j]}(x[t]) (with
   // deferral: the kept experts now, plus the previous layer's deferred sum).
-  void run_host(const float* x, int64_t n, const int32_t* ids, const float* w, int64_t k, float* out);
+  // The routing goes to the routing trace (--routing-trace) unless `record` is false (split decode records a
+  // step's whole routing with record_routing and hands the CPU only a subset of its pairs).
+  void run_host(const float* x, int64_t n, const int32_t* ids, const float* w, int64_t k, float* out, bool record = true);
+  // The routing trace only: n tokens' k expert ids (a no-op without a trace).
+  void record_routing(int64_t n, const int32_t* ids, int64_t k);
   // GPU: resident experts, or (host home, ctx.step.stream_pass) streamed;
   // x: normed rows in bf16, out overwritten with the weighted sum.
   void enqueue(GpuCtx& ctx, const gpu::bf16_t* x, int64_t n, int64_t k, const int32_t* ids, const float* w, float* out);

@@ -52,8 +52,9 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   else fail(ErrorKind::invalid_argument, "--gpu-gguf-decode-kernel / HMOE_GPU_GGUF_DECODE_KERNEL must be dense, direct or staged, got '" + s.gpu_gguf_decode_kernel + "'");
   if (s.gpu_deltanet_kernel == "v1") o.deltanet_kernel = gpu::DeltaNetKernel::v1;
   else if (s.gpu_deltanet_kernel == "v2") o.deltanet_kernel = gpu::DeltaNetKernel::v2;
-  else if (s.gpu_deltanet_kernel == "v3") o.deltanet_kernel = gpu::DeltaNetKernel::v3;
-  else fail(ErrorKind::invalid_argument, "--gpu-deltanet-kernel / HMOE_GPU_DELTANET_KERNEL must be v1, v2 or v3, got '" + s.gpu_deltanet_kernel + "'");
+  else if (s.gpu_deltanet_kernel == "v3")
+    fail(ErrorKind::invalid_argument, "--gpu-deltanet-kernel / HMOE_GPU_DELTANET_KERNEL v3 was withdrawn: its first GPU run gave wrong outputs; use v2 (the default) or v1");
+  else fail(ErrorKind::invalid_argument, "--gpu-deltanet-kernel / HMOE_GPU_DELTANET_KERNEL must be v1 or v2, got '" + s.gpu_deltanet_kernel + "'");
   o.defer_experts = s.defer_experts;
   o.expert_cache.budget_bytes = parse_gpu_expert_cache(s.gpu_expert_cache);
   o.expert_cache.cost.share = parse_gpu_split_decode(s.gpu_split_decode);
@@ -595,6 +596,7 @@ void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits
         if (e[p] >= 0 && static_cast<size_t>(e[p]) < seen.size() && wt[p] != 0.0f && !seen[static_cast<size_t>(e[p])]++) m.times.cold_bytes += per;
     };
     if (splits(l, r)) {  // cached experts and a balanced share of the others on the GPU (queued now), the rest on the CPU meanwhile
+      m.blocks[l].ffn->record_routing(r.rn, ids, K);  // the whole routing: the CPU gets only a subset of the pairs below
       xc->split(static_cast<int64_t>(l), a.hb + r.r0 * H, r.rn, K, ids, w);
       count_cold(xc->cpu_ids(), xc->cpu_weights(), r.rn * xc->cpu_k());
       if (xc->cpu_k() > 0) {

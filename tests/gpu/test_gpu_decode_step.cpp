@@ -348,7 +348,7 @@ TEST_CASE("GGUF decode on the GPU: one graph per step of hmoe kernels; programma
     for (const auto& k : a.kernels) {
       names += k + "; ";
       norms += k.find("add_rms_norm_kernel") != std::string::npos;
-      attentions += k.find("attention_kernel<true>") != std::string::npos;  // norms + rope + KV store + attention
+      attentions += k.find("attention_kernel<true,") != std::string::npos;  // norms + rope + KV store + attention (<fused, head dim>)
       routers += k.find("router_kernel") != std::string::npos;  // the fused norm + router of gpu/decode_fused.cu
       foreign += k.find("hmoe::") == std::string::npos;  // cuBLAS or unnamed
     }

@@ -25,6 +25,9 @@ namespace {
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 int kernel_number(gpu::DeltaNetKernel k) { return k == gpu::DeltaNetKernel::v3 ? 3 : k == gpu::DeltaNetKernel::v2 ? 2 : 1; }
+// The chunked kernels under test. v3 (gpu/deltanet_v3.cu) is withdrawn: on its first GPU run (2026-12-07, H100) its
+// delta-rule outputs were off by up to 1.54 against v1 (bench/README.md); put it back here with its fix.
+constexpr gpu::DeltaNetKernel kKernels[] = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2};
 float sigm(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // The test's own reading of the checkpoint's grouped layout (per key head:
@@ -194,7 +197,7 @@ void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<i
       core(static_cast<size_t>(n * V * 4)), y(static_cast<size_t>(n * V * 2));
   // (max_recurrent, chunk): both kernels by token count, everything chunked, everything recurrent; with
   // each chunked kernel (v1, v2, v3).
-  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3})
+  for (const auto kernel : kKernels)
   for (const auto& mode : modes) {
     const int64_t max_rec = mode.first, chunk = mode.second;
     const int kv = kernel_number(kernel);
@@ -443,7 +446,7 @@ TEST_CASE("gated deltanet chunked kernels v1, v2 and v3 at head dims 128: length
     }
   };
   std::vector<float> out_v1;
-  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3})
+  for (const auto kernel : kKernels)
     for (int64_t chunk : {0, 32, 16}) {
       const int kv = kernel_number(kernel);
       CAPTURE(kv);
@@ -462,7 +465,7 @@ TEST_CASE("gated deltanet chunked kernels v1, v2 and v3 at head dims 128: length
       }
     }
   // The 300-token sequence as two steps (130 + 170 tokens, the second continuing the first's state) gives the one-step result.
-  for (const auto kernel : {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3}) {
+  for (const auto kernel : kKernels) {
     const int kv = kernel_number(kernel);
     CAPTURE(kv);
     const int32_t s4 = starts[4];
@@ -478,18 +481,18 @@ TEST_CASE("gated deltanet chunked kernels v1, v2 and v3 at head dims 128: length
   }
 }
 
-TEST_CASE("gated deltanet: the kernel setting takes v1, v2 or v3, names a bad value, and v2's and v3's scratch follow their formulas") {
+TEST_CASE("gated deltanet: the kernel setting takes v1 or v2, refuses the withdrawn v3 and a bad value by name, and v2's and v3's scratch follow their formulas") {
   Settings s = Settings::defaults();
   CHECK(s.gpu_deltanet_kernel == "v2");
   CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v2);
   s.gpu_deltanet_kernel = "V1";
   s.validate();  // choices are read in lower case
   CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v1);
-  s.gpu_deltanet_kernel = "v3";
-  s.validate();
-  CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v3);
+  s.gpu_deltanet_kernel = "v3";  // withdrawn: wrong outputs on its first GPU run
+  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v2"), Error);
+  CHECK_THROWS_WITH_AS(GpuRuntimeOptions::from_settings(s), doctest::Contains("withdrawn"), Error);
   s.gpu_deltanet_kernel = "v4";
-  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v3"), Error);
+  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v2"), Error);
   CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);
   gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v2);
   CHECK(gpu::deltanet_kernel() == gpu::DeltaNetKernel::v2);

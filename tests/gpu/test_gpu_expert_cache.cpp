@@ -329,10 +329,11 @@ TEST_CASE("split decode and the GPU expert cache: the same greedy ids as the CPU
       CHECK(on->load_report().host_residence == residence);
       if (std::string(residence) == "copy") CHECK(on->load_report().residence_registered_bytes > 0);
       const Run r = greedy(*on, 20);
-      const Run tf = greedy(*on, 20, std::vector<int32_t>(base.ids.begin() + 1, base.ids.end()));  // teacher-forced on base's ids
+      const Run tf = greedy(*on, 20, base.ids);  // teacher-forced on base's ids (step s feeds base.ids[s], as base did)
       const GpuExpertCacheStats& st = on->gpu()->expert_cache()->stats();
       const double rel = rows_rel(tf.rows, base.rows);
-      MESSAGE(name << ", " << residence << ", split " << split << ", " << policy << ": rel. logit error " << rel << "; greedy ids " << (r.ids == base.ids ? "identical" : "DIFFER") << "; "
+      MESSAGE(name << ", " << std::string(residence) << ", split " << std::string(split) << ", " << std::string(policy) << ": rel. logit error " << rel << "; greedy ids "
+                   << std::string(r.ids == base.ids ? "identical" : "DIFFER") << "; "
                    << on->gpu()->expert_cache()->describe() << "; GPU pairs " << st.c.gpu_pairs << ", CPU pairs " << st.c.cpu_pairs << ", hits "
                    << st.c.hits << ", misses " << st.c.misses << ", bytes " << st.c.bytes);
       CHECK(r.ids == base.ids);
@@ -419,7 +420,7 @@ TEST_CASE("the GPU expert cache's hits, misses, admissions and bytes equal the s
       const RoutingTrace t = read_routing_trace(trace);
       // The simulator has no transient slots (misses copied for one step only, not cached): it gets the cache's own slots.
       const CacheSimResult r = simulate_expert_cache(t, static_cast<uint64_t>(st.slots) * expert, expert, parse_cache_policy("policy", policy));
-      MESSAGE(policy << ", " << slots << " slots (" << st.slots << " cached): GPU cache " << st.c.hits << " hits / " << st.c.misses << " misses / "
+      MESSAGE(std::string(policy) << ", " << slots << " slots (" << st.slots << " cached): GPU cache " << st.c.hits << " hits / " << st.c.misses << " misses / "
                      << st.c.admitted << " admitted / " << st.c.streamed << " streamed / " << st.c.bytes << " bytes; simulator " << r.hits << " / "
                      << r.loads - r.hits << " / " << r.admissions << " / " << r.copied_bytes);
       CHECK(st.slots == (std::string(policy) == "lru" ? slots : slots - std::min<int64_t>(4, slots / 2)));  // top-2: 2 x 2 transient at most
