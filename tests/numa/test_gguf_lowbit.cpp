@@ -78,6 +78,23 @@ std::vector<float> randn(size_t n, uint32_t seed) {
   return v;
 }
 
+// x (n tokens of w.cols) quantized into a for w, and per (token j, row r) the
+// sum over k of |w[r, k] a[j, k]|: the scale of a row product's rounding.
+std::vector<double> quantize_with_absdot(const cpu::Mat& w, const std::vector<float>& x, int64_t n, cpu::Q8Acts& a) {
+  const int64_t rows = w.rows, cols = w.cols;
+  a.reset(n, w);
+  for (int64_t j = 0; j < n; ++j) a.quantize(j, x.data() + j * cols);
+  std::vector<double> absdot(static_cast<size_t>(n * rows));
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::ext_row_to_f32(w, r, row.data());
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t k = 0; k < cols; ++k)
+        absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
+  }
+  return absdot;
+}
+
 std::vector<cpu::Isa> isas() {
   std::vector<cpu::Isa> v{cpu::Isa::scalar};
   if (cpu::best_isa() != cpu::Isa::scalar) v.push_back(cpu::Isa::avx2);
@@ -258,16 +275,7 @@ TEST_CASE("low-bit GGUF types: the AVX-512 int8 kernels v1, v2 (VBMI), v3 (grid 
       INFO("tokens " << n);
       const auto x = randn(static_cast<size_t>(n * cols), static_cast<uint32_t>(n * 31 + 5));
       cpu::Q8Acts a;
-      a.reset(n, w);
-      for (int64_t j = 0; j < n; ++j) a.quantize(j, x.data() + j * cols);
-      std::vector<double> absdot(static_cast<size_t>(n * rows));
-      std::vector<float> row(static_cast<size_t>(cols));
-      for (int64_t r = 0; r < rows; ++r) {
-        cpu::ext_row_to_f32(w, r, row.data());
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t k = 0; k < cols; ++k)
-            absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
-      }
+      const std::vector<double> absdot = quantize_with_absdot(w, x, n, a);
       std::vector<float> ref(absdot.size()), v1(absdot.size(), NAN), v2(absdot.size(), NAN), v3(absdot.size(), NAN), v4(absdot.size(), NAN);
       cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
       cpu::detail::lowbit_rows_q8_avx512(a, 0, n, w, 0, rows, v1.data(), rows);
@@ -326,16 +334,7 @@ TEST_CASE("low-bit GGUF types: IQ1_S and IQ1_M repacked into trits (v5) against 
       INFO("tokens " << n);
       const auto x = randn(static_cast<size_t>(n * cols), static_cast<uint32_t>(n * 17 + 3));
       cpu::Q8Acts a;
-      a.reset(n, w);
-      for (int64_t j = 0; j < n; ++j) a.quantize(j, x.data() + j * cols);
-      std::vector<double> absdot(static_cast<size_t>(n * rows));
-      std::vector<float> row(static_cast<size_t>(cols));
-      for (int64_t r = 0; r < rows; ++r) {
-        cpu::ext_row_to_f32(w, r, row.data());
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t k = 0; k < cols; ++k)
-            absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
-      }
+      const std::vector<double> absdot = quantize_with_absdot(w, x, n, a);
       std::vector<float> ref(absdot.size()), got(absdot.size(), NAN);
       cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
       // rows 0..4 and 4..13: a start past 0
@@ -438,16 +437,7 @@ TEST_CASE("low-bit GGUF types: the AVX2 kernels v2 (file's blocks: grid, codeboo
       INFO("tokens " << n);
       const auto x = randn(static_cast<size_t>(n * cols), static_cast<uint32_t>(n * 13 + 7));
       cpu::Q8Acts a;
-      a.reset(n, w);
-      for (int64_t j = 0; j < n; ++j) a.quantize(j, x.data() + j * cols);
-      std::vector<double> absdot(static_cast<size_t>(n * rows));
-      std::vector<float> row(static_cast<size_t>(cols));
-      for (int64_t r = 0; r < rows; ++r) {
-        cpu::ext_row_to_f32(w, r, row.data());
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t k = 0; k < cols; ++k)
-            absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
-      }
+      const std::vector<double> absdot = quantize_with_absdot(w, x, n, a);
       std::vector<float> ref(absdot.size()), v2(absdot.size(), NAN), v3(absdot.size(), NAN), v2n(absdot.size(), NAN);
       cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
       // rows 0..3 and 3..11: a start past 0 (v2: the grid IQ types but IQ1_S)
@@ -512,16 +502,7 @@ TEST_CASE("low-bit GGUF types: IQ1_M's AVX2 v3 (repacked) against the reference 
       auto x = randn(static_cast<size_t>(n * cols), static_cast<uint32_t>(n * 31 + rows));
       for (size_t i = 0; i < x.size(); i += 61) x[i] = (i / 61) % 2 ? 40.0f : -40.0f;
       cpu::Q8Acts a;
-      a.reset(n, w);
-      for (int64_t j = 0; j < n; ++j) a.quantize(j, x.data() + j * cols);
-      std::vector<double> absdot(static_cast<size_t>(n * rows));
-      std::vector<float> row(static_cast<size_t>(cols));
-      for (int64_t r = 0; r < rows; ++r) {
-        cpu::ext_row_to_f32(w, r, row.data());
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t k = 0; k < cols; ++k)
-            absdot[static_cast<size_t>(j * rows + r)] += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * a.value(j, k));
-      }
+      const std::vector<double> absdot = quantize_with_absdot(w, x, n, a);
       std::vector<float> ref(absdot.size()), v3(absdot.size(), NAN), tail(absdot.size(), NAN);
       cpu::gemm_rows_q8_reference(a, 0, n, w, 0, rows, ref.data(), rows);
       // rows [0, split) and [split, rows); tokens 1.. again from t0 = 1
