@@ -82,15 +82,26 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
     gpu.assumed = true;
     gpu_note = "no GPU found (" + gpu::describe() + "): planning for a 24 GiB card; pass --gpu-memory SIZE to describe yours";
   }
-  gpu.bandwidth = have_gbw ? static_cast<double>(parse_bytes("--gpu-bandwidth", gbw_s)) : 1.0e12;
-  const std::string gbw_note = have_gbw ? "--gpu-bandwidth" : "assumed 1000 GB/s (a 4090/3090-class card); pass --gpu-bandwidth";
+  // GPU memory and PCIe bandwidth: given, else measured on GPU 0 when there is one (as a run's automatic fit
+  // does at load), else assumed for a 4090/3090-class card.
+  const bool measure_gpu = gpu::device_count() > 0;
+  std::string gbw_note = "--gpu-bandwidth";
+  if (have_gbw) {
+    gpu.bandwidth = static_cast<double>(parse_bytes("--gpu-bandwidth", gbw_s));
+  } else if (measure_gpu) {
+    gpu.bandwidth = measure_device_copy_bandwidth();
+    gbw_note = "measured on GPU 0 (device-to-device copy)";
+  } else {
+    gpu.bandwidth = 1.0e12;
+    gbw_note = "assumed 1000 GB/s (a 4090/3090-class card); pass --gpu-bandwidth";
+  }
   const double cpu_bw = have_cbw ? static_cast<double>(parse_bytes("--cpu-bandwidth", cbw_s)) : measure_cpu_bandwidth();
 
   // Automatic fit: every resident-layer count with its KV, slots, expert cache and decode bound; `auto` takes the best.
   FitInputs fin;
   fin.gpu_bandwidth = gpu.bandwidth;
   fin.cpu_bandwidth = cpu_bw;
-  fin.pcie_bandwidth = have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : 25e9;
+  fin.pcie_bandwidth = have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : measure_gpu ? measure_pinned_h2d_bandwidth(64u << 20) : 25e9;
   if (have_ctx) {
     fin.context = parse_int("--context", ctx_s);
     if (fin.context < 1 || fin.context > (int64_t{1} << 24)) fail(ErrorKind::invalid_argument, "--context=" + ctx_s + ": must be in 1..16777216 tokens");
