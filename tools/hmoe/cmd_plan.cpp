@@ -89,8 +89,13 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
   if (have_gbw) {
     gpu.bandwidth = static_cast<double>(parse_bytes("--gpu-bandwidth", gbw_s));
   } else if (measure_gpu) {
-    gpu.bandwidth = measure_device_copy_bandwidth();
-    gbw_note = "measured on GPU 0 (device-to-device copy)";
+    try {
+      gpu.bandwidth = measure_device_copy_bandwidth();
+      gbw_note = "measured on GPU 0 (device-to-device copy)";
+    } catch (const Error& e) {  // e.g. no room for the probe's 512 MiB on a busy card
+      gpu.bandwidth = 1.0e12;
+      gbw_note = std::string("assumed 1000 GB/s: the probe on GPU 0 failed (") + e.what() + "); pass --gpu-bandwidth";
+    }
   } else {
     gpu.bandwidth = 1.0e12;
     gbw_note = "assumed 1000 GB/s (a 4090/3090-class card); pass --gpu-bandwidth";
@@ -101,7 +106,15 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
   FitInputs fin;
   fin.gpu_bandwidth = gpu.bandwidth;
   fin.cpu_bandwidth = cpu_bw;
-  fin.pcie_bandwidth = have_pbw ? static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s)) : measure_gpu ? measure_pinned_h2d_bandwidth(64u << 20) : 25e9;
+  fin.pcie_bandwidth = 25e9;  // PCIe 4.0 x16, unless given or measured
+  if (have_pbw) {
+    fin.pcie_bandwidth = static_cast<double>(parse_bytes("--pcie-bandwidth", pbw_s));
+  } else if (measure_gpu) {
+    try {
+      fin.pcie_bandwidth = measure_pinned_h2d_bandwidth(64u << 20);
+    } catch (const Error&) {
+    }
+  }
   if (have_ctx) {
     fin.context = parse_int("--context", ctx_s);
     if (fin.context < 1 || fin.context > (int64_t{1} << 24)) fail(ErrorKind::invalid_argument, "--context=" + ctx_s + ": must be in 1..16777216 tokens");
