@@ -277,6 +277,10 @@ void GgufFile::parse() {
     if (t.shape[0] % ti->block_elems != 0)
       bad(path_, "tensor '" + std::string(t.name) + "': row of " + std::to_string(t.shape[0]) + " elements is not a multiple of the " +
                      ti->name + " block (" + std::to_string(ti->block_elems) + ")");
+    // Checked separately: a shape that fits 64 bits can still need more than 2^64 bytes, and a
+    // wrapped size would pass the bounds check below while elements() stays huge.
+    if (n / ti->block_elems > UINT64_MAX / ti->block_bytes)
+      bad(path_, "tensor '" + std::string(t.name) + "' size in bytes overflows (" + std::to_string(n) + " " + ti->name + " elements)");
     t.bytes = n / ti->block_elems * ti->block_bytes;
     if (t.offset % alignment_ != 0) bad(path_, "tensor '" + std::string(t.name) + "' offset " + std::to_string(t.offset) + " is not aligned to " + std::to_string(alignment_));
     tensors_.push_back(std::move(t));

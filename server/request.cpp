@@ -71,7 +71,8 @@ int64_t get_int(const ojson& j, const char* key, int64_t def, int64_t lo, int64_
   if (v->is_number_float()) {
     const double d = v->get<double>();
     if (d != std::floor(d)) wrong_type(key, "an integer", *v);
-    if (d < static_cast<double>(lo) || d > static_cast<double>(hi))
+    // double(INT64_MAX) rounds up to 2^63, which no int64_t holds: compare against 2^63 itself.
+    if (d < static_cast<double>(lo) || d > static_cast<double>(hi) || d >= 0x1p63)
       bad(key, "'" + std::string(key) + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v->dump());
     return static_cast<int64_t>(d);
   }
@@ -209,9 +210,9 @@ void finish_lengths(const ojson& j, const ModelInfo& m, GenSpec& g) {
         "context_length_exceeded");
   const char* key = field(j, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   g.max_tokens = get_int(j, key, m.context - n, 1, std::numeric_limits<int64_t>::max());
-  if (n + g.max_tokens > m.context)
+  if (g.max_tokens > m.context - n)
     bad(key, "This model's maximum context length is " + std::to_string(m.context) + " tokens. However, you requested " +
-                 std::to_string(n + g.max_tokens) + " tokens (" + std::to_string(n) + " in the prompt, " + std::to_string(g.max_tokens) +
+                 std::to_string(static_cast<uint64_t>(n) + static_cast<uint64_t>(g.max_tokens)) + " tokens (" + std::to_string(n) + " in the prompt, " + std::to_string(g.max_tokens) +
                  " for the completion).",
         "context_length_exceeded");
 }

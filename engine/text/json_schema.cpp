@@ -1,6 +1,7 @@
 #include "engine/text/json_schema.h"
 
 #include <algorithm>
+#include <charconv>
 #include <functional>
 #include <map>
 #include <set>
@@ -105,9 +106,12 @@ class Compiler {
         if (k + 1 < tok.size() && tok[k + 1] == '1') tok.replace(k, 2, "/");
         else if (k + 1 < tok.size() && tok[k + 1] == '0') tok.replace(k, 2, "~");
       }
+      // An array index is parsed without std::stoul: 20+ digits would throw std::out_of_range.
+      size_t idx = 0;
+      const bool index = cur->is_array() && !tok.empty() && tok.find_first_not_of("0123456789") == std::string::npos &&
+                         std::from_chars(tok.data(), tok.data() + tok.size(), idx).ec == std::errc() && idx < cur->size();
       if (cur->is_object() && cur->contains(tok)) cur = &(*cur)[tok];
-      else if (cur->is_array() && !tok.empty() && tok.find_first_not_of("0123456789") == std::string::npos && std::stoul(tok) < cur->size())
-        cur = &(*cur)[std::stoul(tok)];
+      else if (index) cur = &(*cur)[idx];
       else throw SchemaError("$ref", at, "'$ref' '" + r + "' at " + at + " does not resolve");
       i = j;
     }

@@ -76,6 +76,15 @@ TEST_CASE("deeply nested templates fail to parse cleanly") {
   CHECK(t.render(simple_request()) == "X");
 }
 
+TEST_CASE("indices of more digits than 64 bits hold are template errors or keys, not std::out_of_range") {
+  // str.format: a positional index of 23 digits is an IndexError like any index past the arguments.
+  expect_render_error("{{ '{99999999999999999999999}'.format(1) }}");
+  expect_render_error("{{ '{18446744073709551616}'.format(1) }}");
+  // An attribute path part of 23 digits is looked up as a key (and is undefined), as a list index would be.
+  ChatTemplate t("{{ messages | map(attribute='99999999999999999999999') | list | length }}", "", "");
+  CHECK(t.render(simple_request()) == "1");
+}
+
 TEST_CASE("hostile requests") {
   ChatTemplate t("{% for m in messages %}{{ m.role }}:{{ m.content }}|{{ m.extra | tojson }}{% endfor %}", "", "");
   // Nesting far past the limit is refused, not recursed into.

@@ -153,6 +153,15 @@ TEST_CASE("hostile: numbers, UTF-8, surrogates, NUL bytes and duplicate keys") {
       {"1e400 seed", "/v1/completions", completion_with("seed", "1e400"), "seed"},
       {"integer beyond 64 bits", "/v1/completions", completion_with("seed", "123456789012345678901234567890"), "seed"},
       {"max_tokens 2^64", "/v1/completions", R"({"prompt":"hi","max_tokens":18446744073709551616})", "max_tokens"},
+      // Once accepted: 2^63 as a float cast to INT64_MIN, and prompt + INT64_MAX wrapped below the context.
+      {"max_tokens 2^63 as a float", "/v1/completions", R"({"prompt":"hi","max_tokens":9223372036854775808.0})", "max_tokens"},
+      {"max_tokens INT64_MAX", "/v1/completions", R"({"prompt":"hi","max_tokens":9223372036854775807})", "max_tokens"},
+      {"max_completion_tokens INT64_MAX", "/v1/chat/completions", R"({"messages":)" + kMsgs + R"(,"max_completion_tokens":9223372036854775807})", "max_completion_tokens"},
+      {"seed 2^63 as a float", "/v1/completions", completion_with("seed", "9223372036854775808.0"), "seed"},
+      // Once a 500 "internal error: stoul": a JSON pointer's array index of 23 digits.
+      {"$ref with a 23-digit array index", "/v1/chat/completions",
+       chat_with("response_format", R"({"type":"json_schema","json_schema":{"name":"x","schema":{"anyOf":[{"type":"string"}],"$ref":"#/anyOf/99999999999999999999999"}}})"),
+       "response_format"},
       {"1e999 logit_bias value", "/v1/chat/completions", chat_with("logit_bias", R"({"5":1e999})"), "logit_bias.5"},
       {"1e999 in a message", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi","n":1e999}]})", "messages[0].n"},
       {"invalid UTF-8", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\xff\xfe\"}]}", "messages[0].content"},

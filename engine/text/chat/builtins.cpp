@@ -3,6 +3,7 @@
 #include "engine/text/chat/builtins.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <ctime>
 
@@ -57,8 +58,11 @@ Value lookup_path(Interpreter& in, const Value& v, const std::string& path) {
   while (b <= path.size()) {
     size_t e = path.find('.', b);
     std::string part = path.substr(b, e == std::string::npos ? std::string::npos : e - b);
-    bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    cur = digits ? in.get_item(cur, Value::integer(std::stoll(part))) : in.get_item(cur, Value::string(part));
+    // Digits index a list; more digits than an int64_t holds (std::stoll would throw) stay a key.
+    int64_t index = 0;
+    bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit) &&
+                  std::from_chars(part.data(), part.data() + part.size(), index).ec == std::errc();
+    cur = digits ? in.get_item(cur, Value::integer(index)) : in.get_item(cur, Value::string(part));
     if (e == std::string::npos) break;
     b = e + 1;
   }

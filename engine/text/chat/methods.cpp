@@ -3,6 +3,7 @@
 // refuses them.
 #include <algorithm>
 #include <array>
+#include <charconv>
 
 #include "engine/text/chat/builtins.h"
 #include "engine/text/chat/strings.h"
@@ -75,8 +76,9 @@ std::string str_format(Interpreter& in, const std::string& fmt, CallArgs& args) 
       if (auto_idx >= args.args.size()) raise_error("IndexError", "Replacement index out of range");
       v = args.args[auto_idx++];
     } else if (std::all_of(field.begin(), field.end(), ::isdigit)) {
-      size_t i = std::stoul(field);
-      if (i >= args.args.size()) raise_error("IndexError", "Replacement index out of range");
+      // Not std::stoul: an index of 20+ digits would throw std::out_of_range out of the render.
+      size_t i = 0;
+      if (std::from_chars(field.data(), field.data() + field.size(), i).ec != std::errc() || i >= args.args.size()) raise_error("IndexError", "Replacement index out of range");
       v = args.args[i];
     } else {
       const Value* kv = args.kwarg(field);
