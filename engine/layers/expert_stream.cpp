@@ -109,6 +109,7 @@ ExpertStreamOptions expert_stream_options(const ModelConfig& c, const Settings& 
   o.window = parse_prefetch_window(s);
   o.quiet = quiet;
   o.quantized = s.gpu_quantized_experts;
+  o.max_tokens = s.max_num_batched_tokens;
   o.pin_in_place = host_residence_of(s) != HostResidence::off;
   const int64_t mb = parse_prefill_min_batch(s);
   if (mb >= 0) {
@@ -141,6 +142,7 @@ std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double 
   ExpertStreamOptions o;
   o.window = window;
   o.quantized = s.gpu_quantized_experts;
+  o.max_tokens = s.max_num_batched_tokens;
   const bool quant = o.quantized && c.gpu_expert_bytes_per_weight > 0 && c.gpu_expert_bytes_per_weight < 2.0;
   std::snprintf(buf, sizeof buf, "prefill streaming of non-resident experts: window %d (%s), %lld device slots of %s = %s on the GPU when on (%s)\n",
                 window, s.origin("gpu_prefetch_window").c_str(), static_cast<long long>(expert_stream_slots(o, streamed_layers)),
@@ -216,8 +218,19 @@ bool expert_stream_fits(const ModelConfig& c, const ExpertStreamOptions& o, int6
   return expert_stream_fits_in(c, o, layers, f, t, why);
 }
 
+uint64_t expert_stream_step_room(const ModelConfig& c, const ExpertStreamOptions& o, uint64_t total_b) {
+  const uint64_t H = static_cast<uint64_t>(std::max<int64_t>(c.hidden_size, 1)), I = static_cast<uint64_t>(std::max<int64_t>(c.moe_intermediate_size, 1));
+  const uint64_t K = static_cast<uint64_t>(std::max<int64_t>(c.num_experts_per_tok, 1)), E = static_cast<uint64_t>(std::max<int64_t>(c.num_experts, 1));
+  // Per routed pair (ExpertStream::begin / layer): pair list and inverse 4 + 4, gate/up fp32 8 I, the activation
+  // bf16 2 I (a hi + lo pair under split_act: 4 I), the expert outputs fp32 4 H.
+  const uint64_t per_pair = 8 + 8 * I + (o.split_act ? 4 : 2) * I + 4 * H;
+  const uint64_t pass = o.max_tokens > 0 ? static_cast<uint64_t>(o.max_tokens) * K * per_pair + (E + 1) * 4 : uint64_t{1} << 30;
+  const uint64_t dequant = o.dequant_chunks ? uint64_t{512} << 20 : 0;  // moe_experts_gemm_dequant's two 256 MiB chunks
+  return pass + dequant + (uint64_t{256} << 20) + total_b / 100;
+}
+
 bool expert_stream_fits_in(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, uint64_t free_b, uint64_t total_b, std::string* why) {
-  const uint64_t need = expert_stream_slot_bytes(c, o, layers), room = (uint64_t{1} << 30) + total_b / 20;
+  const uint64_t need = expert_stream_slot_bytes(c, o, layers), room = expert_stream_step_room(c, o, total_b);
   if (need + room <= free_b) return true;
   if (why)
     *why = "the expert slots need " + format_bytes(need) + " and the step " + format_bytes(room) + ", the GPU has " + format_bytes(free_b) +
@@ -246,29 +259,32 @@ bool expert_stream_chunkable(const ModelConfig& c, const std::vector<ExpertStrea
 std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
                                                  gpu::Stream& step, gpu::Blas& blas, numa::ThreadPool* pool) {
   if (o.min_batch <= 0 || layers.empty()) return nullptr;
+  const bool chunkable = expert_stream_chunkable(c, layers, o);
+  ExpertStreamOptions od = o;  // quantized layers outside the grouped GGUF product dequantize chunks of experts for cuBLAS
+  od.dequant_chunks = o.quantized && o.compute != ExpertStreamOptions::Compute::kernel && !chunkable;
   std::string why;
   const auto [free_b, total_b] = gpu::memory_info();
   const gpu::MemoryLedger& cap = gpu::memory_ledger();
   uint64_t f = std::min<uint64_t>(free_b, cap.room());
   const uint64_t t = cap.cap() ? std::min<uint64_t>(total_b, cap.cap()) : total_b;
   if (o.reserved_bytes > 0) f = std::min<uint64_t>(f, o.reserved_bytes);  // what the fit kept for the slots (the KV comes later)
-  if (!expert_stream_fits_in(c, o, static_cast<int64_t>(layers.size()), f, t, &why)) {
+  if (!expert_stream_fits_in(c, od, static_cast<int64_t>(layers.size()), f, t, &why)) {
     // Chunks of experts through the same ring, in the room left after the step's.
-    const uint64_t step_room = (uint64_t{1} << 30) + t / 20;
+    const uint64_t step_room = expert_stream_step_room(c, od, t);
     const numa::ExpertWeights& x = (*layers[0].experts)[0];
     const uint64_t eb = x.gate.bytes() + x.up.bytes() + x.down.bytes();
     const StreamChunkPlan plan =
-        plan_stream_chunks(c.num_experts, eb, o.window, static_cast<int64_t>(layers.size()), f > step_room ? f - step_room : 0, expert_stream_chunkable(c, layers, o));
+        plan_stream_chunks(c.num_experts, eb, o.window, static_cast<int64_t>(layers.size()), f > step_room ? f - step_room : 0, chunkable);
     if (!plan.fits() || plan.whole_layers()) {
       if (!o.quiet) std::fprintf(stderr, "hmoe: notice: %s; chunks of experts do not fit either (%s)\n", why.c_str(), plan.describe().c_str());
       return nullptr;
     }
-    ExpertStreamOptions oc = o;
+    ExpertStreamOptions oc = od;
     oc.chunk_experts = plan.experts_per_slot;
     if (!o.quiet) std::fprintf(stderr, "hmoe: streamed prefill in chunks of experts: %s\n", plan.describe().c_str());
     return std::make_unique<ExpertStream>(c, std::move(layers), oc, step, blas, pool);
   }
-  return std::make_unique<ExpertStream>(c, std::move(layers), o, step, blas, pool);
+  return std::make_unique<ExpertStream>(c, std::move(layers), od, step, blas, pool);
 }
 
 struct ExpertStream::Impl {

@@ -88,6 +88,13 @@ struct ExpertStreamOptions {
   // keep their activation as a bf16 hi + lo pair (ExpertHomeOptions::split_act;
   // set by the GPU runtime for Qwen3-Next under gpu_hybrid_precise).
   bool split_act = false;
+  // The most tokens one streamed pass takes (max_num_batched_tokens): sizes
+  // the pass's own buffers in expert_stream_step_room. 0: unknown.
+  int64_t max_tokens = 0;
+  // The layers' experts go through the cuBLAS path, dequantized to bf16 a
+  // chunk of experts at a time (quantized experts that are not GGUF blocks
+  // the grouped product takes): the room holds those chunks too.
+  bool dequant_chunks = false;
 };
 
 struct StreamLayerStats {
@@ -144,8 +151,16 @@ uint64_t expert_stream_slot_size(const ModelConfig& c, const ExpertStreamOptions
 int64_t expert_stream_slots(const ExpertStreamOptions& o, int64_t layers);
 // Device bytes of those slots.
 uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers);
+// GPU memory a streamed pass needs besides its slots, out of total_bytes:
+// the routing lists and the expert products' buffers for o.max_tokens
+// tokens (o.max_tokens 0: 1 GiB), 512 MiB of bf16 chunks under
+// o.dequant_chunks, and a margin of 256 MiB + 1% of the card for what
+// the plan's workspace estimate misses. Under a --gpu-memory cap the
+// allocator's own headroom is already outside the budget
+// (gpu-memory-utilization).
+uint64_t expert_stream_step_room(const ModelConfig& c, const ExpertStreamOptions& o, uint64_t total_bytes);
 // Whether those slots fit the current device's free memory with room left
-// for the step's activations (1 GiB + 5% of the device); else *why says
+// for the step (expert_stream_step_room); else *why says
 // what is missing and what to change. The stacks leave streaming off (CPU
 // experts for every pass) rather than fail to load.
 bool expert_stream_fits(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, std::string* why);

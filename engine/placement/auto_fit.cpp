@@ -78,6 +78,11 @@ FitChoice auto_fit(const ModelConfig& c, const Settings& s, const GpuTarget& gpu
   ExpertStreamOptions so;
   so.window = std::max(in.window, 1);
   so.quantized = s.gpu_quantized_experts;
+  so.max_tokens = s.max_num_batched_tokens;
+  // Quantized experts other than GGUF blocks take the cuBLAS path's bf16 chunks (make_expert_stream decides on the layers).
+  so.dequant_chunks = so.quantized && c.gpu_expert_bytes_per_weight > 0 && c.gpu_expert_bytes_per_weight < 2 && c.expert_bytes_per_weight <= 0;
+  so.split_act = !c.hybrid.full_attention.empty() && s.gpu_hybrid_precise && s.gpu_hybrid_precise_act;  // Qwen3-Next's hi + lo activation
+  const uint64_t step_room = expert_stream_step_room(c, so, card);  // the runtime's room (make_expert_stream)
   // Distinct experts a decode step of B tokens reads per layer.
   const double u = static_cast<double>(E) * (1.0 - std::pow(1.0 - static_cast<double>(K) / static_cast<double>(E), static_cast<double>(B)));
   const double kv_read = static_cast<double>(B) * static_cast<double>(T) * static_cast<double>(p0.kv_bytes_per_token);
@@ -102,7 +107,6 @@ FitChoice auto_fit(const ModelConfig& c, const Settings& s, const GpuTarget& gpu
     const uint64_t used = p.gpu_fixed_bytes + p.gpu_workspace_bytes + p.gpu_expert_bytes + kv_bytes;
     uint64_t left = p.gpu_budget > used ? p.gpu_budget - used : 0;
     if (in.stream_slots && r < M) {
-      const uint64_t step_room = (uint64_t{1} << 30) + card / 20;  // the runtime's room (expert_stream_fits_in)
       const uint64_t need = expert_stream_slot_bytes(c, so, M - r) + step_room;
       if (need <= left) {
         o.stream_slots = expert_stream_slots(so, M - r);
