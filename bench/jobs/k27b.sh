@@ -113,11 +113,21 @@ best_static() {  # the static-sweep run with the highest batch-1 decode tok/s
 
 # K27B_PART: 1 = the static sweep, auto, auto + cache on the Zipf trace, the best static placement on the same trace
 # (K27B_BEST=R names it instead of the sweep's logs in $O); 2 = auto + cache on the model's own routing, deferral,
-# prefill, LRU, the batch-8 plans;
+# prefill, LRU, the batch-8 plans; 3 = auto against the best static placement (K27B_BEST, default 28) in one call,
+# auto's 4096-token prefill in its own (2048-token) passes, and the 8k CPU-expert prefill with time to finish;
 # unset = both (about 700 s: more than one call's 600 s).
 PART=${K27B_PART:-all}
 DEC=(-p 0 -n 32 --batch 1,8)
-if [[ $PART != 2 ]]; then
+if [[ $PART == 3 ]]; then
+say "auto against static"
+plan nocache_b1 --batch 1 --gpu-expert-cache 0
+R=${K27B_BEST:-28}
+run "static_r$R" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((R - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0
+run auto 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache 0
+run auto_prefill4k 60 -p 4096 -n 0 --gpu-resident-moe-layers auto --gpu-expert-cache 0
+run prefill8k_cpu_experts 150 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
+fi
+if [[ $PART != 2 && $PART != 3 ]]; then
 say "decode"
 for r in ${K27B_STATIC:-12 20 28}; do run "static_r$r" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((r - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0; done
 run auto 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache 0
@@ -125,7 +135,7 @@ run auto_cache_zipf 55 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-repl
 R=${K27B_BEST:-$(best_static)}
 [[ -n $R ]] && run "static_r${R}_zipf" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((R - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0 --routing-replay "$ZIPF"
 fi
-if [[ $PART != 1 ]]; then
+if [[ $PART != 1 && $PART != 3 ]]; then
 run auto_cache 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache auto
 run auto_cache_zipf_defer1 55 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --defer-experts 1 --gpu-expert-cache auto
 
