@@ -224,9 +224,14 @@ uint64_t expert_stream_step_room(const ModelConfig& c, const ExpertStreamOptions
   // Per routed pair (ExpertStream::begin / layer): pair list and inverse 4 + 4, gate/up fp32 8 I, the activation
   // bf16 2 I (a hi + lo pair under split_act: 4 I), the expert outputs fp32 4 H.
   const uint64_t per_pair = 8 + 8 * I + (o.split_act ? 4 : 2) * I + 4 * H;
-  const uint64_t pass = o.max_tokens > 0 ? static_cast<uint64_t>(o.max_tokens) * K * per_pair + (E + 1) * 4 : uint64_t{1} << 30;
-  const uint64_t dequant = o.dequant_chunks ? uint64_t{512} << 20 : 0;  // moe_experts_gemm_dequant's two 256 MiB chunks
-  return pass + dequant + (uint64_t{256} << 20) + total_b / 100;
+  const uint64_t tokens = static_cast<uint64_t>(std::max<int64_t>(o.max_tokens, 0));
+  const uint64_t lists = (E + 1) * 4 + tokens * K * 4;  // route offsets, pair list (the stream's own)
+  uint64_t pass = 0;
+  if (!o.shared_scratch) {
+    pass = tokens > 0 ? tokens * K * per_pair : uint64_t{1} << 30;
+    if (o.dequant_chunks) pass += uint64_t{512} << 20;  // moe_experts_gemm_dequant's two 256 MiB chunks
+  }
+  return lists + pass + (uint64_t{128} << 20) + total_b / 200;
 }
 
 bool expert_stream_fits_in(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers, uint64_t free_b, uint64_t total_b, std::string* why) {
@@ -257,11 +262,12 @@ bool expert_stream_chunkable(const ModelConfig& c, const std::vector<ExpertStrea
 }  // namespace
 
 std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
-                                                 gpu::Stream& step, gpu::Blas& blas, numa::ThreadPool* pool) {
+                                                 gpu::Stream& step, gpu::Blas& blas, numa::ThreadPool* pool, ExpertScratch* shared) {
   if (o.min_batch <= 0 || layers.empty()) return nullptr;
   const bool chunkable = expert_stream_chunkable(c, layers, o);
   ExpertStreamOptions od = o;  // quantized layers outside the grouped GGUF product dequantize chunks of experts for cuBLAS
   od.dequant_chunks = o.quantized && o.compute != ExpertStreamOptions::Compute::kernel && !chunkable;
+  od.shared_scratch = shared != nullptr;
   std::string why;
   const auto [free_b, total_b] = gpu::memory_info();
   const gpu::MemoryLedger& cap = gpu::memory_ledger();
@@ -282,9 +288,9 @@ std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vect
     ExpertStreamOptions oc = od;
     oc.chunk_experts = plan.experts_per_slot;
     if (!o.quiet) std::fprintf(stderr, "hmoe: streamed prefill in chunks of experts: %s\n", plan.describe().c_str());
-    return std::make_unique<ExpertStream>(c, std::move(layers), oc, step, blas, pool);
+    return std::make_unique<ExpertStream>(c, std::move(layers), oc, step, blas, pool, shared);
   }
-  return std::make_unique<ExpertStream>(c, std::move(layers), od, step, blas, pool);
+  return std::make_unique<ExpertStream>(c, std::move(layers), od, step, blas, pool, shared);
 }
 
 struct ExpertStream::Impl {
@@ -302,8 +308,10 @@ struct ExpertStream::Impl {
   std::vector<char> copied;
   std::vector<uint64_t> pass_bytes;
   gpu::DeviceBuffer route_off, pair_list;
-  MoeGemmScratch gemm;  // per-expert cuBLAS passes; its act and ys also serve the grouped kernels
-  gpu::DeviceBuffer deq_gu, deq_dn;  // quantized experts dequantized for cuBLAS, a chunk of experts at a time
+  // The passes' buffers: gemm (per-expert cuBLAS passes; its act and ys also serve the grouped kernels) and deq_gu /
+  // deq_dn (quantized experts dequantized for cuBLAS, a chunk of experts at a time); the stack's (shared) or own.
+  ExpertScratch own;
+  ExpertScratch& sc;
   gpu::PinnedBuffer offs_h;
   int64_t n = 0, next = 0;
   bool fill_all = true, use_gemm = false, in_pass = false;
@@ -314,8 +322,9 @@ struct ExpertStream::Impl {
   std::vector<std::vector<StreamCopy>> chunk_ops;   // per unit: its experts' copies into a chunk slot
   ExpertStreamStats stats;
 
-  Impl(const ModelConfig& cfg, const ExpertStreamOptions& o, gpu::Stream& st, gpu::Blas& b)
-      : c(cfg), opt(o), step(st), blas(b), H(cfg.hidden_size), I(cfg.moe_intermediate_size), E(cfg.num_experts), K(cfg.num_experts_per_tok) {}
+  Impl(const ModelConfig& cfg, const ExpertStreamOptions& o, gpu::Stream& st, gpu::Blas& b, ExpertScratch* shared)
+      : c(cfg), opt(o), step(st), blas(b), H(cfg.hidden_size), I(cfg.moe_intermediate_size), E(cfg.num_experts), K(cfg.num_experts_per_tok),
+        sc(shared ? *shared : own) {}
 
   void* slot(int64_t j) { return slots[static_cast<size_t>(j % S)].data(); }
   gpu::bf16_t* slot_gu(int64_t j) { return slots[static_cast<size_t>(j % S)].as<gpu::bf16_t>(); }
@@ -341,8 +350,8 @@ struct ExpertStream::Impl {
 };
 
 ExpertStream::ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas,
-                           numa::ThreadPool* pool)
-    : impl_(std::make_unique<Impl>(c, opt, step, blas)) {
+                           numa::ThreadPool* pool, ExpertScratch* shared)
+    : impl_(std::make_unique<Impl>(c, opt, step, blas, shared)) {
   Impl& m = *impl_;
   if (opt.window < 1 || opt.window > 8) fail(ErrorKind::invalid_argument, "expert stream: window " + std::to_string(opt.window) + " (1 to 8)");
   if (m.E <= 0 || layers.empty()) fail(ErrorKind::internal, "expert stream: no streamed MoE layers");
@@ -458,8 +467,10 @@ void ExpertStream::reset_stats() {
 uint64_t ExpertStream::device_bytes() const {
   const Impl& m = *impl_;
   uint64_t b = static_cast<uint64_t>(m.S) * m.slot_size;
-  for (const gpu::DeviceBuffer* d : {&m.route_off, &m.pair_list, &m.gemm.xs, &m.gemm.gu, &m.gemm.act, &m.gemm.ys, &m.gemm.inv, &m.deq_gu, &m.deq_dn})
-    b += d->bytes();
+  for (const gpu::DeviceBuffer* d : {&m.route_off, &m.pair_list}) b += d->bytes();
+  if (&m.sc == &m.own)  // a shared scratch is the stack's (its workspace)
+    for (const gpu::DeviceBuffer* d : {&m.own.gemm.xs, &m.own.gemm.gu, &m.own.gemm.act, &m.own.gemm.ys, &m.own.gemm.inv, &m.own.deq_gu, &m.own.deq_dn})
+      b += d->bytes();
   return b;
 }
 
@@ -475,8 +486,8 @@ void ExpertStream::begin(int64_t tokens) {
   auto fit = [](gpu::DeviceBuffer& b, int64_t bytes) { b.reserve(static_cast<size_t>(std::max<int64_t>(bytes, 16))); };
   fit(m.route_off, (E + 1) * 4);
   fit(m.pair_list, P * 4);
-  fit(m.gemm.act, P * m.I * 2 * (o.split_act ? 2 : 1));
-  fit(m.gemm.ys, P * m.H * 4);
+  fit(m.sc.gemm.act, P * m.I * 2 * (o.split_act ? 2 : 1));
+  fit(m.sc.gemm.ys, P * m.H * 4);
   if (m.nch > 1) m.fill_all = true;  // chunks: every expert of the chunk
   m.copied.assign(static_cast<size_t>(m.units()), 0);
   m.pass_bytes.assign(static_cast<size_t>(m.units()), 0);
@@ -498,7 +509,7 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
   gpu::moe_route(ids, P, E, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), s);
   if (m.nch > 1) {  // chunks of experts through the ring: units j * nch + c
     const StreamLayerLayout& L = m.lay.layers[ju];
-    MoeGemmScratch& g = m.gemm;
+    MoeGemmScratch& g = m.sc.gemm;
     g.gu.reserve(static_cast<size_t>(P * 2 * I) * 4);
     g.act.reserve(static_cast<size_t>(P * I) * 2);
     g.ys.reserve(static_cast<size_t>(P * H) * 4);
@@ -549,7 +560,7 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
   m.k0[ju].record(s);
   if (L.native) {
     const gpu::GgufWeight ngu = L.at(L.ngu, m.slot(j)), ndn = L.at(L.ndn, m.slot(j));
-    MoeGemmScratch& g = m.gemm;
+    MoeGemmScratch& g = m.sc.gemm;
     if (grouped) {
       g.gu.reserve(static_cast<size_t>(P * 2 * I) * 4);
       g.act.reserve(static_cast<size_t>(P * I) * 2);
@@ -563,7 +574,7 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
     } else if (m.use_gemm) {
       moe_experts_gemm_dequant(m.blas, x, n, H, I, E, K, offs, m.pair_list.as<int32_t>(), weights,
                                [&](bool down, int64_t r0, int64_t rows, uint16_t* dst) { gpu::gguf_dequant(down ? ndn : ngu, r0, rows, dst, s); },
-                               m.deq_gu, m.deq_dn, m.gemm, out, s);
+                               m.sc.deq_gu, m.sc.deq_dn, m.sc.gemm, out, s);
     } else {
       g.gu.reserve(static_cast<size_t>(P * 2 * I) * 4);
       gpu::gguf_moe_experts(x, n, K, ids, weights, ngu, ndn, I, g.gu.as<float>(), out, s);
@@ -577,10 +588,10 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
     if (m.use_gemm)
       moe_experts_gemm_dequant(m.blas, x, n, H, I, E, K, offs, m.pair_list.as<int32_t>(), weights,
                                [&](bool down, int64_t r0, int64_t rows, uint16_t* dst) { gpu::quant_dequant(down ? qdn : qgu, r0, rows, dst, s); },
-                               m.deq_gu, m.deq_dn, m.gemm, out, s);
+                               m.sc.deq_gu, m.sc.deq_dn, m.sc.gemm, out, s);
     else
-      gpu::quant_moe_experts(x, n, H, I, E, K, weights, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), qgu, qdn, m.gemm.act.as<gpu::bf16_t>(),
-                             m.gemm.ys.as<float>(), out, s);
+      gpu::quant_moe_experts(x, n, H, I, E, K, weights, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), qgu, qdn, m.sc.gemm.act.as<gpu::bf16_t>(),
+                             m.sc.gemm.ys.as<float>(), out, s);
     m.k1[ju].record(s);
     if (!o.serial && !o.skip_copies && m.fill_all && j + m.S < N) m.enqueue_copy(j + m.S, m.lay.layers[static_cast<size_t>(j + m.S)].all, &m.k1[ju]);
     return;
@@ -588,10 +599,10 @@ void ExpertStream::layer(int64_t layer, const gpu::bf16_t* x, int64_t n, const i
   gpu::bf16_t *wgu = m.slot_gu(j), *wdn = m.slot_dn(j);
   if (m.use_gemm) {
     moe_experts_gemm(m.blas, x, n, H, I, E, K, offs, m.pair_list.as<int32_t>(), weights,
-                     [&](int64_t e, bool down) -> const gpu::bf16_t* { return down ? wdn + e * H * I : wgu + e * 2 * I * H; }, m.gemm, out, s);
+                     [&](int64_t e, bool down) -> const gpu::bf16_t* { return down ? wdn + e * H * I : wgu + e * 2 * I * H; }, m.sc.gemm, out, s);
   } else {
-    gpu::bf16_t* act = m.gemm.act.as<gpu::bf16_t>();
-    gpu::moe_experts(x, n, H, I, E, K, ids, weights, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), wgu, wdn, act, m.gemm.ys.as<float>(), out, s,
+    gpu::bf16_t* act = m.sc.gemm.act.as<gpu::bf16_t>();
+    gpu::moe_experts(x, n, H, I, E, K, ids, weights, m.route_off.as<int32_t>(), m.pair_list.as<int32_t>(), wgu, wdn, act, m.sc.gemm.ys.as<float>(), out, s,
                      o.split_act ? act + n * K * I : nullptr);
   }
   m.k1[ju].record(s);

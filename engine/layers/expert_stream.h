@@ -62,6 +62,8 @@
 
 namespace hmoe {
 
+struct ExpertScratch;  // engine/layers/gpu_experts.h
+
 struct ExpertStreamOptions {
   int64_t min_batch = 0;  // passes with at least this many tokens stream; 0: never
   int window = 1;         // layers in flight ahead of the computing one (slots = window + 1)
@@ -95,6 +97,13 @@ struct ExpertStreamOptions {
   // chunk of experts at a time (quantized experts that are not GGUF blocks
   // the grouped product takes): the room holds those chunks too.
   bool dequant_chunks = false;
+  // The passes' buffers (routed products, bf16 chunks) are the GPU stack's
+  // big-pass scratch (ExpertScratch, engine/layers/gpu_experts.h: its
+  // resident layers' passes over 64 tokens, on the same stream, never inside
+  // a captured decode graph), which the plan's workspace already counts:
+  // expert_stream_step_room leaves them out. make_expert_stream's `shared`
+  // argument is that scratch.
+  bool shared_scratch = false;
 };
 
 struct StreamLayerStats {
@@ -152,11 +161,11 @@ int64_t expert_stream_slots(const ExpertStreamOptions& o, int64_t layers);
 // Device bytes of those slots.
 uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers);
 // GPU memory a streamed pass needs besides its slots, out of total_bytes:
-// the routing lists and the expert products' buffers for o.max_tokens
-// tokens (o.max_tokens 0: 1 GiB), 512 MiB of bf16 chunks under
-// o.dequant_chunks, and a margin of 256 MiB + 1% of the card for what
-// the plan's workspace estimate misses. Under a --gpu-memory cap the
-// allocator's own headroom is already outside the budget
+// the routing lists, and unless o.shared_scratch the expert products'
+// buffers for o.max_tokens tokens (o.max_tokens 0: 1 GiB) and 512 MiB of
+// bf16 chunks under o.dequant_chunks; and a margin of 128 MiB + 0.5% of
+// the card for what the plan's workspace estimate misses. The allocator's
+// and libraries' own headroom is outside the budget already
 // (gpu-memory-utilization).
 uint64_t expert_stream_step_room(const ModelConfig& c, const ExpertStreamOptions& o, uint64_t total_bytes);
 // Whether those slots fit the current device's free memory with room left
@@ -177,8 +186,9 @@ class ExpertStream {
     bool registered = false;                                                // StreamLayerSource::registered
   };
   // pool (null: the calling thread) builds the pinned images at construction.
+  // shared: as make_expert_stream's.
   ExpertStream(const ModelConfig& c, std::vector<Layer> layers, const ExpertStreamOptions& opt, gpu::Stream& step, gpu::Blas& blas,
-               numa::ThreadPool* pool = nullptr);
+               numa::ThreadPool* pool = nullptr, ExpertScratch* shared = nullptr);
   ~ExpertStream();
   ExpertStream(const ExpertStream&) = delete;
   ExpertStream& operator=(const ExpertStream&) = delete;
@@ -212,7 +222,9 @@ class ExpertStream {
 // hold chunks of experts instead (plan_stream_chunks over the room the GPU
 // or the --gpu-memory cap leaves after the step's room; GGUF layers the
 // grouped product takes); when not even that fits, a notice on stderr unless o.quiet.
+// shared: the stack's big-pass scratch the passes use when o.shared_scratch
+// (it must outlive the stream); null: the stream's own.
 std::unique_ptr<ExpertStream> make_expert_stream(const ModelConfig& c, std::vector<ExpertStream::Layer> layers, const ExpertStreamOptions& o,
-                                                 gpu::Stream& step, gpu::Blas& blas, numa::ThreadPool* pool = nullptr);
+                                                 gpu::Stream& step, gpu::Blas& blas, numa::ThreadPool* pool = nullptr, ExpertScratch* shared = nullptr);
 
 }  // namespace hmoe

@@ -82,6 +82,7 @@ FitChoice auto_fit(const ModelConfig& c, const Settings& s, const GpuTarget& gpu
   // Quantized experts other than GGUF blocks take the cuBLAS path's bf16 chunks (make_expert_stream decides on the layers).
   so.dequant_chunks = so.quantized && c.gpu_expert_bytes_per_weight > 0 && c.gpu_expert_bytes_per_weight < 2 && c.expert_bytes_per_weight <= 0;
   so.split_act = !c.hybrid.full_attention.empty() && s.gpu_hybrid_precise && s.gpu_hybrid_precise_act;  // Qwen3-Next's hi + lo activation
+  so.shared_scratch = true;  // the GPU runtime's streams share its big-pass scratch (GpuRuntime::enable_expert_streaming)
   const uint64_t step_room = expert_stream_step_room(c, so, card);  // the runtime's room (make_expert_stream)
   // Distinct experts a decode step of B tokens reads per layer.
   const double u = static_cast<double>(E) * (1.0 - std::pow(1.0 - static_cast<double>(K) / static_cast<double>(E), static_cast<double>(B)));
@@ -113,7 +114,9 @@ FitChoice auto_fit(const ModelConfig& c, const Settings& s, const GpuTarget& gpu
         o.slot_bytes = need;
         left -= need;
       } else if (left > step_room) {  // chunks of experts in a quarter of what is left; the expert cache keeps the rest
-        const StreamChunkPlan cp = plan_stream_chunks(c.num_experts, f.expert_gpu_bytes, so.window, M - r, (left - step_room) / 4, so.quantized);
+        // (with the cache off, all of it)
+        const uint64_t room = cache_setting == 0 ? left - step_room : (left - step_room) / 4;
+        const StreamChunkPlan cp = plan_stream_chunks(c.num_experts, f.expert_gpu_bytes, so.window, M - r, room, so.quantized);
         if (cp.fits() && !cp.whole_layers()) {
           o.stream_slots = cp.slots;
           o.stream_chunk = cp.experts_per_slot;

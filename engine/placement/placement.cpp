@@ -253,7 +253,9 @@ Plan make_plan(const ModelConfig& c, const Settings& s, const GpuTarget& gpu) {
 
   const int64_t tokens = std::max<int64_t>(s.max_num_batched_tokens, 1);
   const int64_t ctx = s.max_model_len > 0 ? s.max_model_len : c.max_position_embeddings;
-  p.gpu_workspace_bytes = (256ull << 20) + static_cast<uint64_t>(tokens) * (4 * (nh + 2 * kvh) * hd + 2 * nh * hd + 24 * H + K * (4 * H + 2 * I) +
+  // Per token: attention and norms' activations; per routed pair (K a token) the big passes' buffers (ExpertScratch:
+  // gate/up fp32 8 I, activation 2 I, outputs 4 H, lists 8), which the expert stream shares; the dense MLP; the router.
+  p.gpu_workspace_bytes = (256ull << 20) + static_cast<uint64_t>(tokens) * (4 * (nh + 2 * kvh) * hd + 2 * nh * hd + 24 * H + K * (8 + 4 * H + 10 * I) +
                                                                           12 * static_cast<uint64_t>(c.intermediate_size) + 8 * E) +
                           static_cast<uint64_t>(std::max<int64_t>(s.max_num_seqs, 1)) * V * 4;
   if (mla) {  // latent-path activations; the expanded path's K/V of one step (up to 1 GiB under expanded_prefill)

@@ -311,7 +311,8 @@ void GpuRuntime::enable_expert_streaming(const ExpertStreamOptions& o) {
   gpu::MemoryUse use("the expert streaming slots");
   ExpertStreamOptions so = o;
   so.split_act = m.split_act;
-  m.xstream = make_expert_stream(m.c, std::move(layers), so, m.stream, m.blas, &m.pools->pool(0));
+  // The passes run on m.stream between the resident layers' big passes: they share that scratch (the plan counts it).
+  m.xstream = make_expert_stream(m.c, std::move(layers), so, m.stream, m.blas, &m.pools->pool(0), &m.expert_scratch);
 }
 
 void GpuRuntime::forward(const Batch& b, KvCache& kv, std::vector<float>& logits) {
