@@ -77,7 +77,7 @@ run() {
   local name=$1 secs=$2; shift 2
   if (($(left) < secs)); then echo "| $name | skipped: $(left) s left of the job's limit | | | | |" >>"$ROWS"; say "$name skipped"; return; fi
   say "$name: $*"
-  timeout "$secs" $B hmoe bench "$F" "${CAP[@]}" -r 1 "$@" >"$O/$name.md" 2>"$O/$name.err"
+  timeout "$secs" $B hmoe bench "$F" "${CAP[@]}" -r "$REPS" "$@" >"$O/$name.md" 2>"$O/$name.err"
   local rc=$?
   echo "$name rc $rc"; grep -E "^\| (tg|pp)" "$O/$name.md"; grep -E "automatic|resident|split decode|streamed experts" "$O/$name.err" | head -4
   ((rc == 0)) || { echo "| $name | rc $rc: $(grep -m1 -iE 'error|does not fit' "$O/$name.err" | cut -c1-160) | | | | |" >>"$ROWS"; return; }
@@ -114,9 +114,11 @@ best_static() {  # the static-sweep run with the highest batch-1 decode tok/s
 # K27B_PART: 1 = the static sweep, auto, auto + cache on the Zipf trace, the best static placement on the same trace
 # (K27B_BEST=R names it instead of the sweep's logs in $O); 2 = auto + cache on the model's own routing, deferral,
 # prefill, LRU, the batch-8 plans; 3 = auto against the best static placement (K27B_BEST, default 28) in one call,
-# auto's 4096-token prefill in its own (2048-token) passes, and the 8k CPU-expert prefill with time to finish;
+# auto's 4096-token prefill in its own (2048-token) passes, the 8k streamed prefill (and, K27B_CPU8K=1, the 8k
+# CPU-expert prefill with time to finish);
 # unset = both (about 700 s: more than one call's 600 s).
 PART=${K27B_PART:-all}
+REPS=${K27B_REPS:-1}  # hmoe bench -r (decode runs of part 3 take it; the rest keep 1)
 DEC=(-p 0 -n 32 --batch 1,8)
 if [[ $PART == 3 ]]; then
 say "auto against static"
@@ -125,7 +127,9 @@ R=${K27B_BEST:-28}
 run "static_r$R" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((R - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0
 run auto 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache 0
 run auto_prefill4k 60 -p 4096 -n 0 --gpu-resident-moe-layers auto --gpu-expert-cache 0
-run prefill8k_cpu_experts 150 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
+REPS=1
+run prefill8k_streamed 50 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
+[[ ${K27B_CPU8K:-0} == 1 ]] && run prefill8k_cpu_experts 150 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
 fi
 if [[ $PART != 2 && $PART != 3 ]]; then
 say "decode"
