@@ -256,6 +256,7 @@ __global__ void __launch_bounds__(kV3Threads, 2) v3_out_kernel(const float* conv
     else *reinterpret_cast<float4*>(us + i * kLdO + c) = zero4;
   }
   for (int p = tid; p < C / 4; p += blockDim.x) cp_async16(Fs + 4 * p, Fg + 4 * p);
+  cp_async_commit();  // wait_group waits on committed groups only: without it the copies above were never waited for
   cp_async_wait<0>();
   __syncthreads();
   for (int p = tid; p < C * q4; p += blockDim.x) {
