@@ -13,9 +13,10 @@
 // CPU, the scratch records and the blocked inverse included, against the
 // token-by-token recurrence.)
 //
-// Phase 1, one block per (chunk slot, value head), all chunks at once:
-// G (a warp scan), k k^T and q k^T (3xTF32 tensor cores, the tiles on and
-// below the diagonal), A, then (I + A)^-1 blocked in 16 x 16 blocks: the
+// Phase 1, one block per (chunk slot, key head), all chunks at once: k k^T
+// and q k^T (3xTF32 tensor cores, the tiles on and below the diagonal),
+// then per value head of the key head: G (a warp scan), A, (I + A)^-1
+// blocked in 16 x 16 blocks: the
 // diagonal blocks by forward substitution (a column per thread, in
 // registers), the blocks below by T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj,
 // one block diagonal at a time. Writes Tb, QKm and the factors exp(G_i),
@@ -54,12 +55,14 @@ constexpr int kV4Ld = kV4Cols + 8;  // row stride of the state / V / R / u / O t
 // Floats of one (chunk slot, value head) record: Tb [C][C], QKm [C][C], exp(G) [C], exp(G_last - G) [C], exp(G_last), padding.
 __host__ __device__ constexpr int64_t v4_rec_floats(int64_t C) { return 2 * C * C + 2 * C + 8; }
 
-int64_t v4_prep_smem(int64_t C, int64_t dk) { return (2 * C * (dk + 4) + 2 * C * (C + 4) + (C > dk ? C * (C + 4) : 0) + 2 * C) * 4; }
+int64_t v4_prep_smem(int64_t C, int64_t dk) { return (2 * C * (C + 4) + 2 * C + std::max(2 * C * (dk + 4), 3 * C * (C + 4))) * 4; }
 int64_t v4_walk_smem(int64_t C, int64_t dk) {
   return (dk * kV4Ld + 2 * C * (dk + 4) + C * kV4Ld + 2 * C * (C + 4) + 2 * C + 8 + 4 * C * kV4Ld) * 4;
 }
 
-// Phase 1: grid (slots, value heads).
+// Phase 1: grid (slots, key heads). k k^T and q k^T depend on the key head
+// only: computed once, then each of its value heads' record (its own decays
+// and betas) from them.
 template <int C>
 __global__ void __launch_bounds__(kV4Threads, 2) v4_prep_kernel(const float* conv_out, const float* gate, const float* beta, DeltaNetGroups gr,
                                                                  int64_t g0, int64_t gn, V2Dims d, int64_t max_rec, float* scratch) {
@@ -68,23 +71,22 @@ __global__ void __launch_bounds__(kV4Threads, 2) v4_prep_kernel(const float* con
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nwarps = blockDim.x >> 5;
   ChunkSpan span;
   if (!block_chunk<C>(gr, g0, gn, max_rec, span)) return;
-  const int hv = blockIdx.y, hk = hv / (d.nv / d.nk);
+  const int hk = blockIdx.y, r = d.nv / d.nk;
   const int64_t t0 = span.t0;
   const int L = span.L;
   const int64_t K = static_cast<int64_t>(d.nk) * d.dk;
   const int ldk = d.dk + 4;
   extern __shared__ __align__(128) float v4_sm[];
-  float* ks = v4_sm;          // [C][ldk]
-  float* qs = ks + C * ldk;   // [C][ldk]; then T when C <= dk
-  float* KK = qs + C * ldk;   // [C][ldc] k k^T, then A
-  float* QK = KK + C * ldc;   // [C][ldc] q k^T, then the inverse's partial sums X
-  float* T = C <= d.dk ? qs : QK + C * ldc;  // [C][ldc] (I + A)^-1
-  float* Gs = (C <= d.dk ? QK + C * ldc : T + C * ldc);  // [C]
-  float* Bs = Gs + C;                                     // [C]
-  if (tid < C) {
-    Gs[tid] = tid < L ? gate[(t0 + tid) * d.nv + hv] : 0.0f;  // padded rows: no decay, so G stays G_last
-    Bs[tid] = tid < L ? beta[(t0 + tid) * d.nv + hv] : 0.0f;
-  }
+  float* KK = v4_sm;          // [C][ldc] k k^T
+  float* QK = KK + C * ldc;   // [C][ldc] q k^T
+  float* Gs = QK + C * ldc;   // [C] running decay sum of the value head in hand
+  float* Bs = Gs + C;         // [C] its betas
+  float* un = Bs + C;         // k and q rows, then A, T = (I + A)^-1 and the inverse's partial sums X
+  float* ks = un;             // [C][ldk]
+  float* qs = ks + C * ldk;   // [C][ldk]
+  float* A = un;              // [C][ldc]
+  float* T = A + C * ldc;     // [C][ldc]
+  float* X = T + C * ldc;     // [C][ldc]
   const int q4 = d.dk / 4;
   for (int p = tid; p < C * q4; p += blockDim.x) {
     const int i = p / q4, c = (p % q4) * 4;
@@ -98,20 +100,6 @@ __global__ void __launch_bounds__(kV4Threads, 2) v4_prep_kernel(const float* con
     *reinterpret_cast<float4*>(ks + i * ldk + c) = kv;
   }
   __syncthreads();
-  if (warp == 0) {  // inclusive running sum of the decays, two values per lane
-    float a = lane < C ? Gs[lane] : 0.0f, b = lane + 32 < C ? Gs[lane + 32] : 0.0f;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const float ta = __shfl_up_sync(0xffffffffu, a, o), tb = __shfl_up_sync(0xffffffffu, b, o);
-      if (lane >= o) {
-        a += ta;
-        b += tb;
-      }
-    }
-    b += __shfl_sync(0xffffffffu, a, 31);
-    if (lane < C) Gs[lane] = a;
-    if (lane + 32 < C) Gs[lane + 32] = b;
-  }
   // k k^T and q k^T, the tiles on and below the diagonal.
   constexpr int ntri = nb * (nb + 1) / 2;
   for (int t = warp; t < 2 * ntri; t += nwarps) {
@@ -126,71 +114,89 @@ __global__ void __launch_bounds__(kV4Threads, 2) v4_prep_kernel(const float* con
     mma3x<true, false, 1>(acc, (t < ntri ? ks : qs) + ti * 16 * ldk, ldk, ks + tj * 16 * ldk, ldk, d.dk);
     wm::store_matrix_sync((t < ntri ? KK : QK) + ti * 16 * ldc + tj * 16, acc[0], ldc, wm::mem_row_major);
   }
-  __syncthreads();
-  float* rec = scratch + (static_cast<int64_t>(blockIdx.x) * d.nv + hv) * v4_rec_floats(C);
-  float* Tbg = rec;
-  float* QKg = Tbg + C * C;
-  float* Fg = QKg + C * C;
-  const float glast = Gs[C - 1];
-  for (int p = tid; p < C * C; p += blockDim.x) {
-    const int i = p / C, j = p % C;
-    const bool in = j <= i && i < L;  // tiles above the diagonal were never computed: select, never multiply by 0
-    const float e = in ? expf(Gs[i] - Gs[j]) : 0.0f;
-    QKg[p] = in ? e * QK[i * ldc + j] : 0.0f;
-    KK[i * ldc + j] = in && j < i ? Bs[i] * e * KK[i * ldc + j] : 0.0f;
-  }
-  if (tid < C) {
-    Fg[tid] = tid < L ? expf(Gs[tid]) : 0.0f;
-    Fg[C + tid] = tid < L ? expf(glast - Gs[tid]) : 0.0f;
-  }
-  if (tid < 8) Fg[2 * C + tid] = tid == 0 ? expf(glast) : 0.0f;
-  __syncthreads();  // A complete; q (and QK) no longer read: T and X may take their place
-  const float* A = KK;
-  float* X = QK;
-  if (tid < C) {  // diagonal blocks: column j of (I + A_bb)^-1, forward substitution
-    const int b = tid / 16, j = tid % 16;
-    const float* Ab = A + (b * 16) * ldc + b * 16;
-    float t[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) t[i] = i == j ? 1.0f : 0.0f;
-#pragma unroll
-    for (int i = 1; i < 16; ++i) {
-      float acc = t[i];
-#pragma unroll
-      for (int m = 0; m < i; ++m) acc -= Ab[i * ldc + m] * t[m];
-      t[i] = acc;
-    }
-    float* Tb = T + (b * 16) * ldc + b * 16 + j;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) Tb[i * ldc] = t[i];
-  }
-  for (int p = tid; p < C * C; p += blockDim.x) {  // the blocks above the diagonal are zero
-    const int i = p / C, j = p % C;
-    if (i / 16 < j / 16) T[i * ldc + j] = 0.0f;
-  }
-  __syncthreads();
-  for (int dd = 1; dd < nb; ++dd) {  // block diagonal dd: (ib, jb) = (jb + dd, jb)
-    for (int p = tid; p < (nb - dd) * 256; p += blockDim.x) {
-      const int jb = p / 256, ib = jb + dd, r = (p / 16) % 16, c = p % 16;
-      const float* Ar = A + (ib * 16 + r) * ldc;
-      float acc = 0;
-      for (int m = jb * 16; m < ib * 16; ++m) acc += Ar[m] * T[m * ldc + jb * 16 + c];
-      X[(ib * 16 + r) * ldc + jb * 16 + c] = acc;
+  __syncthreads();  // k and q rows no longer read: A, T, X take their place
+  for (int hv = hk * r; hv < (hk + 1) * r; ++hv) {
+    if (tid < C) {
+      Gs[tid] = tid < L ? gate[(t0 + tid) * d.nv + hv] : 0.0f;  // padded rows: no decay, so G stays G_last
+      Bs[tid] = tid < L ? beta[(t0 + tid) * d.nv + hv] : 0.0f;
     }
     __syncthreads();
-    for (int p = tid; p < (nb - dd) * 256; p += blockDim.x) {
-      const int jb = p / 256, ib = jb + dd, r = (p / 16) % 16, c = p % 16;
-      const float* Tr = T + (ib * 16 + r) * ldc + ib * 16;
-      float acc = 0;
+    if (warp == 0) {  // inclusive running sum of the decays, two values per lane
+      float a = lane < C ? Gs[lane] : 0.0f, b = lane + 32 < C ? Gs[lane + 32] : 0.0f;
 #pragma unroll
-      for (int m = 0; m < 16; ++m) acc += Tr[m] * X[(ib * 16 + m) * ldc + jb * 16 + c];
-      T[(ib * 16 + r) * ldc + jb * 16 + c] = -acc;
+      for (int o = 1; o < 32; o <<= 1) {
+        const float ta = __shfl_up_sync(0xffffffffu, a, o), tb = __shfl_up_sync(0xffffffffu, b, o);
+        if (lane >= o) {
+          a += ta;
+          b += tb;
+        }
+      }
+      b += __shfl_sync(0xffffffffu, a, 31);
+      if (lane < C) Gs[lane] = a;
+      if (lane + 32 < C) Gs[lane + 32] = b;
     }
     __syncthreads();
-  }
-  for (int p = tid; p < C * C; p += blockDim.x) {
-    const int i = p / C, j = p % C;
-    Tbg[p] = T[i * ldc + j] * Bs[j];
+    float* rec = scratch + (static_cast<int64_t>(blockIdx.x) * d.nv + hv) * v4_rec_floats(C);
+    float* Tbg = rec;
+    float* QKg = Tbg + C * C;
+    float* Fg = QKg + C * C;
+    const float glast = Gs[C - 1];
+    for (int p = tid; p < C * C; p += blockDim.x) {
+      const int i = p / C, j = p % C;
+      const bool in = j <= i && i < L;  // tiles above the diagonal were never computed: select, never multiply by 0
+      const float e = in ? expf(Gs[i] - Gs[j]) : 0.0f;
+      QKg[p] = in ? e * QK[i * ldc + j] : 0.0f;
+      A[i * ldc + j] = in && j < i ? Bs[i] * e * KK[i * ldc + j] : 0.0f;
+      if (i / 16 < j / 16) T[i * ldc + j] = 0.0f;  // the blocks above the diagonal
+    }
+    if (tid < C) {
+      Fg[tid] = tid < L ? expf(Gs[tid]) : 0.0f;
+      Fg[C + tid] = tid < L ? expf(glast - Gs[tid]) : 0.0f;
+    }
+    if (tid < 8) Fg[2 * C + tid] = tid == 0 ? expf(glast) : 0.0f;
+    __syncthreads();
+    if (tid < C) {  // diagonal blocks: column j of (I + A_bb)^-1, forward substitution
+      const int b = tid / 16, j = tid % 16;
+      const float* Ab = A + (b * 16) * ldc + b * 16;
+      float t[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) t[i] = i == j ? 1.0f : 0.0f;
+#pragma unroll
+      for (int i = 1; i < 16; ++i) {
+        float acc = t[i];
+#pragma unroll
+        for (int m = 0; m < i; ++m) acc -= Ab[i * ldc + m] * t[m];
+        t[i] = acc;
+      }
+      float* Tc = T + (b * 16) * ldc + b * 16 + j;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) Tc[i * ldc] = t[i];
+    }
+    __syncthreads();
+    for (int dd = 1; dd < nb; ++dd) {  // block diagonal dd: (ib, jb) = (jb + dd, jb)
+      for (int p = tid; p < (nb - dd) * 256; p += blockDim.x) {
+        const int jb = p / 256, ib = jb + dd, rr = (p / 16) % 16, c = p % 16;
+        const float* Ar = A + (ib * 16 + rr) * ldc;
+        float acc = 0;
+        for (int m = jb * 16; m < ib * 16; ++m) acc += Ar[m] * T[m * ldc + jb * 16 + c];
+        X[(ib * 16 + rr) * ldc + jb * 16 + c] = acc;
+      }
+      __syncthreads();
+      for (int p = tid; p < (nb - dd) * 256; p += blockDim.x) {
+        const int jb = p / 256, ib = jb + dd, rr = (p / 16) % 16, c = p % 16;
+        const float* Tr = T + (ib * 16 + rr) * ldc + ib * 16;
+        float acc = 0;
+#pragma unroll
+        for (int m = 0; m < 16; ++m) acc += Tr[m] * X[(ib * 16 + m) * ldc + jb * 16 + c];
+        T[(ib * 16 + rr) * ldc + jb * 16 + c] = -acc;
+      }
+      __syncthreads();
+    }
+    for (int p = tid; p < C * C; p += blockDim.x) {
+      const int i = p / C, j = p % C;
+      Tbg[p] = T[i * ldc + j] * Bs[j];
+    }
+    __syncthreads();  // the next value head's G, beta, A and T overwrite these
   }
 }
 
@@ -345,25 +351,29 @@ __global__ void __launch_bounds__(kV4Threads, 1) v4_walk_kernel(const float* con
       load_cc(rec_of(ci + 1), Tbs);
       cp_async_commit();
     }
-    // C: S = exp(G_last) S + K^T (exp(G_last - G) u) in strips of 16 state rows; O += QKm u in strips of 16 rows.
+    // C: S = exp(G_last) S + K^T (exp(G_last - G) u) in strips of 16 state rows (a warp each for dk 128);
+    // O += QKm u in tiles of 16 x 16, the longest (the last rows') first, to warps 0, 1, ...
     const float dl = Fs[2 * C];
-    for (int t = warp; t < kt + mt; t += nwarps) {
+    for (int t = warp; t < kt; t += nwarps) {
       Acc acc[2];
-      float* tile = t < kt ? Ss + t * 16 * kV4Ld : Os + (t - kt) * 16 * kV4Ld;
+      float* tile = Ss + t * 16 * kV4Ld;
       wm::load_matrix_sync(acc[0], tile, kV4Ld, wm::mem_row_major);
       wm::load_matrix_sync(acc[1], tile + 16, kV4Ld, wm::mem_row_major);
-      if (t < kt) {
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+      for (int n = 0; n < 2; ++n)
 #pragma unroll
-          for (int e = 0; e < acc[n].num_elements; ++e) acc[n].x[e] *= dl;
-        mma3x<false, true, 2>(acc, Ks + t * 16, ldk, U2s, kV4Ld, C);
-      } else {
-        const int ti = t - kt;
-        mma3x<true, true, 2>(acc, QKs + ti * 16 * ldc, ldc, Us, kV4Ld, 16 * (ti + 1));
-      }
+        for (int e = 0; e < acc[n].num_elements; ++e) acc[n].x[e] *= dl;
+      mma3x<false, true, 2>(acc, Ks + t * 16, ldk, U2s, kV4Ld, C);
       wm::store_matrix_sync(tile, acc[0], kV4Ld, wm::mem_row_major);
       wm::store_matrix_sync(tile + 16, acc[1], kV4Ld, wm::mem_row_major);
+    }
+    for (int o = warp; o < 2 * mt; o += nwarps) {
+      const int ti = mt - 1 - o / 2, half = o & 1;
+      Acc acc[1];
+      float* tile = Os + ti * 16 * kV4Ld + half * 16;
+      wm::load_matrix_sync(acc[0], tile, kV4Ld, wm::mem_row_major);
+      mma3x<true, true, 1>(acc, QKs + ti * 16 * ldc, ldc, Us + half * 16, kV4Ld, 16 * (ti + 1));
+      wm::store_matrix_sync(tile, acc[0], kV4Ld, wm::mem_row_major);
     }
     __syncthreads();
     if (more) {  // K, QKm and the factors are read up to C
@@ -413,7 +423,7 @@ void launch4(const float* conv_out, const float* gate, const float* beta, const 
              int64_t state_off, int64_t max_rec, int64_t slots, float* scratch, float* out, Stream& s) {
   const int mask = phases4.load(std::memory_order_relaxed);
   if (mask & 1) {
-    const dim3 g1(static_cast<unsigned>(slots), static_cast<unsigned>(d.nv));
+    const dim3 g1(static_cast<unsigned>(slots), static_cast<unsigned>(d.nk));
     v4_prep_kernel<C><<<g1, kV4Threads, static_cast<size_t>(v4_prep_smem(C, d.dk)), cs(s)>>>(conv_out, gate, beta, gr, g0, gn, d, max_rec, scratch);
     HMOE_CUDA_LAUNCHED();
   }
