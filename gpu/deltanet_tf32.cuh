@@ -131,17 +131,17 @@ struct ChunkSpan {
 };
 
 // Block-wide, called by every thread (one __syncthreads): warp 0 finds chunk
-// slot blockIdx.x (find_slot) and shares it through the block's static shared
+// slot `slot` (default blockIdx.x; find_slot) and shares it through the block's static shared
 // memory (s_g, s_chunk: 12 bytes); false, for every thread, past the last chunk.
 template <int C>
-__device__ __forceinline__ bool block_chunk(const DeltaNetGroups& gr, int64_t g0, int64_t gn, int64_t max_rec, ChunkSpan& span) {
+__device__ __forceinline__ bool block_chunk(const DeltaNetGroups& gr, int64_t g0, int64_t gn, int64_t max_rec, ChunkSpan& span, int64_t slot = -1) {
   __shared__ int s_g;
   __shared__ int64_t s_chunk;
   const int tid = threadIdx.x;
   if ((tid >> 5) == 0) {
     int g = -1;
     int64_t chunk = 0;
-    const bool found = find_slot(gr, g0, gn, max_rec, C, blockIdx.x, g, chunk);
+    const bool found = find_slot(gr, g0, gn, max_rec, C, slot < 0 ? static_cast<int64_t>(blockIdx.x) : slot, g, chunk);
     if (tid == 0) {
       s_g = found ? g : -1;
       s_chunk = chunk;

@@ -60,9 +60,11 @@ int64_t v4_walk_smem(int64_t C, int64_t dk) {
   return (dk * kV4Ld + 2 * C * (dk + 4) + C * kV4Ld + 2 * C * (C + 4) + 2 * C + 8 + 4 * C * kV4Ld) * 4;
 }
 
-// Phase 1: grid (slots, key heads). k k^T and q k^T depend on the key head
-// only: computed once, then each of its value heads' record (its own decays
-// and betas) from them.
+// Phase 1: grid (key heads, slots), slots in reverse order: the blocks run
+// roughly in order of their index, so the first chunks' rows and records are
+// the last ones touched, the likeliest still in L2 when the walk starts on
+// them. k k^T and q k^T depend on the key head only: computed once, then
+// each of its value heads' record (its own decays and betas) from them.
 template <int C>
 __global__ void __launch_bounds__(kV4Threads, 2) v4_prep_kernel(const float* conv_out, const float* gate, const float* beta, DeltaNetGroups gr,
                                                                  int64_t g0, int64_t gn, V2Dims d, int64_t max_rec, float* scratch) {
@@ -70,8 +72,9 @@ __global__ void __launch_bounds__(kV4Threads, 2) v4_prep_kernel(const float* con
   constexpr int ldc = C + 4, nb = C / 16;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nwarps = blockDim.x >> 5;
   ChunkSpan span;
-  if (!block_chunk<C>(gr, g0, gn, max_rec, span)) return;
-  const int hk = blockIdx.y, r = d.nv / d.nk;
+  const int64_t slot = static_cast<int64_t>(gridDim.y) - 1 - blockIdx.y;
+  if (!block_chunk<C>(gr, g0, gn, max_rec, span, slot)) return;
+  const int hk = blockIdx.x, r = d.nv / d.nk;
   const int64_t t0 = span.t0;
   const int L = span.L;
   const int64_t K = static_cast<int64_t>(d.nk) * d.dk;
@@ -136,7 +139,7 @@ __global__ void __launch_bounds__(kV4Threads, 2) v4_prep_kernel(const float* con
       if (lane + 32 < C) Gs[lane + 32] = b;
     }
     __syncthreads();
-    float* rec = scratch + (static_cast<int64_t>(blockIdx.x) * d.nv + hv) * v4_rec_floats(C);
+    float* rec = scratch + (slot * d.nv + hv) * v4_rec_floats(C);
     float* Tbg = rec;
     float* QKg = Tbg + C * C;
     float* Fg = QKg + C * C;
@@ -423,7 +426,7 @@ void launch4(const float* conv_out, const float* gate, const float* beta, const 
              int64_t state_off, int64_t max_rec, int64_t slots, float* scratch, float* out, Stream& s) {
   const int mask = phases4.load(std::memory_order_relaxed);
   if (mask & 1) {
-    const dim3 g1(static_cast<unsigned>(slots), static_cast<unsigned>(d.nk));
+    const dim3 g1(static_cast<unsigned>(d.nk), static_cast<unsigned>(slots));
     v4_prep_kernel<C><<<g1, kV4Threads, static_cast<size_t>(v4_prep_smem(C, d.dk)), cs(s)>>>(conv_out, gate, beta, gr, g0, gn, d, max_rec, scratch);
     HMOE_CUDA_LAUNCHED();
   }
@@ -460,7 +463,7 @@ void deltanet_chunked_v4(const float* conv_out, const float* gate, const float* 
   auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) != 0; };
   if (misaligned(conv_out) || misaligned(out) || misaligned(scratch) || scratch == nullptr)
     fail(ErrorKind::internal, "gated deltanet v4: conv_out, out and the scratch must be 16-byte aligned device buffers");
-  if (slots > 0x7fffffff || sh.nv > 65535) fail(ErrorKind::unsupported, "gated deltanet v4: too many chunks or value heads for one launch");
+  if (slots > 65535 || sh.nv > 65535) fail(ErrorKind::unsupported, "gated deltanet v4: too many chunks (65535) or value heads for one launch");
   ensure_opt_in4();
   const V2Dims d{static_cast<int>(sh.nk), static_cast<int>(sh.nv), static_cast<int>(sh.dk), static_cast<int>(sh.dv), static_cast<int>(sh.conv_k),
                  sh.conv_dim()};
