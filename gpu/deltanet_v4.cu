@@ -30,9 +30,9 @@
 //   B: u = Tb R (strips x 16 columns, k only up to the diagonal)
 //   C: S = exp(G_last) S + K^T (exp(G_last - G) u), O = exp(G) Q S + QKm u
 // all in 3xTF32 (mma3x). The next chunk's rows are copied asynchronously
-// into each region as soon as the step that reads it is done (Q and V after
-// A, Tb after B, K, QKm and the factors after C) and prefetched into L2 at
-// the chunk's start. v4 writes only the outputs into `out`.
+// as early as its region allows: K and QKm (double-buffered) at the chunk's
+// start, Q and V after A, Tb after B, the factors after C (prefetched into L2
+// at the chunk's start). v4 writes only the outputs into `out`.
 #include <algorithm>
 #include <atomic>
 
@@ -56,8 +56,9 @@ constexpr int kV4Ld = kV4Cols + 8;  // row stride of the state / V / R / u / O t
 __host__ __device__ constexpr int64_t v4_rec_floats(int64_t C) { return 2 * C * C + 2 * C + 8; }
 
 int64_t v4_prep_smem(int64_t C, int64_t dk) { return (2 * C * (C + 4) + 2 * C + std::max(2 * C * (dk + 4), 3 * C * (C + 4))) * 4; }
+// The walk's: K and QKm twice (this chunk's and the next's), C = 64 and dk = 128: 220.5 KiB.
 int64_t v4_walk_smem(int64_t C, int64_t dk) {
-  return (dk * kV4Ld + 2 * C * (dk + 4) + C * kV4Ld + 2 * C * (C + 4) + 2 * C + 8 + 4 * C * kV4Ld) * 4;
+  return (dk * kV4Ld + 3 * C * (dk + 4) + C * kV4Ld + 3 * C * (C + 4) + 2 * C + 8 + 4 * C * kV4Ld) * 4;
 }
 
 // Phase 1: grid (key heads, slots), slots in reverse order: the blocks run
@@ -229,12 +230,12 @@ __global__ void __launch_bounds__(kV4Threads, 1) v4_walk_kernel(const float* con
   float* S = v2_state(gr, g, state_off) + (d.ck - 1) * d.cdim + static_cast<int64_t>(hv) * d.dk * d.dv;
   extern __shared__ __align__(128) float v4_sm[];
   float* Ss = v4_sm;                // [dk][kV4Ld] the state's columns
-  float* Ks = Ss + d.dk * kV4Ld;    // [C][ldk]
-  float* Qs = Ks + C * ldk;         // [C][ldk] (right after K: [K; Q] is one 2C-row operand)
+  float* Kb = Ss + d.dk * kV4Ld;    // 2 x [C][ldk] K of chunks ci (buffer ci & 1) and ci + 1
+  float* Qs = Kb + 2 * C * ldk;     // [C][ldk]
   float* Vs = Qs + C * ldk;         // [C][kV4Ld]
   float* Tbs = Vs + C * kV4Ld;      // [C][ldc]
-  float* QKs = Tbs + C * ldc;       // [C][ldc]
-  float* Fs = QKs + C * ldc;        // [2C + 8] exp(G_i), exp(G_last - G_i), exp(G_last)
+  float* QKb = Tbs + C * ldc;       // 2 x [C][ldc] QKm, as K
+  float* Fs = QKb + 2 * C * ldc;    // [2C + 8] exp(G_i), exp(G_last - G_i), exp(G_last)
   float* Rs = Fs + 2 * C + 8;       // [C][kV4Ld] V - exp(G) K S
   float* Us = Rs + C * kV4Ld;       // [C][kV4Ld] u
   float* U2s = Us + C * kV4Ld;      // [C][kV4Ld] exp(G_last - G) u
@@ -283,20 +284,25 @@ __global__ void __launch_bounds__(kV4Threads, 1) v4_walk_kernel(const float* con
     const float* Fg = rec_of(ci) + 2 * C * C;
     for (int p = tid; p < (2 * C + 8) / 4; p += blockDim.x) cp_async16(Fs + 4 * p, Fg + 4 * p);
   };
-  load_rows(0, K, Ks);
+  load_rows(0, K, Kb);
   load_rows(0, 0, Qs);
   load_v(0);
   load_cc(rec_of(0), Tbs);
-  load_cc(rec_of(0) + C * C, QKs);
+  load_cc(rec_of(0) + C * C, QKb);
   load_f(0);
   for (int64_t ci = 0; ci < nch; ++ci) {
     int64_t t0;
     int L;
     span_of(ci, t0, L);
     const bool more = ci + 1 < nch;
+    float* Ks = Kb + (ci & 1) * C * ldk;
+    float* QKs = QKb + (ci & 1) * C * ldc;
     cp_async_wait_all();
     __syncthreads();
-    if (more) {  // the next chunk's rows and record into L2 meanwhile
+    if (more) {  // the next chunk's K and QKm into the other buffers (last read in chunk ci - 1), the rest into L2
+      load_rows(ci + 1, K, Kb + ((ci + 1) & 1) * C * ldk);
+      load_cc(rec_of(ci + 1) + C * C, QKb + ((ci + 1) & 1) * C * ldc);
+      cp_async_commit();
       int64_t tn;
       int Ln;
       span_of(ci + 1, tn, Ln);
@@ -379,9 +385,7 @@ __global__ void __launch_bounds__(kV4Threads, 1) v4_walk_kernel(const float* con
       wm::store_matrix_sync(tile, acc[0], kV4Ld, wm::mem_row_major);
     }
     __syncthreads();
-    if (more) {  // K, QKm and the factors are read up to C
-      load_rows(ci + 1, K, Ks);
-      load_cc(rec_of(ci + 1) + C * C, QKs);
+    if (more) {  // the factors are read up to C
       load_f(ci + 1);
       cp_async_commit();
     }
