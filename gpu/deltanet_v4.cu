@@ -53,6 +53,8 @@ constexpr int kV4Cols = 32;         // value columns per phase-2 block
 constexpr int kV4Ld = kV4Cols + 8;  // row stride of the state / V / R / u / O tiles
 
 // Floats of one (chunk slot, value head) record: Tb [C][C], QKm [C][C], exp(G) [C], exp(G_last - G) [C], exp(G_last), padding.
+// Both matrices are lower triangular: only their 16 x 16 tiles on and below the diagonal are written and read
+// (the walk's products stop at the diagonal tile).
 __host__ __device__ constexpr int64_t v4_rec_floats(int64_t C) { return 2 * C * C + 2 * C + 8; }
 
 int64_t v4_prep_smem(int64_t C, int64_t dk) { return (2 * C * (C + 4) + 2 * C + std::max(2 * C * (dk + 4), 3 * C * (C + 4))) * 4; }
@@ -149,7 +151,7 @@ __global__ void __launch_bounds__(kV4Threads, 2) v4_prep_kernel(const float* con
       const int i = p / C, j = p % C;
       const bool in = j <= i && i < L;  // tiles above the diagonal were never computed: select, never multiply by 0
       const float e = in ? expf(Gs[i] - Gs[j]) : 0.0f;
-      QKg[p] = in ? e * QK[i * ldc + j] : 0.0f;
+      if (j / 16 <= i / 16) QKg[p] = in ? e * QK[i * ldc + j] : 0.0f;  // the tiles on and below the diagonal only
       A[i * ldc + j] = in && j < i ? Bs[i] * e * KK[i * ldc + j] : 0.0f;
       if (i / 16 < j / 16) T[i * ldc + j] = 0.0f;  // the blocks above the diagonal
     }
@@ -198,7 +200,7 @@ __global__ void __launch_bounds__(kV4Threads, 2) v4_prep_kernel(const float* con
     }
     for (int p = tid; p < C * C; p += blockDim.x) {
       const int i = p / C, j = p % C;
-      Tbg[p] = T[i * ldc + j] * Bs[j];
+      if (j / 16 <= i / 16) Tbg[p] = T[i * ldc + j] * Bs[j];
     }
     __syncthreads();  // the next value head's G, beta, A and T overwrite these
   }
@@ -274,10 +276,10 @@ __global__ void __launch_bounds__(kV4Threads, 1) v4_walk_kernel(const float* con
       else *reinterpret_cast<float4*>(Vs + i * kV4Ld + c) = zero4;
     }
   };
-  auto load_cc = [&](const float* src, float* dst) {  // a C x C matrix of the record
+  auto load_cc = [&](const float* src, float* dst) {  // a C x C matrix of the record: its tiles on and below the diagonal
     for (int p = tid; p < C * C / 4; p += blockDim.x) {
       const int i = p / (C / 4), j = (p % (C / 4)) * 4;
-      cp_async16(dst + i * ldc + j, src + i * C + j);
+      if (j / 16 <= i / 16) cp_async16(dst + i * ldc + j, src + i * C + j);
     }
   };
   auto load_f = [&](int64_t ci) {
@@ -306,14 +308,17 @@ __global__ void __launch_bounds__(kV4Threads, 1) v4_walk_kernel(const float* con
       int64_t tn;
       int Ln;
       span_of(ci + 1, tn, Ln);
-      const char* rn = reinterpret_cast<const char*>(rec_of(ci + 1));
-      const int rec_lines = static_cast<int>((R * 4 + 127) / 128), row_lines = (d.dk * 4 + 127) / 128;
-      for (int p = tid; p < rec_lines; p += blockDim.x) prefetch_l2(rn + p * 128);
-      for (int p = tid; p < Ln * row_lines; p += blockDim.x) {
+      const float* rn = rec_of(ci + 1);
+      constexpr int tb_lines = (C + 31) / 32;  // 128-byte lines per row of Tb
+      const int row_lines = (d.dk * 4 + 127) / 128;
+      for (int p = tid; p < C * tb_lines; p += blockDim.x) {  // Tb's tiles on and below the diagonal
+        const int i = p / tb_lines, l = p % tb_lines;
+        if (32 * l < 16 * (i / 16 + 1)) prefetch_l2(rn + i * C + 32 * l);
+      }
+      for (int p = tid; p < (2 * C + 8 + 31) / 32; p += blockDim.x) prefetch_l2(rn + 2 * C * C + 32 * p);
+      for (int p = tid; p < Ln * row_lines; p += blockDim.x) {  // q rows (k's are being copied already)
         const int i = p / row_lines, l = p % row_lines;
-        const float* row = conv_out + (tn + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + l * 32;
-        prefetch_l2(row);
-        prefetch_l2(row + K);
+        prefetch_l2(conv_out + (tn + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + l * 32);
       }
       for (int p = tid; p < Ln; p += blockDim.x) prefetch_l2(conv_out + (tn + p) * d.cdim + 2 * K + static_cast<int64_t>(hv) * d.dv + c0);
     }

@@ -4,7 +4,9 @@
 // the kernels' structure: chunk slots numbered over the groups' chunks in
 // order (groups of at most max_recurrent tokens skipped), phase 1's record
 // per (slot, value head) (Tb = (I + A)^-1 diag(beta) by the same 16 x 16
-// blocked inverse, the masked decayed q.k, the factors, zero on padded rows),
+// blocked inverse, the masked decayed q.k, both written only in their tiles
+// on and below the diagonal (the rest NaN here), the factors, zero on padded
+// rows),
 // then the walk per (group, value head, 32 value columns, zero-padded) with
 // its three steps, the triangular products' k ranges and the fresh flag.
 // Run in double (the algebra: agreement to rounding) and in float (the
@@ -13,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -68,7 +71,7 @@ void prep_record(const Shape& sh, const Inputs& in, int64_t t0, int64_t L, int64
         qk += q(i, r) * k(j, r);
       }
       const F e = on ? std::exp(G[static_cast<size_t>(i)] - G[static_cast<size_t>(j)]) : F(0);
-      QKg[i * C + j] = on ? e * qk : F(0);
+      if (j / 16 <= i / 16) QKg[i * C + j] = on ? e * qk : F(0);  // the 16 x 16 tiles on and below the diagonal only
       A[static_cast<size_t>(i * C + j)] = on && j < i ? B[static_cast<size_t>(i)] * e * kk : F(0);
     }
   for (int64_t i = 0; i < C; ++i) {
@@ -111,7 +114,7 @@ void prep_record(const Shape& sh, const Inputs& in, int64_t t0, int64_t L, int64
     }
   }
   for (int64_t i = 0; i < C; ++i)
-    for (int64_t j = 0; j < C; ++j) Tbg[i * C + j] = t(i, j) * B[static_cast<size_t>(j)];
+    for (int64_t j = 0; j / 16 <= i / 16; ++j) Tbg[i * C + j] = t(i, j) * B[static_cast<size_t>(j)];
 }
 
 // The v4 kernels' meaning for groups [0, gn) of ntok ordered tokens in one
@@ -122,7 +125,7 @@ void v4_emulate(const Shape& sh, const Inputs& in, const Groups& gr, int64_t nto
                 std::vector<float>& out) {
   const int64_t gn = static_cast<int64_t>(gr.start.size()), slots = ntok / C + gn, R = rec_floats(C);
   const int64_t cd = sh.conv_dim(), K = sh.key_dim(), V = sh.value_dim(), HS = sh.dk * sh.dv;
-  std::vector<F> recs(static_cast<size_t>(slots * sh.nv * R), F(0));
+  std::vector<F> recs(static_cast<size_t>(slots * sh.nv * R), std::numeric_limits<F>::quiet_NaN());  // what is never written is never read
   std::vector<int64_t> first(static_cast<size_t>(gn));
   int64_t slot = 0;
   for (int64_t g = 0; g < gn; ++g) {
@@ -255,10 +258,13 @@ void reference(const Shape& sh, const Inputs& in, const Groups& gr, int64_t max_
   }
 }
 
-// max over elements of |a - b| / (abs + rel |b|)
+// max over elements of |a - b| / (abs + rel |b|); infinite where either is not finite
 double tol_ratio(const std::vector<float>& a, const std::vector<float>& b, double abs, double rel) {
   double r = 0;
-  for (size_t i = 0; i < a.size(); ++i) r = std::max(r, std::fabs(static_cast<double>(a[i]) - b[i]) / (abs + rel * std::fabs(static_cast<double>(b[i]))));
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return std::numeric_limits<double>::infinity();
+    r = std::max(r, std::fabs(static_cast<double>(a[i]) - b[i]) / (abs + rel * std::fabs(static_cast<double>(b[i]))));
+  }
   return r;
 }
 
