@@ -30,9 +30,9 @@
 //   B: u = Tb R (strips x 16 columns, k only up to the diagonal)
 //   C: S = exp(G_last) S + K^T (exp(G_last - G) u), O = exp(G) Q S + QKm u
 // all in 3xTF32 (mma3x). The next chunk's rows are copied asynchronously
-// as early as its region allows: K and QKm (double-buffered) at the chunk's
-// start, Q and V after A, Tb after B, the factors after C (prefetched into L2
-// at the chunk's start). v4 writes only the outputs into `out`.
+// as early as its region allows: K, QKm and the factors (double-buffered) at
+// the chunk's start, Q and V after A, Tb after B (both prefetched into L2 at
+// the chunk's start). v4 writes only the outputs into `out`.
 #include <algorithm>
 #include <atomic>
 
@@ -58,9 +58,9 @@ constexpr int kV4Ld = kV4Cols + 8;  // row stride of the state / V / R / u / O t
 __host__ __device__ constexpr int64_t v4_rec_floats(int64_t C) { return 2 * C * C + 2 * C + 8; }
 
 int64_t v4_prep_smem(int64_t C, int64_t dk) { return (2 * C * (C + 4) + 2 * C + std::max(2 * C * (dk + 4), 3 * C * (C + 4))) * 4; }
-// The walk's: K and QKm twice (this chunk's and the next's), C = 64 and dk = 128: 220.5 KiB.
+// The walk's: K, QKm and the factors twice (this chunk's and the next's), C = 64 and dk = 128: 221 KiB.
 int64_t v4_walk_smem(int64_t C, int64_t dk) {
-  return (dk * kV4Ld + 3 * C * (dk + 4) + C * kV4Ld + 3 * C * (C + 4) + 2 * C + 8 + 4 * C * kV4Ld) * 4;
+  return (dk * kV4Ld + 3 * C * (dk + 4) + C * kV4Ld + 3 * C * (C + 4) + 2 * (2 * C + 8) + 4 * C * kV4Ld) * 4;
 }
 
 // Phase 1: grid (key heads, slots), slots in reverse order: the blocks run
@@ -237,8 +237,8 @@ __global__ void __launch_bounds__(kV4Threads, 1) v4_walk_kernel(const float* con
   float* Vs = Qs + C * ldk;         // [C][kV4Ld]
   float* Tbs = Vs + C * kV4Ld;      // [C][ldc]
   float* QKb = Tbs + C * ldc;       // 2 x [C][ldc] QKm, as K
-  float* Fs = QKb + 2 * C * ldc;    // [2C + 8] exp(G_i), exp(G_last - G_i), exp(G_last)
-  float* Rs = Fs + 2 * C + 8;       // [C][kV4Ld] V - exp(G) K S
+  float* Fb = QKb + 2 * C * ldc;    // 2 x [2C + 8] exp(G_i), exp(G_last - G_i), exp(G_last), as K
+  float* Rs = Fb + 2 * (2 * C + 8); // [C][kV4Ld] V - exp(G) K S
   float* Us = Rs + C * kV4Ld;       // [C][kV4Ld] u
   float* U2s = Us + C * kV4Ld;      // [C][kV4Ld] exp(G_last - G) u
   float* Os = U2s + C * kV4Ld;      // [C][kV4Ld] the outputs
@@ -284,6 +284,7 @@ __global__ void __launch_bounds__(kV4Threads, 1) v4_walk_kernel(const float* con
   };
   auto load_f = [&](int64_t ci) {
     const float* Fg = rec_of(ci) + 2 * C * C;
+    float* Fs = Fb + (ci & 1) * (2 * C + 8);
     for (int p = tid; p < (2 * C + 8) / 4; p += blockDim.x) cp_async16(Fs + 4 * p, Fg + 4 * p);
   };
   load_rows(0, K, Kb);
@@ -299,11 +300,13 @@ __global__ void __launch_bounds__(kV4Threads, 1) v4_walk_kernel(const float* con
     const bool more = ci + 1 < nch;
     float* Ks = Kb + (ci & 1) * C * ldk;
     float* QKs = QKb + (ci & 1) * C * ldc;
+    const float* Fs = Fb + (ci & 1) * (2 * C + 8);
     cp_async_wait_all();
     __syncthreads();
-    if (more) {  // the next chunk's K and QKm into the other buffers (last read in chunk ci - 1), the rest into L2
+    if (more) {  // the next chunk's K, QKm and factors into the other buffers (last read in chunk ci - 1), the rest into L2
       load_rows(ci + 1, K, Kb + ((ci + 1) & 1) * C * ldk);
       load_cc(rec_of(ci + 1) + C * C, QKb + ((ci + 1) & 1) * C * ldc);
+      load_f(ci + 1);
       cp_async_commit();
       int64_t tn;
       int Ln;
@@ -315,7 +318,6 @@ __global__ void __launch_bounds__(kV4Threads, 1) v4_walk_kernel(const float* con
         const int i = p / tb_lines, l = p % tb_lines;
         if (32 * l < 16 * (i / 16 + 1)) prefetch_l2(rn + i * C + 32 * l);
       }
-      for (int p = tid; p < (2 * C + 8 + 31) / 32; p += blockDim.x) prefetch_l2(rn + 2 * C * C + 32 * p);
       for (int p = tid; p < Ln * row_lines; p += blockDim.x) {  // q rows (k's are being copied already)
         const int i = p / row_lines, l = p % row_lines;
         prefetch_l2(conv_out + (tn + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + l * 32);
@@ -390,10 +392,6 @@ __global__ void __launch_bounds__(kV4Threads, 1) v4_walk_kernel(const float* con
       wm::store_matrix_sync(tile, acc[0], kV4Ld, wm::mem_row_major);
     }
     __syncthreads();
-    if (more) {  // the factors are read up to C
-      load_f(ci + 1);
-      cp_async_commit();
-    }
     for (int p = tid; p < L * n4; p += blockDim.x) {
       const int i = p / n4, c = (p % n4) * 4;
       *reinterpret_cast<float4*>(out + (t0 + i) * V + static_cast<int64_t>(hv) * d.dv + c0 + c) = *reinterpret_cast<const float4*>(Os + i * kV4Ld + c);
