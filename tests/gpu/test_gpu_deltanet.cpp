@@ -28,9 +28,10 @@ int kernel_number(gpu::DeltaNetKernel k) {
   return k == gpu::DeltaNetKernel::v4 ? 4 : k == gpu::DeltaNetKernel::v3 ? 3 : k == gpu::DeltaNetKernel::v2 ? 2 : 1;
 }
 // The chunked kernels under test. v3 (gpu/deltanet_v3.cu) is withdrawn: on its first GPU run (2026-12-07, H100) its
-// delta-rule outputs were off by up to 1.54 against v1 (bench/README.md); put it back here with its fix (k35a: phase 3's
-// copies were never waited for, commit fac982e; not yet run). v4 (gpu/deltanet_v4.cu) is new (k35a), not yet in the setting.
-constexpr gpu::DeltaNetKernel kKernels[] = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v4};
+// delta-rule outputs were off by up to 1.54 against v1 (bench/README.md); back here with k35a's fix (phase 3 never
+// waited for its asynchronous copies, commit fac982e), not yet run on a GPU. v4 (gpu/deltanet_v4.cu, k35a) is new, not
+// yet in the setting.
+constexpr gpu::DeltaNetKernel kKernels[] = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3, gpu::DeltaNetKernel::v4};
 float sigm(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // The test's own reading of the checkpoint's grouped layout (per key head:
@@ -379,7 +380,7 @@ void rule_reference(const gpu::DeltaNetShape& sh, const RuleInputs& in, const st
 
 }  // namespace
 
-TEST_CASE("gated deltanet chunked kernels v1, v2 and v4 at head dims 128: lengths 1 to 300, fresh and continued states, chunks of 16/32/64, v2 and v4 against v1") {
+TEST_CASE("gated deltanet chunked kernels v1 to v4 at head dims 128: lengths 1 to 300, fresh and continued states, chunks of 16/32/64, v2 to v4 against v1") {
   if (!test::have_gpu()) return;
   gpu::DeltaNetShape sh;
   sh.nk = 2;
