@@ -28,7 +28,7 @@
 // Times are between events around the launches, averaged over --reps.
 //
 // Usage: bench_gpu_deltanet [--reps N] [--quick] [--kernels v1,v2,v3,v4]
-// (--quick: T = 4096 only; --kernels: the chunked kernels timed, v1, v2 and v3 by
+// (--quick: T = 4096 only; --kernels: the chunked kernels timed, all four by
 // default). v3 and v4 add phase rows: each launch timed alone.
 #include <algorithm>
 #include <cmath>
@@ -134,7 +134,7 @@ void print_row(const Setup& su, const char* what, int64_t T, int64_t S, const ch
 int main(int argc, char** argv) {
   int reps = 5;
   bool quick = false;
-  std::vector<gpu::DeltaNetKernel> kernels = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3};
+  std::vector<gpu::DeltaNetKernel> kernels = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3, gpu::DeltaNetKernel::v4};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
