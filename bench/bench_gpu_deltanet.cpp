@@ -4,7 +4,8 @@
 // of T tokens (4096 and 32768) run in steps of S tokens (2048, the
 // engine's default max_num_batched_tokens, and T in one step), each step
 // continuing the state:
-//  - the chunked delta rule, kernels v1, v2 and v3 (setting gpu_deltanet_kernel):
+//  - the chunked delta rule, kernels v1, v2, v3 and v4 (setting gpu_deltanet_kernel;
+//    v3 withdrawn, v4 new, both bench-only so far):
 //    time, FLOP/s of the chunked algorithm's useful products (per token and
 //    value head, multiply-adds: C dk for k k^T and q k^T, (C - 1)/2 (dk + dv)
 //    for the triangular solve, 3 dk dv for W S, q S and k^T u, (C + 1)/2 dv
@@ -26,8 +27,9 @@
 //    per sequence) against the read bandwidth.
 // Times are between events around the launches, averaged over --reps.
 //
-// Usage: bench_gpu_deltanet [--reps N] [--quick] [--kernels v1,v2,v3]
-// (--quick: T = 4096 only; --kernels: the chunked kernels timed, all three by default)
+// Usage: bench_gpu_deltanet [--reps N] [--quick] [--kernels v1,v2,v3,v4]
+// (--quick: T = 4096 only; --kernels: the chunked kernels timed, all four by
+// default). v3 and v4 add phase rows: each launch timed alone.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -132,7 +134,7 @@ void print_row(const Setup& su, const char* what, int64_t T, int64_t S, const ch
 int main(int argc, char** argv) {
   int reps = 5;
   bool quick = false;
-  std::vector<gpu::DeltaNetKernel> kernels = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3};
+  std::vector<gpu::DeltaNetKernel> kernels = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3, gpu::DeltaNetKernel::v4};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
@@ -143,8 +145,9 @@ int main(int argc, char** argv) {
       if (k.find("v1") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v1);
       if (k.find("v2") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v2);
       if (k.find("v3") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v3);
+      if (k.find("v4") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v4);
       if (kernels.empty()) {
-        std::fprintf(stderr, "bench_gpu_deltanet: --kernels takes a list of v1, v2, v3, got %s\n", k.c_str());
+        std::fprintf(stderr, "bench_gpu_deltanet: --kernels takes a list of v1, v2, v3, v4, got %s\n", k.c_str());
         return 2;
       }
     } else {
@@ -184,11 +187,14 @@ int main(int argc, char** argv) {
   sh.conv_k = 4;
   gpu::deltanet_configure(sh);
   const int64_t H = su.H, P = sh.proj_cols(), cd = sh.conv_dim(), V = sh.value_dim(), layer_bytes = gpu::deltanet_layer_state_bytes(sh);
-  const int64_t c2 = gpu::deltanet_v2_chunk(sh, 0), c3 = gpu::deltanet_v3_chunk(sh, 0);
-  std::printf("v2 chunk: %lld tokens; v2 scratch for a 2048-token step: %.1f MiB; v3 chunk: %lld tokens, scratch %.1f MiB\n\n",
+  const int64_t c2 = gpu::deltanet_v2_chunk(sh, 0), c3 = gpu::deltanet_v3_chunk(sh, 0), c4 = gpu::deltanet_v4_chunk(sh, 0);
+  std::printf("v2 chunk: %lld tokens; v2 scratch for a 2048-token step: %.1f MiB; v3 chunk: %lld tokens, scratch %.1f MiB; v4 chunk: %lld tokens, scratch %.1f MiB\n\n",
               static_cast<long long>(c2), static_cast<double>(gpu::deltanet_v2_scratch_bytes(sh, c2, gpu::deltanet_v2_slots(2048, 1, c2))) / 1048576.0,
-              static_cast<long long>(c3), static_cast<double>(gpu::deltanet_v3_scratch_bytes(sh, c3, gpu::deltanet_v2_slots(2048, 1, c3))) / 1048576.0);
-  auto kname = [](gpu::DeltaNetKernel k) { return k == gpu::DeltaNetKernel::v3 ? "v3" : k == gpu::DeltaNetKernel::v2 ? "v2" : "v1"; };
+              static_cast<long long>(c3), static_cast<double>(gpu::deltanet_v3_scratch_bytes(sh, c3, gpu::deltanet_v2_slots(2048, 1, c3))) / 1048576.0,
+              static_cast<long long>(c4), static_cast<double>(gpu::deltanet_v4_scratch_bytes(sh, c4, gpu::deltanet_v2_slots(2048, 1, c4))) / 1048576.0);
+  auto kname = [](gpu::DeltaNetKernel k) {
+    return k == gpu::DeltaNetKernel::v4 ? "v4" : k == gpu::DeltaNetKernel::v3 ? "v3" : k == gpu::DeltaNetKernel::v2 ? "v2" : "v1";
+  };
   const bool with_v1 = std::find(kernels.begin(), kernels.end(), gpu::DeltaNetKernel::v1) != kernels.end();
   gpu::Blas blas(s);
   std::printf("%-14s %6s %6s %-4s %10s %11s %8s %7s %7s %8s %7s %9s %7s\n", "part", "T", "step", "kern", "us", "tokens/s", "TFLOP/s", "% meas",
@@ -269,7 +275,7 @@ int main(int argc, char** argv) {
       };
       in_proj(true);
       prepare();
-      for (const auto kx : kernels) {  // v2 and v3 against v1 at the real shape, from the same state
+      for (const auto kx : kernels) {  // v2, v3 and v4 against v1 at the real shape, from the same state
         if (!(S == T && T == 4096 && with_v1 && kx != gpu::DeltaNetKernel::v1)) continue;
         const size_t nst = static_cast<size_t>(layer_bytes / 4), nout = static_cast<size_t>(S * V);
         std::vector<float> st0(nst), o1(nout), o2(nout), s1(nst), s2(nst);
@@ -285,8 +291,9 @@ int main(int argc, char** argv) {
         s.synchronize();
         auto worst = [](const std::vector<float>& a, const std::vector<float>& b, size_t from) {
           double d = 0, m = 0;
-          for (size_t i = from; i < a.size(); ++i) {
-            d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
+          for (size_t i = from; i < a.size(); ++i) {  // a NaN difference counts as infinite (std::max would skip it)
+            const double x = std::fabs(static_cast<double>(a[i]) - b[i]);
+            if (!(x <= d)) d = std::isnan(x) ? HUGE_VAL : x;
             m = std::max(m, static_cast<double>(std::fabs(a[i])));
           }
           return std::pair<double, double>{d, m};
@@ -309,6 +316,20 @@ int main(int argc, char** argv) {
           print_row(su, names[ph], T, S, "v3", timer.us(steps_of([&] { core(gpu::DeltaNetKernel::v3); }), reps), 0, 0);
         }
         gpu::set_deltanet_v3_phases(7);
+        gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
+        s.synchronize();
+      }
+      if (std::find(kernels.begin(), kernels.end(), gpu::DeltaNetKernel::v4) != kernels.end()) {
+        // v4's two launches one at a time (as v3's), then the state restored.
+        const size_t nst = static_cast<size_t>(layer_bytes / 4);
+        std::vector<float> st0(nst);
+        gpu::copy_to_host(st0.data(), st.states.data(), nst * 4, s);
+        const char* names[2] = {"v4 phase1", "v4 walk"};
+        for (int ph = 0; ph < 2; ++ph) {
+          gpu::set_deltanet_v4_phases(1 << ph);
+          print_row(su, names[ph], T, S, "v4", timer.us(steps_of([&] { core(gpu::DeltaNetKernel::v4); }), reps), 0, 0);
+        }
+        gpu::set_deltanet_v4_phases(3);
         gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
         s.synchronize();
       }

@@ -78,7 +78,13 @@ void deltanet_chunked(const float* conv_out, const float* gate, const float* bet
 //    Under v3, deltanet_prepare and deltanet_gated_norm also take their
 //    vectorised kernels (gpu/deltanet_io.cu) where the shape allows
 //    (conv_k 4, dk dividing 128, dv multiples of 4, 16-byte aligned rows).
-enum class DeltaNetKernel { v1, v2, v3 };
+//  - v4 (gpu/deltanet_v4.cu): per chunk only (I + A)^-1 diag(beta) and the
+//    decayed q.k (C x C each) and its decay factors to the scratch, then a
+//    walk per (sequence, value head, 32 value columns) that computes u and
+//    the outputs from the chunk's rows itself (3xTF32); writes nothing but
+//    the outputs into out; scratch of deltanet_v4_scratch_bytes, dk, dv
+//    multiples of 16.
+enum class DeltaNetKernel { v1, v2, v3, v4 };
 // The kernel the layers use (setting gpu_deltanet_kernel; process-wide, set
 // when the GPU runtime is built, before any layer runs).
 void set_deltanet_kernel(DeltaNetKernel k);
@@ -101,6 +107,14 @@ int64_t deltanet_v2_scratch_bytes(const DeltaNetShape& sh, int64_t v2_chunk, int
 // slots as deltanet_v2_slots.
 int64_t deltanet_v3_chunk(const DeltaNetShape& sh, int64_t chunk);
 int64_t deltanet_v3_scratch_bytes(const DeltaNetShape& sh, int64_t v3_chunk, int64_t slots);
+// v4's chunk (as deltanet_v2_chunk, with v4's shared memory) and scratch:
+// slots x value heads x (2 C^2 + 2C + 8) floats (C = 64, Qwen3-Next-80B-A3B:
+// 1.0 MiB per slot, 34 MiB for a 2048-token step); slots as deltanet_v2_slots.
+int64_t deltanet_v4_chunk(const DeltaNetShape& sh, int64_t chunk);
+int64_t deltanet_v4_scratch_bytes(const DeltaNetShape& sh, int64_t v4_chunk, int64_t slots);
+// Benchmarks only: v4's launches that run, bit 0 phase 1, bit 1 the walk
+// (default 3; any other mask leaves wrong results). Process-wide.
+void set_deltanet_v4_phases(int mask);
 // Benchmarks only (bench_gpu_deltanet's phase rows): the v3 launches that
 // run, bit 0 phase 1, bit 1 the walk, bit 2 the outputs (default 7; any
 // other mask leaves wrong results). Process-wide.
@@ -109,7 +123,7 @@ void set_deltanet_v3_phases(int mask);
 // ordered tokens in gn groups (0 for v1, or where the kernel falls back to v1).
 int64_t deltanet_chunked_scratch_bytes(const DeltaNetShape& sh, DeltaNetKernel kernel, int64_t chunk, int64_t ntok, int64_t gn);
 // As above with the kernel chosen: ntok is the step's ordered tokens (at
-// least the groups' tokens), scratch (v2, v3) at least
+// least the groups' tokens), scratch (v2, v3, v4) at least
 // deltanet_chunked_scratch_bytes(sh, kernel, chunk, ntok, gn) bytes,
 // 16-byte aligned like conv_out and out. v2 and v3 write intermediate
 // values into out's rows of the groups they run.

@@ -43,6 +43,9 @@ void set_deltanet_v3_phases(int) {}
 int64_t deltanet_v3_scratch_bytes(const DeltaNetShape& sh, int64_t c, int64_t slots) {
   return c > 0 ? slots * sh.nv * (2 * c * sh.dk + c * c + 2 * c + 8 + sh.dk * sh.dv) * 4 : 0;
 }
+int64_t deltanet_v4_chunk(const DeltaNetShape&, int64_t) { no_cuda("deltanet_v4_chunk"); }
+void set_deltanet_v4_phases(int) {}
+int64_t deltanet_v4_scratch_bytes(const DeltaNetShape& sh, int64_t c, int64_t slots) { return c > 0 ? slots * sh.nv * (2 * c * c + 2 * c + 8) * 4 : 0; }
 int64_t deltanet_chunked_scratch_bytes(const DeltaNetShape&, DeltaNetKernel kernel, int64_t, int64_t, int64_t) {
   if (kernel == DeltaNetKernel::v1) return 0;
   no_cuda("deltanet_chunked_scratch_bytes");

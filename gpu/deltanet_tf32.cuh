@@ -1,5 +1,6 @@
-// Private to gpu/deltanet_chunked.cu and gpu/deltanet_v3.cu: the chunked
+// Private to gpu/deltanet_chunked.cu, gpu/deltanet_v3.cu and gpu/deltanet_v4.cu: the chunked
 // delta rule's shared device pieces: 3xTF32 tensor-core products (mma3),
+// mma3x (the same with the hi.lo and lo.hi terms in accumulators of their own),
 // the chunk-slot numbering (find_slot, first_slot; block_chunk, a
 // slot-per-block kernel's chunk), asynchronous copies, and phase 1
 // (v2_prep_kernel: every chunk's W, U, decayed q.k and decay factors;
@@ -130,17 +131,17 @@ struct ChunkSpan {
 };
 
 // Block-wide, called by every thread (one __syncthreads): warp 0 finds chunk
-// slot blockIdx.x (find_slot) and shares it through the block's static shared
+// slot `slot` (default blockIdx.x; find_slot) and shares it through the block's static shared
 // memory (s_g, s_chunk: 12 bytes); false, for every thread, past the last chunk.
 template <int C>
-__device__ __forceinline__ bool block_chunk(const DeltaNetGroups& gr, int64_t g0, int64_t gn, int64_t max_rec, ChunkSpan& span) {
+__device__ __forceinline__ bool block_chunk(const DeltaNetGroups& gr, int64_t g0, int64_t gn, int64_t max_rec, ChunkSpan& span, int64_t slot = -1) {
   __shared__ int s_g;
   __shared__ int64_t s_chunk;
   const int tid = threadIdx.x;
   if ((tid >> 5) == 0) {
     int g = -1;
     int64_t chunk = 0;
-    const bool found = find_slot(gr, g0, gn, max_rec, C, blockIdx.x, g, chunk);
+    const bool found = find_slot(gr, g0, gn, max_rec, C, slot < 0 ? static_cast<int64_t>(blockIdx.x) : slot, g, chunk);
     if (tid == 0) {
       s_g = found ? g : -1;
       s_chunk = chunk;
@@ -292,5 +293,45 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// mma3 (above) with the hi.lo and lo.hi terms in accumulators
+// of their own, added at the end: per k step the three products no longer
+// wait on each other (the walk's latency is its cost).
+template <bool ARow, bool BRow, int NB>
+__device__ __forceinline__ void mma3x(Acc (&acc)[NB], const float* a, int lda, const float* b, int ldb, int K) {
+  using LA = std::conditional_t<ARow, wm::row_major, wm::col_major>;
+  using LB = std::conditional_t<BRow, wm::row_major, wm::col_major>;
+  wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, LA> ah, al;
+  wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, LB> bh, bl;
+  Acc x1[NB], x2[NB];
+#pragma unroll
+  for (int n = 0; n < NB; ++n) {
+    wm::fill_fragment(x1[n], 0.0f);
+    wm::fill_fragment(x2[n], 0.0f);
+  }
+#pragma unroll 2
+  for (int k = 0; k < K; k += 8) {
+    wm::load_matrix_sync(ah, ARow ? a + k : a + static_cast<int64_t>(k) * lda, lda);
+    split_tf32(ah, al);
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+      const float* bn = BRow ? b + n * 16 : b + static_cast<int64_t>(n) * 16 * ldb;
+      wm::load_matrix_sync(bh, BRow ? bn + static_cast<int64_t>(k) * ldb : bn + k, ldb);
+      split_tf32(bh, bl);
+      wm::mma_sync(x1[n], al, bh, x1[n]);
+      wm::mma_sync(x2[n], ah, bl, x2[n]);
+      wm::mma_sync(acc[n], ah, bh, acc[n]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < NB; ++n)
+#pragma unroll
+    for (int e = 0; e < acc[n].num_elements; ++e) acc[n].x[e] += x1[n].x[e] + x2[n].x[e];
+}
 }  // namespace
 }  // namespace hmoe::gpu::dn

@@ -39,47 +39,6 @@ constexpr int kOutCols = 64;          // value columns per phase-3 block
 constexpr int kLdO = kOutCols + 8;    // row stride of phase 3's state and u tiles
 constexpr int kBufPad = 8;            // floats after a phase-2 buffer's exp(G_last) (keeps the next buffer 32-byte aligned)
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// mma3 (gpu/deltanet_tf32.cuh) with the hi.lo and lo.hi terms in accumulators
-// of their own, added at the end: per k step the three products no longer
-// wait on each other (the walk's latency is its cost).
-template <bool ARow, bool BRow, int NB>
-__device__ __forceinline__ void mma3x(Acc (&acc)[NB], const float* a, int lda, const float* b, int ldb, int K) {
-  using LA = std::conditional_t<ARow, wm::row_major, wm::col_major>;
-  using LB = std::conditional_t<BRow, wm::row_major, wm::col_major>;
-  wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, LA> ah, al;
-  wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, LB> bh, bl;
-  Acc x1[NB], x2[NB];
-#pragma unroll
-  for (int n = 0; n < NB; ++n) {
-    wm::fill_fragment(x1[n], 0.0f);
-    wm::fill_fragment(x2[n], 0.0f);
-  }
-#pragma unroll 2
-  for (int k = 0; k < K; k += 8) {
-    wm::load_matrix_sync(ah, ARow ? a + k : a + static_cast<int64_t>(k) * lda, lda);
-    split_tf32(ah, al);
-#pragma unroll
-    for (int n = 0; n < NB; ++n) {
-      const float* bn = BRow ? b + n * 16 : b + static_cast<int64_t>(n) * 16 * ldb;
-      wm::load_matrix_sync(bh, BRow ? bn + static_cast<int64_t>(k) * ldb : bn + k, ldb);
-      split_tf32(bh, bl);
-      wm::mma_sync(x1[n], al, bh, x1[n]);
-      wm::mma_sync(x2[n], ah, bl, x2[n]);
-      wm::mma_sync(acc[n], ah, bh, acc[n]);
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < NB; ++n)
-#pragma unroll
-    for (int e = 0; e < acc[n].num_elements; ++e) acc[n].x[e] += x1[n].x[e] + x2[n].x[e];
-}
-
 __host__ __device__ constexpr int64_t v3_buf_floats(int64_t C, int64_t dk) { return C * (dk + 4) + C * (dk + 8) + C * kLdS + kBufPad; }
 int64_t v3_scan_smem(int64_t C, int64_t dk) { return (dk * kLdS + C * kLdS + 2 * v3_buf_floats(C, dk)) * 4; }
 int64_t v3_out_smem(int64_t C, int64_t dk) { return (C * (dk + 4) + dk * kLdO + C * (C + 4) + C * kLdO + C) * 4; }
@@ -256,6 +215,7 @@ __global__ void __launch_bounds__(kV3Threads, 2) v3_out_kernel(const float* conv
     else *reinterpret_cast<float4*>(us + i * kLdO + c) = zero4;
   }
   for (int p = tid; p < C / 4; p += blockDim.x) cp_async16(Fs + 4 * p, Fg + 4 * p);
+  cp_async_commit();  // wait_group waits on committed groups only: without it the copies above were never waited for
   cp_async_wait<0>();
   __syncthreads();
   for (int p = tid; p < C * q4; p += blockDim.x) {
