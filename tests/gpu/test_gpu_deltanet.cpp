@@ -487,7 +487,7 @@ TEST_CASE("gated deltanet chunked kernels v1 to v4 at head dims 128: lengths 1 t
   }
 }
 
-TEST_CASE("gated deltanet: the kernel setting takes v1 or v2, refuses the withdrawn v3 and a bad value by name, and v2's and v3's scratch follow their formulas") {
+TEST_CASE("gated deltanet: the kernel setting takes v1, v2 or v4, refuses the withdrawn v3 and a bad value by name, and v2's and v3's scratch follow their formulas") {
   Settings s = Settings::defaults();
   CHECK(s.gpu_deltanet_kernel == "v2");
   CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v2);
@@ -498,6 +498,9 @@ TEST_CASE("gated deltanet: the kernel setting takes v1 or v2, refuses the withdr
   CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v2"), Error);
   CHECK_THROWS_WITH_AS(GpuRuntimeOptions::from_settings(s), doctest::Contains("withdrawn"), Error);
   s.gpu_deltanet_kernel = "v4";
+  s.validate();
+  CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v4);
+  s.gpu_deltanet_kernel = "v5";
   CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v2"), Error);
   CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);
   gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v2);
