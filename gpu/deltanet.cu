@@ -20,6 +20,7 @@
 #include "gpu/common.cuh"
 #include "gpu/deltanet.h"
 #include "gpu/deltanet_chunked.h"
+#include "gpu/deltanet_io.h"
 
 namespace hmoe::gpu {
 using namespace detail;
@@ -349,8 +350,9 @@ void deltanet_prepare(const float* proj, int64_t ld, const DeltaNetGroups& gr, i
                       float* beta, Stream& s) {
   check_shape(sh);
   if (ntok <= 0) return;
-  if (deltanet_kernel() == DeltaNetKernel::v3 &&
-      deltanet_prepare_v3(proj, ld, gr, tok0, ntok, sh, conv_w, a_neg, dt_bias, state_off, conv_out, gate, beta, s))
+  const DeltaNetIo io = deltanet_io();
+  if (io != DeltaNetIo::plain &&
+      deltanet_prepare_vec(io == DeltaNetIo::vec1 ? 1 : 2, proj, ld, gr, tok0, ntok, sh, conv_w, a_neg, dt_bias, state_off, conv_out, gate, beta, s))
     return;
   if (sh.conv_dim() * 4 > 48 * 1024) fail(ErrorKind::unsupported, "gated deltanet on the GPU: conv_dim above 12288");
   const float qscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(sh.dk)));
@@ -423,7 +425,7 @@ void deltanet_gated_norm(const float* core, const float* proj, int64_t ld, const
                          const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s, uint16_t* y_lo, int64_t row0) {
   check_shape(sh);
   if (ntok <= 0) return;
-  if (deltanet_kernel() == DeltaNetKernel::v3 && deltanet_gated_norm_v3(core, proj, ld, gr, tok0, ntok, sh, w, eps, y, s, y_lo, row0)) return;
+  if (deltanet_io() != DeltaNetIo::plain && deltanet_gated_norm_vec(core, proj, ld, gr, tok0, ntok, sh, w, eps, y, s, y_lo, row0)) return;
   gated_norm_kernel<<<static_cast<unsigned>(ntok), 256, 0, cs(s)>>>(core, proj, ld, gr, tok0, dims(sh), w, eps, y, y_lo, row0);
   HMOE_CUDA_LAUNCHED();
 }

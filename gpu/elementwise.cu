@@ -161,7 +161,11 @@ __global__ void silu_mul_kernel(const float* gu, int64_t n, int64_t inter, uint1
 
 __global__ void split_bf16_kernel(const float* x, int64_t count, uint16_t* hi, uint16_t* lo) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx < count) store_bf16_pair(hi, lo, idx, x[idx]);
+  if (idx >= count) return;
+  const float v = x[idx];
+  const uint16_t h = f2bf(v);
+  if (hi) hi[idx] = h;
+  if (lo) lo[idx] = f2bf(v - bf2f(h));
 }
 
 __global__ void add_kernel(const float* x, const float* d, int64_t count, float* y) {

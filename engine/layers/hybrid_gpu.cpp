@@ -56,10 +56,7 @@ class GatedDeltaNetGpu : public GpuAttention {
       const int64_t b = gpu::deltanet_chunked_scratch_bytes(sh_, gpu::deltanet_kernel(), 0, n, ctx.step.deltanet->count());
       if (b > 0) ctx.scratch.fit("gdn.v2", b);
     }
-    if (split_) {
-      ctx.scratch.fit("gdn.x2", n * 2 * H_ * 2);
-      ctx.scratch.fit("gdn.y2", n * 2 * std::max(sh_.proj_cols(), H_) * 4);
-    }
+    if (split_) ctx.scratch.fit("gdn.xlo", n * H_ * 2);
   }
   bool fp32_input() const override { return split_; }
   void key(const GpuStepInfo& st, std::vector<int64_t>& k) const override {
@@ -86,15 +83,11 @@ class GatedDeltaNetGpu : public GpuAttention {
     float* beta = ctx.scratch.get<float>("gdn.beta");
     float* core = ctx.scratch.get<float>("gdn.core");
     bf16_t* o = ctx.scratch.get<bf16_t>("gdn.o");
-    // Split inputs: one product over [hi; lo] (2rn rows, weights read once), the halves added.
-    bf16_t* x2 = split_ ? ctx.scratch.get<bf16_t>("gdn.x2") : nullptr;
-    float* y2 = split_ ? ctx.scratch.get<float>("gdn.y2") : nullptr;
-    if (split_) {
-      gpu::split_bf16(ctx.a.hf + r.r0 * H_, r.rn * H_, x2, x2 + r.rn * H_, s);
-      ctx.blas.gemm(x2, 2 * r.rn, w_in_.as<bf16_t>(), P, H_, y2, P);
-      gpu::add(y2, y2 + r.rn * P, r.rn * P, proj + r.r0 * P, s);
-    } else {
-      ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, w_in_.as<bf16_t>(), P, H_, proj + r.r0 * P, P);
+    ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, w_in_.as<bf16_t>(), P, H_, proj + r.r0 * P, P);
+    if (split_) {  // hb is the hi half (bf16 of hf): the lo half's product added in place
+      bf16_t* lo = ctx.scratch.get<bf16_t>("gdn.xlo");
+      gpu::split_bf16(ctx.a.hf + r.r0 * H_, r.rn * H_, nullptr, lo, s);
+      ctx.blas.gemm_add(lo, r.rn, w_in_.as<bf16_t>(), P, H_, proj + r.r0 * P, P);
     }
     gpu::deltanet_prepare(proj, P, gr, tok0, ntok, sh_, conv_.as<float>(), a_neg_.as<float>(), dt_bias_.as<float>(), state_off_, conv, gate, beta, s);
     gpu::deltanet_conv_window(proj, P, gr, g0, gn, sh_, state_off_, s);
@@ -109,10 +102,10 @@ class GatedDeltaNetGpu : public GpuAttention {
       ctx.blas.gemm(o + r.r0 * V, r.rn, w_out_.as<bf16_t>(), H_, V, ctx.a.d + r.r0 * H_, H_);
       return;
     }
-    // The micro-batch's rows r0.. as hi rows [0, rn) and lo rows [rn, 2rn) of o.
+    // The micro-batch's rows r0.. as hi rows [0, rn) and lo rows [rn, 2rn) of o; lo's product added in place.
     gpu::deltanet_gated_norm(core, proj, P, gr, tok0, ntok, sh_, norm_.as<float>(), eps_, o, s, o + r.rn * V, r.r0);
-    ctx.blas.gemm(o, 2 * r.rn, w_out_.as<bf16_t>(), H_, V, y2, H_);
-    gpu::add(y2, y2 + r.rn * H_, r.rn * H_, ctx.a.d + r.r0 * H_, s);
+    ctx.blas.gemm(o, r.rn, w_out_.as<bf16_t>(), H_, V, ctx.a.d + r.r0 * H_, H_);
+    ctx.blas.gemm_add(o + r.rn * V, r.rn, w_out_.as<bf16_t>(), H_, V, ctx.a.d + r.r0 * H_, H_);
   }
 
  private:
@@ -152,10 +145,7 @@ class GatedAttentionGpu : public GpuAttention {
     ctx.scratch.fit("gatt.x", n * ld() * 4);
     ctx.scratch.fit("gatt.q", n * nh_ * hd_ * 4);
     ctx.scratch.fit("gatt.attn", n * nh_ * hd_ * 2);
-    if (split_) {
-      ctx.scratch.fit("gatt.x2", n * 2 * std::max(H_, nh_ * hd_) * 2);
-      ctx.scratch.fit("gatt.y2", n * 2 * std::max(ld(), H_) * 4);
-    }
+    if (split_) ctx.scratch.fit("gatt.x2", n * 2 * std::max(H_, nh_ * hd_) * 2);
     ctx.scratch.fit("gatt.scratch", gpu::attention_scratch_floats(n, nh_, hd_, ctx.step.max_len) * 4);
   }
   void key(const GpuStepInfo& st, std::vector<int64_t>& k) const override {
@@ -172,13 +162,10 @@ class GatedAttentionGpu : public GpuAttention {
     float* q = ctx.scratch.get<float>("gatt.q");
     bf16_t* attn = ctx.scratch.get<bf16_t>("gatt.attn");
     bf16_t* x2 = split_ ? ctx.scratch.get<bf16_t>("gatt.x2") : nullptr;
-    float* y2 = split_ ? ctx.scratch.get<float>("gatt.y2") : nullptr;
-    if (split_) {  // [hi; lo] as one product of 2rn rows, the halves added
-      gpu::split_bf16(ctx.a.hf + r.r0 * H_, r.rn * H_, x2, x2 + r.rn * H_, s);
-      ctx.blas.gemm(x2, 2 * r.rn, qkv_.as<bf16_t>(), ld(), H_, y2, ld());
-      gpu::add(y2, y2 + r.rn * ld(), r.rn * ld(), x, s);
-    } else {
-      ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, qkv_.as<bf16_t>(), ld(), H_, x, ld());
+    ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, qkv_.as<bf16_t>(), ld(), H_, x, ld());
+    if (split_) {  // hb is the hi half (bf16 of hf): the lo half's product added in place
+      gpu::split_bf16(ctx.a.hf + r.r0 * H_, r.rn * H_, nullptr, x2, s);
+      ctx.blas.gemm_add(x2, r.rn, qkv_.as<bf16_t>(), ld(), H_, x, ld());
     }
     gpu::gated_qkv_prepare(x, r.rn, ld(), nh_, kvh_, hd_, rot_, q_norm_.as<float>(), k_norm_.as<float>(), eps_, st.pos + r.r0,
                            inv_freq_.as<float>(), st.slot + r.r0, kc, vc, q, s);
@@ -194,8 +181,8 @@ class GatedAttentionGpu : public GpuAttention {
       return;
     }
     gpu::gated_attention_gate(attn, x, r.rn, ld(), nh_, hd_, s, x2, x2 + r.rn * nh_ * hd_);
-    ctx.blas.gemm(x2, 2 * r.rn, o_.as<bf16_t>(), H_, nh_ * hd_, y2, H_);
-    gpu::add(y2, y2 + r.rn * H_, r.rn * H_, ctx.a.d + r.r0 * H_, s);
+    ctx.blas.gemm(x2, r.rn, o_.as<bf16_t>(), H_, nh_ * hd_, ctx.a.d + r.r0 * H_, H_);
+    ctx.blas.gemm_add(x2 + r.rn * nh_ * hd_, r.rn, o_.as<bf16_t>(), H_, nh_ * hd_, ctx.a.d + r.r0 * H_, H_);
   }
 
  private:
