@@ -244,8 +244,9 @@ int main(int argc, char** argv) {
       const int64_t steps = T / S;
       const double tf = static_cast<double>(T);
       // The projections of the layer step (fp32 x -> proj; core -> d) as hybrid_gpu.cpp runs them. Precise: the
-      // product of hi (xb, the norm's bf16 output), then lo's added in place (Blas::gemm_add). pass2s: the
-      // previous way, one product over [hi; lo] (2S rows) into an fp32 buffer, the halves added.
+      // product of hi (xb, the norm's bf16 output), then lo's added in place (Blas::gemm_add), as hybrid_gpu.cpp does
+      // from S >= cols / 4 rows on; pass2s: the stacked way it keeps below that (decode), and the only one before,
+      // one product over [hi; lo] (2S rows) into an fp32 buffer, the halves added.
       auto in_proj = [&](bool precise, bool pass2s = false) {
         if (precise && pass2s) {
           gpu::split_bf16(st.x.as<float>(), S * H, st.x2.as<uint16_t>(), st.x2.as<uint16_t>() + S * H, s);

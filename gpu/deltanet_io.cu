@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kConvWarps * 32) prepare_tiled_kernel(const fl
 }
 
 // v2. Grid (token tiles of `tile`, channel blocks + 1 for the gates); a warp walks its tile in chunks of 32 tokens.
-__global__ void __launch_bounds__(kConvWarps * 32) prepare_sliding_kernel(const float* __restrict__ proj, int64_t ld, DeltaNetGroups gr, int64_t tok0,
+__global__ void __launch_bounds__(kConvWarps * 32, 3) prepare_sliding_kernel(const float* __restrict__ proj, int64_t ld, DeltaNetGroups gr, int64_t tok0,
                                                                           int64_t ntok, int tile, IoDims d, const float* __restrict__ conv_w,
                                                                           const float* a_neg, const float* dt_bias, int64_t state_off,
                                                                           float* __restrict__ conv_out, float* gate, float* beta, float qscale) {
