@@ -4,6 +4,7 @@
 // fp32 summation order. Skips with a message where no GPU is present.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -305,6 +306,11 @@ TEST_CASE("gpu split_bf16: hi = bf16(x), lo = bf16(x - hi), bit for bit; hi alon
   gpu::memset_device(dlo.data(), 0, dlo.bytes(), s);
   gpu::split_bf16(dx.as<float>(), static_cast<int64_t>(x.size()), nullptr, dlo.as<uint16_t>(), s);
   CHECK(test::to_host<uint16_t>(dlo, x.size(), s) == lo);
+  // Four values a thread where x is 16-byte aligned (above), one where it is not: x from its second value.
+  gpu::split_bf16(dx.as<float>() + 1, static_cast<int64_t>(x.size()) - 1, dhi.as<uint16_t>(), dlo.as<uint16_t>(), s);
+  const auto hi1 = test::to_host<uint16_t>(dhi, x.size() - 1, s), lo1 = test::to_host<uint16_t>(dlo, x.size() - 1, s);
+  CHECK(std::equal(hi1.begin(), hi1.end(), hi.begin() + 1));
+  CHECK(std::equal(lo1.begin(), lo1.end(), lo.begin() + 1));
 }
 
 TEST_CASE("gpu router_topk matches ops::softmax_topk (ties: lower index)") {
