@@ -103,10 +103,19 @@ __global__ void conv_window_kernel(const float* proj, int64_t ld, DeltaNetGroups
   const int64_t cnt = gr.count[g], st = gr.start[g], W = d.ck - 1, sc = conv_src(c, d);
   const bool fresh = gr.fresh[g] != 0;
   float* win = state_of(gr, g, state_off);
-  for (int64_t j = 0; j < W; ++j) {  // reads index cnt + j > j: not yet overwritten
-    const int64_t e = cnt + j;
-    win[j * d.cdim + c] = e < W ? (fresh ? 0.0f : win[e * d.cdim + c]) : proj[static_cast<int64_t>(gr.order[st + e - W]) * ld + sc];
+  auto input = [&](int64_t e) { return e < W ? (fresh ? 0.0f : win[e * d.cdim + c]) : proj[static_cast<int64_t>(gr.order[st + e - W]) * ld + sc]; };
+  constexpr int kMaxW = 8;
+  if (W <= kMaxW) {  // every new row loaded before any is stored: the loads overlap
+    float v[kMaxW];
+#pragma unroll
+    for (int j = 0; j < kMaxW; ++j)
+      if (j < W) v[j] = input(cnt + j);
+#pragma unroll
+    for (int j = 0; j < kMaxW; ++j)
+      if (j < W) win[j * d.cdim + c] = v[j];
+    return;
   }
+  for (int64_t j = 0; j < W; ++j) win[j * d.cdim + c] = input(cnt + j);  // reads index cnt + j > j: not yet overwritten
 }
 
 constexpr int kSlice = 32;  // value columns per block
