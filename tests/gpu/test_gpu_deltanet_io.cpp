@@ -240,7 +240,7 @@ void check_io(const Layout& L, const Groups& gr) {
     const auto sum = test::bf16_pair_sum(hi, lo);
     CHECK(test::tol_ratio(sum, y_ref, 1e-5, 1e-4) <= 1);
     if (m.io == gpu::DeltaNetIo::plain) y_plain = sum;
-    else CHECK(test::tol_ratio(sum, y_plain, 1e-6, 2e-5) <= 1);
+    else CHECK(test::tol_ratio(sum, y_plain, 1e-6, 4e-5) <= 1);  // an ulp of v apart may move lo by one of its ulps (2^-15 v)
     // A micro-batch's tokens [cut, n): rows order[i] - row0 of y (row0 the smallest of them).
     int32_t row0 = static_cast<int32_t>(n);
     for (int64_t i = cut; i < n; ++i) row0 = std::min(row0, gr.order[static_cast<size_t>(i)]);

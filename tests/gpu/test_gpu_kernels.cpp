@@ -78,8 +78,9 @@ TEST_CASE("gpu gemm_add (y += x W^T) gives y0 + the product, and hi then lo of a
     const auto one = test::to_host<float>(y2, static_cast<size_t>(n * rows), s), two = test::to_host<float>(sum, static_cast<size_t>(n * rows), s);
     std::vector<float> exact(static_cast<size_t>(n * rows));
     cpu::gemm_reference(x.data(), n, cpu::Mat{DType::bf16, w.data(), rows, cols}, exact.data());
-    CHECK(test::tol_ratio(two, one, 1e-5, 1e-5) <= 1);  // the same sum (cuBLAS may order its products differently per call)
-    CHECK(test::tol_ratio(two, exact, 1e-4, 1e-4) <= 1);  // to about 16 bits of x
+    // The same sum (cuBLAS may order its products differently per call), and x to about 16 bits (hi alone: ~1e-2 here).
+    CHECK(test::tol_ratio(two, one, 1e-4, 1e-5) <= 1);
+    CHECK(test::tol_ratio(two, exact, 2e-4, 1e-4) <= 1);
   }
 }
 
