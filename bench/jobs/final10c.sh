@@ -1,5 +1,5 @@
-# Session 10's short last device job: k35b's layer parts merged with k35a's v4 (now the default delta rule).
-#   A. test_gpu: the delta rule and io kernels (plain, vec1, vec2), gemm_add, split_bf16; the Qwen3-Next fixture and
+# The next device job (session 11): merge branch k35b first (its layer parts were compiled only; reverted from main in
+# session 10 when the device time ran out before they ran), then: (the default delta rule is v4 already)
 #      its head_dim-256 and GGUF cases under the defaults (v4, precise projections by beta = 1 accumulation);
 #      streamed-expert cases
 #   B. bench_gpu_deltanet --reps 3 --kernels v2,v4: the layer at 4k and 32k against its roof (bar: 50%)
