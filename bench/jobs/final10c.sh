@@ -1,7 +1,8 @@
-# The next device job (session 11): merge branch k35b first (its layer parts were compiled only; reverted from main in
-# session 10 when the device time ran out before they ran), then: (the default delta rule is v4 already)
-#      its head_dim-256 and GGUF cases under the defaults (v4, precise projections by beta = 1 accumulation);
-#      streamed-expert cases
+# The next device job (session 11). Merge branch k35b into main first: its layer parts (precise projections by a
+# beta = 1 accumulation, vec2 conv + gates, vectorised io for every delta rule) were compiled only; they were merged
+# and reverted in session 10 when the device time ran out before they ran. The default delta rule is v4 already.
+#   A. test_gpu: the delta rule and io kernels (plain, vec1, vec2), gemm_add, split_bf16; the Qwen3-Next fixture and
+#      its head_dim-256 and GGUF cases under the defaults; streamed-expert cases
 #   B. bench_gpu_deltanet --reps 3 --kernels v2,v4: the layer at 4k and 32k against its roof (bar: 50%)
 # Run: carry [".device/f8"], `TOTAL=200 OUT=$OUT bash .device/f8/scripts/device run final10c:210`, timeout 220.
 set -u
