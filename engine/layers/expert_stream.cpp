@@ -227,10 +227,9 @@ uint64_t expert_stream_step_room(const ModelConfig& c, const ExpertStreamOptions
   const uint64_t tokens = static_cast<uint64_t>(std::max<int64_t>(o.max_tokens, 0));
   const uint64_t lists = (E + 1) * 4 + tokens * K * 4;  // route offsets, pair list (the stream's own)
   uint64_t pass = 0;
-  if (!o.shared_scratch) {
-    pass = tokens > 0 ? tokens * K * per_pair : uint64_t{1} << 30;
-    if (o.dequant_chunks) pass += uint64_t{512} << 20;  // moe_experts_gemm_dequant's two 256 MiB chunks
-  }
+  if (!o.shared_scratch) pass = tokens > 0 ? tokens * K * per_pair : uint64_t{1} << 30;
+  // moe_experts_gemm_dequant's two 256 MiB chunks: the plan's workspace does not count them, shared or not.
+  if (o.dequant_chunks) pass += uint64_t{512} << 20;
   return lists + pass + (uint64_t{128} << 20) + total_b / 200;
 }
 

@@ -161,8 +161,8 @@ int64_t expert_stream_slots(const ExpertStreamOptions& o, int64_t layers);
 // Device bytes of those slots.
 uint64_t expert_stream_slot_bytes(const ModelConfig& c, const ExpertStreamOptions& o, int64_t layers);
 // GPU memory a streamed pass needs besides its slots, out of total_bytes:
-// the routing lists, and unless o.shared_scratch the expert products'
-// buffers for o.max_tokens tokens (o.max_tokens 0: 1 GiB) and 512 MiB of
+// the routing lists, unless o.shared_scratch the expert products'
+// buffers for o.max_tokens tokens (o.max_tokens 0: 1 GiB), 512 MiB of
 // bf16 chunks under o.dequant_chunks; and a margin of 128 MiB + 0.5% of
 // the card for what the plan's workspace estimate misses. The allocator's
 // and libraries' own headroom is outside the budget already

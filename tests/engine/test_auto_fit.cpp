@@ -195,6 +195,8 @@ TEST_CASE("automatic fit: streamed prefill costs no resident layer here (Q8_0 ex
   CHECK(expert_stream_step_room(c, so, 24ull << 30) > (1ull << 30));  // unknown: a whole GiB
   so.dequant_chunks = true;
   CHECK(expert_stream_step_room(c, so, 24ull << 30) > (1536ull << 20));  // and the bf16 chunks
+  so.shared_scratch = true;
+  CHECK(expert_stream_step_room(c, so, 24ull << 30) > shared + (500ull << 20));  // the chunks stay: no workspace counts them
   FitInputs in;
   in.gpu_bandwidth = 3e12;
   in.cpu_bandwidth = 95e9;
