@@ -143,6 +143,7 @@ std::string prefill_plan_report(const ModelConfig& c, const Settings& s, double 
   o.window = window;
   o.quantized = s.gpu_quantized_experts;
   o.max_tokens = s.max_num_batched_tokens;
+  o.shared_scratch = true;  // as the GPU runtime runs its stream (GpuRuntime::enable_expert_streaming)
   const bool quant = o.quantized && c.gpu_expert_bytes_per_weight > 0 && c.gpu_expert_bytes_per_weight < 2.0;
   std::snprintf(buf, sizeof buf, "prefill streaming of non-resident experts: window %d (%s), %lld device slots of %s = %s on the GPU when on (%s)\n",
                 window, s.origin("gpu_prefetch_window").c_str(), static_cast<long long>(expert_stream_slots(o, streamed_layers)),
