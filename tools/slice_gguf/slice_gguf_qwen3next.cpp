@@ -11,10 +11,13 @@
 //    a unit scale; the DeltaNet output's gated norm (ssm_norm, stored as is)
 //    is 1 too;
 //  - ssm_a = -exp(A_log) with A_log uniform in [0, log 16): decay rates A in
-//    [1, 16), the range Qwen3-Next draws A from at initialisation;
+//    [1, 16), inside the (0, 16) Qwen3-Next draws A from at initialisation
+//    (the per-token decay exp(-A softplus(a + dt_bias)) then spans slow to
+//    fast forgetting across heads);
 //  - ssm_dt.bias (dt_bias) uniform in [0, 2), around its initial value 1;
-//  - ssm_conv1d uniform in [-0.5, 0.5), the default bound 1/sqrt(kernel 4)
-//    of a depthwise conv of kernel 4 (0.02 would silence the DeltaNet path);
+//  - ssm_conv1d uniform in [-0.5, 0.5), the default initialisation bound
+//    1/sqrt(kernel) of a depthwise conv of kernel 4 (at 0.02 the conv would
+//    shrink the DeltaNet's values some 25-fold against the other paths);
 //  - routers and the shared-expert gate F32 random (llama.cpp keeps them F32).
 #include <cmath>
 #include <string>
