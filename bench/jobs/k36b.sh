@@ -24,6 +24,8 @@
 #   K36B_L=4 K36B_SHAPE="--hidden 256 --experts 16 --top-k 4 --expert-ffn 256" K36B_EXTRA="--device cpu" \
 #   K36B_P=64 K36B_N=8 B=... bash bench/jobs/k36b.sh
 set -u
+# One GPU for both (on a two-GPU machine llama-bench would otherwise split the layers over both).
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 O=${O:-${OUT:-/tmp/out}}; mkdir -p "$O"
 LIMIT=${LIMIT:-580}; T0=$SECONDS
 left() { echo $((LIMIT - (SECONDS - T0))); }
