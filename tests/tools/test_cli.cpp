@@ -4,7 +4,6 @@
 #include <sys/wait.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,38 +11,16 @@
 
 #include "configs/error.h"
 #include "configs/settings.h"
-#include "io/gguf.h"
 #include "tests/test_util.h"
+#include "tests/tools/cli_run.h"
 
 using namespace hmoe;
 
-namespace {
-
-struct Run {
-  int code;
-  std::string out;
-};
-
-Run run_cmd(const std::string& command) {
-  const std::string cmd = command + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-Run run(const std::string& args) { return run_cmd(std::string(HMOE_BINARY_DIR) + "/bin/hmoe " + args); }
-
-// run() with extra environment assignments ("A=1 B=2").
-Run run_env(const std::string& env, const std::string& args) { return run_cmd("env " + env + " " + std::string(HMOE_BINARY_DIR) + "/bin/hmoe " + args); }
-
-bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
-
-}  // namespace
+using test::contains;
+using test::Run;
+using test::run;
+using test::run_cmd;
+using test::run_env;
 
 TEST_CASE("settings: defaults, environment, flags, and bad values") {
   std::vector<std::string> args = {"--port", "9001", "MODEL", "--threads=3", "--power-saving"};
@@ -399,119 +376,6 @@ TEST_CASE("hmoe bench MODEL runs a Hugging Face directory; bad options are error
     const Run e = run(b.args);
     CHECK_MESSAGE(e.code != 0, b.args << ": " << e.out);
     CHECK_MESSAGE(contains(e.out, b.says), b.args << ": " << e.out);
-  }
-}
-
-TEST_CASE("slice_gguf writes a qwen3moe GGUF with the real Qwen3 tokenizer that hmoe loads, tokenizes with and benchmarks") {
-  test::TempDir tmp("slice");
-  const std::string file = tmp.str() + "/slice.gguf", bin = std::string(HMOE_BINARY_DIR) + "/bin/slice_gguf";
-  const std::string shape = " --layers 2 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 --experts 8 --expert-ffn 32 --top-k 2 --threads 2";
-  const Run w = run_cmd(bin + " --out " + file + shape + " --seed 3");
-  REQUIRE_MESSAGE(w.code == 0, w.out);
-  CHECK_MESSAGE(contains(w.out, "2 layers"), w.out);
-  // Deterministic for a seed, whatever the thread count.
-  const Run w1 = run_cmd(bin + " --out " + file + ".1" + shape + " --seed 3 --threads 1");
-  REQUIRE(w1.code == 0);
-  CHECK(test::read_file(file) == test::read_file(file + ".1"));
-  // The embedded tokenizer tokenizes as the Hugging Face files do.
-  test::write_file(tmp.str() + "/t.txt", "Hello, world! 你好 <|im_start|>user\n<think>x</think> 12345\t\n");
-  const Run a = run("tokenize " + file + " --file " + tmp.str() + "/t.txt --json");
-  const Run b = run("tokenize " + test::fixture_model("tiny-qwen3moe") + " --file " + tmp.str() + "/t.txt --json");
-  REQUIRE_MESSAGE(a.code == 0, a.out);
-  REQUIRE_MESSAGE(b.code == 0, b.out);
-  const auto ids = nlohmann::json::parse(a.out.substr(a.out.rfind('{')))["ids"];
-  CHECK(ids == nlohmann::json::parse(b.out.substr(b.out.rfind('{')))["ids"]);
-  CHECK(std::find(ids.begin(), ids.end(), 151644) != ids.end());  // <|im_start|> as one control token
-  const Run g = run("bench " + file + " -p 8 -n 2 -r 1 --threads 1 --json");
-  REQUIRE_MESSAGE(g.code == 0, g.out);
-  const auto js = nlohmann::json::parse(g.out.substr(g.out.rfind("\n{") + 1));
-  CHECK(js["layers"] == 2);
-  CHECK(js["experts"] == 8);
-  CHECK(js["vocab"] == 151936);
-  // Q8_0 experts written directly (issue 27's full-depth model): hmoe loads and runs them; deterministic too.
-  const std::string q8 = tmp.str() + "/slice-q8.gguf";
-  const Run q = run_cmd(bin + " --out " + q8 + shape + " --seed 3 --expert-type q8_0");
-  REQUIRE_MESSAGE(q.code == 0, q.out);
-  const Run q1 = run_cmd(bin + " --out " + q8 + ".1.gguf" + shape + " --seed 3 --expert-type q8_0 --threads 1");
-  REQUIRE(q1.code == 0);
-  CHECK(test::read_file(q8) == test::read_file(q8 + ".1.gguf"));
-  CHECK(test::read_file(q8).size() < test::read_file(file).size());
-  const Run gq = run("bench " + q8 + " -p 8 -n 2 -r 1 --threads 1");
-  CHECK_MESSAGE(gq.code == 0, gq.out);
-  const Run pq = run("plan " + q8);
-  CHECK_MESSAGE(contains(pq.out, "Q8_0"), pq.out);
-  // --routing-replay drives the GPU path only.
-  const Run rr = run("bench " + q8 + " -p 0 -n 2 -r 1 --threads 1 --device cpu --routing-replay " + file);
-  CHECK(rr.code != 0);
-  CHECK_MESSAGE(contains(rr.out, "--routing-replay"), rr.out);
-  struct Bad {
-    std::string args, says;
-  };
-  for (const Bad& e : {Bad{" --layers 2", "--out FILE is required"}, Bad{" --out " + file + " --layers 0", "--layers must be in 1..1024"},
-                       Bad{" --out " + file + " --bogus 1", "unknown option '--bogus'"}, Bad{" --out " + file + " --heads 5 --kv-heads 2", "multiple of --kv-heads"},
-                       Bad{" --out " + file + " --tokenizer " + tmp.str(), "tokenizer.json: cannot open"},
-                       Bad{" --out " + file + " --expert-type q4_k", "--expert-type must be f16 or q8_0"},
-                       Bad{" --out /nonexistent/dir/x.gguf --layers 1 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 --experts 8 --expert-ffn 32 --top-k 2", "cannot create"}}) {
-    const Run r = run_cmd(bin + e.args);
-    CHECK_MESSAGE(r.code != 0, e.args << ": " << r.out);
-    CHECK_MESSAGE(contains(r.out, e.says), e.args << ": " << r.out);
-  }
-}
-
-TEST_CASE("slice_gguf --arch deepseek2: DeepSeek-V3 layout with low-bit expert blocks and the DeepSeek tokenizer; hmoe loads and benchmarks it") {
-  test::TempDir tmp("slice-ds2");
-  const std::string file = tmp.str() + "/ds.gguf", bin = std::string(HMOE_BINARY_DIR) + "/bin/slice_gguf";
-  const std::string shape = " --arch deepseek2 --layers 3 --dense-layers 1 --hidden 256 --heads 2 --experts 8 --expert-ffn 256 --top-k 2 --groups 4"
-                            " --group-top 2 --q-lora 256 --kv-lora 256 --ffn 512 --expert-types iq2_xxs,Q2_K --threads 2";
-  const Run w = run_cmd(bin + " --out " + file + shape + " --seed 5 --imatrix-out " + tmp.str() + "/u.imatrix");
-  REQUIRE_MESSAGE(w.code == 0, w.out);
-  CHECK_MESSAGE(contains(w.out, "deepseek2, 3 layers"), w.out);
-  CHECK_MESSAGE(contains(w.out, "uniform importance matrix for 6 expert tensors"), w.out);
-  const Run w1 = run_cmd(bin + " --out " + file + ".1" + shape + " --seed 5 --threads 1");
-  REQUIRE(w1.code == 0);
-  CHECK(test::read_file(file) == test::read_file(file + ".1"));  // deterministic whatever the thread count
-  // The file as hmoe reads it: deepseek2 metadata, the experts' stored types, the rest F16/F32.
-  const auto f = io::GgufFile::open(file);
-  int iq2 = 0, q2 = 0;
-  for (const io::GgufTensor& t : f->tensors()) {
-    if (t.name.find("_exps.") == std::string::npos) {
-      CHECK_MESSAGE((t.type == 0 || t.type == 1), t.name);
-      continue;
-    }
-    const bool down = t.name.find("down") != std::string::npos;
-    CHECK_MESSAGE(t.type == (down ? 10u : 16u), t.name);
-    (down ? q2 : iq2)++;
-  }
-  CHECK(iq2 == 4);
-  CHECK(q2 == 2);
-  // The uniform importance matrix: llama-imatrix's layout, a sums and a counts tensor per expert tensor.
-  const auto im = io::GgufFile::open(tmp.str() + "/u.imatrix");
-  CHECK(im->tensors().size() == 12);
-  // The embedded tokenizer tokenizes as the DeepSeek-V3 fixture's Hugging Face files do.
-  test::write_file(tmp.str() + "/t.txt", "Hello, world! 你好 12345\t\n");
-  const Run a = run("tokenize " + file + " --file " + tmp.str() + "/t.txt --json");
-  const Run b = run("tokenize " + test::fixture_model("tiny-deepseekv3") + " --file " + tmp.str() + "/t.txt --json");
-  REQUIRE_MESSAGE(a.code == 0, a.out);
-  REQUIRE_MESSAGE(b.code == 0, b.out);
-  CHECK(nlohmann::json::parse(a.out.substr(a.out.rfind('{')))["ids"] == nlohmann::json::parse(b.out.substr(b.out.rfind('{')))["ids"]);
-  const Run g = run("bench " + file + " -p 8 -n 2 -r 1 --threads 1 --device cpu --json");
-  REQUIRE_MESSAGE(g.code == 0, g.out);
-  const auto js = nlohmann::json::parse(g.out.substr(g.out.rfind("\n{") + 1));
-  CHECK(js["layers"] == 3);
-  CHECK(js["experts"] == 8);
-  CHECK(js["vocab"] == 129280);
-  struct Bad {
-    std::string args, says;
-  };
-  for (const Bad& e : {Bad{" --arch llama", "--arch must be qwen3moe or deepseek2"},
-                       Bad{shape + " --expert-types iq9_x,q2_k", "'iq9_x' is not one of"},
-                       Bad{shape + " --expert-types iq2_xxs", "wants GATE_UP,DOWN"},
-                       Bad{shape + " --groups 3", "multiple of --groups"},
-                       Bad{shape + " --hidden 384", "multiples of 256"},
-                       Bad{" --expert-types q2_k,q2_k", "are for --arch deepseek2"}}) {
-    const Run r = run_cmd(bin + " --out " + file + ".bad" + e.args);
-    CHECK_MESSAGE(r.code != 0, e.args << ": " << r.out);
-    CHECK_MESSAGE(contains(r.out, e.says), e.args << ": " << r.out);
   }
 }
 

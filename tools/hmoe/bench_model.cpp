@@ -184,12 +184,11 @@ class Bench {
   Result prefill(int64_t prompt, int64_t depth, int64_t reps) {
     Result r{"prefill", prompt, 0, depth, 1, {}, 0, {}, 0};
     KvCache kv(m_.kv_layout(), blocks_for(1, depth + prompt), block_);
-    const int seq = kv.add_sequence();
+    int seq = kv.add_sequence();
     kv.reserve(seq, depth + prompt);
     run_prompt(kv, seq, 0, depth);
     for (int64_t i = 0; i <= reps; ++i) {  // i == 0: warm-up
-      kv.truncate(seq, depth);
-      kv.reserve(seq, depth + prompt);
+      if (i > 0) rewind(kv, seq, depth, depth + prompt);
       begin();
       run_prompt(kv, seq, depth, prompt);
       Sample smp = end();
@@ -209,10 +208,8 @@ class Bench {
     }
     Batch step;
     for (int64_t i = 0; i <= reps; ++i) {
-      for (int q : seqs) {
-        kv.truncate(q, depth);
-        kv.reserve(q, depth + gen);
-      }
+      if (i > 0)
+        for (int& q : seqs) rewind(kv, q, depth, depth + gen);
       begin();
       for (int64_t t = 0; t < gen; ++t) {
         step.clear();
@@ -236,6 +233,21 @@ class Bench {
   int64_t blocks_for(int64_t seqs, int64_t tokens) const { return seqs * ((tokens + block_ - 1) / block_) + 1; }
   int32_t token() { return static_cast<int32_t>(rng_() % static_cast<uint64_t>(m_.config().vocab_size)); }
 
+  // Back to the first `depth` positions of seq, room for `len`. Per-sequence
+  // state (Gated DeltaNet's recurrent state, Engram windows) cannot be cut
+  // back: such a sequence starts over (new id, zero state) and its depth
+  // prefix runs again, untimed.
+  void rewind(KvCache& kv, int& seq, int64_t depth, int64_t len) {
+    if (m_.kv_layout().seq_state_bytes == 0) {
+      kv.truncate(seq, depth);
+      kv.reserve(seq, len);
+      return;
+    }
+    kv.free_sequence(seq);
+    seq = kv.add_sequence();
+    kv.reserve(seq, len);
+    run_prompt(kv, seq, 0, depth);
+  }
   // Positions [from, from + n) of seq with random ids, in chunks of --max-num-batched-tokens;
   // logits for the last position only.
   void run_prompt(KvCache& kv, int seq, int64_t from, int64_t n) {

@@ -42,14 +42,18 @@
 // (48-layer, 31 GiB of experts) file is made in one pass without
 // llama-quantize (the hybrid benchmarks of issue 27, bench/jobs/k27b.sh).
 //
-// usage: slice_gguf --out FILE [--layers 8] [--seed 0] [--threads T]
-//   [--tokenizer DIR] [--hidden 2048] [--heads 32] [--kv-heads 4]
-//   [--head-dim 128] [--experts 128] [--expert-ffn 768] [--top-k 8]
-//   [--arch qwen3moe|deepseek2] [--dense-layers 1] [--ffn 18432]
-//   [--q-lora 1536] [--kv-lora 512] [--groups 8] [--group-top 4]
-//   [--expert-types GU,DN] [--imatrix-out FILE] [--expert-type f16|q8_0]
-//   (the shape flags exist for small test files; the defaults are the
-//   model's; with deepseek2 --head-dim is nope (128), rope 64 and v 128 fixed)
+// --arch qwen3next writes Qwen3-Next-80B-A3B shapes in llama.cpp's
+// qwen3next layout (slice_gguf_qwen3next.cpp states it): 48 layers of hidden
+// 2048, every 4th full attention (16 query / 2 KV heads of 256, output gate,
+// partial rotary 0.25), the others Gated DeltaNet (16 key / 32 value heads
+// of 128, conv kernel 4); 512 experts of 512, top-10, a shared expert of 512
+// with its sigmoid gate; the Qwen tokenizer. --expert-type q8_0 or
+// --expert-types GU,DN as above (at 48 layers the F16 experts alone take
+// 144 GiB, Q8_0 76.5 GiB).
+//
+// usage: see --help (the shape flags exist for small test files; the
+// defaults are the model's; with deepseek2 --head-dim is nope (128), rope 64
+// and v 128 fixed).
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -69,70 +73,63 @@
 #include "io/dtype.h"
 #include "io/tensor/lowbit_block_scale.h"
 #include "io/tensor/quant_blocks_lowbit.h"
+#include "tools/slice_gguf/slice_gguf.h"
 
 using namespace hmoe;
+using namespace hmoe::slice;
+
+namespace hmoe::slice {
+
+uint64_t Tensor::unit_elems() const {
+  return type == kQ8_0 ? 32 : !lowbit() ? 1 : static_cast<uint64_t>(cpu::lowbit_type_info(type)->block_elems);
+}
+uint64_t Tensor::unit_bytes() const {
+  return type == kF16 ? 2 : type == kF32 ? 4 : type == kQ8_0 ? 34 : static_cast<uint64_t>(cpu::lowbit_type_info(type)->block_bytes);
+}
+
+void add_qwen_keys(Meta& m, const std::string& arch, const std::string& name, const Shape& s, uint32_t context, uint32_t ffn, float rope_theta) {
+  const std::string a = arch + ".";
+  m.str("general.architecture", arch);
+  m.str("general.name", name + " (" + std::to_string(s.layers) + " layers, random weights)");
+  m.u32("general.file_type", s.gu_type == kQ8_0 ? 7 : 1);  // mostly Q8_0 / mostly F16
+  m.u32("general.alignment", static_cast<uint32_t>(kAlign));
+  m.u32(a + "block_count", static_cast<uint32_t>(s.layers));
+  m.u32(a + "context_length", context);
+  m.u32(a + "embedding_length", static_cast<uint32_t>(s.hidden));
+  m.u32(a + "feed_forward_length", ffn);
+  m.u32(a + "attention.head_count", static_cast<uint32_t>(s.heads));
+  m.u32(a + "attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
+  m.u32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim));
+  m.u32(a + "attention.value_length", static_cast<uint32_t>(s.head_dim));
+  m.f32(a + "rope.freq_base", rope_theta);
+  m.f32(a + "attention.layer_norm_rms_epsilon", 1e-6f);
+  m.u32(a + "expert_count", static_cast<uint32_t>(s.experts));
+  m.u32(a + "expert_used_count", static_cast<uint32_t>(s.top_k));
+  m.u32(a + "expert_feed_forward_length", static_cast<uint32_t>(s.expert_ffn));
+}
+
+void add_routed_experts(std::vector<Tensor>& t, const std::string& b, const Shape& s) {
+  const uint64_t H = static_cast<uint64_t>(s.hidden), E = static_cast<uint64_t>(s.experts), I = static_cast<uint64_t>(s.expert_ffn);
+  t.push_back({b + "ffn_gate_inp.weight", kF32, {H, E}, Tensor::Fill::random});
+  t.push_back({b + "ffn_gate_exps.weight", s.gu_type, {H, I, E}, Tensor::Fill::random});
+  t.push_back({b + "ffn_up_exps.weight", s.gu_type, {H, I, E}, Tensor::Fill::random});
+  t.push_back({b + "ffn_down_exps.weight", s.dn_type, {I, H, E}, Tensor::Fill::random});
+}
+
+void add_qwen_attention(std::vector<Tensor>& t, const std::string& b, const Shape& s, bool output_gate) {
+  const uint64_t H = static_cast<uint64_t>(s.hidden), Q = static_cast<uint64_t>(s.heads * s.head_dim), KV = static_cast<uint64_t>(s.kv_heads * s.head_dim),
+                 D = static_cast<uint64_t>(s.head_dim);
+  t.push_back({b + "attn_q.weight", kF16, {H, output_gate ? 2 * Q : Q}, Tensor::Fill::random});
+  t.push_back({b + "attn_k.weight", kF16, {H, KV}, Tensor::Fill::random});
+  t.push_back({b + "attn_v.weight", kF16, {H, KV}, Tensor::Fill::random});
+  t.push_back({b + "attn_output.weight", kF16, {Q, H}, Tensor::Fill::random});
+  t.push_back({b + "attn_q_norm.weight", kF32, {D}, Tensor::Fill::ones});
+  t.push_back({b + "attn_k_norm.weight", kF32, {D}, Tensor::Fill::ones});
+}
+
+}  // namespace hmoe::slice
 
 namespace {
-
-constexpr uint32_t kF32 = 0, kF16 = 1, kQ8_0 = 8;
-constexpr uint32_t kTypeU32 = 4, kTypeI32 = 5, kTypeF32 = 6, kTypeBool = 7, kTypeStr = 8, kTypeArray = 9;
-constexpr uint64_t kAlign = 32;
-constexpr int64_t kQwenVocab = 151936, kDeepSeekVocab = 129280;
-
-struct Shape {
-  bool deepseek = false;
-  int64_t layers = 8, hidden = 2048, heads = 32, kv_heads = 4, head_dim = 128, experts = 128, expert_ffn = 768, top_k = 8;
-  int64_t vocab = kQwenVocab;
-  // deepseek2 only
-  int64_t dense_layers = 1, ffn = 18432, q_lora = 1536, kv_lora = 512, rope = 64, v_dim = 128, groups = 8, group_top = 4;
-  uint32_t gu_type = kF16, dn_type = kF16;  // routed experts' ggml types
-};
-
-// Key/values, serialized as they are added.
-class Meta {
- public:
-  void u32(const std::string& k, uint32_t v) { key(k, kTypeU32), put(v); }
-  void f32(const std::string& k, float v) { key(k, kTypeF32), put(v); }
-  void boolean(const std::string& k, bool v) { key(k, kTypeBool), put(static_cast<uint8_t>(v)); }
-  void str(const std::string& k, const std::string& v) { key(k, kTypeStr), text(v); }
-  void strs(const std::string& k, const std::vector<std::string>& v) {
-    key(k, kTypeArray), put(kTypeStr), put(static_cast<uint64_t>(v.size()));
-    for (const auto& s : v) text(s);
-  }
-  void i32s(const std::string& k, const std::vector<int32_t>& v) {
-    key(k, kTypeArray), put(kTypeI32), put(static_cast<uint64_t>(v.size()));
-    bytes_.append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
-  }
-  const std::string& bytes() const { return bytes_; }
-  uint64_t count() const { return count_; }
-
- private:
-  template <class T> void put(T v) { bytes_.append(reinterpret_cast<const char*>(&v), sizeof(T)); }
-  void text(const std::string& s) { put(static_cast<uint64_t>(s.size())), bytes_ += s; }
-  void key(const std::string& k, uint32_t type) { text(k), put(type), ++count_; }
-  std::string bytes_;
-  uint64_t count_ = 0;
-};
-
-struct Tensor {
-  std::string name;
-  uint32_t type;
-  std::vector<uint64_t> ne;  // ggml order
-  enum class Fill { random, ones } fill = Fill::random;
-  uint64_t elements() const {
-    uint64_t n = 1;
-    for (auto d : ne) n *= d;
-    return n;
-  }
-  // Units written at a time: elements (F16, F32) or blocks (low-bit types).
-  bool lowbit() const { return type != kF32 && type != kF16 && type != kQ8_0; }
-  uint64_t unit_elems() const { return type == kQ8_0 ? 32 : !lowbit() ? 1 : static_cast<uint64_t>(cpu::lowbit_type_info(type)->block_elems); }
-  uint64_t unit_bytes() const {
-    return type == kF16 ? 2 : type == kF32 ? 4 : type == kQ8_0 ? 34 : static_cast<uint64_t>(cpu::lowbit_type_info(type)->block_bytes);
-  }
-  uint64_t units() const { return elements() / unit_elems(); }
-  uint64_t bytes() const { return units() * unit_bytes(); }
-};
 
 // DeepSeek-V3's tensors (llama.cpp's deepseek2 names and ggml shapes).
 std::vector<Tensor> deepseek2_tensors(const Shape& s) {
@@ -176,27 +173,18 @@ std::vector<Tensor> deepseek2_tensors(const Shape& s) {
 }
 
 std::vector<Tensor> tensors_of(const Shape& s) {
-  if (s.deepseek) return deepseek2_tensors(s);
-  const uint32_t et = s.gu_type;  // f16 or q8_0 (--expert-type)
+  if (s.arch == Arch::deepseek2) return deepseek2_tensors(s);
+  if (s.arch == Arch::qwen3next) return qwen3next_tensors(s);
   using F = Tensor::Fill;
-  const uint64_t H = static_cast<uint64_t>(s.hidden), Q = static_cast<uint64_t>(s.heads * s.head_dim), KV = static_cast<uint64_t>(s.kv_heads * s.head_dim),
-                 E = static_cast<uint64_t>(s.experts), I = static_cast<uint64_t>(s.expert_ffn), D = static_cast<uint64_t>(s.head_dim);
+  const uint64_t H = static_cast<uint64_t>(s.hidden);
   std::vector<Tensor> t;
   t.push_back({"token_embd.weight", kF16, {H, kQwenVocab}, F::random});
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     t.push_back({b + "attn_norm.weight", kF32, {H}, F::ones});
-    t.push_back({b + "attn_q.weight", kF16, {H, Q}, F::random});
-    t.push_back({b + "attn_k.weight", kF16, {H, KV}, F::random});
-    t.push_back({b + "attn_v.weight", kF16, {H, KV}, F::random});
-    t.push_back({b + "attn_output.weight", kF16, {Q, H}, F::random});
-    t.push_back({b + "attn_q_norm.weight", kF32, {D}, F::ones});
-    t.push_back({b + "attn_k_norm.weight", kF32, {D}, F::ones});
+    add_qwen_attention(t, b, s, false);
     t.push_back({b + "ffn_norm.weight", kF32, {H}, F::ones});
-    t.push_back({b + "ffn_gate_inp.weight", kF32, {H, E}, F::random});
-    t.push_back({b + "ffn_gate_exps.weight", et, {H, I, E}, F::random});
-    t.push_back({b + "ffn_up_exps.weight", et, {H, I, E}, F::random});
-    t.push_back({b + "ffn_down_exps.weight", et, {I, H, E}, F::random});
+    add_routed_experts(t, b, s);
   }
   t.push_back({"output_norm.weight", kF32, {H}, F::ones});
   t.push_back({"output.weight", kF16, {H, kQwenVocab}, F::random});
@@ -294,9 +282,11 @@ void fill(const Tensor& t, uint64_t seed, size_t ti, uint64_t first, uint64_t n,
   }
   for (uint64_t i = 0; i < n; ++i) {
     float v = 1.0f;
-    if (t.fill == Tensor::Fill::random) {
+    if (t.fill != Tensor::Fill::ones) {
       const uint64_t r = mix(seed * 0x100000001b3ull ^ mix(ti) ^ (first + i) * 0x9e3779b97f4a7c15ull);
-      v = a * (static_cast<float>(r >> 40) * (2.0f / 16777216.0f) - 1.0f);
+      const float u = static_cast<float>(r >> 40) / 16777216.0f;  // [0, 1)
+      const float w = t.lo + (t.hi - t.lo) * u;
+      v = t.fill == Tensor::Fill::random ? a * (2.0f * u - 1.0f) : t.fill == Tensor::Fill::uniform ? w : -std::exp(w);
     }
     if (t.type == kF16) {
       const uint16_t h = f32_to_f16(v);
@@ -415,9 +405,14 @@ int run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
-      std::printf("usage: slice_gguf --out FILE [--layers 8] [--seed 0] [--threads T] [--tokenizer DIR] [--hidden 2048] [--heads 32] [--kv-heads 4] "
-                  "[--head-dim 128] [--experts 128] [--expert-ffn 768] [--top-k 8] [--arch qwen3moe|deepseek2] [--dense-layers 1] [--ffn 18432] "
-                  "[--q-lora 1536] [--kv-lora 512] [--groups 8] [--group-top 4] [--expert-types GATE_UP,DOWN] [--imatrix-out FILE] [--expert-type f16|q8_0 (qwen3moe)]\n");
+      std::printf("usage: slice_gguf --out FILE [--arch qwen3moe|deepseek2|qwen3next] [--layers 8] [--seed 0] [--threads T] [--tokenizer DIR]\n"
+                  "  [--hidden 2048] [--heads 32] [--kv-heads 4] [--head-dim 128] [--experts 128] [--expert-ffn 768] [--top-k 8]\n"
+                  "  qwen3moe, qwen3next: [--expert-type f16|q8_0]\n"
+                  "  deepseek2, qwen3next: [--expert-types GATE_UP,DOWN (low-bit ggml types)] [--imatrix-out FILE]\n"
+                  "  deepseek2: [--dense-layers 1] [--ffn 18432] [--q-lora 1536] [--kv-lora 512] [--groups 8] [--group-top 4]\n"
+                  "  qwen3next (defaults: Qwen3-Next-80B-A3B, 48 layers, 16/2 heads of 256, 512 experts of 512, top-10):\n"
+                  "    [--linear-key-heads 16] [--linear-value-heads 32] [--linear-head-dim 128] [--conv-kernel 4]\n"
+                  "    [--full-interval 4] [--shared-ffn 512]\n");
       return 0;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc) fail(ErrorKind::invalid_argument, "expected '--option VALUE', got '" + a + "' (see --help)");
@@ -433,23 +428,25 @@ int run(int argc, char** argv) {
   Shape s;
   const std::string arch = opts.count("--arch") ? opts["--arch"] : "qwen3moe";
   opts.erase("--arch");
-  if (arch != "qwen3moe" && arch != "deepseek2") fail(ErrorKind::invalid_argument, "--arch must be qwen3moe or deepseek2, got '" + arch + "'");
-  const bool ds = s.deepseek = arch == "deepseek2";
-  if (ds && etype_given) fail(ErrorKind::invalid_argument, "--expert-type is for --arch qwen3moe; deepseek2 takes --expert-types GATE_UP,DOWN");
+  if (arch != "qwen3moe" && arch != "deepseek2" && arch != "qwen3next")
+    fail(ErrorKind::invalid_argument, "--arch must be qwen3moe, deepseek2 or qwen3next, got '" + arch + "'");
+  s.arch = arch == "deepseek2" ? Arch::deepseek2 : arch == "qwen3next" ? Arch::qwen3next : Arch::qwen3moe;
+  const bool ds = s.arch == Arch::deepseek2, q3n = s.arch == Arch::qwen3next;
+  if (ds && etype_given) fail(ErrorKind::invalid_argument, "--expert-type is for --arch qwen3moe and qwen3next; deepseek2 takes --expert-types GATE_UP,DOWN");
   if (etype == "q8_0") s.gu_type = s.dn_type = kQ8_0;
   if (ds && tok_dir == demo_tokenizer_dir()) {  // the npm copy of DeepSeek-V3's tokenizer beside the Qwen3 one
     const size_t at = tok_dir.find("tokenizer-qwen3");
     if (at != std::string::npos) tok_dir.replace(at, std::string("tokenizer-qwen3").size(), "tokenizer-deepseek_v3");
   }
   s.vocab = ds ? kDeepSeekVocab : kQwenVocab;
-  s.layers = int_arg(opts, "--layers", ds ? 4 : 8, 1, 1024);
+  s.layers = int_arg(opts, "--layers", ds ? 4 : q3n ? 48 : 8, 1, 1024);
   s.hidden = int_arg(opts, "--hidden", ds ? 7168 : 2048, 32, 65536);
-  s.heads = int_arg(opts, "--heads", ds ? 128 : 32, 1, 1024);
-  s.kv_heads = int_arg(opts, "--kv-heads", 4, 1, 1024);
-  s.head_dim = int_arg(opts, "--head-dim", 128, 16, 1024);
-  s.experts = int_arg(opts, "--experts", ds ? 256 : 128, 1, 4096);
-  s.expert_ffn = int_arg(opts, "--expert-ffn", ds ? 2048 : 768, 32, 65536);
-  s.top_k = int_arg(opts, "--top-k", 8, 1, 4096);
+  s.heads = int_arg(opts, "--heads", ds ? 128 : q3n ? 16 : 32, 1, 1024);
+  s.kv_heads = int_arg(opts, "--kv-heads", q3n ? 2 : 4, 1, 1024);
+  s.head_dim = int_arg(opts, "--head-dim", q3n ? 256 : 128, 16, 1024);
+  s.experts = int_arg(opts, "--experts", ds ? 256 : q3n ? 512 : 128, 1, 4096);
+  s.expert_ffn = int_arg(opts, "--expert-ffn", ds ? 2048 : q3n ? 512 : 768, 32, 65536);
+  s.top_k = int_arg(opts, "--top-k", q3n ? 10 : 8, 1, 4096);
   std::string imatrix_out;
   if (ds) {
     s.dense_layers = int_arg(opts, "--dense-layers", 1, 0, s.layers - 1);
@@ -458,7 +455,18 @@ int run(int argc, char** argv) {
     s.kv_lora = int_arg(opts, "--kv-lora", 512, 32, 65536);
     s.groups = int_arg(opts, "--groups", 8, 1, 4096);
     s.group_top = int_arg(opts, "--group-top", 4, 1, 4096);
+  }
+  if (q3n) {
+    s.linear_key_heads = int_arg(opts, "--linear-key-heads", 16, 1, 1024);
+    s.linear_value_heads = int_arg(opts, "--linear-value-heads", 32, 1, 1024);
+    s.linear_head_dim = int_arg(opts, "--linear-head-dim", 128, 8, 1024);
+    s.conv_kernel = int_arg(opts, "--conv-kernel", 4, 1, 64);
+    s.full_interval = int_arg(opts, "--full-interval", 4, 1, 1024);
+    s.shared_ffn = int_arg(opts, "--shared-ffn", 512, 32, 65536);
+  }
+  if (ds || q3n) {
     if (opts.count("--expert-types")) {
+      if (etype_given) fail(ErrorKind::invalid_argument, "give --expert-type or --expert-types, not both");
       const std::string v = opts["--expert-types"];
       const size_t comma = v.find(',');
       if (comma == std::string::npos) fail(ErrorKind::invalid_argument, "--expert-types wants GATE_UP,DOWN (e.g. iq2_xxs,q2_k), got '" + v + "'");
@@ -470,20 +478,27 @@ int run(int argc, char** argv) {
   }
   const uint64_t seed = static_cast<uint64_t>(int_arg(opts, "--seed", 0, 0, INT64_MAX));
   const int threads = static_cast<int>(int_arg(opts, "--threads", std::max(1u, std::thread::hardware_concurrency()), 1, 1024));
-  if (!opts.empty()) fail(ErrorKind::invalid_argument, "unknown option '" + opts.begin()->first + "' (see --help; --dense-layers, --ffn, --q-lora, --kv-lora, --groups, --group-top, --expert-types and --imatrix-out are for --arch deepseek2)");
+  if (!opts.empty())
+    fail(ErrorKind::invalid_argument, "unknown option '" + opts.begin()->first +
+                                          "' (see --help; --dense-layers, --ffn, --q-lora, --kv-lora, --groups and --group-top are for --arch deepseek2, "
+                                          "--expert-types and --imatrix-out for deepseek2 and qwen3next, --linear-*, --conv-kernel, --full-interval "
+                                          "and --shared-ffn for qwen3next)");
   if (!ds && s.heads % s.kv_heads != 0) fail(ErrorKind::invalid_argument, "--heads must be a multiple of --kv-heads");
   if (s.top_k > s.experts) fail(ErrorKind::invalid_argument, "--top-k must be <= --experts");
   if (s.hidden % 32 != 0 || s.expert_ffn % 32 != 0) fail(ErrorKind::invalid_argument, "--hidden and --expert-ffn must be multiples of 32 (ggml block sizes)");
-  if (ds) {
-    if (s.experts % s.groups != 0 || s.group_top > s.groups) fail(ErrorKind::invalid_argument, "--experts must be a multiple of --groups, and --group-top <= --groups");
-    for (uint32_t t : {s.gu_type, s.dn_type})
-      if (t != kF16) {
-        const int64_t be = cpu::lowbit_type_info(t)->block_elems;
-        if (s.hidden % be != 0 || s.expert_ffn % be != 0)
-          fail(ErrorKind::invalid_argument, std::string("--expert-types ") + cpu::lowbit_type_info(t)->name + ": --hidden and --expert-ffn must be multiples of " +
-                                                std::to_string(be));
-      }
+  if (ds && (s.experts % s.groups != 0 || s.group_top > s.groups))
+    fail(ErrorKind::invalid_argument, "--experts must be a multiple of --groups, and --group-top <= --groups");
+  if (q3n) {
+    if (s.linear_value_heads % s.linear_key_heads != 0) fail(ErrorKind::invalid_argument, "--linear-value-heads must be a multiple of --linear-key-heads");
+    if (s.head_dim % 8 != 0) fail(ErrorKind::invalid_argument, "--head-dim must be a multiple of 8 (a quarter of it rotates, in pairs)");
   }
+  for (uint32_t t : {s.gu_type, s.dn_type})
+    if (t != kF16 && t != kQ8_0) {
+      const int64_t be = cpu::lowbit_type_info(t)->block_elems;
+      if (s.hidden % be != 0 || s.expert_ffn % be != 0)
+        fail(ErrorKind::invalid_argument, std::string("--expert-types ") + cpu::lowbit_type_info(t)->name + ": --hidden and --expert-ffn must be multiples of " +
+                                              std::to_string(be));
+    }
 
   Meta m;
   if (ds) {
@@ -527,24 +542,8 @@ int run(int argc, char** argv) {
     m.f32(a + "rope.scaling.yarn_log_multiplier", 0.1f);
     add_tokenizer(m, tok_dir, kDeepSeekTokenizer);
   } else {
-    const std::string a = "qwen3moe.";
-    m.str("general.architecture", "qwen3moe");
-    m.str("general.name", "Qwen3-30B-A3B slice (" + std::to_string(s.layers) + " layers, random weights)");
-    m.u32("general.file_type", s.gu_type == kQ8_0 ? 7 : 1);  // mostly Q8_0 / mostly F16
-    m.u32("general.alignment", static_cast<uint32_t>(kAlign));
-    m.u32(a + "block_count", static_cast<uint32_t>(s.layers));
-    m.u32(a + "context_length", 40960);
-    m.u32(a + "embedding_length", static_cast<uint32_t>(s.hidden));
-    m.u32(a + "feed_forward_length", 6144);
-    m.u32(a + "attention.head_count", static_cast<uint32_t>(s.heads));
-    m.u32(a + "attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
-    m.u32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim));
-    m.u32(a + "attention.value_length", static_cast<uint32_t>(s.head_dim));
-    m.f32(a + "rope.freq_base", 1e6f);
-    m.f32(a + "attention.layer_norm_rms_epsilon", 1e-6f);
-    m.u32(a + "expert_count", static_cast<uint32_t>(s.experts));
-    m.u32(a + "expert_used_count", static_cast<uint32_t>(s.top_k));
-    m.u32(a + "expert_feed_forward_length", static_cast<uint32_t>(s.expert_ffn));
+    if (q3n) add_qwen3next_keys(m, s);
+    else add_qwen_keys(m, "qwen3moe", "Qwen3-30B-A3B slice", s, 40960, 6144, 1e6f);
     add_tokenizer(m, tok_dir, kQwenTokenizer);
   }
 
