@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine/ops/delta_rule.h"
+#include "tests/delta_rule_heads.h"
 
 using namespace hmoe;
 
@@ -230,31 +231,12 @@ Inputs make_inputs(const Shape& sh, int64_t n, uint64_t seed, float fast) {
 
 // The recurrence in double for the chunked groups (count > max_rec).
 void reference(const Shape& sh, const Inputs& in, const Groups& gr, int64_t max_rec, std::vector<float>& states, std::vector<float>& out) {
-  const int64_t cd = sh.conv_dim(), K = sh.key_dim(), V = sh.value_dim(), HS = sh.dk * sh.dv;
+  const int64_t HS = sh.dk * sh.dv;
   for (size_t g = 0; g < gr.start.size(); ++g) {
     if (gr.count[g] <= max_rec) continue;
-    for (int64_t hv = 0; hv < sh.nv; ++hv) {
-      const int64_t st = gr.start[g], hk = hv / (sh.nv / sh.nk);
-      ops::DeltaRuleArgs a;
-      a.q = in.conv.data() + st * cd + hk * sh.dk;
-      a.k = a.q + K;
-      a.ld_qk = cd;
-      a.v = in.conv.data() + st * cd + 2 * K + hv * sh.dv;
-      a.ld_v = cd;
-      a.g = in.gate.data() + st * sh.nv + hv;
-      a.beta = in.beta.data() + st * sh.nv + hv;
-      a.ld_gb = sh.nv;
-      a.out = out.data() + st * V + hv * sh.dv;
-      a.ld_o = V;
-      a.tokens = gr.count[g];
-      a.dk = sh.dk;
-      a.dv = sh.dv;
-      float* s = states.data() + (static_cast<int64_t>(g) * sh.nv + hv) * HS;
-      std::vector<double> Sd(static_cast<size_t>(HS), 0.0);
-      if (!gr.fresh[g]) std::copy(s, s + HS, Sd.begin());
-      ops::delta_rule_reference(a, Sd.data());
-      for (int64_t i = 0; i < HS; ++i) s[i] = static_cast<float>(Sd[static_cast<size_t>(i)]);
-    }
+    float* s = states.data() + static_cast<int64_t>(g) * sh.nv * HS;
+    if (gr.fresh[g]) std::fill(s, s + sh.nv * HS, 0.0f);
+    test::delta_rule_heads(sh.nk, sh.nv, sh.dk, sh.dv, in.conv.data(), in.gate.data(), in.beta.data(), gr.start[g], gr.count[g], out.data(), s);
   }
 }
 

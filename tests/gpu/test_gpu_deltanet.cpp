@@ -16,6 +16,7 @@
 #include "engine/ops/delta_rule.h"
 #include "engine/runtime/gpu_runtime.h"
 #include "gpu/deltanet.h"
+#include "tests/delta_rule_heads.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
 
@@ -87,7 +88,7 @@ Reference reference(const Layout& L, const Groups& gr, const std::vector<float>&
                     const std::vector<float>& a_neg, const std::vector<float>& dt_bias, const std::vector<float>& norm_w, float eps,
                     const std::vector<float>& state0, int64_t layer_floats) {
   const gpu::DeltaNetShape& sh = L.sh;
-  const int64_t n = static_cast<int64_t>(gr.order.size()), cd = sh.conv_dim(), P = sh.proj_cols(), V = sh.value_dim(), K = sh.key_dim();
+  const int64_t n = static_cast<int64_t>(gr.order.size()), cd = sh.conv_dim(), P = sh.proj_cols(), V = sh.value_dim();
   const int64_t W = sh.conv_k - 1;
   Reference R;
   R.conv.assign(static_cast<size_t>(n * cd), 0);
@@ -127,27 +128,7 @@ Reference reference(const Layout& L, const Groups& gr, const std::vector<float>&
     }
     for (int64_t j = 0; j < W; ++j)
       for (int64_t c = 0; c < cd; ++c) state[j * cd + c] = ext[static_cast<size_t>((cnt + j) * cd + c)];
-    for (int64_t hv = 0; hv < sh.nv; ++hv) {
-      const int64_t hk = hv / L.r();
-      ops::DeltaRuleArgs a;
-      a.q = R.conv.data() + st * cd + hk * sh.dk;
-      a.k = a.q + K;
-      a.ld_qk = cd;
-      a.v = R.conv.data() + st * cd + 2 * K + hv * sh.dv;
-      a.ld_v = cd;
-      a.g = R.gate.data() + st * sh.nv + hv;
-      a.beta = R.beta.data() + st * sh.nv + hv;
-      a.ld_gb = sh.nv;
-      a.out = R.core.data() + st * V + hv * sh.dv;
-      a.ld_o = V;
-      a.tokens = cnt;
-      a.dk = sh.dk;
-      a.dv = sh.dv;
-      float* S = state + W * cd + hv * sh.dk * sh.dv;
-      std::vector<double> Sd(S, S + sh.dk * sh.dv);
-      ops::delta_rule_reference(a, Sd.data());
-      for (int64_t i = 0; i < sh.dk * sh.dv; ++i) S[i] = static_cast<float>(Sd[static_cast<size_t>(i)]);
-    }
+    test::delta_rule_heads(sh.nk, sh.nv, sh.dk, sh.dv, R.conv.data(), R.gate.data(), R.beta.data(), st, cnt, R.core.data(), state + W * cd);
   }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = gr.order[static_cast<size_t>(i)];
@@ -353,29 +334,9 @@ RuleInputs rule_inputs(const gpu::DeltaNetShape& sh, int64_t n, uint64_t seed) {
 // per group [nv][dk][dv], updated; out [token][nv * dv].
 void rule_reference(const gpu::DeltaNetShape& sh, const RuleInputs& in, const std::vector<int32_t>& start, const std::vector<int32_t>& count,
                     std::vector<float>& S, std::vector<float>& out) {
-  const int64_t cd = sh.conv_dim(), K = sh.key_dim(), V = sh.value_dim(), hs = sh.dk * sh.dv;
   for (size_t g = 0; g < start.size(); ++g)
-    for (int64_t hv = 0; hv < sh.nv; ++hv) {
-      const int64_t st = start[g], hk = hv / (sh.nv / sh.nk);
-      ops::DeltaRuleArgs a;
-      a.q = in.conv.data() + st * cd + hk * sh.dk;
-      a.k = a.q + K;
-      a.ld_qk = cd;
-      a.v = in.conv.data() + st * cd + 2 * K + hv * sh.dv;
-      a.ld_v = cd;
-      a.g = in.gate.data() + st * sh.nv + hv;
-      a.beta = in.beta.data() + st * sh.nv + hv;
-      a.ld_gb = sh.nv;
-      a.out = out.data() + st * V + hv * sh.dv;
-      a.ld_o = V;
-      a.tokens = count[g];
-      a.dk = sh.dk;
-      a.dv = sh.dv;
-      float* s = S.data() + (static_cast<int64_t>(g) * sh.nv + hv) * hs;
-      std::vector<double> Sd(s, s + hs);
-      ops::delta_rule_reference(a, Sd.data());
-      for (int64_t i = 0; i < hs; ++i) s[i] = static_cast<float>(Sd[static_cast<size_t>(i)]);
-    }
+    test::delta_rule_heads(sh.nk, sh.nv, sh.dk, sh.dv, in.conv.data(), in.gate.data(), in.beta.data(), start[g], count[g], out.data(),
+                           S.data() + static_cast<int64_t>(g) * sh.nv * sh.dk * sh.dv);
 }
 
 }  // namespace
