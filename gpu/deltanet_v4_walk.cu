@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1) walk16_kernel(const float* conv_o
   float* U2s = Us + C * kLd;       // [C][kLd] exp(G_last - G) u
   float* Os = U2s + C * kLd;       // [C][kLd] Q S over the first half, then the outputs
   const float4 zero4 = make_float4(0, 0, 0, 0);
-  #pragma unroll 1
+#pragma unroll 1
   for (int p = tid; p < d.dk * c4; p += kThreads) {
     const int r = p / c4, c = (p % c4) * 4;
     const float4 v = fresh || c >= nc ? zero4 : *reinterpret_cast<const float4*>(S + static_cast<int64_t>(r) * d.dv + c0 + c);
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1) walk16_kernel(const float* conv_o
     int64_t t0;
     int L;
     span_of(ci, t0, L);
-    #pragma unroll 1
+#pragma unroll 1
     for (int p = tid; p < C * q4; p += kThreads) {
       const int i = p / q4, c = (p % q4) * 4;
       if (i < L) cp_async16(dst + i * ldk + c, conv_out + (t0 + i) * d.cdim + off + static_cast<int64_t>(hk) * d.dk + c);
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) walk16_kernel(const float* conv_o
     int64_t t0;
     int L;
     span_of(ci, t0, L);
-    #pragma unroll 1
+#pragma unroll 1
     for (int p = tid; p < C * c4; p += kThreads) {
       const int i = p / c4, c = (p % c4) * 4;
       if (i < L && c < nc) cp_async16(Vs + i * kLd + c, conv_out + (t0 + i) * d.cdim + 2 * K + static_cast<int64_t>(hv) * d.dv + c0 + c);
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1) walk16_kernel(const float* conv_o
     }
   };
   auto load_cc = [&](const float* src, float* dst) {  // a C x C matrix of the record: its tiles on and below the diagonal
-    #pragma unroll 1
+#pragma unroll 1
     for (int p = tid; p < C * C / 4; p += kThreads) {
       const int i = p / (C / 4), j = (p % (C / 4)) * 4;
       if (j / 16 <= i / 16) cp_async16(dst + i * ldc + j, src + i * C + j);
@@ -126,14 +126,14 @@ __global__ void __launch_bounds__(kThreads, 1) walk16_kernel(const float* conv_o
   auto load_f = [&](int64_t ci) {
     const float* Fg = rec_of(ci) + 2 * C * C;
     float* Fs = Fb + (ci & 1) * (2 * C + 8);
-    #pragma unroll 1
+#pragma unroll 1
     for (int p = tid; p < (2 * C + 8) / 4; p += kThreads) cp_async16(Fs + 4 * p, Fg + 4 * p);
   };
   auto store_out = [&](int64_t ci) {
     int64_t t0;
     int L;
     span_of(ci, t0, L);
-    #pragma unroll 1
+#pragma unroll 1
     for (int p = tid; p < L * n4; p += kThreads) {
       const int i = p / n4, c = (p % n4) * 4;
       *reinterpret_cast<float4*>(out + (t0 + i) * V + static_cast<int64_t>(hv) * d.dv + c0 + c) = *reinterpret_cast<const float4*>(Os + i * kLd + c);
@@ -174,17 +174,17 @@ __global__ void __launch_bounds__(kThreads, 1) walk16_kernel(const float* conv_o
       const float* rn = rec_of(ci + 1);
       constexpr int cc_lines = (C + 31) / 32;  // 128-byte lines per row of Tb or QKm
       const int row_lines = (d.dk * 4 + 127) / 128;
-      #pragma unroll 1
+#pragma unroll 1
       for (int p = tid; p < 2 * C * cc_lines; p += kThreads) {  // the tiles on and below the diagonal
         const int m = p / (C * cc_lines), i = (p / cc_lines) % C, l = p % cc_lines;
         if (32 * l < 16 * (i / 16 + 1)) prefetch_l2(rn + m * C * C + i * C + 32 * l);
       }
-      #pragma unroll 1
+#pragma unroll 1
       for (int p = tid; p < Ln * row_lines; p += kThreads) {
         const int i = p / row_lines, l = p % row_lines;
         prefetch_l2(conv_out + (tn + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + l * 32);
       }
-      #pragma unroll 1
+#pragma unroll 1
       for (int p = tid; p < Ln; p += kThreads) prefetch_l2(conv_out + (tn + p) * d.cdim + 2 * K + static_cast<int64_t>(hv) * d.dv + c0);
     }
     // A: K S in two halves of the state rows, then R = V - exp(G) (P0 + P1).
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1) walk16_kernel(const float* conv_o
   }
   __syncthreads();
   if (nch > 0) store_out(nch - 1);
-  #pragma unroll 1
+#pragma unroll 1
   for (int p = tid; p < d.dk * n4; p += kThreads) {
     const int r = p / n4, c = (p % n4) * 4;
     *reinterpret_cast<float4*>(S + static_cast<int64_t>(r) * d.dv + c0 + c) = *reinterpret_cast<const float4*>(Ss + r * kLd + c);
