@@ -331,10 +331,12 @@ int main(int argc, char** argv) {
         const size_t nst = static_cast<size_t>(layer_bytes / 4);
         std::vector<float> st0(nst);
         gpu::copy_to_host(st0.data(), st.states.data(), nst * 4, s);
-        // "v4 walk" is the default (16 warps, k36a), "v4 walk1" the first (8 warps, k35a).
-        const char* names[3] = {"v4 phase1", "v4 walk", "v4 walk1"};
-        for (int ph = 0; ph < 3; ++ph) {
-          gpu::set_deltanet_v4_phases(ph == 0 ? 1 : 2);
+        // "v4 walk" is the default (16 warps, k36a), "v4 walk1" the first (8 warps, k35a), "v4 walk nocp" the default
+        // without its copies after the first chunk (its products, barriers and output stores alone).
+        const char* names[4] = {"v4 phase1", "v4 walk", "v4 walk1", "v4 walk nocp"};
+        const int masks[4] = {1, 2, 2, 6};
+        for (int ph = 0; ph < 4; ++ph) {
+          gpu::set_deltanet_v4_phases(masks[ph]);
           gpu::set_deltanet_v4_walk(ph == 2 ? 1 : 2);
           print_row(su, names[ph], T, S, "v4", timer.us(steps_of([&] { core(gpu::DeltaNetKernel::v4); }), reps), 0, 0);
         }

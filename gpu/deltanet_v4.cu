@@ -446,7 +446,7 @@ void launch4(const float* conv_out, const float* gate, const float* beta, const 
       v4_walk_kernel<C><<<g2, kV4Threads, static_cast<size_t>(v4_walk_smem(C, d.dk)), cs(s)>>>(conv_out, gr, g0, d, state_off, max_rec, out, scratch);
       HMOE_CUDA_LAUNCHED();
     } else {
-      v4::walk16_launch(C, conv_out, gr, g0, gn, sh, state_off, max_rec, out, scratch, s);
+      v4::walk16_launch(C, conv_out, gr, g0, gn, sh, state_off, max_rec, out, scratch, (mask & 4) == 0, s);
     }
   }
 }
@@ -471,7 +471,7 @@ void deltanet_v4_configure() {
   v4::walk16_configure();
 }
 
-void set_deltanet_v4_phases(int mask) { phases4.store(mask & 3); }
+void set_deltanet_v4_phases(int mask) { phases4.store(mask & 7); }
 
 void set_deltanet_v4_walk(int walk) { walk4.store(walk == 1 ? 1 : 2); }
 

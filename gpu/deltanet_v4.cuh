@@ -18,8 +18,9 @@ int64_t walk16_smem(int64_t C, int64_t dk);
 // Its shared-memory opt-in, once per process (any thread).
 void walk16_configure();
 // Launches it for groups [g0, g0 + gn) on s: records at recs (phase 1's, slots numbered as v4's), outputs into out,
-// the states at state_off of each group's buffer. C 16, 32 or 64; sh.dk, sh.dv multiples of 16.
+// the states at state_off of each group's buffer. C 16, 32 or 64; sh.dk, sh.dv multiples of 16. copies false (timing
+// only, results wrong): every chunk reuses the first chunk's rows and record, nothing is copied after it.
 void walk16_launch(int C, const float* conv_out, const DeltaNetGroups& gr, int64_t g0, int64_t gn, const DeltaNetShape& sh, int64_t state_off,
-                   int64_t max_rec, float* out, const float* recs, Stream& s);
+                   int64_t max_rec, float* out, const float* recs, bool copies, Stream& s);
 
 }  // namespace hmoe::gpu::v4

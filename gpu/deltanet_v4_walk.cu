@@ -47,7 +47,7 @@ __device__ __forceinline__ void tri_task(int w, int mt, int& ti, int& half) {
 
 template <int C>
 __global__ void __launch_bounds__(kThreads, 1) walk16_kernel(const float* conv_out, DeltaNetGroups gr, int64_t g0, V2Dims d, int64_t state_off,
-                                                             int64_t max_rec, float* out, const float* recs) {
+                                                             int64_t max_rec, float* out, const float* recs, bool copies) {
   static_assert(C % 16 == 0 && C <= 64, "chunks of 16, 32 or 64: at most 4 strips");
   constexpr int mt = C / 16, ldc = C + 4, c4 = kCols / 4;
   const int g = static_cast<int>(g0 + blockIdx.x);
@@ -155,13 +155,14 @@ __global__ void __launch_bounds__(kThreads, 1) walk16_kernel(const float* conv_o
   // Copy groups, committed by every thread in every chunk (some empty), so that the counts below hold:
   // G1 at the start (QKm of ci; K and factors of ci + 1), G2 after the R pass (V), G3 after B (Q, Tb).
   for (int64_t ci = 0; ci < nch; ++ci) {
-    const bool more = ci + 1 < nch;
-    const float* Ks = Kb + (ci & 1) * C * ldk;
-    const float* Fs = Fb + (ci & 1) * (2 * C + 8);
+    const bool more = copies && ci + 1 < nch;  // the next chunk's copies (timing runs without: chunk 0's rows throughout)
+    const int buf = copies ? static_cast<int>(ci & 1) : 0;
+    const float* Ks = Kb + buf * C * ldk;
+    const float* Fs = Fb + buf * (2 * C + 8);
     cp_async_wait<0>();
     __syncthreads();
     if (ci > 0) store_out(ci - 1);  // Os is next written in B, two barriers on
-    load_cc(rec_of(ci) + C * C, QKs);
+    if (copies || ci == 0) load_cc(rec_of(ci) + C * C, QKs);
     if (more) {
       load_rows(ci + 1, K, Kb + ((ci + 1) & 1) * C * ldk);
       load_f(ci + 1);
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 1) walk16_kernel(const float* conv_o
     __syncthreads();
     if (more) load_v(ci + 1);  // V is read only in the R pass
     cp_async_commit();
-    // B: u = Tb R (k up to the diagonal; U2 = exp(G_last - G) u) beside Q S in two halves (P read: Ps is free).
+    // B: u = Tb R (k up to the diagonal; U2 = exp(G_last - G) u) beside Q S in two halves (into Os and Ps: the R pass has read Ps).
     if (warp < 2 * mt) {
       int ti, h;
       tri_task(warp, mt, ti, h);
@@ -270,9 +271,9 @@ void opt_in(Kern* kern) {
 
 template <int C>
 void launch(const float* conv_out, const DeltaNetGroups& gr, int64_t g0, int64_t gn, const V2Dims& d, int64_t state_off, int64_t max_rec,
-            float* out, const float* recs, Stream& s) {
+            float* out, const float* recs, bool copies, Stream& s) {
   const dim3 grid(static_cast<unsigned>(gn), static_cast<unsigned>(d.nv), static_cast<unsigned>((d.dv + kCols - 1) / kCols));
-  walk16_kernel<C><<<grid, kThreads, static_cast<size_t>(walk16_smem(C, d.dk)), cs(s)>>>(conv_out, gr, g0, d, state_off, max_rec, out, recs);
+  walk16_kernel<C><<<grid, kThreads, static_cast<size_t>(walk16_smem(C, d.dk)), cs(s)>>>(conv_out, gr, g0, d, state_off, max_rec, out, recs, copies);
   HMOE_CUDA_LAUNCHED();
 }
 
@@ -293,14 +294,14 @@ void walk16_configure() {
 }
 
 void walk16_launch(int C, const float* conv_out, const DeltaNetGroups& gr, int64_t g0, int64_t gn, const DeltaNetShape& sh, int64_t state_off,
-                   int64_t max_rec, float* out, const float* recs, Stream& s) {
+                   int64_t max_rec, float* out, const float* recs, bool copies, Stream& s) {
   walk16_configure();
   const V2Dims d{static_cast<int>(sh.nk), static_cast<int>(sh.nv), static_cast<int>(sh.dk), static_cast<int>(sh.dv), static_cast<int>(sh.conv_k),
                  sh.conv_dim()};
   switch (C) {
-    case 16: launch<16>(conv_out, gr, g0, gn, d, state_off, max_rec, out, recs, s); break;
-    case 32: launch<32>(conv_out, gr, g0, gn, d, state_off, max_rec, out, recs, s); break;
-    case 64: launch<64>(conv_out, gr, g0, gn, d, state_off, max_rec, out, recs, s); break;
+    case 16: launch<16>(conv_out, gr, g0, gn, d, state_off, max_rec, out, recs, copies, s); break;
+    case 32: launch<32>(conv_out, gr, g0, gn, d, state_off, max_rec, out, recs, copies, s); break;
+    case 64: launch<64>(conv_out, gr, g0, gn, d, state_off, max_rec, out, recs, copies, s); break;
     default: fail(ErrorKind::internal, "gated deltanet v4 walk: chunk " + std::to_string(C) + " (16, 32 or 64)");
   }
 }
