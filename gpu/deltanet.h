@@ -113,8 +113,13 @@ int64_t deltanet_v3_scratch_bytes(const DeltaNetShape& sh, int64_t v3_chunk, int
 int64_t deltanet_v4_chunk(const DeltaNetShape& sh, int64_t chunk);
 int64_t deltanet_v4_scratch_bytes(const DeltaNetShape& sh, int64_t v4_chunk, int64_t slots);
 // Benchmarks only: v4's launches that run, bit 0 phase 1, bit 1 the walk
-// (default 3; any other mask leaves wrong results). Process-wide.
+// (default 3; any other mask leaves wrong results); bit 2: the 16-warp walk
+// copies nothing after the first chunk (its products alone, for timing).
+// Process-wide.
 void set_deltanet_v4_phases(int mask);
+// Benchmarks only: v4's walk, 1 the first (8 warps, k35a) or 2 the default
+// (16 warps, gpu/deltanet_v4_walk.cu); same results to rounding. Process-wide.
+void set_deltanet_v4_walk(int walk);
 // Benchmarks only (bench_gpu_deltanet's phase rows): the v3 launches that
 // run, bit 0 phase 1, bit 1 the walk, bit 2 the outputs (default 7; any
 // other mask leaves wrong results). Process-wide.

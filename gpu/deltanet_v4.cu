@@ -24,7 +24,9 @@
 // they add nothing).
 //
 // Phase 2, one block per (sequence, value head, 32 value columns), chunks in
-// order, the state's columns in shared memory; per chunk, 8 warps:
+// order, the state's columns in shared memory. The default walk runs on 16
+// warps (gpu/deltanet_v4_walk.cu); the first one, below, stays for
+// comparison (set_deltanet_v4_walk(1)). Per chunk, 8 warps:
 //   A: [K; Q] S, 2C x dk x 32 (warp w < C/16: K strip w, R = V - exp(G) K S;
 //      warp 4 + i: Q strip i, exp(G) Q S)
 //   B: u = Tb R (strips x 16 columns, k only up to the diagonal)
@@ -41,6 +43,7 @@
 #include "gpu/deltanet.h"
 #include "gpu/deltanet_chunked.h"
 #include "gpu/deltanet_tf32.cuh"
+#include "gpu/deltanet_v4.cuh"
 
 namespace hmoe::gpu {
 using namespace detail;
@@ -48,14 +51,13 @@ using namespace dn;
 
 namespace {
 
+// The record (gpu/deltanet_v4.cuh).
+__host__ __device__ constexpr int64_t v4_rec_floats(int64_t C) { return v4::rec_floats(C); }
+
 constexpr int kV4Threads = 256;
 constexpr int kV4Cols = 32;         // value columns per phase-2 block
 constexpr int kV4Ld = kV4Cols + 8;  // row stride of the state / V / R / u / O tiles
 
-// Floats of one (chunk slot, value head) record: Tb [C][C], QKm [C][C], exp(G) [C], exp(G_last - G) [C], exp(G_last), padding.
-// Both matrices are lower triangular: only their 16 x 16 tiles on and below the diagonal are written and read
-// (the walk's products stop at the diagonal tile).
-__host__ __device__ constexpr int64_t v4_rec_floats(int64_t C) { return 2 * C * C + 2 * C + 8; }
 
 int64_t v4_prep_smem(int64_t C, int64_t dk) { return (2 * C * (C + 4) + 2 * C + std::max(2 * C * (dk + 4), 3 * C * (C + 4))) * 4; }
 // The walk's: K, QKm and the factors twice (this chunk's and the next's), C = 64 and dk = 128: 221 KiB.
@@ -427,10 +429,11 @@ void ensure_opt_in4() {
 }
 
 std::atomic<int> phases4{3};  // set_deltanet_v4_phases
+std::atomic<int> walk4{2};    // set_deltanet_v4_walk
 
 template <int C>
 void launch4(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn, const V2Dims& d,
-             int64_t state_off, int64_t max_rec, int64_t slots, float* scratch, float* out, Stream& s) {
+             const DeltaNetShape& sh, int64_t state_off, int64_t max_rec, int64_t slots, float* scratch, float* out, Stream& s) {
   const int mask = phases4.load(std::memory_order_relaxed);
   if (mask & 1) {
     const dim3 g1(static_cast<unsigned>(d.nk), static_cast<unsigned>(slots));
@@ -438,9 +441,13 @@ void launch4(const float* conv_out, const float* gate, const float* beta, const 
     HMOE_CUDA_LAUNCHED();
   }
   if (mask & 2) {
-    const dim3 g2(static_cast<unsigned>(gn), static_cast<unsigned>(d.nv), static_cast<unsigned>((d.dv + kV4Cols - 1) / kV4Cols));
-    v4_walk_kernel<C><<<g2, kV4Threads, static_cast<size_t>(v4_walk_smem(C, d.dk)), cs(s)>>>(conv_out, gr, g0, d, state_off, max_rec, out, scratch);
-    HMOE_CUDA_LAUNCHED();
+    if (walk4.load(std::memory_order_relaxed) == 1) {
+      const dim3 g2(static_cast<unsigned>(gn), static_cast<unsigned>(d.nv), static_cast<unsigned>((d.dv + kV4Cols - 1) / kV4Cols));
+      v4_walk_kernel<C><<<g2, kV4Threads, static_cast<size_t>(v4_walk_smem(C, d.dk)), cs(s)>>>(conv_out, gr, g0, d, state_off, max_rec, out, scratch);
+      HMOE_CUDA_LAUNCHED();
+    } else {
+      v4::walk16_launch(C, conv_out, gr, g0, gn, sh, state_off, max_rec, out, scratch, (mask & 4) == 0, s);
+    }
   }
 }
 
@@ -450,7 +457,7 @@ int64_t deltanet_v4_chunk(const DeltaNetShape& sh, int64_t chunk) {
   if (sh.dk % 16 != 0 || sh.dv % 16 != 0 || sh.dk <= 0 || sh.dv <= 0) return 0;
   int64_t C = chunk > 0 ? chunk : 64;
   if (C != 16 && C != 32 && C != 64) return 0;
-  auto need = [&](int64_t c) { return std::max(v4_prep_smem(c, sh.dk), v4_walk_smem(c, sh.dk)); };
+  auto need = [&](int64_t c) { return std::max({v4_prep_smem(c, sh.dk), v4_walk_smem(c, sh.dk), v4::walk16_smem(c, sh.dk)}); };
   while (C >= 16 && need(C) > smem_optin_limit() - kSmemMargin4) C /= 2;
   return C >= 16 ? C : 0;
 }
@@ -459,9 +466,14 @@ int64_t deltanet_v4_scratch_bytes(const DeltaNetShape& sh, int64_t v4_chunk, int
   return v4_chunk > 0 ? slots * sh.nv * v4_rec_floats(v4_chunk) * 4 : 0;
 }
 
-void deltanet_v4_configure() { ensure_opt_in4(); }
+void deltanet_v4_configure() {
+  ensure_opt_in4();
+  v4::walk16_configure();
+}
 
-void set_deltanet_v4_phases(int mask) { phases4.store(mask & 3); }
+void set_deltanet_v4_phases(int mask) { phases4.store(mask & 7); }
+
+void set_deltanet_v4_walk(int walk) { walk4.store(walk == 1 ? 1 : 2); }
 
 void deltanet_chunked_v4(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
                          const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t v4_chunk, int64_t slots, void* scratch, float* out,
@@ -476,9 +488,9 @@ void deltanet_chunked_v4(const float* conv_out, const float* gate, const float* 
                  sh.conv_dim()};
   float* sc = static_cast<float*>(scratch);
   switch (v4_chunk) {
-    case 16: launch4<16>(conv_out, gate, beta, gr, g0, gn, d, state_off, max_recurrent, slots, sc, out, s); break;
-    case 32: launch4<32>(conv_out, gate, beta, gr, g0, gn, d, state_off, max_recurrent, slots, sc, out, s); break;
-    case 64: launch4<64>(conv_out, gate, beta, gr, g0, gn, d, state_off, max_recurrent, slots, sc, out, s); break;
+    case 16: launch4<16>(conv_out, gate, beta, gr, g0, gn, d, sh, state_off, max_recurrent, slots, sc, out, s); break;
+    case 32: launch4<32>(conv_out, gate, beta, gr, g0, gn, d, sh, state_off, max_recurrent, slots, sc, out, s); break;
+    case 64: launch4<64>(conv_out, gate, beta, gr, g0, gn, d, sh, state_off, max_recurrent, slots, sc, out, s); break;
     default: fail(ErrorKind::internal, "gated deltanet v4: chunk " + std::to_string(v4_chunk) + " (16, 32 or 64)");
   }
 }

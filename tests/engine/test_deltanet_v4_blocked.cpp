@@ -8,7 +8,9 @@
 // on and below the diagonal (the rest NaN here), the factors, zero on padded
 // rows),
 // then the walk per (group, value head, 32 value columns, zero-padded) with
-// its three steps, the triangular products' k ranges and the fresh flag.
+// its three steps, the triangular products' k ranges and the fresh flag
+// (K S and Q S summed over the two halves of the state rows apart, as the
+// default, 16-warp walk does).
 // Run in double (the algebra: agreement to rounding) and in float (the
 // kernel's fp32 arithmetic: within the GPU tests' 1e-4 + 1e-3 relative).
 #include <doctest/doctest.h>
@@ -164,16 +166,17 @@ void v4_emulate(const Shape& sh, const Inputs& in, const Groups& gr, int64_t nto
           auto v = [&](int64_t i, int64_t c) {
             return i < L && c < nc ? static_cast<F>(in.conv[static_cast<size_t>((t0 + i) * cd + 2 * K + hv * sh.dv + c0 + c)]) : F(0);
           };
-          // A: R = V - exp(G) K S, O = exp(G) Q S.
+          // A: R = V - exp(G) K S, O = exp(G) Q S; K S and Q S as the 16-warp walk sums them, over each half of the
+          // state rows apart (gpu/deltanet_v4_walk.cu; Q S in its step B).
           for (int64_t i = 0; i < C; ++i)
             for (int64_t c = 0; c < kCols; ++c) {
-              F ks = 0, qs = 0;
+              F ks[2] = {0, 0}, qs[2] = {0, 0};
               for (int64_t r = 0; r < sh.dk; ++r) {
-                ks += row(i, K, r) * s(r, c);
-                qs += row(i, 0, r) * s(r, c);
+                ks[2 * r / sh.dk] += row(i, K, r) * s(r, c);
+                qs[2 * r / sh.dk] += row(i, 0, r) * s(r, c);
               }
-              Rm[static_cast<size_t>(i * kCols + c)] = v(i, c) - Fc[i] * ks;
-              O[static_cast<size_t>(i * kCols + c)] = Fc[i] * qs;
+              Rm[static_cast<size_t>(i * kCols + c)] = v(i, c) - Fc[i] * (ks[0] + ks[1]);
+              O[static_cast<size_t>(i * kCols + c)] = Fc[i] * (qs[0] + qs[1]);
             }
           // B: u = Tb R over k < 16 (strip + 1); u2 = exp(G_last - G) u.
           for (int64_t i = 0; i < C; ++i)
