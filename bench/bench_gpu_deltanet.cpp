@@ -30,8 +30,9 @@
 // Usage: bench_gpu_deltanet [--reps N] [--quick] [--kernels v1,v2,v3,v4]
 // (--quick: T = 4096 only; --kernels: the chunked kernels timed, all four by
 // default). v3 and v4 add phase rows: each launch timed alone (v4's walk
-// twice: "v4 walk" the default, "v4 walk1" the first, 8-warp walk); with v1
-// listed, at 4096 tokens each kernel (and v4's first walk) is checked against v1.
+// three times: "v4 walk1" the 8-warp walk, the default, "v4 walk2" the 16-warp
+// one, "v4 walk2 nocp" that one without its copies); with v1 listed, at 4096
+// tokens each kernel (and v4's other walk) is checked against v1.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -277,12 +278,13 @@ int main(int argc, char** argv) {
       };
       in_proj(true);
       prepare();
-      for (int pass = 0; pass < static_cast<int>(kernels.size()) + 1; ++pass) {  // v2, v3, v4 and v4's first walk against v1
-        const bool walk1 = pass == static_cast<int>(kernels.size());
-        const auto kx = walk1 ? gpu::DeltaNetKernel::v4 : kernels[static_cast<size_t>(pass)];
-        if (walk1 && std::find(kernels.begin(), kernels.end(), gpu::DeltaNetKernel::v4) == kernels.end()) continue;
+      const int walk0 = gpu::deltanet_v4_walk();
+      for (int pass = 0; pass < static_cast<int>(kernels.size()) + 1; ++pass) {  // v2, v3, v4 and v4's other walk against v1
+        const bool other = pass == static_cast<int>(kernels.size());
+        const auto kx = other ? gpu::DeltaNetKernel::v4 : kernels[static_cast<size_t>(pass)];
+        if (other && std::find(kernels.begin(), kernels.end(), gpu::DeltaNetKernel::v4) == kernels.end()) continue;
         if (!(S == T && T == 4096 && with_v1 && kx != gpu::DeltaNetKernel::v1)) continue;
-        gpu::set_deltanet_v4_walk(walk1 ? 1 : 2);
+        gpu::set_deltanet_v4_walk(other ? 3 - walk0 : walk0);
         const size_t nst = static_cast<size_t>(layer_bytes / 4), nout = static_cast<size_t>(S * V);
         std::vector<float> st0(nst), o1(nout), o2(nout), s1(nst), s2(nst);
         gpu::copy_to_host(st0.data(), st.states.data(), nst * 4, s);
@@ -305,9 +307,9 @@ int main(int argc, char** argv) {
           return std::pair<double, double>{d, m};
         };
         const auto od = worst(o1, o2, 0), sd = worst(s1, s2, static_cast<size_t>((sh.conv_k - 1) * cd));
-        gpu::set_deltanet_v4_walk(2);
+        gpu::set_deltanet_v4_walk(walk0);
         std::printf("%s against v1, %lld tokens from the same state: outputs max |diff| %.3g (max |v1| %.3g), state max |diff| %.3g (max |v1| %.3g)%s\n",
-                    walk1 ? "v4 (walk 1)" : kname(kx), static_cast<long long>(S), od.first, od.second, sd.first, sd.second,
+                    other ? (walk0 == 1 ? "v4 (walk 2)" : "v4 (walk 1)") : kname(kx), static_cast<long long>(S), od.first, od.second, sd.first, sd.second,
                     od.first <= 1e-4 + 1e-3 * od.second && sd.first <= 1e-4 + 1e-3 * sd.second ? "" : "  <-- MISMATCH");
       }
       const double core_bytes = tf * static_cast<double>(cd + 2 * sh.nv + V) * 4;
@@ -331,17 +333,18 @@ int main(int argc, char** argv) {
         const size_t nst = static_cast<size_t>(layer_bytes / 4);
         std::vector<float> st0(nst);
         gpu::copy_to_host(st0.data(), st.states.data(), nst * 4, s);
-        // "v4 walk" is the default (16 warps, k36a), "v4 walk1" the first (8 warps, k35a), "v4 walk nocp" the default
+        // "v4 walk1" the first walk (8 warps, k35a), "v4 walk2" the 16-warp one (k36a), "v4 walk2 nocp" that one
         // without its copies after the first chunk (its products, barriers and output stores alone).
-        const char* names[4] = {"v4 phase1", "v4 walk", "v4 walk1", "v4 walk nocp"};
-        const int masks[4] = {1, 2, 2, 6};
+        const int walk0 = gpu::deltanet_v4_walk();
+        const char* names[4] = {"v4 phase1", "v4 walk1", "v4 walk2", "v4 walk2 nocp"};
+        const int masks[4] = {1, 2, 2, 6}, walks[4] = {walk0, 1, 2, 2};
         for (int ph = 0; ph < 4; ++ph) {
           gpu::set_deltanet_v4_phases(masks[ph]);
-          gpu::set_deltanet_v4_walk(ph == 2 ? 1 : 2);
+          gpu::set_deltanet_v4_walk(walks[ph]);
           print_row(su, names[ph], T, S, "v4", timer.us(steps_of([&] { core(gpu::DeltaNetKernel::v4); }), reps), 0, 0);
         }
         gpu::set_deltanet_v4_phases(3);
-        gpu::set_deltanet_v4_walk(2);
+        gpu::set_deltanet_v4_walk(walk0);
         gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
         s.synchronize();
       }

@@ -117,9 +117,11 @@ int64_t deltanet_v4_scratch_bytes(const DeltaNetShape& sh, int64_t v4_chunk, int
 // copies nothing after the first chunk (its products alone, for timing).
 // Process-wide.
 void set_deltanet_v4_phases(int mask);
-// Benchmarks only: v4's walk, 1 the first (8 warps, k35a) or 2 the default
-// (16 warps, gpu/deltanet_v4_walk.cu); same results to rounding. Process-wide.
+// Benchmarks and tests: v4's walk, 1 the first (8 warps, k35a; the default,
+// measured on an H100) or 2 (16 warps, gpu/deltanet_v4_walk.cu, k36a; not
+// run on a GPU yet); same results to rounding. Process-wide.
 void set_deltanet_v4_walk(int walk);
+int deltanet_v4_walk();
 // Benchmarks only (bench_gpu_deltanet's phase rows): the v3 launches that
 // run, bit 0 phase 1, bit 1 the walk, bit 2 the outputs (default 7; any
 // other mask leaves wrong results). Process-wide.

@@ -24,9 +24,10 @@
 // they add nothing).
 //
 // Phase 2, one block per (sequence, value head, 32 value columns), chunks in
-// order, the state's columns in shared memory. The default walk runs on 16
-// warps (gpu/deltanet_v4_walk.cu); the first one, below, stays for
-// comparison (set_deltanet_v4_walk(1)). Per chunk, 8 warps:
+// order, the state's columns in shared memory. This walk (8 warps, walk 1:
+// the default, measured on an H100) and a 16-warp one (walk 2,
+// gpu/deltanet_v4_walk.cu, not run on a GPU yet): set_deltanet_v4_walk.
+// Per chunk, 8 warps:
 //   A: [K; Q] S, 2C x dk x 32 (warp w < C/16: K strip w, R = V - exp(G) K S;
 //      warp 4 + i: Q strip i, exp(G) Q S)
 //   B: u = Tb R (strips x 16 columns, k only up to the diagonal)
@@ -429,7 +430,7 @@ void ensure_opt_in4() {
 }
 
 std::atomic<int> phases4{3};  // set_deltanet_v4_phases
-std::atomic<int> walk4{2};    // set_deltanet_v4_walk
+std::atomic<int> walk4{1};    // set_deltanet_v4_walk (1 until walk 2 has run on a GPU)
 
 template <int C>
 void launch4(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn, const V2Dims& d,
@@ -474,6 +475,7 @@ void deltanet_v4_configure() {
 void set_deltanet_v4_phases(int mask) { phases4.store(mask & 7); }
 
 void set_deltanet_v4_walk(int walk) { walk4.store(walk == 1 ? 1 : 2); }
+int deltanet_v4_walk() { return walk4.load(); }
 
 void deltanet_chunked_v4(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
                          const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t v4_chunk, int64_t slots, void* scratch, float* out,

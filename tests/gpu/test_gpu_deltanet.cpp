@@ -431,22 +431,23 @@ TEST_CASE("gated deltanet chunked kernels v1 to v4 at head dims 128: lengths 1 t
         CHECK(r12 <= 1);
       }
     }
-  {  // v4's first walk (8 warps, kept for comparison; set_deltanet_v4_walk): the same checks, then the default walk back
+  {  // v4's other walk (set_deltanet_v4_walk: 8 or 16 warps): the same checks, then the default walk back
     struct WalkGuard {
-      WalkGuard() { gpu::set_deltanet_v4_walk(1); }
-      ~WalkGuard() { gpu::set_deltanet_v4_walk(2); }
+      int w0 = gpu::deltanet_v4_walk();
+      WalkGuard() { gpu::set_deltanet_v4_walk(3 - w0); }
+      ~WalkGuard() { gpu::set_deltanet_v4_walk(w0); }
     } guard;
     for (int64_t chunk : {0, 32, 16}) {
       CAPTURE(chunk);
       std::vector<float> st = S0, o(static_cast<size_t>(n * V), 0.0f);
       run(gpu::DeltaNetKernel::v4, chunk, starts, counts, fresh, st, o);
       const double ro = test::tol_ratio(o, out_ref, 1e-4, 1e-3), rs = test::tol_ratio(st, S_ref, 1e-4, 1e-3);
-      MESSAGE("head dims 128, v4's first walk, chunk " << chunk << ": output within " << ro << ", state within " << rs << " of the tolerance");
+      MESSAGE("head dims 128, v4's walk " << gpu::deltanet_v4_walk() << ", chunk " << chunk << ": output within " << ro << ", state within " << rs << " of the tolerance");
       CHECK(ro <= 1);
       CHECK(rs <= 1);
       if (chunk == 0) {
         const double r1 = test::tol_ratio(o, out_v1, 1e-5, 1e-4);
-        MESSAGE("v4's first walk against v1 (chunk 64): within " << r1 << " of (1e-5, 1e-4)");
+        MESSAGE("v4's walk " << gpu::deltanet_v4_walk() << " against v1 (chunk 64): within " << r1 << " of (1e-5, 1e-4)");
         CHECK(r1 <= 1);
       }
     }
