@@ -10,8 +10,10 @@
 #include <mma.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
+#include "configs/error.h"
 #include "gpu/common.cuh"
 #include "gpu/deltanet.h"
 
@@ -29,6 +31,33 @@ struct V2Dims {
   int nk, nv, dk, dv, ck;
   int64_t cdim;
 };
+
+// The chunked launchers' checks (gpu/deltanet_chunked.h: 16-byte aligned
+// device buffers; at most max_slots chunk slots and 65535 value heads in one
+// launch) and the kernels' dimensions; `name` ("v2".."v4") names the kernel
+// in the errors.
+inline V2Dims chunked_launch_dims(const char* name, const float* conv_out, const float* out, const void* scratch, int64_t slots, int64_t max_slots,
+                                  const DeltaNetShape& sh) {
+  auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) != 0; };
+  if (misaligned(conv_out) || misaligned(out) || misaligned(scratch) || scratch == nullptr)
+    fail(ErrorKind::internal, std::string("gated deltanet ") + name + ": conv_out, out and the scratch must be 16-byte aligned device buffers");
+  if (slots > max_slots || sh.nv > 65535)
+    fail(ErrorKind::unsupported, std::string("gated deltanet ") + name + ": too many chunks (" + std::to_string(max_slots) +
+                                     ") or value heads (65535) for one launch");
+  return V2Dims{static_cast<int>(sh.nk), static_cast<int>(sh.nv), static_cast<int>(sh.dk), static_cast<int>(sh.dv), static_cast<int>(sh.conv_k),
+                sh.conv_dim()};
+}
+
+// f(std::integral_constant<int, C>{}) for chunk C of 16, 32 or 64; another chunk is an internal error naming the kernel.
+template <class F>
+void with_chunk(const char* name, int64_t chunk, F&& f) {
+  switch (chunk) {
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    case 32: f(std::integral_constant<int, 32>{}); break;
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    default: fail(ErrorKind::internal, std::string("gated deltanet ") + name + ": chunk " + std::to_string(chunk) + " (16, 32 or 64)");
+  }
+}
 
 __device__ __forceinline__ float* v2_state(const DeltaNetGroups& gr, int g, int64_t off) {
   return reinterpret_cast<float*>(static_cast<uintptr_t>(gr.state[g]) + static_cast<uintptr_t>(off));

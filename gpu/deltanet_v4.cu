@@ -481,20 +481,12 @@ void deltanet_chunked_v4(const float* conv_out, const float* gate, const float* 
                          const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t v4_chunk, int64_t slots, void* scratch, float* out,
                          Stream& s) {
   if (gn <= 0 || slots <= 0) return;
-  auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) != 0; };
-  if (misaligned(conv_out) || misaligned(out) || misaligned(scratch) || scratch == nullptr)
-    fail(ErrorKind::internal, "gated deltanet v4: conv_out, out and the scratch must be 16-byte aligned device buffers");
-  if (slots > 65535 || sh.nv > 65535) fail(ErrorKind::unsupported, "gated deltanet v4: too many chunks (65535) or value heads for one launch");
+  const V2Dims d = chunked_launch_dims("v4", conv_out, out, scratch, slots, 65535, sh);
   ensure_opt_in4();
-  const V2Dims d{static_cast<int>(sh.nk), static_cast<int>(sh.nv), static_cast<int>(sh.dk), static_cast<int>(sh.dv), static_cast<int>(sh.conv_k),
-                 sh.conv_dim()};
   float* sc = static_cast<float*>(scratch);
-  switch (v4_chunk) {
-    case 16: launch4<16>(conv_out, gate, beta, gr, g0, gn, d, sh, state_off, max_recurrent, slots, sc, out, s); break;
-    case 32: launch4<32>(conv_out, gate, beta, gr, g0, gn, d, sh, state_off, max_recurrent, slots, sc, out, s); break;
-    case 64: launch4<64>(conv_out, gate, beta, gr, g0, gn, d, sh, state_off, max_recurrent, slots, sc, out, s); break;
-    default: fail(ErrorKind::internal, "gated deltanet v4: chunk " + std::to_string(v4_chunk) + " (16, 32 or 64)");
-  }
+  with_chunk("v4", v4_chunk, [&](auto c) {
+    launch4<decltype(c)::value>(conv_out, gate, beta, gr, g0, gn, d, sh, state_off, max_recurrent, slots, sc, out, s);
+  });
 }
 
 }  // namespace hmoe::gpu
