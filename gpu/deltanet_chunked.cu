@@ -203,28 +203,16 @@ __global__ void __launch_bounds__(kScanThreads) v2_scan_kernel(const float* conv
 int64_t prep_smem(int64_t C, int64_t dk) { return (2 * C * (dk + 4) + 2 * C * (C + 4) + 3 * C) * 4; }
 int64_t scan_smem(int64_t C, int64_t dk) { return (dk * kLdS + 2 * C * (dk + 4) + C * (dk + 8) + C * (C + 4) + 3 * C * kLdS + 2 * C + 4) * 4; }
 
-
-// The dynamic shared memory a v2 kernel may take: the device's opt-in
-// limit less the kernel's static shared memory, and less a margin that
-// deltanet_v2_chunk keeps too.
-constexpr int64_t kSmemMargin = 1024;
-template <class Kern>
-void opt_in(Kern* kern) {
-  cudaFuncAttributes fa{};
-  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
-  const int64_t bytes = smem_optin_limit() - static_cast<int64_t>(fa.sharedSizeBytes);
-  HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
-// Every v2 kernel may take up to that (once, before any graph capture).
+// Every v2 kernel may take the device's opt-in shared memory (opt_in_smem;
+// deltanet_v2_chunk keeps kSmemMargin below it), once, before any graph capture.
 void ensure_opt_in() {
   static const bool done = [] {
-    opt_in(v2_prep_kernel<16, false>);
-    opt_in(v2_scan_kernel<16>);
-    opt_in(v2_prep_kernel<32, false>);
-    opt_in(v2_scan_kernel<32>);
-    opt_in(v2_prep_kernel<64, false>);
-    opt_in(v2_scan_kernel<64>);
+    opt_in_smem(v2_prep_kernel<16, false>);
+    opt_in_smem(v2_scan_kernel<16>);
+    opt_in_smem(v2_prep_kernel<32, false>);
+    opt_in_smem(v2_scan_kernel<32>);
+    opt_in_smem(v2_prep_kernel<64, false>);
+    opt_in_smem(v2_scan_kernel<64>);
     return true;
   }();
   (void)done;

@@ -32,6 +32,19 @@ struct V2Dims {
   int64_t cdim;
 };
 
+// The margin the chunk choosers keep below the device's opt-in shared memory.
+constexpr int64_t kSmemMargin = 1024;
+
+// Lets `kern` take the device's opt-in limit of dynamic shared memory less
+// its static shared memory (once per kernel, before any graph capture).
+template <class Kern>
+void opt_in_smem(Kern* kern) {
+  cudaFuncAttributes fa{};
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+  const int64_t bytes = smem_optin_limit() - static_cast<int64_t>(fa.sharedSizeBytes);
+  HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
 // The chunked launchers' checks (gpu/deltanet_chunked.h: 16-byte aligned
 // device buffers; at most max_slots chunk slots and 65535 value heads in one
 // launch) and the kernels' dimensions; `name` ("v2".."v4") names the kernel

@@ -250,27 +250,17 @@ __global__ void __launch_bounds__(kV3Threads, 2) v3_out_kernel(const float* conv
   }
 }
 
-constexpr int64_t kSmemMargin3 = 1024;
-
-template <class Kern>
-void opt_in3(Kern* kern) {
-  cudaFuncAttributes fa{};
-  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
-  const int64_t bytes = smem_optin_limit() - static_cast<int64_t>(fa.sharedSizeBytes);
-  HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 void ensure_opt_in3() {
   static const bool done = [] {
-    opt_in3(v2_prep_kernel<16, true>);
-    opt_in3(v3_scan_kernel<16>);
-    opt_in3(v3_out_kernel<16>);
-    opt_in3(v2_prep_kernel<32, true>);
-    opt_in3(v3_scan_kernel<32>);
-    opt_in3(v3_out_kernel<32>);
-    opt_in3(v2_prep_kernel<64, true>);
-    opt_in3(v3_scan_kernel<64>);
-    opt_in3(v3_out_kernel<64>);
+    opt_in_smem(v2_prep_kernel<16, true>);
+    opt_in_smem(v3_scan_kernel<16>);
+    opt_in_smem(v3_out_kernel<16>);
+    opt_in_smem(v2_prep_kernel<32, true>);
+    opt_in_smem(v3_scan_kernel<32>);
+    opt_in_smem(v3_out_kernel<32>);
+    opt_in_smem(v2_prep_kernel<64, true>);
+    opt_in_smem(v3_scan_kernel<64>);
+    opt_in_smem(v3_out_kernel<64>);
     return true;
   }();
   (void)done;
@@ -310,7 +300,7 @@ int64_t deltanet_v3_chunk(const DeltaNetShape& sh, int64_t chunk) {
   int64_t C = chunk > 0 ? chunk : 64;
   if (C != 16 && C != 32 && C != 64) return 0;
   auto need = [&](int64_t c) { return std::max({prep_smem3(c, sh.dk), v3_scan_smem(c, sh.dk), v3_out_smem(c, sh.dk)}); };
-  while (C >= 16 && need(C) > smem_optin_limit() - kSmemMargin3) C /= 2;
+  while (C >= 16 && need(C) > smem_optin_limit() - kSmemMargin) C /= 2;
   return C >= 16 ? C : 0;
 }
 

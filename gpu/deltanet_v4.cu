@@ -59,7 +59,6 @@ constexpr int kV4Threads = 256;
 constexpr int kV4Cols = 32;         // value columns per phase-2 block
 constexpr int kV4Ld = kV4Cols + 8;  // row stride of the state / V / R / u / O tiles
 
-
 int64_t v4_prep_smem(int64_t C, int64_t dk) { return (2 * C * (C + 4) + 2 * C + std::max(2 * C * (dk + 4), 3 * C * (C + 4))) * 4; }
 // The walk's: K, QKm and the factors twice (this chunk's and the next's), C = 64 and dk = 128: 221 KiB.
 int64_t v4_walk_smem(int64_t C, int64_t dk) {
@@ -406,24 +405,14 @@ __global__ void __launch_bounds__(kV4Threads, 1) v4_walk_kernel(const float* con
   }
 }
 
-constexpr int64_t kSmemMargin4 = 1024;
-
-template <class Kern>
-void opt_in4(Kern* kern) {
-  cudaFuncAttributes fa{};
-  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
-  const int64_t bytes = smem_optin_limit() - static_cast<int64_t>(fa.sharedSizeBytes);
-  HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 void ensure_opt_in4() {
   static const bool done = [] {
-    opt_in4(v4_prep_kernel<16>);
-    opt_in4(v4_walk_kernel<16>);
-    opt_in4(v4_prep_kernel<32>);
-    opt_in4(v4_walk_kernel<32>);
-    opt_in4(v4_prep_kernel<64>);
-    opt_in4(v4_walk_kernel<64>);
+    opt_in_smem(v4_prep_kernel<16>);
+    opt_in_smem(v4_walk_kernel<16>);
+    opt_in_smem(v4_prep_kernel<32>);
+    opt_in_smem(v4_walk_kernel<32>);
+    opt_in_smem(v4_prep_kernel<64>);
+    opt_in_smem(v4_walk_kernel<64>);
     return true;
   }();
   (void)done;
@@ -459,7 +448,7 @@ int64_t deltanet_v4_chunk(const DeltaNetShape& sh, int64_t chunk) {
   int64_t C = chunk > 0 ? chunk : 64;
   if (C != 16 && C != 32 && C != 64) return 0;
   auto need = [&](int64_t c) { return std::max({v4_prep_smem(c, sh.dk), v4_walk_smem(c, sh.dk), v4::walk16_smem(c, sh.dk)}); };
-  while (C >= 16 && need(C) > smem_optin_limit() - kSmemMargin4) C /= 2;
+  while (C >= 16 && need(C) > smem_optin_limit() - kSmemMargin) C /= 2;
   return C >= 16 ? C : 0;
 }
 

@@ -261,14 +261,6 @@ __global__ void __launch_bounds__(kThreads, 1) walk16_kernel(const float* conv_o
   }
 }
 
-template <class Kern>
-void opt_in(Kern* kern) {
-  cudaFuncAttributes fa{};
-  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
-  const int64_t bytes = smem_optin_limit() - static_cast<int64_t>(fa.sharedSizeBytes);
-  HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 template <int C>
 void launch(const float* conv_out, const DeltaNetGroups& gr, int64_t g0, int64_t gn, const V2Dims& d, int64_t state_off, int64_t max_rec,
             float* out, const float* recs, bool copies, Stream& s) {
@@ -285,9 +277,9 @@ int64_t walk16_smem(int64_t C, int64_t dk) {
 
 void walk16_configure() {
   static const bool done = [] {
-    opt_in(walk16_kernel<16>);
-    opt_in(walk16_kernel<32>);
-    opt_in(walk16_kernel<64>);
+    opt_in_smem(walk16_kernel<16>);
+    opt_in_smem(walk16_kernel<32>);
+    opt_in_smem(walk16_kernel<64>);
     return true;
   }();
   (void)done;
