@@ -200,6 +200,25 @@ __device__ __forceinline__ bool block_chunk(const DeltaNetGroups& gr, int64_t g0
 
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+// A chunk's q and k rows of key head hk (tokens t0 .. t0 + L of conv_out,
+// rows past L zero) into shared memory qs / ks, [C][ldk]; the whole block.
+template <int C>
+__device__ __forceinline__ void load_qk_rows(const float* conv_out, int64_t t0, int L, const V2Dims& d, int hk, float* qs, float* ks, int ldk) {
+  const int64_t K = static_cast<int64_t>(d.nk) * d.dk;
+  const int q4 = d.dk / 4;
+  for (int p = threadIdx.x; p < C * q4; p += blockDim.x) {
+    const int i = p / q4, c = (p % q4) * 4;
+    float4 qv = make_float4(0, 0, 0, 0), kv = qv;
+    if (i < L) {
+      const float* row = conv_out + (t0 + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + c;
+      qv = *reinterpret_cast<const float4*>(row);
+      kv = *reinterpret_cast<const float4*>(row + K);
+    }
+    *reinterpret_cast<float4*>(qs + i * ldk + c) = qv;
+    *reinterpret_cast<float4*>(ks + i * ldk + c) = kv;
+  }
+}
+
 // Phase 1: grid (slots, value heads).
 template <int C, bool KE>
 __global__ void __launch_bounds__(kPrepThreads, 2) v2_prep_kernel(const float* conv_out, const float* gate, const float* beta, DeltaNetGroups gr,
@@ -224,18 +243,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) v2_prep_kernel(const float* c
     Gs[tid] = tid < L ? gate[(t0 + tid) * d.nv + hv] : 0.0f;
     Bs[tid] = tid < L ? beta[(t0 + tid) * d.nv + hv] : 0.0f;
   }
-  const int q4 = d.dk / 4;
-  for (int p = tid; p < C * q4; p += blockDim.x) {
-    const int i = p / q4, c = (p % q4) * 4;
-    float4 qv = make_float4(0, 0, 0, 0), kv = qv;
-    if (i < L) {
-      const float* row = conv_out + (t0 + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + c;
-      qv = *reinterpret_cast<const float4*>(row);
-      kv = *reinterpret_cast<const float4*>(row + K);
-    }
-    *reinterpret_cast<float4*>(qs + i * ldk + c) = qv;
-    *reinterpret_cast<float4*>(ks + i * ldk + c) = kv;
-  }
+  load_qk_rows<C>(conv_out, t0, L, d, hk, qs, ks, ldk);
   __syncthreads();
   if (tid == 0) {
     float acc = 0;
@@ -282,6 +290,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) v2_prep_kernel(const float* c
   __syncthreads();
   if constexpr (KE) {  // K' rows (padded rows: zero, as k's)
     float* Kg = Fg + 2 * C + 8;
+    const int q4 = d.dk / 4;
     for (int p = tid; p < C * q4; p += blockDim.x) {
       const int i = p / q4, c = (p % q4) * 4;
       const float e = i < L ? expf(glast - Gs[i]) : 0.0f;

@@ -82,7 +82,6 @@ __global__ void __launch_bounds__(kV4Threads, 2) v4_prep_kernel(const float* con
   const int hk = blockIdx.x, r = d.nv / d.nk;
   const int64_t t0 = span.t0;
   const int L = span.L;
-  const int64_t K = static_cast<int64_t>(d.nk) * d.dk;
   const int ldk = d.dk + 4;
   extern __shared__ __align__(128) float v4_sm[];
   float* KK = v4_sm;          // [C][ldc] k k^T
@@ -95,18 +94,7 @@ __global__ void __launch_bounds__(kV4Threads, 2) v4_prep_kernel(const float* con
   float* A = un;              // [C][ldc]
   float* T = A + C * ldc;     // [C][ldc]
   float* X = T + C * ldc;     // [C][ldc]
-  const int q4 = d.dk / 4;
-  for (int p = tid; p < C * q4; p += blockDim.x) {
-    const int i = p / q4, c = (p % q4) * 4;
-    float4 qv = make_float4(0, 0, 0, 0), kv = qv;
-    if (i < L) {
-      const float* row = conv_out + (t0 + i) * d.cdim + static_cast<int64_t>(hk) * d.dk + c;
-      qv = *reinterpret_cast<const float4*>(row);
-      kv = *reinterpret_cast<const float4*>(row + K);
-    }
-    *reinterpret_cast<float4*>(qs + i * ldk + c) = qv;
-    *reinterpret_cast<float4*>(ks + i * ldk + c) = kv;
-  }
+  load_qk_rows<C>(conv_out, t0, L, d, hk, qs, ks, ldk);
   __syncthreads();
   // k k^T and q k^T, the tiles on and below the diagonal.
   constexpr int ntri = nb * (nb + 1) / 2;
