@@ -20,6 +20,7 @@
 #include "gpu/common.cuh"
 #include "gpu/deltanet.h"
 #include "gpu/deltanet_chunked.h"
+#include "gpu/deltanet_io.h"
 
 namespace hmoe::gpu {
 using namespace detail;
@@ -102,10 +103,19 @@ __global__ void conv_window_kernel(const float* proj, int64_t ld, DeltaNetGroups
   const int64_t cnt = gr.count[g], st = gr.start[g], W = d.ck - 1, sc = conv_src(c, d);
   const bool fresh = gr.fresh[g] != 0;
   float* win = state_of(gr, g, state_off);
-  for (int64_t j = 0; j < W; ++j) {  // reads index cnt + j > j: not yet overwritten
-    const int64_t e = cnt + j;
-    win[j * d.cdim + c] = e < W ? (fresh ? 0.0f : win[e * d.cdim + c]) : proj[static_cast<int64_t>(gr.order[st + e - W]) * ld + sc];
+  auto input = [&](int64_t e) { return e < W ? (fresh ? 0.0f : win[e * d.cdim + c]) : proj[static_cast<int64_t>(gr.order[st + e - W]) * ld + sc]; };
+  constexpr int kMaxW = 8;
+  if (W <= kMaxW) {  // every new row loaded before any is stored: the loads overlap
+    float v[kMaxW];
+#pragma unroll
+    for (int j = 0; j < kMaxW; ++j)
+      if (j < W) v[j] = input(cnt + j);
+#pragma unroll
+    for (int j = 0; j < kMaxW; ++j)
+      if (j < W) win[j * d.cdim + c] = v[j];
+    return;
   }
+  for (int64_t j = 0; j < W; ++j) win[j * d.cdim + c] = input(cnt + j);  // reads index cnt + j > j: not yet overwritten
 }
 
 constexpr int kSlice = 32;  // value columns per block
@@ -350,8 +360,9 @@ void deltanet_prepare(const float* proj, int64_t ld, const DeltaNetGroups& gr, i
                       float* beta, Stream& s) {
   check_shape(sh);
   if (ntok <= 0) return;
-  if (deltanet_kernel() == DeltaNetKernel::v3 &&
-      deltanet_prepare_v3(proj, ld, gr, tok0, ntok, sh, conv_w, a_neg, dt_bias, state_off, conv_out, gate, beta, s))
+  const DeltaNetIo io = deltanet_io();
+  if (io != DeltaNetIo::plain &&
+      deltanet_prepare_vec(io == DeltaNetIo::vec1 ? 1 : 2, proj, ld, gr, tok0, ntok, sh, conv_w, a_neg, dt_bias, state_off, conv_out, gate, beta, s))
     return;
   if (sh.conv_dim() * 4 > 48 * 1024) fail(ErrorKind::unsupported, "gated deltanet on the GPU: conv_dim above 12288");
   const float qscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(sh.dk)));
@@ -433,7 +444,7 @@ void deltanet_gated_norm(const float* core, const float* proj, int64_t ld, const
                          const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s, uint16_t* y_lo, int64_t row0) {
   check_shape(sh);
   if (ntok <= 0) return;
-  if (deltanet_kernel() == DeltaNetKernel::v3 && deltanet_gated_norm_v3(core, proj, ld, gr, tok0, ntok, sh, w, eps, y, s, y_lo, row0)) return;
+  if (deltanet_io() != DeltaNetIo::plain && deltanet_gated_norm_vec(core, proj, ld, gr, tok0, ntok, sh, w, eps, y, s, y_lo, row0)) return;
   gated_norm_kernel<<<static_cast<unsigned>(ntok), 256, 0, cs(s)>>>(core, proj, ld, gr, tok0, dims(sh), w, eps, y, y_lo, row0);
   HMOE_CUDA_LAUNCHED();
 }

@@ -48,6 +48,10 @@ struct DeltaNetGroups {
 // [ordered token][conv_dim] ([q | k | v]); gate / beta: [ordered token][nv],
 // beta = sigmoid(b), gate = a_neg[h] * softplus(a + dt_bias[h]).
 // Does not change the window (deltanet_conv_window does, afterwards).
+// Takes the vectorised kernel (gpu/deltanet_io.cu) where the shape allows
+// (conv_k 4, dk dividing 128 and a multiple of 4, dv and ld multiples of 4,
+// 16-byte aligned buffers), else the plain one; so does deltanet_gated_norm
+// (dv a multiple of 4 up to 512), whatever the delta-rule kernel.
 void deltanet_prepare(const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok, const DeltaNetShape& sh,
                       const float* conv_w, const float* a_neg, const float* dt_bias, int64_t state_off, float* conv_out, float* gate,
                       float* beta, Stream& s);
@@ -75,9 +79,6 @@ void deltanet_chunked(const float* conv_out, const float* gate, const float* bet
 //    every chunk's outputs at once; 3xTF32 like v2; scratch of
 //    deltanet_v3_scratch_bytes (v2's plus K' and an entering state per
 //    chunk and value head), dk, dv multiples of 16.
-//    Under v3, deltanet_prepare and deltanet_gated_norm also take their
-//    vectorised kernels (gpu/deltanet_io.cu) where the shape allows
-//    (conv_k 4, dk dividing 128, dv multiples of 4, 16-byte aligned rows).
 //  - v4 (gpu/deltanet_v4.cu): per chunk only (I + A)^-1 diag(beta) and the
 //    decayed q.k (C x C each) and its decay factors to the scratch, then a
 //    walk per (sequence, value head, 32 value columns) that computes u and
@@ -145,6 +146,15 @@ void deltanet_recurrent(const float* conv_out, const float* gate, const float* b
 // the lo half of a split input.
 void deltanet_gated_norm(const float* core, const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok,
                          const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s, uint16_t* y_lo = nullptr, int64_t row0 = 0);
+// Tests and benchmarks only (process-wide): the kernels deltanet_prepare and
+// deltanet_gated_norm take. automatic: as above (prepare's vec2); plain:
+// the plain kernels always; vec1 / vec2: prepare's tiled / sliding
+// vectorised kernel (gpu/deltanet_io.h) where the shape allows, the norm's
+// vectorised one. vec2_tile: vec2's ordered tokens per warp (0: as many as
+// make one resident wave of blocks).
+enum class DeltaNetIo { automatic, plain, vec1, vec2 };
+void set_deltanet_io(DeltaNetIo io, int64_t vec2_tile = 0);
+DeltaNetIo deltanet_io();
 // Shared memory the chunked kernel takes for this shape (for the one-time
 // opt-in above 48 KiB; done by the first launch or by this call, which a
 // layer makes before any CUDA graph capture).

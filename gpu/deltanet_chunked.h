@@ -24,13 +24,5 @@ void deltanet_chunked_v4(const float* conv_out, const float* gate, const float* 
                          const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t v4_chunk, int64_t slots, void* scratch, float* out,
                          Stream& s);
 void deltanet_v4_configure();
-// The vectorised conv + gates and gated norm (gpu/deltanet_io.cu), the
-// contracts of deltanet_prepare and deltanet_gated_norm; false (nothing
-// launched) where the shape or alignment does not allow them.
-bool deltanet_prepare_v3(const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok, const DeltaNetShape& sh,
-                         const float* conv_w, const float* a_neg, const float* dt_bias, int64_t state_off, float* conv_out, float* gate, float* beta,
-                         Stream& s);
-bool deltanet_gated_norm_v3(const float* core, const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok,
-                            const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s, uint16_t* y_lo, int64_t row0);
 
 }  // namespace hmoe::gpu

@@ -33,6 +33,11 @@ DeltaNetKernel chosen_kernel = DeltaNetKernel::v1;
 }
 void set_deltanet_kernel(DeltaNetKernel k) { chosen_kernel = k; }
 DeltaNetKernel deltanet_kernel() { return chosen_kernel; }
+namespace {
+DeltaNetIo chosen_io = DeltaNetIo::automatic;
+}
+void set_deltanet_io(DeltaNetIo io, int64_t) { chosen_io = io; }
+DeltaNetIo deltanet_io() { return chosen_io; }
 int64_t deltanet_v2_chunk(const DeltaNetShape&, int64_t) { no_cuda("deltanet_v2_chunk"); }
 int64_t deltanet_v2_slots(int64_t ntok, int64_t gn, int64_t v2_chunk) { return v2_chunk > 0 ? ntok / v2_chunk + gn : 0; }
 int64_t deltanet_v2_scratch_bytes(const DeltaNetShape& sh, int64_t v2_chunk, int64_t slots) {

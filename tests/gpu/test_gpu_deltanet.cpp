@@ -151,9 +151,10 @@ namespace {
 
 // The whole linear-attention path (conv + gates, conv window, chunked and
 // recurrent delta rule, gated norm and its split) against reference() for
-// each chunked kernel, with the setting gpu_deltanet_kernel at that kernel
-// (v3 also takes the vectorised conv + gates and gated norm), in the modes
-// (max_recurrent, chunk).
+// each chunked kernel, with the setting gpu_deltanet_kernel at that kernel,
+// in the modes (max_recurrent, chunk); conv + gates and the norm in their
+// plain kernels and in the vectorised ones the layers take where the shape
+// allows (tests/gpu/test_gpu_deltanet_io.cpp checks those on their own).
 void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<int64_t, int64_t>>& modes) {
   const gpu::DeltaNetShape& sh = L.sh;
   const int64_t n = static_cast<int64_t>(gr.order.size()), G = static_cast<int64_t>(gr.start.size()), P = sh.proj_cols(), cd = sh.conv_dim(),
@@ -182,11 +183,15 @@ void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<i
       core(static_cast<size_t>(n * V * 4)), y(static_cast<size_t>(n * V * 2));
   // (max_recurrent, chunk): both kernels by token count, everything chunked, everything recurrent; with
   // each chunked kernel (v1, v2, v3).
+  for (const auto io : {gpu::DeltaNetIo::automatic, gpu::DeltaNetIo::plain})
   for (const auto kernel : kKernels)
   for (const auto& mode : modes) {
     const int64_t max_rec = mode.first, chunk = mode.second;
     const int kv = kernel_number(kernel);
     gpu::set_deltanet_kernel(kernel);
+    gpu::set_deltanet_io(io);
+    const bool plain_io = io == gpu::DeltaNetIo::plain;
+    CAPTURE(plain_io);
     CAPTURE(sh.dk);
     CAPTURE(kv);
     CAPTURE(max_rec);
@@ -254,6 +259,7 @@ void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<i
     }
   }
   gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v1);
+  gpu::set_deltanet_io(gpu::DeltaNetIo::automatic);
 }
 
 // Sequences of the given lengths interleaved in the batch (round robin), with the given fresh flags.
@@ -291,7 +297,7 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
   check_path(L, make_groups(), {{1, 16}, {0, 16}, {1000, 0}, {1, 0}});
 }
 
-TEST_CASE("gated deltanet whole path at head dims 128 (v3: vectorised conv + gates and gated norm): lengths 1 to 300, fresh and continued") {
+TEST_CASE("gated deltanet whole path at head dims 128 (plain and vectorised conv + gates and gated norm): lengths 1 to 300, fresh and continued") {
   if (!test::have_gpu()) return;
   Layout L;
   L.sh.nk = 2;
