@@ -47,14 +47,14 @@ bench() {
   grep -E "automatic|resident|streamed|split decode|rror" "$O/$name.err" | head -5
 }
 if [[ $STEPS == *" gpu "* ]]; then
-  bench gpu_prefill 90 --gpu-resident-moe-layers all --max-model-len 36864 --max-num-batched-tokens 8192 -p 4096,32768 -n 0 -r 1
-  bench gpu_decode 90 --gpu-resident-moe-layers all --max-model-len 36864 --max-num-batched-tokens 8192 -p 0 -n 64 -d 4096,32768 -r 1 --batch 1 --decode-breakdown
+  bench gpu_prefill 80 --gpu-resident-moe-layers all --max-model-len 36864 --max-num-batched-tokens 8192 -p 4096,32768 -n 0 -r 1
+  bench gpu_decode 80 --gpu-resident-moe-layers all --max-model-len 36864 --max-num-batched-tokens 8192 -p 0 -n 64 -d 4096,32768 -r 1 --batch 1 --decode-breakdown
 fi
 if [[ $STEPS == *" cpu "* ]]; then
-  bench cpu_prefill 120 --gpu-resident-moe-layers none --gpu-expert-cache 0 --max-model-len 36864 --max-num-batched-tokens 8192 -p 4096,32768 -n 0 -r 1
-  bench cpu_decode 120 --gpu-resident-moe-layers none --gpu-expert-cache 0 --max-model-len 36864 --max-num-batched-tokens 8192 -p 0 -n 64 -d 4096,32768 -r 1 --batch 1 --decode-breakdown
+  bench cpu_decode 90 --gpu-resident-moe-layers none --gpu-expert-cache 0 --max-model-len 36864 --max-num-batched-tokens 8192 -p 0 -n 64 -d 4096,32768 -r 1 --batch 1 --decode-breakdown
+  bench cpu_prefill 90 --gpu-resident-moe-layers none --gpu-expert-cache 0 --max-model-len 36864 --max-num-batched-tokens 8192 -p 4096,32768 -n 0 -r 1
 fi
 if [[ $STEPS == *" cap "* ]]; then
-  bench cap_auto 120 --gpu-memory 24GiB --gpu-resident-moe-layers auto --max-model-len 8192 --max-num-batched-tokens 8192 -p 8192 -n 32 -r 1 --batch 1,8
+  bench cap_auto 90 --gpu-memory 24GiB --gpu-resident-moe-layers auto --max-model-len 8192 --max-num-batched-tokens 8192 -p 8192 -n 32 -r 1 --batch 1,8
 fi
 say "done"
