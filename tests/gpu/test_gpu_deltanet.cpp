@@ -381,8 +381,9 @@ TEST_CASE("gated deltanet chunked kernels v1 to v5 at head dims 128: lengths 1 t
   auto d_order = test::to_device(order, s), d_tg = test::to_device(tok_group, s);
   gpu::DeviceBuffer out(static_cast<size_t>(n * V * 4));
   // One call on groups (start, count, fresh) with per-group states st ([nv][dk][dv] each, in and out); out rows downloaded into o.
+  // decode: the one-step recurrence (deltanet_recurrent) instead of the chunked kernel.
   auto run = [&](gpu::DeltaNetKernel kernel, int64_t chunk, const std::vector<int32_t>& gs, const std::vector<int32_t>& gc,
-                 const std::vector<int32_t>& gf, std::vector<float>& st, std::vector<float>& o) {
+                 const std::vector<int32_t>& gf, std::vector<float>& st, std::vector<float>& o, bool decode = false) {
     const int64_t gn = static_cast<int64_t>(gs.size());
     std::vector<gpu::DeviceBuffer> states;
     std::vector<uint64_t> ptrs;
@@ -405,8 +406,11 @@ TEST_CASE("gated deltanet chunked kernels v1 to v5 at head dims 128: lengths 1 t
     if (kernel == gpu::DeltaNetKernel::v4) REQUIRE(gpu::deltanet_v4_chunk(sh, chunk) > 0);
     if (kernel == gpu::DeltaNetKernel::v5) REQUIRE(gpu::deltanet_v5_chunk(sh, chunk) > 0);
     gpu::DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_chunked_scratch_bytes(sh, kernel, chunk, n, gn))));
-    gpu::deltanet_chunked(d_conv.as<float>(), d_gate.as<float>(), d_beta.as<float>(), dg, 0, gn, sh, 0, 0, chunk, out.as<float>(), s, kernel, n,
-                          scratch.data());
+    if (decode)
+      gpu::deltanet_recurrent(d_conv.as<float>(), d_gate.as<float>(), d_beta.as<float>(), dg, 0, gn, sh, 0, 1, out.as<float>(), s);
+    else
+      gpu::deltanet_chunked(d_conv.as<float>(), d_gate.as<float>(), d_beta.as<float>(), dg, 0, gn, sh, 0, 0, chunk, out.as<float>(), s, kernel, n,
+                            scratch.data());
     const auto all = test::to_host<float>(out, static_cast<size_t>(n * V), s);
     for (int64_t g = 0; g < gn; ++g) {
       std::copy(all.begin() + gs[static_cast<size_t>(g)] * V, all.begin() + (gs[static_cast<size_t>(g)] + gc[static_cast<size_t>(g)]) * V,
@@ -469,6 +473,17 @@ TEST_CASE("gated deltanet chunked kernels v1 to v5 at head dims 128: lengths 1 t
     MESSAGE("kernel v" << kv << ", 300 tokens as 130 + 170: output within " << ro << ", state within " << rs << " of the tolerance");
     CHECK(ro <= 1);
     CHECK(rs <= 1);
+    // Decode after the prefill: one more token (the row of the last sequence's first token) by the one-step recurrence from
+    // the state the chunked steps left, against the recurrence in double from the reference state.
+    const int32_t s5 = starts[5];
+    std::vector<float> sdec = sref, odec_ref(static_cast<size_t>(n * V), 0.0f), odec(static_cast<size_t>(n * V), 0.0f);
+    test::delta_rule_heads(sh.nk, sh.nv, sh.dk, sh.dv, in.conv.data(), in.gate.data(), in.beta.data(), s5, 1, odec_ref.data(), sdec.data());
+    run(kernel, 0, {s5}, {1}, {0}, st, odec, true);
+    const std::vector<float> dmine(odec.begin() + s5 * V, odec.begin() + (s5 + 1) * V), dref(odec_ref.begin() + s5 * V, odec_ref.begin() + (s5 + 1) * V);
+    const double rdo = test::tol_ratio(dmine, dref, 1e-4, 1e-3), rds = test::tol_ratio(st, sdec, 1e-4, 1e-3);
+    MESSAGE("kernel v" << kv << ", a decode step after the 300-token prefill: output within " << rdo << ", state within " << rds << " of the tolerance");
+    CHECK(rdo <= 1);
+    CHECK(rds <= 1);
   }
 }
 
