@@ -32,9 +32,11 @@
 // the L2 -> shared traffic of W and K (64 KiB a block, the same for any
 // slice width) and by its 3xTF32 products (1.6 MFLOP each, split over the
 // SM's four tensor cores by 16 warps); 16-column slices (256 blocks, two per
-// SM) would double the traffic per SM for the same products, 64-column
-// ones (64 blocks) would leave half the SMs idle. 16 warps rather than 8
-// halve the dependent k steps of P1 and give each tensor core four warps.
+// SM) would double the traffic per SM for the same products, and with W and
+// K double-buffered a block would still take 175 KiB, so two would not fit
+// an SM (256 blocks on 132 SMs: two waves); 64-column slices (64 blocks)
+// would leave half the SMs idle. 16 warps rather than 8 halve the
+// dependent k steps of P1 and give each tensor core four warps.
 //
 // Phase 3, all chunks at once: one block per (chunk slot, value head, 64
 // value columns): o = (exp(G) Q) S_c + QKm u, over u in `out`.
