@@ -4,8 +4,8 @@
 // of T tokens (4096 and 32768) run in steps of S tokens (2048, the
 // engine's default max_num_batched_tokens, and T in one step), each step
 // continuing the state:
-//  - the chunked delta rule, kernels v1, v2, v3 and v4 (setting gpu_deltanet_kernel;
-//    v3 withdrawn, v4 new, both bench-only so far):
+//  - the chunked delta rule, kernels v1 to v5 (setting gpu_deltanet_kernel;
+//    v3 withdrawn and bench-only, v4 the default, v5 new: v4 in WY form):
 //    time, FLOP/s of the chunked algorithm's useful products (per token and
 //    value head, multiply-adds: C dk for k k^T and q k^T, (C - 1)/2 (dk + dv)
 //    for the triangular solve, 3 dk dv for W S, q S and k^T u, (C + 1)/2 dv
@@ -37,11 +37,12 @@
 //    per sequence) against the read bandwidth.
 // Times are between events around the launches, averaged over --reps.
 //
-// Usage: bench_gpu_deltanet [--reps N] [--quick] [--kernels v1,v2,v3,v4]
-// (--quick: T = 4096 only; --kernels: the chunked kernels timed, all four by
-// default). v3 and v4 add phase rows: each launch timed alone (v4's walk
+// Usage: bench_gpu_deltanet [--reps N] [--quick] [--kernels v1,v2,v3,v4,v5]
+// (--quick: T = 4096 only; --kernels: the chunked kernels timed, all five by
+// default). v3, v4 and v5 add phase rows: each launch timed alone (v4's walk
 // three times: "v4 walk1" the 8-warp walk, the default, "v4 walk2" the 16-warp
-// one, "v4 walk2 nocp" that one without its copies); with v1 listed, at 4096
+// one, "v4 walk2 nocp" that one without its copies; v5: "v5 phase1" (v4's
+// phase 1 and W, U), "v5 walk", "v5 outputs"); with v1 listed, at 4096
 // tokens each kernel (and v4's other walk) is checked against v1.
 #include <algorithm>
 #include <cmath>
@@ -147,7 +148,8 @@ void print_row(const Setup& su, const char* what, int64_t T, int64_t S, const ch
 int main(int argc, char** argv) {
   int reps = 5;
   bool quick = false;
-  std::vector<gpu::DeltaNetKernel> kernels = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3, gpu::DeltaNetKernel::v4};
+  std::vector<gpu::DeltaNetKernel> kernels = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3, gpu::DeltaNetKernel::v4,
+                                              gpu::DeltaNetKernel::v5};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
@@ -159,8 +161,9 @@ int main(int argc, char** argv) {
       if (k.find("v2") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v2);
       if (k.find("v3") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v3);
       if (k.find("v4") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v4);
+      if (k.find("v5") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v5);
       if (kernels.empty()) {
-        std::fprintf(stderr, "bench_gpu_deltanet: --kernels takes a list of v1, v2, v3, v4, got %s\n", k.c_str());
+        std::fprintf(stderr, "bench_gpu_deltanet: --kernels takes a list of v1, v2, v3, v4, v5, got %s\n", k.c_str());
         return 2;
       }
     } else {
@@ -200,13 +203,19 @@ int main(int argc, char** argv) {
   sh.conv_k = 4;
   gpu::deltanet_configure(sh);
   const int64_t H = su.H, P = sh.proj_cols(), cd = sh.conv_dim(), V = sh.value_dim(), layer_bytes = gpu::deltanet_layer_state_bytes(sh);
-  const int64_t c2 = gpu::deltanet_v2_chunk(sh, 0), c3 = gpu::deltanet_v3_chunk(sh, 0), c4 = gpu::deltanet_v4_chunk(sh, 0);
-  std::printf("v2 chunk: %lld tokens; v2 scratch for a 2048-token step: %.1f MiB; v3 chunk: %lld tokens, scratch %.1f MiB; v4 chunk: %lld tokens, scratch %.1f MiB\n\n",
+  const int64_t c2 = gpu::deltanet_v2_chunk(sh, 0), c3 = gpu::deltanet_v3_chunk(sh, 0), c4 = gpu::deltanet_v4_chunk(sh, 0), c5 = gpu::deltanet_v5_chunk(sh, 0);
+  std::printf("v2 chunk: %lld tokens; v2 scratch for a 2048-token step: %.1f MiB; v3 chunk: %lld tokens, scratch %.1f MiB; v4 chunk: %lld tokens, scratch %.1f MiB;"
+              " v5 chunk: %lld tokens, scratch %.1f MiB\n\n",
               static_cast<long long>(c2), static_cast<double>(gpu::deltanet_v2_scratch_bytes(sh, c2, gpu::deltanet_v2_slots(2048, 1, c2))) / 1048576.0,
               static_cast<long long>(c3), static_cast<double>(gpu::deltanet_v3_scratch_bytes(sh, c3, gpu::deltanet_v2_slots(2048, 1, c3))) / 1048576.0,
-              static_cast<long long>(c4), static_cast<double>(gpu::deltanet_v4_scratch_bytes(sh, c4, gpu::deltanet_v2_slots(2048, 1, c4))) / 1048576.0);
+              static_cast<long long>(c4), static_cast<double>(gpu::deltanet_v4_scratch_bytes(sh, c4, gpu::deltanet_v2_slots(2048, 1, c4))) / 1048576.0,
+              static_cast<long long>(c5), static_cast<double>(gpu::deltanet_v5_scratch_bytes(sh, c5, gpu::deltanet_v2_slots(2048, 1, c5))) / 1048576.0);
   auto kname = [](gpu::DeltaNetKernel k) {
-    return k == gpu::DeltaNetKernel::v4 ? "v4" : k == gpu::DeltaNetKernel::v3 ? "v3" : k == gpu::DeltaNetKernel::v2 ? "v2" : "v1";
+    return k == gpu::DeltaNetKernel::v5   ? "v5"
+           : k == gpu::DeltaNetKernel::v4 ? "v4"
+           : k == gpu::DeltaNetKernel::v3 ? "v3"
+           : k == gpu::DeltaNetKernel::v2 ? "v2"
+                                          : "v1";
   };
   auto ioname = [](gpu::DeltaNetIo io) { return io == gpu::DeltaNetIo::plain ? "plain" : io == gpu::DeltaNetIo::vec1 ? "vec1" : "vec2"; };
   const bool with_v1 = std::find(kernels.begin(), kernels.end(), gpu::DeltaNetKernel::v1) != kernels.end();
@@ -368,6 +377,20 @@ int main(int argc, char** argv) {
         }
         gpu::set_deltanet_v4_phases(3);
         gpu::set_deltanet_v4_walk(walk0);
+        gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
+        s.synchronize();
+      }
+      if (std::find(kernels.begin(), kernels.end(), gpu::DeltaNetKernel::v5) != kernels.end()) {
+        // v5's phases one at a time (as v3's): phase 1 (v4's phase 1, then W and U), the walk, the outputs.
+        const size_t nst = static_cast<size_t>(layer_bytes / 4);
+        std::vector<float> st0(nst);
+        gpu::copy_to_host(st0.data(), st.states.data(), nst * 4, s);
+        const char* names[3] = {"v5 phase1", "v5 walk", "v5 outputs"};
+        for (int ph = 0; ph < 3; ++ph) {
+          gpu::set_deltanet_v5_phases(1 << ph);
+          print_row(su, names[ph], T, S, "v5", timer.us(steps_of([&] { core(gpu::DeltaNetKernel::v5); }), reps), 0, 0);
+        }
+        gpu::set_deltanet_v5_phases(7);
         gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
         s.synchronize();
       }

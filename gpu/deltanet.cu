@@ -353,6 +353,7 @@ void deltanet_configure(const DeltaNetShape& sh) {
   if (deltanet_kernel() == DeltaNetKernel::v2) deltanet_v2_configure();  // v2's and v3's launches do it too (tests, benchmarks)
   if (deltanet_kernel() == DeltaNetKernel::v3) deltanet_v3_configure();
   if (deltanet_kernel() == DeltaNetKernel::v4) deltanet_v4_configure();
+  if (deltanet_kernel() == DeltaNetKernel::v5) deltanet_v5_configure();
 }
 
 void deltanet_prepare(const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok, const DeltaNetShape& sh,
@@ -399,6 +400,11 @@ void deltanet_chunked(const float* conv_out, const float* gate, const float* bet
                       const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t chunk, float* out, Stream& s, DeltaNetKernel kernel,
                       int64_t ntok, void* scratch) {
   check_shape(sh);
+  if (kernel == DeltaNetKernel::v5) {
+    const int64_t c5 = deltanet_v5_chunk(sh, chunk);
+    if (c5 > 0)
+      return deltanet_chunked_v5(conv_out, gate, beta, gr, g0, gn, sh, state_off, max_recurrent, c5, deltanet_v2_slots(ntok, gn, c5), scratch, out, s);
+  }
   if (kernel == DeltaNetKernel::v4) {
     const int64_t c4 = deltanet_v4_chunk(sh, chunk);
     if (c4 > 0)
@@ -415,6 +421,10 @@ void deltanet_chunked(const float* conv_out, const float* gate, const float* bet
 }
 
 int64_t deltanet_chunked_scratch_bytes(const DeltaNetShape& sh, DeltaNetKernel kernel, int64_t chunk, int64_t ntok, int64_t gn) {
+  if (kernel == DeltaNetKernel::v5) {
+    const int64_t c = deltanet_v5_chunk(sh, chunk);
+    return deltanet_v5_scratch_bytes(sh, c, deltanet_v2_slots(ntok, gn, c));
+  }
   if (kernel == DeltaNetKernel::v4) {
     const int64_t c = deltanet_v4_chunk(sh, chunk);
     return deltanet_v4_scratch_bytes(sh, c, deltanet_v2_slots(ntok, gn, c));

@@ -53,6 +53,11 @@ void set_deltanet_v4_phases(int) {}
 void set_deltanet_v4_walk(int) {}
 int deltanet_v4_walk() { return 1; }
 int64_t deltanet_v4_scratch_bytes(const DeltaNetShape& sh, int64_t c, int64_t slots) { return c > 0 ? slots * sh.nv * (2 * c * c + 2 * c + 8) * 4 : 0; }
+int64_t deltanet_v5_chunk(const DeltaNetShape&, int64_t) { no_cuda("deltanet_v5_chunk"); }
+void set_deltanet_v5_phases(int) {}
+int64_t deltanet_v5_scratch_bytes(const DeltaNetShape& sh, int64_t c, int64_t slots) {
+  return c > 0 ? slots * sh.nv * (2 * c * c + 2 * c + 8 + c * sh.dk + sh.dk * sh.dv) * 4 : 0;
+}
 int64_t deltanet_chunked_scratch_bytes(const DeltaNetShape&, DeltaNetKernel kernel, int64_t, int64_t, int64_t) {
   if (kernel == DeltaNetKernel::v1) return 0;
   no_cuda("deltanet_chunked_scratch_bytes");
