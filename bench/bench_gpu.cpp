@@ -43,6 +43,7 @@
 #include "gpu/device.h"
 #include "gpu/kernels.h"
 #include "gpu/memory_cap.h"
+#include "io/dtype.h"
 #include "numa/node_pools.h"
 #include "numa/quant_gguf.h"
 #include "numa/thread_pool.h"
@@ -192,11 +193,12 @@ void attention_benchmarks(gpu::Stream& s, double copy_bw) {
                   t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy_bw);
     }
     // Attention prefill: one sequence of N tokens attending causally to itself (keys in scattered blocks),
-    // per-token kernel vs tensor-core query tiles; FLOP = 2 products x 2 x heads x hd x N(N+1)/2.
+    // per-token kernel (up to 8192 tokens) vs tensor-core query tiles, kernels 1 and 2 (gpu::set_attention_tiles_kernel);
+    // FLOP = 2 products x 2 x heads x hd x N(N+1)/2.
     std::printf("\nattention prefill (one sequence, %lld q heads, %lld kv heads, hd %lld; causal): roofline 990 TFLOP/s dense bf16\n", (long long)heads,
                 (long long)kvh, (long long)hd);
     std::printf("%8s %14s %10s %10s %10s\n", "tokens", "kernel", "ms", "TFLOP/s", "speedup");
-    for (int64_t N : {512, 2048, 8192}) {
+    for (int64_t N : {512, 2048, 4096, 8192, 32768}) {
       const int64_t kvw = kvh * hd;
       gpu::DeviceBuffer kc(static_cast<size_t>(N * kvw) * 2), vc(static_cast<size_t>(N * kvw) * 2), dq(static_cast<size_t>(N * heads * hd) * 4),
           dout(static_cast<size_t>(N * heads * hd) * 2);
@@ -220,16 +222,48 @@ void attention_benchmarks(gpu::Stream& s, double copy_bw) {
       gpu::copy_to_device(dt.data(), tiles.data(), tiles.size() * 4, s);
       const double flop = 4.0 * heads * hd * static_cast<double>(N) * static_cast<double>(N + 1) / 2;
       const int reps = N >= 8192 ? 3 : 10;
-      const double t_simt = time_gpu(s, reps, [&] {
+      const bool simt = N <= 8192;
+      const double t_simt = !simt ? 0.0 : time_gpu(s, reps, [&] {
         gpu::attention(dq.as<float>(), heads * hd, N, heads, kvh, hd, kc.as<bf16_t>(), vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
                        dlen.as<int32_t>(), N, scale, nullptr, dout.as<bf16_t>(), s);
       });
-      const double t_tile = time_gpu(s, reps, [&] {
+      double t_tile[3] = {};
+      const int kernel0 = gpu::attention_tiles_kernel();
+      for (int v : {1, 2}) {
+        gpu::set_attention_tiles_kernel(v);
+        t_tile[v] = time_gpu(s, reps, [&] {
+          gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd,
+                               kc.as<bf16_t>(), vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale,
+                               dout.as<bf16_t>(), s);
+        });
+      }
+      // v1 (in dout) against v2 (in dout2): the largest difference of an output, a check that the timed kernels agree.
+      float diff = 0.0f;
+      if (simt) {
+        gpu::DeviceBuffer dout2(dout.bytes());
+        gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd, kc.as<bf16_t>(),
+                             vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout2.as<bf16_t>(), s);
+        gpu::set_attention_tiles_kernel(1);
         gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd, kc.as<bf16_t>(),
                              vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout.as<bf16_t>(), s);
-      });
-      std::printf("%8lld %14s %10.2f %10.1f %10s\n", (long long)N, "per token", t_simt * 1e3, flop / t_simt / 1e12, "1.0x");
-      std::printf("%8lld %14s %10.2f %10.1f %9.1fx\n", (long long)N, "tiles (mma)", t_tile * 1e3, flop / t_tile / 1e12, t_simt / t_tile);
+        std::vector<bf16_t> o1(dout.bytes() / 2), o2(o1.size());
+        gpu::copy_to_host(o1.data(), dout.data(), dout.bytes(), s);
+        gpu::copy_to_host(o2.data(), dout2.data(), dout2.bytes(), s);
+        s.synchronize();
+        for (size_t i = 0; i < o1.size(); ++i) {
+          const float d = std::fabs(bf16_to_f32(o1[i]) - bf16_to_f32(o2[i]));
+          diff = d == d ? std::max(diff, d) : INFINITY;
+        }
+      }
+      gpu::set_attention_tiles_kernel(kernel0);
+      if (simt) std::printf("%8lld %14s %10.2f %10.1f %10s\n", (long long)N, "per token", t_simt * 1e3, flop / t_simt / 1e12, "1.0x");
+      if (simt)
+        std::printf("%8lld %14s %10.2f %10.1f %9.1fx\n", (long long)N, "tiles v1", t_tile[1] * 1e3, flop / t_tile[1] / 1e12, t_simt / t_tile[1]);
+      else
+        std::printf("%8lld %14s %10.2f %10.1f %10s\n", (long long)N, "tiles v1", t_tile[1] * 1e3, flop / t_tile[1] / 1e12, "-");
+      std::printf("%8lld %14s %10.2f %10.1f %6.2fx v1", (long long)N, "tiles v2", t_tile[2] * 1e3, flop / t_tile[2] / 1e12, t_tile[1] / t_tile[2]);
+      if (simt) std::printf("  (max |v2 - v1| %.3g)", diff);
+      std::printf("\n");
     }
   }
 }

@@ -30,6 +30,8 @@ void attention_tiles(const float*, int64_t, int64_t, const int32_t*, int64_t, in
   no_cuda("attention_tiles");
 }
 int64_t attention_scratch_floats(int64_t, int64_t, int64_t, int64_t) { no_cuda("attention_scratch_floats"); }
+void set_attention_tiles_kernel(int) {}
+int attention_tiles_kernel() { return 1; }
 void silu_mul(const float*, int64_t, int64_t, bf16_t*, bf16_t*, Stream&) { no_cuda("silu_mul"); }
 void split_bf16(const float*, int64_t, bf16_t*, bf16_t*, Stream&) { no_cuda("split_bf16"); }
 void router_topk(const float*, int64_t, int64_t, int64_t, bool, int32_t*, float*, Stream&) { no_cuda("router_topk"); }
