@@ -193,7 +193,8 @@ void attention_benchmarks(gpu::Stream& s, double copy_bw) {
                   t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy_bw);
     }
     // Attention prefill: one sequence of N tokens attending causally to itself (keys in scattered blocks),
-    // per-token kernel (up to 8192 tokens) vs tensor-core query tiles, kernels 1 and 2 (gpu::set_attention_tiles_kernel);
+    // per-token kernel (up to 8192 tokens) vs tensor-core query tiles, kernels 1, 2 and 3 (gpu::set_attention_tiles_kernel;
+    // "v2 w32": kernel 3, 32 rows a warp at hd 64/128, as kernel 2 at hd 256);
     // FLOP = 2 products x 2 x heads x hd x N(N+1)/2.
     std::printf("\nattention prefill (one sequence, %lld q heads, %lld kv heads, hd %lld; causal): roofline 990 TFLOP/s dense bf16\n", (long long)heads,
                 (long long)kvh, (long long)hd);
@@ -227,32 +228,26 @@ void attention_benchmarks(gpu::Stream& s, double copy_bw) {
         gpu::attention(dq.as<float>(), heads * hd, N, heads, kvh, hd, kc.as<bf16_t>(), vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
                        dlen.as<int32_t>(), N, scale, nullptr, dout.as<bf16_t>(), s);
       });
-      double t_tile[3] = {};
+      // Each kernel's time, and up to 8192 tokens its largest output difference from kernel 1's (a check that the timed kernels agree).
+      auto run_tiles = [&](gpu::DeviceBuffer& o) {
+        gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd, kc.as<bf16_t>(),
+                             vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, o.as<bf16_t>(), s);
+      };
       const int kernel0 = gpu::attention_tiles_kernel();
-      for (int v : {1, 2}) {
+      double t_tile[4] = {};
+      float diff[4] = {};
+      std::vector<bf16_t> o1, ov;
+      for (int v : {1, 2, 3}) {
         gpu::set_attention_tiles_kernel(v);
-        t_tile[v] = time_gpu(s, reps, [&] {
-          gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd,
-                               kc.as<bf16_t>(), vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale,
-                               dout.as<bf16_t>(), s);
-        });
-      }
-      // v1 (in dout) against v2 (in dout2): the largest difference of an output, a check that the timed kernels agree.
-      float diff = 0.0f;
-      if (simt) {
-        gpu::DeviceBuffer dout2(dout.bytes());
-        gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd, kc.as<bf16_t>(),
-                             vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout2.as<bf16_t>(), s);
-        gpu::set_attention_tiles_kernel(1);
-        gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd, kc.as<bf16_t>(),
-                             vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout.as<bf16_t>(), s);
-        std::vector<bf16_t> o1(dout.bytes() / 2), o2(o1.size());
-        gpu::copy_to_host(o1.data(), dout.data(), dout.bytes(), s);
-        gpu::copy_to_host(o2.data(), dout2.data(), dout2.bytes(), s);
+        t_tile[v] = time_gpu(s, reps, [&] { run_tiles(dout); });
+        if (!simt) continue;
+        ov.resize(dout.bytes() / 2);
+        gpu::copy_to_host(ov.data(), dout.data(), dout.bytes(), s);
         s.synchronize();
-        for (size_t i = 0; i < o1.size(); ++i) {
-          const float d = std::fabs(bf16_to_f32(o1[i]) - bf16_to_f32(o2[i]));
-          diff = d == d ? std::max(diff, d) : INFINITY;
+        if (v == 1) o1 = ov;
+        for (size_t i = 0; i < ov.size(); ++i) {
+          const float d = std::fabs(bf16_to_f32(o1[i]) - bf16_to_f32(ov[i]));
+          diff[v] = d == d ? std::max(diff[v], d) : INFINITY;
         }
       }
       gpu::set_attention_tiles_kernel(kernel0);
@@ -261,9 +256,12 @@ void attention_benchmarks(gpu::Stream& s, double copy_bw) {
         std::printf("%8lld %14s %10.2f %10.1f %9.1fx\n", (long long)N, "tiles v1", t_tile[1] * 1e3, flop / t_tile[1] / 1e12, t_simt / t_tile[1]);
       else
         std::printf("%8lld %14s %10.2f %10.1f %10s\n", (long long)N, "tiles v1", t_tile[1] * 1e3, flop / t_tile[1] / 1e12, "-");
-      std::printf("%8lld %14s %10.2f %10.1f %6.2fx v1", (long long)N, "tiles v2", t_tile[2] * 1e3, flop / t_tile[2] / 1e12, t_tile[1] / t_tile[2]);
-      if (simt) std::printf("  (max |v2 - v1| %.3g)", diff);
-      std::printf("\n");
+      for (int v : {2, 3}) {
+        std::printf("%8lld %14s %10.2f %10.1f %6.2fx v1", (long long)N, v == 2 ? "tiles v2" : "tiles v2 w32", t_tile[v] * 1e3,
+                    flop / t_tile[v] / 1e12, t_tile[1] / t_tile[v]);
+        if (simt) std::printf("  (max |out - v1's| %.3g)", diff[v]);
+        std::printf("\n");
+      }
     }
   }
 }

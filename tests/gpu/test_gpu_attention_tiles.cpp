@@ -1,4 +1,4 @@
-// gpu::attention_tiles, both kernels (set_attention_tiles_kernel 1 and 2),
+// gpu::attention_tiles, every kernel (set_attention_tiles_kernel 1, 2, 3),
 // against the scalar reference (ops::attention_reference, double sums) on
 // random data: one step of several sequences with ragged lengths - a prompt
 // from position 0 (causal masks from the first key tile), chunks after a
@@ -6,9 +6,9 @@
 // enough for 17 key tiles), a decode token alone in its tile - with the
 // cache's blocks of the sequences interleaved (scattered slot lists) and q
 // read from a wider row (ldq > heads x hd, as the fused qkv buffer). Head
-// dims 64, 128 and 256; GQA with an even group (kernel 2 pairs two query
-// heads a block), an odd one and none (one head a block), and sharper
-// softmax rows (q x 4).
+// dims 64, 128 and 256; GQA with an even group (kernels 2 and 3 pair two
+// query heads a block; 3 gives a warp 32 rows at hd 64 and 128), an odd one
+// and none (one head a block), and sharper softmax rows (q x 4).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -90,7 +90,7 @@ void check_tiles(int64_t hd, int64_t heads, int64_t kvh, float q_scale) {
   const auto tl = gpu::attention_tile_list(offsets.data(), n);
   auto dq = test::to_device(qwide, s), dk = test::to_device(test::bf16_of(kc), s), dv = test::to_device(test::bf16_of(vc), s);
   auto dl = test::to_device(lists, s), doff = test::to_device(offsets, s), dlen = test::to_device(lens, s), dt = test::to_device(tl, s);
-  for (int v : {1, 2}) {
+  for (int v : {1, 2, 3}) {
     TilesKernel use(v);
     REQUIRE(gpu::attention_tiles_kernel() == v);
     gpu::DeviceBuffer dout(q.size() * 2);
@@ -106,10 +106,10 @@ void check_tiles(int64_t hd, int64_t heads, int64_t kvh, float q_scale) {
 
 }  // namespace
 
-TEST_CASE("gpu attention_tiles kernels 1 and 2 match the scalar reference (ragged chunks after cached prefixes, hd 64/128/256, GQA)") {
+TEST_CASE("gpu attention_tiles kernels 1, 2 and 3 match the scalar reference (ragged chunks after cached prefixes, hd 64/128/256, GQA)") {
   if (!test::have_gpu()) return;
   for (int64_t hd : {64, 128, 256}) {
-    check_tiles(hd, 8, 2, 1.0f);  // groups of 4: kernel 2 takes two heads a block
+    check_tiles(hd, 8, 2, 1.0f);  // groups of 4: kernels 2 and 3 take two heads a block
     check_tiles(hd, 6, 2, 1.0f);  // groups of 3: one head a block
   }
   check_tiles(128, 4, 4, 1.0f);  // no GQA
@@ -117,10 +117,12 @@ TEST_CASE("gpu attention_tiles kernels 1 and 2 match the scalar reference (ragge
   check_tiles(256, 4, 1, 4.0f);
 }
 
-TEST_CASE("gpu attention_tiles kernel setting: 2 or 1, anything else 1") {
+TEST_CASE("gpu attention_tiles kernel setting: 1, 2 or 3, anything else 1") {
   TilesKernel keep(1);
   gpu::set_attention_tiles_kernel(2);
   CHECK(gpu::attention_tiles_kernel() == 2);
+  gpu::set_attention_tiles_kernel(3);
+  CHECK(gpu::attention_tiles_kernel() == 3);
   gpu::set_attention_tiles_kernel(7);
   CHECK(gpu::attention_tiles_kernel() == 1);
 }

@@ -201,7 +201,7 @@ TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill an
       const auto tiles = gpu::attention_tile_list(offsets.data(), n);
       REQUIRE(tiles == std::vector<int32_t>{0, 64, 64, 64, 128, 22, 150, 1});
       auto dt = test::to_device(tiles, s);
-      for (int v : {1, 2}) {  // both kernels (gpu::set_attention_tiles_kernel), then the default back
+      for (int v : {1, 2, 3}) {  // every kernel (gpu::set_attention_tiles_kernel), then the default back
         gpu::set_attention_tiles_kernel(v);
         gpu::DeviceBuffer dout2(q.size() * 2);
         gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd,
@@ -417,7 +417,7 @@ TEST_CASE("gpu attention at head_dim 256 (GQA 16/2) matches the scalar reference
                         Error);
         return splits;
       }
-      for (int v : {1, 2}) {  // both kernels (gpu::set_attention_tiles_kernel), then the default back
+      for (int v : {1, 2, 3}) {  // every kernel (gpu::set_attention_tiles_kernel), then the default back
         gpu::set_attention_tiles_kernel(v);
         gpu::DeviceBuffer dout2(q.size() * 2);
         gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tl.size() / 2), dt.as<int32_t>(), heads, kvh, hd, dk.as<uint16_t>(),
