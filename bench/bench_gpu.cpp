@@ -24,8 +24,8 @@
 //   activation pair act_lo) [--steps N]
 //   [--resident 0,25,50,100] [--batches 1,8] [--experts TYPE]
 //   [--prefill 2048,8192] (one prompt of N tokens in one step per placement,
-//   tiled and per-token attention) [--defer-experts N] (the hybrid step's
-//   expert deferral) [--gpu-memory 24GiB] (every GPU allocation capped, as
+//   tiled attention with tile kernels 1, 2 and 3, and per-token attention)
+//   [--defer-experts N] (the hybrid step's expert deferral) [--gpu-memory 24GiB] (every GPU allocation capped, as
 //   on a card of that size; gpu/memory_cap.h). Never pass/fail on time.
 #include <algorithm>
 #include <chrono>
@@ -345,9 +345,12 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
       std::printf("| %d%% | - | could not build: %s |\n", pct, e.what());
       continue;
     }
-    for (int64_t N : prefill_tokens) {  // one sequence's prompt in one step: tiled vs per-token attention
-      for (bool tiled : {true, false}) {
+    for (int64_t N : prefill_tokens) {  // one sequence's prompt in one step: tiled (kernels 1, 2, 3) vs per-token attention
+      const int kernel0 = gpu::attention_tiles_kernel();
+      for (int mode : {1, 2, 3, 0}) {
+        const bool tiled = mode > 0;
         stack->set_tiled_attention(tiled);
+        if (tiled) gpu::set_attention_tiles_kernel(mode);
         KvCache kv(KvLayout{layers, 4, 128}, (N + 15) / 16 + 1, 16);
         const int seq = kv.add_sequence();
         kv.reserve(seq, N);
@@ -358,10 +361,12 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
         const double t0 = bench::now_seconds();
         stack->forward(b, kv, logits);
         const double dt = bench::now_seconds() - t0;
-        std::printf("| %d%% | prefill %lld tokens, %s attention | %.1f tok/s | %.1f ms |\n", pct, static_cast<long long>(N), tiled ? "tiled" : "per-token",
+        const std::string how = tiled ? "tiled (kernel " + std::to_string(mode) + ")" : "per-token";
+        std::printf("| %d%% | prefill %lld tokens, %s attention | %.1f tok/s | %.1f ms |\n", pct, static_cast<long long>(N), how.c_str(),
                     static_cast<double>(N) / dt, dt * 1e3);
       }
       stack->set_tiled_attention(true);
+      gpu::set_attention_tiles_kernel(kernel0);
     }
     for (int batch : batches) {
       double gpu_ref[2] = {0, 0};  // GPU ms without overlap, per graph setting
