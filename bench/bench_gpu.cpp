@@ -24,8 +24,8 @@
 //   activation pair act_lo) [--steps N]
 //   [--resident 0,25,50,100] [--batches 1,8] [--experts TYPE]
 //   [--prefill 2048,8192] (one prompt of N tokens in one step per placement,
-//   tiled and per-token attention) [--defer-experts N] (the hybrid step's
-//   expert deferral) [--gpu-memory 24GiB] (every GPU allocation capped, as
+//   tiled attention with tile kernels 1, 2 and 3, and per-token attention)
+//   [--defer-experts N] (the hybrid step's expert deferral) [--gpu-memory 24GiB] (every GPU allocation capped, as
 //   on a card of that size; gpu/memory_cap.h). Never pass/fail on time.
 #include <algorithm>
 #include <chrono>
@@ -43,6 +43,7 @@
 #include "gpu/device.h"
 #include "gpu/kernels.h"
 #include "gpu/memory_cap.h"
+#include "io/dtype.h"
 #include "numa/node_pools.h"
 #include "numa/quant_gguf.h"
 #include "numa/thread_pool.h"
@@ -192,11 +193,13 @@ void attention_benchmarks(gpu::Stream& s, double copy_bw) {
                   t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy_bw);
     }
     // Attention prefill: one sequence of N tokens attending causally to itself (keys in scattered blocks),
-    // per-token kernel vs tensor-core query tiles; FLOP = 2 products x 2 x heads x hd x N(N+1)/2.
+    // per-token kernel (up to 8192 tokens) vs tensor-core query tiles, kernels 1, 2 and 3 (gpu::set_attention_tiles_kernel;
+    // "v2 w32": kernel 3, 32 rows a warp at hd 64/128, as kernel 2 at hd 256);
+    // FLOP = 2 products x 2 x heads x hd x N(N+1)/2.
     std::printf("\nattention prefill (one sequence, %lld q heads, %lld kv heads, hd %lld; causal): roofline 990 TFLOP/s dense bf16\n", (long long)heads,
                 (long long)kvh, (long long)hd);
     std::printf("%8s %14s %10s %10s %10s\n", "tokens", "kernel", "ms", "TFLOP/s", "speedup");
-    for (int64_t N : {512, 2048, 8192}) {
+    for (int64_t N : {512, 2048, 4096, 8192, 32768}) {
       const int64_t kvw = kvh * hd;
       gpu::DeviceBuffer kc(static_cast<size_t>(N * kvw) * 2), vc(static_cast<size_t>(N * kvw) * 2), dq(static_cast<size_t>(N * heads * hd) * 4),
           dout(static_cast<size_t>(N * heads * hd) * 2);
@@ -220,16 +223,45 @@ void attention_benchmarks(gpu::Stream& s, double copy_bw) {
       gpu::copy_to_device(dt.data(), tiles.data(), tiles.size() * 4, s);
       const double flop = 4.0 * heads * hd * static_cast<double>(N) * static_cast<double>(N + 1) / 2;
       const int reps = N >= 8192 ? 3 : 10;
-      const double t_simt = time_gpu(s, reps, [&] {
+      const bool simt = N <= 8192;
+      const double t_simt = !simt ? 0.0 : time_gpu(s, reps, [&] {
         gpu::attention(dq.as<float>(), heads * hd, N, heads, kvh, hd, kc.as<bf16_t>(), vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(),
                        dlen.as<int32_t>(), N, scale, nullptr, dout.as<bf16_t>(), s);
       });
-      const double t_tile = time_gpu(s, reps, [&] {
+      // Each kernel's time, and up to 8192 tokens its largest output difference from kernel 1's (a check that the timed kernels agree).
+      auto run_tiles = [&](gpu::DeviceBuffer& o) {
         gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd, kc.as<bf16_t>(),
-                             vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout.as<bf16_t>(), s);
-      });
-      std::printf("%8lld %14s %10.2f %10.1f %10s\n", (long long)N, "per token", t_simt * 1e3, flop / t_simt / 1e12, "1.0x");
-      std::printf("%8lld %14s %10.2f %10.1f %9.1fx\n", (long long)N, "tiles (mma)", t_tile * 1e3, flop / t_tile / 1e12, t_simt / t_tile);
+                             vc.as<bf16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, o.as<bf16_t>(), s);
+      };
+      const int kernel0 = gpu::attention_tiles_kernel();
+      double t_tile[4] = {};
+      float diff[4] = {};
+      std::vector<bf16_t> o1, ov;
+      for (int v : {1, 2, 3}) {
+        gpu::set_attention_tiles_kernel(v);
+        t_tile[v] = time_gpu(s, reps, [&] { run_tiles(dout); });
+        if (!simt) continue;
+        ov.resize(dout.bytes() / 2);
+        gpu::copy_to_host(ov.data(), dout.data(), dout.bytes(), s);
+        s.synchronize();
+        if (v == 1) o1 = ov;
+        for (size_t i = 0; i < ov.size(); ++i) {
+          const float d = std::fabs(bf16_to_f32(o1[i]) - bf16_to_f32(ov[i]));
+          diff[v] = d == d ? std::max(diff[v], d) : INFINITY;
+        }
+      }
+      gpu::set_attention_tiles_kernel(kernel0);
+      if (simt) std::printf("%8lld %14s %10.2f %10.1f %10s\n", (long long)N, "per token", t_simt * 1e3, flop / t_simt / 1e12, "1.0x");
+      if (simt)
+        std::printf("%8lld %14s %10.2f %10.1f %9.1fx\n", (long long)N, "tiles v1", t_tile[1] * 1e3, flop / t_tile[1] / 1e12, t_simt / t_tile[1]);
+      else
+        std::printf("%8lld %14s %10.2f %10.1f %10s\n", (long long)N, "tiles v1", t_tile[1] * 1e3, flop / t_tile[1] / 1e12, "-");
+      for (int v : {2, 3}) {
+        std::printf("%8lld %14s %10.2f %10.1f %6.2fx v1", (long long)N, v == 2 ? "tiles v2" : "tiles v2 w32", t_tile[v] * 1e3,
+                    flop / t_tile[v] / 1e12, t_tile[1] / t_tile[v]);
+        if (simt) std::printf("  (max |out - v1's| %.3g)", diff[v]);
+        std::printf("\n");
+      }
     }
   }
 }
@@ -313,9 +345,12 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
       std::printf("| %d%% | - | could not build: %s |\n", pct, e.what());
       continue;
     }
-    for (int64_t N : prefill_tokens) {  // one sequence's prompt in one step: tiled vs per-token attention
-      for (bool tiled : {true, false}) {
+    for (int64_t N : prefill_tokens) {  // one sequence's prompt in one step: tiled (kernels 1, 2, 3) vs per-token attention
+      const int kernel0 = gpu::attention_tiles_kernel();
+      for (int mode : {1, 2, 3, 0}) {
+        const bool tiled = mode > 0;
         stack->set_tiled_attention(tiled);
+        if (tiled) gpu::set_attention_tiles_kernel(mode);
         KvCache kv(KvLayout{layers, 4, 128}, (N + 15) / 16 + 1, 16);
         const int seq = kv.add_sequence();
         kv.reserve(seq, N);
@@ -326,10 +361,12 @@ void model_benchmark(numa::NodePools& pools, int layers, int steps, const std::v
         const double t0 = bench::now_seconds();
         stack->forward(b, kv, logits);
         const double dt = bench::now_seconds() - t0;
-        std::printf("| %d%% | prefill %lld tokens, %s attention | %.1f tok/s | %.1f ms |\n", pct, static_cast<long long>(N), tiled ? "tiled" : "per-token",
+        const std::string how = tiled ? "tiled (kernel " + std::to_string(mode) + ")" : "per-token";
+        std::printf("| %d%% | prefill %lld tokens, %s attention | %.1f tok/s | %.1f ms |\n", pct, static_cast<long long>(N), how.c_str(),
                     static_cast<double>(N) / dt, dt * 1e3);
       }
       stack->set_tiled_attention(true);
+      gpu::set_attention_tiles_kernel(kernel0);
     }
     for (int batch : batches) {
       double gpu_ref[2] = {0, 0};  // GPU ms without overlap, per graph setting

@@ -17,12 +17,16 @@
 // use instead of held in registers, and keys stream in tiles of 32 (32
 // score registers fewer; Q + K + V tiles 66 KiB of shared memory, within
 // sm_86's 99 KiB). head_dim 64 and 128 keep the code they had.
+// set_attention_tiles_kernel(2 or 3) runs gpu/attention_tiles_v2.cu instead
+// (this kernel where that one does not fit the device's shared memory).
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "configs/error.h"
+#include "gpu/attention_tiles_v2.h"
 #include "gpu/common.cuh"
 #include "gpu/kernels.h"
 
@@ -32,6 +36,7 @@ using namespace detail;
 namespace {
 
 constexpr int kTq = 64, kThreads = 128;
+std::atomic<int> tiles_kernel{1};  // set_attention_tiles_kernel (1 until the second has run on a GPU)
 
 template <int HD>
 constexpr int padded() { return HD + 8; }
@@ -241,9 +246,16 @@ void attention_tiles(const float* q, int64_t ldq, int64_t ntiles, const int32_t*
   if (kv_heads <= 0 || heads % kv_heads != 0) fail(ErrorKind::invalid_argument, "gpu::attention_tiles: heads must be a multiple of kv_heads");
   if (ntiles <= 0) return;
   if (ntiles > INT32_MAX || heads > 65535) fail(ErrorKind::unsupported, "gpu::attention_tiles: too many tiles or heads");
+  const int version = tiles_kernel.load(std::memory_order_relaxed);
+  if (version != 1 &&
+      attention_tiles_v2(version == 3 ? 32 : 16, q, ldq, ntiles, tiles, heads, kv_heads, hd, kc, vc, slot_lists, offsets, lens, scale, out, cs(s)))
+    return;
   if (hd == 64) launch<64>(q, ldq, ntiles, tiles, heads, kv_heads, kc, vc, slot_lists, offsets, lens, scale, out, cs(s));
   else if (hd == 128) launch<128>(q, ldq, ntiles, tiles, heads, kv_heads, kc, vc, slot_lists, offsets, lens, scale, out, cs(s));
   else launch<256>(q, ldq, ntiles, tiles, heads, kv_heads, kc, vc, slot_lists, offsets, lens, scale, out, cs(s));
 }
+
+void set_attention_tiles_kernel(int version) { tiles_kernel.store(version == 2 || version == 3 ? version : 1); }
+int attention_tiles_kernel() { return tiles_kernel.load(); }
 
 }  // namespace hmoe::gpu

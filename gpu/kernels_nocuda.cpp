@@ -1,10 +1,13 @@
 // CPU-only build: every kernel launcher says "not built with CUDA".
+#include <atomic>
+
 #include "configs/error.h"
 #include "gpu/kernels.h"
 
 namespace hmoe::gpu {
 namespace {
 [[noreturn]] void no_cuda(const char* what) { fail(ErrorKind::unsupported, std::string("gpu::") + what + ": not built with CUDA"); }
+std::atomic<int> tiles_kernel{1};
 }  // namespace
 
 void embedding(const bf16_t*, const int32_t*, int64_t, int64_t, float*, Stream&) { no_cuda("embedding"); }
@@ -30,6 +33,9 @@ void attention_tiles(const float*, int64_t, int64_t, const int32_t*, int64_t, in
   no_cuda("attention_tiles");
 }
 int64_t attention_scratch_floats(int64_t, int64_t, int64_t, int64_t) { no_cuda("attention_scratch_floats"); }
+// The choice is kept (it reads back as in a CUDA build) though no kernel runs.
+void set_attention_tiles_kernel(int version) { tiles_kernel.store(version == 2 || version == 3 ? version : 1); }
+int attention_tiles_kernel() { return tiles_kernel.load(); }
 void silu_mul(const float*, int64_t, int64_t, bf16_t*, bf16_t*, Stream&) { no_cuda("silu_mul"); }
 void split_bf16(const float*, int64_t, bf16_t*, bf16_t*, Stream&) { no_cuda("split_bf16"); }
 void router_topk(const float*, int64_t, int64_t, int64_t, bool, int32_t*, float*, Stream&) { no_cuda("router_topk"); }

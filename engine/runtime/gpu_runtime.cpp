@@ -21,6 +21,7 @@
 #include "engine/runtime/segment_graphs.h"
 #include "engine/runtime/zero_copy_handoff.h"
 #include "gpu/device.h"
+#include "gpu/kernels.h"
 #include "gpu/memory_cap.h"
 
 namespace hmoe {
@@ -57,6 +58,7 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   else if (s.gpu_deltanet_kernel == "v3")
     fail(ErrorKind::invalid_argument, "--gpu-deltanet-kernel / HMOE_GPU_DELTANET_KERNEL v3 was withdrawn: its first GPU run gave wrong outputs; use v4 (the default), v5, v2 or v1");
   else fail(ErrorKind::invalid_argument, "--gpu-deltanet-kernel / HMOE_GPU_DELTANET_KERNEL must be v1, v2, v4 or v5, got '" + s.gpu_deltanet_kernel + "'");
+  o.attention_tiles_kernel = static_cast<int>(s.gpu_attention_tiles_kernel);
   o.defer_experts = s.defer_experts;
   o.expert_cache.budget_bytes = parse_gpu_expert_cache(s.gpu_expert_cache);
   o.expert_cache.cost.share = parse_gpu_split_decode(s.gpu_split_decode);
@@ -149,6 +151,7 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.zc.set_timeout(o.handoff_timeout_s);
   gpu::set_gguf_decode_kernel(o.gguf_decode_kernel);
   gpu::set_deltanet_kernel(o.deltanet_kernel);
+  gpu::set_attention_tiles_kernel(o.attention_tiles_kernel);
   gpu::MemoryUse use_weights("the weights (embedding, lm_head, norms)");
   GpuUploader up(bind, m.stream);
   up.set_keep_gguf(o.quantized_dense);

@@ -237,12 +237,17 @@ TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill an
       const auto tiles = gpu::attention_tile_list(offsets.data(), n);
       REQUIRE(tiles == std::vector<int32_t>{0, 64, 64, 64, 128, 22, 150, 1});
       auto dt = test::to_device(tiles, s);
-      gpu::DeviceBuffer dout2(q.size() * 2);
-      gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd, dk.as<uint16_t>(),
-                           dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout2.as<uint16_t>(), s);
-      auto out2 = test::f32_of(test::to_host<uint16_t>(dout2, q.size(), s));
-      MESSAGE("attention_tiles hd=" << hd << ": worst |diff| / (2e-3 + 1e-2 |ref|) = " << test::tol_ratio(out2, ref, 2e-3, 1e-2));
-      CHECK_MESSAGE(test::tol_ratio(out2, ref, 2e-3, 1e-2) <= 1, "tiles, hd=" << hd);
+      for (int v : {1, 2, 3}) {  // every kernel (gpu::set_attention_tiles_kernel), then the default back
+        gpu::set_attention_tiles_kernel(v);
+        gpu::DeviceBuffer dout2(q.size() * 2);
+        gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd,
+                             dk.as<uint16_t>(), dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale,
+                             dout2.as<uint16_t>(), s);
+        auto out2 = test::f32_of(test::to_host<uint16_t>(dout2, q.size(), s));
+        MESSAGE("attention_tiles kernel " << v << " hd=" << hd << ": worst |diff| / (2e-3 + 1e-2 |ref|) = " << test::tol_ratio(out2, ref, 2e-3, 1e-2));
+        CHECK_MESSAGE(test::tol_ratio(out2, ref, 2e-3, 1e-2) <= 1, "tiles, kernel " << v << ", hd=" << hd);
+      }
+      gpu::set_attention_tiles_kernel(1);
     }
     // The decode token alone: long context, few blocks -> split-K.
     REQUIRE(gpu::attention_splits(1, heads, 1301) > 1);
@@ -456,12 +461,17 @@ TEST_CASE("gpu attention at head_dim 256 (GQA 16/2) matches the scalar reference
                         Error);
         return splits;
       }
-      gpu::DeviceBuffer dout2(q.size() * 2);
-      gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tl.size() / 2), dt.as<int32_t>(), heads, kvh, hd, dk.as<uint16_t>(),
-                           dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout2.as<uint16_t>(), s);
-      const double r2 = test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dout2, q.size(), s)), ref, 2e-3, 1e-2);
-      MESSAGE("hd " << hd << " " << what << " in " << tl.size() / 2 << " query tiles: worst |diff| / (2e-3 + 1e-2 |ref|) = " << r2);
-      CHECK_MESSAGE(r2 <= 1, "tiles, hd " << hd << " " << what);
+      for (int v : {1, 2, 3}) {  // every kernel (gpu::set_attention_tiles_kernel), then the default back
+        gpu::set_attention_tiles_kernel(v);
+        gpu::DeviceBuffer dout2(q.size() * 2);
+        gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tl.size() / 2), dt.as<int32_t>(), heads, kvh, hd, dk.as<uint16_t>(),
+                             dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout2.as<uint16_t>(), s);
+        const double r2 = test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dout2, q.size(), s)), ref, 2e-3, 1e-2);
+        MESSAGE("hd " << hd << " " << what << " in " << tl.size() / 2 << " query tiles, kernel " << v
+                      << ": worst |diff| / (2e-3 + 1e-2 |ref|) = " << r2);
+        CHECK_MESSAGE(r2 <= 1, "tiles, kernel " << v << ", hd " << hd << " " << what);
+      }
+      gpu::set_attention_tiles_kernel(1);
       return splits;
     };
     std::vector<std::pair<size_t, int64_t>> decode;
