@@ -143,4 +143,67 @@ inline double gguf_moe_gemm_worst(const std::vector<GgufHostW>& ex, const gpu::G
   return worst;
 }
 
+// Every gguf_moe_gemm kernel (gpu::set_gguf_prefill_kernel): the simple
+// one, the pipelined one with its own tile choice and with each tile forced.
+inline const gpu::GgufPrefillKernel kPrefillKernels[] = {gpu::GgufPrefillKernel::simple, gpu::GgufPrefillKernel::pipelined,
+                                                         gpu::GgufPrefillKernel::pipelined64, gpu::GgufPrefillKernel::pipelined128};
+// Restores the default (simple) when a case ends, however it ends.
+struct PrefillKernelScope {
+  ~PrefillKernelScope() { gpu::set_gguf_prefill_kernel(gpu::GgufPrefillKernel::simple); }
+};
+
+// gpu::gguf_moe_gemm on dw (the device copy of experts ex, [N, C] each) with
+// expert e given counts[e] sorted rows (ragged: empty experts, single rows,
+// counts around and past a tile), routed top-2 over counts-sum / 2 tokens in
+// a shuffled order (the sum must be even), read through the pair list
+// (rowmap, k_div 2) and again from a sorted activation matrix (rowmap null,
+// as the down product reads), with the current kernel; against the scalar
+// product of the dequantized weights. Returns the worst |error| / (2^-8 sum
+// |w x|) over both runs.
+inline double gguf_moe_gemm_ragged_worst(const std::vector<GgufHostW>& ex, const gpu::GgufDeviceMat& dw, int64_t N, int64_t C,
+                                         const std::vector<int>& counts, gpu::Stream& s) {
+  const int64_t E = static_cast<int64_t>(ex.size()), K = 2;
+  std::vector<int32_t> ids;
+  for (int64_t e = 0; e < E; ++e) ids.insert(ids.end(), static_cast<size_t>(counts[static_cast<size_t>(e)]), static_cast<int32_t>(e));
+  const int64_t P = static_cast<int64_t>(ids.size()), n = P / K;
+  uint64_t st = 0x9E3779B97F4A7C15ull;
+  for (int64_t i = P - 1; i > 0; --i) {  // deterministic shuffle
+    st = st * 6364136223846793005ull + 1442695040888963407ull;
+    std::swap(ids[static_cast<size_t>(i)], ids[static_cast<size_t>((st >> 33) % static_cast<uint64_t>(i + 1))]);
+  }
+  auto x = bf16_round(random_floats(static_cast<size_t>(n * C), 43));
+  auto xs = bf16_round(random_floats(static_cast<size_t>(P * C), 47));  // sorted rows for the rowmap-free run
+  auto dx = to_device(bf16_of(x), s);
+  auto dxs = to_device(bf16_of(xs), s);
+  auto di = to_device(ids, s);
+  gpu::DeviceBuffer off(static_cast<size_t>(E + 1) * 4), pl(static_cast<size_t>(P) * 4);
+  gpu::moe_route(di.as<int32_t>(), P, E, off.as<int32_t>(), pl.as<int32_t>(), s);
+  auto pairs = to_host<int32_t>(pl, static_cast<size_t>(P), s);
+  auto offs = to_host<int32_t>(off, static_cast<size_t>(E + 1), s);
+  double worst = 0;
+  for (int mode = 0; mode < 2; ++mode) {
+    std::vector<float> poison(static_cast<size_t>(P * N), std::nanf(""));
+    auto dc = to_device(poison, s);
+    if (mode == 0) gpu::gguf_moe_gemm(dx.as<uint16_t>(), pl.as<int32_t>(), K, P, off.as<int32_t>(), E, dw.weight(), N, dc.as<float>(), s);
+    else gpu::gguf_moe_gemm(dxs.as<uint16_t>(), nullptr, 1, P, off.as<int32_t>(), E, dw.weight(), N, dc.as<float>(), s);
+    auto c = to_host<float>(dc, poison.size(), s);
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t i = offs[static_cast<size_t>(e)]; i < offs[static_cast<size_t>(e) + 1]; ++i) {
+        const float* xr = mode == 0 ? x.data() + (pairs[static_cast<size_t>(i)] / K) * C : xs.data() + i * C;
+        const GgufHostW& w = ex[static_cast<size_t>(e)];
+        for (int64_t r = 0; r < N; ++r) {
+          double ref = 0, mag = 0;
+          for (int64_t k = 0; k < C; ++k) {
+            const double v = static_cast<double>(w.deq[static_cast<size_t>(r * C + k)]) * xr[k];
+            ref += v;
+            mag += std::fabs(v);
+          }
+          const double err = std::fabs(c[static_cast<size_t>(i * N + r)] - ref) / (0x1p-8 * mag + 1e-6);
+          if (!(err <= worst)) worst = std::isnan(err) ? 1e30 : err;
+        }
+      }
+  }
+  return worst;
+}
+
 }  // namespace hmoe::test
