@@ -172,7 +172,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_pipelined_kernel(GemmPar
       if (al + 16 * static_cast<uintptr_t>(ch) < end) cp16(dst + r * RAWS + 16 * ch, reinterpret_cast<const uint8_t*>(al + 16 * ch));
     }
   };
-  // Sub-step j's weights as bf16 into its stage: thread t decodes the unit of row t / 2 and stores runs 2 (t & 1) and 2 (t & 1) + 1.
+  // Sub-step j's weights as bf16 into its stage: thread t decodes the unit of
+  // row t / 2 and stores runs 2 (t & 1) and 2 (t & 1) + 1 (slot k of the
+  // 64-column stage: columns 16k..16k+15). Both lanes of a row read the same
+  // raw words (a broadcast), so a warp's loads touch 16 rows.
   const int dr = tid >> 1, dh = tid & 1;
   auto dequant = [&](int j) {
     const uint8_t* start = wrow0 + dr * p.rb + static_cast<int64_t>(j >> 2) * SPAN;
@@ -182,10 +185,16 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_pipelined_kernel(GemmPar
     Run run[4];
     if constexpr (F::EB == 256) F::unit(s, lead, q, run, p.tabs);
     else F::unit(s, lead + q * F::BB, 0, run, p.tabs);  // 64-element groups: group q of the span
-    uint16_t* o = Ws + (j & 1) * BN * LDX + dr * LDX;
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      if ((k >> 1) == dh) store_run(run[k], o + 16 * k);
+    // Runs 2 dh and 2 dh + 1 chosen by register selects: a branch on dh would
+    // split every warp (dh alternates between lanes) and serialise the halves.
+    Run r0 = run[0], r1 = run[1];
+    if (dh) {
+      r0 = run[2];
+      r1 = run[3];
+    }
+    uint16_t* o = Ws + (j & 1) * BN * LDX + dr * LDX + 32 * dh;
+    store_run(r0, o);
+    store_run(r1, o + 16);
   };
 
   const int wm = warp >> 2, wn = warp & 3, g = lane >> 2, t2 = (lane & 3) * 2;
