@@ -17,14 +17,15 @@
 //    consecutive columns (Q6_K's unit q holds columns 128h + 16g + 32k,
 //    k = 0..3): the activation tile is loaded in the same run order
 //    (slot_col), so the 16-column mma steps pair the right columns.
-//  - A two-stage software pipeline with one barrier per sub-step. In
-//    sub-step j the block multiplies stage j (activations and dequantized
-//    weights in shared memory), dequantizes sub-step j + 1 into the other
-//    weight stage, and cp.async copies sub-step j + 1's activations and,
-//    every 4 sub-steps, the next 256 columns' raw blocks of the 128 weight
-//    rows (16-byte copies from the aligned-down row start; the decoders read
-//    those bytes from shared memory). Global latency hides behind a whole
-//    sub-step of work; no thread waits on a global load.
+//  - A software pipeline with one barrier per sub-step. In sub-step j the
+//    block multiplies stage j (activations and dequantized weights in
+//    shared memory), dequantizes sub-step j + 1 into the other weight stage
+//    (two), and cp.async copies sub-step j + 2's activations (three stages:
+//    two sub-steps of lead for the gathered token rows) and, every 4
+//    sub-steps, the next 256 columns' raw blocks of the 128 weight rows
+//    (two stages; 16-byte copies from the aligned-down row start, the
+//    decoders then read those bytes from shared memory). No thread waits on
+//    a global load it issued in the same sub-step.
 //  - Warps 0-3 multiply first and then dequantize, warps 4-7 the other way
 //    round: each SM sub-partition holds one of each (warp % 4), so the
 //    tensor-core and integer/fp32 work of a sub-step overlap.
@@ -38,9 +39,13 @@
 //  - The grid keeps an expert's tiles adjacent (blockIdx.x: the 128-row
 //    weight tiles of one row tile, then the expert's next row tile), so a
 //    wave of blocks reads a few experts' weights, from L2 after the first.
-// Shared memory: 2 stages x (BM + BN) x 72 bf16 plus 2 x 128 raw rows of
-// the 256-column span (its bytes + 32, rounded to 16): 151,552 bytes at BM
-// = 128 for Q8_0; one block per SM.
+// Shared memory: (3 BM + 2 BN) x 72 bf16 plus 2 x 128 raw rows of the
+// 256-column span (its bytes + 32, rounded to 16): 169,984 bytes at BM = 128
+// for Q8_0; one block per SM.
+// Checked here only by compiling for sm_90 and by host-side simulations of
+// the index maps (copies, decoder run order, ldmatrix, mma fragments,
+// epilogue) and of the pipeline's buffer hazards (k37b); the GPU tests
+// (tests/gpu/test_gpu_gguf_native.cpp, test_gpu_gguf_lowbit.cpp) run it.
 // No host synchronisation: the tile bound comes from the pair count, as in
 // the simple kernel, and blocks past the real count exit.
 #include <cuda_bf16.h>
@@ -57,7 +62,7 @@ using namespace detail::gguf;
 
 namespace {
 
-constexpr int BN = 128, SK = 64, LDX = SK + 8, kThreads = 256;
+constexpr int BN = 128, SK = 64, LDX = SK + 8, kThreads = 256, kXStages = 3;
 
 template <class F>
 struct Span {  // one 256-column span of a weight row as stored
@@ -68,7 +73,7 @@ struct Span {  // one 256-column span of a weight row as stored
 
 template <class F, int BM>
 constexpr size_t smem_bytes() {
-  return static_cast<size_t>(2) * (BM + BN) * LDX * 2 + static_cast<size_t>(2) * BN * Span<F>::stride;
+  return (static_cast<size_t>(kXStages) * BM + 2 * BN) * LDX * 2 + static_cast<size_t>(2) * BN * Span<F>::stride;
 }
 
 // Column (within its 256-column span) of run slot k of unit q: the order in
@@ -89,6 +94,8 @@ __device__ __forceinline__ void cp16z(void* dst, const void* src, int src_bytes)
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Every copy group but the newest complete.
+__device__ __forceinline__ void cp_wait_prev() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 __device__ __forceinline__ void ldsm4(uint32_t* r, const uint16_t* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -125,8 +132,8 @@ template <class F, int BM>
 __global__ void __launch_bounds__(kThreads, 1) moe_gemm_pipelined_kernel(GemmParams p) {
   constexpr int WM = BM / 2, MT = WM / 16, SPAN = Span<F>::bytes, RAWS = Span<F>::stride, NCH = Span<F>::chunks;
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint16_t* Xs = reinterpret_cast<uint16_t*>(smem_raw);  // [2][BM][LDX]
-  uint16_t* Ws = Xs + 2 * BM * LDX;                      // [2][BN][LDX]
+  uint16_t* Xs = reinterpret_cast<uint16_t*>(smem_raw);  // [kXStages][BM][LDX]
+  uint16_t* Ws = Xs + kXStages * BM * LDX;               // [2][BN][LDX]
   uint8_t* Raw = reinterpret_cast<uint8_t*>(Ws + 2 * BN * LDX);  // [2][BN][RAWS]
 
   int e = -1, m0 = 0, mend = 0;
@@ -151,8 +158,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_pipelined_kernel(GemmPar
       xsrc[i] = nullptr;  // zero-filled
     }
   }
-  auto copy_x = [&](int j) {
-    uint16_t* dst = Xs + (j & 1) * BM * LDX;
+  auto copy_x = [&](int j, int stage) {
+    uint16_t* dst = Xs + stage * BM * LDX;
     const int col = 256 * (j >> 2) + slot_col<F>(j & 3, xc >> 1) + 8 * (xc & 1);
 #pragma unroll
     for (int i = 0; i < XR; ++i) {
@@ -207,8 +214,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_pipelined_kernel(GemmPar
   // (8-column tile pair) 8 (lane / 16) + lane % 8, column half (lane / 8) % 2.
   const int a_off = (wm * WM + (lane & 15)) * LDX + 8 * (lane >> 4);
   const int b_off = (wn * 32 + 8 * (lane >> 4) + (lane & 7)) * LDX + 8 * ((lane >> 3) & 1);
-  auto mma_step = [&](int j) {
-    const uint16_t* xs = Xs + (j & 1) * BM * LDX + a_off;
+  auto mma_step = [&](int j, int xstage) {
+    const uint16_t* xs = Xs + xstage * BM * LDX + a_off;
     const uint16_t* ws = Ws + (j & 1) * BN * LDX + b_off;
 #pragma unroll
     for (int kk = 0; kk < SK; kk += 16) {
@@ -224,28 +231,38 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_pipelined_kernel(GemmPar
     }
   };
 
+  // Copy groups, one committed per interval (between barriers): the
+  // prologue's {raw span 0, X 0} and {X 1}; interval j's {X j + 2, raw span
+  // j / 4 + 1 when j % 4 == 0}. Waiting for all but the newest at the end of
+  // interval j completes X j + 1 (two intervals of lead) and a raw span one
+  // interval after its issue, two before its first dequantization.
   copy_raw(0);
-  copy_x(0);
+  copy_x(0, 0);
   cp_commit();
-  cp_wait_all();
+  if (S > 1) copy_x(1, 1);
+  cp_commit();
+  cp_wait_prev();
   __syncthreads();
   dequant(0);
   __syncthreads();
   const bool mma_first = warp < 4;
+  int xstage = 0;  // j % kXStages
   for (int j = 0; j < S; ++j) {
-    if (j + 1 < S) copy_x(j + 1);
+    if (j + 2 < S) copy_x(j + 2, xstage == 0 ? 2 : xstage - 1);
     if ((j & 3) == 0 && (j >> 2) + 1 < S / 4) copy_raw((j >> 2) + 1);
     cp_commit();
     if (mma_first) {
-      mma_step(j);
+      mma_step(j, xstage);
       if (j + 1 < S) dequant(j + 1);
     } else {
       if (j + 1 < S) dequant(j + 1);
-      mma_step(j);
+      mma_step(j, xstage);
     }
-    cp_wait_all();
+    cp_wait_prev();
     __syncthreads();
+    xstage = xstage == kXStages - 1 ? 0 : xstage + 1;
   }
+  cp_wait_all();
 
   // C rows: sorted positions m0 + row (row stride rows_per_expert).
 #pragma unroll
