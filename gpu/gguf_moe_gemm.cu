@@ -140,6 +140,18 @@ void launch(const GemmParams& p, dim3 grid, cudaStream_t st) {
   HMOE_CUDA_LAUNCHED();
 }
 
+// Sorted rows per tile: the simple kernel's 64; the pipelined kernel's forced
+// tile, or 128 where the pass averages at least 96 rows per expert.
+int tile_rows(GgufPrefillKernel k, int64_t pairs, int64_t experts) {
+  switch (k) {
+    case GgufPrefillKernel::simple: return BM;
+    case GgufPrefillKernel::pipelined64: return 64;
+    case GgufPrefillKernel::pipelined128: return 128;
+    case GgufPrefillKernel::pipelined: return pairs >= 96 * experts ? 128 : 64;
+  }
+  return BM;
+}
+
 }  // namespace
 
 bool gguf_moe_gemm_supported(const GgufWeight& w, int64_t rows_per_expert) { return w.cols % BK == 0 && rows_per_expert % BN == 0 && rows_per_expert > 0; }
@@ -155,9 +167,7 @@ void gguf_moe_gemm(const bf16_t* a, const int32_t* rowmap, int64_t k_div, int64_
                                           std::to_string(rows_per_expert));
   if (pairs <= 0) return;
   const GgufPrefillKernel kern = gguf_prefill_kernel();
-  const int bm = kern == GgufPrefillKernel::pipelined64                                      ? 64
-                 : kern == GgufPrefillKernel::pipelined128 || (kern == GgufPrefillKernel::pipelined && pairs >= 96 * experts) ? 128
-                                                                                              : 64;
+  const int bm = tile_rows(kern, pairs, experts);
   const int64_t tiles = tile_bound(pairs, experts, bm);
   if (tiles > 65535) fail(ErrorKind::unsupported, "gpu::gguf_moe_gemm: too many rows in one pass");
   GemmParams p{};
