@@ -167,8 +167,7 @@ void gguf_moe_gemm(const bf16_t* a, const int32_t* rowmap, int64_t k_div, int64_
                                           std::to_string(rows_per_expert));
   if (pairs <= 0) return;
   const GgufPrefillKernel kern = gguf_prefill_kernel();
-  const int bm = tile_rows(kern, pairs, experts);
-  const int64_t tiles = tile_bound(pairs, experts, bm);
+  const int64_t tiles = tile_bound(pairs, experts, BM);  // 64-row tiles: the most of any kernel
   if (tiles > 65535) fail(ErrorKind::unsupported, "gpu::gguf_moe_gemm: too many rows in one pass");
   GemmParams p{};
   p.a = a;
@@ -183,7 +182,8 @@ void gguf_moe_gemm(const bf16_t* a, const int32_t* rowmap, int64_t k_div, int64_
   p.c = c;
   if (gguf_type_lowbit(w.type)) p.tabs = device_lowbit_tables();
   cudaStream_t st = cs(s);
-  if (kern != GgufPrefillKernel::simple) return launch_pipelined(w.type, p, bm, pairs, st);
+  // The pipelined kernel where the device gives a block its shared memory; else the simple one.
+  if (kern != GgufPrefillKernel::simple && launch_pipelined(w.type, p, tile_rows(kern, pairs, experts), pairs, st)) return;
   const dim3 grid(static_cast<unsigned>(rows_per_expert / BN), static_cast<unsigned>(tiles));
   switch (w.type) {
     case GgufType::q4_k: return launch<Q4K>(p, grid, st);

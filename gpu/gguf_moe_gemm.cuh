@@ -55,7 +55,9 @@ inline int64_t tile_bound(int64_t pairs, int64_t experts, int bm) { return (pair
 
 // The pipelined kernel (gpu/gguf_moe_gemm_pipelined.cu) with tiles of bm
 // (64 or 128) sorted rows; p as for the simple kernel, pairs > 0, the grid's
-// size checked by the caller.
-void launch_pipelined(GgufType t, const GemmParams& p, int bm, int64_t pairs, cudaStream_t st);
+// size checked by the caller. False, launching nothing, where the current
+// device cannot give a block the kernel's shared memory (142-170 KB: sm_80
+// and sm_90 can, sm_86 and sm_89 cannot).
+bool launch_pipelined(GgufType t, const GemmParams& p, int bm, int64_t pairs, cudaStream_t st);
 
 }  // namespace hmoe::gpu::detail::moe_gemm

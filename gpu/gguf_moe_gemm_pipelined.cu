@@ -41,7 +41,8 @@
 //    wave of blocks reads a few experts' weights, from L2 after the first.
 // Shared memory: (3 BM + 2 BN) x 72 bf16 plus 2 x 128 raw rows of the
 // 256-column span (its bytes + 32, rounded to 16): 169,984 bytes at BM = 128
-// for Q8_0; one block per SM.
+// for Q8_0; one block per SM. GPUs that cannot give a block that much
+// (sm_86, sm_89: about 100 KB) run the simple kernel instead.
 // Checked here only by compiling for sm_90 and by host-side simulations of
 // the index maps (copies, decoder run order, ldmatrix, mma fragments,
 // epilogue) and of the pipeline's buffer hazards (k37b); the GPU tests
@@ -278,24 +279,28 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_pipelined_kernel(GemmPar
 }
 
 template <class F, int BM>
-void launch_bm(const GemmParams& p, int64_t pairs, cudaStream_t st) {
+bool launch_bm(const GemmParams& p, int64_t pairs, cudaStream_t st) {
   auto kern = moe_gemm_pipelined_kernel<F, BM>;
   constexpr size_t smem = smem_bytes<F, BM>();
+  int dev = 0, optin = 0;
+  HMOE_CUDA_CHECK(cudaGetDevice(&dev));
+  HMOE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (static_cast<size_t>(optin) < smem) return false;
   HMOE_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(p.rows_per_expert / BN), static_cast<unsigned>(tile_bound(pairs, p.experts, BM)));
   kern<<<grid, kThreads, smem, st>>>(p);
   HMOE_CUDA_LAUNCHED();
+  return true;
 }
 
 template <class F>
-void launch_type(const GemmParams& p, int bm, int64_t pairs, cudaStream_t st) {
-  if (bm == 128) launch_bm<F, 128>(p, pairs, st);
-  else launch_bm<F, 64>(p, pairs, st);
+bool launch_type(const GemmParams& p, int bm, int64_t pairs, cudaStream_t st) {
+  return bm == 128 ? launch_bm<F, 128>(p, pairs, st) : launch_bm<F, 64>(p, pairs, st);
 }
 
 }  // namespace
 
-void launch_pipelined(GgufType t, const GemmParams& p, int bm, int64_t pairs, cudaStream_t st) {
+bool launch_pipelined(GgufType t, const GemmParams& p, int bm, int64_t pairs, cudaStream_t st) {
   switch (t) {
     case GgufType::q4_k: return launch_type<Q4K>(p, bm, pairs, st);
     case GgufType::q5_k: return launch_type<Q5K>(p, bm, pairs, st);
@@ -314,6 +319,7 @@ void launch_pipelined(GgufType t, const GemmParams& p, int bm, int64_t pairs, cu
     case GgufType::iq4_nl: return launch_type<IQ4NL>(p, bm, pairs, st);
     case GgufType::mxfp4: return launch_type<MXFP4>(p, bm, pairs, st);
   }
+  return false;
 }
 
 }  // namespace hmoe::gpu::detail::moe_gemm

@@ -239,7 +239,9 @@ bool gguf_moe_gemm_supported(const GgufWeight& w, int64_t rows_per_expert);
 // dequantized while the tensor cores run this one
 // (gpu/gguf_moe_gemm_pipelined.cu), with 128-row tiles when the pass has at
 // least 96 rows per expert on average and 64-row tiles otherwise;
-// pipelined64 / pipelined128 force the tile. Same numerics (the same bf16
+// pipelined64 / pipelined128 force the tile; on GPUs that cannot give a
+// block its 142-170 KB of shared memory (sm_86, sm_89) the pipelined choices
+// run the simple kernel. Same numerics (the same bf16
 // weights; fp32 sums in a different order). Issue 27; compiled only until
 // measured, hence not the default.
 enum class GgufPrefillKernel : uint8_t { simple, pipelined, pipelined64, pipelined128 };
