@@ -4,8 +4,8 @@
 // of T tokens (4096 and 32768) run in steps of S tokens (2048, the
 // engine's default max_num_batched_tokens, and T in one step), each step
 // continuing the state:
-//  - the chunked delta rule, kernels v1, v2, v3 and v4 (setting gpu_deltanet_kernel;
-//    v3 withdrawn, v4 new, both bench-only so far):
+//  - the chunked delta rule, kernels v1 to v5 (setting gpu_deltanet_kernel;
+//    v3 withdrawn and bench-only, v4 the default, v5 new: v4 in WY form):
 //    time, FLOP/s of the chunked algorithm's useful products (per token and
 //    value head, multiply-adds: C dk for k k^T and q k^T, (C - 1)/2 (dk + dv)
 //    for the triangular solve, 3 dk dv for W S, q S and k^T u, (C + 1)/2 dv
@@ -16,22 +16,33 @@
 //    bytes / bandwidth) / time;
 //  - the whole layer step as hybrid_gpu.cpp runs it under
 //    gpu_hybrid_precise (the default: in_proj and out_proj on a bf16 hi + lo
-//    input pair, 2S rows each) and without it (bf16 input, S rows):
-//    in_proj, conv + norm + gates, conv window, delta rule, gated norm,
-//    out_proj (conv + gates and norm + out timed with the plain kernels, "v2",
-//    and with v3's vectorised ones, "v3"); the same roof with the products' FLOPs (the split's second
-//    half counted as work) added to the delta rule's, bytes: weights once
-//    per step and every intermediate written and read once;
+//    input pair, hi's product then lo's added in place; kern "2S": the
+//    previous way, one product over [hi; lo], 2S rows, into an fp32 buffer
+//    and the halves added) and without it (bf16 input, S rows): in_proj,
+//    conv + gates + conv window, delta rule, gated norm + out_proj (conv +
+//    gates and the norm with the plain kernels, "plain", and the vectorised
+//    ones, "vec1" / "vec2": gpu/deltanet_io.h), the layer without its delta
+//    rule ("no rule", against the whole layer's roof: the ceiling with a
+//    free delta rule), the whole layer per delta-rule kernel, and the layer
+//    as it was ("layer prec 2S": 2S-row products, plain conv and norm).
+//    Roof: the products' FLOPs (in precise mode the lo half's product counted
+//    as work: it is what buys the 16 bits; the bf16 rows give the roof
+//    without it) plus the delta rule's; bytes: weights once per step, the
+//    input once, proj written once and each column read once, every other
+//    intermediate (conv rows, gates, core, the norm's output) written and
+//    read once, d written. Part rows count their own share the same way
+//    (conv + gates: the columns it reads, what it writes);
 //  - decode of B sequences x 1 token (1, 8, 64): the one-step recurrence;
 //    GB/s of the states it reads and writes (3 x 32 x 128 x 128 x 4 bytes
 //    per sequence) against the read bandwidth.
 // Times are between events around the launches, averaged over --reps.
 //
-// Usage: bench_gpu_deltanet [--reps N] [--quick] [--kernels v1,v2,v3,v4]
-// (--quick: T = 4096 only; --kernels: the chunked kernels timed, all four by
-// default). v3 and v4 add phase rows: each launch timed alone (v4's walk
+// Usage: bench_gpu_deltanet [--reps N] [--quick] [--kernels v1,v2,v3,v4,v5]
+// (--quick: T = 4096 only; --kernels: the chunked kernels timed, all five by
+// default). v3, v4 and v5 add phase rows: each launch timed alone (v4's walk
 // three times: "v4 walk1" the 8-warp walk, the default, "v4 walk2" the 16-warp
-// one, "v4 walk2 nocp" that one without its copies); with v1 listed, at 4096
+// one, "v4 walk2 nocp" that one without its copies; v5: "v5 phase1" (v4's
+// phase 1 and W, U), "v5 walk", "v5 outputs"); with v1 listed, at 4096
 // tokens each kernel (and v4's other walk) is checked against v1.
 #include <algorithm>
 #include <cmath>
@@ -127,7 +138,7 @@ double core_flop(const gpu::DeltaNetShape& sh, double tokens) {
 void print_row(const Setup& su, const char* what, int64_t T, int64_t S, const char* kernel, double us, double flop, double bytes) {
   const double tf = flop / us / 1e6, gbs = bytes / us / 1e3;
   const double roof_us = std::max(flop / (su.tensor * 1e6), bytes / (su.read_bw * 1e3));
-  std::printf("%-14s %6lld %6lld %-4s %10.1f %11.0f %8.1f %7.1f %7.1f %8.0f %7.1f %9.1f %7.1f\n", what, static_cast<long long>(T),
+  std::printf("%-14s %6lld %6lld %-5s %10.1f %11.0f %8.1f %7.1f %7.1f %8.0f %7.1f %9.1f %7.1f\n", what, static_cast<long long>(T),
               static_cast<long long>(S), kernel, us, static_cast<double>(T) / us * 1e6, tf, 100.0 * tf / su.tensor, 100.0 * tf / 989.0, gbs,
               100.0 * gbs / su.read_bw, roof_us, 100.0 * roof_us / us);
 }
@@ -137,7 +148,8 @@ void print_row(const Setup& su, const char* what, int64_t T, int64_t S, const ch
 int main(int argc, char** argv) {
   int reps = 5;
   bool quick = false;
-  std::vector<gpu::DeltaNetKernel> kernels = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3, gpu::DeltaNetKernel::v4};
+  std::vector<gpu::DeltaNetKernel> kernels = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3, gpu::DeltaNetKernel::v4,
+                                              gpu::DeltaNetKernel::v5};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
@@ -149,8 +161,9 @@ int main(int argc, char** argv) {
       if (k.find("v2") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v2);
       if (k.find("v3") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v3);
       if (k.find("v4") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v4);
+      if (k.find("v5") != std::string::npos) kernels.push_back(gpu::DeltaNetKernel::v5);
       if (kernels.empty()) {
-        std::fprintf(stderr, "bench_gpu_deltanet: --kernels takes a list of v1, v2, v3, v4, got %s\n", k.c_str());
+        std::fprintf(stderr, "bench_gpu_deltanet: --kernels takes a list of v1, v2, v3, v4, v5, got %s\n", k.c_str());
         return 2;
       }
     } else {
@@ -190,17 +203,24 @@ int main(int argc, char** argv) {
   sh.conv_k = 4;
   gpu::deltanet_configure(sh);
   const int64_t H = su.H, P = sh.proj_cols(), cd = sh.conv_dim(), V = sh.value_dim(), layer_bytes = gpu::deltanet_layer_state_bytes(sh);
-  const int64_t c2 = gpu::deltanet_v2_chunk(sh, 0), c3 = gpu::deltanet_v3_chunk(sh, 0), c4 = gpu::deltanet_v4_chunk(sh, 0);
-  std::printf("v2 chunk: %lld tokens; v2 scratch for a 2048-token step: %.1f MiB; v3 chunk: %lld tokens, scratch %.1f MiB; v4 chunk: %lld tokens, scratch %.1f MiB\n\n",
+  const int64_t c2 = gpu::deltanet_v2_chunk(sh, 0), c3 = gpu::deltanet_v3_chunk(sh, 0), c4 = gpu::deltanet_v4_chunk(sh, 0), c5 = gpu::deltanet_v5_chunk(sh, 0);
+  std::printf("v2 chunk: %lld tokens; v2 scratch for a 2048-token step: %.1f MiB; v3 chunk: %lld tokens, scratch %.1f MiB; v4 chunk: %lld tokens, scratch %.1f MiB;"
+              " v5 chunk: %lld tokens, scratch %.1f MiB\n\n",
               static_cast<long long>(c2), static_cast<double>(gpu::deltanet_v2_scratch_bytes(sh, c2, gpu::deltanet_v2_slots(2048, 1, c2))) / 1048576.0,
               static_cast<long long>(c3), static_cast<double>(gpu::deltanet_v3_scratch_bytes(sh, c3, gpu::deltanet_v2_slots(2048, 1, c3))) / 1048576.0,
-              static_cast<long long>(c4), static_cast<double>(gpu::deltanet_v4_scratch_bytes(sh, c4, gpu::deltanet_v2_slots(2048, 1, c4))) / 1048576.0);
+              static_cast<long long>(c4), static_cast<double>(gpu::deltanet_v4_scratch_bytes(sh, c4, gpu::deltanet_v2_slots(2048, 1, c4))) / 1048576.0,
+              static_cast<long long>(c5), static_cast<double>(gpu::deltanet_v5_scratch_bytes(sh, c5, gpu::deltanet_v2_slots(2048, 1, c5))) / 1048576.0);
   auto kname = [](gpu::DeltaNetKernel k) {
-    return k == gpu::DeltaNetKernel::v4 ? "v4" : k == gpu::DeltaNetKernel::v3 ? "v3" : k == gpu::DeltaNetKernel::v2 ? "v2" : "v1";
+    return k == gpu::DeltaNetKernel::v5   ? "v5"
+           : k == gpu::DeltaNetKernel::v4 ? "v4"
+           : k == gpu::DeltaNetKernel::v3 ? "v3"
+           : k == gpu::DeltaNetKernel::v2 ? "v2"
+                                          : "v1";
   };
+  auto ioname = [](gpu::DeltaNetIo io) { return io == gpu::DeltaNetIo::plain ? "plain" : io == gpu::DeltaNetIo::vec1 ? "vec1" : "vec2"; };
   const bool with_v1 = std::find(kernels.begin(), kernels.end(), gpu::DeltaNetKernel::v1) != kernels.end();
   gpu::Blas blas(s);
-  std::printf("%-14s %6s %6s %-4s %10s %11s %8s %7s %7s %8s %7s %9s %7s\n", "part", "T", "step", "kern", "us", "tokens/s", "TFLOP/s", "% meas",
+  std::printf("%-14s %6s %6s %-5s %10s %11s %8s %7s %7s %8s %7s %9s %7s\n", "part", "T", "step", "kern", "us", "tokens/s", "TFLOP/s", "% meas",
               "% 989", "GB/s", "% read", "roof us", "% roof");
   std::vector<int64_t> prompts = {4096, 32768};
   if (quick) prompts = {4096};
@@ -241,14 +261,21 @@ int main(int argc, char** argv) {
       st.g = make_groups(1, S, st.states, layer_bytes, s);
       const int64_t steps = T / S;
       const double tf = static_cast<double>(T);
-      // The projections of the layer step (fp32 x -> proj; core -> d).
-      auto in_proj = [&](bool precise) {
-        if (precise) {
+      // The projections of the layer step (fp32 x -> proj; core -> d) as hybrid_gpu.cpp runs them. Precise: the
+      // product of hi (xb, the norm's bf16 output), then lo's added in place (Blas::gemm_add), as hybrid_gpu.cpp does
+      // from S >= cols / 4 rows on; pass2s: the stacked way it keeps below that (decode), and the only one before,
+      // one product over [hi; lo] (2S rows) into an fp32 buffer, the halves added.
+      auto in_proj = [&](bool precise, bool pass2s = false) {
+        if (precise && pass2s) {
           gpu::split_bf16(st.x.as<float>(), S * H, st.x2.as<uint16_t>(), st.x2.as<uint16_t>() + S * H, s);
           blas.gemm(st.x2.as<uint16_t>(), 2 * S, st.w_in.as<uint16_t>(), P, H, st.y2.as<float>(), P);
           gpu::add(st.y2.as<float>(), st.y2.as<float>() + S * P, S * P, st.proj.as<float>(), s);
-        } else {
-          blas.gemm(st.xb.as<uint16_t>(), S, st.w_in.as<uint16_t>(), P, H, st.proj.as<float>(), P);
+          return;
+        }
+        blas.gemm(st.xb.as<uint16_t>(), S, st.w_in.as<uint16_t>(), P, H, st.proj.as<float>(), P);
+        if (precise) {
+          gpu::split_bf16(st.x.as<float>(), S * H, nullptr, st.x2.as<uint16_t>(), s);
+          blas.gemm_add(st.x2.as<uint16_t>(), S, st.w_in.as<uint16_t>(), P, H, st.proj.as<float>(), P);
         }
       };
       auto prepare = [&] {
@@ -260,12 +287,17 @@ int main(int argc, char** argv) {
         gpu::deltanet_chunked(st.conv.as<float>(), st.gate.as<float>(), st.beta.as<float>(), st.g.g, 0, 1, sh, 0, 1, 0, st.core.as<float>(), s, k, S,
                               st.v2.data());
       };
-      auto out_proj = [&](bool precise) {
+      auto out_proj = [&](bool precise, bool pass2s = false) {
         uint16_t* o = st.o.as<uint16_t>();
         if (precise) {
           gpu::deltanet_gated_norm(st.core.as<float>(), st.proj.as<float>(), P, st.g.g, 0, S, sh, st.norm.as<float>(), 1e-6f, o, s, o + S * V, 0);
-          blas.gemm(o, 2 * S, st.w_out.as<uint16_t>(), H, V, st.y2.as<float>(), H);
-          gpu::add(st.y2.as<float>(), st.y2.as<float>() + S * H, S * H, st.d.as<float>(), s);
+          if (pass2s) {
+            blas.gemm(o, 2 * S, st.w_out.as<uint16_t>(), H, V, st.y2.as<float>(), H);
+            gpu::add(st.y2.as<float>(), st.y2.as<float>() + S * H, S * H, st.d.as<float>(), s);
+            return;
+          }
+          blas.gemm(o, S, st.w_out.as<uint16_t>(), H, V, st.d.as<float>(), H);
+          blas.gemm_add(o + S * V, S, st.w_out.as<uint16_t>(), H, V, st.d.as<float>(), H);
         } else {
           gpu::deltanet_gated_norm(st.core.as<float>(), st.proj.as<float>(), P, st.g.g, 0, S, sh, st.norm.as<float>(), 1e-6f, o, s);
           blas.gemm(o, S, st.w_out.as<uint16_t>(), H, V, st.d.as<float>(), H);
@@ -348,27 +380,59 @@ int main(int argc, char** argv) {
         gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
         s.synchronize();
       }
+      if (std::find(kernels.begin(), kernels.end(), gpu::DeltaNetKernel::v5) != kernels.end()) {
+        // v5's phases one at a time (as v3's): phase 1 (v4's phase 1, then W and U), the walk, the outputs.
+        const size_t nst = static_cast<size_t>(layer_bytes / 4);
+        std::vector<float> st0(nst);
+        gpu::copy_to_host(st0.data(), st.states.data(), nst * 4, s);
+        const char* names[3] = {"v5 phase1", "v5 walk", "v5 outputs"};
+        for (int ph = 0; ph < 3; ++ph) {
+          gpu::set_deltanet_v5_phases(1 << ph);
+          print_row(su, names[ph], T, S, "v5", timer.us(steps_of([&] { core(gpu::DeltaNetKernel::v5); }), reps), 0, 0);
+        }
+        gpu::set_deltanet_v5_phases(7);
+        gpu::copy_to_device(st.states.data(), st0.data(), nst * 4, s);
+        s.synchronize();
+      }
       for (const bool precise : {true, false}) {
         const double m = precise ? 2.0 : 1.0;
         const double proj_flop = 2.0 * tf * m * static_cast<double>(H * P + V * H);
-        // Bytes: weights once per step; x (fp32) in, proj written and read (prepare, norm), conv rows written and read, core
-        // written and read, the norm's bf16 output (hi + lo when precise) written and read, d written.
+        // Bytes the layer step must move: weights once per step; its input (x fp32 when precise: hi and lo come from it;
+        // bf16 rows otherwise) read; proj written and each of its columns read once (conv + gates: q k v b a, the norm:
+        // z); conv rows, gates and betas, core written and read; the norm's bf16 output (hi + lo when precise) written and
+        // read; d written.
         const double w_bytes = static_cast<double>(steps) * static_cast<double>(P * H + H * V) * 2;
-        const double act_bytes = tf * (static_cast<double>(H) * 4 + static_cast<double>(P) * 4 * 3 + static_cast<double>(cd) * 4 * 2 +
+        const double in_bytes = static_cast<double>(H) * (precise ? 4 : 2);
+        const double act_bytes = tf * (in_bytes + static_cast<double>(P) * 4 * 2 + static_cast<double>(cd + 2 * sh.nv) * 4 * 2 +
                                        static_cast<double>(V) * 4 * 2 + static_cast<double>(V) * 2 * 2 * m + static_cast<double>(H) * 4);
         const char* tag = precise ? "layer precise" : "layer bf16";
         const char* ip = precise ? "in_proj prec" : "in_proj bf16";
         const char* op = precise ? "norm+out prec" : "norm+out bf16";
-        print_row(su, ip, T, S, "", timer.us(steps_of([&] { in_proj(precise); }), reps), 2.0 * tf * m * static_cast<double>(H * P),
-                  static_cast<double>(steps) * static_cast<double>(P * H) * 2 + tf * static_cast<double>(H * 4 + P * 4));
-        // conv + gates and the gated norm: the plain kernels (v1's and v2's) and v3's vectorised ones (setting-wide).
-        for (const auto io : {gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3}) {
-          if (io == gpu::DeltaNetKernel::v3 && std::find(kernels.begin(), kernels.end(), io) == kernels.end()) continue;
-          gpu::set_deltanet_kernel(io);
-          print_row(su, "conv+gates", T, S, kname(io), timer.us(steps_of(prepare), reps), 0, tf * static_cast<double>(P + cd + 2 * sh.nv) * 4);
-          print_row(su, op, T, S, kname(io), timer.us(steps_of([&] { out_proj(precise); }), reps), 2.0 * tf * m * static_cast<double>(V * H),
-                    static_cast<double>(steps) * static_cast<double>(H * V) * 2 + tf * static_cast<double>(V * 4 + V * 4 + H * 4));
+        const double ip_flop = 2.0 * tf * m * static_cast<double>(H * P), op_flop = 2.0 * tf * m * static_cast<double>(V * H);
+        const double ip_bytes = static_cast<double>(steps) * static_cast<double>(P * H) * 2 + tf * (in_bytes + static_cast<double>(P) * 4);
+        const double op_bytes = static_cast<double>(steps) * static_cast<double>(H * V) * 2 + tf * static_cast<double>(V * 4 + V * 4 + H * 4);
+        // The product of hi then lo's added in place ("" in kern); precise also the previous [hi; lo] product and add ("2S").
+        print_row(su, ip, T, S, "", timer.us(steps_of([&] { in_proj(precise); }), reps), ip_flop, ip_bytes);
+        if (precise) print_row(su, ip, T, S, "2S", timer.us(steps_of([&] { in_proj(true, true); }), reps), ip_flop, ip_bytes);
+        // conv + gates + window (bytes: the columns it reads, conv rows, gates and betas written) and norm + out_proj with
+        // the plain kernels and the vectorised ones (prepare's vec1 and vec2; the norm has one).
+        const double cg_bytes = tf * static_cast<double>(cd + 2 * sh.nv) * 4 * 2;
+        for (const auto io : {gpu::DeltaNetIo::plain, gpu::DeltaNetIo::vec1, gpu::DeltaNetIo::vec2}) {
+          gpu::set_deltanet_io(io);
+          print_row(su, "conv+gates", T, S, ioname(io), timer.us(steps_of(prepare), reps), 0, cg_bytes);
+          if (io != gpu::DeltaNetIo::vec1)
+            print_row(su, op, T, S, ioname(io), timer.us(steps_of([&] { out_proj(precise); }), reps), op_flop, op_bytes);
         }
+        if (precise) print_row(su, op, T, S, "2S", timer.us(steps_of([&] { out_proj(true, true); }), reps), op_flop, op_bytes);
+        gpu::set_deltanet_io(gpu::DeltaNetIo::automatic);
+        // Everything but the delta rule, against the whole layer's roof: the ceiling with a free delta rule.
+        const double rest_us = timer.us(steps_of([&] {
+                                          in_proj(precise);
+                                          prepare();
+                                          out_proj(precise);
+                                        }),
+                                        reps);
+        print_row(su, precise ? "prec no rule" : "bf16 no rule", T, S, "", rest_us, proj_flop + core_flop(sh, tf), w_bytes + act_bytes);
         for (const auto k : kernels) {
           gpu::set_deltanet_kernel(k);
           const char* kn = kname(k);
@@ -380,6 +444,20 @@ int main(int argc, char** argv) {
                                      }),
                                      reps);
           print_row(su, tag, T, S, kn, us, proj_flop + core_flop(sh, tf), w_bytes + act_bytes);
+        }
+        if (precise) {  // the step as it was: [hi; lo] products and adds, the plain conv + gates and norm
+          const gpu::DeltaNetKernel k = kernels.back();
+          gpu::set_deltanet_kernel(k);
+          gpu::set_deltanet_io(gpu::DeltaNetIo::plain);
+          const double us = timer.us(steps_of([&] {
+                                       in_proj(true, true);
+                                       prepare();
+                                       core(k);
+                                       out_proj(true, true);
+                                     }),
+                                     reps);
+          print_row(su, "layer prec 2S", T, S, kname(k), us, proj_flop + core_flop(sh, tf), w_bytes + act_bytes);
+          gpu::set_deltanet_io(gpu::DeltaNetIo::automatic);
         }
         gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v1);
       }

@@ -31,9 +31,10 @@ Blas::~Blas() {
 namespace {
 
 // Column-major view: y^T [rows, n] = W [rows, cols] (stored as cols x rows, so op T) * x^T [cols, n].
-void gemm_ex(void* handle, const void* x, const void* w, cudaDataType_t type, int64_t n, int64_t rows, int64_t cols, float* y, int64_t ldy) {
+void gemm_ex(void* handle, const void* x, const void* w, cudaDataType_t type, int64_t n, int64_t rows, int64_t cols, float* y, int64_t ldy,
+             float beta = 0.0f) {
   if (n <= 0) return;
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f;
   HMOE_CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(handle), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
                                  static_cast<int>(cols), &alpha, w, type, static_cast<int>(cols), x, type, static_cast<int>(cols), &beta, y,
                                  CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -43,6 +44,10 @@ void gemm_ex(void* handle, const void* x, const void* w, cudaDataType_t type, in
 
 void Blas::gemm(const bf16_t* x, int64_t n, const bf16_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy) {
   gemm_ex(handle_, x, w, CUDA_R_16BF, n, rows, cols, y, ldy);
+}
+
+void Blas::gemm_add(const bf16_t* x, int64_t n, const bf16_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy) {
+  gemm_ex(handle_, x, w, CUDA_R_16BF, n, rows, cols, y, ldy, 1.0f);
 }
 
 void Blas::gemm_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y, int64_t ldy) {

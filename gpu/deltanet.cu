@@ -20,6 +20,7 @@
 #include "gpu/common.cuh"
 #include "gpu/deltanet.h"
 #include "gpu/deltanet_chunked.h"
+#include "gpu/deltanet_io.h"
 
 namespace hmoe::gpu {
 using namespace detail;
@@ -102,10 +103,19 @@ __global__ void conv_window_kernel(const float* proj, int64_t ld, DeltaNetGroups
   const int64_t cnt = gr.count[g], st = gr.start[g], W = d.ck - 1, sc = conv_src(c, d);
   const bool fresh = gr.fresh[g] != 0;
   float* win = state_of(gr, g, state_off);
-  for (int64_t j = 0; j < W; ++j) {  // reads index cnt + j > j: not yet overwritten
-    const int64_t e = cnt + j;
-    win[j * d.cdim + c] = e < W ? (fresh ? 0.0f : win[e * d.cdim + c]) : proj[static_cast<int64_t>(gr.order[st + e - W]) * ld + sc];
+  auto input = [&](int64_t e) { return e < W ? (fresh ? 0.0f : win[e * d.cdim + c]) : proj[static_cast<int64_t>(gr.order[st + e - W]) * ld + sc]; };
+  constexpr int kMaxW = 8;
+  if (W <= kMaxW) {  // every new row loaded before any is stored: the loads overlap
+    float v[kMaxW];
+#pragma unroll
+    for (int j = 0; j < kMaxW; ++j)
+      if (j < W) v[j] = input(cnt + j);
+#pragma unroll
+    for (int j = 0; j < kMaxW; ++j)
+      if (j < W) win[j * d.cdim + c] = v[j];
+    return;
   }
+  for (int64_t j = 0; j < W; ++j) win[j * d.cdim + c] = input(cnt + j);  // reads index cnt + j > j: not yet overwritten
 }
 
 constexpr int kSlice = 32;  // value columns per block
@@ -343,6 +353,7 @@ void deltanet_configure(const DeltaNetShape& sh) {
   if (deltanet_kernel() == DeltaNetKernel::v2) deltanet_v2_configure();  // v2's and v3's launches do it too (tests, benchmarks)
   if (deltanet_kernel() == DeltaNetKernel::v3) deltanet_v3_configure();
   if (deltanet_kernel() == DeltaNetKernel::v4) deltanet_v4_configure();
+  if (deltanet_kernel() == DeltaNetKernel::v5) deltanet_v5_configure();
 }
 
 void deltanet_prepare(const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok, const DeltaNetShape& sh,
@@ -350,8 +361,9 @@ void deltanet_prepare(const float* proj, int64_t ld, const DeltaNetGroups& gr, i
                       float* beta, Stream& s) {
   check_shape(sh);
   if (ntok <= 0) return;
-  if (deltanet_kernel() == DeltaNetKernel::v3 &&
-      deltanet_prepare_v3(proj, ld, gr, tok0, ntok, sh, conv_w, a_neg, dt_bias, state_off, conv_out, gate, beta, s))
+  const DeltaNetIo io = deltanet_io();
+  if (io != DeltaNetIo::plain &&
+      deltanet_prepare_vec(io == DeltaNetIo::vec1 ? 1 : 2, proj, ld, gr, tok0, ntok, sh, conv_w, a_neg, dt_bias, state_off, conv_out, gate, beta, s))
     return;
   if (sh.conv_dim() * 4 > 48 * 1024) fail(ErrorKind::unsupported, "gated deltanet on the GPU: conv_dim above 12288");
   const float qscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(sh.dk)));
@@ -388,6 +400,11 @@ void deltanet_chunked(const float* conv_out, const float* gate, const float* bet
                       const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t chunk, float* out, Stream& s, DeltaNetKernel kernel,
                       int64_t ntok, void* scratch) {
   check_shape(sh);
+  if (kernel == DeltaNetKernel::v5) {
+    const int64_t c5 = deltanet_v5_chunk(sh, chunk);
+    if (c5 > 0)
+      return deltanet_chunked_v5(conv_out, gate, beta, gr, g0, gn, sh, state_off, max_recurrent, c5, deltanet_v2_slots(ntok, gn, c5), scratch, out, s);
+  }
   if (kernel == DeltaNetKernel::v4) {
     const int64_t c4 = deltanet_v4_chunk(sh, chunk);
     if (c4 > 0)
@@ -404,6 +421,10 @@ void deltanet_chunked(const float* conv_out, const float* gate, const float* bet
 }
 
 int64_t deltanet_chunked_scratch_bytes(const DeltaNetShape& sh, DeltaNetKernel kernel, int64_t chunk, int64_t ntok, int64_t gn) {
+  if (kernel == DeltaNetKernel::v5) {
+    const int64_t c = deltanet_v5_chunk(sh, chunk);
+    return deltanet_v5_scratch_bytes(sh, c, deltanet_v2_slots(ntok, gn, c));
+  }
   if (kernel == DeltaNetKernel::v4) {
     const int64_t c = deltanet_v4_chunk(sh, chunk);
     return deltanet_v4_scratch_bytes(sh, c, deltanet_v2_slots(ntok, gn, c));
@@ -433,7 +454,7 @@ void deltanet_gated_norm(const float* core, const float* proj, int64_t ld, const
                          const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s, uint16_t* y_lo, int64_t row0) {
   check_shape(sh);
   if (ntok <= 0) return;
-  if (deltanet_kernel() == DeltaNetKernel::v3 && deltanet_gated_norm_v3(core, proj, ld, gr, tok0, ntok, sh, w, eps, y, s, y_lo, row0)) return;
+  if (deltanet_io() != DeltaNetIo::plain && deltanet_gated_norm_vec(core, proj, ld, gr, tok0, ntok, sh, w, eps, y, s, y_lo, row0)) return;
   gated_norm_kernel<<<static_cast<unsigned>(ntok), 256, 0, cs(s)>>>(core, proj, ld, gr, tok0, dims(sh), w, eps, y, y_lo, row0);
   HMOE_CUDA_LAUNCHED();
 }

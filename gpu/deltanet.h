@@ -48,6 +48,10 @@ struct DeltaNetGroups {
 // [ordered token][conv_dim] ([q | k | v]); gate / beta: [ordered token][nv],
 // beta = sigmoid(b), gate = a_neg[h] * softplus(a + dt_bias[h]).
 // Does not change the window (deltanet_conv_window does, afterwards).
+// Takes the vectorised kernel (gpu/deltanet_io.cu) where the shape allows
+// (conv_k 4, dk dividing 128 and a multiple of 4, dv and ld multiples of 4,
+// 16-byte aligned buffers), else the plain one; so does deltanet_gated_norm
+// (dv a multiple of 4 up to 512), whatever the delta-rule kernel.
 void deltanet_prepare(const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok, const DeltaNetShape& sh,
                       const float* conv_w, const float* a_neg, const float* dt_bias, int64_t state_off, float* conv_out, float* gate,
                       float* beta, Stream& s);
@@ -75,16 +79,19 @@ void deltanet_chunked(const float* conv_out, const float* gate, const float* bet
 //    every chunk's outputs at once; 3xTF32 like v2; scratch of
 //    deltanet_v3_scratch_bytes (v2's plus K' and an entering state per
 //    chunk and value head), dk, dv multiples of 16.
-//    Under v3, deltanet_prepare and deltanet_gated_norm also take their
-//    vectorised kernels (gpu/deltanet_io.cu) where the shape allows
-//    (conv_k 4, dk dividing 128, dv multiples of 4, 16-byte aligned rows).
 //  - v4 (gpu/deltanet_v4.cu): per chunk only (I + A)^-1 diag(beta) and the
 //    decayed q.k (C x C each) and its decay factors to the scratch, then a
 //    walk per (sequence, value head, 32 value columns) that computes u and
 //    the outputs from the chunk's rows itself (3xTF32); writes nothing but
 //    the outputs into out; scratch of deltanet_v4_scratch_bytes, dk, dv
 //    multiples of 16.
-enum class DeltaNetKernel { v1, v2, v3, v4 };
+//  - v5 (gpu/deltanet_v5.cu): v4's algebra in WY form: phase 1 adds per
+//    chunk W = Tb diag(exp G) K and U = Tb V, the walk per (sequence, value
+//    head, 32 value columns) computes only u = U - W S and the state (and
+//    stores each chunk's entering state), phase 3 every chunk's outputs at
+//    once; 3xTF32; scratch of deltanet_v5_scratch_bytes, dk, dv multiples of
+//    16. Not the default until measured on a GPU.
+enum class DeltaNetKernel { v1, v2, v3, v4, v5 };
 // The kernel the layers use (setting gpu_deltanet_kernel; process-wide, set
 // when the GPU runtime is built, before any layer runs).
 void set_deltanet_kernel(DeltaNetKernel k);
@@ -122,6 +129,16 @@ void set_deltanet_v4_phases(int mask);
 // run on a GPU yet); same results to rounding. Process-wide.
 void set_deltanet_v4_walk(int walk);
 int deltanet_v4_walk();
+// v5's chunk (as deltanet_v2_chunk, with v5's shared memory) and scratch:
+// slots x value heads x (2 C^2 + 2C + 8 + C dk + dk dv) floats (v4's record,
+// W and the state entering the chunk; C = 64, Qwen3-Next-80B-A3B: 4.0 MiB
+// per slot, 132.6 MiB for a 2048-token step); slots as deltanet_v2_slots.
+int64_t deltanet_v5_chunk(const DeltaNetShape& sh, int64_t chunk);
+int64_t deltanet_v5_scratch_bytes(const DeltaNetShape& sh, int64_t v5_chunk, int64_t slots);
+// Benchmarks only: v5's launches that run, bit 0 phase 1 (v4's phase 1 and
+// W, U), bit 1 the walk, bit 2 the outputs (default 7; any other mask leaves
+// wrong results). Process-wide.
+void set_deltanet_v5_phases(int mask);
 // Benchmarks only (bench_gpu_deltanet's phase rows): the v3 launches that
 // run, bit 0 phase 1, bit 1 the walk, bit 2 the outputs (default 7; any
 // other mask leaves wrong results). Process-wide.
@@ -130,7 +147,7 @@ void set_deltanet_v3_phases(int mask);
 // ordered tokens in gn groups (0 for v1, or where the kernel falls back to v1).
 int64_t deltanet_chunked_scratch_bytes(const DeltaNetShape& sh, DeltaNetKernel kernel, int64_t chunk, int64_t ntok, int64_t gn);
 // As above with the kernel chosen: ntok is the step's ordered tokens (at
-// least the groups' tokens), scratch (v2, v3, v4) at least
+// least the groups' tokens), scratch (v2 to v5) at least
 // deltanet_chunked_scratch_bytes(sh, kernel, chunk, ntok, gn) bytes,
 // 16-byte aligned like conv_out and out. v2 and v3 write intermediate
 // values into out's rows of the groups they run.
@@ -145,6 +162,15 @@ void deltanet_recurrent(const float* conv_out, const float* gate, const float* b
 // the lo half of a split input.
 void deltanet_gated_norm(const float* core, const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok,
                          const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s, uint16_t* y_lo = nullptr, int64_t row0 = 0);
+// Tests and benchmarks only (process-wide): the kernels deltanet_prepare and
+// deltanet_gated_norm take. automatic: as above (prepare's vec2); plain:
+// the plain kernels always; vec1 / vec2: prepare's tiled / sliding
+// vectorised kernel (gpu/deltanet_io.h) where the shape allows, the norm's
+// vectorised one. vec2_tile: vec2's ordered tokens per warp (0: as many as
+// make one resident wave of blocks).
+enum class DeltaNetIo { automatic, plain, vec1, vec2 };
+void set_deltanet_io(DeltaNetIo io, int64_t vec2_tile = 0);
+DeltaNetIo deltanet_io();
 // Shared memory the chunked kernel takes for this shape (for the one-time
 // opt-in above 48 KiB; done by the first launch or by this call, which a
 // layer makes before any CUDA graph capture).

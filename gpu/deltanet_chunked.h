@@ -1,5 +1,5 @@
-// Private to gpu/deltanet*.cu: the v2, v3 and v4 chunked delta rule's launchers
-// (gpu/deltanet_chunked.cu, gpu/deltanet_v3.cu, gpu/deltanet_v4.cu), called by deltanet_chunked (gpu/deltanet.h),
+// Private to gpu/deltanet*.cu: the v2 to v5 chunked delta rule's launchers
+// (gpu/deltanet_chunked.cu, gpu/deltanet_v3.cu, gpu/deltanet_v4.cu, gpu/deltanet_v5.cu), called by deltanet_chunked (gpu/deltanet.h),
 // which checks the shape and chooses the kernel.
 #pragma once
 #include <cstdint>
@@ -24,13 +24,10 @@ void deltanet_chunked_v4(const float* conv_out, const float* gate, const float* 
                          const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t v4_chunk, int64_t slots, void* scratch, float* out,
                          Stream& s);
 void deltanet_v4_configure();
-// The vectorised conv + gates and gated norm (gpu/deltanet_io.cu), the
-// contracts of deltanet_prepare and deltanet_gated_norm; false (nothing
-// launched) where the shape or alignment does not allow them.
-bool deltanet_prepare_v3(const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok, const DeltaNetShape& sh,
-                         const float* conv_w, const float* a_neg, const float* dt_bias, int64_t state_off, float* conv_out, float* gate, float* beta,
+// v5 (gpu/deltanet_v5.cu), the same contract; v5_chunk: deltanet_v5_chunk's answer.
+void deltanet_chunked_v5(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
+                         const DeltaNetShape& sh, int64_t state_off, int64_t max_recurrent, int64_t v5_chunk, int64_t slots, void* scratch, float* out,
                          Stream& s);
-bool deltanet_gated_norm_v3(const float* core, const float* proj, int64_t ld, const DeltaNetGroups& gr, int64_t tok0, int64_t ntok,
-                            const DeltaNetShape& sh, const float* w, float eps, uint16_t* y, Stream& s, uint16_t* y_lo, int64_t row0);
+void deltanet_v5_configure();
 
 }  // namespace hmoe::gpu

@@ -33,6 +33,11 @@ DeltaNetKernel chosen_kernel = DeltaNetKernel::v1;
 }
 void set_deltanet_kernel(DeltaNetKernel k) { chosen_kernel = k; }
 DeltaNetKernel deltanet_kernel() { return chosen_kernel; }
+namespace {
+DeltaNetIo chosen_io = DeltaNetIo::automatic;
+}
+void set_deltanet_io(DeltaNetIo io, int64_t) { chosen_io = io; }
+DeltaNetIo deltanet_io() { return chosen_io; }
 int64_t deltanet_v2_chunk(const DeltaNetShape&, int64_t) { no_cuda("deltanet_v2_chunk"); }
 int64_t deltanet_v2_slots(int64_t ntok, int64_t gn, int64_t v2_chunk) { return v2_chunk > 0 ? ntok / v2_chunk + gn : 0; }
 int64_t deltanet_v2_scratch_bytes(const DeltaNetShape& sh, int64_t v2_chunk, int64_t slots) {
@@ -48,6 +53,11 @@ void set_deltanet_v4_phases(int) {}
 void set_deltanet_v4_walk(int) {}
 int deltanet_v4_walk() { return 1; }
 int64_t deltanet_v4_scratch_bytes(const DeltaNetShape& sh, int64_t c, int64_t slots) { return c > 0 ? slots * sh.nv * (2 * c * c + 2 * c + 8) * 4 : 0; }
+int64_t deltanet_v5_chunk(const DeltaNetShape&, int64_t) { no_cuda("deltanet_v5_chunk"); }
+void set_deltanet_v5_phases(int) {}
+int64_t deltanet_v5_scratch_bytes(const DeltaNetShape& sh, int64_t c, int64_t slots) {
+  return c > 0 ? slots * sh.nv * (2 * c * c + 2 * c + 8 + c * sh.dk + sh.dk * sh.dv) * 4 : 0;
+}
 int64_t deltanet_chunked_scratch_bytes(const DeltaNetShape&, DeltaNetKernel kernel, int64_t, int64_t, int64_t) {
   if (kernel == DeltaNetKernel::v1) return 0;
   no_cuda("deltanet_chunked_scratch_bytes");

@@ -431,6 +431,22 @@ void launch4(const float* conv_out, const float* gate, const float* beta, const 
 
 }  // namespace
 
+int64_t v4::prep_smem(int64_t C, int64_t dk) { return v4_prep_smem(C, dk); }
+
+void v4::prep_configure() { ensure_opt_in4(); }
+
+void v4::prep_launch(int C, const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
+                     const DeltaNetShape& sh, int64_t max_rec, int64_t slots, float* recs, Stream& s) {
+  const V2Dims d = chunked_launch_dims("v5", conv_out, recs, recs, slots, 65535, sh);
+  ensure_opt_in4();
+  with_chunk("v5", C, [&](auto c) {
+    constexpr int CC = decltype(c)::value;
+    const dim3 g1(static_cast<unsigned>(d.nk), static_cast<unsigned>(slots));
+    v4_prep_kernel<CC><<<g1, kV4Threads, static_cast<size_t>(v4_prep_smem(CC, d.dk)), cs(s)>>>(conv_out, gate, beta, gr, g0, gn, d, max_rec, recs);
+    HMOE_CUDA_LAUNCHED();
+  });
+}
+
 int64_t deltanet_v4_chunk(const DeltaNetShape& sh, int64_t chunk) {
   if (sh.dk % 16 != 0 || sh.dv % 16 != 0 || sh.dk <= 0 || sh.dv <= 0) return 0;
   int64_t C = chunk > 0 ? chunk : 64;

@@ -1,6 +1,7 @@
-// Private to gpu/deltanet_v4.cu and gpu/deltanet_v4_walk.cu: v4's record
-// layout (written by its phase 1, read by either walk) and the entry points
-// of its 16-warp walk (gpu/deltanet_v4_walk.cu, the default since k36a).
+// Private to gpu/deltanet_v4.cu, gpu/deltanet_v4_walk.cu and gpu/deltanet_v5.cu:
+// v4's record layout (written by its phase 1, read by either walk and by
+// v5), the entry points of its 16-warp walk (gpu/deltanet_v4_walk.cu) and
+// of its phase 1 (v5's first launch).
 #pragma once
 #include <cstdint>
 
@@ -22,5 +23,12 @@ void walk16_configure();
 // only, results wrong): every chunk reuses the first chunk's rows and record, nothing is copied after it.
 void walk16_launch(int C, const float* conv_out, const DeltaNetGroups& gr, int64_t g0, int64_t gn, const DeltaNetShape& sh, int64_t state_off,
                    int64_t max_rec, float* out, const float* recs, bool copies, Stream& s);
+
+// Phase 1's dynamic shared memory, its opt-in (once per process) and its launch on s: the record of every chunk slot
+// of groups [g0, g0 + gn) and value head at recs + (slot * nv + value head) * rec_floats(C). C 16, 32 or 64.
+int64_t prep_smem(int64_t C, int64_t dk);
+void prep_configure();
+void prep_launch(int C, const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn,
+                 const DeltaNetShape& sh, int64_t max_rec, int64_t slots, float* recs, Stream& s);
 
 }  // namespace hmoe::gpu::v4

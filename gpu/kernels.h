@@ -96,8 +96,10 @@ void silu_mul(const float* gu, int64_t n, int64_t inter, bf16_t* h, bf16_t* h_lo
 
 // An fp32 input split for two bf16 products: hi = bf16(x), lo = bf16(x -
 // hi), element-wise over `count` values. x W = hi W + lo W to about 16
-// significant bits of x instead of 8 (run as one product over the rows
-// [hi; lo] when lo = hi + count, then the two halves added).
+// significant bits of x instead of 8 (Blas::gemm of hi, then Blas::gemm_add
+// of lo into the same output; or one product over the rows [hi; lo] when
+// lo = hi + count, then the two halves added). hi or lo may be null (not
+// written): lo alone where hi is already at hand (the norm's bf16 output).
 void split_bf16(const float* x, int64_t count, bf16_t* hi, bf16_t* lo, Stream& s);
 
 // Softmax over each row of logits [n, experts], then the k largest (ties:
@@ -142,6 +144,9 @@ class Blas {
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
   void gemm(const bf16_t* x, int64_t n, const bf16_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy);
+  // y += x W^T: the product added in fp32 to y's values (cuBLAS beta = 1;
+  // the second half of a split input's product, without an fp32 buffer for it).
+  void gemm_add(const bf16_t* x, int64_t n, const bf16_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy);
   // The same product in fp32 throughout (no TF32): for routers, whose top-k
   // flips under bf16 rounding of the hidden state (DeepSeek-V3's reference
   // computes its router in fp32).

@@ -46,6 +46,7 @@ void add(const float*, const float*, int64_t, float*, Stream&) { no_cuda("add");
 Blas::Blas(Stream&) { no_cuda("Blas"); }
 Blas::~Blas() = default;
 void Blas::gemm(const bf16_t*, int64_t, const bf16_t*, int64_t, int64_t, float*, int64_t) { no_cuda("Blas::gemm"); }
+void Blas::gemm_add(const bf16_t*, int64_t, const bf16_t*, int64_t, int64_t, float*, int64_t) { no_cuda("Blas::gemm_add"); }
 void Blas::gemm_f32(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t) { no_cuda("Blas::gemm_f32"); }
 
 }  // namespace hmoe::gpu

@@ -67,7 +67,8 @@ class GpuScratch {
 
 // The step's activations (device pointers at row 0): residual stream x,
 // the pending block output d (added to x by the next norm), the normed
-// input of a block's part as bf16 (hb) and fp32 (hf), and the routing.
+// input of a block's part as bf16 (hb) and fp32 (hf; where both are
+// written, hb = bf16(hf): a split input's hi half), and the routing.
 struct GpuActs {
   float *x = nullptr, *d = nullptr, *hf = nullptr;
   gpu::bf16_t* hb = nullptr;

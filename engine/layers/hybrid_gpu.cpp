@@ -23,6 +23,40 @@ gpu::DeviceBuffer upload_f32_map(GpuUploader& up, const cpu::Mat& m, F f) {
   return up.raw(v.data(), v.size() * sizeof(float));
 }
 
+// Split inputs (setting gpu_hybrid_precise): a product (hi + lo) W^T in fp32
+// of bf16 halves. Below `cols / 4` rows, where reading W dominates, it runs
+// stacked: one product over the rows [hi; lo] (W read once) into an fp32
+// buffer of 2rn rows, the halves added; from there on, hi's product, then
+// lo's added in place (W read twice, but 12 bytes per output value move
+// instead of 20: no 2rn-row buffer, no add pass).
+bool split_stacked(int64_t rn, int64_t cols) { return 4 * rn < cols; }
+// The stacked buffer's rows for a step of n (and micro-batches of at most n) rows.
+int64_t split_stacked_rows(int64_t n, int64_t cols) { return std::min(n, cols / 4); }
+
+// y [rn, rows] = hi W^T + lo W^T for the halves stacked at hl ([hi; lo], rn rows each, row stride cols); y2: the
+// stacked product's scratch (2 split_stacked_rows(rn, cols) rows of `rows` floats).
+void split_product(GpuCtx& ctx, const bf16_t* hl, int64_t rn, const bf16_t* w, int64_t rows, int64_t cols, float* y, float* y2) {
+  if (split_stacked(rn, cols)) {
+    ctx.blas.gemm(hl, 2 * rn, w, rows, cols, y2, rows);
+    gpu::add(y2, y2 + rn * rows, rn * rows, y, ctx.s);
+    return;
+  }
+  ctx.blas.gemm(hl, rn, w, rows, cols, y, rows);
+  ctx.blas.gemm_add(hl + rn * cols, rn, w, rows, cols, y, rows);
+}
+
+// The same for a block's normed input: hi is hb (bf16 of hf), lo from hf; x2: 2rn rows of cols bf16.
+void split_input_product(GpuCtx& ctx, const Rows& r, const bf16_t* w, int64_t rows, int64_t cols, float* y, bf16_t* x2, float* y2) {
+  const float* hf = ctx.a.hf + r.r0 * cols;
+  if (split_stacked(r.rn, cols)) {
+    gpu::split_bf16(hf, r.rn * cols, x2, x2 + r.rn * cols, ctx.s);
+    return split_product(ctx, x2, r.rn, w, rows, cols, y, y2);
+  }
+  ctx.blas.gemm(ctx.a.hb + r.r0 * cols, r.rn, w, rows, cols, y, rows);
+  gpu::split_bf16(hf, r.rn * cols, nullptr, x2, ctx.s);
+  ctx.blas.gemm_add(x2, r.rn, w, rows, cols, y, rows);
+}
+
 class GatedDeltaNetGpu : public GpuAttention {
  public:
   GatedDeltaNetGpu(GpuUploader& up, const ModelConfig& c, int64_t state_index, const std::string& p, bool split)
@@ -58,7 +92,8 @@ class GatedDeltaNetGpu : public GpuAttention {
     }
     if (split_) {
       ctx.scratch.fit("gdn.x2", n * 2 * H_ * 2);
-      ctx.scratch.fit("gdn.y2", n * 2 * std::max(sh_.proj_cols(), H_) * 4);
+      const int64_t y2 = std::max(split_stacked_rows(n, H_) * sh_.proj_cols(), split_stacked_rows(n, sh_.value_dim()) * H_);
+      ctx.scratch.fit("gdn.y2", 2 * y2 * 4);
     }
   }
   bool fp32_input() const override { return split_; }
@@ -86,16 +121,10 @@ class GatedDeltaNetGpu : public GpuAttention {
     float* beta = ctx.scratch.get<float>("gdn.beta");
     float* core = ctx.scratch.get<float>("gdn.core");
     bf16_t* o = ctx.scratch.get<bf16_t>("gdn.o");
-    // Split inputs: one product over [hi; lo] (2rn rows, weights read once), the halves added.
     bf16_t* x2 = split_ ? ctx.scratch.get<bf16_t>("gdn.x2") : nullptr;
     float* y2 = split_ ? ctx.scratch.get<float>("gdn.y2") : nullptr;
-    if (split_) {
-      gpu::split_bf16(ctx.a.hf + r.r0 * H_, r.rn * H_, x2, x2 + r.rn * H_, s);
-      ctx.blas.gemm(x2, 2 * r.rn, w_in_.as<bf16_t>(), P, H_, y2, P);
-      gpu::add(y2, y2 + r.rn * P, r.rn * P, proj + r.r0 * P, s);
-    } else {
-      ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, w_in_.as<bf16_t>(), P, H_, proj + r.r0 * P, P);
-    }
+    if (split_) split_input_product(ctx, r, w_in_.as<bf16_t>(), P, H_, proj + r.r0 * P, x2, y2);
+    else ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, w_in_.as<bf16_t>(), P, H_, proj + r.r0 * P, P);
     gpu::deltanet_prepare(proj, P, gr, tok0, ntok, sh_, conv_.as<float>(), a_neg_.as<float>(), dt_bias_.as<float>(), state_off_, conv, gate, beta, s);
     gpu::deltanet_conv_window(proj, P, gr, g0, gn, sh_, state_off_, s);
     if (ds.plan().multi) {
@@ -111,8 +140,7 @@ class GatedDeltaNetGpu : public GpuAttention {
     }
     // The micro-batch's rows r0.. as hi rows [0, rn) and lo rows [rn, 2rn) of o.
     gpu::deltanet_gated_norm(core, proj, P, gr, tok0, ntok, sh_, norm_.as<float>(), eps_, o, s, o + r.rn * V, r.r0);
-    ctx.blas.gemm(o, 2 * r.rn, w_out_.as<bf16_t>(), H_, V, y2, H_);
-    gpu::add(y2, y2 + r.rn * H_, r.rn * H_, ctx.a.d + r.r0 * H_, s);
+    split_product(ctx, o, r.rn, w_out_.as<bf16_t>(), H_, V, ctx.a.d + r.r0 * H_, y2);
   }
 
  private:
@@ -154,7 +182,8 @@ class GatedAttentionGpu : public GpuAttention {
     ctx.scratch.fit("gatt.attn", n * nh_ * hd_ * 2);
     if (split_) {
       ctx.scratch.fit("gatt.x2", n * 2 * std::max(H_, nh_ * hd_) * 2);
-      ctx.scratch.fit("gatt.y2", n * 2 * std::max(ld(), H_) * 4);
+      const int64_t y2 = std::max(split_stacked_rows(n, H_) * ld(), split_stacked_rows(n, nh_ * hd_) * H_);
+      ctx.scratch.fit("gatt.y2", 2 * y2 * 4);
     }
     ctx.scratch.fit("gatt.scratch", gpu::attention_scratch_floats(n, nh_, hd_, ctx.step.max_len) * 4);
   }
@@ -173,13 +202,8 @@ class GatedAttentionGpu : public GpuAttention {
     bf16_t* attn = ctx.scratch.get<bf16_t>("gatt.attn");
     bf16_t* x2 = split_ ? ctx.scratch.get<bf16_t>("gatt.x2") : nullptr;
     float* y2 = split_ ? ctx.scratch.get<float>("gatt.y2") : nullptr;
-    if (split_) {  // [hi; lo] as one product of 2rn rows, the halves added
-      gpu::split_bf16(ctx.a.hf + r.r0 * H_, r.rn * H_, x2, x2 + r.rn * H_, s);
-      ctx.blas.gemm(x2, 2 * r.rn, qkv_.as<bf16_t>(), ld(), H_, y2, ld());
-      gpu::add(y2, y2 + r.rn * ld(), r.rn * ld(), x, s);
-    } else {
-      ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, qkv_.as<bf16_t>(), ld(), H_, x, ld());
-    }
+    if (split_) split_input_product(ctx, r, qkv_.as<bf16_t>(), ld(), H_, x, x2, y2);
+    else ctx.blas.gemm(ctx.a.hb + r.r0 * H_, r.rn, qkv_.as<bf16_t>(), ld(), H_, x, ld());
     gpu::gated_qkv_prepare(x, r.rn, ld(), nh_, kvh_, hd_, rot_, q_norm_.as<float>(), k_norm_.as<float>(), eps_, st.pos + r.r0,
                            inv_freq_.as<float>(), st.slot + r.r0, kc, vc, q, s);
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd_)));
@@ -194,8 +218,7 @@ class GatedAttentionGpu : public GpuAttention {
       return;
     }
     gpu::gated_attention_gate(attn, x, r.rn, ld(), nh_, hd_, s, x2, x2 + r.rn * nh_ * hd_);
-    ctx.blas.gemm(x2, 2 * r.rn, o_.as<bf16_t>(), H_, nh_ * hd_, y2, H_);
-    gpu::add(y2, y2 + r.rn * H_, r.rn * H_, ctx.a.d + r.r0 * H_, s);
+    split_product(ctx, x2, r.rn, o_.as<bf16_t>(), H_, nh_ * hd_, ctx.a.d + r.r0 * H_, y2);
   }
 
  private:

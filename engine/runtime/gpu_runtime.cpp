@@ -60,9 +60,10 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   if (s.gpu_deltanet_kernel == "v1") o.deltanet_kernel = gpu::DeltaNetKernel::v1;
   else if (s.gpu_deltanet_kernel == "v2") o.deltanet_kernel = gpu::DeltaNetKernel::v2;
   else if (s.gpu_deltanet_kernel == "v4") o.deltanet_kernel = gpu::DeltaNetKernel::v4;
+  else if (s.gpu_deltanet_kernel == "v5") o.deltanet_kernel = gpu::DeltaNetKernel::v5;
   else if (s.gpu_deltanet_kernel == "v3")
-    fail(ErrorKind::invalid_argument, "--gpu-deltanet-kernel / HMOE_GPU_DELTANET_KERNEL v3 was withdrawn: its first GPU run gave wrong outputs; use v2 (the default), v4 or v1");
-  else fail(ErrorKind::invalid_argument, "--gpu-deltanet-kernel / HMOE_GPU_DELTANET_KERNEL must be v1, v2 or v4, got '" + s.gpu_deltanet_kernel + "'");
+    fail(ErrorKind::invalid_argument, "--gpu-deltanet-kernel / HMOE_GPU_DELTANET_KERNEL v3 was withdrawn: its first GPU run gave wrong outputs; use v4 (the default), v5, v2 or v1");
+  else fail(ErrorKind::invalid_argument, "--gpu-deltanet-kernel / HMOE_GPU_DELTANET_KERNEL must be v1, v2, v4 or v5, got '" + s.gpu_deltanet_kernel + "'");
   o.defer_experts = s.defer_experts;
   o.expert_cache.budget_bytes = parse_gpu_expert_cache(s.gpu_expert_cache);
   o.expert_cache.cost.share = parse_gpu_split_decode(s.gpu_split_decode);

@@ -26,13 +26,14 @@ namespace {
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 int kernel_number(gpu::DeltaNetKernel k) {
-  return k == gpu::DeltaNetKernel::v4 ? 4 : k == gpu::DeltaNetKernel::v3 ? 3 : k == gpu::DeltaNetKernel::v2 ? 2 : 1;
+  return k == gpu::DeltaNetKernel::v5 ? 5 : k == gpu::DeltaNetKernel::v4 ? 4 : k == gpu::DeltaNetKernel::v3 ? 3 : k == gpu::DeltaNetKernel::v2 ? 2 : 1;
 }
 // The chunked kernels under test. v3 (gpu/deltanet_v3.cu) is withdrawn: on its first GPU run (2026-12-07, H100) its
 // delta-rule outputs were off by up to 1.54 against v1 (bench/README.md); back here with k35a's fix (phase 3 never
-// waited for its asynchronous copies, commit fac982e), not yet run on a GPU. v4 (gpu/deltanet_v4.cu, k35a) is new, not
-// yet in the setting.
-constexpr gpu::DeltaNetKernel kKernels[] = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3, gpu::DeltaNetKernel::v4};
+// waited for its asynchronous copies, commit fac982e), not yet run on a GPU. v4 (gpu/deltanet_v4.cu, k35a) is the
+// default; v5 (gpu/deltanet_v5.cu, k37a: v4's algebra in WY form) is new, not yet run on a GPU.
+constexpr gpu::DeltaNetKernel kKernels[] = {gpu::DeltaNetKernel::v1, gpu::DeltaNetKernel::v2, gpu::DeltaNetKernel::v3, gpu::DeltaNetKernel::v4,
+                                            gpu::DeltaNetKernel::v5};
 float sigm(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // The test's own reading of the checkpoint's grouped layout (per key head:
@@ -151,9 +152,10 @@ namespace {
 
 // The whole linear-attention path (conv + gates, conv window, chunked and
 // recurrent delta rule, gated norm and its split) against reference() for
-// each chunked kernel, with the setting gpu_deltanet_kernel at that kernel
-// (v3 also takes the vectorised conv + gates and gated norm), in the modes
-// (max_recurrent, chunk).
+// each chunked kernel, with the setting gpu_deltanet_kernel at that kernel,
+// in the modes (max_recurrent, chunk); conv + gates and the norm in their
+// plain kernels and in the vectorised ones the layers take where the shape
+// allows (tests/gpu/test_gpu_deltanet_io.cpp checks those on their own).
 void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<int64_t, int64_t>>& modes) {
   const gpu::DeltaNetShape& sh = L.sh;
   const int64_t n = static_cast<int64_t>(gr.order.size()), G = static_cast<int64_t>(gr.start.size()), P = sh.proj_cols(), cd = sh.conv_dim(),
@@ -182,11 +184,15 @@ void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<i
       core(static_cast<size_t>(n * V * 4)), y(static_cast<size_t>(n * V * 2));
   // (max_recurrent, chunk): both kernels by token count, everything chunked, everything recurrent; with
   // each chunked kernel (v1, v2, v3).
+  for (const auto io : {gpu::DeltaNetIo::automatic, gpu::DeltaNetIo::plain})
   for (const auto kernel : kKernels)
   for (const auto& mode : modes) {
     const int64_t max_rec = mode.first, chunk = mode.second;
     const int kv = kernel_number(kernel);
     gpu::set_deltanet_kernel(kernel);
+    gpu::set_deltanet_io(io);
+    const bool plain_io = io == gpu::DeltaNetIo::plain;
+    CAPTURE(plain_io);
     CAPTURE(sh.dk);
     CAPTURE(kv);
     CAPTURE(max_rec);
@@ -194,6 +200,7 @@ void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<i
     if (kv == 2) REQUIRE(gpu::deltanet_v2_chunk(sh, chunk) == (chunk > 0 ? chunk : 64));
     if (kv == 3) REQUIRE(gpu::deltanet_v3_chunk(sh, chunk) == (chunk > 0 ? chunk : 64));
     if (kv == 4) REQUIRE(gpu::deltanet_v4_chunk(sh, chunk) == (chunk > 0 ? chunk : 64));
+    if (kv == 5) REQUIRE(gpu::deltanet_v5_chunk(sh, chunk) == (chunk > 0 ? chunk : 64));
     gpu::DeviceBuffer v2s(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_chunked_scratch_bytes(sh, kernel, chunk, n, G))));
     std::vector<gpu::DeviceBuffer> states;
     std::vector<uint64_t> ptrs;
@@ -254,6 +261,7 @@ void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<i
     }
   }
   gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v1);
+  gpu::set_deltanet_io(gpu::DeltaNetIo::automatic);
 }
 
 // Sequences of the given lengths interleaved in the batch (round robin), with the given fresh flags.
@@ -291,7 +299,7 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
   check_path(L, make_groups(), {{1, 16}, {0, 16}, {1000, 0}, {1, 0}});
 }
 
-TEST_CASE("gated deltanet whole path at head dims 128 (v3: vectorised conv + gates and gated norm): lengths 1 to 300, fresh and continued") {
+TEST_CASE("gated deltanet whole path at head dims 128 (plain and vectorised conv + gates and gated norm): lengths 1 to 300, fresh and continued") {
   if (!test::have_gpu()) return;
   Layout L;
   L.sh.nk = 2;
@@ -341,7 +349,7 @@ void rule_reference(const gpu::DeltaNetShape& sh, const RuleInputs& in, const st
 
 }  // namespace
 
-TEST_CASE("gated deltanet chunked kernels v1 to v4 at head dims 128: lengths 1 to 300, fresh and continued states, chunks of 16/32/64, v2 to v4 against v1") {
+TEST_CASE("gated deltanet chunked kernels v1 to v5 at head dims 128: lengths 1 to 300, fresh and continued states, chunks of 16/32/64, v2 to v5 against v1") {
   if (!test::have_gpu()) return;
   gpu::DeltaNetShape sh;
   sh.nk = 2;
@@ -379,8 +387,9 @@ TEST_CASE("gated deltanet chunked kernels v1 to v4 at head dims 128: lengths 1 t
   auto d_order = test::to_device(order, s), d_tg = test::to_device(tok_group, s);
   gpu::DeviceBuffer out(static_cast<size_t>(n * V * 4));
   // One call on groups (start, count, fresh) with per-group states st ([nv][dk][dv] each, in and out); out rows downloaded into o.
+  // decode: the one-step recurrence (deltanet_recurrent) instead of the chunked kernel.
   auto run = [&](gpu::DeltaNetKernel kernel, int64_t chunk, const std::vector<int32_t>& gs, const std::vector<int32_t>& gc,
-                 const std::vector<int32_t>& gf, std::vector<float>& st, std::vector<float>& o) {
+                 const std::vector<int32_t>& gf, std::vector<float>& st, std::vector<float>& o, bool decode = false) {
     const int64_t gn = static_cast<int64_t>(gs.size());
     std::vector<gpu::DeviceBuffer> states;
     std::vector<uint64_t> ptrs;
@@ -401,9 +410,13 @@ TEST_CASE("gated deltanet chunked kernels v1 to v4 at head dims 128: lengths 1 t
     if (kernel == gpu::DeltaNetKernel::v2) REQUIRE(gpu::deltanet_v2_chunk(sh, chunk) > 0);
     if (kernel == gpu::DeltaNetKernel::v3) REQUIRE(gpu::deltanet_v3_chunk(sh, chunk) > 0);
     if (kernel == gpu::DeltaNetKernel::v4) REQUIRE(gpu::deltanet_v4_chunk(sh, chunk) > 0);
+    if (kernel == gpu::DeltaNetKernel::v5) REQUIRE(gpu::deltanet_v5_chunk(sh, chunk) > 0);
     gpu::DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(16, gpu::deltanet_chunked_scratch_bytes(sh, kernel, chunk, n, gn))));
-    gpu::deltanet_chunked(d_conv.as<float>(), d_gate.as<float>(), d_beta.as<float>(), dg, 0, gn, sh, 0, 0, chunk, out.as<float>(), s, kernel, n,
-                          scratch.data());
+    if (decode)
+      gpu::deltanet_recurrent(d_conv.as<float>(), d_gate.as<float>(), d_beta.as<float>(), dg, 0, gn, sh, 0, 1, out.as<float>(), s);
+    else
+      gpu::deltanet_chunked(d_conv.as<float>(), d_gate.as<float>(), d_beta.as<float>(), dg, 0, gn, sh, 0, 0, chunk, out.as<float>(), s, kernel, n,
+                            scratch.data());
     const auto all = test::to_host<float>(out, static_cast<size_t>(n * V), s);
     for (int64_t g = 0; g < gn; ++g) {
       std::copy(all.begin() + gs[static_cast<size_t>(g)] * V, all.begin() + (gs[static_cast<size_t>(g)] + gc[static_cast<size_t>(g)]) * V,
@@ -466,10 +479,21 @@ TEST_CASE("gated deltanet chunked kernels v1 to v4 at head dims 128: lengths 1 t
     MESSAGE("kernel v" << kv << ", 300 tokens as 130 + 170: output within " << ro << ", state within " << rs << " of the tolerance");
     CHECK(ro <= 1);
     CHECK(rs <= 1);
+    // Decode after the prefill: one more token (the row of the last sequence's first token) by the one-step recurrence from
+    // the state the chunked steps left, against the recurrence in double from the reference state.
+    const int32_t s5 = starts[5];
+    std::vector<float> sdec = sref, odec_ref(static_cast<size_t>(n * V), 0.0f), odec(static_cast<size_t>(n * V), 0.0f);
+    test::delta_rule_heads(sh.nk, sh.nv, sh.dk, sh.dv, in.conv.data(), in.gate.data(), in.beta.data(), s5, 1, odec_ref.data(), sdec.data());
+    run(kernel, 0, {s5}, {1}, {0}, st, odec, true);
+    const std::vector<float> dmine(odec.begin() + s5 * V, odec.begin() + (s5 + 1) * V), dref(odec_ref.begin() + s5 * V, odec_ref.begin() + (s5 + 1) * V);
+    const double rdo = test::tol_ratio(dmine, dref, 1e-4, 1e-3), rds = test::tol_ratio(st, sdec, 1e-4, 1e-3);
+    MESSAGE("kernel v" << kv << ", a decode step after the 300-token prefill: output within " << rdo << ", state within " << rds << " of the tolerance");
+    CHECK(rdo <= 1);
+    CHECK(rds <= 1);
   }
 }
 
-TEST_CASE("gated deltanet: the kernel setting takes v1, v2 or v4 (the default), refuses the withdrawn v3 and a bad value by name, and v2's and v3's scratch follow their formulas") {
+TEST_CASE("gated deltanet: the kernel setting takes v1, v2, v4 (the default) or v5, refuses the withdrawn v3 and a bad value by name, and v2's to v5's scratch follow their formulas") {
   Settings s = Settings::defaults();
   CHECK(s.gpu_deltanet_kernel == "v4");  // the default since its first GPU run (2026-12-07)
   CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v4);
@@ -486,7 +510,10 @@ TEST_CASE("gated deltanet: the kernel setting takes v1, v2 or v4 (the default), 
   s.validate();
   CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v4);
   s.gpu_deltanet_kernel = "v5";
-  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v2"), Error);
+  s.validate();
+  CHECK(GpuRuntimeOptions::from_settings(s).deltanet_kernel == gpu::DeltaNetKernel::v5);
+  s.gpu_deltanet_kernel = "v6";
+  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("v5"), Error);
   CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);
   gpu::set_deltanet_kernel(gpu::DeltaNetKernel::v2);
   CHECK(gpu::deltanet_kernel() == gpu::DeltaNetKernel::v2);
@@ -507,11 +534,15 @@ TEST_CASE("gated deltanet: the kernel setting takes v1, v2 or v4 (the default), 
   // v4: (2 x 64^2 + 2 x 64 + 8) floats per slot and value head.
   CHECK(gpu::deltanet_v4_scratch_bytes(sh, 64, 33) == int64_t{33} * 32 * 8328 * 4);
   CHECK(gpu::deltanet_v4_scratch_bytes(sh, 0, 33) == 0);
+  // v5: v4's record, W and the entering state: (8328 + 64 x 128 + 128 x 128) floats per slot and value head (132.6 MiB).
+  CHECK(gpu::deltanet_v5_scratch_bytes(sh, 64, 33) == int64_t{33} * 32 * (8328 + 8192 + 16384) * 4);
+  CHECK(gpu::deltanet_v5_scratch_bytes(sh, 0, 33) == 0);
   CHECK(gpu::deltanet_chunked_scratch_bytes(sh, gpu::DeltaNetKernel::v1, 0, 2048, 1) == 0);
   if (!test::have_gpu()) return;
   CHECK(gpu::deltanet_chunked_scratch_bytes(sh, gpu::DeltaNetKernel::v2, 0, 2048, 1) == gpu::deltanet_v2_scratch_bytes(sh, 64, 33));
   CHECK(gpu::deltanet_chunked_scratch_bytes(sh, gpu::DeltaNetKernel::v3, 0, 2048, 1) == gpu::deltanet_v3_scratch_bytes(sh, 64, 33));
   CHECK(gpu::deltanet_chunked_scratch_bytes(sh, gpu::DeltaNetKernel::v4, 0, 2048, 1) == gpu::deltanet_v4_scratch_bytes(sh, 64, 33));
+  CHECK(gpu::deltanet_chunked_scratch_bytes(sh, gpu::DeltaNetKernel::v5, 0, 2048, 1) == gpu::deltanet_v5_scratch_bytes(sh, 64, 33));
 }
 
 TEST_CASE("gated attention kernels match a scalar reference: q/k norm with partial rotary, cache store, output gate, gated shared expert") {

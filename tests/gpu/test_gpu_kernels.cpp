@@ -4,6 +4,7 @@
 // fp32 summation order. Skips with a message where no GPU is present.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -45,6 +46,41 @@ TEST_CASE("gpu gemm (cuBLAS bf16 -> fp32) matches cpu::gemm_reference") {
     blas.gemm(dx.as<uint16_t>(), n, dw.as<uint16_t>(), rows, cols, dy.as<float>(), rows);
     auto y = test::to_host<float>(dy, ref.size(), s);
     CHECK_MESSAGE(test::tol_ratio(y, ref, 1e-3, 1e-3) <= 1, "n=" << n << " rows=" << rows << " cols=" << cols);
+  }
+}
+
+TEST_CASE("gpu gemm_add (y += x W^T) gives y0 + the product, and hi then lo of a split input the fp32 sum of the two products") {
+  if (!test::have_gpu()) return;
+  gpu::Stream s;
+  gpu::Blas blas(s);
+  for (auto [n, rows, cols, ldy] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 37, 64, 40}, {5, 256, 512, 256}, {33, 100, 2048, 130}}) {
+    CAPTURE(n);
+    CAPTURE(rows);
+    const auto x = test::random_floats(static_cast<size_t>(n * cols), 61 + n, 2.0f);
+    const auto w = bf16_of(test::random_floats(static_cast<size_t>(rows * cols), 62 + rows, 0.05f));
+    const auto y0 = test::random_floats(static_cast<size_t>(n * ldy), 63, 4.0f);
+    std::vector<float> prod(static_cast<size_t>(n * rows));
+    cpu::gemm_reference(bf16_round(x).data(), n, cpu::Mat{DType::bf16, w.data(), rows, cols}, prod.data());
+    std::vector<float> ref = y0;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t r = 0; r < rows; ++r) ref[static_cast<size_t>(t * ldy + r)] += prod[static_cast<size_t>(t * rows + r)];
+    auto dx = test::to_device(bf16_of(x), s), dw = test::to_device(w, s), dy = test::to_device(y0, s);
+    blas.gemm_add(dx.as<uint16_t>(), n, dw.as<uint16_t>(), rows, cols, dy.as<float>(), ldy);
+    CHECK(test::tol_ratio(test::to_host<float>(dy, ref.size(), s), ref, 1e-3, 1e-3) <= 1);  // columns past rows untouched: y0's
+    // A split input: gemm(hi) then gemm_add(lo) into one output equals the product over [hi; lo] with its halves added.
+    auto dxf = test::to_device(x, s);
+    gpu::DeviceBuffer hl(static_cast<size_t>(2 * n * cols * 2)), y2(static_cast<size_t>(2 * n * rows * 4)), sum(static_cast<size_t>(n * rows * 4));
+    gpu::split_bf16(dxf.as<float>(), n * cols, hl.as<uint16_t>(), hl.as<uint16_t>() + n * cols, s);
+    blas.gemm(hl.as<uint16_t>(), 2 * n, dw.as<uint16_t>(), rows, cols, y2.as<float>(), rows);
+    gpu::add(y2.as<float>(), y2.as<float>() + n * rows, n * rows, y2.as<float>(), s);
+    blas.gemm(hl.as<uint16_t>(), n, dw.as<uint16_t>(), rows, cols, sum.as<float>(), rows);
+    blas.gemm_add(hl.as<uint16_t>() + n * cols, n, dw.as<uint16_t>(), rows, cols, sum.as<float>(), rows);
+    const auto one = test::to_host<float>(y2, static_cast<size_t>(n * rows), s), two = test::to_host<float>(sum, static_cast<size_t>(n * rows), s);
+    std::vector<float> exact(static_cast<size_t>(n * rows));
+    cpu::gemm_reference(x.data(), n, cpu::Mat{DType::bf16, w.data(), rows, cols}, exact.data());
+    // The same sum (cuBLAS may order its products differently per call), and x to about 16 bits (hi alone: ~1e-2 here).
+    CHECK(test::tol_ratio(two, one, 1e-4, 1e-5) <= 1);
+    CHECK(test::tol_ratio(two, exact, 2e-4, 1e-4) <= 1);
   }
 }
 
@@ -247,7 +283,7 @@ TEST_CASE("gpu silu_mul and add match the CPU") {
   for (size_t i = 0; i < 1000; ++i) CHECK(c[i] == a[i] + b[i]);
 }
 
-TEST_CASE("gpu split_bf16: hi = bf16(x), lo = bf16(x - hi), bit for bit; hi alone when lo is null") {
+TEST_CASE("gpu split_bf16: hi = bf16(x), lo = bf16(x - hi), bit for bit; hi alone when lo is null, lo alone when hi is null") {
   if (!test::have_gpu()) return;
   gpu::Stream s;
   auto x = test::random_floats(5003, 55, 3.0f);
@@ -268,6 +304,14 @@ TEST_CASE("gpu split_bf16: hi = bf16(x), lo = bf16(x - hi), bit for bit; hi alon
   gpu::memset_device(dhi.data(), 0, dhi.bytes(), s);
   gpu::split_bf16(dx.as<float>(), static_cast<int64_t>(x.size()), dhi.as<uint16_t>(), nullptr, s);
   CHECK(test::to_host<uint16_t>(dhi, x.size(), s) == hi);
+  gpu::memset_device(dlo.data(), 0, dlo.bytes(), s);
+  gpu::split_bf16(dx.as<float>(), static_cast<int64_t>(x.size()), nullptr, dlo.as<uint16_t>(), s);
+  CHECK(test::to_host<uint16_t>(dlo, x.size(), s) == lo);
+  // Four values a thread where x is 16-byte aligned (above), one where it is not: x from its second value.
+  gpu::split_bf16(dx.as<float>() + 1, static_cast<int64_t>(x.size()) - 1, dhi.as<uint16_t>(), dlo.as<uint16_t>(), s);
+  const auto hi1 = test::to_host<uint16_t>(dhi, x.size() - 1, s), lo1 = test::to_host<uint16_t>(dlo, x.size() - 1, s);
+  CHECK(std::equal(hi1.begin(), hi1.end(), hi.begin() + 1));
+  CHECK(std::equal(lo1.begin(), lo1.end(), lo.begin() + 1));
 }
 
 TEST_CASE("gpu router_topk matches ops::softmax_topk (ties: lower index)") {

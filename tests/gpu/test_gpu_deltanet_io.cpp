@@ -1,0 +1,285 @@
+// The Gated DeltaNet's memory-bound ends (gpu/deltanet.h): conv + gates
+// (deltanet_prepare) and the gated norm, in the plain kernels and the
+// vectorised ones (gpu/deltanet_io.h: prepare's vec1 and vec2, the latter at
+// several tile lengths), each against a scalar reference on random data and
+// against the plain kernels: Qwen3-Next-80B-A3B's shape (16 / 32 heads of
+// 128) and small ones, sequences fresh and continued, interleaved in the
+// batch, a step cut in two token ranges (micro-batches), the norm's split
+// output and its row offset; shapes the vectorised kernels refuse fall back
+// to the plain ones. Skips without a GPU.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "gpu/deltanet.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/test_util.h"
+
+using namespace hmoe;
+
+namespace {
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// The checkpoint's grouped layout of the fused product (per key head: q dk,
+// k dk, v r dv, z r dv; then per key head b r, a r), read independently of
+// the kernels.
+struct Layout {
+  gpu::DeltaNetShape sh;
+  int64_t r() const { return sh.nv / sh.nk; }
+  int64_t group() const { return 2 * sh.dk + 2 * r() * sh.dv; }
+  int64_t conv_col(int64_t c) const {
+    const int64_t K = sh.key_dim();
+    if (c < K) return (c / sh.dk) * group() + c % sh.dk;
+    if (c < 2 * K) return ((c - K) / sh.dk) * group() + sh.dk + (c - K) % sh.dk;
+    const int64_t v = c - 2 * K;
+    return (v / (r() * sh.dv)) * group() + 2 * sh.dk + v % (r() * sh.dv);
+  }
+  int64_t z_col(int64_t j) const { return (j / (r() * sh.dv)) * group() + 2 * sh.dk + r() * sh.dv + j % (r() * sh.dv); }
+  int64_t b_col(int64_t hv) const { return sh.nk * group() + (hv / r()) * 2 * r() + hv % r(); }
+  int64_t a_col(int64_t hv) const { return b_col(hv) + r(); }
+};
+
+// Sequences of the given lengths interleaved in the batch (round robin).
+struct Groups {
+  std::vector<int32_t> order, tok_group, start, count, fresh;
+};
+Groups interleaved(const std::vector<int32_t>& counts, const std::vector<int32_t>& fresh) {
+  Groups g;
+  std::vector<std::vector<int32_t>> rows(counts.size());
+  int32_t row = 0;
+  for (int32_t i = 0; i < *std::max_element(counts.begin(), counts.end()); ++i)
+    for (size_t q = 0; q < counts.size(); ++q)
+      if (i < counts[q]) rows[q].push_back(row++);
+  for (size_t q = 0; q < counts.size(); ++q) {
+    g.start.push_back(static_cast<int32_t>(g.order.size()));
+    g.count.push_back(counts[q]);
+    g.fresh.push_back(fresh[q]);
+    for (int32_t r : rows[q]) {
+      g.order.push_back(r);
+      g.tok_group.push_back(static_cast<int32_t>(q));
+    }
+  }
+  return g;
+}
+
+struct Inputs {
+  std::vector<float> proj, conv_w, a_neg, dt_bias, norm_w, core;
+  std::vector<std::vector<float>> windows;  // per group: [conv_k - 1][conv_dim]
+};
+
+// deltanet_prepare's outputs for every ordered token, in double where it sums.
+void prepare_reference(const Layout& L, const Groups& gr, const Inputs& in, std::vector<float>& conv, std::vector<float>& gate,
+                       std::vector<float>& beta) {
+  const gpu::DeltaNetShape& sh = L.sh;
+  const int64_t n = static_cast<int64_t>(gr.order.size()), cd = sh.conv_dim(), P = sh.proj_cols(), W = sh.conv_k - 1;
+  conv.assign(static_cast<size_t>(n * cd), 0);
+  gate.assign(static_cast<size_t>(n * sh.nv), 0);
+  beta.assign(static_cast<size_t>(n * sh.nv), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t g = gr.tok_group[static_cast<size_t>(i)];
+    const int64_t st = gr.start[static_cast<size_t>(g)], t = i - st;
+    float* o = conv.data() + i * cd;
+    for (int64_t c = 0; c < cd; ++c) {
+      double acc = 0;
+      for (int64_t j = 0; j < sh.conv_k; ++j) {
+        const int64_t p = t - W + j;  // the input's position in the sequence's step; < 0: the window
+        const float x = p >= 0 ? in.proj[static_cast<size_t>(gr.order[static_cast<size_t>(st + p)] * P + L.conv_col(c))]
+                        : gr.fresh[static_cast<size_t>(g)] ? 0.0f
+                                                           : in.windows[static_cast<size_t>(g)][static_cast<size_t>((W + p) * cd + c)];
+        acc += static_cast<double>(in.conv_w[static_cast<size_t>(c * sh.conv_k + j)]) * x;
+      }
+      o[c] = silu(static_cast<float>(acc));
+    }
+    for (int64_t h = 0; h < 2 * sh.nk; ++h) {
+      double ss = 0;
+      for (int64_t j = 0; j < sh.dk; ++j) ss += static_cast<double>(o[h * sh.dk + j]) * o[h * sh.dk + j];
+      const double inv = 1.0 / std::sqrt(ss + 1e-6) * (h < sh.nk ? 1.0 / std::sqrt(static_cast<double>(sh.dk)) : 1.0);
+      for (int64_t j = 0; j < sh.dk; ++j) o[h * sh.dk + j] = static_cast<float>(o[h * sh.dk + j] * inv);
+    }
+    const float* prow = in.proj.data() + gr.order[static_cast<size_t>(i)] * P;
+    for (int64_t hv = 0; hv < sh.nv; ++hv) {
+      const double a = static_cast<double>(prow[L.a_col(hv)]) + in.dt_bias[static_cast<size_t>(hv)];
+      const double sp = a > 20 ? a : std::log1p(std::exp(a));
+      beta[static_cast<size_t>(i * sh.nv + hv)] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(prow[L.b_col(hv)]))));
+      gate[static_cast<size_t>(i * sh.nv + hv)] = static_cast<float>(in.a_neg[static_cast<size_t>(hv)] * sp);
+    }
+  }
+}
+
+// The gated norm's fp32 values, laid out by batch row.
+std::vector<float> norm_reference(const Layout& L, const Groups& gr, const Inputs& in, float eps) {
+  const gpu::DeltaNetShape& sh = L.sh;
+  const int64_t n = static_cast<int64_t>(gr.order.size()), V = sh.value_dim(), P = sh.proj_cols();
+  std::vector<float> y(static_cast<size_t>(n * V));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = gr.order[static_cast<size_t>(i)];
+    for (int64_t hv = 0; hv < sh.nv; ++hv) {
+      const float* o = in.core.data() + i * V + hv * sh.dv;
+      double ss = 0;
+      for (int64_t j = 0; j < sh.dv; ++j) ss += static_cast<double>(o[j]) * o[j];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(sh.dv) + eps);
+      for (int64_t j = 0; j < sh.dv; ++j)
+        y[static_cast<size_t>(row * V + hv * sh.dv + j)] = static_cast<float>(
+            in.norm_w[static_cast<size_t>(j)] * (o[j] * inv) * silu(in.proj[static_cast<size_t>(row * P + L.z_col(hv * sh.dv + j))]));
+    }
+  }
+  return y;
+}
+
+struct Mode {
+  const char* name;
+  gpu::DeltaNetIo io;
+  int64_t tile;
+};
+// The plain kernels first (the others are compared with them); vec2 at its own tiles and at set ones.
+constexpr Mode kModes[] = {{"plain", gpu::DeltaNetIo::plain, 0},          {"vec1", gpu::DeltaNetIo::vec1, 0},
+                           {"vec2", gpu::DeltaNetIo::vec2, 0},            {"vec2 tile 1", gpu::DeltaNetIo::vec2, 1},
+                           {"vec2 tile 5", gpu::DeltaNetIo::vec2, 5},     {"vec2 tile 40", gpu::DeltaNetIo::vec2, 40},
+                           {"vec2 tile 100", gpu::DeltaNetIo::vec2, 100}};
+
+void check_io(const Layout& L, const Groups& gr) {
+  const gpu::DeltaNetShape& sh = L.sh;
+  const int64_t n = static_cast<int64_t>(gr.order.size()), G = static_cast<int64_t>(gr.start.size()), P = sh.proj_cols(), cd = sh.conv_dim(),
+                V = sh.value_dim(), W = sh.conv_k - 1;
+  const float eps = 1e-6f;
+  Inputs in;
+  in.proj = test::random_floats(static_cast<size_t>(n * P), 41, 1.0f);
+  in.conv_w = test::random_floats(static_cast<size_t>(cd * sh.conv_k), 42, 0.5f);
+  in.a_neg = test::random_floats(static_cast<size_t>(sh.nv), 43, 0.5f);
+  for (float& x : in.a_neg) x = -std::exp(x);
+  in.dt_bias = test::random_floats(static_cast<size_t>(sh.nv), 44, 0.5f);
+  in.norm_w = test::random_floats(static_cast<size_t>(sh.dv), 45, 0.2f);
+  for (float& x : in.norm_w) x += 1.0f;
+  in.core = test::random_floats(static_cast<size_t>(n * V), 46, 0.7f);
+  for (int64_t g = 0; g < G; ++g) in.windows.push_back(test::random_floats(static_cast<size_t>(W * cd), 47 + static_cast<uint64_t>(g), 1.0f));
+  std::vector<float> conv_ref, gate_ref, beta_ref;
+  prepare_reference(L, gr, in, conv_ref, gate_ref, beta_ref);
+  const std::vector<float> y_ref = norm_reference(L, gr, in, eps);
+
+  gpu::Stream s;
+  // Each group's buffer: two layers' states, the kernels on the second (state_off); a fresh group's holds garbage.
+  const int64_t layer_bytes = gpu::deltanet_layer_state_bytes(sh), layer_floats = layer_bytes / 4;
+  std::vector<gpu::DeviceBuffer> states;
+  std::vector<std::vector<float>> state_host;
+  std::vector<uint64_t> ptrs;
+  for (int64_t g = 0; g < G; ++g) {
+    std::vector<float> buf(static_cast<size_t>(2 * layer_floats), 7.0f);
+    if (gr.fresh[static_cast<size_t>(g)]) std::fill(buf.begin() + layer_floats, buf.end(), 1e3f);
+    else std::copy(in.windows[static_cast<size_t>(g)].begin(), in.windows[static_cast<size_t>(g)].end(), buf.begin() + layer_floats);
+    states.push_back(test::to_device(buf, s));
+    state_host.push_back(buf);
+    ptrs.push_back(reinterpret_cast<uint64_t>(states.back().data()));
+  }
+  auto d_proj = test::to_device(in.proj, s), d_conv_w = test::to_device(in.conv_w, s), d_a = test::to_device(in.a_neg, s),
+       d_dt = test::to_device(in.dt_bias, s), d_norm = test::to_device(in.norm_w, s), d_core = test::to_device(in.core, s);
+  auto d_order = test::to_device(gr.order, s), d_tg = test::to_device(gr.tok_group, s), d_start = test::to_device(gr.start, s),
+       d_count = test::to_device(gr.count, s), d_fresh = test::to_device(gr.fresh, s), d_ptrs = test::to_device(ptrs, s);
+  gpu::DeltaNetGroups dg;
+  dg.order = d_order.as<int32_t>();
+  dg.tok_group = d_tg.as<int32_t>();
+  dg.start = d_start.as<int32_t>();
+  dg.count = d_count.as<int32_t>();
+  dg.fresh = d_fresh.as<int32_t>();
+  dg.state = d_ptrs.as<uint64_t>();
+  const float sentinel = -123.0f;
+  gpu::DeviceBuffer conv(static_cast<size_t>(n * cd * 4)), gate(static_cast<size_t>(n * sh.nv * 4)), beta(static_cast<size_t>(n * sh.nv * 4));
+  gpu::DeviceBuffer y(static_cast<size_t>(n * V * 2)), y_lo(static_cast<size_t>(n * V * 2));
+  std::vector<float> conv_plain, gate_plain, beta_plain, y_plain;
+  const int64_t cut = n / 3 + 1;  // a micro-batch boundary inside the sequences
+  for (const Mode& m : kModes) {
+    CAPTURE(m.name);
+    gpu::set_deltanet_io(m.io, m.tile);
+    // Conv + gates: the whole step in one call, then as two token ranges; rows outside a range stay as they were.
+    for (const bool two : {false, true}) {
+      CAPTURE(two);
+      const std::vector<float> fill(static_cast<size_t>(n * cd), sentinel);
+      gpu::copy_to_device(conv.data(), fill.data(), fill.size() * 4, s);
+      if (!two) {
+        gpu::deltanet_prepare(d_proj.as<float>(), P, dg, 0, n, sh, d_conv_w.as<float>(), d_a.as<float>(), d_dt.as<float>(), layer_bytes, conv.as<float>(),
+                              gate.as<float>(), beta.as<float>(), s);
+      } else {
+        gpu::deltanet_prepare(d_proj.as<float>(), P, dg, cut, n - cut, sh, d_conv_w.as<float>(), d_a.as<float>(), d_dt.as<float>(), layer_bytes,
+                              conv.as<float>(), gate.as<float>(), beta.as<float>(), s);
+        const auto part = test::to_host<float>(conv, static_cast<size_t>(n * cd), s);
+        CHECK(std::all_of(part.begin(), part.begin() + cut * cd, [&](float x) { return x == sentinel; }));
+        gpu::deltanet_prepare(d_proj.as<float>(), P, dg, 0, cut, sh, d_conv_w.as<float>(), d_a.as<float>(), d_dt.as<float>(), layer_bytes,
+                              conv.as<float>(), gate.as<float>(), beta.as<float>(), s);
+      }
+      const auto c = test::to_host<float>(conv, static_cast<size_t>(n * cd), s);
+      const auto ga = test::to_host<float>(gate, static_cast<size_t>(n * sh.nv), s);
+      const auto be = test::to_host<float>(beta, static_cast<size_t>(n * sh.nv), s);
+      CHECK(test::tol_ratio(c, conv_ref, 1e-5, 1e-4) <= 1);
+      CHECK(test::tol_ratio(ga, gate_ref, 1e-6, 1e-5) <= 1);
+      CHECK(test::tol_ratio(be, beta_ref, 1e-6, 1e-5) <= 1);
+      if (m.io == gpu::DeltaNetIo::plain && !two) {
+        conv_plain = c;
+        gate_plain = ga;
+        beta_plain = be;
+      } else {
+        CHECK(test::tol_ratio(c, conv_plain, 1e-6, 1e-5) <= 1);
+        CHECK(test::tol_ratio(ga, gate_plain, 1e-7, 1e-6) <= 1);
+        CHECK(test::tol_ratio(be, beta_plain, 1e-7, 1e-6) <= 1);
+      }
+    }
+    // The states are read, never written.
+    for (int64_t g = 0; g < G; ++g) {
+      const auto buf = test::to_host<float>(states[static_cast<size_t>(g)], static_cast<size_t>(2 * layer_floats), s);
+      CHECK(buf == state_host[static_cast<size_t>(g)]);
+    }
+    // Gated norm: bf16 alone, then with the rounding remainder (hi the same, hi + lo to about 16 bits).
+    gpu::deltanet_gated_norm(d_core.as<float>(), d_proj.as<float>(), P, dg, 0, n, sh, d_norm.as<float>(), eps, y.as<uint16_t>(), s);
+    const auto hi_only = test::to_host<uint16_t>(y, static_cast<size_t>(n * V), s);
+    CHECK(test::tol_ratio(test::f32_of(hi_only), y_ref, 1e-3, 1.0 / 128) <= 1);
+    gpu::deltanet_gated_norm(d_core.as<float>(), d_proj.as<float>(), P, dg, 0, n, sh, d_norm.as<float>(), eps, y.as<uint16_t>(), s,
+                             y_lo.as<uint16_t>(), 0);
+    const auto hi = test::to_host<uint16_t>(y, static_cast<size_t>(n * V), s);
+    const auto lo = test::to_host<uint16_t>(y_lo, static_cast<size_t>(n * V), s);
+    CHECK(hi == hi_only);
+    const auto sum = test::bf16_pair_sum(hi, lo);
+    CHECK(test::tol_ratio(sum, y_ref, 1e-5, 1e-4) <= 1);
+    if (m.io == gpu::DeltaNetIo::plain) y_plain = sum;
+    else CHECK(test::tol_ratio(sum, y_plain, 1e-6, 4e-5) <= 1);  // an ulp of v apart may move lo by one of its ulps (2^-15 v)
+    // A micro-batch's tokens [cut, n): rows order[i] - row0 of y (row0 the smallest of them).
+    int32_t row0 = static_cast<int32_t>(n);
+    for (int64_t i = cut; i < n; ++i) row0 = std::min(row0, gr.order[static_cast<size_t>(i)]);
+    gpu::memset_device(y.data(), 0, y.bytes(), s);
+    gpu::deltanet_gated_norm(d_core.as<float>(), d_proj.as<float>(), P, dg, cut, n - cut, sh, d_norm.as<float>(), eps, y.as<uint16_t>(), s,
+                             y_lo.as<uint16_t>(), row0);
+    const auto hp = test::to_host<uint16_t>(y, static_cast<size_t>(n * V), s);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = gr.order[static_cast<size_t>(i)];
+      if (i < cut) continue;
+      for (int64_t j = 0; j < V; ++j) wrong += hp[static_cast<size_t>((row - row0) * V + j)] != hi[static_cast<size_t>(row * V + j)];
+    }
+    CHECK(wrong == 0);
+  }
+  gpu::set_deltanet_io(gpu::DeltaNetIo::automatic);
+}
+
+}  // namespace
+
+TEST_CASE("gated deltanet conv + gates and gated norm: plain, vec1 and vec2 kernels match a scalar reference and each other") {
+  if (!test::have_gpu()) return;
+  // Lengths from 1 to 150 (a tile's first token inside a sequence, sequences starting inside tiles), fresh and continued.
+  const Groups gr = interleaved({1, 2, 3, 4, 7, 40, 150, 64}, {0, 1, 0, 1, 0, 1, 0, 0});
+  struct Case {
+    const char* name;
+    int64_t nk, nv, dk, dv, conv_k;
+  };
+  for (const Case& c : {Case{"Qwen3-Next-80B-A3B: 16 / 32 heads of 128", 16, 32, 128, 128, 4}, Case{"dk 32, dv 48", 2, 4, 32, 48, 4},
+                        Case{"dk 64, 3 value heads per key head", 2, 6, 64, 64, 4},
+                        Case{"dk 48 (prepare falls back to the plain kernel), dv 20", 2, 2, 48, 20, 4},
+                        Case{"conv_k 3 (prepare falls back), dv 200 (the norm's lanes partly idle)", 1, 2, 16, 200, 3}}) {
+    CAPTURE(c.name);
+    Layout L;
+    L.sh.nk = c.nk;
+    L.sh.nv = c.nv;
+    L.sh.dk = c.dk;
+    L.sh.dv = c.dv;
+    L.sh.conv_k = c.conv_k;
+    check_io(L, gr);
+  }
+}
