@@ -13,11 +13,15 @@
 //    (bytes: the distinct experts touched), beside the repacked-format kernel
 //    it replaces (gpu::quant_moe_experts after moe_route; Q5_K/Q6_K as int8
 //    groups) on the same routing;
-//  - moe prefill (512 and 2048 tokens, top-8 random): gguf_moe_gemm (grouped
-//    tensor-core product dequantizing in shared memory; route, gate/up,
-//    SwiGLU, down, weighted sum) against the bf16 path it replaces
-//    (gguf_dequant of every expert, offsets to the host, one cuBLAS product
-//    per expert); MB: all experts' bytes; TFLOP/s of the three products;
+//  - moe prefill (512, 4096 and 8192 tokens, top-8 random): gguf_moe_gemm
+//    (grouped tensor-core product dequantizing in shared memory; route,
+//    gate/up, SwiGLU, down, weighted sum), a row per kernel
+//    (gpu::GgufPrefillKernel: simple, pipelined, pipelined64, pipelined128;
+//    issue 27) with the layer's time and TFLOP/s (the three products) and
+//    then the gate/up and down products timed alone with their own TFLOP/s;
+//    against the bf16 path it replaced (gguf_dequant of every expert,
+//    offsets to the host, one cuBLAS product per expert); MB: all experts'
+//    bytes;
 //  - dequant: gguf_dequant of every expert's gate/up to bf16 (bytes read +
 //    written).
 // One matrix per type is quantized on the host and replicated on the device.
@@ -31,8 +35,10 @@
 // o_proj [2048, 4096], one expert's gate/up [1536, 2048] and down [2048,
 // 768], and the MoE layer at decode (gate/up + down of the top-8).
 //
-// Usage: bench_gpu_gguf [--reps N] [--decode] [--types Q4_K,Q6_K] [--tokens 1,8]
+// Usage: bench_gpu_gguf [--reps N] [--decode | --prefill] [--types Q4_K,Q6_K] [--tokens 1,8]
+//                       [--prefill-tokens 512,4096,8192] [--prefill-kernels simple,pipelined,...]
 //   --decode: only the decode rows (no prefill or dequant rows).
+//   --prefill: only the prefill and dequant rows.
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -91,16 +97,38 @@ int main(int argc, char** argv) {
   bool decode_only = false;
   std::vector<std::string> types = {"Q4_K", "Q5_K", "Q6_K", "Q8_0"};
   std::vector<int64_t> tokens = {1, 8};
+  bool prefill_only = false;
+  std::vector<int64_t> prefill_tokens = {512, 4096, 8192};
+  std::vector<gpu::GgufPrefillKernel> prefill_kernels = {gpu::GgufPrefillKernel::simple, gpu::GgufPrefillKernel::pipelined,
+                                                         gpu::GgufPrefillKernel::pipelined64, gpu::GgufPrefillKernel::pipelined128};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
     else if (a == "--decode") decode_only = true;
+    else if (a == "--prefill") prefill_only = true;
     else if (a == "--types" && i + 1 < argc) types = split(argv[++i]);
+    else if (a == "--prefill-tokens" && i + 1 < argc) {
+      prefill_tokens.clear();
+      for (const std::string& t : split(argv[++i])) prefill_tokens.push_back(std::stoll(t));
+    } else if (a == "--prefill-kernels" && i + 1 < argc) {
+      prefill_kernels.clear();
+      for (const std::string& k : split(argv[++i])) {
+        if (k == "simple") prefill_kernels.push_back(gpu::GgufPrefillKernel::simple);
+        else if (k == "pipelined") prefill_kernels.push_back(gpu::GgufPrefillKernel::pipelined);
+        else if (k == "pipelined64") prefill_kernels.push_back(gpu::GgufPrefillKernel::pipelined64);
+        else if (k == "pipelined128") prefill_kernels.push_back(gpu::GgufPrefillKernel::pipelined128);
+        else {
+          std::fprintf(stderr, "bench_gpu_gguf: unknown prefill kernel %s (simple, pipelined, pipelined64, pipelined128)\n", k.c_str());
+          return 2;
+        }
+      }
+    }
     else if (a == "--tokens" && i + 1 < argc) {
       tokens.clear();
       for (const std::string& t : split(argv[++i])) tokens.push_back(std::stoll(t));
     } else {
-      std::fprintf(stderr, "usage: bench_gpu_gguf [--reps N] [--decode] [--types Q4_K,Q5_K,Q6_K,Q8_0] [--tokens 1,8]\n");
+      std::fprintf(stderr, "usage: bench_gpu_gguf [--reps N] [--decode | --prefill] [--types Q4_K,Q5_K,Q6_K,Q8_0] [--tokens 1,8] "
+                           "[--prefill-tokens 512,4096,8192] [--prefill-kernels simple,pipelined,pipelined64,pipelined128]\n");
       return 2;
     }
   }
@@ -166,6 +194,7 @@ int main(int argc, char** argv) {
     for (auto& v : xh) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
     gpu::DeviceBuffer x(xh.size() * 2);
     gpu::copy_to_device(x.data(), xh.data(), xh.size() * 2, s);
+    if (!prefill_only) {
     for (Mat m : {Mat{"lm_head", 4748, H, 32}, Mat{"q_proj", 4096, H, 1}, Mat{"k_proj", 512, H, 1}, Mat{"o_proj", H, 4096, 1}}) {
       Stack st = stack(t, m.rows, m.cols, m.copies, s);
       gpu::DeviceBuffer y(static_cast<size_t>(max_n * st.w.rows) * 4);
@@ -173,8 +202,10 @@ int main(int argc, char** argv) {
         side(t, std::string(m.name) + " [" + std::to_string(st.w.rows) + "x" + std::to_string(m.cols) + "]", n, static_cast<double>(st.w.bytes()),
              [&] { gpu::gguf_gemv(st.w, x.as<uint16_t>(), n, y.as<float>(), st.w.rows, s); });
     }
+    }
     // One MoE layer: the native pair kernels and the repacked-format kernel on the same routing.
     Stack gu = stack(t, 2 * I, H, E, s), dn = stack(t, H, I, E, s);
+    if (!prefill_only) {
     {
       gpu::GgufWeight g1 = gu.w, d1 = dn.w;  // one expert of each stack
       g1.rows = 2 * I;
@@ -185,8 +216,10 @@ int main(int argc, char** argv) {
         side(t, "expert down [2048x768]", n, static_cast<double>(d1.bytes()), [&] { gpu::gguf_gemv(d1, x.as<uint16_t>(), n, y.as<float>(), d1.rows, s); });
       }
     }
+    }
     const std::vector<uint8_t> gu1 = gu.host, dn1 = dn.host;
     const double expert_bytes = static_cast<double>(gu1.size() + dn1.size());
+    if (!prefill_only) {
     for (int64_t n : tokens) {
       std::vector<int32_t> ids(static_cast<size_t>(n * K));
       std::vector<float> wts(ids.size(), 1.0f / K);
@@ -206,7 +239,9 @@ int main(int argc, char** argv) {
         gpu::gguf_moe_experts(x.as<uint16_t>(), n, K, di.as<int32_t>(), dw.as<float>(), gu.w, dn.w, I, gub.as<float>(), out.as<float>(), s);
       });
     }
+    }
     if (decode_only) continue;
+    if (!prefill_only) {
     std::vector<cpu::Mat> guv(static_cast<size_t>(E), cpu::ext_view(t, gu1.data(), 2 * I, H, "bench")),
         dnv(static_cast<size_t>(E), cpu::ext_view(t, dn1.data(), H, I, "bench"));
     gpu::QDeviceMat qgu(guv, s, "bench gate/up"), qdn(dnv, s, "bench down");
@@ -233,9 +268,11 @@ int main(int argc, char** argv) {
       });
       row(t, std::string("moe layer (repacked, ") + gpu::qformat_name(qgu.weight().format) + ")", n, us_old, distinct * expert_bytes);
     }
+    }
     // Prefill chunks: the grouped tensor-core product on the blocks (route, gate/up, SwiGLU, down,
-    // weighted sum) against dequantizing every expert to bf16 and one cuBLAS product per expert.
-    for (int64_t n : {512, 2048}) {
+    // weighted sum), once per gguf_moe_gemm kernel, and each product alone (TFLOP/s of the GEMM
+    // itself); then dequantizing every expert to bf16 and one cuBLAS product per expert.
+    for (int64_t n : prefill_tokens) {
       const int64_t P = n * K;
       std::vector<int32_t> ids(static_cast<size_t>(P));
       for (int64_t tk = 0; tk < n; ++tk) {
@@ -257,16 +294,29 @@ int main(int argc, char** argv) {
       g.act.reserve(static_cast<size_t>(P * I) * 2);
       g.ys.reserve(static_cast<size_t>(P * H) * 4);
       g.inv.reserve(static_cast<size_t>(P) * 4);
-      const double flop = 2.0 * static_cast<double>(P) * 3.0 * static_cast<double>(H * I);
-      const double us = timer.us([&] {
-        gpu::moe_route(di.as<int32_t>(), P, E, off.as<int32_t>(), pl.as<int32_t>(), s);
-        gpu::gguf_moe_gemm(dx.as<uint16_t>(), pl.as<int32_t>(), K, P, off.as<int32_t>(), E, gu.w, 2 * I, g.gu.as<float>(), s);
-        gpu::silu_mul(g.gu.as<float>(), P, I, g.act.as<uint16_t>(), nullptr, s);
-        gpu::gguf_moe_gemm(g.act.as<uint16_t>(), nullptr, 1, P, off.as<int32_t>(), E, dn.w, H, g.ys.as<float>(), s);
-        gpu::moe_combine_sorted(g.ys.as<float>(), pl.as<int32_t>(), dw.as<float>(), n, K, H, g.inv.as<int32_t>(), out.as<float>(), s);
-      });
-      std::printf("%-6s %-26s %6ld %10.1f %10.2f %8.0f  %.0f TFLOP/s\n", tname(t), "moe prefill (gguf_moe_gemm)", static_cast<long>(n), us,
-                  expert_bytes * E / 1e6, expert_bytes * E / us / 1e3, flop / us / 1e6);
+      const double flop_gu = 2.0 * static_cast<double>(P) * static_cast<double>(2 * I * H), flop_dn = 2.0 * static_cast<double>(P) * static_cast<double>(H * I);
+      const double flop = flop_gu + flop_dn;
+      for (gpu::GgufPrefillKernel kern : prefill_kernels) {
+        gpu::set_gguf_prefill_kernel(kern);
+        const std::string kn = gpu::gguf_prefill_kernel_name(kern);
+        const double us = timer.us([&] {
+          gpu::moe_route(di.as<int32_t>(), P, E, off.as<int32_t>(), pl.as<int32_t>(), s);
+          gpu::gguf_moe_gemm(dx.as<uint16_t>(), pl.as<int32_t>(), K, P, off.as<int32_t>(), E, gu.w, 2 * I, g.gu.as<float>(), s);
+          gpu::silu_mul(g.gu.as<float>(), P, I, g.act.as<uint16_t>(), nullptr, s);
+          gpu::gguf_moe_gemm(g.act.as<uint16_t>(), nullptr, 1, P, off.as<int32_t>(), E, dn.w, H, g.ys.as<float>(), s);
+          gpu::moe_combine_sorted(g.ys.as<float>(), pl.as<int32_t>(), dw.as<float>(), n, K, H, g.inv.as<int32_t>(), out.as<float>(), s);
+        });
+        // The routing and the down product's input stay from the layer's last run.
+        const double us_gu =
+            timer.us([&] { gpu::gguf_moe_gemm(dx.as<uint16_t>(), pl.as<int32_t>(), K, P, off.as<int32_t>(), E, gu.w, 2 * I, g.gu.as<float>(), s); });
+        const double us_dn =
+            timer.us([&] { gpu::gguf_moe_gemm(g.act.as<uint16_t>(), nullptr, 1, P, off.as<int32_t>(), E, dn.w, H, g.ys.as<float>(), s); });
+        std::printf("%-6s %-26s %6ld %10.1f %10.2f %8.0f  %.0f TFLOP/s   gate/up %8.1f us %4.0f TFLOP/s   down %8.1f us %4.0f TFLOP/s\n", tname(t),
+                    ("moe prefill " + kn).c_str(), static_cast<long>(n), us, expert_bytes * E / 1e6, expert_bytes * E / us / 1e3, flop / us / 1e6, us_gu,
+                    flop_gu / us_gu / 1e6, us_dn, flop_dn / us_dn / 1e6);
+        std::fflush(stdout);
+      }
+      gpu::set_gguf_prefill_kernel(gpu::GgufPrefillKernel::simple);
       // Old path: dequantize all experts (bf16), offsets to the host, per-expert cuBLAS.
       gpu::DeviceBuffer dgu(static_cast<size_t>(gu.w.rows * H) * 2), ddn(static_cast<size_t>(dn.w.rows * I) * 2);
       gpu::PinnedBuffer offs_h;

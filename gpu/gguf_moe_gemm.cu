@@ -13,6 +13,10 @@
 // 64-row tiles over all experts (pairs / 64 + experts); a block past the
 // real count exits after scanning the offsets, so the launch can be
 // captured in a graph.
+//
+// This is the "simple" kernel (GgufPrefillKernel::simple, the default); the
+// launcher below sends the pipelined choices to gpu/gguf_moe_gemm_pipelined.cu
+// (128-row tiles, a cp.async pipeline, issue 27).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -20,36 +24,18 @@
 
 #include "configs/error.h"
 #include "gpu/common.cuh"
-#include "gpu/gguf_units.cuh"
-#include "gpu/quant.h"
+#include "gpu/gguf_moe_gemm.cuh"
 
 namespace hmoe::gpu {
 using namespace detail;
 using namespace detail::gguf;
+using namespace detail::moe_gemm;
 
 namespace {
 
 constexpr int BM = 64, BN = 128, BK = 256, LDS = BK + 8, kThreads = 256;
 constexpr size_t kSmem = static_cast<size_t>(BM + BN) * LDS * 2;
 
-struct GemmParams {
-  const uint16_t* a;
-  const int32_t* rowmap;
-  int k_div;
-  const int32_t* offsets;
-  int experts;
-  const uint8_t* w;
-  int64_t rb;
-  int cols, rows_per_expert;
-  float* c;
-  LowbitTables tabs;  // the IQ codebooks (low-bit types)
-};
-
-__device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ uint32_t ld32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
 template <class F>
@@ -60,21 +46,7 @@ __global__ void __launch_bounds__(kThreads) moe_gemm_kernel(GemmParams p) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // This block's tile: the expert and its first sorted row.
   int e = -1, m0 = 0, mend = 0;
-  {
-    int acc = 0;
-    const int tile = blockIdx.y;
-    for (int i = 0; i < p.experts; ++i) {
-      const int b = __ldg(p.offsets + i), en = __ldg(p.offsets + i + 1), t = (en - b + BM - 1) / BM;
-      if (tile < acc + t) {
-        e = i;
-        m0 = b + (tile - acc) * BM;
-        mend = en;
-        break;
-      }
-      acc += t;
-    }
-  }
-  if (e < 0) return;
+  if (!locate_tile(p.offsets, p.experts, blockIdx.y, BM, e, m0, mend)) return;
   const int mcnt = min(BM, mend - m0), n0 = blockIdx.x * BN;
   const int wm = warp >> 2, wn = warp & 3, g = lane >> 2, t2 = (lane & 3) * 2;
   float acc[2][4][4];
@@ -168,6 +140,18 @@ void launch(const GemmParams& p, dim3 grid, cudaStream_t st) {
   HMOE_CUDA_LAUNCHED();
 }
 
+// Sorted rows per tile: the simple kernel's 64; the pipelined kernel's forced
+// tile, or 128 where the pass averages at least 96 rows per expert.
+int tile_rows(GgufPrefillKernel k, int64_t pairs, int64_t experts) {
+  switch (k) {
+    case GgufPrefillKernel::simple: return BM;
+    case GgufPrefillKernel::pipelined64: return 64;
+    case GgufPrefillKernel::pipelined128: return 128;
+    case GgufPrefillKernel::pipelined: return pairs >= 96 * experts ? 128 : 64;
+  }
+  return BM;
+}
+
 }  // namespace
 
 bool gguf_moe_gemm_supported(const GgufWeight& w, int64_t rows_per_expert) { return w.cols % BK == 0 && rows_per_expert % BN == 0 && rows_per_expert > 0; }
@@ -182,7 +166,8 @@ void gguf_moe_gemm(const bf16_t* a, const int32_t* rowmap, int64_t k_div, int64_
     fail(ErrorKind::invalid_argument, "gpu::gguf_moe_gemm: " + std::to_string(w.rows) + " weight rows are not " + std::to_string(experts) + " experts of " +
                                           std::to_string(rows_per_expert));
   if (pairs <= 0) return;
-  const int64_t tiles = (pairs + BM - 1) / BM + std::min(experts, pairs);
+  const GgufPrefillKernel kern = gguf_prefill_kernel();
+  const int64_t tiles = tile_bound(pairs, experts, BM);  // 64-row tiles: the most of any kernel
   if (tiles > 65535) fail(ErrorKind::unsupported, "gpu::gguf_moe_gemm: too many rows in one pass");
   GemmParams p{};
   p.a = a;
@@ -196,8 +181,10 @@ void gguf_moe_gemm(const bf16_t* a, const int32_t* rowmap, int64_t k_div, int64_
   p.rows_per_expert = static_cast<int>(rows_per_expert);
   p.c = c;
   if (gguf_type_lowbit(w.type)) p.tabs = device_lowbit_tables();
-  const dim3 grid(static_cast<unsigned>(rows_per_expert / BN), static_cast<unsigned>(tiles));
   cudaStream_t st = cs(s);
+  // The pipelined kernel where the device gives a block its shared memory; else the simple one.
+  if (kern != GgufPrefillKernel::simple && launch_pipelined(w.type, p, tile_rows(kern, pairs, experts), pairs, st)) return;
+  const dim3 grid(static_cast<unsigned>(rows_per_expert / BN), static_cast<unsigned>(tiles));
   switch (w.type) {
     case GgufType::q4_k: return launch<Q4K>(p, grid, st);
     case GgufType::q5_k: return launch<Q5K>(p, grid, st);

@@ -232,6 +232,22 @@ void gguf_moe_experts(const bf16_t* x, int64_t n, int64_t k, const int32_t* ids,
 // weight row (GgufDeviceMat allocates them). Needs
 // gguf_moe_gemm_supported(w, rows_per_expert): cols % 256 == 0, rows % 128 == 0.
 bool gguf_moe_gemm_supported(const GgufWeight& w, int64_t rows_per_expert);
+// Which kernel gguf_moe_gemm runs (process-wide; setting
+// gpu_gguf_prefill_kernel). simple (the default): 64-row tiles, 256 columns
+// a step, no pipelining (gpu/gguf_moe_gemm.cu). pipelined: 64-column steps
+// in a two-stage cp.async pipeline, ldmatrix fragments, the next step
+// dequantized while the tensor cores run this one
+// (gpu/gguf_moe_gemm_pipelined.cu), with 128-row tiles when the pass has at
+// least 96 rows per expert on average and 64-row tiles otherwise;
+// pipelined64 / pipelined128 force the tile; on GPUs that cannot give a
+// block its 142-170 KB of shared memory (sm_86, sm_89) the pipelined choices
+// run the simple kernel. Same numerics (the same bf16
+// weights; fp32 sums in a different order). Issue 27; compiled only until
+// measured, hence not the default.
+enum class GgufPrefillKernel : uint8_t { simple, pipelined, pipelined64, pipelined128 };
+void set_gguf_prefill_kernel(GgufPrefillKernel k);
+GgufPrefillKernel gguf_prefill_kernel();
+const char* gguf_prefill_kernel_name(GgufPrefillKernel k);
 void gguf_moe_gemm(const bf16_t* a, const int32_t* rowmap, int64_t k_div, int64_t pairs, const int32_t* offsets, int64_t experts, const GgufWeight& w,
                    int64_t rows_per_expert, float* c, Stream& s);
 

@@ -344,6 +344,21 @@ std::atomic<GgufDecodeKernel> g_decode_kernel{GgufDecodeKernel::direct};
 void set_gguf_decode_kernel(GgufDecodeKernel k) { g_decode_kernel.store(k); }
 GgufDecodeKernel gguf_decode_kernel() { return g_decode_kernel.load(); }
 
+namespace {
+std::atomic<GgufPrefillKernel> g_prefill_kernel{GgufPrefillKernel::simple};
+}  // namespace
+void set_gguf_prefill_kernel(GgufPrefillKernel k) { g_prefill_kernel.store(k); }
+GgufPrefillKernel gguf_prefill_kernel() { return g_prefill_kernel.load(); }
+const char* gguf_prefill_kernel_name(GgufPrefillKernel k) {
+  switch (k) {
+    case GgufPrefillKernel::simple: return "simple";
+    case GgufPrefillKernel::pipelined: return "pipelined";
+    case GgufPrefillKernel::pipelined64: return "pipelined64";
+    case GgufPrefillKernel::pipelined128: return "pipelined128";
+  }
+  return "?";
+}
+
 void check_gguf_weight(const GgufWeight& w, const std::string& what) {
   auto bad = [&](const std::string& msg) { fail(ErrorKind::unsupported, what + " (" + gguf_type_name(w.type) + "): " + msg); };
   if (w.rows < 0 || w.cols <= 0) bad("rows " + std::to_string(w.rows) + ", cols " + std::to_string(w.cols) + ": not a matrix");

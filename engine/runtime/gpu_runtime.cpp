@@ -51,6 +51,13 @@ GpuRuntimeOptions GpuRuntimeOptions::from_settings(const Settings& s) {
   else if (s.gpu_gguf_decode_kernel == "direct") o.gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
   else if (s.gpu_gguf_decode_kernel == "staged") o.gguf_decode_kernel = gpu::GgufDecodeKernel::staged;
   else fail(ErrorKind::invalid_argument, "--gpu-gguf-decode-kernel / HMOE_GPU_GGUF_DECODE_KERNEL must be dense, direct or staged, got '" + s.gpu_gguf_decode_kernel + "'");
+  if (s.gpu_gguf_prefill_kernel == "simple") o.gguf_prefill_kernel = gpu::GgufPrefillKernel::simple;
+  else if (s.gpu_gguf_prefill_kernel == "pipelined") o.gguf_prefill_kernel = gpu::GgufPrefillKernel::pipelined;
+  else if (s.gpu_gguf_prefill_kernel == "pipelined64") o.gguf_prefill_kernel = gpu::GgufPrefillKernel::pipelined64;
+  else if (s.gpu_gguf_prefill_kernel == "pipelined128") o.gguf_prefill_kernel = gpu::GgufPrefillKernel::pipelined128;
+  else
+    fail(ErrorKind::invalid_argument, "--gpu-gguf-prefill-kernel / HMOE_GPU_GGUF_PREFILL_KERNEL must be simple, pipelined, pipelined64 or pipelined128, got '" +
+                                          s.gpu_gguf_prefill_kernel + "'");
   if (s.gpu_deltanet_kernel == "v1") o.deltanet_kernel = gpu::DeltaNetKernel::v1;
   else if (s.gpu_deltanet_kernel == "v2") o.deltanet_kernel = gpu::DeltaNetKernel::v2;
   else if (s.gpu_deltanet_kernel == "v4") o.deltanet_kernel = gpu::DeltaNetKernel::v4;
@@ -150,6 +157,7 @@ GpuRuntime::GpuRuntime(const ModelConfig& c, const ModelGraph& g, WeightBinder& 
   m.zero_copy = o.zero_copy_handoff;
   m.zc.set_timeout(o.handoff_timeout_s);
   gpu::set_gguf_decode_kernel(o.gguf_decode_kernel);
+  gpu::set_gguf_prefill_kernel(o.gguf_prefill_kernel);
   gpu::set_deltanet_kernel(o.deltanet_kernel);
   gpu::set_attention_tiles_kernel(o.attention_tiles_kernel);
   gpu::MemoryUse use_weights("the weights (embedding, lm_head, norms)");

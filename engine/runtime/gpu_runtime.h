@@ -113,6 +113,9 @@ struct GpuRuntimeOptions {
   // Setting gpu_gguf_decode_kernel (gpu::set_gguf_decode_kernel, process-wide;
   // applied when the runtime is built).
   gpu::GgufDecodeKernel gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
+  // Setting gpu_gguf_prefill_kernel (gpu::set_gguf_prefill_kernel, process-wide;
+  // applied when the runtime is built).
+  gpu::GgufPrefillKernel gguf_prefill_kernel = gpu::GgufPrefillKernel::simple;
   // Setting gpu_deltanet_kernel (gpu::set_deltanet_kernel, process-wide; applied when the runtime is built).
   gpu::DeltaNetKernel deltanet_kernel = gpu::DeltaNetKernel::v1;
   // Setting gpu_attention_tiles_kernel (gpu::set_attention_tiles_kernel, process-wide; applied when the runtime is built).

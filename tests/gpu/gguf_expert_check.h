@@ -1,7 +1,8 @@
 // Shared by the GGUF GPU tests: a host copy of a quantized matrix with its
 // CPU dequantization, the int8-activation dot reference, and the decode
 // experts check (gpu::gguf_moe_experts against a scalar SwiGLU reference)
-// and the grouped prefill product check (gpu::gguf_moe_gemm).
+// and the grouped prefill product checks (gpu::gguf_moe_gemm, on a fixed
+// routing and on ragged expert row counts, over every prefill kernel).
 #pragma once
 
 #include <algorithm>
@@ -139,6 +140,84 @@ inline double gguf_moe_gemm_worst(const std::vector<GgufHostW>& ex, const gpu::G
       const double e = std::fabs(c[static_cast<size_t>(i * N + r)] - ref) / (0x1p-8 * mag + 1e-6);
       if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : e;
     }
+  }
+  return worst;
+}
+
+// Every gguf_moe_gemm kernel (gpu::set_gguf_prefill_kernel): the simple
+// one, the pipelined one with its own tile choice and with each tile forced.
+inline const gpu::GgufPrefillKernel kPrefillKernels[] = {gpu::GgufPrefillKernel::simple, gpu::GgufPrefillKernel::pipelined,
+                                                         gpu::GgufPrefillKernel::pipelined64, gpu::GgufPrefillKernel::pipelined128};
+// Restores the default (simple) when a case ends, however it ends.
+struct PrefillKernelScope {
+  ~PrefillKernelScope() { gpu::set_gguf_prefill_kernel(gpu::GgufPrefillKernel::simple); }
+};
+
+// gpu::gguf_moe_gemm on dw (the device copy of experts ex, [N, C] each) with
+// expert e given counts[e] sorted rows (ragged: empty experts, single rows,
+// counts around and past a tile), routed top-2 over counts-sum / 2 tokens in
+// a shuffled order (the sum must be even), read through the pair list
+// (rowmap, k_div 2) and again from a sorted activation matrix (rowmap null,
+// as the down product reads), with each kernel of kPrefillKernels (left set
+// to the last); against the scalar product of the dequantized weights.
+// Returns per kernel the worst |error| / (2^-8 sum |w x|) over both runs.
+inline std::vector<double> gguf_moe_gemm_ragged_worst(const std::vector<GgufHostW>& ex, const gpu::GgufDeviceMat& dw, int64_t N, int64_t C,
+                                                      const std::vector<int>& counts, gpu::Stream& s) {
+  const int64_t E = static_cast<int64_t>(ex.size()), K = 2;
+  std::vector<int32_t> ids;
+  for (int64_t e = 0; e < E; ++e) ids.insert(ids.end(), static_cast<size_t>(counts[static_cast<size_t>(e)]), static_cast<int32_t>(e));
+  const int64_t P = static_cast<int64_t>(ids.size()), n = P / K;
+  uint64_t st = 0x9E3779B97F4A7C15ull;
+  for (int64_t i = P - 1; i > 0; --i) {  // deterministic shuffle
+    st = st * 6364136223846793005ull + 1442695040888963407ull;
+    std::swap(ids[static_cast<size_t>(i)], ids[static_cast<size_t>((st >> 33) % static_cast<uint64_t>(i + 1))]);
+  }
+  auto x = bf16_round(random_floats(static_cast<size_t>(n * C), 43));
+  auto xs = bf16_round(random_floats(static_cast<size_t>(P * C), 47));  // sorted rows for the rowmap-free run
+  auto dx = to_device(bf16_of(x), s);
+  auto dxs = to_device(bf16_of(xs), s);
+  auto di = to_device(ids, s);
+  gpu::DeviceBuffer off(static_cast<size_t>(E + 1) * 4), pl(static_cast<size_t>(P) * 4);
+  gpu::moe_route(di.as<int32_t>(), P, E, off.as<int32_t>(), pl.as<int32_t>(), s);
+  auto pairs = to_host<int32_t>(pl, static_cast<size_t>(P), s);
+  auto offs = to_host<int32_t>(off, static_cast<size_t>(E + 1), s);
+  // References of both runs: [mode][i * N + r], and sum |w x|.
+  std::vector<double> ref[2], mag[2];
+  for (int mode = 0; mode < 2; ++mode) {
+    ref[mode].assign(static_cast<size_t>(P * N), 0.0);
+    mag[mode].assign(static_cast<size_t>(P * N), 0.0);
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t i = offs[static_cast<size_t>(e)]; i < offs[static_cast<size_t>(e) + 1]; ++i) {
+        const float* xr = mode == 0 ? x.data() + (pairs[static_cast<size_t>(i)] / K) * C : xs.data() + i * C;
+        const GgufHostW& w = ex[static_cast<size_t>(e)];
+        for (int64_t r = 0; r < N; ++r) {
+          double v = 0, m = 0;
+          for (int64_t k = 0; k < C; ++k) {
+            const double t = static_cast<double>(w.deq[static_cast<size_t>(r * C + k)]) * xr[k];
+            v += t;
+            m += std::fabs(t);
+          }
+          ref[mode][static_cast<size_t>(i * N + r)] = v;
+          mag[mode][static_cast<size_t>(i * N + r)] = m;
+        }
+      }
+  }
+  std::vector<double> worst;
+  for (gpu::GgufPrefillKernel kern : kPrefillKernels) {
+    gpu::set_gguf_prefill_kernel(kern);
+    double wk = 0;
+    for (int mode = 0; mode < 2; ++mode) {
+      std::vector<float> poison(static_cast<size_t>(P * N), std::nanf(""));
+      auto dc = to_device(poison, s);
+      if (mode == 0) gpu::gguf_moe_gemm(dx.as<uint16_t>(), pl.as<int32_t>(), K, P, off.as<int32_t>(), E, dw.weight(), N, dc.as<float>(), s);
+      else gpu::gguf_moe_gemm(dxs.as<uint16_t>(), nullptr, 1, P, off.as<int32_t>(), E, dw.weight(), N, dc.as<float>(), s);
+      auto c = to_host<float>(dc, poison.size(), s);
+      for (size_t i = 0; i < c.size(); ++i) {
+        const double err = std::fabs(c[i] - ref[mode][i]) / (0x1p-8 * mag[mode][i] + 1e-6);
+        if (!(err <= wk)) wk = std::isnan(err) ? 1e30 : err;
+      }
+    }
+    worst.push_back(wk);
   }
   return worst;
 }

@@ -102,6 +102,26 @@ TEST_CASE("gpu gguf: the decode kernel setting takes dense, direct or staged and
   CHECK(gpu::gguf_decode_kernel() == gpu::GgufDecodeKernel::direct);
 }
 
+TEST_CASE("gpu gguf: the prefill kernel setting takes simple or pipelined (and its tiles), defaults to simple and names a bad value") {
+  test::PrefillKernelScope restore;
+  Settings s = Settings::defaults();
+  CHECK(s.gpu_gguf_prefill_kernel == "simple");
+  CHECK(GpuRuntimeOptions::from_settings(s).gguf_prefill_kernel == gpu::GgufPrefillKernel::simple);
+  CHECK(gpu::gguf_prefill_kernel() == gpu::GgufPrefillKernel::simple);
+  for (gpu::GgufPrefillKernel k : test::kPrefillKernels) {
+    s.gpu_gguf_prefill_kernel = gpu::gguf_prefill_kernel_name(k);
+    CHECK(GpuRuntimeOptions::from_settings(s).gguf_prefill_kernel == k);
+    gpu::set_gguf_prefill_kernel(k);
+    CHECK(gpu::gguf_prefill_kernel() == k);
+  }
+  s.gpu_gguf_prefill_kernel = "PIPELINED";
+  s.validate();  // choices are read in lower case
+  CHECK(GpuRuntimeOptions::from_settings(s).gguf_prefill_kernel == gpu::GgufPrefillKernel::pipelined);
+  s.gpu_gguf_prefill_kernel = "fast";
+  CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("pipelined"), Error);
+  CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);
+}
+
 TEST_CASE("gpu gguf_gemv matches the scalar reference within the int8 activation rounding") {
   if (!test::have_gpu()) return;
   gpu::Stream s;
@@ -234,6 +254,7 @@ TEST_CASE("gpu gguf_moe_experts matches a scalar SwiGLU expert reference") {
 
 TEST_CASE("gpu gguf_moe_gemm (grouped tensor-core product on the blocks) matches the scalar reference") {
   if (!test::have_gpu()) return;
+  test::PrefillKernelScope restore;
   gpu::Stream s;
   const int64_t E = 5, N = 256, C = 512;
   for (cpu::ExtType t : kTypes) {
@@ -245,7 +266,32 @@ TEST_CASE("gpu gguf_moe_gemm (grouped tensor-core product on the blocks) matches
     }
     gpu::GgufDeviceMat dw(views, s, "experts");
     REQUIRE(gpu::gguf_moe_gemm_supported(dw.weight(), N));
-    const double worst = test::gguf_moe_gemm_worst(ex, dw, N, C, s);
-    CHECK_MESSAGE(worst <= 1.0, name(t) << ": worst error / (2^-8 sum |w x|) " << worst);
+    for (gpu::GgufPrefillKernel kern : test::kPrefillKernels) {
+      gpu::set_gguf_prefill_kernel(kern);
+      const double worst = test::gguf_moe_gemm_worst(ex, dw, N, C, s);
+      CHECK_MESSAGE(worst <= 1.0, gpu::gguf_prefill_kernel_name(kern) << " " << name(t) << ": worst error / (2^-8 sum |w x|) " << worst);
+    }
+  }
+}
+
+TEST_CASE("gpu gguf_moe_gemm (grouped tensor-core product on the blocks): ragged experts (0, 1, 63, 64, 65, 300, 7 rows), every kernel and tile") {
+  if (!test::have_gpu()) return;
+  test::PrefillKernelScope restore;
+  gpu::Stream s;
+  const std::vector<int> counts = {0, 1, 63, 64, 65, 300, 7};
+  const int64_t E = static_cast<int64_t>(counts.size()), N = 256, C = 768;
+  for (cpu::ExtType t : kTypes) {
+    std::vector<HostW> ex;
+    std::vector<cpu::Mat> views;
+    for (int64_t e = 0; e < E; ++e) {
+      ex.push_back(make(t, N, C, 1700 + static_cast<uint64_t>(e) + 10 * static_cast<uint64_t>(t)));
+      views.push_back(ex.back().view);
+    }
+    gpu::GgufDeviceMat dw(views, s, "experts");
+    REQUIRE(gpu::gguf_moe_gemm_supported(dw.weight(), N));
+    const std::vector<double> worst = test::gguf_moe_gemm_ragged_worst(ex, dw, N, C, counts, s);
+    for (size_t i = 0; i < worst.size(); ++i)
+      CHECK_MESSAGE(worst[i] <= 1.0, gpu::gguf_prefill_kernel_name(test::kPrefillKernels[i]) << " " << name(t) << ": worst error / (2^-8 sum |w x|) "
+                                                                                            << worst[i]);
   }
 }
