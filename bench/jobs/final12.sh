@@ -6,7 +6,8 @@
 #   D. bench_gpu_gguf --prefill (simple / pipelined, Q8_0 and Q4_K, 512-8192 tokens);
 #   E. end to end: an 8-layer Qwen3-30B-A3B-shaped Q8_0 file all on the GPU, pp4096 / pp8192 under the old and new
 #      prefill kernels (HMOE_GPU_GGUF_PREFILL_KERNEL, HMOE_GPU_ATTENTION_TILES_KERNEL);
-#   F. the Qwen3-Next fixture under v5; then test_gpu whole with the time left.
+#   F. the Qwen3-Next fixture under v5; G. bench/jobs/q3n48.sh (48-layer Qwen3-Next, all-GPU and CPU experts) with
+#      the time left, then test_gpu whole if any is left.
 # Run: carry [".device/f8"], `OUT=$OUT bash .device/f8/scripts/device run final12:590`, timeout 598.
 set -u
 OUTD=${OUT:-/tmp/out}; O=/tmp/f12; mkdir -p "$O" "$OUTD"; T0=$SECONDS; TOTAL=${TOTAL:-575}
@@ -37,6 +38,9 @@ for cfg in simple:1 pipelined:1 simple:2 pipelined:2 pipelined:3; do
 done
 HMOE_GPU_DELTANET_KERNEL=v5 guard fix5 60 $B test_gpu -tc='*qwen3next*,*qwen3_next*'
 sum fix5
+mkdir -p /tmp/q3o
+O=/tmp/q3o LIMIT=$(($(rem) - 5)) Q3N_STEPS="gpu cpu" bash "$(dirname "${BASH_SOURCE[0]}")/q3n48.sh"
+tar czf "$OUTD/q3o.tgz" -C /tmp/q3o . 2>/dev/null
 guard all 400 $B test_gpu
 sum all 40
 tail -3 "$O/all.log"
