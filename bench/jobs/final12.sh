@@ -39,7 +39,7 @@ done
 HMOE_GPU_DELTANET_KERNEL=v5 guard fix5 60 $B test_gpu -tc='*qwen3next*,*qwen3_next*'
 sum fix5
 mkdir -p /tmp/q3o
-O=/tmp/q3o LIMIT=$(($(rem) - 5)) Q3N_STEPS="gpu cpu" bash "$(dirname "${BASH_SOURCE[0]}")/q3n48.sh"
+O=/tmp/q3o PACK_TAR="$OUTD/q3o.tgz" LIMIT=$(($(rem) - 5)) Q3N_STEPS="gpu cpu" bash "$(dirname "${BASH_SOURCE[0]}")/q3n48.sh"
 tar czf "$OUTD/q3o.tgz" -C /tmp/q3o . 2>/dev/null
 guard all 400 $B test_gpu
 sum all 40

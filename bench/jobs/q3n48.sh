@@ -11,7 +11,7 @@
 # Needs $B (a device root packed with BUILD/bin/hmoe and BUILD/bin/slice_gguf) and $O or $OUT; LIMIT (default
 # 580 s) bounds the job: a step that would not finish in the time left is skipped and says so. W: the work
 # folder (default /dev/shm/q3n48 when /dev/shm has room, else /tmp/q3n48; kept between calls on a warm machine).
-# Q3N_STEPS (default "gpu cpu cap") picks the steps after the file.
+# PACK_TAR: a tarball of $O rewritten after each step. Q3N_STEPS (default "gpu cpu cap") picks the steps after the file.
 set -u
 O=${O:-${OUT:-/tmp/out}}; mkdir -p "$O"
 LIMIT=${LIMIT:-580}; T0=$SECONDS
@@ -45,6 +45,7 @@ bench() {
   echo "$name rc $?"
   grep -E "^\| (tg|pp)|^Decode bound|bound" "$O/$name.md" | head -12
   grep -E "automatic|resident|streamed|split decode|rror" "$O/$name.err" | head -5
+  [[ -n ${PACK_TAR:-} ]] && tar czf "$PACK_TAR" -C "$O" . 2>/dev/null  # the logs so far, should the call be cut
 }
 if [[ $STEPS == *" gpu "* ]]; then
   bench gpu_prefill 80 --gpu-resident-moe-layers all --max-model-len 36864 --max-num-batched-tokens 8192 -p 4096,32768 -n 0 -r 1
