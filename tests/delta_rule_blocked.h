@@ -10,7 +10,8 @@
 // An emulator is called as emu(tag, shape, inputs, groups, ntok, max_rec,
 // C, states, out) with tag a std::type_identity of float or double: states
 // per group [nv][dk][dv] (updated; a fresh group's read as zero), out
-// [token][nv dv] (only chunked groups' rows written).
+// [token][nv dv] (only chunked groups' rows written). Launch, first_slots and
+// the walk's state blocks are what both emulations share of the kernels' layout.
 #pragma once
 #include <doctest/doctest.h>
 
@@ -127,14 +128,7 @@ inline Inputs make_inputs(const Shape& sh, int64_t n, uint64_t seed, float fast)
   Inputs in;
   in.conv.resize(static_cast<size_t>(n * cd));
   for (auto& x : in.conv) x = nd(rng);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t h = 0; h < 2 * sh.nk; ++h) {
-      float* x = in.conv.data() + t * cd + h * sh.dk;
-      double ss = 0;
-      for (int64_t j = 0; j < sh.dk; ++j) ss += static_cast<double>(x[j]) * x[j];
-      const double inv = 1.0 / std::sqrt(ss + 1e-6) * (h < sh.nk ? 1.0 / std::sqrt(static_cast<double>(sh.dk)) : 1.0);
-      for (int64_t j = 0; j < sh.dk; ++j) x[j] = static_cast<float>(x[j] * inv);
-    }
+  for (int64_t t = 0; t < n; ++t) normalize_qk(in.conv.data() + t * cd, sh.nk, sh.dk);
   in.gate.resize(static_cast<size_t>(n * sh.nv));
   in.beta.resize(in.gate.size());
   for (auto& g : in.gate) g = -0.005f - fast * ud(rng) * ud(rng);
@@ -270,6 +264,43 @@ inline std::vector<int64_t> first_slots(const Groups& gr, int64_t max_rec, int64
     if (gr.count[g] > max_rec) slot += (gr.count[g] + C - 1) / C;
   }
   return first;
+}
+
+// What an emulation derives from one launch (groups gr over ntok tokens, chunk C): gn groups, the kernels' chunk
+// slots (ntok / C + gn), R floats a record, the rows' widths (conv cd, keys K, values V), HS floats a head's state,
+// and each group's first slot.
+struct Launch {
+  int64_t gn, slots, R, cd, K, V, HS;
+  std::vector<int64_t> first;
+  Launch(const Shape& sh, const Groups& gr, int64_t ntok, int64_t max_rec, int64_t C)
+      : gn(static_cast<int64_t>(gr.start.size())),
+        slots(ntok / C + gn),
+        R(rec_floats(C)),
+        cd(sh.conv_dim()),
+        K(sh.key_dim()),
+        V(sh.value_dim()),
+        HS(sh.dk * sh.dv),
+        first(first_slots(gr, max_rec, C)) {}
+};
+
+constexpr int64_t kWalkCols = 32;  // the walk's value columns per block
+
+// The walk's block of a head's state Sg ([dk][dv] fp32): value columns [c0, c0 + nc) as [dk][kWalkCols] in F,
+// zero-padded; all zero where the group is fresh.
+template <class F>
+std::vector<F> load_walk_block(const Shape& sh, const float* Sg, int64_t c0, int64_t nc, bool fresh) {
+  std::vector<F> S(static_cast<size_t>(sh.dk * kWalkCols), F(0));
+  if (!fresh)
+    for (int64_t r = 0; r < sh.dk; ++r)
+      for (int64_t c = 0; c < nc; ++c) S[static_cast<size_t>(r * kWalkCols + c)] = static_cast<F>(Sg[r * sh.dv + c0 + c]);
+  return S;
+}
+
+// The block back into Sg's columns [c0, c0 + nc), in fp32.
+template <class F>
+void store_walk_block(const Shape& sh, const std::vector<F>& S, float* Sg, int64_t c0, int64_t nc) {
+  for (int64_t r = 0; r < sh.dk; ++r)
+    for (int64_t c = 0; c < nc; ++c) Sg[r * sh.dv + c0 + c] = static_cast<float>(S[static_cast<size_t>(r * kWalkCols + c)]);
 }
 
 }  // namespace hmoe::test::blocked

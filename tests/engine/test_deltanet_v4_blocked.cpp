@@ -27,18 +27,16 @@ using namespace hmoe::test::blocked;
 
 namespace {
 
-constexpr int64_t kCols = 32;  // the walk's value columns per block
-
 // The v4 kernels' meaning for groups [0, gn) of ntok ordered tokens in one
 // launch: states per group [nv][dk][dv] (updated; a fresh group's is read as
 // zero), out [token][nv * dv] (only chunked groups' rows written).
 template <class F>
 void v4_emulate(const Shape& sh, const Inputs& in, const Groups& gr, int64_t ntok, int64_t max_rec, int64_t C, std::vector<float>& states,
                 std::vector<float>& out) {
-  const int64_t gn = static_cast<int64_t>(gr.start.size()), slots = ntok / C + gn, R = rec_floats(C);
-  const int64_t cd = sh.conv_dim(), K = sh.key_dim(), V = sh.value_dim(), HS = sh.dk * sh.dv;
+  const Launch lc(sh, gr, ntok, max_rec, C);
+  const int64_t gn = lc.gn, slots = lc.slots, R = lc.R, cd = lc.cd, K = lc.K, V = lc.V, HS = lc.HS;
+  const std::vector<int64_t>& first = lc.first;
   std::vector<F> recs(static_cast<size_t>(slots * sh.nv * R), std::numeric_limits<F>::quiet_NaN());  // what is never written is never read
-  const std::vector<int64_t> first = first_slots(gr, max_rec, C);
   for (int64_t g = 0; g < gn; ++g) {
     const int64_t cnt = gr.count[static_cast<size_t>(g)];
     if (cnt <= max_rec) continue;
@@ -55,13 +53,11 @@ void v4_emulate(const Shape& sh, const Inputs& in, const Groups& gr, int64_t nto
     for (int64_t hv = 0; hv < sh.nv; ++hv) {
       const int64_t hk = hv / (sh.nv / sh.nk);
       float* Sg = states.data() + (g * sh.nv + hv) * HS;
-      for (int64_t c0 = 0; c0 < sh.dv; c0 += kCols) {
-        const int64_t nc = std::min(kCols, sh.dv - c0);
-        std::vector<F> S(static_cast<size_t>(sh.dk * kCols), F(0)), Rm(static_cast<size_t>(C * kCols)), U(Rm.size()), U2(Rm.size()), O(Rm.size());
-        auto s = [&](int64_t r, int64_t c) -> F& { return S[static_cast<size_t>(r * kCols + c)]; };
-        if (!gr.fresh[static_cast<size_t>(g)])
-          for (int64_t r = 0; r < sh.dk; ++r)
-            for (int64_t c = 0; c < nc; ++c) s(r, c) = static_cast<F>(Sg[r * sh.dv + c0 + c]);
+      for (int64_t c0 = 0; c0 < sh.dv; c0 += kWalkCols) {
+        const int64_t nc = std::min(kWalkCols, sh.dv - c0);
+        std::vector<F> S = load_walk_block<F>(sh, Sg, c0, nc, gr.fresh[static_cast<size_t>(g)] != 0);
+        std::vector<F> Rm(static_cast<size_t>(C * kWalkCols)), U(Rm.size()), U2(Rm.size()), O(Rm.size());
+        auto s = [&](int64_t r, int64_t c) -> F& { return S[static_cast<size_t>(r * kWalkCols + c)]; };
         for (int64_t ci = 0; ci * C < cnt; ++ci) {
           const int64_t t0 = st + ci * C, L = std::min(C, cnt - ci * C);
           const F* rec = recs.data() + ((first[static_cast<size_t>(g)] + ci) * sh.nv + hv) * R;
@@ -77,39 +73,38 @@ void v4_emulate(const Shape& sh, const Inputs& in, const Groups& gr, int64_t nto
           // A: R = V - exp(G) K S, O = exp(G) Q S; K S and Q S as the 16-warp walk sums them, over each half of the
           // state rows apart (gpu/deltanet_v4_walk.cu; Q S in its step B).
           for (int64_t i = 0; i < C; ++i)
-            for (int64_t c = 0; c < kCols; ++c) {
+            for (int64_t c = 0; c < kWalkCols; ++c) {
               F ks[2] = {0, 0}, qs[2] = {0, 0};
               for (int64_t r = 0; r < sh.dk; ++r) {
                 ks[2 * r / sh.dk] += row(i, K, r) * s(r, c);
                 qs[2 * r / sh.dk] += row(i, 0, r) * s(r, c);
               }
-              Rm[static_cast<size_t>(i * kCols + c)] = v(i, c) - Fc[i] * (ks[0] + ks[1]);
-              O[static_cast<size_t>(i * kCols + c)] = Fc[i] * (qs[0] + qs[1]);
+              Rm[static_cast<size_t>(i * kWalkCols + c)] = v(i, c) - Fc[i] * (ks[0] + ks[1]);
+              O[static_cast<size_t>(i * kWalkCols + c)] = Fc[i] * (qs[0] + qs[1]);
             }
           // B: u = Tb R over k < 16 (strip + 1); u2 = exp(G_last - G) u.
           for (int64_t i = 0; i < C; ++i)
-            for (int64_t c = 0; c < kCols; ++c) {
+            for (int64_t c = 0; c < kWalkCols; ++c) {
               F u = 0;
-              for (int64_t m = 0; m < 16 * (i / 16 + 1); ++m) u += Tb[i * C + m] * Rm[static_cast<size_t>(m * kCols + c)];
-              U[static_cast<size_t>(i * kCols + c)] = u;
-              U2[static_cast<size_t>(i * kCols + c)] = Fc[C + i] * u;
+              for (int64_t m = 0; m < 16 * (i / 16 + 1); ++m) u += Tb[i * C + m] * Rm[static_cast<size_t>(m * kWalkCols + c)];
+              U[static_cast<size_t>(i * kWalkCols + c)] = u;
+              U2[static_cast<size_t>(i * kWalkCols + c)] = Fc[C + i] * u;
             }
           // C: S = exp(G_last) S + K^T u2; O += QKm u.
           for (int64_t r = 0; r < sh.dk; ++r)
-            for (int64_t c = 0; c < kCols; ++c) {
+            for (int64_t c = 0; c < kWalkCols; ++c) {
               F x = Fc[2 * C] * s(r, c);
-              for (int64_t m = 0; m < C; ++m) x += row(m, K, r) * U2[static_cast<size_t>(m * kCols + c)];
+              for (int64_t m = 0; m < C; ++m) x += row(m, K, r) * U2[static_cast<size_t>(m * kWalkCols + c)];
               s(r, c) = x;
             }
           for (int64_t i = 0; i < L; ++i)
             for (int64_t c = 0; c < nc; ++c) {
-              F o = O[static_cast<size_t>(i * kCols + c)];
-              for (int64_t m = 0; m < 16 * (i / 16 + 1); ++m) o += QK[i * C + m] * U[static_cast<size_t>(m * kCols + c)];
+              F o = O[static_cast<size_t>(i * kWalkCols + c)];
+              for (int64_t m = 0; m < 16 * (i / 16 + 1); ++m) o += QK[i * C + m] * U[static_cast<size_t>(m * kWalkCols + c)];
               out[static_cast<size_t>((t0 + i) * V + hv * sh.dv + c0 + c)] = static_cast<float>(o);
             }
         }
-        for (int64_t r = 0; r < sh.dk; ++r)
-          for (int64_t c = 0; c < nc; ++c) Sg[r * sh.dv + c0 + c] = static_cast<float>(s(r, c));
+        store_walk_block(sh, S, Sg, c0, nc);
       }
     }
   }

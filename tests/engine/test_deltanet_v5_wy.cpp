@@ -29,17 +29,15 @@ using namespace hmoe::test::blocked;
 
 namespace {
 
-constexpr int64_t kCols = 32;  // the walk's value columns per block
-
 template <class F>
 void v5_emulate(const Shape& sh, const Inputs& in, const Groups& gr, int64_t ntok, int64_t max_rec, int64_t C, std::vector<float>& states,
                 std::vector<float>& out) {
-  const int64_t gn = static_cast<int64_t>(gr.start.size()), slots = ntok / C + gn, R = rec_floats(C);
-  const int64_t cd = sh.conv_dim(), K = sh.key_dim(), V = sh.value_dim(), HS = sh.dk * sh.dv;
+  const Launch lc(sh, gr, ntok, max_rec, C);
+  const int64_t gn = lc.gn, slots = lc.slots, R = lc.R, cd = lc.cd, K = lc.K, V = lc.V, HS = lc.HS;
+  const std::vector<int64_t>& first = lc.first;
   const F nan = std::numeric_limits<F>::quiet_NaN();
   std::vector<F> recs(static_cast<size_t>(slots * sh.nv * R), nan), W(static_cast<size_t>(slots * sh.nv * C * sh.dk), nan),
       Sc(static_cast<size_t>(slots * sh.nv * HS), nan), o(out.begin(), out.end());  // o: the kernels' `out`
-  const std::vector<int64_t> first = first_slots(gr, max_rec, C);
   auto conv = [&](int64_t t0, int64_t L, int64_t i, int64_t col) { return i < L ? static_cast<F>(in.conv[static_cast<size_t>((t0 + i) * cd + col)]) : F(0); };
   // Phase 1: records, W and U.
   for (int64_t g = 0; g < gn; ++g) {
@@ -79,13 +77,11 @@ void v5_emulate(const Shape& sh, const Inputs& in, const Groups& gr, int64_t nto
     for (int64_t hv = 0; hv < sh.nv; ++hv) {
       const int64_t hk = hv / (sh.nv / sh.nk);
       float* Sg = states.data() + (g * sh.nv + hv) * HS;
-      for (int64_t c0 = 0; c0 < sh.dv; c0 += kCols) {
-        const int64_t nc = std::min(kCols, sh.dv - c0);
-        std::vector<F> S(static_cast<size_t>(sh.dk * kCols), F(0)), Uo(static_cast<size_t>(C * kCols)), Un(Uo.size());
-        auto s = [&](int64_t r, int64_t c) -> F& { return S[static_cast<size_t>(r * kCols + c)]; };
-        if (!gr.fresh[static_cast<size_t>(g)])
-          for (int64_t r = 0; r < sh.dk; ++r)
-            for (int64_t c = 0; c < nc; ++c) s(r, c) = static_cast<F>(Sg[r * sh.dv + c0 + c]);
+      for (int64_t c0 = 0; c0 < sh.dv; c0 += kWalkCols) {
+        const int64_t nc = std::min(kWalkCols, sh.dv - c0);
+        std::vector<F> S = load_walk_block<F>(sh, Sg, c0, nc, gr.fresh[static_cast<size_t>(g)] != 0);
+        std::vector<F> Uo(static_cast<size_t>(C * kWalkCols)), Un(Uo.size());
+        auto s = [&](int64_t r, int64_t c) -> F& { return S[static_cast<size_t>(r * kWalkCols + c)]; };
         for (int64_t ci = 0; ci * C < cnt; ++ci) {
           const int64_t slot = first[static_cast<size_t>(g)] + ci, t0 = st + ci * C, L = std::min(C, cnt - ci * C);
           const F* Wc = W.data() + (slot * sh.nv + hv) * C * sh.dk;
@@ -94,25 +90,24 @@ void v5_emulate(const Shape& sh, const Inputs& in, const Groups& gr, int64_t nto
           for (int64_t r = 0; r < sh.dk; ++r)
             for (int64_t c = 0; c < nc; ++c) Scc[r * sh.dv + c0 + c] = s(r, c);
           for (int64_t i = 0; i < C; ++i)
-            for (int64_t c = 0; c < kCols; ++c) {
+            for (int64_t c = 0; c < kWalkCols; ++c) {
               F part[2] = {0, 0};
               for (int64_t r = 0; r < sh.dk; ++r) part[2 * r / sh.dk] += Wc[i * sh.dk + r] * s(r, c);
               const F U = i < L && c < nc ? o[static_cast<size_t>((t0 + i) * V + hv * sh.dv + c0 + c)] : F(0);
               const F u = U - (part[0] + part[1]);
-              Uo[static_cast<size_t>(i * kCols + c)] = u;
-              Un[static_cast<size_t>(i * kCols + c)] = fl[i] * u;
+              Uo[static_cast<size_t>(i * kWalkCols + c)] = u;
+              Un[static_cast<size_t>(i * kWalkCols + c)] = fl[i] * u;
             }
           for (int64_t i = 0; i < L; ++i)
-            for (int64_t c = 0; c < nc; ++c) o[static_cast<size_t>((t0 + i) * V + hv * sh.dv + c0 + c)] = Uo[static_cast<size_t>(i * kCols + c)];
+            for (int64_t c = 0; c < nc; ++c) o[static_cast<size_t>((t0 + i) * V + hv * sh.dv + c0 + c)] = Uo[static_cast<size_t>(i * kWalkCols + c)];
           for (int64_t r = 0; r < sh.dk; ++r)
-            for (int64_t c = 0; c < kCols; ++c) {
+            for (int64_t c = 0; c < kWalkCols; ++c) {
               F x = fl[C] * s(r, c);
-              for (int64_t m = 0; m < C; ++m) x += conv(t0, L, m, K + hk * sh.dk + r) * Un[static_cast<size_t>(m * kCols + c)];
+              for (int64_t m = 0; m < C; ++m) x += conv(t0, L, m, K + hk * sh.dk + r) * Un[static_cast<size_t>(m * kWalkCols + c)];
               s(r, c) = x;
             }
         }
-        for (int64_t r = 0; r < sh.dk; ++r)
-          for (int64_t c = 0; c < nc; ++c) Sg[r * sh.dv + c0 + c] = static_cast<float>(s(r, c));
+        store_walk_block(sh, S, Sg, c0, nc);
       }
     }
   }
