@@ -303,4 +303,24 @@ void store_walk_block(const Shape& sh, const std::vector<F>& S, float* Sg, int64
     for (int64_t c = 0; c < nc; ++c) Sg[r * sh.dv + c0 + c] = static_cast<float>(S[static_cast<size_t>(r * kWalkCols + c)]);
 }
 
+// The walk in the kernels' order: for each group of more than max_rec tokens, value head hv and block of
+// kWalkCols value columns from c0 (nc of them real), fn(g, hv, c0, nc, S) on the block of the group's state for hv
+// (load_walk_block), stored back after.
+template <class F, class Fn>
+void for_each_walk_block(const Shape& sh, const Groups& gr, int64_t max_rec, std::vector<float>& states, Fn fn) {
+  const int64_t HS = sh.dk * sh.dv;
+  for (int64_t g = 0; g < static_cast<int64_t>(gr.start.size()); ++g) {
+    if (gr.count[static_cast<size_t>(g)] <= max_rec) continue;
+    for (int64_t hv = 0; hv < sh.nv; ++hv) {
+      float* Sg = states.data() + (g * sh.nv + hv) * HS;
+      for (int64_t c0 = 0; c0 < sh.dv; c0 += kWalkCols) {
+        const int64_t nc = std::min(kWalkCols, sh.dv - c0);
+        std::vector<F> S = load_walk_block<F>(sh, Sg, c0, nc, gr.fresh[static_cast<size_t>(g)] != 0);
+        fn(g, hv, c0, nc, S);
+        store_walk_block(sh, S, Sg, c0, nc);
+      }
+    }
+  }
+}
+
 }  // namespace hmoe::test::blocked

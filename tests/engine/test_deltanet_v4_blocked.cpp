@@ -34,7 +34,7 @@ template <class F>
 void v4_emulate(const Shape& sh, const Inputs& in, const Groups& gr, int64_t ntok, int64_t max_rec, int64_t C, std::vector<float>& states,
                 std::vector<float>& out) {
   const Launch lc(sh, gr, ntok, max_rec, C);
-  const int64_t gn = lc.gn, slots = lc.slots, R = lc.R, cd = lc.cd, K = lc.K, V = lc.V, HS = lc.HS;
+  const int64_t gn = lc.gn, slots = lc.slots, R = lc.R, cd = lc.cd, K = lc.K, V = lc.V;
   const std::vector<int64_t>& first = lc.first;
   std::vector<F> recs(static_cast<size_t>(slots * sh.nv * R), std::numeric_limits<F>::quiet_NaN());  // what is never written is never read
   for (int64_t g = 0; g < gn; ++g) {
@@ -47,67 +47,57 @@ void v4_emulate(const Shape& sh, const Inputs& in, const Groups& gr, int64_t nto
         prep_record<F>(sh, in, gr.start[static_cast<size_t>(g)] + ci * C, std::min(C, cnt - ci * C), hv, C, recs.data() + (slot * sh.nv + hv) * R);
     }
   }
-  for (int64_t g = 0; g < gn; ++g) {
-    const int64_t cnt = gr.count[static_cast<size_t>(g)], st = gr.start[static_cast<size_t>(g)];
-    if (cnt <= max_rec) continue;
-    for (int64_t hv = 0; hv < sh.nv; ++hv) {
-      const int64_t hk = hv / (sh.nv / sh.nk);
-      float* Sg = states.data() + (g * sh.nv + hv) * HS;
-      for (int64_t c0 = 0; c0 < sh.dv; c0 += kWalkCols) {
-        const int64_t nc = std::min(kWalkCols, sh.dv - c0);
-        std::vector<F> S = load_walk_block<F>(sh, Sg, c0, nc, gr.fresh[static_cast<size_t>(g)] != 0);
-        std::vector<F> Rm(static_cast<size_t>(C * kWalkCols)), U(Rm.size()), U2(Rm.size()), O(Rm.size());
-        auto s = [&](int64_t r, int64_t c) -> F& { return S[static_cast<size_t>(r * kWalkCols + c)]; };
-        for (int64_t ci = 0; ci * C < cnt; ++ci) {
-          const int64_t t0 = st + ci * C, L = std::min(C, cnt - ci * C);
-          const F* rec = recs.data() + ((first[static_cast<size_t>(g)] + ci) * sh.nv + hv) * R;
-          const F* Tb = rec;
-          const F* QK = rec + C * C;
-          const F* Fc = QK + C * C;
-          auto row = [&](int64_t i, int64_t off, int64_t r) {
-            return i < L ? static_cast<F>(in.conv[static_cast<size_t>((t0 + i) * cd + off + hk * sh.dk + r)]) : F(0);
-          };
-          auto v = [&](int64_t i, int64_t c) {
-            return i < L && c < nc ? static_cast<F>(in.conv[static_cast<size_t>((t0 + i) * cd + 2 * K + hv * sh.dv + c0 + c)]) : F(0);
-          };
-          // A: R = V - exp(G) K S, O = exp(G) Q S; K S and Q S as the 16-warp walk sums them, over each half of the
-          // state rows apart (gpu/deltanet_v4_walk.cu; Q S in its step B).
-          for (int64_t i = 0; i < C; ++i)
-            for (int64_t c = 0; c < kWalkCols; ++c) {
-              F ks[2] = {0, 0}, qs[2] = {0, 0};
-              for (int64_t r = 0; r < sh.dk; ++r) {
-                ks[2 * r / sh.dk] += row(i, K, r) * s(r, c);
-                qs[2 * r / sh.dk] += row(i, 0, r) * s(r, c);
-              }
-              Rm[static_cast<size_t>(i * kWalkCols + c)] = v(i, c) - Fc[i] * (ks[0] + ks[1]);
-              O[static_cast<size_t>(i * kWalkCols + c)] = Fc[i] * (qs[0] + qs[1]);
-            }
-          // B: u = Tb R over k < 16 (strip + 1); u2 = exp(G_last - G) u.
-          for (int64_t i = 0; i < C; ++i)
-            for (int64_t c = 0; c < kWalkCols; ++c) {
-              F u = 0;
-              for (int64_t m = 0; m < 16 * (i / 16 + 1); ++m) u += Tb[i * C + m] * Rm[static_cast<size_t>(m * kWalkCols + c)];
-              U[static_cast<size_t>(i * kWalkCols + c)] = u;
-              U2[static_cast<size_t>(i * kWalkCols + c)] = Fc[C + i] * u;
-            }
-          // C: S = exp(G_last) S + K^T u2; O += QKm u.
-          for (int64_t r = 0; r < sh.dk; ++r)
-            for (int64_t c = 0; c < kWalkCols; ++c) {
-              F x = Fc[2 * C] * s(r, c);
-              for (int64_t m = 0; m < C; ++m) x += row(m, K, r) * U2[static_cast<size_t>(m * kWalkCols + c)];
-              s(r, c) = x;
-            }
-          for (int64_t i = 0; i < L; ++i)
-            for (int64_t c = 0; c < nc; ++c) {
-              F o = O[static_cast<size_t>(i * kWalkCols + c)];
-              for (int64_t m = 0; m < 16 * (i / 16 + 1); ++m) o += QK[i * C + m] * U[static_cast<size_t>(m * kWalkCols + c)];
-              out[static_cast<size_t>((t0 + i) * V + hv * sh.dv + c0 + c)] = static_cast<float>(o);
-            }
+  for_each_walk_block<F>(sh, gr, max_rec, states, [&](int64_t g, int64_t hv, int64_t c0, int64_t nc, std::vector<F>& S) {
+    const int64_t cnt = gr.count[static_cast<size_t>(g)], st = gr.start[static_cast<size_t>(g)], hk = hv / (sh.nv / sh.nk);
+    std::vector<F> Rm(static_cast<size_t>(C * kWalkCols)), U(Rm.size()), U2(Rm.size()), O(Rm.size());
+    auto s = [&](int64_t r, int64_t c) -> F& { return S[static_cast<size_t>(r * kWalkCols + c)]; };
+    for (int64_t ci = 0; ci * C < cnt; ++ci) {
+      const int64_t t0 = st + ci * C, L = std::min(C, cnt - ci * C);
+      const F* rec = recs.data() + ((first[static_cast<size_t>(g)] + ci) * sh.nv + hv) * R;
+      const F* Tb = rec;
+      const F* QK = rec + C * C;
+      const F* Fc = QK + C * C;
+      auto row = [&](int64_t i, int64_t off, int64_t r) {
+        return i < L ? static_cast<F>(in.conv[static_cast<size_t>((t0 + i) * cd + off + hk * sh.dk + r)]) : F(0);
+      };
+      auto v = [&](int64_t i, int64_t c) {
+        return i < L && c < nc ? static_cast<F>(in.conv[static_cast<size_t>((t0 + i) * cd + 2 * K + hv * sh.dv + c0 + c)]) : F(0);
+      };
+      // A: R = V - exp(G) K S, O = exp(G) Q S; K S and Q S as the 16-warp walk sums them, over each half of the
+      // state rows apart (gpu/deltanet_v4_walk.cu; Q S in its step B).
+      for (int64_t i = 0; i < C; ++i)
+        for (int64_t c = 0; c < kWalkCols; ++c) {
+          F ks[2] = {0, 0}, qs[2] = {0, 0};
+          for (int64_t r = 0; r < sh.dk; ++r) {
+            ks[2 * r / sh.dk] += row(i, K, r) * s(r, c);
+            qs[2 * r / sh.dk] += row(i, 0, r) * s(r, c);
+          }
+          Rm[static_cast<size_t>(i * kWalkCols + c)] = v(i, c) - Fc[i] * (ks[0] + ks[1]);
+          O[static_cast<size_t>(i * kWalkCols + c)] = Fc[i] * (qs[0] + qs[1]);
         }
-        store_walk_block(sh, S, Sg, c0, nc);
-      }
+      // B: u = Tb R over k < 16 (strip + 1); u2 = exp(G_last - G) u.
+      for (int64_t i = 0; i < C; ++i)
+        for (int64_t c = 0; c < kWalkCols; ++c) {
+          F u = 0;
+          for (int64_t m = 0; m < 16 * (i / 16 + 1); ++m) u += Tb[i * C + m] * Rm[static_cast<size_t>(m * kWalkCols + c)];
+          U[static_cast<size_t>(i * kWalkCols + c)] = u;
+          U2[static_cast<size_t>(i * kWalkCols + c)] = Fc[C + i] * u;
+        }
+      // C: S = exp(G_last) S + K^T u2; O += QKm u.
+      for (int64_t r = 0; r < sh.dk; ++r)
+        for (int64_t c = 0; c < kWalkCols; ++c) {
+          F x = Fc[2 * C] * s(r, c);
+          for (int64_t m = 0; m < C; ++m) x += row(m, K, r) * U2[static_cast<size_t>(m * kWalkCols + c)];
+          s(r, c) = x;
+        }
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t c = 0; c < nc; ++c) {
+          F o = O[static_cast<size_t>(i * kWalkCols + c)];
+          for (int64_t m = 0; m < 16 * (i / 16 + 1); ++m) o += QK[i * C + m] * U[static_cast<size_t>(m * kWalkCols + c)];
+          out[static_cast<size_t>((t0 + i) * V + hv * sh.dv + c0 + c)] = static_cast<float>(o);
+        }
     }
-  }
+  });
 }
 
 const auto v4_emu = [](auto tag, auto&&... args) { v4_emulate<typename decltype(tag)::type>(args...); };

@@ -71,46 +71,36 @@ void v5_emulate(const Shape& sh, const Inputs& in, const Groups& gr, int64_t nto
     }
   }
   // Phase 2: the walk.
-  for (int64_t g = 0; g < gn; ++g) {
-    const int64_t cnt = gr.count[static_cast<size_t>(g)], st = gr.start[static_cast<size_t>(g)];
-    if (cnt <= max_rec) continue;
-    for (int64_t hv = 0; hv < sh.nv; ++hv) {
-      const int64_t hk = hv / (sh.nv / sh.nk);
-      float* Sg = states.data() + (g * sh.nv + hv) * HS;
-      for (int64_t c0 = 0; c0 < sh.dv; c0 += kWalkCols) {
-        const int64_t nc = std::min(kWalkCols, sh.dv - c0);
-        std::vector<F> S = load_walk_block<F>(sh, Sg, c0, nc, gr.fresh[static_cast<size_t>(g)] != 0);
-        std::vector<F> Uo(static_cast<size_t>(C * kWalkCols)), Un(Uo.size());
-        auto s = [&](int64_t r, int64_t c) -> F& { return S[static_cast<size_t>(r * kWalkCols + c)]; };
-        for (int64_t ci = 0; ci * C < cnt; ++ci) {
-          const int64_t slot = first[static_cast<size_t>(g)] + ci, t0 = st + ci * C, L = std::min(C, cnt - ci * C);
-          const F* Wc = W.data() + (slot * sh.nv + hv) * C * sh.dk;
-          const F* fl = recs.data() + (slot * sh.nv + hv) * R + 2 * C * C + C;  // exp(G_last - G_i), exp(G_last)
-          F* Scc = Sc.data() + (slot * sh.nv + hv) * HS;
-          for (int64_t r = 0; r < sh.dk; ++r)
-            for (int64_t c = 0; c < nc; ++c) Scc[r * sh.dv + c0 + c] = s(r, c);
-          for (int64_t i = 0; i < C; ++i)
-            for (int64_t c = 0; c < kWalkCols; ++c) {
-              F part[2] = {0, 0};
-              for (int64_t r = 0; r < sh.dk; ++r) part[2 * r / sh.dk] += Wc[i * sh.dk + r] * s(r, c);
-              const F U = i < L && c < nc ? o[static_cast<size_t>((t0 + i) * V + hv * sh.dv + c0 + c)] : F(0);
-              const F u = U - (part[0] + part[1]);
-              Uo[static_cast<size_t>(i * kWalkCols + c)] = u;
-              Un[static_cast<size_t>(i * kWalkCols + c)] = fl[i] * u;
-            }
-          for (int64_t i = 0; i < L; ++i)
-            for (int64_t c = 0; c < nc; ++c) o[static_cast<size_t>((t0 + i) * V + hv * sh.dv + c0 + c)] = Uo[static_cast<size_t>(i * kWalkCols + c)];
-          for (int64_t r = 0; r < sh.dk; ++r)
-            for (int64_t c = 0; c < kWalkCols; ++c) {
-              F x = fl[C] * s(r, c);
-              for (int64_t m = 0; m < C; ++m) x += conv(t0, L, m, K + hk * sh.dk + r) * Un[static_cast<size_t>(m * kWalkCols + c)];
-              s(r, c) = x;
-            }
+  for_each_walk_block<F>(sh, gr, max_rec, states, [&](int64_t g, int64_t hv, int64_t c0, int64_t nc, std::vector<F>& S) {
+    const int64_t cnt = gr.count[static_cast<size_t>(g)], st = gr.start[static_cast<size_t>(g)], hk = hv / (sh.nv / sh.nk);
+    std::vector<F> Uo(static_cast<size_t>(C * kWalkCols)), Un(Uo.size());
+    auto s = [&](int64_t r, int64_t c) -> F& { return S[static_cast<size_t>(r * kWalkCols + c)]; };
+    for (int64_t ci = 0; ci * C < cnt; ++ci) {
+      const int64_t slot = first[static_cast<size_t>(g)] + ci, t0 = st + ci * C, L = std::min(C, cnt - ci * C);
+      const F* Wc = W.data() + (slot * sh.nv + hv) * C * sh.dk;
+      const F* fl = recs.data() + (slot * sh.nv + hv) * R + 2 * C * C + C;  // exp(G_last - G_i), exp(G_last)
+      F* Scc = Sc.data() + (slot * sh.nv + hv) * HS;
+      for (int64_t r = 0; r < sh.dk; ++r)
+        for (int64_t c = 0; c < nc; ++c) Scc[r * sh.dv + c0 + c] = s(r, c);
+      for (int64_t i = 0; i < C; ++i)
+        for (int64_t c = 0; c < kWalkCols; ++c) {
+          F part[2] = {0, 0};
+          for (int64_t r = 0; r < sh.dk; ++r) part[2 * r / sh.dk] += Wc[i * sh.dk + r] * s(r, c);
+          const F U = i < L && c < nc ? o[static_cast<size_t>((t0 + i) * V + hv * sh.dv + c0 + c)] : F(0);
+          const F u = U - (part[0] + part[1]);
+          Uo[static_cast<size_t>(i * kWalkCols + c)] = u;
+          Un[static_cast<size_t>(i * kWalkCols + c)] = fl[i] * u;
         }
-        store_walk_block(sh, S, Sg, c0, nc);
-      }
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t c = 0; c < nc; ++c) o[static_cast<size_t>((t0 + i) * V + hv * sh.dv + c0 + c)] = Uo[static_cast<size_t>(i * kWalkCols + c)];
+      for (int64_t r = 0; r < sh.dk; ++r)
+        for (int64_t c = 0; c < kWalkCols; ++c) {
+          F x = fl[C] * s(r, c);
+          for (int64_t m = 0; m < C; ++m) x += conv(t0, L, m, K + hk * sh.dk + r) * Un[static_cast<size_t>(m * kWalkCols + c)];
+          s(r, c) = x;
+        }
     }
-  }
+  });
   // Phase 3: every chunk's outputs, over u.
   for (int64_t g = 0; g < gn; ++g) {
     const int64_t cnt = gr.count[static_cast<size_t>(g)];
