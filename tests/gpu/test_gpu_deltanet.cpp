@@ -17,6 +17,7 @@
 #include "engine/runtime/gpu_runtime.h"
 #include "gpu/deltanet.h"
 #include "tests/delta_rule_heads.h"
+#include "tests/gpu/deltanet_layout.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
 
@@ -24,7 +25,6 @@ using namespace hmoe;
 
 namespace {
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
 int kernel_number(gpu::DeltaNetKernel k) {
   return k == gpu::DeltaNetKernel::v5 ? 5 : k == gpu::DeltaNetKernel::v4 ? 4 : k == gpu::DeltaNetKernel::v3 ? 3 : k == gpu::DeltaNetKernel::v2 ? 2 : 1;
 }
@@ -36,50 +36,10 @@ constexpr gpu::DeltaNetKernel kKernels[] = {gpu::DeltaNetKernel::v1, gpu::DeltaN
                                             gpu::DeltaNetKernel::v5};
 float sigm(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
-// The test's own reading of the checkpoint's grouped layout (per key head:
-// q dk, k dk, v r*dv, z r*dv; then per key head b r, a r).
-struct Layout {
-  gpu::DeltaNetShape sh;
-  int64_t r() const { return sh.nv / sh.nk; }
-  int64_t group() const { return 2 * sh.dk + 2 * r() * sh.dv; }
-  int64_t conv_col(int64_t c) const {
-    const int64_t K = sh.key_dim();
-    if (c < K) return (c / sh.dk) * group() + c % sh.dk;
-    if (c < 2 * K) return ((c - K) / sh.dk) * group() + sh.dk + (c - K) % sh.dk;
-    const int64_t v = c - 2 * K;
-    return (v / (r() * sh.dv)) * group() + 2 * sh.dk + v % (r() * sh.dv);
-  }
-  int64_t z_col(int64_t j) const { return (j / (r() * sh.dv)) * group() + 2 * sh.dk + r() * sh.dv + j % (r() * sh.dv); }
-  int64_t b_col(int64_t hv) const { return sh.nk * group() + (hv / r()) * 2 * r() + hv % r(); }
-  int64_t a_col(int64_t hv) const { return b_col(hv) + r(); }
-};
-
-struct Groups {
-  std::vector<int32_t> order, tok_group, start, count, fresh;
-};
-
-// Three sequences interleaved in the batch: 70 tokens (several chunks of
-// 16), 1 token (decode) and 5 tokens; the second starts fresh with garbage
-// in its buffer, the others continue a random state.
-Groups make_groups() {
-  Groups g;
-  const std::vector<int32_t> counts = {70, 1, 5};
-  std::vector<std::vector<int32_t>> rows(3);
-  int32_t row = 0;
-  for (int32_t i = 0; i < 70; ++i)
-    for (int32_t s = 0; s < 3; ++s)
-      if (i < counts[static_cast<size_t>(s)]) rows[static_cast<size_t>(s)].push_back(row++);
-  for (int32_t s = 0; s < 3; ++s) {
-    g.start.push_back(static_cast<int32_t>(g.order.size()));
-    g.count.push_back(counts[static_cast<size_t>(s)]);
-    g.fresh.push_back(s == 1 ? 1 : 0);
-    for (int32_t r : rows[static_cast<size_t>(s)]) {
-      g.order.push_back(r);
-      g.tok_group.push_back(s);
-    }
-  }
-  return g;
-}
+using test::deltanet::Groups;
+using test::deltanet::interleaved;
+using test::deltanet::Layout;
+using test::deltanet::silu;
 
 struct Reference {
   std::vector<float> conv, gate, beta, core, y, state;  // state: per group, the layer's part after the step
@@ -96,7 +56,6 @@ Reference reference(const Layout& L, const Groups& gr, const std::vector<float>&
   R.gate.assign(static_cast<size_t>(n * sh.nv), 0);
   R.beta.assign(static_cast<size_t>(n * sh.nv), 0);
   R.core.assign(static_cast<size_t>(n * V), 0);
-  R.y.assign(static_cast<size_t>(n * V), 0);
   R.state = state0;
   for (size_t g = 0; g < gr.start.size(); ++g) {
     const int64_t st = gr.start[g], cnt = gr.count[g];
@@ -113,12 +72,7 @@ Reference reference(const Layout& L, const Groups& gr, const std::vector<float>&
         for (int64_t j = 0; j < sh.conv_k; ++j) s += conv_w[static_cast<size_t>(c * sh.conv_k + j)] * ext[static_cast<size_t>((t + j) * cd + c)];
         o[c] = silu(s);
       }
-      for (int64_t h = 0; h < 2 * sh.nk; ++h) {
-        double ss = 0;
-        for (int64_t j = 0; j < sh.dk; ++j) ss += static_cast<double>(o[h * sh.dk + j]) * o[h * sh.dk + j];
-        const double inv = 1.0 / std::sqrt(ss + 1e-6) * (h < sh.nk ? 1.0 / std::sqrt(static_cast<double>(sh.dk)) : 1.0);
-        for (int64_t j = 0; j < sh.dk; ++j) o[h * sh.dk + j] = static_cast<float>(o[h * sh.dk + j] * inv);
-      }
+      test::normalize_qk(o, sh.nk, sh.dk);
       const float* prow = proj.data() + gr.order[static_cast<size_t>(st + t)] * P;
       for (int64_t hv = 0; hv < sh.nv; ++hv) {
         const double a = prow[L.a_col(hv)] + dt_bias[static_cast<size_t>(hv)];
@@ -131,18 +85,7 @@ Reference reference(const Layout& L, const Groups& gr, const std::vector<float>&
       for (int64_t c = 0; c < cd; ++c) state[j * cd + c] = ext[static_cast<size_t>((cnt + j) * cd + c)];
     test::delta_rule_heads(sh.nk, sh.nv, sh.dk, sh.dv, R.conv.data(), R.gate.data(), R.beta.data(), st, cnt, R.core.data(), state + W * cd);
   }
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = gr.order[static_cast<size_t>(i)];
-    for (int64_t hv = 0; hv < sh.nv; ++hv) {
-      const float* o = R.core.data() + i * V + hv * sh.dv;
-      double ss = 0;
-      for (int64_t j = 0; j < sh.dv; ++j) ss += static_cast<double>(o[j]) * o[j];
-      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(sh.dv) + eps);
-      for (int64_t j = 0; j < sh.dv; ++j)
-        R.y[static_cast<size_t>(row * V + hv * sh.dv + j)] =
-            static_cast<float>(norm_w[static_cast<size_t>(j)] * (o[j] * inv) * silu(proj[static_cast<size_t>(row * P + L.z_col(hv * sh.dv + j))]));
-    }
-  }
+  R.y = test::deltanet::gated_norm_reference(L, gr, R.core.data(), proj, norm_w, eps);
   return R;
 }
 
@@ -212,13 +155,7 @@ void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<i
       ptrs.push_back(reinterpret_cast<uint64_t>(states.back().data()));
     }
     auto d_ptrs = test::to_device(ptrs, s);
-    gpu::DeltaNetGroups dg;
-    dg.order = d_order.as<int32_t>();
-    dg.tok_group = d_tg.as<int32_t>();
-    dg.start = d_start.as<int32_t>();
-    dg.count = d_count.as<int32_t>();
-    dg.fresh = d_fresh.as<int32_t>();
-    dg.state = d_ptrs.as<uint64_t>();
+    const gpu::DeltaNetGroups dg = test::deltanet::device_groups(d_order, d_tg, d_start, d_count, d_fresh, d_ptrs);
     gpu::deltanet_prepare(d_proj.as<float>(), P, dg, 0, n, sh, d_conv_w.as<float>(), d_a.as<float>(), d_dt.as<float>(), layer_bytes, conv.as<float>(),
                           gate.as<float>(), beta.as<float>(), s);
     gpu::deltanet_conv_window(d_proj.as<float>(), P, dg, 0, G, sh, layer_bytes, s);
@@ -264,28 +201,6 @@ void check_path(const Layout& L, const Groups& gr, const std::vector<std::pair<i
   gpu::set_deltanet_io(gpu::DeltaNetIo::automatic);
 }
 
-// Sequences of the given lengths interleaved in the batch (round robin), with the given fresh flags.
-Groups interleaved(const std::vector<int32_t>& counts, const std::vector<int32_t>& fresh) {
-  Groups g;
-  const size_t G = counts.size();
-  std::vector<std::vector<int32_t>> rows(G);
-  int32_t row = 0;
-  const int32_t most = *std::max_element(counts.begin(), counts.end());
-  for (int32_t i = 0; i < most; ++i)
-    for (size_t q = 0; q < G; ++q)
-      if (i < counts[q]) rows[q].push_back(row++);
-  for (size_t q = 0; q < G; ++q) {
-    g.start.push_back(static_cast<int32_t>(g.order.size()));
-    g.count.push_back(counts[q]);
-    g.fresh.push_back(fresh[q]);
-    for (int32_t r : rows[q]) {
-      g.order.push_back(r);
-      g.tok_group.push_back(static_cast<int32_t>(q));
-    }
-  }
-  return g;
-}
-
 }  // namespace
 
 TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked and recurrent delta rule, state, gated norm") {
@@ -296,7 +211,9 @@ TEST_CASE("gated deltanet kernels match a scalar reference: conv, gates, chunked
   L.sh.dk = 32;
   L.sh.dv = 48;  // a full 32-column slice and a partial one
   L.sh.conv_k = 4;
-  check_path(L, make_groups(), {{1, 16}, {0, 16}, {1000, 0}, {1, 0}});
+  // Three sequences interleaved in the batch: 70 tokens (several chunks of 16), 1 token (decode) and 5 tokens; the
+  // second starts fresh with garbage in its buffer, the others continue a random state.
+  check_path(L, interleaved({70, 1, 5}, {0, 1, 0}), {{1, 16}, {0, 16}, {1000, 0}, {1, 0}});
 }
 
 TEST_CASE("gated deltanet whole path at head dims 128 (plain and vectorised conv + gates and gated norm): lengths 1 to 300, fresh and continued") {
@@ -323,14 +240,7 @@ RuleInputs rule_inputs(const gpu::DeltaNetShape& sh, int64_t n, uint64_t seed) {
   const int64_t cd = sh.conv_dim();
   RuleInputs r;
   r.conv = test::random_floats(static_cast<size_t>(n * cd), seed, 1.0f);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t h = 0; h < 2 * sh.nk; ++h) {
-      float* x = r.conv.data() + t * cd + h * sh.dk;
-      double ss = 0;
-      for (int64_t j = 0; j < sh.dk; ++j) ss += static_cast<double>(x[j]) * x[j];
-      const double inv = 1.0 / std::sqrt(ss + 1e-6) * (h < sh.nk ? 1.0 / std::sqrt(static_cast<double>(sh.dk)) : 1.0);
-      for (int64_t j = 0; j < sh.dk; ++j) x[j] = static_cast<float>(x[j] * inv);
-    }
+  for (int64_t t = 0; t < n; ++t) test::normalize_qk(r.conv.data() + t * cd, sh.nk, sh.dk);
   r.gate = test::random_floats(static_cast<size_t>(n * sh.nv), seed + 1, 1.0f);
   for (float& g : r.gate) g = -std::exp(1.5f * g - 2.0f);
   r.beta = test::random_floats(static_cast<size_t>(n * sh.nv), seed + 2, 1.5f);
@@ -400,13 +310,7 @@ TEST_CASE("gated deltanet chunked kernels v1 to v5 at head dims 128: lengths 1 t
       ptrs.push_back(reinterpret_cast<uint64_t>(states.back().data()));
     }
     auto d_ptrs = test::to_device(ptrs, s), d_s = test::to_device(gs, s), d_c = test::to_device(gc, s), d_f = test::to_device(gf, s);
-    gpu::DeltaNetGroups dg;
-    dg.order = d_order.as<int32_t>();
-    dg.tok_group = d_tg.as<int32_t>();
-    dg.start = d_s.as<int32_t>();
-    dg.count = d_c.as<int32_t>();
-    dg.fresh = d_f.as<int32_t>();
-    dg.state = d_ptrs.as<uint64_t>();
+    const gpu::DeltaNetGroups dg = test::deltanet::device_groups(d_order, d_tg, d_s, d_c, d_f, d_ptrs);
     if (kernel == gpu::DeltaNetKernel::v2) REQUIRE(gpu::deltanet_v2_chunk(sh, chunk) > 0);
     if (kernel == gpu::DeltaNetKernel::v3) REQUIRE(gpu::deltanet_v3_chunk(sh, chunk) > 0);
     if (kernel == gpu::DeltaNetKernel::v4) REQUIRE(gpu::deltanet_v4_chunk(sh, chunk) > 0);

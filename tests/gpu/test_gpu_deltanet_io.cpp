@@ -13,6 +13,8 @@
 #include <cmath>
 
 #include "gpu/deltanet.h"
+#include "tests/delta_rule_heads.h"
+#include "tests/gpu/deltanet_layout.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
 
@@ -20,49 +22,10 @@ using namespace hmoe;
 
 namespace {
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
-
-// The checkpoint's grouped layout of the fused product (per key head: q dk,
-// k dk, v r dv, z r dv; then per key head b r, a r), read independently of
-// the kernels.
-struct Layout {
-  gpu::DeltaNetShape sh;
-  int64_t r() const { return sh.nv / sh.nk; }
-  int64_t group() const { return 2 * sh.dk + 2 * r() * sh.dv; }
-  int64_t conv_col(int64_t c) const {
-    const int64_t K = sh.key_dim();
-    if (c < K) return (c / sh.dk) * group() + c % sh.dk;
-    if (c < 2 * K) return ((c - K) / sh.dk) * group() + sh.dk + (c - K) % sh.dk;
-    const int64_t v = c - 2 * K;
-    return (v / (r() * sh.dv)) * group() + 2 * sh.dk + v % (r() * sh.dv);
-  }
-  int64_t z_col(int64_t j) const { return (j / (r() * sh.dv)) * group() + 2 * sh.dk + r() * sh.dv + j % (r() * sh.dv); }
-  int64_t b_col(int64_t hv) const { return sh.nk * group() + (hv / r()) * 2 * r() + hv % r(); }
-  int64_t a_col(int64_t hv) const { return b_col(hv) + r(); }
-};
-
-// Sequences of the given lengths interleaved in the batch (round robin).
-struct Groups {
-  std::vector<int32_t> order, tok_group, start, count, fresh;
-};
-Groups interleaved(const std::vector<int32_t>& counts, const std::vector<int32_t>& fresh) {
-  Groups g;
-  std::vector<std::vector<int32_t>> rows(counts.size());
-  int32_t row = 0;
-  for (int32_t i = 0; i < *std::max_element(counts.begin(), counts.end()); ++i)
-    for (size_t q = 0; q < counts.size(); ++q)
-      if (i < counts[q]) rows[q].push_back(row++);
-  for (size_t q = 0; q < counts.size(); ++q) {
-    g.start.push_back(static_cast<int32_t>(g.order.size()));
-    g.count.push_back(counts[q]);
-    g.fresh.push_back(fresh[q]);
-    for (int32_t r : rows[q]) {
-      g.order.push_back(r);
-      g.tok_group.push_back(static_cast<int32_t>(q));
-    }
-  }
-  return g;
-}
+using test::deltanet::Groups;
+using test::deltanet::interleaved;
+using test::deltanet::Layout;
+using test::deltanet::silu;
 
 struct Inputs {
   std::vector<float> proj, conv_w, a_neg, dt_bias, norm_w, core;
@@ -92,12 +55,7 @@ void prepare_reference(const Layout& L, const Groups& gr, const Inputs& in, std:
       }
       o[c] = silu(static_cast<float>(acc));
     }
-    for (int64_t h = 0; h < 2 * sh.nk; ++h) {
-      double ss = 0;
-      for (int64_t j = 0; j < sh.dk; ++j) ss += static_cast<double>(o[h * sh.dk + j]) * o[h * sh.dk + j];
-      const double inv = 1.0 / std::sqrt(ss + 1e-6) * (h < sh.nk ? 1.0 / std::sqrt(static_cast<double>(sh.dk)) : 1.0);
-      for (int64_t j = 0; j < sh.dk; ++j) o[h * sh.dk + j] = static_cast<float>(o[h * sh.dk + j] * inv);
-    }
+    test::normalize_qk(o, sh.nk, sh.dk);
     const float* prow = in.proj.data() + gr.order[static_cast<size_t>(i)] * P;
     for (int64_t hv = 0; hv < sh.nv; ++hv) {
       const double a = static_cast<double>(prow[L.a_col(hv)]) + in.dt_bias[static_cast<size_t>(hv)];
@@ -106,26 +64,6 @@ void prepare_reference(const Layout& L, const Groups& gr, const Inputs& in, std:
       gate[static_cast<size_t>(i * sh.nv + hv)] = static_cast<float>(in.a_neg[static_cast<size_t>(hv)] * sp);
     }
   }
-}
-
-// The gated norm's fp32 values, laid out by batch row.
-std::vector<float> norm_reference(const Layout& L, const Groups& gr, const Inputs& in, float eps) {
-  const gpu::DeltaNetShape& sh = L.sh;
-  const int64_t n = static_cast<int64_t>(gr.order.size()), V = sh.value_dim(), P = sh.proj_cols();
-  std::vector<float> y(static_cast<size_t>(n * V));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = gr.order[static_cast<size_t>(i)];
-    for (int64_t hv = 0; hv < sh.nv; ++hv) {
-      const float* o = in.core.data() + i * V + hv * sh.dv;
-      double ss = 0;
-      for (int64_t j = 0; j < sh.dv; ++j) ss += static_cast<double>(o[j]) * o[j];
-      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(sh.dv) + eps);
-      for (int64_t j = 0; j < sh.dv; ++j)
-        y[static_cast<size_t>(row * V + hv * sh.dv + j)] = static_cast<float>(
-            in.norm_w[static_cast<size_t>(j)] * (o[j] * inv) * silu(in.proj[static_cast<size_t>(row * P + L.z_col(hv * sh.dv + j))]));
-    }
-  }
-  return y;
 }
 
 struct Mode {
@@ -156,7 +94,7 @@ void check_io(const Layout& L, const Groups& gr) {
   for (int64_t g = 0; g < G; ++g) in.windows.push_back(test::random_floats(static_cast<size_t>(W * cd), 47 + static_cast<uint64_t>(g), 1.0f));
   std::vector<float> conv_ref, gate_ref, beta_ref;
   prepare_reference(L, gr, in, conv_ref, gate_ref, beta_ref);
-  const std::vector<float> y_ref = norm_reference(L, gr, in, eps);
+  const std::vector<float> y_ref = test::deltanet::gated_norm_reference(L, gr, in.core.data(), in.proj, in.norm_w, eps);
 
   gpu::Stream s;
   // Each group's buffer: two layers' states, the kernels on the second (state_off); a fresh group's holds garbage.
@@ -176,13 +114,7 @@ void check_io(const Layout& L, const Groups& gr) {
        d_dt = test::to_device(in.dt_bias, s), d_norm = test::to_device(in.norm_w, s), d_core = test::to_device(in.core, s);
   auto d_order = test::to_device(gr.order, s), d_tg = test::to_device(gr.tok_group, s), d_start = test::to_device(gr.start, s),
        d_count = test::to_device(gr.count, s), d_fresh = test::to_device(gr.fresh, s), d_ptrs = test::to_device(ptrs, s);
-  gpu::DeltaNetGroups dg;
-  dg.order = d_order.as<int32_t>();
-  dg.tok_group = d_tg.as<int32_t>();
-  dg.start = d_start.as<int32_t>();
-  dg.count = d_count.as<int32_t>();
-  dg.fresh = d_fresh.as<int32_t>();
-  dg.state = d_ptrs.as<uint64_t>();
+  const gpu::DeltaNetGroups dg = test::deltanet::device_groups(d_order, d_tg, d_start, d_count, d_fresh, d_ptrs);
   const float sentinel = -123.0f;
   gpu::DeviceBuffer conv(static_cast<size_t>(n * cd * 4)), gate(static_cast<size_t>(n * sh.nv * 4)), beta(static_cast<size_t>(n * sh.nv * 4));
   gpu::DeviceBuffer y(static_cast<size_t>(n * V * 2)), y_lo(static_cast<size_t>(n * V * 2));
