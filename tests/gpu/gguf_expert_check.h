@@ -2,12 +2,16 @@
 // CPU dequantization, the int8-activation dot reference, and the decode
 // experts check (gpu::gguf_moe_experts against a scalar SwiGLU reference)
 // and the grouped prefill product checks (gpu::gguf_moe_gemm, on a fixed
-// routing and on ragged expert row counts, over every prefill kernel).
+// routing and on ragged expert row counts, over every prefill kernel), with
+// the two cases the native and low-bit tests run per weight type.
 #pragma once
+
+#include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gpu/kernels.h"
@@ -220,6 +224,60 @@ inline std::vector<double> gguf_moe_gemm_ragged_worst(const std::vector<GgufHost
     worst.push_back(wk);
   }
   return worst;
+}
+
+// E experts of [N, C] made by make(rows, cols, seed) with seeds seed0 + e, and their device copy (a view per
+// expert, as the loader hands them); requires gguf_moe_gemm to take them.
+template <class Make>
+std::vector<GgufHostW> gguf_gemm_experts(Make make, int64_t E, int64_t N, int64_t C, uint64_t seed0) {
+  std::vector<GgufHostW> ex;
+  for (int64_t e = 0; e < E; ++e) ex.push_back(make(N, C, seed0 + static_cast<uint64_t>(e)));
+  return ex;
+}
+inline std::vector<cpu::Mat> gguf_views(const std::vector<GgufHostW>& ex) {
+  std::vector<cpu::Mat> views;
+  for (const GgufHostW& h : ex) views.push_back(h.view);
+  return views;
+}
+
+// The grouped prefill product's two checks for each weight type t of types, on experts made by make(t, rows,
+// cols, seed) (a GgufHostW) and named type_name(t), with every kernel of kPrefillKernels (the default restored
+// after): 5 experts of [256, 512] (seeds seed0 + 10 t + e) by gguf_moe_gemm_worst, or 7 of [256, 768] (seeds
+// seed0 + 10 t + e) with 0, 1, 63, 64, 65, 300 and 7 rows by gguf_moe_gemm_ragged_worst; each within
+// 2^-8 sum |w x|.
+template <class Types, class Make, class Name>
+void check_gguf_moe_gemm(const Types& types, Make make, Name type_name, uint64_t seed0) {
+  PrefillKernelScope restore;
+  gpu::Stream s;
+  const int64_t N = 256, C = 512;
+  for (const auto t : types) {
+    const std::vector<GgufHostW> ex = gguf_gemm_experts([&](int64_t rows, int64_t cols, uint64_t seed) { return make(t, rows, cols, seed); }, 5, N, C,
+                                                        seed0 + 10 * static_cast<uint64_t>(t));
+    gpu::GgufDeviceMat dw(gguf_views(ex), s, "experts");
+    REQUIRE(gpu::gguf_moe_gemm_supported(dw.weight(), N));
+    for (gpu::GgufPrefillKernel kern : kPrefillKernels) {
+      gpu::set_gguf_prefill_kernel(kern);
+      const double worst = gguf_moe_gemm_worst(ex, dw, N, C, s);
+      CHECK_MESSAGE(worst <= 1.0, gpu::gguf_prefill_kernel_name(kern) << " " << type_name(t) << ": worst error / (2^-8 sum |w x|) " << worst);
+    }
+  }
+}
+template <class Types, class Make, class Name>
+void check_gguf_moe_gemm_ragged(const Types& types, Make make, Name type_name, uint64_t seed0) {
+  PrefillKernelScope restore;
+  gpu::Stream s;
+  const std::vector<int> counts = {0, 1, 63, 64, 65, 300, 7};
+  const int64_t E = static_cast<int64_t>(counts.size()), N = 256, C = 768;
+  for (const auto t : types) {
+    const std::vector<GgufHostW> ex = gguf_gemm_experts([&](int64_t rows, int64_t cols, uint64_t seed) { return make(t, rows, cols, seed); }, E, N, C,
+                                                        seed0 + 10 * static_cast<uint64_t>(t));
+    gpu::GgufDeviceMat dw(gguf_views(ex), s, "experts");
+    REQUIRE(gpu::gguf_moe_gemm_supported(dw.weight(), N));
+    const std::vector<double> worst = gguf_moe_gemm_ragged_worst(ex, dw, N, C, counts, s);
+    for (size_t i = 0; i < worst.size(); ++i)
+      CHECK_MESSAGE(worst[i] <= 1.0, gpu::gguf_prefill_kernel_name(kPrefillKernels[i]) << " " << type_name(t) << ": worst error / (2^-8 sum |w x|) "
+                                                                                       << worst[i]);
+  }
 }
 
 }  // namespace hmoe::test

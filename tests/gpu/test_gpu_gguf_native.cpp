@@ -254,44 +254,10 @@ TEST_CASE("gpu gguf_moe_experts matches a scalar SwiGLU expert reference") {
 
 TEST_CASE("gpu gguf_moe_gemm (grouped tensor-core product on the blocks) matches the scalar reference") {
   if (!test::have_gpu()) return;
-  test::PrefillKernelScope restore;
-  gpu::Stream s;
-  const int64_t E = 5, N = 256, C = 512;
-  for (cpu::ExtType t : kTypes) {
-    std::vector<HostW> ex;
-    std::vector<cpu::Mat> views;
-    for (int64_t e = 0; e < E; ++e) {
-      ex.push_back(make(t, N, C, 700 + static_cast<uint64_t>(e) + 10 * static_cast<uint64_t>(t)));
-      views.push_back(ex.back().view);
-    }
-    gpu::GgufDeviceMat dw(views, s, "experts");
-    REQUIRE(gpu::gguf_moe_gemm_supported(dw.weight(), N));
-    for (gpu::GgufPrefillKernel kern : test::kPrefillKernels) {
-      gpu::set_gguf_prefill_kernel(kern);
-      const double worst = test::gguf_moe_gemm_worst(ex, dw, N, C, s);
-      CHECK_MESSAGE(worst <= 1.0, gpu::gguf_prefill_kernel_name(kern) << " " << name(t) << ": worst error / (2^-8 sum |w x|) " << worst);
-    }
-  }
+  test::check_gguf_moe_gemm(kTypes, [](cpu::ExtType t, int64_t rows, int64_t cols, uint64_t seed) { return make(t, rows, cols, seed); }, name, 700);
 }
 
 TEST_CASE("gpu gguf_moe_gemm (grouped tensor-core product on the blocks): ragged experts (0, 1, 63, 64, 65, 300, 7 rows), every kernel and tile") {
   if (!test::have_gpu()) return;
-  test::PrefillKernelScope restore;
-  gpu::Stream s;
-  const std::vector<int> counts = {0, 1, 63, 64, 65, 300, 7};
-  const int64_t E = static_cast<int64_t>(counts.size()), N = 256, C = 768;
-  for (cpu::ExtType t : kTypes) {
-    std::vector<HostW> ex;
-    std::vector<cpu::Mat> views;
-    for (int64_t e = 0; e < E; ++e) {
-      ex.push_back(make(t, N, C, 1700 + static_cast<uint64_t>(e) + 10 * static_cast<uint64_t>(t)));
-      views.push_back(ex.back().view);
-    }
-    gpu::GgufDeviceMat dw(views, s, "experts");
-    REQUIRE(gpu::gguf_moe_gemm_supported(dw.weight(), N));
-    const std::vector<double> worst = test::gguf_moe_gemm_ragged_worst(ex, dw, N, C, counts, s);
-    for (size_t i = 0; i < worst.size(); ++i)
-      CHECK_MESSAGE(worst[i] <= 1.0, gpu::gguf_prefill_kernel_name(test::kPrefillKernels[i]) << " " << name(t) << ": worst error / (2^-8 sum |w x|) "
-                                                                                            << worst[i]);
-  }
+  test::check_gguf_moe_gemm_ragged(kTypes, [](cpu::ExtType t, int64_t rows, int64_t cols, uint64_t seed) { return make(t, rows, cols, seed); }, name, 1700);
 }
