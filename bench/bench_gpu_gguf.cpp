@@ -221,15 +221,9 @@ int main(int argc, char** argv) {
     const double expert_bytes = static_cast<double>(gu1.size() + dn1.size());
     if (!prefill_only) {
     for (int64_t n : tokens) {
-      std::vector<int32_t> ids(static_cast<size_t>(n * K));
+      const std::vector<int32_t> ids = bench::random_ids(n, E, K, rng);
       std::vector<float> wts(ids.size(), 1.0f / K);
       std::vector<int> seen(static_cast<size_t>(E), 0);
-      for (int64_t tk = 0; tk < n; ++tk) {
-        std::vector<int32_t> perm(static_cast<size_t>(E));
-        for (int32_t e = 0; e < E; ++e) perm[static_cast<size_t>(e)] = e;
-        std::shuffle(perm.begin(), perm.end(), rng);
-        for (int64_t j = 0; j < K; ++j) ids[static_cast<size_t>(tk * K + j)] = perm[static_cast<size_t>(j)];
-      }
       int distinct = 0;
       for (int32_t e : ids) distinct += seen[static_cast<size_t>(e)]++ == 0;
       gpu::DeviceBuffer di(ids.size() * 4), dw(ids.size() * 4), gub(ids.size() * 2 * I * 4), out(static_cast<size_t>(n * H) * 4);
@@ -246,15 +240,9 @@ int main(int argc, char** argv) {
         dnv(static_cast<size_t>(E), cpu::ext_view(t, dn1.data(), H, I, "bench"));
     gpu::QDeviceMat qgu(guv, s, "bench gate/up"), qdn(dnv, s, "bench down");
     for (int64_t n : {1, 8}) {
-      std::vector<int32_t> ids(static_cast<size_t>(n * K));
+      const std::vector<int32_t> ids = bench::random_ids(n, E, K, rng);
       std::vector<float> wts(ids.size(), 1.0f / K);
       std::vector<int> seen(static_cast<size_t>(E), 0);
-      for (int64_t tk = 0; tk < n; ++tk) {
-        std::vector<int32_t> perm(static_cast<size_t>(E));
-        for (int32_t e = 0; e < E; ++e) perm[static_cast<size_t>(e)] = e;
-        std::shuffle(perm.begin(), perm.end(), rng);
-        for (int64_t j = 0; j < K; ++j) ids[static_cast<size_t>(tk * K + j)] = perm[static_cast<size_t>(j)];
-      }
       int distinct = 0;
       for (int32_t e : ids) distinct += seen[static_cast<size_t>(e)]++ == 0;
       gpu::DeviceBuffer di(ids.size() * 4), dw(ids.size() * 4), out(static_cast<size_t>(n * H) * 4), off(static_cast<size_t>(E + 1) * 4),
@@ -274,43 +262,16 @@ int main(int argc, char** argv) {
     // itself); then dequantizing every expert to bf16 and one cuBLAS product per expert.
     for (int64_t n : prefill_tokens) {
       const int64_t P = n * K;
-      std::vector<int32_t> ids(static_cast<size_t>(P));
-      for (int64_t tk = 0; tk < n; ++tk) {
-        std::vector<int32_t> perm(static_cast<size_t>(E));
-        for (int32_t e = 0; e < E; ++e) perm[static_cast<size_t>(e)] = e;
-        std::shuffle(perm.begin(), perm.end(), rng);
-        for (int64_t j = 0; j < K; ++j) ids[static_cast<size_t>(tk * K + j)] = perm[static_cast<size_t>(j)];
-      }
-      std::vector<uint16_t> xp(static_cast<size_t>(n * H));
-      for (auto& v : xp) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
-      std::vector<float> wts(ids.size(), 1.0f / K);
-      gpu::DeviceBuffer dx(xp.size() * 2), di(ids.size() * 4), dw(ids.size() * 4), off(static_cast<size_t>(E + 1) * 4), pl(ids.size() * 4),
-          out(static_cast<size_t>(n * H) * 4);
-      gpu::copy_to_device(dx.data(), xp.data(), xp.size() * 2, s);
-      gpu::copy_to_device(di.data(), ids.data(), ids.size() * 4, s);
-      gpu::copy_to_device(dw.data(), wts.data(), wts.size() * 4, s);
-      MoeGemmScratch g;
-      g.gu.reserve(static_cast<size_t>(P * 2 * I) * 4);
-      g.act.reserve(static_cast<size_t>(P * I) * 2);
-      g.ys.reserve(static_cast<size_t>(P * H) * 4);
-      g.inv.reserve(static_cast<size_t>(P) * 4);
+      bench::GgufMoePrefill layer(bench::random_ids(n, E, K, rng), n, H, I, E, K, rng, s);
       const double flop_gu = 2.0 * static_cast<double>(P) * static_cast<double>(2 * I * H), flop_dn = 2.0 * static_cast<double>(P) * static_cast<double>(H * I);
       const double flop = flop_gu + flop_dn;
       for (gpu::GgufPrefillKernel kern : prefill_kernels) {
         gpu::set_gguf_prefill_kernel(kern);
         const std::string kn = gpu::gguf_prefill_kernel_name(kern);
-        const double us = timer.us([&] {
-          gpu::moe_route(di.as<int32_t>(), P, E, off.as<int32_t>(), pl.as<int32_t>(), s);
-          gpu::gguf_moe_gemm(dx.as<uint16_t>(), pl.as<int32_t>(), K, P, off.as<int32_t>(), E, gu.w, 2 * I, g.gu.as<float>(), s);
-          gpu::silu_mul(g.gu.as<float>(), P, I, g.act.as<uint16_t>(), nullptr, s);
-          gpu::gguf_moe_gemm(g.act.as<uint16_t>(), nullptr, 1, P, off.as<int32_t>(), E, dn.w, H, g.ys.as<float>(), s);
-          gpu::moe_combine_sorted(g.ys.as<float>(), pl.as<int32_t>(), dw.as<float>(), n, K, H, g.inv.as<int32_t>(), out.as<float>(), s);
-        });
+        const double us = timer.us([&] { layer.run(gu.w, dn.w, s); });
         // The routing and the down product's input stay from the layer's last run.
-        const double us_gu =
-            timer.us([&] { gpu::gguf_moe_gemm(dx.as<uint16_t>(), pl.as<int32_t>(), K, P, off.as<int32_t>(), E, gu.w, 2 * I, g.gu.as<float>(), s); });
-        const double us_dn =
-            timer.us([&] { gpu::gguf_moe_gemm(g.act.as<uint16_t>(), nullptr, 1, P, off.as<int32_t>(), E, dn.w, H, g.ys.as<float>(), s); });
+        const double us_gu = timer.us([&] { layer.gate_up(gu.w, s); });
+        const double us_dn = timer.us([&] { layer.down(dn.w, s); });
         std::printf("%-6s %-26s %6ld %10.1f %10.2f %8.0f  %.0f TFLOP/s   gate/up %8.1f us %4.0f TFLOP/s   down %8.1f us %4.0f TFLOP/s\n", tname(t),
                     ("moe prefill " + kn).c_str(), static_cast<long>(n), us, expert_bytes * E / 1e6, expert_bytes * E / us / 1e3, flop / us / 1e6, us_gu,
                     flop_gu / us_gu / 1e6, us_dn, flop_dn / us_dn / 1e6);
@@ -323,14 +284,14 @@ int main(int argc, char** argv) {
       offs_h.reserve(static_cast<size_t>(E + 1) * 4);
       gpu::Blas blas(s);
       const double us_old = timer.us([&] {
-        gpu::moe_route(di.as<int32_t>(), P, E, off.as<int32_t>(), pl.as<int32_t>(), s);
-        gpu::copy_to_host(offs_h.as<void>(), off.data(), static_cast<size_t>(E + 1) * 4, s);
+        layer.route(s);
+        gpu::copy_to_host(offs_h.as<void>(), layer.off.data(), static_cast<size_t>(E + 1) * 4, s);
         gpu::gguf_dequant(gu.w, 0, gu.w.rows, dgu.as<uint16_t>(), s);
         gpu::gguf_dequant(dn.w, 0, dn.w.rows, ddn.as<uint16_t>(), s);
         s.synchronize();
-        moe_experts_gemm(blas, dx.as<uint16_t>(), n, H, I, E, K, offs_h.as<int32_t>(), pl.as<int32_t>(), dw.as<float>(),
-                         [&](int64_t e, bool down) { return down ? ddn.as<uint16_t>() + e * H * I : dgu.as<uint16_t>() + e * 2 * I * H; }, g, out.as<float>(),
-                         s);
+        moe_experts_gemm(blas, layer.dx.as<uint16_t>(), n, H, I, E, K, offs_h.as<int32_t>(), layer.pl.as<int32_t>(), layer.dw.as<float>(),
+                         [&](int64_t e, bool down) { return down ? ddn.as<uint16_t>() + e * H * I : dgu.as<uint16_t>() + e * 2 * I * H; }, layer.g,
+                         layer.out.as<float>(), s);
       });
       std::printf("%-6s %-26s %6ld %10.1f %10.2f %8.0f  %.0f TFLOP/s\n", tname(t), "moe prefill (old: bf16+cuBLAS)", static_cast<long>(n), us_old,
                   expert_bytes * E / 1e6, expert_bytes * E / us_old / 1e3, flop / us_old / 1e6);

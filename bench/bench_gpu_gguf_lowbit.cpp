@@ -59,15 +59,7 @@ using Timer = bench::GpuTimer;
 constexpr auto stack = bench::gguf_stack;
 constexpr auto tname = bench::gguf_type_name;
 
-std::vector<int32_t> random_ids(int64_t n, int64_t E, int64_t K, std::mt19937& rng) {
-  std::vector<int32_t> ids(static_cast<size_t>(n * K)), perm(static_cast<size_t>(E));
-  for (int64_t tk = 0; tk < n; ++tk) {
-    for (int32_t e = 0; e < E; ++e) perm[static_cast<size_t>(e)] = e;
-    std::shuffle(perm.begin(), perm.end(), rng);
-    for (int64_t j = 0; j < K; ++j) ids[static_cast<size_t>(tk * K + j)] = perm[static_cast<size_t>(j)];
-  }
-  return ids;
-}
+using bench::random_ids;
 
 }  // namespace
 
@@ -155,27 +147,9 @@ int main(int argc, char** argv) {
     {
       const int64_t n = 512, P = n * K;
       const auto ids = random_ids(n, E, K, rng);
-      std::vector<uint16_t> xp(static_cast<size_t>(n * H));
-      for (auto& v : xp) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
-      std::vector<float> wts(ids.size(), 1.0f / K);
-      gpu::DeviceBuffer dx(xp.size() * 2), di(ids.size() * 4), dw(ids.size() * 4), off(static_cast<size_t>(E + 1) * 4), pl(ids.size() * 4),
-          out(static_cast<size_t>(n * H) * 4);
-      gpu::copy_to_device(dx.data(), xp.data(), xp.size() * 2, s);
-      gpu::copy_to_device(di.data(), ids.data(), ids.size() * 4, s);
-      gpu::copy_to_device(dw.data(), wts.data(), wts.size() * 4, s);
-      MoeGemmScratch g;
-      g.gu.reserve(static_cast<size_t>(P * 2 * I) * 4);
-      g.act.reserve(static_cast<size_t>(P * I) * 2);
-      g.ys.reserve(static_cast<size_t>(P * H) * 4);
-      g.inv.reserve(static_cast<size_t>(P) * 4);
+      bench::GgufMoePrefill layer(ids, n, H, I, E, K, rng, s);
       const double flop = 2.0 * static_cast<double>(P) * 3.0 * static_cast<double>(H * I);
-      const double us = timer.us([&] {
-        gpu::moe_route(di.as<int32_t>(), P, E, off.as<int32_t>(), pl.as<int32_t>(), s);
-        gpu::gguf_moe_gemm(dx.as<uint16_t>(), pl.as<int32_t>(), K, P, off.as<int32_t>(), E, gu.w, 2 * I, g.gu.as<float>(), s);
-        gpu::silu_mul(g.gu.as<float>(), P, I, g.act.as<uint16_t>(), nullptr, s);
-        gpu::gguf_moe_gemm(g.act.as<uint16_t>(), nullptr, 1, P, off.as<int32_t>(), E, dn.w, H, g.ys.as<float>(), s);
-        gpu::moe_combine_sorted(g.ys.as<float>(), pl.as<int32_t>(), dw.as<float>(), n, K, H, g.inv.as<int32_t>(), out.as<float>(), s);
-      });
+      const double us = timer.us([&] { layer.run(gu.w, dn.w, s); });
       char extra[64];
       std::snprintf(extra, sizeof extra, "  %.0f TFLOP/s", flop / us / 1e6);
       row(t, "moe prefill (gguf_moe_gemm)", n, us, expert_bytes * E, extra);
