@@ -28,7 +28,8 @@
 //    Q6_K, Q8_0 on the model's product shapes, the per-row kernels against
 //    the row-interleaved tile kernels (same bits; gemm_rows_q8 picks by token
 //    count): GOP/s and the fraction of the vpdpbusd peak measured here with
-//    the same threads.
+//    the same threads. Without AVX-512 VNNI: the AVX2 kernels alone (GOP/s,
+//    and GB/s against the read bandwidth).
 //
 // Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N (only this batch)] [--no-attention | --attention-only | --prefill-only | --kernels]
 //                       [--kv-layers N (attention and layer step: cycle N layers' K/V; default: >= 256 MiB of them; 1: always hot)]
@@ -383,6 +384,48 @@ void bench_prefill(numa::NodePools& pools, double min_seconds) {
               "|---|---|---|---|---|---|\n| per layer | %.1f | %.1f | %.2fx | %.0f | %.0f |\n", ms[0], ms[1], ms[0] / ms[1], flop / ms[0] / 1e6, flop / ms[1] / 1e6);
 }
 
+// The AVX2 kernels (CPUs without AVX-512 VNNI): gemm_rows_q8 alone, 32-row
+// items across the pool, on a projection's shape and a 65536-row one that
+// streams from memory (an lm_head's kind); GOP/s, and GB/s of the stored
+// weight bytes against the read bandwidth bw measured in this process.
+void bench_kernels_avx2(numa::ThreadPool& pool, double min_seconds, int64_t only_batch, double bw) {
+  std::printf("\n## 8-bit GGUF kernels, AVX2 (gemm_rows_q8, activations quantized beforehand), %d threads\n\n", pool.size());
+  std::printf("| format | product [rows x cols] | tokens | ms | GOP/s | weight GB/s | / read bw |\n|---|---|---|---|---|---|---|\n");
+  for (ExtType t : {ExtType::q4_k, ExtType::q5_k, ExtType::q6_k, ExtType::q8_0})
+    for (int64_t rows : {int64_t{4096}, int64_t{65536}}) {
+      const int64_t cols = 2048;
+      const auto f = randn(static_cast<size_t>(rows * cols), 41, 0.02f);
+      const auto wb = qtools::quant_rows(t, f.data(), rows, cols);
+      const cpu::Mat w = cpu::ext_view(t, wb.data(), rows, cols, "w");
+      for (int64_t n : {int64_t{1}, int64_t{8}, int64_t{32}, int64_t{512}}) {
+        if (only_batch && n != only_batch) continue;
+        if (rows > 4096 && n > 8) continue;  // the streaming shape is about decode
+        const auto x = randn(static_cast<size_t>(n * cols), 42, 1.0f);
+        cpu::Q8Acts xa;
+        xa.reset(n, w);
+        for (int64_t i = 0; i < n; ++i) xa.quantize(i, x.data() + i * cols);
+        std::vector<float> y(static_cast<size_t>(n * rows));
+        auto run = [&] {
+          pool.parallel_for((rows + 31) / 32, [&](int64_t b, int64_t e, int) {
+            cpu::gemm_rows_q8(xa, 0, n, w, b * 32, std::min(rows, e * 32), y.data(), rows);
+          });
+        };
+        run();
+        double best = 1e30, total = 0;
+        for (int r = 0; total < min_seconds || r < 3; ++r) {
+          const auto t0 = clk::now();
+          run();
+          const double sec = std::chrono::duration<double>(clk::now() - t0).count();
+          best = std::min(best, sec);
+          total += sec;
+        }
+        const double ops = 2.0 * static_cast<double>(rows * cols * n), gbs = static_cast<double>(wb.size()) / best / 1e9;
+        std::printf("| %s | [%ld x %ld] | %ld | %.3f | %.1f | %.1f | %.2f |\n", cpu::ext_type_info(static_cast<uint32_t>(t))->name, rows, cols, n, best * 1e3,
+                    ops / best / 1e9, gbs, gbs / (bw / 1e9));
+      }
+    }
+}
+
 void bench_kernels(numa::ThreadPool& pool, double min_seconds, int64_t only_batch) {
   const double peak = cpu::detail::q8_vnni_peak_macs(&pool) * 2.0;
   std::printf("\n## 8-bit GGUF kernels (gemm_rows_q8, activations quantized beforehand), %d threads, vpdpbusd peak %.0f GOP/s\n\n", pool.size(), peak / 1e9);
@@ -482,7 +525,7 @@ int main(int argc, char** argv) {
   }
   if (kernels_only) {
     if (cpu::best_isa() != cpu::Isa::avx512 || !cpu::detail::q8_has_vnni()) {
-      std::printf("no AVX-512 VNNI here: the kernels compared need it\n");
+      bench_kernels_avx2(pool, min_s, only_batch, bw);
       return 0;
     }
     bench_kernels(pool, min_s, only_batch);

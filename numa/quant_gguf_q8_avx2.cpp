@@ -1,14 +1,26 @@
 // AVX2 kernels of the integer GGUF path (numa/quant_gguf_q8.h), for CPUs
-// without AVX-512 VNNI. v1: one row by NT tokens; per 32 codes vpmaddubsw
-// (u8 x s8 -> s16) then vpmaddwd with the sub-block scale (K types) or with
-// ones (32-blocks) into int32 lanes. Q8_0 multiplies |w| by x with w's sign
-// (vpsignb) so that the s16 pairs cannot saturate; Q4_0/Q5_0 take their zero
-// point off per block from the activation's block sums.
+// without AVX-512 VNNI. Per 32 codes vpmaddubsw (u8 x s8 -> s16), then
+// vpmaddwd with the sub-block scales (K types) or with ones (32-blocks) into
+// int32 lanes.
+//  - K types (Q4_K, Q5_K, Q6_K) keep the numerics contract of the AVX-512
+//    kernels (quant_gguf_q8_tiles.cpp: per super-block the exact integer
+//    sum, then fixed fp32 fmas), so their bits equal those kernels' and the
+//    scalar model's at every token count. Below 8 tokens row1_k (one row,
+//    one token, its blocks in memory order); from 8 tokens panel_k: the
+//    codes transposed so that the 16-bit products of a whole super-block add
+//    up before one scale multiply (about half the multiplies), weights held
+//    in registers while 8-token groups of pre-transposed activations pass.
+//  - 32-blocks (Q8_0, Q4_0, Q5_0): one row by 8/4/2/1 tokens, per-lane fp32
+//    sums, blocked for L1/L2. Q8_0 multiplies |w| by x with w's sign
+//    (vpsignb) so that the s16 pairs cannot saturate; Q4_0/Q5_0 take their
+//    zero point off per block from the activation's block sums.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "configs/error.h"
 #include "io/tensor/gguf_block_util.h"
@@ -32,105 +44,101 @@ HMOE_V256 inline float hsum(__m256 v) {
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
+// The exact sum of v's 32-bit lanes.
+HMOE_V256 inline int32_t hsum_i32(__m128i v) {
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32(v, 0xB1)));
+}
+HMOE_V256 inline int32_t hsum_i32(__m256i v) { return hsum_i32(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1))); }
+// acc + a * b in fp32 with one rounding (the fused multiply-add of the contract).
+HMOE_V256 inline float fma1(float a, float b, float acc) { return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(acc))); }
+
+// K types, per row r and token t (the contract of numa/quant_gguf_q8_tiles.cpp,
+// so the bits equal the AVX-512 kernels' and q8_tiles_model's): per
+// super-block the exact integer I of the sub-block-scaled products (Q6_K:
+// codes - 32) and M of the mins times the activation sums, then
+// acc = fma(I, d * dx, acc) and acc = fma(-M, dmin * dx, acc).
+// A K-type super-block's scalars, decoded once per row and block.
+struct KBlk {
+  float d, dmin;
+  __m128i mn16;  // Q4_K/Q5_K: the 8 mins as int16
+  __m256i sc16;  // Q6_K: the 16 scales as int16
+  uint64_t sc;   // Q4_K/Q5_K: the 8 scales, a byte each
+};
+template <ExtType T>
+HMOE_V256 inline KBlk k_blk(const uint8_t* b) {
+  KBlk k{};
+  if constexpr (T == ExtType::q6_k) {
+    k.d = half_at(b + 208);
+    k.sc16 = _mm256_cvtepi8_epi16(ld16(b + 192));
+  } else {
+    k.d = half_at(b);
+    k.dmin = half_at(b + 2);
+    uint64_t mn;
+    gguf_scales_mins_k4(b + 4, k.sc, mn);
+    k.mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(mn)));
+  }
+  return k;
+}
+template <ExtType T>
+HMOE_V256 inline float k_block_fp(float acc, __m256i a, const KBlk& k, const int16_t* bs, float dx) {
+  if constexpr (T == ExtType::q6_k) {
+    a = _mm256_sub_epi32(a, _mm256_slli_epi32(_mm256_madd_epi16(k.sc16, ld32(bs)), 5));
+    return fma1(static_cast<float>(hsum_i32(a)), k.d * dx, acc);
+  } else {
+    const int32_t m = hsum_i32(_mm_madd_epi16(k.mn16, ld16(bs)));
+    acc = fma1(static_cast<float>(hsum_i32(a)), k.d * dx, acc);
+    return fma1(-static_cast<float>(m), k.dmin * dx, acc);
+  }
+}
+
 // 32 bytes of 16 where bit `bit` of qh[l] is set.
 HMOE_V256 inline __m256i hbit(__m256i qh, int bit) {
   const __m256i b = _mm256_set1_epi8(static_cast<char>(1 << bit));
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b), b), _mm256_set1_epi8(16));
 }
 
-// Q6_K: the two high bits (qh >> SH) & 3 of 32 codes, in place (<< 4).
-template <int SH>
-HMOE_V256 inline __m256i q6_high(__m256i qh, __m256i m3) {
-  return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, SH), m3), 4);
-}
-
 // Where Q4_K/Q5_K sub-block sb sits in the activation (see Q8Acts::pos).
 constexpr int kSlot[8] = {0, 2, 1, 3, 4, 6, 5, 7};
 
-template <ExtType T, int NT>
-HMOE_V256 void tile_k(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* y, int64_t ldy) {
-  constexpr int BB = T == ExtType::q4_k ? 144 : T == ExtType::q5_k ? 176 : 210;
-  const int64_t nb = w.cols / 256;
-  const uint8_t* row = w.row(r);
-  __m256 acc[NT];
-  for (int j = 0; j < NT; ++j) acc[j] = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  for (int64_t bi = 0; bi < nb; ++bi) {
-    const uint8_t* b = row + bi * BB;
-    __m256i c[8];
-    int16_t s[16];
-    float d, dmin = 0;
-    __m128i mn16 = _mm_setzero_si128();
-    __m256i sc16 = _mm256_setzero_si256();
-    if constexpr (T == ExtType::q4_k || T == ExtType::q5_k) {
-      d = half_at(b);
-      dmin = half_at(b + 2);
-      uint64_t sc, mn;
-      gguf_scales_mins_k4(b + 4, sc, mn);
-      for (int j = 0; j < 8; ++j) s[j] = static_cast<int16_t>((sc >> (8 * j)) & 0xFF);
-      mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(mn)));
-      const uint8_t* qs = b + (T == ExtType::q4_k ? 16 : 48);
-      for (int j = 0; j < 4; ++j) {  // chunk j: low nibbles sub-block 2j, high 2j + 1
-        const __m256i q = ld32(qs + 32 * j);
-        c[2 * j] = _mm256_and_si256(q, m4);
-        c[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      }
-      if constexpr (T == ExtType::q5_k) {
-        const __m256i qh = ld32(b + 16);
-        for (int sb = 0; sb < 8; ++sb) c[sb] = _mm256_or_si256(c[sb], hbit(qh, sb));
-      }
-    } else {  // q6_k: c[v] = elements 32v..32v+31
-      d = half_at(b + 208);
-      const auto* scp = reinterpret_cast<const int8_t*>(b + 192);
-      for (int j = 0; j < 16; ++j) s[j] = scp[j];
-      sc16 = _mm256_cvtepi8_epi16(ld16(b + 192));
-      const __m256i m3 = _mm256_set1_epi8(3);
-      for (int h = 0; h < 2; ++h) {
-        const __m256i q0 = ld32(b + 64 * h), q1 = ld32(b + 64 * h + 32), qh = ld32(b + 128 + 32 * h);
-        c[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(q0, m4), q6_high<0>(qh, m3));
-        c[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(q1, m4), q6_high<2>(qh, m3));
-        c[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4), q6_high<4>(qh, m3));
-        c[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4), q6_high<6>(qh, m3));
-      }
-    }
-    for (int j = 0; j < NT; ++j) {
-      const int8_t* xq = xa.q.data() + (tx + j) * xa.cols + bi * 256;
-      const int16_t* bs = xa.bsum.data() + ((tx + j) * nb + bi) * 16;
-      const float dx = xa.d[static_cast<size_t>((tx + j) * nb + bi)];
-      __m256i a = _mm256_setzero_si256();
-      for (int v = 0; v < 8; ++v) {
-        __m256i sv;
-        const int8_t* xv;
-        if constexpr (T == ExtType::q6_k) {
-          sv = _mm256_set_m128i(_mm_set1_epi16(s[2 * v + 1]), _mm_set1_epi16(s[2 * v]));
-          xv = xq + 32 * v;
-        } else {
-          sv = _mm256_set1_epi16(s[v]);
-          xv = xq + 32 * kSlot[v];
-        }
-        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(c[v], ld32(xv)), sv));
-      }
-      if constexpr (T == ExtType::q6_k) {
-        a = _mm256_sub_epi32(a, _mm256_slli_epi32(_mm256_madd_epi16(sc16, ld32(bs)), 5));
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(d * dx), acc[j]);
-      } else {
-        const __m128i ms = _mm_madd_epi16(mn16, ld16(bs));
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(d * dx), acc[j]);
-        acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_zextsi128_si256(ms)), _mm256_set1_ps(dmin * dx), acc[j]);
-      }
-    }
+// The 32 codes of K-type sub-block v (0..7) of the super-block at b, in the
+// order the activation row stores them (Q4_K/Q5_K: low nibbles of chunk v/2
+// for even v, high for odd, Q5_K's fifth bit from qh; Q6_K: elements 32v..32v+31
+// with the two high bits from qh).
+template <ExtType T>
+HMOE_V256 inline __m256i k_codes(const uint8_t* b, int v, __m256i m4) {
+  if constexpr (T == ExtType::q6_k) {
+    const int h = v / 4, k = v % 4;
+    const __m256i q = ld32(b + 64 * h + 32 * (k & 1)), qh = ld32(b + 128 + 32 * h);
+    const __m256i lo = k < 2 ? _mm256_and_si256(q, m4) : _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), _mm256_set1_epi8(3)), 4);
+    return _mm256_or_si256(lo, hi);
+  } else {
+    const __m256i q = ld32(b + (T == ExtType::q4_k ? 16 : 48) + 32 * (v / 2));
+    __m256i c = v % 2 ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
+    if constexpr (T == ExtType::q5_k) c = _mm256_or_si256(c, hbit(ld32(b + 16), v));
+    return c;
   }
-  for (int j = 0; j < NT; ++j) y[j * ldy + r] = hsum(acc[j]);
 }
 
+// Row r of a 32-block matrix times NT activation rows (as tile_k: the
+// block's codes loaded once, fixed per-token order, batch invariant).
 template <ExtType T, int NT>
 HMOE_V256 void tile_b(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* y, int64_t ldy) {
   constexpr int BB = T == ExtType::q8_0 ? 34 : T == ExtType::q4_0 ? 18 : 22;
   const int64_t nblk = w.cols / 32, np = w.cols / 64;
   const uint8_t* row = w.row(r);
+  // token j's codes at xq + j * cols, its block scales at dx + j * nblk (strides
+  // in registers: no pointer arrays to reload)
+  const int64_t cols = xa.cols;
+  const int8_t* xq = xa.q.data() + tx * cols;
+  const float* dx = xa.d.data() + tx * nblk;
   __m256 acc[NT];
   float zacc[NT];
-  for (int j = 0; j < NT; ++j) acc[j] = _mm256_setzero_ps(), zacc[j] = 0;
+#pragma GCC unroll 8
+  for (int j = 0; j < NT; ++j) acc[j] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int j = 0; j < NT; ++j) zacc[j] = 0;
   const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int64_t blk = 0; blk < nblk; ++blk) {
     const uint8_t* b = row + blk * BB;
@@ -153,38 +161,293 @@ HMOE_V256 void tile_b(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, flo
         c = _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, sel), sel), _mm256_set1_epi8(16)));
       }
     }
+    const __m256i ac = T == ExtType::q8_0 ? _mm256_sign_epi8(c, c) : c;
+    const __m256 bdw = _mm256_set1_ps(dw);
+#pragma GCC unroll 8
     for (int j = 0; j < NT; ++j) {
-      const int8_t* xq = xa.q.data() + (tx + j) * xa.cols + 64 * p;
-      const float dx = xa.d[static_cast<size_t>((tx + j) * nblk + blk)];
+      const __m256 scale = _mm256_mul_ps(bdw, _mm256_broadcast_ss(dx + j * nblk + blk));  // dw * dx, as the scalar product
       __m256i prod;
       if constexpr (T == ExtType::q8_0) {
-        const __m256i x = ld32(xq + 32 * half);
-        prod = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c));
+        prod = _mm256_maddubs_epi16(ac, _mm256_sign_epi8(ld32(xq + j * cols + 64 * p + 32 * half), c));
       } else {  // activation order per pair: a.lo, b.lo, a.hi, b.hi
-        const __m256i x = _mm256_set_m128i(ld16(xq + 32 + 16 * half), ld16(xq + 16 * half));
-        prod = _mm256_maddubs_epi16(c, x);
+        const int8_t* xp = xq + j * cols + 64 * p;
+        prod = _mm256_maddubs_epi16(ac, _mm256_set_m128i(ld16(xp + 32 + 16 * half), ld16(xp + 16 * half)));
         // -zero * sum(x) of this block: the seed of its first lane in the pair's init
         const int32_t seed = xa.init[static_cast<size_t>(((tx + j) * np + p) * 16 + 4 * half)];
-        zacc[j] += dw * dx * static_cast<float>(seed);
+        zacc[j] += dw * dx[j * nblk + blk] * static_cast<float>(seed);
       }
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones)), _mm256_set1_ps(dw * dx), acc[j]);
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones)), scale, acc[j]);
     }
   }
-  for (int j = 0; j < NT; ++j) y[j * ldy + r] = hsum(acc[j]) + zacc[j];
+  for (int j = 0; j < NT; ++j) y[j * ldy] = hsum(acc[j]) + zacc[j];
+}
+
+// Where sub-block g of super-block bi starts in an activation row.
+template <ExtType T>
+constexpr int64_t k_slot_off(int64_t bi, int g) {
+  return bi * 256 + 32 * (T == ExtType::q6_k ? g : kSlot[g]);
+}
+
+// Lane sums of 8 vectors: lane i = the exact sum of v[i]'s lanes.
+HMOE_V256 inline __m256i hsum8_i32(const __m256i* v) {
+  const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+// Lane sums of 4 vectors of 4 lanes.
+HMOE_V256 inline __m128i hsum4_i32(__m128i a, __m128i b, __m128i c, __m128i d) { return _mm_hadd_epi32(_mm_hadd_epi32(a, b), _mm_hadd_epi32(c, d)); }
+
+// K types, one row by one token (decode, small batches, row tails): the
+// row's super-blocks in order (so the hardware prefetchers see one stream),
+// the contract's horizontal sums 8 super-blocks at a time, then its fp32
+// steps in block order.
+template <ExtType T>
+HMOE_V256 float row1_k(const Q8Acts& xa, int64_t t, const Mat& w, int64_t r) {
+  constexpr int BB = T == ExtType::q4_k ? 144 : T == ExtType::q5_k ? 176 : 210;
+  const int64_t nb = w.cols / 256;
+  const int8_t* xq = xa.q.data() + t * xa.cols;
+  const uint8_t* row = w.row(r);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  float acc = 0.0f;
+  for (int64_t bg = 0; bg < nb; bg += 8) {
+    const int ng = static_cast<int>(std::min<int64_t>(8, nb - bg));
+    alignas(32) __m256i A[8];
+    __m128i Ms[8];
+    float sd[8], sm[8];
+    for (int g = 0; g < 8; ++g) {
+      if (g >= ng) {
+        A[g] = _mm256_setzero_si256(), Ms[g] = _mm_setzero_si128();
+        continue;
+      }
+      const int64_t bi = bg + g;
+      const uint8_t* b = row + bi * BB;
+      const KBlk kb = k_blk<T>(b);
+      const int16_t* bs = xa.bsum.data() + (t * nb + bi) * 16;
+      const float dx = xa.d[static_cast<size_t>(t * nb + bi)];
+      // the sub-block scales as int16 in both 128-bit lanes, each picked
+      // into a whole vector by one byte shuffle (Q6_K: scale 2v in the low
+      // lane, 2v + 1 in the high one)
+      __m256i s16[2];
+      if constexpr (T == ExtType::q6_k) {
+        s16[0] = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(kb.sc16));
+        s16[1] = _mm256_broadcastsi128_si256(_mm256_extracti128_si256(kb.sc16, 1));
+      } else {
+        s16[0] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(kb.sc))));
+      }
+      __m256i a = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int v = 0; v < 8; ++v) {
+        __m256i sv;
+        if constexpr (T == ExtType::q6_k) {
+          const char l = static_cast<char>(4 * (v % 4)), h = static_cast<char>(4 * (v % 4) + 2);
+          sv = _mm256_shuffle_epi8(s16[v / 4], _mm256_setr_epi8(l, l + 1, l, l + 1, l, l + 1, l, l + 1, l, l + 1, l, l + 1, l, l + 1, l, l + 1, h, h + 1, h,
+                                                                 h + 1, h, h + 1, h, h + 1, h, h + 1, h, h + 1, h, h + 1, h, h + 1));
+        } else {
+          sv = _mm256_shuffle_epi8(s16[0], _mm256_set1_epi16(static_cast<int16_t>((2 * v) | ((2 * v + 1) << 8))));
+        }
+        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(k_codes<T>(b, v, m4), ld32(xq + k_slot_off<T>(bi, v))), sv));
+      }
+      if constexpr (T == ExtType::q6_k) {
+        A[g] = _mm256_sub_epi32(a, _mm256_slli_epi32(_mm256_madd_epi16(kb.sc16, ld32(bs)), 5));
+        Ms[g] = _mm_setzero_si128();
+      } else {
+        A[g] = a;
+        Ms[g] = _mm_madd_epi16(kb.mn16, ld16(bs));
+      }
+      sd[g] = kb.d * dx;
+      sm[g] = kb.dmin * dx;
+    }
+    alignas(32) float fi[8], fm[8];
+    _mm256_store_ps(fi, _mm256_cvtepi32_ps(hsum8_i32(A)));
+    if constexpr (T != ExtType::q6_k)
+      _mm256_store_ps(fm, _mm256_cvtepi32_ps(_mm256_set_m128i(hsum4_i32(Ms[4], Ms[5], Ms[6], Ms[7]), hsum4_i32(Ms[0], Ms[1], Ms[2], Ms[3]))));
+    for (int g = 0; g < ng; ++g) {
+      acc = fma1(fi[g], sd[g], acc);
+      if constexpr (T != ExtType::q6_k) acc = fma1(-fm[g], sm[g], acc);
+    }
+  }
+  return acc;
+}
+
+// K types from 8 tokens on, weights stationary, in fewer multiplies: per
+// row and super-block the 8 sub-blocks' codes (32 each) are transposed by
+// dwords into 8 vectors V_m whose dword g is dword m of sub-block g, so that
+// every vpmaddubsw result has the same sub-block in the same 16-bit lanes
+// (lanes 2g, 2g + 1 <- sub-block g). Their 16-bit sums can then be added
+// before one vpmaddwd with the sub-block scales: Q4_K 8 products and 1 scale
+// multiply per 256 codes (|code x act| pair sums <= 2 * 15 * 127, 8 of them
+// fit int16), Q5_K 2 (codes <= 31: 4 fit), Q6_K 4 (codes <= 63: 2 fit),
+// against 8 + 8 in tile_k. The activations of a token block are transposed
+// the same way once (pack_acts) for all the rows that multiply them, padded
+// to 8 tokens; the contract's horizontal sums and fp32 steps run on 8
+// tokens' lanes together.
+constexpr int64_t kPanelRows = 8, kPanelTokens = 32;
+
+// v[m] <- the m-th dwords of v[0..7] (an 8 x 8 transpose of 32-bit elements).
+HMOE_V256 inline void transpose_dwords(__m256i v[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
+    v[4 + i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
+  }
+}
+
+// A token block packed for panel_k (tp = tn rounded up to 8; the padding
+// tokens are zeros): super-block bi of token j at x[(bi * tp + j) * 8 + m]
+// (m < 8), its activation scale at dx[bi * tp + j], its 16 block sums at
+// bs[(bi * tp + j) * 16].
+struct Packed {
+  __m256i* x;
+  float* dx;
+  int16_t* bs;
+  int64_t tp;
+};
+template <ExtType T>
+HMOE_V256 void pack_acts(const Q8Acts& xa, int64_t tx, int64_t tn, int64_t nb, const Packed& pk) {
+  for (int64_t j = 0; j < pk.tp; ++j)
+    for (int64_t bi = 0; bi < nb; ++bi) {
+      const int64_t at = bi * pk.tp + j;
+      if (j >= tn) {
+        for (int m = 0; m < 8; ++m) _mm256_store_si256(pk.x + at * 8 + m, _mm256_setzero_si256());
+        pk.dx[at] = 0.0f;
+        std::memset(pk.bs + at * 16, 0, 32);
+        continue;
+      }
+      const int8_t* xq = xa.q.data() + (tx + j) * xa.cols;
+      __m256i v[8];
+      for (int g = 0; g < 8; ++g) v[g] = ld32(xq + k_slot_off<T>(bi, g));
+      transpose_dwords(v);
+      for (int m = 0; m < 8; ++m) _mm256_store_si256(pk.x + at * 8 + m, v[m]);
+      pk.dx[at] = xa.d[static_cast<size_t>((tx + j) * nb + bi)];
+      std::memcpy(pk.bs + at * 16, xa.bsum.data() + ((tx + j) * nb + bi) * 16, 32);
+    }
 }
 
 template <ExtType T>
-HMOE_V256 void rows(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  constexpr bool k = T == ExtType::q4_k || T == ExtType::q5_k || T == ExtType::q6_k;
-  for (int64_t r = r0; r < r1; ++r) {
-    int64_t t = 0;
-    for (; t + 4 <= n; t += 4) {
-      if constexpr (k) tile_k<T, 4>(xa, t0 + t, w, r, y + t * ldy, ldy);
-      else tile_b<T, 4>(xa, t0 + t, w, r, y + t * ldy, ldy);
+HMOE_V256 void panel_k(const Packed& pk, int64_t tn, const Mat& w, int64_t rb, int64_t re, float* y, int64_t ldy) {
+  constexpr int BB = T == ExtType::q4_k ? 144 : T == ExtType::q5_k ? 176 : 210;
+  const int64_t nb = w.cols / 256, tp = pk.tp;
+  alignas(32) float acc[kPanelRows][kPanelTokens] = {};
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t r = rb; r < re; ++r) {  // a row's blocks in order: one stream for the prefetchers
+    for (int64_t bi = 0; bi < nb; ++bi) {
+      const uint8_t* b = w.row(r) + bi * BB;
+      const KBlk kb = k_blk<T>(b);
+      __m256i sa, sb = _mm256_setzero_si256();
+      if constexpr (T == ExtType::q6_k) {
+        const auto* scp = reinterpret_cast<const int8_t*>(b + 192);
+        alignas(32) int16_t ta[16], tb[16];
+        for (int k = 0; k < 16; ++k) ta[k] = scp[2 * (k / 2)], tb[k] = scp[2 * (k / 2) + 1];
+        sa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ta));
+        sb = _mm256_load_si256(reinterpret_cast<const __m256i*>(tb));
+      } else {
+        const __m128i s8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(kb.sc)));
+        sa = _mm256_set_m128i(_mm_unpackhi_epi16(s8, s8), _mm_unpacklo_epi16(s8, s8));
+      }
+      __m256i c[8];
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) c[g] = k_codes<T>(b, g, m4);
+      transpose_dwords(c);
+      const __m256 d = _mm256_set1_ps(kb.d), dmin = _mm256_set1_ps(kb.dmin);
+      for (int64_t jg = 0; jg < tp; jg += 8) {
+        alignas(32) __m256i A[8];
+        for (int j = 0; j < 8; ++j) {
+          const __m256i* xp = pk.x + (bi * tp + jg + j) * 8;
+#define p(m) _mm256_maddubs_epi16(c[m], _mm256_load_si256(xp + (m)))
+          if constexpr (T == ExtType::q4_k) {
+            A[j] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(p(0), p(1)), _mm256_add_epi16(p(2), p(3))),
+                                                      _mm256_add_epi16(_mm256_add_epi16(p(4), p(5)), _mm256_add_epi16(p(6), p(7)))),
+                                     sa);
+          } else if constexpr (T == ExtType::q5_k) {
+            const __m256i s0 = _mm256_add_epi16(_mm256_add_epi16(p(0), p(1)), _mm256_add_epi16(p(2), p(3)));
+            const __m256i s1 = _mm256_add_epi16(_mm256_add_epi16(p(4), p(5)), _mm256_add_epi16(p(6), p(7)));
+            A[j] = _mm256_add_epi32(_mm256_madd_epi16(s0, sa), _mm256_madd_epi16(s1, sa));
+          } else {  // Q6_K: V_0..V_3 hold the first 16 of each 32 (scales sa), V_4..V_7 the second (sb); codes - 32 by the sums
+            const __m256i q = _mm256_add_epi32(
+                _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p(0), p(1)), sa), _mm256_madd_epi16(_mm256_add_epi16(p(2), p(3)), sa)),
+                _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p(4), p(5)), sb), _mm256_madd_epi16(_mm256_add_epi16(p(6), p(7)), sb)));
+            A[j] = _mm256_sub_epi32(q, _mm256_slli_epi32(_mm256_madd_epi16(kb.sc16, ld32(pk.bs + (bi * tp + jg + j) * 16)), 5));
+          }
+#undef p
+        }
+        const __m256 dx = _mm256_load_ps(pk.dx + bi * tp + jg);
+        float* ar = acc[r - rb] + jg;
+        __m256 s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_i32(A)), _mm256_mul_ps(d, dx), _mm256_load_ps(ar));
+        if constexpr (T != ExtType::q6_k) {
+          const int16_t* bs = pk.bs + (bi * tp + jg) * 16;
+          auto ms = [&](int j) { return _mm_madd_epi16(kb.mn16, ld16(bs + 16 * j)); };
+          const __m256i M = _mm256_set_m128i(hsum4_i32(ms(4), ms(5), ms(6), ms(7)), hsum4_i32(ms(0), ms(1), ms(2), ms(3)));
+          s = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(dmin, dx), s);
+        }
+        _mm256_store_ps(ar, s);
+      }
     }
-    for (; t < n; ++t) {
-      if constexpr (k) tile_k<T, 1>(xa, t0 + t, w, r, y + t * ldy, ldy);
-      else tile_b<T, 1>(xa, t0 + t, w, r, y + t * ldy, ldy);
+  }
+  for (int64_t r = rb; r < re; ++r)
+    for (int64_t j = 0; j < tn; ++j) y[j * ldy + r] = acc[r - rb][j];
+}
+
+// K types: panel_k from 8 tokens and 4 rows on (the packing is paid once
+// per 32 tokens for all the rows of the call), row1_k below.
+template <ExtType T>
+HMOE_V256 void rows_k(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  if (n >= 8 && r1 - r0 >= 4) {
+    const int64_t nb = w.cols / 256;
+    struct alignas(32) V32 {
+      int8_t b[32];
+    };
+    thread_local std::vector<V32> xb;
+    thread_local std::vector<float> dxb;
+    thread_local std::vector<int16_t> bsb;
+    const auto need = static_cast<size_t>(kPanelTokens * nb);
+    if (xb.size() < need * 8) xb.resize(need * 8), dxb.resize(need + 8), bsb.resize(need * 16);
+    // dx is loaded 8 tokens at a time with aligned loads: 32-byte align it
+    auto* dx = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(dxb.data()) + 31) & ~uintptr_t{31});
+    for (int64_t tb = 0; tb < n; tb += kPanelTokens) {
+      const int64_t tn = std::min(kPanelTokens, n - tb);
+      const Packed pk{reinterpret_cast<__m256i*>(xb.data()), dx, bsb.data(), (tn + 7) / 8 * 8};
+      pack_acts<T>(xa, t0 + tb, tn, nb, pk);
+      for (int64_t rb = r0; rb < r1; rb += kPanelRows) panel_k<T>(pk, tn, w, rb, std::min(rb + kPanelRows, r1), y + tb * ldy, ldy);
+    }
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t t = 0; t < n; ++t) y[t * ldy + r] = row1_k<T>(xa, t0 + t, w, r);
+}
+
+// 32-block types, blocked for the caches: 64 tokens of activations (128 KiB
+// at 2048 columns) stay in L2 while 16 rows of weights pass over them, and
+// each 8-token tile (16 KiB) stays in L1 while those 16 rows multiply it.
+template <ExtType T>
+HMOE_V256 void rows_b(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  constexpr int64_t kTokens = 64, kRows = 16;
+  for (int64_t tb = 0; tb < n; tb += kTokens) {
+    const int64_t tn = std::min(kTokens, n - tb);
+    for (int64_t rb = r0; rb < r1; rb += kRows) {
+      const int64_t re = std::min(rb + kRows, r1);
+      int64_t t = tb;
+      for (; t + 8 <= tb + tn; t += 8)
+        for (int64_t r = rb; r < re; ++r) tile_b<T, 8>(xa, t0 + t, w, r, y + t * ldy + r, ldy);
+      if (t + 4 <= tb + tn) {
+        for (int64_t r = rb; r < re; ++r) tile_b<T, 4>(xa, t0 + t, w, r, y + t * ldy + r, ldy);
+        t += 4;
+      }
+      if (t + 2 <= tb + tn) {
+        for (int64_t r = rb; r < re; ++r) tile_b<T, 2>(xa, t0 + t, w, r, y + t * ldy + r, ldy);
+        t += 2;
+      }
+      if (t < tb + tn)
+        for (int64_t r = rb; r < re; ++r) tile_b<T, 1>(xa, t0 + t, w, r, y + t * ldy + r, ldy);
     }
   }
 }
@@ -193,12 +456,12 @@ HMOE_V256 void rows(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64
 
 void q8_rows_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   switch (static_cast<ExtType>(w.ext)) {
-    case ExtType::q4_k: return rows<ExtType::q4_k>(xa, t0, n, w, r0, r1, y, ldy);
-    case ExtType::q5_k: return rows<ExtType::q5_k>(xa, t0, n, w, r0, r1, y, ldy);
-    case ExtType::q6_k: return rows<ExtType::q6_k>(xa, t0, n, w, r0, r1, y, ldy);
-    case ExtType::q8_0: return rows<ExtType::q8_0>(xa, t0, n, w, r0, r1, y, ldy);
-    case ExtType::q4_0: return rows<ExtType::q4_0>(xa, t0, n, w, r0, r1, y, ldy);
-    case ExtType::q5_0: return rows<ExtType::q5_0>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q4_k: return rows_k<ExtType::q4_k>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q5_k: return rows_k<ExtType::q5_k>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q6_k: return rows_k<ExtType::q6_k>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q8_0: return rows_b<ExtType::q8_0>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q4_0: return rows_b<ExtType::q4_0>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q5_0: return rows_b<ExtType::q5_0>(xa, t0, n, w, r0, r1, y, ldy);
     default: break;
   }
   fail(ErrorKind::internal, "q8_rows_avx2: type " + std::to_string(w.ext) + " has no integer kernel");

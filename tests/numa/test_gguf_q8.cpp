@@ -102,7 +102,7 @@ TEST_CASE("gemm_rows_q8: every SIMD kernel equals the reference; the product is 
     for (int64_t cols : {unit(t), unit(t) * 5, int64_t{2048}}) {
       const int64_t rows = 37;  // odd: 4-row tiles plus single-row tails
       QW q = make(t, rows, cols, static_cast<uint32_t>(cols + static_cast<int64_t>(t)));
-      for (int64_t n : {1, 2, 5, 9}) {
+      for (int64_t n : {1, 2, 5, 9, 79}) {
         const int64_t t0 = 1;  // token offset into the activation rows
         const auto x = randn(static_cast<size_t>((n + t0) * cols), static_cast<uint32_t>(n * 7 + cols));
         cpu::Q8Acts a;
@@ -199,6 +199,36 @@ TEST_CASE("Q4_K, Q5_K, Q6_K, Q8_0 on AVX-512: the tile kernels, the per-row kern
             for (int64_t j = 0; j < n; ++j)
               for (int64_t r = 0; r < r0; ++r) touched_outside = touched_outside || y[static_cast<size_t>(j * rows + r)] != -7.0f;
             CHECK_FALSE(touched_outside);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Q4_K, Q5_K, Q6_K on AVX2: every kernel (one row, the 8-token panels, their tails) equals the scalar model bit for bit") {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    MESSAGE("no AVX2 here: the AVX2 kernels do not run");
+    return;
+  }
+  for (ExtType t : {ExtType::q4_k, ExtType::q5_k, ExtType::q6_k}) {
+    for (int64_t cols : {unit(t), unit(t) * 3, unit(t) * 9}) {  // 9 super-blocks: row1_k's groups of 8 and a tail
+      for (int64_t rows : {int64_t{3}, int64_t{13}, int64_t{37}}) {
+        QW q = make(t, rows, cols, static_cast<uint32_t>(rows * 17 + cols));
+        const int64_t N = 45, t0 = 2;
+        auto x = randn(static_cast<size_t>((N + t0) * cols), static_cast<uint32_t>(cols + rows + 5));
+        for (int64_t k = 0; k < cols; ++k) x[static_cast<size_t>((t0 + 3) * cols + k)] *= 40.0f;  // a token with large codes everywhere
+        for (int64_t k = 0; k < cols; k += 2) x[static_cast<size_t>((t0 + 9) * cols + k)] = k % 4 ? 3.0f : -3.0f;  // extreme codes, both signs
+        cpu::Q8Acts a;
+        a.reset(N + t0, q.w);
+        for (int64_t i = 0; i < N + t0; ++i) a.quantize(i, x.data() + i * cols);
+        for (int64_t n : {1, 2, 7, 8, 9, 31, 33, 45}) {  // one row at a time below 8 tokens; panels of 32 (+ padding) above
+          for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, rows}, std::pair<int64_t, int64_t>{1, rows}, std::pair<int64_t, int64_t>{rows / 2, rows}}) {
+            std::vector<float> y(static_cast<size_t>(n * rows), -7.0f), m(y.size(), -7.0f);
+            cpu::detail::q8_rows_avx2(a, t0, n, q.w, r0, r1, y.data(), rows);
+            cpu::detail::q8_tiles_model(a, t0, n, q.w, r0, r1, m.data(), rows);
+            INFO(cpu::ext_type_info(static_cast<uint32_t>(t))->name << " cols " << cols << " rows " << rows << " n " << n << " r0 " << r0);
+            CHECK(std::memcmp(y.data(), m.data(), y.size() * sizeof(float)) == 0);  // rows before r0 stay -7 in both
           }
         }
       }
