@@ -75,9 +75,11 @@ void Q8Acts::quantize(int64_t t, const float* x) {
   int8_t* qt = q.data() + t * cols;
   float* dt = d.data() + t * (cols / block);
   int8_t tmp[256];
-  const bool simd = best_isa() == Isa::avx512 && detail::q8_has_vnni();
+  const Isa isa = best_isa();
+  const bool v512 = isa == Isa::avx512 && detail::q8_has_vnni(), v256 = !v512 && isa != Isa::scalar;
   for (int64_t b = 0; b < cols / block; ++b) {
-    if (simd && detail::q8_quantize_block_avx512(*this, t, b, x + b * block)) continue;
+    if (v512 && detail::q8_quantize_block_avx512(*this, t, b, x + b * block)) continue;
+    if (v256 && detail::q8_quantize_block_avx2(*this, t, b, x + b * block)) continue;
     const float* xb = x + b * block;
     float amax = 0;
     for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xb[i]));
@@ -106,7 +108,12 @@ void Q8Acts::quantize(int64_t t, const float* x) {
     for (int64_t p = 0; p < cols / 64; ++p) {
       int32_t sum[2] = {0, 0};
       for (int blk = 0; blk < 2; ++blk) {
-        for (int i = 0; i < 32; ++i) sum[blk] += qt[pos(p * 64 + blk * 32 + i)];
+        // the block's 32 codes: in place (Q8_0), or 16 at (2h + blk) * 16 for h = 0, 1 (Q4_0/Q5_0: see pos)
+        const int8_t* g = qt + p * 64;
+        if (type == ExtType::q8_0)
+          for (int i = 0; i < 32; ++i) sum[blk] += g[blk * 32 + i];
+        else
+          for (int i = 0; i < 16; ++i) sum[blk] += g[blk * 16 + i] + g[(2 + blk) * 16 + i];
         seed[static_cast<size_t>(t * (cols / 32) + 2 * p + blk)] = -z * sum[blk];
       }
       int32_t* in = init.data() + (t * (cols / 64) + p) * 16;

@@ -114,6 +114,8 @@ bool q8_tiles_serve(ExtType t);
 AmxMode q8_amx_mode();
 void q8_tiles_avx512(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 void q8_tiles_model(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// Q8Acts::quantize's block on AVX2 (as q8_quantize_block_avx512).
+bool q8_quantize_block_avx2(Q8Acts& a, int64_t t, int64_t b, const float* xb);
 void q8_rows_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 }  // namespace detail
 

@@ -19,11 +19,13 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <limits>
 #include <cstring>
 #include <vector>
 
 #include "configs/error.h"
 #include "io/tensor/gguf_block_util.h"
+#include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
 
 #define HMOE_V256 __attribute__((target("avx2,fma,f16c")))
@@ -453,6 +455,61 @@ HMOE_V256 void rows_b(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int
 }
 
 }  // namespace
+
+// Q8Acts::quantize's block b of row t on AVX2, bit for bit the scalar path
+// (round to nearest even, the MXCSR default, as std::nearbyint; clamp to
+// +-127; codes at Q8Acts::pos; K types' sums per 16 or 32 codes). False
+// (nothing written) when the block holds inf or NaN: the scalar path says
+// what those give.
+HMOE_V256 bool q8_quantize_block_avx2(Q8Acts& a, int64_t t, int64_t b, const float* xb) {
+  const int nv = static_cast<int>(a.block / 8);  // 32 or 4 vectors of 8
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), big = _mm256_set1_ps(std::numeric_limits<float>::max());
+  __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  for (int i = 0; i < nv; ++i) {
+    const __m256 av = _mm256_and_ps(_mm256_loadu_ps(xb + 8 * i), abs_mask);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(av, big, _CMP_NLE_UQ));  // NaN or inf
+    mx = _mm256_max_ps(mx, av);
+  }
+  if (_mm256_movemask_ps(bad)) return false;
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+  const float id = amax > 0 ? 127.0f / amax : 0.0f;
+  a.d[static_cast<size_t>(t * (a.cols / a.block) + b)] = amax / 127.0f;
+  int8_t* qt = a.q.data() + t * a.cols;
+  const bool k = a.block == 256, halves = a.type == ExtType::q4_0 || a.type == ExtType::q5_0;
+  const __m256 vid = _mm256_set1_ps(id);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  __m256i s16[16];  // K types: the codes of each 16 added lane-wise
+  for (int g = 0; g < nv / 4; ++g) {  // 32 codes at a time
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i)
+      q[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * g + 8 * i), vid)), hi), lo);
+    const __m256i c = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), order);
+    const int64_t k0 = b * a.block + 32 * g;
+    if (halves) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qt + a.pos(k0)), _mm256_castsi256_si128(c));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qt + a.pos(k0 + 16)), _mm256_extracti128_si256(c, 1));
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qt + a.pos(k0)), c);
+    }
+    if (k) {
+      s16[2 * g] = _mm256_add_epi32(q[0], q[1]);
+      s16[2 * g + 1] = _mm256_add_epi32(q[2], q[3]);
+    }
+  }
+  if (k) {
+    alignas(32) int32_t sums[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums), hsum8_i32(s16));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums + 8), hsum8_i32(s16 + 8));
+    int16_t* bs = a.bsum.data() + (t * (a.cols / 256) + b) * 16;
+    if (a.type == ExtType::q6_k || lowbit_type(static_cast<uint32_t>(a.type)))
+      for (int i = 0; i < 16; ++i) bs[i] = static_cast<int16_t>(sums[i]);
+    else
+      for (int i = 0; i < 16; ++i) bs[i] = static_cast<int16_t>(i < 8 ? sums[2 * i] + sums[2 * i + 1] : 0);
+  }
+  return true;
+}
 
 void q8_rows_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   switch (static_cast<ExtType>(w.ext)) {

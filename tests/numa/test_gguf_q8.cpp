@@ -365,31 +365,37 @@ TEST_CASE("ExpertEngine on GGUF experts: the 8-bit path is within the activation
   }
 }
 
-TEST_CASE("Q8Acts: the AVX-512 quantizer equals the scalar one bit for bit (codes, scales, sums, lanes)") {
-  if (cpu::best_isa() != cpu::Isa::avx512 || !cpu::detail::q8_has_vnni()) {
-    MESSAGE("no AVX-512 VNNI here: the SIMD quantizer is not used");
-    return;
-  }
+TEST_CASE("Q8Acts: the SIMD quantizers (AVX-512, AVX2) equal the scalar one bit for bit (codes, scales, sums, lanes)") {
+  const auto isas = simd_isas();
+  REQUIRE_FALSE(isas.empty());
   for (ExtType t : kTypes) {
-    const int64_t cols = unit(t) * 4, n = 3;
+    const int64_t cols = unit(t) * 4, n = 4;
     QW q = make(t, 1, cols, 3);
     auto x = randn(static_cast<size_t>(n * cols), 4);
     x[5] = 0.0f;
     std::fill(x.begin() + cols, x.begin() + cols + unit(t), 0.0f);  // an all-zero block
     x[static_cast<size_t>(2 * cols + 7)] = INFINITY;                   // a block the scalar path handles
-    cpu::Q8Acts a, b;
-    a.reset(n, q.w);
-    b.reset(n, q.w);
-    for (int64_t i = 0; i < n; ++i) a.quantize(i, x.data() + i * cols);
-    const cpu::Isa old = cpu::set_isa_for_testing(cpu::Isa::avx2);
-    for (int64_t i = 0; i < n; ++i) b.quantize(i, x.data() + i * cols);
+    float* h = x.data() + 3 * cols;                                     // codes at exact halves: ties to even
+    h[0] = 127.0f;
+    for (int64_t k = 1; k < cols; ++k) h[k] = static_cast<float>(k % 9) - 4.5f;
+    cpu::Q8Acts ref;
+    ref.reset(n, q.w);
+    const cpu::Isa old = cpu::set_isa_for_testing(cpu::Isa::scalar);
+    for (int64_t i = 0; i < n; ++i) ref.quantize(i, x.data() + i * cols);
     cpu::set_isa_for_testing(old);
-    INFO(cpu::ext_type_info(static_cast<uint32_t>(t))->name);
-    CHECK(a.q == b.q);
-    CHECK(a.bsum == b.bsum);
-    CHECK(a.init == b.init);
-    CHECK(a.seed == b.seed);
-    CHECK(std::memcmp(a.d.data(), b.d.data(), a.d.size() * sizeof(float)) == 0);  // NaN scales compare equal bytewise
-    CHECK(std::memcmp(a.dv.data(), b.dv.data(), a.dv.size() * sizeof(float)) == 0);
+    for (cpu::Isa isa : isas) {
+      cpu::Q8Acts b;
+      b.reset(n, q.w);
+      cpu::set_isa_for_testing(isa);
+      for (int64_t i = 0; i < n; ++i) b.quantize(i, x.data() + i * cols);
+      cpu::set_isa_for_testing(old);
+      INFO(cpu::ext_type_info(static_cast<uint32_t>(t))->name << " isa " << cpu::isa_name(isa));
+      CHECK(ref.q == b.q);
+      CHECK(ref.bsum == b.bsum);
+      CHECK(ref.init == b.init);
+      CHECK(ref.seed == b.seed);
+      CHECK(std::memcmp(ref.d.data(), b.d.data(), ref.d.size() * sizeof(float)) == 0);  // NaN scales compare equal bytewise
+      CHECK(std::memcmp(ref.dv.data(), b.dv.data(), ref.dv.size() * sizeof(float)) == 0);
+    }
   }
 }
