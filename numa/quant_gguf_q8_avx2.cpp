@@ -94,10 +94,12 @@ HMOE_V256 inline float k_block_fp(float acc, __m256i a, const KBlk& k, const int
   }
 }
 
-// 32 bytes of 16 where bit `bit` of qh[l] is set.
+// 16 where bit `bit` of byte l of qh is set (Q5_K's fifth bit), by one
+// 16-bit shift that moves bit `bit` of both bytes to bit 4 (the other bits
+// that cross between the bytes never land on bit 4) and a mask.
 HMOE_V256 inline __m256i hbit(__m256i qh, int bit) {
-  const __m256i b = _mm256_set1_epi8(static_cast<char>(1 << bit));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b), b), _mm256_set1_epi8(16));
+  const __m256i t = bit < 4 ? _mm256_slli_epi16(qh, 4 - bit) : _mm256_srli_epi16(qh, bit - 4);
+  return _mm256_and_si256(t, _mm256_set1_epi8(16));
 }
 
 // Where Q4_K/Q5_K sub-block sb sits in the activation (see Q8Acts::pos).
