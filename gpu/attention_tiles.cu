@@ -36,7 +36,7 @@ using namespace detail;
 namespace {
 
 constexpr int kTq = 64, kThreads = 128;
-std::atomic<int> tiles_kernel{1};  // set_attention_tiles_kernel (1 until the second has run on a GPU)
+std::atomic<int> tiles_kernel{3};  // set_attention_tiles_kernel (the setting gpu_attention_tiles_kernel: 3 since it ran on an H100)
 
 template <int HD>
 constexpr int padded() { return HD + 8; }

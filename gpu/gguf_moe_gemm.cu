@@ -14,7 +14,7 @@
 // real count exits after scanning the offsets, so the launch can be
 // captured in a graph.
 //
-// This is the "simple" kernel (GgufPrefillKernel::simple, the default); the
+// This is the "simple" kernel (GgufPrefillKernel::simple; the default is pipelined); the
 // launcher below sends the pipelined choices to gpu/gguf_moe_gemm_pipelined.cu
 // (128-row tiles, a cp.async pipeline, issue 27).
 #include <cuda_bf16.h>

@@ -77,12 +77,14 @@ void attention_tiles(const float* q, int64_t ldq, int64_t ntiles, const int32_t*
                      bf16_t* out, Stream& s);
 constexpr bool attention_tiles_takes(int64_t hd) { return hd == 64 || hd == 128 || hd == 256; }
 // Which kernel attention_tiles runs, process-wide (benchmarks, tests and the
-// setting gpu_attention_tiles_kernel): 1, gpu/attention_tiles.cu (the
-// default, measured), or 2 and 3, gpu/attention_tiles_v2.cu (two query heads
-// of a kv head per block, cp.async double-buffered K/V, ldmatrix; 2: 16 rows
-// a warp, 3: 32 rows a warp at hd 64 and 128; compiled only until they have
-// run on a GPU), which fall back to 1 where their shared memory exceeds the
-// device's (hd 128 and 256 on sm_86/89). Any other value means 1.
+// setting gpu_attention_tiles_kernel): 3 (the default) or 2,
+// gpu/attention_tiles_v2.cu (two query heads of a kv head per block,
+// cp.async double-buffered K/V, ldmatrix; 2: 16 rows a warp, 3: 32 rows a
+// warp at hd 64 and 128), which fall back to 1 where their shared memory
+// exceeds the device's (hd 128 and 256 on sm_86/89); or 1,
+// gpu/attention_tiles.cu. All three round q, k and the softmax weights to
+// bf16 for the tensor cores and agree to within that rounding (H100,
+// 2026-12-07). Any other value means 1.
 void set_attention_tiles_kernel(int version);
 int attention_tiles_kernel();
 // Host: the tiles for rows 0..n-1 with these list offsets: runs of equal

@@ -345,7 +345,7 @@ void set_gguf_decode_kernel(GgufDecodeKernel k) { g_decode_kernel.store(k); }
 GgufDecodeKernel gguf_decode_kernel() { return g_decode_kernel.load(); }
 
 namespace {
-std::atomic<GgufPrefillKernel> g_prefill_kernel{GgufPrefillKernel::simple};
+std::atomic<GgufPrefillKernel> g_prefill_kernel{GgufPrefillKernel::pipelined};
 }  // namespace
 void set_gguf_prefill_kernel(GgufPrefillKernel k) { g_prefill_kernel.store(k); }
 GgufPrefillKernel gguf_prefill_kernel() { return g_prefill_kernel.load(); }

@@ -115,11 +115,11 @@ struct GpuRuntimeOptions {
   gpu::GgufDecodeKernel gguf_decode_kernel = gpu::GgufDecodeKernel::direct;
   // Setting gpu_gguf_prefill_kernel (gpu::set_gguf_prefill_kernel, process-wide;
   // applied when the runtime is built).
-  gpu::GgufPrefillKernel gguf_prefill_kernel = gpu::GgufPrefillKernel::simple;
+  gpu::GgufPrefillKernel gguf_prefill_kernel = gpu::GgufPrefillKernel::pipelined;
   // Setting gpu_deltanet_kernel (gpu::set_deltanet_kernel, process-wide; applied when the runtime is built).
   gpu::DeltaNetKernel deltanet_kernel = gpu::DeltaNetKernel::v1;
   // Setting gpu_attention_tiles_kernel (gpu::set_attention_tiles_kernel, process-wide; applied when the runtime is built).
-  int attention_tiles_kernel = 1;
+  int attention_tiles_kernel = 3;
   int64_t overlap_second_rows = 0;  // rows of the second micro-batch; 0: half
   // Settings gpu_handoff (zero-copy: true) and gpu_handoff_timeout (seconds).
   bool zero_copy_handoff = false;

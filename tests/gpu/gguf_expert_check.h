@@ -152,9 +152,10 @@ inline double gguf_moe_gemm_worst(const std::vector<GgufHostW>& ex, const gpu::G
 // one, the pipelined one with its own tile choice and with each tile forced.
 inline const gpu::GgufPrefillKernel kPrefillKernels[] = {gpu::GgufPrefillKernel::simple, gpu::GgufPrefillKernel::pipelined,
                                                          gpu::GgufPrefillKernel::pipelined64, gpu::GgufPrefillKernel::pipelined128};
-// Restores the default (simple) when a case ends, however it ends.
+// Restores the kernel set before the case when it ends, however it ends.
 struct PrefillKernelScope {
-  ~PrefillKernelScope() { gpu::set_gguf_prefill_kernel(gpu::GgufPrefillKernel::simple); }
+  gpu::GgufPrefillKernel before = gpu::gguf_prefill_kernel();
+  ~PrefillKernelScope() { gpu::set_gguf_prefill_kernel(before); }
 };
 
 // gpu::gguf_moe_gemm on dw (the device copy of experts ex, [N, C] each) with

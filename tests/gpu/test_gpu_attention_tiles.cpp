@@ -84,8 +84,11 @@ void check_tiles(int64_t hd, int64_t heads, int64_t kvh, float q_scale) {
   std::vector<float> qwide(static_cast<size_t>(n * ldq), 1e30f);  // the k and v columns must never be read
   for (int64_t t = 0; t < n; ++t) std::copy(q.begin() + t * qw, q.begin() + (t + 1) * qw, qwide.begin() + t * ldq);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  // The reference of the query the kernels read: every kernel rounds q to bf16 for the tensor cores (an H100 run
+  // against fp32 q: worst 1.7-2.5 of the tolerance at q x 1, 9.5-10.5 at q x 4, the same for kernels 1, 2 and 3).
   std::vector<float> ref(q.size());
-  ops::attention_reference(q.data(), n, heads, kvh, hd, ts.data(), kv, 0, scale, ref.data());
+  ops::attention_reference(test::bf16_round(q).data(), n, heads, kvh, hd, ts.data(), kv, 0, scale, ref.data());
+  std::vector<float> first;  // kernel 1's output: 2 and 3 must agree with it to within bf16 rounding
 
   const auto tl = gpu::attention_tile_list(offsets.data(), n);
   auto dq = test::to_device(qwide, s), dk = test::to_device(test::bf16_of(kc), s), dv = test::to_device(test::bf16_of(vc), s);
@@ -97,7 +100,10 @@ void check_tiles(int64_t hd, int64_t heads, int64_t kvh, float q_scale) {
     gpu::memset_device(dout.data(), 0xff, dout.bytes(), s);  // NaN where a row is left unwritten
     gpu::attention_tiles(dq.as<float>(), ldq, static_cast<int64_t>(tl.size() / 2), dt.as<int32_t>(), heads, kvh, hd, dk.as<uint16_t>(),
                          dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout.as<uint16_t>(), s);
-    const double r = test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dout, q.size(), s)), ref, 2e-3, 1e-2);
+    const auto got = test::f32_of(test::to_host<uint16_t>(dout, q.size(), s));
+    const double r = test::tol_ratio(got, ref, 2e-3, 1e-2);
+    if (v == 1) first = got;
+    else CHECK_MESSAGE(test::tol_ratio(got, first, 1e-3, 8e-3) <= 1, "kernel " << v << " against kernel 1, hd " << hd);
     MESSAGE("attention_tiles kernel " << v << ", hd " << hd << ", " << heads << "/" << kvh << " heads, q x " << q_scale << ": " << n
                                       << " rows in " << tl.size() / 2 << " tiles; worst |diff| / (2e-3 + 1e-2 |ref|) = " << r);
     CHECK_MESSAGE(r <= 1, "kernel " << v << ", hd " << hd << ", heads " << heads << "/" << kvh);

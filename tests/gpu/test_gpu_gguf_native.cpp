@@ -102,21 +102,21 @@ TEST_CASE("gpu gguf: the decode kernel setting takes dense, direct or staged and
   CHECK(gpu::gguf_decode_kernel() == gpu::GgufDecodeKernel::direct);
 }
 
-TEST_CASE("gpu gguf: the prefill kernel setting takes simple or pipelined (and its tiles), defaults to simple and names a bad value") {
+TEST_CASE("gpu gguf: the prefill kernel setting takes simple or pipelined (and its tiles), defaults to pipelined and names a bad value") {
   test::PrefillKernelScope restore;
   Settings s = Settings::defaults();
-  CHECK(s.gpu_gguf_prefill_kernel == "simple");
-  CHECK(GpuRuntimeOptions::from_settings(s).gguf_prefill_kernel == gpu::GgufPrefillKernel::simple);
-  CHECK(gpu::gguf_prefill_kernel() == gpu::GgufPrefillKernel::simple);
+  CHECK(s.gpu_gguf_prefill_kernel == "pipelined");
+  CHECK(GpuRuntimeOptions::from_settings(s).gguf_prefill_kernel == gpu::GgufPrefillKernel::pipelined);
+  CHECK(gpu::gguf_prefill_kernel() == gpu::GgufPrefillKernel::pipelined);
   for (gpu::GgufPrefillKernel k : test::kPrefillKernels) {
     s.gpu_gguf_prefill_kernel = gpu::gguf_prefill_kernel_name(k);
     CHECK(GpuRuntimeOptions::from_settings(s).gguf_prefill_kernel == k);
     gpu::set_gguf_prefill_kernel(k);
     CHECK(gpu::gguf_prefill_kernel() == k);
   }
-  s.gpu_gguf_prefill_kernel = "PIPELINED";
+  s.gpu_gguf_prefill_kernel = "SIMPLE";
   s.validate();  // choices are read in lower case
-  CHECK(GpuRuntimeOptions::from_settings(s).gguf_prefill_kernel == gpu::GgufPrefillKernel::pipelined);
+  CHECK(GpuRuntimeOptions::from_settings(s).gguf_prefill_kernel == gpu::GgufPrefillKernel::simple);
   s.gpu_gguf_prefill_kernel = "fast";
   CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("pipelined"), Error);
   CHECK_THROWS_AS(GpuRuntimeOptions::from_settings(s), Error);

@@ -237,7 +237,8 @@ TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill an
       const auto tiles = gpu::attention_tile_list(offsets.data(), n);
       REQUIRE(tiles == std::vector<int32_t>{0, 64, 64, 64, 128, 22, 150, 1});
       auto dt = test::to_device(tiles, s);
-      for (int v : {1, 2, 3}) {  // every kernel (gpu::set_attention_tiles_kernel), then the default back
+      const int before = gpu::attention_tiles_kernel();
+      for (int v : {1, 2, 3}) {  // every kernel (gpu::set_attention_tiles_kernel), then the one set before
         gpu::set_attention_tiles_kernel(v);
         gpu::DeviceBuffer dout2(q.size() * 2);
         gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tiles.size() / 2), dt.as<int32_t>(), heads, kvh, hd,
@@ -247,7 +248,7 @@ TEST_CASE("gpu attention over the paged cache matches ops::attention (prefill an
         MESSAGE("attention_tiles kernel " << v << " hd=" << hd << ": worst |diff| / (2e-3 + 1e-2 |ref|) = " << test::tol_ratio(out2, ref, 2e-3, 1e-2));
         CHECK_MESSAGE(test::tol_ratio(out2, ref, 2e-3, 1e-2) <= 1, "tiles, kernel " << v << ", hd=" << hd);
       }
-      gpu::set_attention_tiles_kernel(1);
+      gpu::set_attention_tiles_kernel(before);
     }
     // The decode token alone: long context, few blocks -> split-K.
     REQUIRE(gpu::attention_splits(1, heads, 1301) > 1);
@@ -461,17 +462,21 @@ TEST_CASE("gpu attention at head_dim 256 (GQA 16/2) matches the scalar reference
                         Error);
         return splits;
       }
-      for (int v : {1, 2, 3}) {  // every kernel (gpu::set_attention_tiles_kernel), then the default back
+      // the tiles round q to bf16 for the tensor cores: their reference is of that q
+      std::vector<float> ref16(q.size());
+      ops::attention_reference(bf16_round(q).data(), n, heads, kvh, hd, ts.data(), kv, 0, scale, ref16.data());
+      const int before = gpu::attention_tiles_kernel();
+      for (int v : {1, 2, 3}) {  // every kernel (gpu::set_attention_tiles_kernel), then the one set before
         gpu::set_attention_tiles_kernel(v);
         gpu::DeviceBuffer dout2(q.size() * 2);
         gpu::attention_tiles(dq.as<float>(), heads * hd, static_cast<int64_t>(tl.size() / 2), dt.as<int32_t>(), heads, kvh, hd, dk.as<uint16_t>(),
                              dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout2.as<uint16_t>(), s);
-        const double r2 = test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dout2, q.size(), s)), ref, 2e-3, 1e-2);
+        const double r2 = test::tol_ratio(test::f32_of(test::to_host<uint16_t>(dout2, q.size(), s)), ref16, 2e-3, 1e-2);
         MESSAGE("hd " << hd << " " << what << " in " << tl.size() / 2 << " query tiles, kernel " << v
                       << ": worst |diff| / (2e-3 + 1e-2 |ref|) = " << r2);
         CHECK_MESSAGE(r2 <= 1, "tiles, kernel " << v << ", hd " << hd << " " << what);
       }
-      gpu::set_attention_tiles_kernel(1);
+      gpu::set_attention_tiles_kernel(before);
       return splits;
     };
     std::vector<std::pair<size_t, int64_t>> decode;
