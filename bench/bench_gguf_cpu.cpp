@@ -59,6 +59,22 @@ namespace {
 
 constexpr int64_t H = 2048, I = 768, K = 8;
 
+// The fastest of repeated runs of f (after one warm-up run), repeated until
+// min_seconds have passed and at least min_reps ran: seconds.
+template <class F>
+double best_seconds(F&& f, double min_seconds, int min_reps) {
+  f();
+  double best = 1e30, total = 0;
+  for (int r = 0; total < min_seconds || r < min_reps; ++r) {
+    const auto t0 = clk::now();
+    f();
+    const double sec = std::chrono::duration<double>(clk::now() - t0).count();
+    best = std::min(best, sec);
+    total += sec;
+  }
+  return best;
+}
+
 std::vector<float> randn(size_t n, uint32_t seed, float scale) {
   std::mt19937 g(seed);
   std::normal_distribution<float> d(0.0f, scale);
@@ -336,16 +352,7 @@ void bench_prefill(numa::NodePools& pools, double min_seconds) {
     double ms[2] = {NAN, NAN};
     for (int v = 0; v < (amx ? 2 : 1); ++v) {
       cpu::set_amx_min_tokens(v == 0 ? 0 : 8);
-      cpu::gemm(x.data(), n, w, y.data(), &pool);
-      double best = 1e30, total = 0;
-      for (int r = 0; total < min_seconds || r < 3; ++r) {
-        const auto t0 = clk::now();
-        cpu::gemm(x.data(), n, w, y.data(), &pool);
-        const double sec = std::chrono::duration<double>(clk::now() - t0).count();
-        best = std::min(best, sec);
-        total += sec;
-      }
-      ms[v] = best * 1e3;
+      ms[v] = best_seconds([&] { cpu::gemm(x.data(), n, w, y.data(), &pool); }, min_seconds, 3) * 1e3;
     }
     const double flop = 2.0 * static_cast<double>(rows * cols * n);
     std::printf("| cpu::gemm q_proj [4096 x 2048] | %s | %ld | - | %.2f | %.2f | %.2fx | %.0f | %.0f | %.2f |\n", cpu::ext_type_info(static_cast<uint32_t>(t))->name, n,
@@ -365,15 +372,7 @@ void bench_prefill(numa::NodePools& pools, double min_seconds) {
       if (v == 0) ops::attention(q.data(), n, heads, kvh, hd, slots.data(), *kvp, 0, 0.088f, out.data(), &pool);
       else ops::attention_prefill(q.data(), n, heads, kvh, hd, slots.data(), *kvp, 0, 0.088f, out.data(), &pool);
     };
-    run();
-    double best = 1e30, total = 0;
-    for (int r = 0; total < min_seconds || r < 2; ++r) {
-      const auto t0 = clk::now();
-      run();
-      const double sec = std::chrono::duration<double>(clk::now() - t0).count();
-      best = std::min(best, sec);
-      total += sec;
-    }
+    const double best = best_seconds(run, min_seconds, 2);
     ms[v] = best * 1e3;
   }
   // causal: token at position p reads p + 1 keys; QK and PV, 2 FLOP per multiply-add
@@ -410,15 +409,7 @@ void bench_kernels_avx2(numa::ThreadPool& pool, double min_seconds, int64_t only
             cpu::gemm_rows_q8(xa, 0, n, w, b * 32, std::min(rows, e * 32), y.data(), rows);
           });
         };
-        run();
-        double best = 1e30, total = 0;
-        for (int r = 0; total < min_seconds || r < 3; ++r) {
-          const auto t0 = clk::now();
-          run();
-          const double sec = std::chrono::duration<double>(clk::now() - t0).count();
-          best = std::min(best, sec);
-          total += sec;
-        }
+        const double best = best_seconds(run, min_seconds, 3);
         const double ops = 2.0 * static_cast<double>(rows * cols * n), gbs = static_cast<double>(wb.size()) / best / 1e9;
         std::printf("| %s | [%ld x %ld] | %ld | %.3f | %.1f | %.1f | %.2f |\n", cpu::ext_type_info(static_cast<uint32_t>(t))->name, rows, cols, n, best * 1e3,
                     ops / best / 1e9, gbs, gbs / (bw / 1e9));
@@ -463,15 +454,7 @@ void bench_kernels(numa::ThreadPool& pool, double min_seconds, int64_t only_batc
               }
             });
           };
-          run();
-          double best = 1e30, total = 0;
-          for (int r = 0; total < min_seconds || r < 3; ++r) {
-            const auto t0 = clk::now();
-            run();
-            const double sec = std::chrono::duration<double>(clk::now() - t0).count();
-            best = std::min(best, sec);
-            total += sec;
-          }
+          const double best = best_seconds(run, min_seconds, 3);
           ms[v] = best * 1e3;
         }
         cpu::set_amx_mode(mode);
