@@ -46,12 +46,6 @@ HMOE_V256 inline float hsum(__m256 v) {
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
-// The exact sum of v's 32-bit lanes.
-HMOE_V256 inline int32_t hsum_i32(__m128i v) {
-  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4E));
-  return _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32(v, 0xB1)));
-}
-HMOE_V256 inline int32_t hsum_i32(__m256i v) { return hsum_i32(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1))); }
 // acc + a * b in fp32 with one rounding (the fused multiply-add of the contract).
 HMOE_V256 inline float fma1(float a, float b, float acc) { return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(acc))); }
 
@@ -59,8 +53,8 @@ HMOE_V256 inline float fma1(float a, float b, float acc) { return _mm_cvtss_f32(
 // so the bits equal the AVX-512 kernels' and q8_tiles_model's): per
 // super-block the exact integer I of the sub-block-scaled products (Q6_K:
 // codes - 32) and M of the mins times the activation sums, then
-// acc = fma(I, d * dx, acc) and acc = fma(-M, dmin * dx, acc).
-// A K-type super-block's scalars, decoded once per row and block.
+// acc = fma(I, d * dx, acc) and acc = fma(-M, dmin * dx, acc) (row1_k,
+// panel_k). A K-type super-block's scalars, decoded once per row and block:
 struct KBlk {
   float d, dmin;
   __m128i mn16;  // Q4_K/Q5_K: the 8 mins as int16
@@ -82,18 +76,6 @@ HMOE_V256 inline KBlk k_blk(const uint8_t* b) {
   }
   return k;
 }
-template <ExtType T>
-HMOE_V256 inline float k_block_fp(float acc, __m256i a, const KBlk& k, const int16_t* bs, float dx) {
-  if constexpr (T == ExtType::q6_k) {
-    a = _mm256_sub_epi32(a, _mm256_slli_epi32(_mm256_madd_epi16(k.sc16, ld32(bs)), 5));
-    return fma1(static_cast<float>(hsum_i32(a)), k.d * dx, acc);
-  } else {
-    const int32_t m = hsum_i32(_mm_madd_epi16(k.mn16, ld16(bs)));
-    acc = fma1(static_cast<float>(hsum_i32(a)), k.d * dx, acc);
-    return fma1(-static_cast<float>(m), k.dmin * dx, acc);
-  }
-}
-
 // 16 where bit `bit` of byte l of qh is set (Q5_K's fifth bit), by one
 // 16-bit shift that moves bit `bit` of both bytes to bit 4 (the other bits
 // that cross between the bytes never land on bit 4) and a mask.
