@@ -117,6 +117,9 @@ void q8_tiles_model(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64
 // Q8Acts::quantize's block on AVX2 (as q8_quantize_block_avx512).
 bool q8_quantize_block_avx2(Q8Acts& a, int64_t t, int64_t b, const float* xb);
 void q8_rows_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// Q8_0's AVX2 kernels (quant_gguf_q8_avx2_q80.cpp; q8_rows_avx2 calls them): the
+// contract of q8_tiles_model, bit for bit, at every token count.
+void q8_0_rows_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy);
 }  // namespace detail
 
 }  // namespace hmoe::cpu

@@ -10,10 +10,10 @@
 //    codes transposed so that the 16-bit products of a whole super-block add
 //    up before one scale multiply (about half the multiplies), weights held
 //    in registers while 8-token groups of pre-transposed activations pass.
-//  - 32-blocks (Q8_0, Q4_0, Q5_0): one row by 8/4/2/1 tokens, per-lane fp32
-//    sums, blocked for L1/L2. Q8_0 multiplies |w| by x with w's sign
-//    (vpsignb) so that the s16 pairs cannot saturate; Q4_0/Q5_0 take their
-//    zero point off per block from the activation's block sums.
+//  - Q4_0, Q5_0: one row by 8/4/2/1 tokens, per-lane fp32 sums, blocked
+//    for L1/L2; the zero point comes off per block from the activation's
+//    block sums.
+//  - Q8_0: quant_gguf_q8_avx2_q80.cpp (the contract's numerics, as the K types).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
@@ -27,27 +27,14 @@
 #include "io/tensor/gguf_block_util.h"
 #include "numa/quant_gguf_lowbit.h"
 #include "numa/quant_gguf_q8.h"
+#include "numa/quant_gguf_q8_avx2_util.h"
 
-#define HMOE_V256 __attribute__((target("avx2,fma,f16c")))
 
 namespace hmoe::cpu::detail {
 
 namespace {
 
-HMOE_V256 inline float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-HMOE_V256 inline __m256i ld32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-HMOE_V256 inline __m128i ld16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
-HMOE_V256 inline float hsum(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
-// acc + a * b in fp32 with one rounding (the fused multiply-add of the contract).
-HMOE_V256 inline float fma1(float a, float b, float acc) { return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(acc))); }
+using namespace avx2;
 
 // K types, per row r and token t (the contract of numa/quant_gguf_q8_tiles.cpp,
 // so the bits equal the AVX-512 kernels' and q8_tiles_model's): per
@@ -111,7 +98,8 @@ HMOE_V256 inline __m256i k_codes(const uint8_t* b, int v, __m256i m4) {
 // block's codes loaded once, fixed per-token order, batch invariant).
 template <ExtType T, int NT>
 HMOE_V256 void tile_b(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* y, int64_t ldy) {
-  constexpr int BB = T == ExtType::q8_0 ? 34 : T == ExtType::q4_0 ? 18 : 22;
+  static_assert(T == ExtType::q4_0 || T == ExtType::q5_0, "Q8_0: quant_gguf_q8_avx2_q80.cpp");
+  constexpr int BB = T == ExtType::q4_0 ? 18 : 22;
   const int64_t nblk = w.cols / 32, np = w.cols / 64;
   const uint8_t* row = w.row(r);
   // token j's codes at xq + j * cols, its block scales at dx + j * nblk (strides
@@ -131,9 +119,7 @@ HMOE_V256 void tile_b(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, flo
     const float dw = half_at(b);
     const int64_t p = blk / 2, half = blk % 2;
     __m256i c;
-    if constexpr (T == ExtType::q8_0) {
-      c = ld32(b + 2);
-    } else {
+    {
       constexpr int off = T == ExtType::q4_0 ? 2 : 6;
       const __m128i v = ld16(b + off);
       c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
@@ -147,21 +133,17 @@ HMOE_V256 void tile_b(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, flo
         c = _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, sel), sel), _mm256_set1_epi8(16)));
       }
     }
-    const __m256i ac = T == ExtType::q8_0 ? _mm256_sign_epi8(c, c) : c;
+    const __m256i ac = c;
     const __m256 bdw = _mm256_set1_ps(dw);
 #pragma GCC unroll 8
     for (int j = 0; j < NT; ++j) {
       const __m256 scale = _mm256_mul_ps(bdw, _mm256_broadcast_ss(dx + j * nblk + blk));  // dw * dx, as the scalar product
-      __m256i prod;
-      if constexpr (T == ExtType::q8_0) {
-        prod = _mm256_maddubs_epi16(ac, _mm256_sign_epi8(ld32(xq + j * cols + 64 * p + 32 * half), c));
-      } else {  // activation order per pair: a.lo, b.lo, a.hi, b.hi
-        const int8_t* xp = xq + j * cols + 64 * p;
-        prod = _mm256_maddubs_epi16(ac, _mm256_set_m128i(ld16(xp + 32 + 16 * half), ld16(xp + 16 * half)));
-        // -zero * sum(x) of this block: the seed of its first lane in the pair's init
-        const int32_t seed = xa.init[static_cast<size_t>(((tx + j) * np + p) * 16 + 4 * half)];
-        zacc[j] += dw * dx[j * nblk + blk] * static_cast<float>(seed);
-      }
+      // activation order per pair: a.lo, b.lo, a.hi, b.hi
+      const int8_t* xp = xq + j * cols + 64 * p;
+      const __m256i prod = _mm256_maddubs_epi16(ac, _mm256_set_m128i(ld16(xp + 32 + 16 * half), ld16(xp + 16 * half)));
+      // -zero * sum(x) of this block: the seed of its first lane in the pair's init
+      const int32_t seed = xa.init[static_cast<size_t>(((tx + j) * np + p) * 16 + 4 * half)];
+      zacc[j] += dw * dx[j * nblk + blk] * static_cast<float>(seed);
       acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones)), scale, acc[j]);
     }
   }
@@ -173,15 +155,6 @@ template <ExtType T>
 constexpr int64_t k_slot_off(int64_t bi, int g) {
   return bi * 256 + 32 * (T == ExtType::q6_k ? g : kSlot[g]);
 }
-
-// Lane sums of 8 vectors: lane i = the exact sum of v[i]'s lanes.
-HMOE_V256 inline __m256i hsum8_i32(const __m256i* v) {
-  const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-  const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
-}
-// Lane sums of 4 vectors of 4 lanes.
-HMOE_V256 inline __m128i hsum4_i32(__m128i a, __m128i b, __m128i c, __m128i d) { return _mm_hadd_epi32(_mm_hadd_epi32(a, b), _mm_hadd_epi32(c, d)); }
 
 // K types, one row by one token (decode, small batches, row tails): the
 // row's super-blocks in order (so the hardware prefetchers see one stream),
@@ -268,25 +241,6 @@ HMOE_V256 float row1_k(const Q8Acts& xa, int64_t t, const Mat& w, int64_t r) {
 // to 8 tokens; the contract's horizontal sums and fp32 steps run on 8
 // tokens' lanes together.
 constexpr int64_t kPanelRows = 8, kPanelTokens = 32;
-
-// v[m] <- the m-th dwords of v[0..7] (an 8 x 8 transpose of 32-bit elements).
-HMOE_V256 inline void transpose_dwords(__m256i v[8]) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
-    v[4 + i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
-  }
-}
 
 // A token block packed for panel_k (tp = tn rounded up to 8; the padding
 // tokens are zeros): super-block bi of token j at x[(bi * tp + j) * 8 + m]
@@ -500,7 +454,7 @@ void q8_rows_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t
     case ExtType::q4_k: return rows_k<ExtType::q4_k>(xa, t0, n, w, r0, r1, y, ldy);
     case ExtType::q5_k: return rows_k<ExtType::q5_k>(xa, t0, n, w, r0, r1, y, ldy);
     case ExtType::q6_k: return rows_k<ExtType::q6_k>(xa, t0, n, w, r0, r1, y, ldy);
-    case ExtType::q8_0: return rows_b<ExtType::q8_0>(xa, t0, n, w, r0, r1, y, ldy);
+    case ExtType::q8_0: return q8_0_rows_avx2(xa, t0, n, w, r0, r1, y, ldy);
     case ExtType::q4_0: return rows_b<ExtType::q4_0>(xa, t0, n, w, r0, r1, y, ldy);
     case ExtType::q5_0: return rows_b<ExtType::q5_0>(xa, t0, n, w, r0, r1, y, ldy);
     default: break;

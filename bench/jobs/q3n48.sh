@@ -11,7 +11,7 @@
 # Needs $B (a device root packed with BUILD/bin/hmoe and BUILD/bin/slice_gguf) and $O or $OUT; LIMIT (default
 # 580 s) bounds the job: a step that would not finish in the time left is skipped and says so. W: the work
 # folder (default /dev/shm/q3n48 when /dev/shm has room, else /tmp/q3n48; kept between calls on a warm machine).
-# PACK_TAR: a tarball of $O rewritten after each step. Q3N_STEPS (default "gpu cpu cap") picks the steps after the file.
+# PACK_TAR: a tarball of $O rewritten after each step. Q3N_STEPS (default "gpu cpu cap") picks the steps after the file, run in the order given.
 set -u
 O=${O:-${OUT:-/tmp/out}}; mkdir -p "$O"
 LIMIT=${LIMIT:-580}; T0=$SECONDS
@@ -47,15 +47,18 @@ bench() {
   grep -E "automatic|resident|streamed|split decode|rror" "$O/$name.err" | head -5
   [[ -n ${PACK_TAR:-} ]] && tar czf "$PACK_TAR" -C "$O" . 2>/dev/null  # the logs so far, should the call be cut
 }
-if [[ $STEPS == *" gpu "* ]]; then
+step_gpu() {
   bench gpu_prefill 80 --gpu-resident-moe-layers all --max-model-len 36864 --max-num-batched-tokens 8192 -p 4096,32768 -n 0 -r 1
   bench gpu_decode 80 --gpu-resident-moe-layers all --max-model-len 36864 --max-num-batched-tokens 8192 -p 0 -n 64 -d 4096,32768 -r 1 --batch 1 --decode-breakdown
-fi
-if [[ $STEPS == *" cpu "* ]]; then
+}
+step_cpu() {
   bench cpu_decode 90 --gpu-resident-moe-layers none --gpu-expert-cache 0 --max-model-len 36864 --max-num-batched-tokens 8192 -p 0 -n 64 -d 4096,32768 -r 1 --batch 1 --decode-breakdown
   bench cpu_prefill 90 --gpu-resident-moe-layers none --gpu-expert-cache 0 --max-model-len 36864 --max-num-batched-tokens 8192 -p 4096,32768 -n 0 -r 1
-fi
-if [[ $STEPS == *" cap "* ]]; then
+}
+step_cap() {
   bench cap_auto 90 --gpu-memory 24GiB --gpu-resident-moe-layers auto --max-model-len 8192 --max-num-batched-tokens 8192 -p 8192 -n 32 -r 1 --batch 1,8
-fi
+}
+for s in $STEPS; do  # in the order given
+  case $s in gpu | cpu | cap) "step_$s" ;; *) say "unknown step $s" ;; esac
+done
 say "done"

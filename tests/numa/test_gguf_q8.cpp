@@ -206,15 +206,24 @@ TEST_CASE("Q4_K, Q5_K, Q6_K, Q8_0 on AVX-512: the tile kernels, the per-row kern
   }
 }
 
-TEST_CASE("Q4_K, Q5_K, Q6_K on AVX2: every kernel (one row, the 8-token panels, their tails) equals the scalar model bit for bit") {
+TEST_CASE("Q4_K, Q5_K, Q6_K, Q8_0 on AVX2: every kernel (one row, the 8-token panels, their tails) equals the scalar model bit for bit") {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
     MESSAGE("no AVX2 here: the AVX2 kernels do not run");
     return;
   }
-  for (ExtType t : {ExtType::q4_k, ExtType::q5_k, ExtType::q6_k}) {
-    for (int64_t cols : {unit(t), unit(t) * 3, unit(t) * 9}) {  // 9 super-blocks: row1_k's groups of 8 and a tail
+  for (ExtType t : {ExtType::q4_k, ExtType::q5_k, ExtType::q6_k, ExtType::q8_0}) {
+    // K types: 9 super-blocks give row1_k's groups of 8 and a tail. Q8_0: 64 and 192 columns take the one-row
+    // kernel at every token count (no whole 256-column group), 256 * 9 its panels and a group tail of row1.
+    const std::vector<int64_t> widths = t == ExtType::q8_0 ? std::vector<int64_t>{64, 192, 256 * 9} : std::vector<int64_t>{unit(t), unit(t) * 3, unit(t) * 9};
+    for (int64_t cols : widths) {
       for (int64_t rows : {int64_t{3}, int64_t{13}, int64_t{37}}) {
         QW q = make(t, rows, cols, static_cast<uint32_t>(rows * 17 + cols));
+        if (t == ExtType::q8_0)  // codes -128 (|w| = 128 as u8) and 127 next to each other: the pairs' largest sums
+          for (int64_t r = 0; r < rows; r += 2)
+            for (int64_t k = 0; k < cols; k += 3) {
+              uint8_t* code = q.bytes.data() + r * (cols / 32) * 34 + (k / 32) * 34 + 2 + k % 32;
+              *code = k % 2 ? 0x80 : 0x7F;
+            }
         const int64_t N = 45, t0 = 2;
         auto x = randn(static_cast<size_t>((N + t0) * cols), static_cast<uint32_t>(cols + rows + 5));
         for (int64_t k = 0; k < cols; ++k) x[static_cast<size_t>((t0 + 3) * cols + k)] *= 40.0f;  // a token with large codes everywhere

@@ -1,0 +1,22 @@
+# Lead's first device job of session 13, <= 590 s:
+#   A. test_gpu -tc='gpu attention*': the bf16-q reference and kernels 2/3 against kernel 1 (changed in session 12,
+#      not yet run on a GPU);
+#   B. bench/jobs/q3n48.sh (48-layer Qwen3-Next shape, IQ4_XS experts) with the time left, steps in the order
+#      "cpu cap gpu": the CPU-expert rows of issue 25 and the 24 GiB cap row of issue 27 first (never measured), then
+#      the all-GPU rows again under the new defaults (pipelined GGUF prefill, attention kernel 3).
+# Run: carry [".device/f13"], `OUT=$OUT bash .device/f13/scripts/device run final13:590`, timeout 598.
+set -u
+OUTD=${OUT:-/tmp/out}; O=/tmp/f13; mkdir -p "$O" "$OUTD"; T0=$SECONDS; TOTAL=${TOTAL:-575}
+rem() { echo $((TOTAL - (SECONDS - T0))); }
+pack() { tar czf "$OUTD/f13.tgz" -C "$O" . 2>/dev/null; }
+here=$(dirname "${BASH_SOURCE[0]}")
+for g in "$here/guard.sh" bench/jobs/guard.sh; do [[ -f $g ]] && { source "$g"; break; }; done
+declare -F guard >/dev/null || { echo "guard.sh not found"; exit 1; }
+sum() { grep -E "ERROR|FATAL|FAILED|test cases:|assertions:|MISMATCH|worst" "$O/$1.log" | cut -c1-240 | head -${2:-30}; }
+echo "== final13 start $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+guard attn 90 $B test_gpu -tc='gpu attention*'
+sum attn
+mkdir -p /tmp/q3o
+O=/tmp/q3o PACK_TAR="$OUTD/q3o.tgz" LIMIT=$(($(rem) - 5)) Q3N_STEPS="${Q3N_STEPS:-cpu cap gpu}" bash "$here/q3n48.sh"
+tar czf "$OUTD/q3o.tgz" -C /tmp/q3o . 2>/dev/null
+echo "== final13 done t=$((SECONDS - T0))"; pack
