@@ -1,6 +1,7 @@
 # Lead's first device job of session 13, <= 590 s:
 #   A. test_gpu -tc='gpu attention*': the bf16-q reference and kernels 2/3 against kernel 1 (changed in session 12,
 #      not yet run on a GPU);
+#   A2. bench_gpu_deltanet --kernels v4 (v4's walk 1 and walk 2 timed alone, the layer against its roof);
 #   B. bench/jobs/q3n48.sh (48-layer Qwen3-Next shape, IQ4_XS experts) with the time left, steps in the order
 #      "cpu cap gpu": the CPU-expert rows of issue 25 and the 24 GiB cap row of issue 27 first (never measured), then
 #      the all-GPU rows again under the new defaults (pipelined GGUF prefill, attention kernel 3).
@@ -16,6 +17,9 @@ sum() { grep -E "ERROR|FATAL|FAILED|test cases:|assertions:|MISMATCH|worst" "$O/
 echo "== final13 start $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 guard attn 90 $B test_gpu -tc='gpu attention*'
 sum attn
+# v4's two walks timed alone at 32k (walk2, the 16-warp one, has not been recorded), the layer against its roof
+guard dbench 70 $B bench_gpu_deltanet --reps 3 --kernels v4
+grep -vE "^\s*$" "$O/dbench.log" | head -60
 mkdir -p /tmp/q3o
 O=/tmp/q3o PACK_TAR="$OUTD/q3o.tgz" LIMIT=$(($(rem) - 5)) Q3N_STEPS="${Q3N_STEPS:-cpu cap gpu}" bash "$here/q3n48.sh"
 tar czf "$OUTD/q3o.tgz" -C /tmp/q3o . 2>/dev/null

@@ -116,7 +116,8 @@ best_static() {  # the static-sweep run with the highest batch-1 decode tok/s
 # prefill, LRU, the batch-8 plans; 3 = auto against the best static placement (K27B_BEST, default 28) in one call,
 # auto's 4096-token prefill in its own (2048-token) passes, the 8k streamed prefill (and, K27B_CPU8K=1, the 8k
 # CPU-expert prefill with time to finish);
-# 4 = the 32k prefill, streamed (auto) and on the CPU experts, in one call (the 3x reference at 32k);
+# 4 = the 8k streamed prefill, then the 32k prefill, streamed (auto) and on the CPU experts, in one call (the 3x
+# reference at 32k);
 # unset = 1 and 2 (about 700 s: more than one call's 600 s).
 PART=${K27B_PART:-all}
 REPS=${K27B_REPS:-1}  # hmoe bench -r (decode runs of part 3 take it; the rest keep 1)
@@ -133,7 +134,8 @@ run prefill8k_streamed 50 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resid
 [[ ${K27B_CPU8K:-0} == 1 ]] && run prefill8k_cpu_experts 150 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
 fi
 if [[ $PART == 4 ]]; then
-say "32k prefill"
+say "8k and 32k prefill"
+run prefill8k_streamed 50 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
 CAP=(--gpu-memory 24GiB --max-model-len 32768 --threads 16 --progress none "${EXTRA[@]}")
 run prefill32k_streamed 60 -p 32768 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
 run prefill32k_cpu_experts 170 -p 32768 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
