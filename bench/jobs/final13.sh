@@ -2,9 +2,9 @@
 #   A. test_gpu -tc='gpu attention*': the bf16-q reference and kernels 2/3 against kernel 1 (changed in session 12,
 #      not yet run on a GPU);
 #   A2. bench_gpu_deltanet --kernels v4 (v4's walk 1 and walk 2 timed alone, the layer against its roof);
-#   B. bench/jobs/q3n48.sh (48-layer Qwen3-Next shape, IQ4_XS experts) with the time left, steps in the order
-#      "cpu cap gpu": the CPU-expert rows of issue 25 and the 24 GiB cap row of issue 27 first (never measured), then
-#      the all-GPU rows again under the new defaults (pipelined GGUF prefill, attention kernel 3).
+#   B. bench/jobs/q3n48.sh (48-layer Qwen3-Next shape, IQ4_XS experts) with the time left, steps "cpu cap": the
+#      CPU-expert rows of issue 25 and the 24 GiB cap row of issue 27 (never measured); Q3N_STEPS="cpu cap gpu"
+#      adds the all-GPU rows again under the new defaults (pipelined GGUF prefill, attention kernel 3).
 # Run: carry [".device/f13"], `OUT=$OUT bash .device/f13/scripts/device run final13:590`, timeout 598.
 set -u
 OUTD=${OUT:-/tmp/out}; O=/tmp/f13; mkdir -p "$O" "$OUTD"; T0=$SECONDS; TOTAL=${TOTAL:-575}
@@ -21,6 +21,6 @@ sum attn
 guard dbench 70 $B bench_gpu_deltanet --reps 3 --kernels v4
 grep -vE "^\s*$" "$O/dbench.log" | head -60
 mkdir -p /tmp/q3o
-O=/tmp/q3o PACK_TAR="$OUTD/q3o.tgz" LIMIT=$(($(rem) - 5)) Q3N_STEPS="${Q3N_STEPS:-cpu cap gpu}" bash "$here/q3n48.sh"
+O=/tmp/q3o PACK_TAR="$OUTD/q3o.tgz" LIMIT=$(($(rem) - 5)) Q3N_STEPS="${Q3N_STEPS:-cpu cap}" bash "$here/q3n48.sh"
 tar czf "$OUTD/q3o.tgz" -C /tmp/q3o . 2>/dev/null
 echo "== final13 done t=$((SECONDS - T0))"; pack
