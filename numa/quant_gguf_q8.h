@@ -32,10 +32,11 @@
 //    numerics of quant_gguf_q8_tiles.cpp); from a few tokens on the
 //    row-interleaved tile kernels (AMX-INT8 where present) compute the same
 //    bits, so results never depend on the batch. The AVX2 kernels of the
-//    K types keep the same contract (their bits equal the AVX-512 ones'):
-//    one row by one token below 8 tokens, weights-stationary 8-token panels
-//    above (quant_gguf_q8_avx2.cpp). Q4_0/Q5_0, and Q8_0 on AVX2, keep
-//    per-lane fp32 sums (each kernel alone at every token count).
+//    K types and Q8_0 keep the same contract (their bits equal the AVX-512
+//    ones'): one row (K types) or 8 rows (Q8_0) by one token below 8
+//    tokens, weights-stationary 8-token panels above (quant_gguf_q8_avx2.cpp,
+//    quant_gguf_q8_avx2_q80.cpp). Q4_0/Q5_0 keep per-lane fp32 sums (each
+//    kernel alone at every token count).
 // The activation row is stored in the order the weight bytes unpack in
 // (Q8Acts::pos), so no shuffles run per weight.
 //
