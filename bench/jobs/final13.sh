@@ -2,7 +2,7 @@
 #   A. test_gpu -tc='gpu attention*': the bf16-q reference and kernels 2/3 against kernel 1 (changed in session 12,
 #      not yet run on a GPU);
 #   A2. bench_gpu_deltanet --kernels v4 (v4's walk 1 and walk 2 timed alone, the layer against its roof);
-#   B. bench/jobs/q3n48.sh (48-layer Qwen3-Next shape, IQ4_XS experts) with the time left, steps "cpu cap": the
+#   B. bench/jobs/q3n48.sh (48-layer Qwen3-Next shape, IQ4_XS experts) with the time left, steps "cap cpu": the
 #      CPU-expert rows of issue 25 and the 24 GiB cap row of issue 27 (never measured); Q3N_STEPS="cpu cap gpu"
 #      adds the all-GPU rows again under the new defaults (pipelined GGUF prefill, attention kernel 3).
 # Run: carry [".device/f13"], `OUT=$OUT bash .device/f13/scripts/device run final13:590`, timeout 598.
@@ -18,9 +18,9 @@ echo "== final13 start $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv
 guard attn 90 $B test_gpu -tc='gpu attention*'
 sum attn
 # v4's two walks timed alone at 32k (walk2, the 16-warp one, has not been recorded), the layer against its roof
-guard dbench 70 $B bench_gpu_deltanet --reps 3 --kernels v4
+guard dbench 50 $B bench_gpu_deltanet --reps 3 --kernels v4
 grep -vE "^\s*$" "$O/dbench.log" | head -60
 mkdir -p /tmp/q3o
-O=/tmp/q3o PACK_TAR="$OUTD/q3o.tgz" LIMIT=$(($(rem) - 5)) Q3N_STEPS="${Q3N_STEPS:-cpu cap}" bash "$here/q3n48.sh"
+O=/tmp/q3o PACK_TAR="$OUTD/q3o.tgz" LIMIT=$(($(rem) - 5)) Q3N_STEPS="${Q3N_STEPS:-cap cpu}" bash "$here/q3n48.sh"
 tar czf "$OUTD/q3o.tgz" -C /tmp/q3o . 2>/dev/null
 echo "== final13 done t=$((SECONDS - T0))"; pack
