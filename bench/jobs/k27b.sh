@@ -55,12 +55,15 @@ if [[ ! -s $F ]]; then
 fi
 [[ -s $F ]] || { echo "no model file: stop"; exit 1; }
 ls -la "$F"
+PART=${K27B_PART:-all}
+if [[ $PART != 4 ]]; then  # part 4 (prefill only) needs no trace
 timeout 20 $B hmoe bench trace --zipf 1.2 --experts "$E" --topk "$K" --layers "$L" --tokens 4096 --seed 27 --out "$W/zipf12.bin" >"$O/trace.log" 2>&1
 echo "trace rc $?"
 ZIPF=$W/zipf12.bin
 # Q8_0 experts: 34 bytes per 32 weights (5013504 bytes for 3 x 768 x 2048).
 timeout 20 $B hmoe bench cache-sim "$ZIPF" --bytes-per-weight 1.0625 --bytes 2GiB,4GiB,8GiB >"$O/cache_sim.md" 2>&1
 echo "cache-sim rc $?"; cat "$O/cache_sim.md"
+fi
 
 plan() {  # NAME ARGS...: the automatic fit's table
   local name=$1; shift
@@ -68,9 +71,11 @@ plan() {  # NAME ARGS...: the automatic fit's table
   timeout 15 $B hmoe plan "$F" "${CAP[@]}" --context 8192 "$@" >"$O/plan_$name.txt" 2>&1
   echo "plan $name rc $?"; grep -E "^\|.*chosen|^automatic fit|^auto:" "$O/plan_$name.txt"
 }
-say "plans"
-plan uniform_b1 --batch 1 --gpu-expert-cache auto
-plan zipf_b1 --batch 1 --trace "$ZIPF" --gpu-expert-cache auto
+if [[ $PART != 4 ]]; then
+  say "plans"
+  plan uniform_b1 --batch 1 --gpu-expert-cache auto
+  plan zipf_b1 --batch 1 --trace "$ZIPF" --gpu-expert-cache auto
+fi
 
 # run NAME SECS ARGS...: one hmoe bench; appends its decode / prefill rows (with bound and hit rate) to $ROWS.
 run() {
