@@ -40,8 +40,8 @@
 // Usage: bench_gpu_deltanet [--reps N] [--quick] [--kernels v1,v2,v3,v4,v5]
 // (--quick: T = 4096 only; --kernels: the chunked kernels timed, all five by
 // default). v3, v4 and v5 add phase rows: each launch timed alone (v4's walk
-// three times: "v4 walk1" the 8-warp walk, the default, "v4 walk2" the 16-warp
-// one, "v4 walk2 nocp" that one without its copies; v5: "v5 phase1" (v4's
+// three times: "v4 walk1" the 8-warp walk, "v4 walk2" the 16-warp one (the
+// default), "v4 walk2 nocp" that one without its copies; v5: "v5 phase1" (v4's
 // phase 1 and W, U), "v5 walk", "v5 outputs"); with v1 listed, at 4096
 // tokens each kernel (and v4's other walk) is checked against v1.
 #include <algorithm>

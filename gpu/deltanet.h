@@ -124,9 +124,10 @@ int64_t deltanet_v4_scratch_bytes(const DeltaNetShape& sh, int64_t v4_chunk, int
 // copies nothing after the first chunk (its products alone, for timing).
 // Process-wide.
 void set_deltanet_v4_phases(int mask);
-// Benchmarks and tests: v4's walk, 1 the first (8 warps, k35a; the default,
-// measured on an H100) or 2 (16 warps, gpu/deltanet_v4_walk.cu, k36a; not
-// run on a GPU yet); same results to rounding. Process-wide.
+// Benchmarks and tests: v4's walk, 1 the first (8 warps, k35a) or 2 (16
+// warps, gpu/deltanet_v4_walk.cu, k36a; the default since an H100 run of
+// 2026-12-07: 8.22-8.58 ms against 8.92-9.11 at 32k tokens, and the same
+// GPU tests); same results to rounding. Process-wide.
 void set_deltanet_v4_walk(int walk);
 int deltanet_v4_walk();
 // v5's chunk (as deltanet_v2_chunk, with v5's shared memory) and scratch:

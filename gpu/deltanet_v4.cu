@@ -407,7 +407,7 @@ void ensure_opt_in4() {
 }
 
 std::atomic<int> phases4{3};  // set_deltanet_v4_phases
-std::atomic<int> walk4{1};    // set_deltanet_v4_walk (1 until walk 2 has run on a GPU)
+std::atomic<int> walk4{2};    // set_deltanet_v4_walk (2 since its H100 run of 2026-12-07: 6-8% faster, same tests)
 
 template <int C>
 void launch4(const float* conv_out, const float* gate, const float* beta, const DeltaNetGroups& gr, int64_t g0, int64_t gn, const V2Dims& d,

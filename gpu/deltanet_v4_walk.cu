@@ -1,5 +1,5 @@
 // v4's walk (phase 2 of gpu/deltanet_v4.cu) on 16 warps (k36a; walk 2 of
-// set_deltanet_v4_walk, not the default until it has run on a GPU). Same algebra and records as the first walk (8 warps, kept in
+// set_deltanet_v4_walk, the default since its H100 run of 2026-12-07). Same algebra and records as the first walk (8 warps, kept in
 // gpu/deltanet_v4.cu for comparison: set_deltanet_v4_walk); what changes is
 // how a chunk's products are cut into warp tasks.
 //

@@ -89,6 +89,14 @@ void check_tiles(int64_t hd, int64_t heads, int64_t kvh, float q_scale) {
   std::vector<float> ref(q.size());
   ops::attention_reference(test::bf16_round(q).data(), n, heads, kvh, hd, ts.data(), kv, 0, scale, ref.data());
   std::vector<float> first;  // kernel 1's output: 2 and 3 must agree with it to within bf16 rounding
+  // The absolute tolerance: the tile kernels round the softmax weights P to bf16 for the P V product (relative
+  // error <= 2^-9 each), so an output element may be off by up to 2^-9 max|v| on top of its own bf16 rounding;
+  // 2^-8 max|v| leaves a factor 2 for the exponentials and the order of the sums. (An H100 run, 2026-12-07 19:33,
+  // against 2e-3 absolute: worst 0.85-1.29 of it, identical for kernels 1, 2 and 3; the decode kernel, which keeps
+  // P in fp32, stays at 0.1-0.34 of it on the same kind of data.)
+  float vmax = 0.0f;
+  for (float v : vc) vmax = std::max(vmax, std::fabs(v));
+  const double abs_tol = std::max(2e-3, static_cast<double>(vmax) / 256.0);
 
   const auto tl = gpu::attention_tile_list(offsets.data(), n);
   auto dq = test::to_device(qwide, s), dk = test::to_device(test::bf16_of(kc), s), dv = test::to_device(test::bf16_of(vc), s);
@@ -101,11 +109,11 @@ void check_tiles(int64_t hd, int64_t heads, int64_t kvh, float q_scale) {
     gpu::attention_tiles(dq.as<float>(), ldq, static_cast<int64_t>(tl.size() / 2), dt.as<int32_t>(), heads, kvh, hd, dk.as<uint16_t>(),
                          dv.as<uint16_t>(), dl.as<int32_t>(), doff.as<int32_t>(), dlen.as<int32_t>(), scale, dout.as<uint16_t>(), s);
     const auto got = test::f32_of(test::to_host<uint16_t>(dout, q.size(), s));
-    const double r = test::tol_ratio(got, ref, 2e-3, 1e-2);
+    const double r = test::tol_ratio(got, ref, abs_tol, 1e-2);
     if (v == 1) first = got;
-    else CHECK_MESSAGE(test::tol_ratio(got, first, 1e-3, 8e-3) <= 1, "kernel " << v << " against kernel 1, hd " << hd);
+    else CHECK_MESSAGE(test::tol_ratio(got, first, 2 * abs_tol, 1e-2) <= 1, "kernel " << v << " against kernel 1, hd " << hd);
     MESSAGE("attention_tiles kernel " << v << ", hd " << hd << ", " << heads << "/" << kvh << " heads, q x " << q_scale << ": " << n
-                                      << " rows in " << tl.size() / 2 << " tiles; worst |diff| / (2e-3 + 1e-2 |ref|) = " << r);
+                                      << " rows in " << tl.size() / 2 << " tiles; worst |diff| / (" << abs_tol << " + 1e-2 |ref|) = " << r);
     CHECK_MESSAGE(r <= 1, "kernel " << v << ", hd " << hd << ", heads " << heads << "/" << kvh);
   }
 }
