@@ -17,6 +17,8 @@ sum() { grep -E "ERROR|FATAL|FAILED|test cases:|assertions:|MISMATCH|worst" "$O/
 echo "== final13 start $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 guard attn 90 $B test_gpu -tc='gpu attention*'
 sum attn
+guard fix 60 $B test_gpu -tc='*qwen3next*,*qwen3_next*'  # the Qwen3-Next fixture under v4's walk 2 (the default since 8b784f0)
+sum fix
 # v4's two walks timed alone at 32k (walk2, the 16-warp one, has not been recorded), the layer against its roof
 guard dbench 50 $B bench_gpu_deltanet --reps 3 --kernels v4
 grep -vE "^\s*$" "$O/dbench.log" | head -60
