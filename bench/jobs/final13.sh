@@ -5,6 +5,8 @@
 #   B. bench/jobs/q3n48.sh (48-layer Qwen3-Next shape, IQ4_XS experts) with the time left, steps "cap cpu": the
 #      CPU-expert rows of issue 25 and the 24 GiB cap row of issue 27 (never measured); Q3N_STEPS="cpu cap gpu"
 #      adds the all-GPU rows again under the new defaults (pipelined GGUF prefill, attention kernel 3).
+# F13_SHORT=1 (final13s.sh, the call that ran with 344 s left): A, A2, then bench/jobs/k27b.sh part 4 for the time
+# left instead of B.
 # Run: carry [".device/f13"], `OUT=$OUT bash .device/f13/scripts/device run final13:590`, timeout 598.
 set -u
 OUTD=${OUT:-/tmp/out}; O=/tmp/f13; mkdir -p "$O" "$OUTD"; T0=$SECONDS; TOTAL=${TOTAL:-575}
@@ -22,7 +24,13 @@ sum fix
 # v4's two walks timed alone at 32k (walk2, the 16-warp one, has not been recorded), the layer against its roof
 guard dbench 50 $B bench_gpu_deltanet --reps 3 --kernels v4
 grep -vE "^\s*$" "$O/dbench.log" | head -60
-mkdir -p /tmp/q3o
-O=/tmp/q3o PACK_TAR="$OUTD/q3o.tgz" LIMIT=$(($(rem) - 5)) Q3N_STEPS="${Q3N_STEPS:-cap cpu}" bash "$here/q3n48.sh"
-tar czf "$OUTD/q3o.tgz" -C /tmp/q3o . 2>/dev/null
+if [[ ${F13_SHORT:-0} == 1 ]]; then
+  mkdir -p /tmp/k27o
+  O=/tmp/k27o K27B_PART=4 LIMIT=$(($(rem) - 5)) bash "$here/k27b.sh"
+  tar czf "$OUTD/k27o.tgz" -C /tmp/k27o . 2>/dev/null
+else
+  mkdir -p /tmp/q3o
+  O=/tmp/q3o PACK_TAR="$OUTD/q3o.tgz" LIMIT=$(($(rem) - 5)) Q3N_STEPS="${Q3N_STEPS:-cap cpu}" bash "$here/q3n48.sh"
+  tar czf "$OUTD/q3o.tgz" -C /tmp/q3o . 2>/dev/null
+fi
 echo "== final13 done t=$((SECONDS - T0))"; pack
