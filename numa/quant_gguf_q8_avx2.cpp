@@ -29,7 +29,6 @@
 #include "numa/quant_gguf_q8.h"
 #include "numa/quant_gguf_q8_avx2_util.h"
 
-
 namespace hmoe::cpu::detail {
 
 namespace {
@@ -118,29 +117,25 @@ HMOE_V256 void tile_b(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, flo
     const uint8_t* b = row + blk * BB;
     const float dw = half_at(b);
     const int64_t p = blk / 2, half = blk % 2;
-    __m256i c;
-    {
-      constexpr int off = T == ExtType::q4_0 ? 2 : 6;
-      const __m128i v = ld16(b + off);
-      c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
-      if constexpr (T == ExtType::q5_0) {
-        uint32_t qh;
-        std::memcpy(&qh, b + 2, 4);
-        // byte l gets bit l of qh: spread the 32 bits over 32 bytes
-        const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
-                                                  _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-        const __m256i sel = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-        c = _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, sel), sel), _mm256_set1_epi8(16)));
-      }
+    constexpr int off = T == ExtType::q4_0 ? 2 : 6;
+    const __m128i v = ld16(b + off);
+    __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
+    if constexpr (T == ExtType::q5_0) {
+      uint32_t qh;
+      std::memcpy(&qh, b + 2, 4);
+      // byte l gets bit l of qh: spread the 32 bits over 32 bytes
+      const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                                                _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+      const __m256i sel = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+      c = _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, sel), sel), _mm256_set1_epi8(16)));
     }
-    const __m256i ac = c;
     const __m256 bdw = _mm256_set1_ps(dw);
 #pragma GCC unroll 8
     for (int j = 0; j < NT; ++j) {
       const __m256 scale = _mm256_mul_ps(bdw, _mm256_broadcast_ss(dx + j * nblk + blk));  // dw * dx, as the scalar product
       // activation order per pair: a.lo, b.lo, a.hi, b.hi
       const int8_t* xp = xq + j * cols + 64 * p;
-      const __m256i prod = _mm256_maddubs_epi16(ac, _mm256_set_m128i(ld16(xp + 32 + 16 * half), ld16(xp + 16 * half)));
+      const __m256i prod = _mm256_maddubs_epi16(c, _mm256_set_m128i(ld16(xp + 32 + 16 * half), ld16(xp + 16 * half)));
       // -zero * sum(x) of this block: the seed of its first lane in the pair's init
       const int32_t seed = xa.init[static_cast<size_t>(((tx + j) * np + p) * 16 + 4 * half)];
       zacc[j] += dw * dx[j * nblk + blk] * static_cast<float>(seed);
