@@ -349,19 +349,13 @@ template <ExtType T>
 HMOE_V256 void rows_k(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   if (n >= 8 && r1 - r0 >= 4) {
     const int64_t nb = w.cols / 256;
-    struct alignas(32) V32 {
-      int8_t b[32];
-    };
-    thread_local std::vector<V32> xb;
-    thread_local std::vector<float> dxb;
     thread_local std::vector<int16_t> bsb;
     const auto need = static_cast<size_t>(kPanelTokens * nb);
-    if (xb.size() < need * 8) xb.resize(need * 8), dxb.resize(need + 8), bsb.resize(need * 16);
-    // dx is loaded 8 tokens at a time with aligned loads: 32-byte align it
-    auto* dx = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(dxb.data()) + 31) & ~uintptr_t{31});
+    if (bsb.size() < need * 16) bsb.resize(need * 16);
+    const PanelScratch sc = panel_scratch(need * 8, need);
     for (int64_t tb = 0; tb < n; tb += kPanelTokens) {
       const int64_t tn = std::min(kPanelTokens, n - tb);
-      const Packed pk{reinterpret_cast<__m256i*>(xb.data()), dx, bsb.data(), (tn + 7) / 8 * 8};
+      const Packed pk{sc.x, sc.dx, bsb.data(), (tn + 7) / 8 * 8};
       pack_acts<T>(xa, t0 + tb, tn, nb, pk);
       for (int64_t rb = r0; rb < r1; rb += kPanelRows) panel_k<T>(pk, tn, w, rb, std::min(rb + kPanelRows, r1), y + tb * ldy, ldy);
     }

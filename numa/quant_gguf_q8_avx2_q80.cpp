@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "numa/quant_gguf_q8.h"
 #include "numa/quant_gguf_q8_avx2_util.h"
@@ -63,6 +62,7 @@ HMOE_V256 void rows8(const Q8Acts& xa, int64_t t, const Mat& w, int64_t r, int n
     const __m256 dw = _mm256_cvtph_ps(_mm_set_epi64x(static_cast<long long>(hhi), static_cast<long long>(hlo)));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_i32(A)), _mm256_mul_ps(dw, _mm256_set1_ps(dx[blk])), acc);  // d_w * d_x: one rounding
   }
+  if (nr == 8) return _mm256_storeu_ps(y, acc);
   alignas(32) float out[8];
   _mm256_store_ps(out, acc);
   for (int i = 0; i < nr; ++i) y[i] = out[i];
@@ -149,18 +149,11 @@ HMOE_V256 void panel(const Packed& pk, int64_t tn, const Mat& w, int64_t rb, int
 void q8_0_rows_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   if (n >= 8 && r1 - r0 >= 4 && w.cols % 256 == 0) {
     const int64_t ngr = w.cols / 256;
-    struct alignas(32) V32 {
-      int8_t b[32];
-    };
-    thread_local std::vector<V32> xb;
-    thread_local std::vector<float> dxb;
     const auto need = static_cast<size_t>(kPanelTokens * ngr * 8);  // vectors; also the scales
-    if (xb.size() < need) xb.resize(need), dxb.resize(need + 8);
-    // the scales are loaded 8 tokens at a time with aligned loads: 32-byte align them
-    auto* dx = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(dxb.data()) + 31) & ~uintptr_t{31});
+    const PanelScratch sc = panel_scratch(need, need);
     for (int64_t tb = 0; tb < n; tb += kPanelTokens) {
       const int64_t tn = std::min(kPanelTokens, n - tb);
-      const Packed pk{reinterpret_cast<__m256i*>(xb.data()), dx, (tn + 7) / 8 * 8};
+      const Packed pk{sc.x, sc.dx, (tn + 7) / 8 * 8};
       pack_acts(xa, t0 + tb, tn, ngr, pk);
       for (int64_t rb = r0; rb < r1; rb += kPanelRows) panel(pk, tn, w, rb, std::min(rb + kPanelRows, r1), y + tb * ldy, ldy);
     }
@@ -169,11 +162,7 @@ void q8_0_rows_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64
   // below 8 tokens: 8 rows at a time, each token over them while they sit in L1
   for (int64_t r = r0; r < r1; r += 8) {
     const int nr = static_cast<int>(std::min<int64_t>(8, r1 - r));
-    for (int64_t t = 0; t < n; ++t) {
-      float v[8];
-      rows8(xa, t0 + t, w, r, nr, v);
-      for (int i = 0; i < nr; ++i) y[t * ldy + r + i] = v[i];
-    }
+    for (int64_t t = 0; t < n; ++t) rows8(xa, t0 + t, w, r, nr, y + t * ldy + r);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #define HMOE_V256 __attribute__((target("avx2,fma,f16c")))
 
@@ -53,6 +54,26 @@ HMOE_V256 inline void transpose_dwords(__m256i v[8]) {
     v[i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
     v[4 + i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
   }
+}
+
+// This thread's scratch for the 8-token panels' packed activations: at least
+// `vectors` 32-byte-aligned vectors and `floats` 32-byte-aligned floats (the
+// activation scales, loaded 8 tokens at a time with aligned loads). Grows,
+// never shrinks; valid until the thread's next call.
+struct PanelScratch {
+  __m256i* x;
+  float* dx;
+};
+inline PanelScratch panel_scratch(size_t vectors, size_t floats) {
+  struct alignas(32) V32 {
+    int8_t b[32];
+  };
+  thread_local std::vector<V32> xb;
+  thread_local std::vector<float> dxb;
+  if (xb.size() < vectors) xb.resize(vectors);
+  if (dxb.size() < floats + 8) dxb.resize(floats + 8);
+  auto* dx = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(dxb.data()) + 31) & ~uintptr_t{31});
+  return {reinterpret_cast<__m256i*>(xb.data()), dx};
 }
 
 }  // namespace hmoe::cpu::detail::avx2
