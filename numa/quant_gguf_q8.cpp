@@ -4,6 +4,7 @@
 #include "numa/quant_gguf_lowbit.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -41,6 +42,8 @@ bool gguf_q8_applies(const Mat& w) {
 bool gguf_q8_same_layout(const Mat& a, const Mat& b) { return a.quant == Quant::ext && b.quant == Quant::ext && a.ext == b.ext && a.cols == b.cols; }
 
 void Q8Acts::reset(int64_t rows, const Mat& w) {
+  static std::atomic<uint64_t> stamps{0};
+  stamp = stamps.fetch_add(1, std::memory_order_relaxed) + 1;
   type = static_cast<ExtType>(w.ext);
   n = rows;
   cols = w.cols;

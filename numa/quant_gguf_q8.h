@@ -69,6 +69,9 @@ struct Q8Acts {
   std::vector<int32_t> init;   // 32-blocks: [n, cols / 64, 16] int32 lanes seeded with -zero * sum(q) of the lane's block
   std::vector<float> dv;       // 32-blocks: [n, cols / 64, 16] d of the lane's block
   std::vector<int32_t> seed;   // Q6_K: [n, cols / 16] -32 * sum of q per 16; 32-blocks: [n, cols / 32] -zero * sum of q per block
+  // New (process-wide unique, never 0) on every reset(): kernels may keep work derived from the rows (packed
+  // activations) under it between calls, so a caller that rewrites rows a kernel has read calls reset() first.
+  uint64_t stamp = 0;
 
   // Sizes for `rows` rows quantized for weights like w (gguf_q8_applies(w)).
   void reset(int64_t rows, const Mat& w);

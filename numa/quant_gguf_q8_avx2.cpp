@@ -349,14 +349,12 @@ template <ExtType T>
 HMOE_V256 void rows_k(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   if (n >= 8 && r1 - r0 >= 4) {
     const int64_t nb = w.cols / 256;
-    thread_local std::vector<int16_t> bsb;
     const auto need = static_cast<size_t>(kPanelTokens * nb);
-    if (bsb.size() < need * 16) bsb.resize(need * 16);
-    const PanelScratch sc = panel_scratch(need * 8, need);
+    const PanelScratch sc = panel_scratch(need * 8, need, need * 16);
     for (int64_t tb = 0; tb < n; tb += kPanelTokens) {
       const int64_t tn = std::min(kPanelTokens, n - tb);
-      const Packed pk{sc.x, sc.dx, bsb.data(), (tn + 7) / 8 * 8};
-      pack_acts<T>(xa, t0 + tb, tn, nb, pk);
+      const Packed pk{sc.x, sc.dx, sc.bs, (tn + 7) / 8 * 8};
+      if (!sc.holds(PanelKey{xa.stamp, t0 + tb, tn, static_cast<int>(T)})) pack_acts<T>(xa, t0 + tb, tn, nb, pk);
       for (int64_t rb = r0; rb < r1; rb += kPanelRows) panel_k<T>(pk, tn, w, rb, std::min(rb + kPanelRows, r1), y + tb * ldy, ldy);
     }
     return;

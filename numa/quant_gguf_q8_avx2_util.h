@@ -56,24 +56,49 @@ HMOE_V256 inline void transpose_dwords(__m256i v[8]) {
   }
 }
 
-// This thread's scratch for the 8-token panels' packed activations: at least
-// `vectors` 32-byte-aligned vectors and `floats` 32-byte-aligned floats (the
-// activation scales, loaded 8 tokens at a time with aligned loads). Grows,
-// never shrinks; valid until the thread's next call.
+// What a thread's panel scratch holds: the packer (kind), the activations
+// (Q8Acts::stamp, never 0 here) and the token block, so that a call on the
+// same token block (the next row block of the same product, the up
+// projection after the gate) skips the packing.
+struct PanelKey {
+  uint64_t stamp = 0;
+  int64_t tx = -1, tn = 0;
+  int kind = -1;
+  bool operator==(const PanelKey&) const = default;
+};
+
+// This thread's scratch for the panels' packed activations: at least
+// `vectors` 32-byte-aligned vectors, `floats` 32-byte-aligned floats (the
+// activation scales, loaded 8 at a time with aligned loads) and `shorts`
+// int16 (block sums), and the key of what they hold (cleared when they grow).
+// Grows, never shrinks; valid until the thread's next call.
 struct PanelScratch {
   __m256i* x;
   float* dx;
+  int16_t* bs;
+  PanelKey* key;
+  // True when the scratch already holds `want` (stamped activations); otherwise records `want` as what the caller
+  // packs now.
+  bool holds(const PanelKey& want) const {
+    if (want.stamp != 0 && *key == want) return true;
+    *key = want;
+    return false;
+  }
 };
-inline PanelScratch panel_scratch(size_t vectors, size_t floats) {
+inline PanelScratch panel_scratch(size_t vectors, size_t floats, size_t shorts = 0) {
   struct alignas(32) V32 {
     int8_t b[32];
   };
   thread_local std::vector<V32> xb;
   thread_local std::vector<float> dxb;
+  thread_local std::vector<int16_t> bsb;
+  thread_local PanelKey key;
+  if (xb.size() < vectors || dxb.size() < floats + 8 || bsb.size() < shorts) key = PanelKey{};
   if (xb.size() < vectors) xb.resize(vectors);
   if (dxb.size() < floats + 8) dxb.resize(floats + 8);
+  if (bsb.size() < shorts) bsb.resize(shorts);
   auto* dx = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(dxb.data()) + 31) & ~uintptr_t{31});
-  return {reinterpret_cast<__m256i*>(xb.data()), dx};
+  return {reinterpret_cast<__m256i*>(xb.data()), dx, bsb.data(), &key};
 }
 
 }  // namespace hmoe::cpu::detail::avx2

@@ -231,7 +231,7 @@ TEST_CASE("Q4_K, Q5_K, Q6_K, Q8_0 on AVX2: every kernel (one row, the 8-token pa
         cpu::Q8Acts a;
         a.reset(N + t0, q.w);
         for (int64_t i = 0; i < N + t0; ++i) a.quantize(i, x.data() + i * cols);
-        for (int64_t n : {1, 2, 7, 8, 9, 31, 33, 45}) {  // one row at a time below 8 tokens; panels of 32 (+ padding) above
+        for (int64_t n : {1, 2, 4, 5, 7, 8, 9, 31, 33, 45}) {  // K types: one row below 8 tokens; Q8_0: rows8 below 4 and at 5; panels of 32 (+ padding) above
           for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, rows}, std::pair<int64_t, int64_t>{1, rows}, std::pair<int64_t, int64_t>{rows / 2, rows}}) {
             std::vector<float> y(static_cast<size_t>(n * rows), -7.0f), m(y.size(), -7.0f);
             cpu::detail::q8_rows_avx2(a, t0, n, q.w, r0, r1, y.data(), rows);
