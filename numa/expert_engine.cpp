@@ -500,7 +500,16 @@ void ExpertEngine::forward(const float* x, int64_t n, const int32_t* ids, const 
   // Phase 2: out[token, h] += w * (down . act) for each node's h slice; one
   // item owns a block of hidden rows across all active experts.
   std::vector<int64_t> n2(static_cast<size_t>(nn));
-  const int64_t rb2 = any_amx ? kAmxRows2 : g_down_ ? kGgufRows : kRowBlock;
+  int64_t rb2 = any_amx ? kAmxRows2 : g_down_ ? kGgufRows : kRowBlock;
+  if (g_down_ && !any_amx && P >= 8 * static_cast<int64_t>(sc.active.size())) {
+    // Prompt steps (8+ tokens per expert on average): each (item, expert) packs the expert's activations
+    // again for the panel kernels, so items grow to up to 256 rows while every worker keeps >= 4 of them.
+    rb2 = 256;
+    for (int j = 0; j < nn; ++j) {
+      const int64_t rows = hidden_split_[static_cast<size_t>(j) + 1] - hidden_split_[static_cast<size_t>(j)];
+      rb2 = std::min(rb2, std::max(kGgufRows, rows / (4 * pools_.pool(j).size()) / kGgufRows * kGgufRows));
+    }
+  }
   for (int j = 0; j < nn; ++j)
     n2[static_cast<size_t>(j)] = (hidden_split_[static_cast<size_t>(j) + 1] - hidden_split_[static_cast<size_t>(j)] + rb2 - 1) / rb2;
   pools_.run(n2, [&](int j, int64_t b, int64_t e, int) {
