@@ -16,10 +16,12 @@
 //    127) and one vpaddd per (row, token), two rows by four tokens in 8
 //    accumulators, and lane g ends as block g's exact sum with no horizontal
 //    adds; an 8 x 8 transpose turns lanes into (row, token) for the fp32
-//    steps. On Zen 3 vpsignb, vpmaddubsw and vpmaddwd share two pipes (one
-//    op each a cycle, measured): 2 of them per 32 products here against 3
-//    for the 8-bit form, which this replaced (1.03-1.39x the 8-bit panels,
-//    most at 8-16 tokens, where experts sit in a prompt).
+//    steps. On Zen 3 (bench_simd_pipes) vpmaddubsw and vpmaddwd share two
+//    pipes and vpsignb half-overlaps them: the 8-bit step (vpsignb,
+//    vpmaddubsw, vpmaddwd, vpaddd per 32 products) issues at 3.44
+//    instructions a cycle, this one (2 vpmaddwd, 2 vpaddd) at 4.0: 1.16
+//    against 1.0 cycles per 32 products. In the kernel 1.03-1.39x the 8-bit
+//    panels, most at 8-16 tokens, where experts sit in a prompt.
 #include <immintrin.h>
 
 #include <algorithm>

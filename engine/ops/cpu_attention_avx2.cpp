@@ -37,8 +37,9 @@ struct Isa {
   }
   static __m256 i8x8(const uint8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))); }
   // bf16 widens by interleaving zero words below the values (two in-lane unpacks of one load): the lanes come out
-  // as [0-3, 8-11] and [4-7, 12-15] (the kernel unswizzles scores and outputs). On Zen 3 vpmovzxwd and vpslld
-  // compete with the FMAs (3 FMAs with either: 1.25-1.34 FMAs a cycle, measured); the unpacks do not (1.97).
+  // as [0-3, 8-11] and [4-7, 12-15] (the kernel unswizzles scores and outputs). On Zen 3 (bench_simd_pipes)
+  // vpmovzxwd issues at 0.79 a cycle and holds back the fp32 pipes (3 multiplies + 1: 1.84 a cycle); the unpacks
+  // run beside them (2.64).
   static constexpr bool kBf16Swizzled = true;
   static V swizzle(V v) { return {_mm256_permute2f128_ps(v.lo, v.hi, 0x20), _mm256_permute2f128_ps(v.lo, v.hi, 0x31)}; }
   static V bf16x16(const uint8_t* p) {
