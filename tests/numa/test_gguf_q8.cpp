@@ -245,6 +245,31 @@ TEST_CASE("Q4_K, Q5_K, Q6_K, Q8_0 on AVX2: every kernel (one row, the 8-token pa
   }
 }
 
+TEST_CASE("AVX2 panels: activations packed for one call are not reused after the rows change (Q8Acts::stamp)") {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    MESSAGE("no AVX2 here: the AVX2 kernels do not run");
+    return;
+  }
+  for (ExtType t : {ExtType::q4_k, ExtType::q8_0}) {
+    const int64_t cols = 512, rows = 24, n = 12;
+    QW q = make(t, rows, cols, 91);
+    cpu::Q8Acts a;  // one object, one address: only its stamp tells the two contents apart
+    std::vector<float> first;
+    for (uint32_t seed : {5u, 6u}) {
+      const auto x = randn(static_cast<size_t>(n * cols), seed);
+      a.reset(n, q.w);
+      for (int64_t i = 0; i < n; ++i) a.quantize(i, x.data() + i * cols);
+      std::vector<float> y(static_cast<size_t>(n * rows)), m(y.size());
+      for (int64_t r = 0; r < rows; r += 8) cpu::detail::q8_rows_avx2(a, 0, n, q.w, r, r + 8, y.data(), rows);  // item by item: the packing is reused
+      cpu::detail::q8_tiles_model(a, 0, n, q.w, 0, rows, m.data(), rows);
+      INFO(cpu::ext_type_info(static_cast<uint32_t>(t))->name << " seed " << seed);
+      CHECK(std::memcmp(y.data(), m.data(), y.size() * sizeof(float)) == 0);
+      if (first.empty()) first = y;
+      else CHECK(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) != 0);
+    }
+  }
+}
+
 TEST_CASE("AMX-INT8 tiles (emulated; and the hardware ones where this CPU has them) give the tile kernels' bits") {
   if (cpu::best_isa() != cpu::Isa::avx512 || !cpu::detail::q8_has_vnni()) {
     MESSAGE("no AVX-512 VNNI here: the tile kernels do not run");
