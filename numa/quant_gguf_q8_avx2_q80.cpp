@@ -234,7 +234,7 @@ void q8_0_rows_avx2(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64
     }
     return;
   }
-  // below 8 tokens: 8 rows at a time, each token over them while they sit in L1
+  // below 4 tokens and at 5: 8 rows at a time, each token over them while they sit in L1
   for (int64_t r = r0; r < r1; r += 8) {
     const int nr = static_cast<int>(std::min<int64_t>(8, r1 - r));
     for (int64_t t = 0; t < n; ++t) rows8(xa, t0 + t, w, r, nr, y + t * ldy + r);
