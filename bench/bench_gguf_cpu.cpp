@@ -396,9 +396,9 @@ void bench_kernels_avx2(numa::ThreadPool& pool, double min_seconds, int64_t only
       const auto f = randn(static_cast<size_t>(rows * cols), 41, 0.02f);
       const auto wb = qtools::quant_rows(t, f.data(), rows, cols);
       const cpu::Mat w = cpu::ext_view(t, wb.data(), rows, cols, "w");
-      for (int64_t n : {int64_t{1}, int64_t{8}, int64_t{32}, int64_t{512}}) {
+      for (int64_t n : {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{32}, int64_t{512}}) {
         if (only_batch && n != only_batch) continue;
-        if (rows > 4096 && n > 8) continue;  // the streaming shape is about decode
+        if (rows > 4096 && n > 8) continue;  // the streaming shape is about decode (batches of 1, 4 and 8)
         const auto x = randn(static_cast<size_t>(n * cols), 42, 1.0f);
         cpu::Q8Acts xa;
         xa.reset(n, w);

@@ -5,8 +5,8 @@
 //  - K types (Q4_K, Q5_K, Q6_K) keep the numerics contract of the AVX-512
 //    kernels (quant_gguf_q8_tiles.cpp: per super-block the exact integer
 //    sum, then fixed fp32 fmas), so their bits equal those kernels' and the
-//    scalar model's at every token count. Below 8 tokens row1_k (one row,
-//    one token, its blocks in memory order); from 8 tokens panel_k: the
+//    scalar model's at every token count. Below 4 tokens row1_k (one row,
+//    one token, its blocks in memory order); from 4 tokens panel_k: the
 //    codes transposed so that the 16-bit products of a whole super-block add
 //    up before one scale multiply (about half the multiplies), weights held
 //    in registers while 8-token groups of pre-transposed activations pass.
@@ -223,7 +223,7 @@ HMOE_V256 float row1_k(const Q8Acts& xa, int64_t t, const Mat& w, int64_t r) {
   return acc;
 }
 
-// K types from 8 tokens on, weights stationary, in fewer multiplies: per
+// K types from 4 tokens on, weights stationary, in fewer multiplies: per
 // row and super-block the 8 sub-blocks' codes (32 each) are transposed by
 // dwords into 8 vectors V_m whose dword g is dword m of sub-block g, so that
 // every vpmaddubsw result has the same sub-block in the same 16-bit lanes
@@ -343,11 +343,13 @@ HMOE_V256 void panel_k(const Packed& pk, int64_t tn, const Mat& w, int64_t rb, i
     for (int64_t j = 0; j < tn; ++j) y[j * ldy + r] = acc[r - rb][j];
 }
 
-// K types: panel_k from 8 tokens and 4 rows on (the packing is paid once
-// per 32 tokens for all the rows of the call), row1_k below.
+// K types: panel_k from 4 tokens and 4 rows on (the packing is paid once
+// per 32 tokens for all the rows of the call; at 4-7 tokens the padded
+// 8-token panel still beats row1_k: 4 tokens, one thread, Q4_K / Q5_K /
+// Q6_K 48 / 21-41 / 46 -> 71 / 44-64 / 45-59 GOP/s), row1_k below.
 template <ExtType T>
 HMOE_V256 void rows_k(const Q8Acts& xa, int64_t t0, int64_t n, const Mat& w, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  if (n >= 8 && r1 - r0 >= 4) {
+  if (n >= 4 && r1 - r0 >= 4) {
     const int64_t nb = w.cols / 256;
     const auto need = static_cast<size_t>(kPanelTokens * nb);
     const PanelScratch sc = panel_scratch(need * 8, need, need * 16);
