@@ -148,6 +148,7 @@ HMOE_V256 void panel(const Packed& pk, int64_t tn, const Mat& w, int64_t rb, int
   alignas(32) float acc[kPanelRows / 2][kPanelTokens / 4][8] = {};
   alignas(32) __m256i W[2][16];
   alignas(32) float dwv[8][8];
+  alignas(32) __m256i ia[kPanelTokens / 4][8];  // a row pair's integer block sums per token quad, (row, token) lanes
   for (int64_t gi = 0; gi < ngr; ++gi) {
     // The next group's weights (or the next panel's first) while this one computes: the rows' groups sit
     // a row apart, a pattern the hardware prefetchers do not follow.
@@ -196,13 +197,19 @@ HMOE_V256 void panel(const Packed& pk, int64_t tn, const Mat& w, int64_t rb, int
                 [w0] "=&x"(w0), [w1] "=&x"(w1), [t0] "=&x"(t0), [t1] "=&x"(t1)
               : [W0] "m"(W[0][k]), [W1] "m"(W[1][k]), [X0] "m"(xp[k]), [X1] "m"(xp[16 + k]), [X2] "m"(xp[32 + k]), [X3] "m"(xp[48 + k]));
         }
-        __m256i a[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+        __m256i* a = ia[q];
+        a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3, a[4] = a4, a[5] = a5, a[6] = a6, a[7] = a7;
         transpose_dwords(a);  // a[g] lane l: block g of row r0 + l / 4, token 4q + l % 4
+      }
+      // The fp32 steps after all quads' integer sums: each quad's 8 steps are one dependent fma chain (block order,
+      // the contract), and placed after its own quad's products the chain's latency stalled them (~35 of ~136 cycles
+      // a quad on Zen 3); here the quads' chains are independent neighbours and overlap.
+      for (int64_t q = 0; q < nq; ++q) {
         const float* dx = pk.dx + (gi * 8 * nq + q) * 8;
         __m256 s = _mm256_load_ps(acc[p][q]);
 #pragma GCC unroll 8
         for (int g = 0; g < 8; ++g)
-          s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[g]), _mm256_mul_ps(_mm256_load_ps(dwv[g]), _mm256_load_ps(dx + g * nq * 8)), s);
+          s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[q][g]), _mm256_mul_ps(_mm256_load_ps(dwv[g]), _mm256_load_ps(dx + g * nq * 8)), s);
         _mm256_store_ps(acc[p][q], s);
       }
     }
