@@ -122,7 +122,8 @@ best_static() {  # the static-sweep run with the highest batch-1 decode tok/s
 # auto's 4096-token prefill in its own (2048-token) passes, the 8k streamed prefill (and, K27B_CPU8K=1, the 8k
 # CPU-expert prefill with time to finish);
 # 4 = the 8k streamed prefill, then the 32k prefill, streamed (auto) and on the CPU experts, in one call (the 3x
-# reference at 32k);
+# reference at 32k); 5 = auto + cache on the Zipf trace with the fit told the trace (--fit-routing-trace), then the
+# best static placement (K27B_BEST, default 28) on the same trace;
 # unset = 1 and 2 (about 700 s: more than one call's 600 s).
 PART=${K27B_PART:-all}
 REPS=${K27B_REPS:-1}  # hmoe bench -r (decode runs of part 3 take it; the rest keep 1)
@@ -138,6 +139,12 @@ REPS=1
 run prefill8k_streamed 50 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
 [[ ${K27B_CPU8K:-0} == 1 ]] && run prefill8k_cpu_experts 150 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
 fi
+if [[ $PART == 5 ]]; then  # the fit told the trace (--fit-routing-trace) against the best static placement on it
+say "fit on the Zipf trace"
+R=${K27B_BEST:-28}
+run auto_cache_zipf_fit 60 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --gpu-expert-cache auto --fit-routing-trace "$ZIPF"
+run "static_r${R}_zipf" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((R - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0 --routing-replay "$ZIPF"
+fi
 if [[ $PART == 4 ]]; then
 say "8k and 32k prefill"
 run prefill8k_streamed 50 -p 8192 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
@@ -145,7 +152,7 @@ CAP=(--gpu-memory 24GiB --max-model-len 32768 --threads 16 --progress none "${EX
 run prefill32k_streamed 60 -p 32768 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto
 run prefill32k_cpu_experts 170 -p 32768 -n 0 --max-num-batched-tokens 8192 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
 fi
-if [[ $PART != 2 && $PART != 3 && $PART != 4 ]]; then
+if [[ $PART != 2 && $PART != 3 && $PART != 4 && $PART != 5 ]]; then
 say "decode"
 for r in ${K27B_STATIC:-12 20 28}; do run "static_r$r" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((r - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0; done
 run auto 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache 0
@@ -153,7 +160,7 @@ run auto_cache_zipf 55 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-repl
 R=${K27B_BEST:-$(best_static)}
 [[ -n $R ]] && run "static_r${R}_zipf" 55 "${DEC[@]}" --gpu-resident-moe-layers "0-$((R - 1))" --gpu-expert-cache 0 --gpu-prefill-min-batch-size 0 --routing-replay "$ZIPF"
 fi
-if [[ $PART != 1 && $PART != 3 && $PART != 4 ]]; then
+if [[ $PART != 1 && $PART != 3 && $PART != 4 && $PART != 5 ]]; then
 run auto_cache 55 "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache auto
 run auto_cache_zipf_defer1 55 "${DEC[@]}" --gpu-resident-moe-layers auto --routing-replay "$ZIPF" --defer-experts 1 --gpu-expert-cache auto
 

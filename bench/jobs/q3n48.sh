@@ -12,7 +12,7 @@
 # 580 s) bounds the job: a step that would not finish in the time left is skipped and says so. W: the work
 # folder (default /dev/shm/q3n48 when /dev/shm has room, else /tmp/q3n48; kept between calls on a warm machine).
 # PACK_TAR: a tarball of $O rewritten after each step. Q3N_STEPS (default "gpu cpu cap") picks the steps after the file, run in
-# the order given; "sweep1" and "sweep2" add issue 27's decode rows at the cap (below).
+# the order given; "sweep1", "sweep2" and "fit" add issue 27's decode rows at the cap (below).
 set -u
 O=${O:-${OUT:-/tmp/out}}; mkdir -p "$O"
 LIMIT=${LIMIT:-580}; T0=$SECONDS
@@ -101,7 +101,18 @@ step_sweep2() {
   bench auto_cache 70 "${CAPA[@]}" "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache auto
   bench prefill8k_cpu_experts 150 "${CAPA[@]}" -p 8192 -n 0 -r 1 --gpu-resident-moe-layers auto --gpu-prefill-min-batch-size 0
 }
+# (fit) auto + cache on the Zipf trace with the automatic fit told the trace (--fit-routing-trace: cache and resident
+# layers sized on its simulated hit rates), then the best static placement (Q3N_BEST, default 12: the most that fit) on
+# the same trace in the same call.
+step_fit() {
+  zipf
+  bench auto_cache_zipf_fit 80 "${CAPA[@]}" "${DEC[@]}" --gpu-resident-moe-layers auto --gpu-expert-cache auto --routing-replay "$W/zipf12.bin" \
+    --fit-routing-trace "$W/zipf12.bin"
+  local r=${Q3N_BEST:-12}
+  bench "static_r${r}_zipf" 70 "${CAPA[@]}" "${DEC[@]}" --gpu-resident-moe-layers "0-$((r - 1))" --gpu-expert-cache 0 \
+    --gpu-prefill-min-batch-size 0 --routing-replay "$W/zipf12.bin"
+}
 for s in $STEPS; do  # in the order given
-  case $s in gpu | cpu | cap | sweep1 | sweep2) "step_$s" ;; *) say "unknown step $s" ;; esac
+  case $s in gpu | cpu | cap | sweep1 | sweep2 | fit) "step_$s" ;; *) say "unknown step $s" ;; esac
 done
 say "done"

@@ -82,6 +82,11 @@ std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s, numa::Thre
       in.stream_slots = parse_prefill_min_batch(s) != 0;
       in.window = parse_prefetch_window(s);
       in.server_kv = true;  // reserve the KV blocks the server will allocate (default_kv_blocks), then hand them to it
+      std::optional<RoutingTrace> trace;  // --fit-routing-trace: hit rates simulated on it instead of uniform routing
+      if (!s.fit_routing_trace.empty()) {
+        trace = read_routing_trace(s.fit_routing_trace);
+        in.trace = &*trace;
+      }
       const FitChoice fit = auto_fit(c, s, target, in);
       sp.gpu_resident_moe_layers = first_moe_layers(c, fit.chosen().resident);
       fit_cache_bytes = fit.chosen().cache_bytes;
@@ -89,9 +94,10 @@ std::optional<Plan> plan_gpu(const ModelConfig& c, const Settings& s, numa::Thre
       fit_stream_bytes = fit.chosen().slot_bytes;
       if (!quiet)
         std::fprintf(stderr, "hmoe: --gpu-resident-moe-layers auto -> %s (decode bound %.1f tok/s at batch 1; GPU %.0f GB/s, host %.1f GB/s, PCIe %.1f GB/s "
-                             "measured; expert cache room %s; `hmoe plan` prints the options)\n",
+                             "measured; expert cache room %s, hit rate %.1f%% from %s; `hmoe plan` prints the options)\n",
                      sp.gpu_resident_moe_layers.c_str(), fit.chosen().tok_s, in.gpu_bandwidth / 1e9, in.cpu_bandwidth / 1e9, in.pcie_bandwidth / 1e9,
-                     format_bytes(fit.chosen().cache_bytes).c_str());
+                     format_bytes(fit.chosen().cache_bytes).c_str(), 100.0 * fit.chosen().hit_rate,
+                     trace ? ("the routing trace " + s.fit_routing_trace).c_str() : "uniform routing");
     }
   }
   Plan plan = make_plan(c, sp, target);  // throws out_of_memory before any allocation

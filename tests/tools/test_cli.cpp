@@ -402,6 +402,13 @@ TEST_CASE("hmoe plan --context/--batch/--trace, bench trace and bench cache-sim:
   const Run pt = run("plan" + model + " --gpu-memory 24GiB --trace " + trace);
   CHECK_MESSAGE(pt.code == 0, pt.out);
   CHECK_MESSAGE(contains(pt.out, "hit rates from routing trace"), pt.out);
+  // The setting the automatic fit of a run reads (--fit-routing-trace / HMOE_FIT_ROUTING_TRACE): plan takes it too.
+  const Run pf = run("plan" + model + " --gpu-memory 24GiB --fit-routing-trace " + trace);
+  CHECK_MESSAGE(pf.code == 0, pf.out);
+  CHECK_MESSAGE(contains(pf.out, "hit rates from routing trace"), pf.out);
+  const Run pfm = run("plan" + model + " --gpu-memory 24GiB --fit-routing-trace /nonexistent-trace.bin");
+  CHECK(pfm.code != 0);
+  CHECK_MESSAGE(contains(pfm.out, "routing trace '/nonexistent-trace.bin' cannot be opened"), pfm.out);
   const Run sim = run("bench cache-sim " + trace + " --bytes 48KiB,96KiB");
   CHECK_MESSAGE(sim.code == 0, sim.out);
   CHECK_MESSAGE(contains(sim.out, "| 48.0 KiB | 4 | 6.2% | lru |"), sim.out);

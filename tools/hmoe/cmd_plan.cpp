@@ -124,7 +124,8 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
   fin.stream_slots = parse_prefill_min_batch(s) != 0;
   fin.window = parse_prefetch_window(s);
   std::optional<RoutingTrace> trace;
-  if (have_trace) {
+  if (!have_trace && !s.fit_routing_trace.empty()) trace_s = s.fit_routing_trace;  // --trace names another
+  if (!trace_s.empty()) {
     trace = read_routing_trace(trace_s);
     fin.trace = &*trace;
   }
