@@ -544,7 +544,7 @@ HMOE_LC void tile(const Mat& w, int64_t r, bool pair, const XG<T>* xp, const flo
 #pragma GCC unroll 2
     for (int i = 0; i < R; ++i) acc[i][t] = _mm512_setzero_ps();
   // the same groups of the next step's rows (the weights stream from memory in the expert engine)
-  const int64_t rb = static_cast<int64_t>(w.row_bytes()), ahead = std::clamp<int64_t>(R * rb * ((2048 + R * rb - 1) / (R * rb)), 0, 4096);
+  const int64_t rb = static_cast<int64_t>(w.row_bytes()), ahead = lowbit_bytes::tile_ahead(R * rb);
   int64_t g = 0;
   for (; g + 2 <= ng; g += 2, a += 2 * GB, b += 2 * GB) {
     prefetch(a, ahead, 2 * GB);

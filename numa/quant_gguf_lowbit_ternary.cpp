@@ -276,7 +276,7 @@ HMOE_LT void tile(const uint8_t* a, int64_t rb, int64_t r, const XG<T>* xp, cons
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   row_scales<NT>(a, dx, ng, dd);
   a += 2 * ng;
-  const int64_t ahead = std::clamp<int64_t>(rb * ((2048 + rb - 1) / rb), 0, 4096);
+  const int64_t ahead = lowbit_bytes::tile_ahead(rb);
   int64_t g = 0;
   for (; g + 2 <= ng; g += 2, a += 2 * GB) {
     prefetch(a, ahead, 2 * GB);

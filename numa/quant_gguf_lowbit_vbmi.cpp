@@ -497,7 +497,7 @@ HMOE_LV void tile(const Q8Acts& xa, int64_t tx, const Mat& w, int64_t r, float* 
   constexpr int GB = kGroupBytes<T>;
   const int64_t ng = w.cols / 256;
   const int64_t rb = static_cast<int64_t>(w.row_bytes());
-  const int64_t ahead = rb * R <= 4096 ? rb * R : 4096;
+  const int64_t ahead = lowbit_bytes::tile_ahead(rb * R);
   const uint8_t* rows[R];
   #pragma GCC unroll 4
   for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);

@@ -38,4 +38,13 @@ inline void prefetch(const uint8_t* p, int64_t ahead, int n) {
   _mm_prefetch(q2 + n - 1, _MM_HINT_T1);
 }
 
+// How far ahead a tile of R rows (tile_bytes = R x row bytes) prefetches its weight streams: the same place in
+// the next tile's rows (k tiles on, the least k with k tiles >= 2 KiB) while that is at most 16 KiB, else 4 KiB
+// ahead within each row (rows that long are streams of their own). A flat 4 KiB cap used to land inside the
+// tile's own rows once a tile passed 4 KiB (4 rows of DeepSeek's 7168 columns in IQ4_NL: 16 KiB).
+inline int64_t tile_ahead(int64_t tile_bytes) {
+  const int64_t t = tile_bytes * ((2048 + tile_bytes - 1) / tile_bytes);
+  return t <= 16384 ? t : 4096;
+}
+
 }  // namespace hmoe::cpu::detail::lowbit_bytes
