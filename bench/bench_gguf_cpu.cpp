@@ -30,8 +30,11 @@
 //    count): GOP/s and the fraction of the vpdpbusd peak measured here with
 //    the same threads. Without AVX-512 VNNI: the AVX2 kernels alone (GOP/s,
 //    and GB/s against the read bandwidth).
+// 5. --lm-head: the one-token lm_head product [151936 x 2048] in Q4_K, Q6_K
+//    and Q8_0 from memory, GB/s against the read bandwidth (decode's largest
+//    read on small-expert models).
 //
-// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N (only this batch)] [--no-attention | --attention-only | --prefill-only | --kernels]
+// Usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N (only this batch)] [--no-attention | --attention-only | --prefill-only | --kernels | --lm-head]
 //                       [--kv-layers N (attention and layer step: cycle N layers' K/V; default: >= 256 MiB of them; 1: always hot)]
 #include <chrono>
 #include <cmath>
@@ -466,11 +469,52 @@ void bench_kernels(numa::ThreadPool& pool, double min_seconds, int64_t only_batc
     }
 }
 
+// --lm-head: the one-token lm_head product from memory (a Qwen3 output matrix, [151936 x 2048], 207-331 MB: past
+// any cache), gemm_rows_q8 in items of 32 rows over the pool as a decode step runs it, against the read probe. The
+// blocks are random bytes with finite fp16 scales (the kernels' work does not depend on the values). This is where a
+// CPU decode step of a small-expert model spends most of its time (the Q6_K lm_head of a Q4_K_M file: 255 MB a token).
+void bench_lm_head(numa::ThreadPool& pool, double min_seconds, double bw) {
+  const int64_t rows = 151936, cols = 2048;
+  std::printf("\n## one-token lm_head product from memory [%ld x %ld] (gemm_rows_q8, items of 32 rows), %d threads\n\n", rows, cols, pool.size());
+  std::printf("| format | MB | ms | GB/s | / read bw |\n|---|---|---|---|---|\n");
+  for (ExtType t : {ExtType::q4_k, ExtType::q6_k, ExtType::q8_0}) {
+    const int bw_blk = t == ExtType::q8_0 ? 32 : 256, bb = t == ExtType::q4_k ? 144 : t == ExtType::q6_k ? 210 : 34;
+    const size_t row_bytes = static_cast<size_t>(cols / bw_blk * bb);
+    std::vector<uint8_t> wb(row_bytes * static_cast<size_t>(rows));
+    std::mt19937_64 rng(11);
+    for (size_t i = 0; i + 8 <= wb.size(); i += 8) {
+      const uint64_t v = rng();
+      std::memcpy(wb.data() + i, &v, 8);
+    }
+    for (size_t b = 0; b < wb.size() / bb; ++b) {  // finite scales: d (and dmin) in [2^-7, 2^-6)
+      const uint16_t h = static_cast<uint16_t>(0x2000 + (rng() & 0x3FF));
+      uint8_t* blk = wb.data() + b * bb;
+      if (t == ExtType::q6_k) std::memcpy(blk + 208, &h, 2);
+      else std::memcpy(blk, &h, 2);
+      if (t == ExtType::q4_k) std::memcpy(blk + 2, &h, 2);
+    }
+    const cpu::Mat w = cpu::ext_view(t, wb.data(), rows, cols, "lm_head");
+    const auto x = randn(static_cast<size_t>(cols), 43, 1.0f);
+    cpu::Q8Acts xa;
+    xa.reset(1, w);
+    xa.quantize(0, x.data());
+    std::vector<float> y(static_cast<size_t>(rows));
+    auto run = [&] {
+      pool.parallel_for((rows + 31) / 32, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) cpu::gemm_rows_q8(xa, 0, 1, w, i * 32, std::min(rows, i * 32 + 32), y.data(), rows);
+      });
+    };
+    const double sec = best_seconds(run, min_seconds, 5);
+    const double gbs = static_cast<double>(wb.size()) / sec / 1e9;
+    std::printf("| %s | %.1f | %.2f | %.1f | %.2f |\n", cpu::ext_type_info(static_cast<uint32_t>(t))->name, wb.size() / 1e6, sec * 1e3, gbs, gbs / (bw / 1e9));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false, all = true, attn = true, experts = true, prefill_only = false, kernels_only = false;
+  bool quick = false, all = true, attn = true, experts = true, prefill_only = false, kernels_only = false, lm_head_only = false;
   int64_t only_batch = 0;
   std::string only_fmt;  // one format by name (Q8_0, Q4_K, ...)
   for (int i = 1; i < argc; ++i) {
@@ -488,8 +532,9 @@ int main(int argc, char** argv) {
     else if (a == "--kv-layers" && i + 1 < argc) g_kv_layers = std::stoll(argv[++i]);
     else if (a == "--prefill-only") prefill_only = true;
     else if (a == "--kernels") kernels_only = true;
+    else if (a == "--lm-head") lm_head_only = true;
     else {
-      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N] [--no-attention | --attention-only | --prefill-only | --kernels] [--kv-layers N]\n");
+      std::fprintf(stderr, "usage: bench_gguf_cpu [--threads T] [--quick] [--formats all|q4km|NAME] [--batch N] [--no-attention | --attention-only | --prefill-only | --kernels | --lm-head] [--kv-layers N]\n");
       return 2;
     }
   }
@@ -504,6 +549,10 @@ int main(int argc, char** argv) {
               cpu::isa_name(cpu::best_isa()), cpu::detail::q8_has_vnni() ? " +VNNI" : "", bw / 1e9);
   if (prefill_only) {
     bench_prefill(pools, min_s);
+    return 0;
+  }
+  if (lm_head_only) {
+    bench_lm_head(pool, min_s, bw);
     return 0;
   }
   if (kernels_only) {
