@@ -15,7 +15,7 @@ rem() { echo $((TOTAL - (SECONDS - T0))); }
 here=$(dirname "${BASH_SOURCE[0]}")
 echo "== final14c start $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 mkdir -p /tmp/q3f
-O=/tmp/q3f PACK_TAR="$OUTD/q3f.tgz" LIMIT=$(($(rem) - 150)) Q3N_STEPS=fit bash "$here/q3n48.sh"
+O=/tmp/q3f PACK_TAR="$OUTD/q3f.tgz" LIMIT=$(($(rem) - 75)) Q3N_STEPS=fit bash "$here/q3n48.sh"
 tar czf "$OUTD/q3f.tgz" -C /tmp/q3f . 2>/dev/null
 echo "== gemv (Xeon, 16 threads) t=$((SECONDS - T0))"
 for i in 1 2; do for t in q6_k q8_0 q4_k; do
