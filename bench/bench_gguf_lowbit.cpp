@@ -30,7 +30,7 @@
 // machine's preemption does not inflate): the compute roof, as the GB/s of
 // weights one core could consume.
 //
-// Usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--compare-v2] [--batch N] [--type NAME] [--experts E] [--shape deepseek|qwen]
+// Usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--compare-v2] [--batch N] [--type NAME] [--experts E] [--shape deepseek|qwen] [--isa-avx2]
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -273,12 +273,13 @@ int main(int argc, char** argv) {
     else if (a == "--compare-v2") compare = true;
     else if (a == "--batch" && i + 1 < argc) batches = {std::stoll(argv[++i])};
     else if (a == "--type" && i + 1 < argc) only = argv[++i];
+    else if (a == "--isa-avx2") cpu::set_isa_for_testing(cpu::Isa::avx2);  // the AVX2 kernels (and repacks) on an AVX-512 CPU
     else if (a == "--experts" && i + 1 < argc) E = std::stoll(argv[++i]);
     else if (a == "--shape" && i + 1 < argc) {
       const std::string s = argv[++i];
       if (s == "qwen") H = 2048, I = 768;
     } else {
-      std::fprintf(stderr, "usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--compare-v2] [--batch N] [--type NAME] [--experts E] [--shape deepseek|qwen]\n");
+      std::fprintf(stderr, "usage: bench_gguf_lowbit [--threads T] [--quick] [--kernel] [--compare-v2] [--batch N] [--type NAME] [--experts E] [--shape deepseek|qwen] [--isa-avx2]\n");
       return 2;
     }
   }

@@ -15,6 +15,12 @@ rem() { echo $((TOTAL - (SECONDS - T0))); }
 here=$(dirname "${BASH_SOURCE[0]}")
 echo "== final14c start $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 mkdir -p /tmp/q3f
+if [[ ${F14C_SHORT:-0} == 1 ]]; then  # a short budget: the fit row alone (static r12 if time is left), one GEMV pair per type
+  O=/tmp/q3f PACK_TAR="$OUTD/q3f.tgz" LIMIT=$(($(rem) - 14)) Q3N_STEPS=fit bash "$here/q3n48.sh"
+  tar czf "$OUTD/q3f.tgz" -C /tmp/q3f . 2>/dev/null
+  for t in q6_k q8_0; do (($(rem) > 6)) && { timeout 6 $B gemv_old $t 16 0 | sed 's/^/old /'; timeout 6 $B gemv_new $t 16 0 | sed 's/^/new /'; }; done
+  echo "== final14c done t=$((SECONDS - T0))"; exit 0
+fi
 O=/tmp/q3f PACK_TAR="$OUTD/q3f.tgz" LIMIT=$(($(rem) - 75)) Q3N_STEPS=fit bash "$here/q3n48.sh"
 tar czf "$OUTD/q3f.tgz" -C /tmp/q3f . 2>/dev/null
 echo "== gemv (Xeon, 16 threads) t=$((SECONDS - T0))"
