@@ -50,14 +50,34 @@ namespace {
 bool ternary_type(uint32_t ext) {
   return best_isa() == Isa::avx512 && (ext == static_cast<uint32_t>(lowbit::iq1_s) || ext == static_cast<uint32_t>(lowbit::iq1_m));
 }
+
+// IQ2_XS and IQ2_S on AVX-512 CPUs with slow gathers: v4 gathers their 512- / 1024-entry grids' 8-byte rows; on an
+// AMD EPYC Zen 5 (the dev box of 2026-12-08, `bench_gguf_lowbit --type IQ2_S` against `--isa-avx2`, 2 threads) the
+// AVX2 v3 layout (level codes and sign planes, vpshufb, 1.43x / 1.29x the file's bytes) streamed 12.0-13.9 / 15.8-15.9
+// GB/s against v4's 9.7-10.3 / 8.2-9.4 (IQ2_XXS, whose grid v4 looks up in registers, stays on v4: 19.7-22.8 against
+// 15.1-16.6). Intel's gathers are several times faster (the Xeon's v4 rows), so the choice is by vendor: AMD.
+std::atomic<int> g_avx2_layout{-1};  // -1: by vendor; 0 / 1: set by a test
+bool avx2_layout_on_avx512(uint32_t ext) {
+  if (best_isa() != Isa::avx512 || (ext != static_cast<uint32_t>(lowbit::iq2_xs) && ext != static_cast<uint32_t>(lowbit::iq2_s))) return false;
+  const int forced = g_avx2_layout.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced == 1;
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd");
+  }();
+  return amd;
+}
 size_t packed_row_bytes(const Mat& w) {
   return ternary_type(w.ext) ? detail::lowbit_ternary_row_bytes(w.ext, w.cols) : detail::lowbit_avx2_row_bytes(w.ext, w.cols);
 }
 }  // namespace
 
+int detail::lowbit_set_avx2_layout_for_testing(int on) { return g_avx2_layout.exchange(on); }
+
 bool lowbit_repack_applies(const Mat& w) {
   if (w.quant != Quant::ext) return false;
-  if (best_isa() == Isa::avx512) return detail::lowbit_ternary_applies(w.ext, w.cols);
+  if (best_isa() == Isa::avx512)
+    return detail::lowbit_ternary_applies(w.ext, w.cols) || (avx2_layout_on_avx512(w.ext) && detail::lowbit_avx2_pack_applies(w.ext, w.cols));
   return best_isa() == Isa::avx2 && detail::lowbit_avx2_pack_applies(w.ext, w.cols);
 }
 

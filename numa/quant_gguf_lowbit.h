@@ -102,6 +102,9 @@ void lowbit_rows_q8_ternary(const Q8Acts& xa, int64_t t0, int64_t n, const uint8
                             int64_t ldy);
 // Benchmarks and tests: whether the dispatcher takes v4 (AVX2 CPUs: the AVX2 v2 kernel; default true); returns the previous value.
 bool lowbit_set_codes_for_testing(bool on);
+// Tests: whether IQ2_XS / IQ2_S on AVX-512 CPUs repack into the AVX2 v3 layout (lowbit_repack_applies): 1 yes, 0 no,
+// -1 by the CPU's vendor (the default: AMD, whose gathers v4 would wait on); returns the previous value.
+int lowbit_set_avx2_layout_for_testing(int on);
 // AVX2 v2 (quant_gguf_lowbit_avx2_grid.cpp): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
 // IQ3_S on CPUs with AVX2 + FMA + BMI2 (grid rows by table loads, scale
 // blocks in fixed lanes). Returns false (nothing done) otherwise.

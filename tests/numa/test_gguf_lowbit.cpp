@@ -520,6 +520,57 @@ TEST_CASE("low-bit GGUF types: IQ1_M's AVX2 v3 (repacked) against the reference 
   }
 }
 
+TEST_CASE("low-bit GGUF types: IQ2_XS / IQ2_S on an AVX-512 CPU repacked into the AVX2 layout (AMD's default) equal the file's blocks") {
+  const int64_t E = 3, H = 512, I = 768, K = 2;
+  if (cpu::best_isa() != cpu::Isa::avx512 || !cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq2_xs), H)) {
+    MESSAGE("not an AVX-512 CPU with AVX2 + BMI2: the layout choice does not arise");
+    return;
+  }
+  const int was = cpu::detail::lowbit_set_avx2_layout_for_testing(1);
+  std::vector<std::vector<uint8_t>> store;
+  std::vector<numa::ExpertWeights> ex;
+  for (int64_t e = 0; e < E; ++e) {
+    store.push_back(random_blocks(cpu::lowbit::iq2_xs, I * H / 256, static_cast<uint32_t>(10 * e + 1)));
+    store.push_back(random_blocks(cpu::lowbit::iq2_xs, I * H / 256, static_cast<uint32_t>(10 * e + 2)));
+    store.push_back(random_blocks(cpu::lowbit::iq2_s, H * I / 256, static_cast<uint32_t>(10 * e + 3)));
+  }
+  for (int64_t e = 0; e < E; ++e)
+    ex.push_back({cpu::ext_view(cpu::lowbit::iq2_xs, store[static_cast<size_t>(3 * e)].data(), I, H, "gate"),
+                  cpu::ext_view(cpu::lowbit::iq2_xs, store[static_cast<size_t>(3 * e + 1)].data(), I, H, "up"),
+                  cpu::ext_view(cpu::lowbit::iq2_s, store[static_cast<size_t>(3 * e + 2)].data(), H, I, "down")});
+  numa::PoolOptions po;
+  po.threads = 2;
+  po.quiet = true;
+  numa::NodePools pools(po);
+  numa::EngineOptions on, off;
+  on.print_memory = off.print_memory = false;
+  off.lowbit_repack = false;
+  numa::ExpertEngine ep(ex, pools, on), ef(ex, pools, off);
+  const uint64_t want = static_cast<uint64_t>(E) * 3 * 106 * I * H / 256;  // 106 bytes per 256 weights, both types
+  CHECK(ep.packed_bytes() >= want);
+  CHECK(ep.packed_bytes() <= want + static_cast<uint64_t>(E * 3 * pools.nodes()) * 128);
+  CHECK(ef.packed_bytes() == 0);
+  for (int64_t n : {1, 3, 8}) {
+    const auto x = randn(static_cast<size_t>(n * H), static_cast<uint32_t>(n + 50));
+    std::vector<int32_t> ids(static_cast<size_t>(n * K));
+    std::vector<float> wts(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 3 + i / 2) % E), wts[i] = 0.3f + 0.1f * static_cast<float>(i % 3);
+    std::vector<float> a(static_cast<size_t>(n * H), 0.0f), b = a;
+    ep.forward(x.data(), n, ids.data(), wts.data(), K, a.data());
+    ef.forward(x.data(), n, ids.data(), wts.data(), K, b.data());
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i]))), scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+    INFO("tokens " << n << " max diff " << diff << " of max " << scale);
+    CHECK(scale > 0);
+    CHECK(diff <= 1e-4 * scale);  // the same integer sums; fp32 sums in another order
+  }
+  cpu::detail::lowbit_set_avx2_layout_for_testing(0);  // off: nothing of these types is repacked on AVX-512
+  numa::ExpertEngine e0(ex, pools, on);
+  CHECK(e0.packed_bytes() == 0);
+  cpu::detail::lowbit_set_avx2_layout_for_testing(was);
+}
+
 TEST_CASE("low-bit GGUF types: ExpertEngine with the grid IQ types repacked for AVX2 (cpu_lowbit_repack) equals the file's blocks") {
   const int64_t E = 3, H = 512, I = 768, K = 2;
   if (cpu::best_isa() != cpu::Isa::avx2 || !cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq2_xxs), H)) {
