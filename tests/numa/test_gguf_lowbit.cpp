@@ -350,8 +350,57 @@ TEST_CASE("low-bit GGUF types: IQ1_S and IQ1_M repacked into trits (v5) against 
   }
 }
 
+// E random experts (gate and up of type tu, down of td; H x I) in an ExpertEngine with the low-bit repack on, against
+// one on the file's blocks (cpu_lowbit_repack off): the repacked bytes are want (plus at most a line of padding per
+// slice and node), the outputs equal up to the order of fp32 sums (the same integer sums) at each token count.
+void check_repacked_engine(ExtType tu, ExtType td, int64_t E, numa::NodePools& pools, uint64_t want, std::initializer_list<int64_t> tokens) {
+  const int64_t H = 512, I = 768, K = 2;
+  INFO(info(tu).name << " / " << info(td).name);
+  std::vector<std::vector<uint8_t>> store;
+  std::vector<numa::ExpertWeights> ex;
+  for (int64_t e = 0; e < E; ++e) {
+    store.push_back(random_blocks(tu, I * H / 256, static_cast<uint32_t>(10 * e + 1)));
+    store.push_back(random_blocks(tu, I * H / 256, static_cast<uint32_t>(10 * e + 2)));
+    store.push_back(random_blocks(td, H * I / 256, static_cast<uint32_t>(10 * e + 3)));
+  }
+  for (int64_t e = 0; e < E; ++e)
+    ex.push_back({cpu::ext_view(tu, store[static_cast<size_t>(3 * e)].data(), I, H, "gate"),
+                  cpu::ext_view(tu, store[static_cast<size_t>(3 * e + 1)].data(), I, H, "up"),
+                  cpu::ext_view(td, store[static_cast<size_t>(3 * e + 2)].data(), H, I, "down")});
+  numa::EngineOptions on, off;
+  on.print_memory = off.print_memory = false;
+  off.lowbit_repack = false;
+  numa::ExpertEngine ep(ex, pools, on), ef(ex, pools, off);
+  CHECK(ep.packed_bytes() >= want);
+  CHECK(ep.packed_bytes() <= want + static_cast<uint64_t>(E * 3 * pools.nodes()) * 128);
+  CHECK(ef.packed_bytes() == 0);
+  for (int64_t n : tokens) {
+    const auto x = randn(static_cast<size_t>(n * H), static_cast<uint32_t>(n + 40));
+    std::vector<int32_t> ids(static_cast<size_t>(n * K));
+    std::vector<float> wts(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 3 + i / 2) % E), wts[i] = 0.3f + 0.1f * static_cast<float>(i % 3);
+    std::vector<float> a(static_cast<size_t>(n * H), 0.0f), b = a;
+    ep.forward(x.data(), n, ids.data(), wts.data(), K, a.data());
+    ef.forward(x.data(), n, ids.data(), wts.data(), K, b.data());
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i]))), scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+    INFO("tokens " << n << " max diff " << diff << " of max " << scale);
+    CHECK(scale > 0);
+    CHECK(diff <= 1e-4 * scale);  // the same integer sums; fp32 sums in another order
+  }
+}
+
+numa::NodePools two_threads(const char* topology = "") {
+  numa::PoolOptions po;
+  po.topology = topology;
+  po.threads = 2;
+  po.quiet = true;
+  return numa::NodePools(po);
+}
+
 TEST_CASE("low-bit GGUF types: ExpertEngine with IQ1_S / IQ1_M repacked (cpu_lowbit_repack) equals the file's blocks, on 1 and 2 nodes") {
-  const int64_t E = 4, H = 512, I = 768, K = 2;
+  const int64_t E = 4, H = 512, I = 768;
   if (!cpu::detail::lowbit_ternary_applies(static_cast<uint32_t>(cpu::lowbit::iq1_s), H)) {
     MESSAGE("no AVX-512 VNNI + VBMI + GFNI here: the repack is not used");
     return;
@@ -359,49 +408,12 @@ TEST_CASE("low-bit GGUF types: ExpertEngine with IQ1_S / IQ1_M repacked (cpu_low
   // IQ1_S everywhere, IQ1_M gate/up with IQ1_S down, and IQ1_S gate/up with IQ2_XXS down (down stays the file's blocks)
   for (auto [tu, td] : {std::pair{cpu::lowbit::iq1_s, cpu::lowbit::iq1_s}, std::pair{cpu::lowbit::iq1_m, cpu::lowbit::iq1_s},
                         std::pair{cpu::lowbit::iq1_s, cpu::lowbit::iq2_xxs}}) {
-    INFO(info(tu).name << " / " << info(td).name);
-    std::vector<std::vector<uint8_t>> store;
-    std::vector<numa::ExpertWeights> ex;
-    for (int64_t e = 0; e < E; ++e) {
-      store.push_back(random_blocks(tu, I * H / 256, static_cast<uint32_t>(10 * e + 1)));
-      store.push_back(random_blocks(tu, I * H / 256, static_cast<uint32_t>(10 * e + 2)));
-      store.push_back(random_blocks(td, H * I / 256, static_cast<uint32_t>(10 * e + 3)));
-    }
-    for (int64_t e = 0; e < E; ++e)
-      ex.push_back({cpu::ext_view(tu, store[static_cast<size_t>(3 * e)].data(), I, H, "gate"),
-                    cpu::ext_view(tu, store[static_cast<size_t>(3 * e + 1)].data(), I, H, "up"),
-                    cpu::ext_view(td, store[static_cast<size_t>(3 * e + 2)].data(), H, I, "down")});
     for (const char* topo : {"", "numa:2 core:1 pu:1"}) {
       INFO("topology '" << topo << "'");
-      numa::PoolOptions po;
-      po.topology = topo;
-      po.threads = 2;
-      po.quiet = true;
-      numa::NodePools pools(po);
-      numa::EngineOptions on, off;
-      on.print_memory = off.print_memory = false;
-      off.lowbit_repack = false;
-      numa::ExpertEngine ep(ex, pools, on), ef(ex, pools, off);
+      numa::NodePools pools = two_threads(topo);
       const uint64_t gb = tu == cpu::lowbit::iq1_s ? 58 : 66;
       const uint64_t want = static_cast<uint64_t>(E) * (2 * gb * I * H / 256 + (td == cpu::lowbit::iq1_s ? 58 * H * I / 256 : 0));
-      CHECK(ep.packed_bytes() >= want);
-      CHECK(ep.packed_bytes() <= want + static_cast<uint64_t>(E * 3 * pools.nodes()) * 128);
-      CHECK(ef.packed_bytes() == 0);
-      for (int64_t n : {1, 3}) {
-        const auto x = randn(static_cast<size_t>(n * H), static_cast<uint32_t>(n + 40));
-        std::vector<int32_t> ids(static_cast<size_t>(n * K));
-        std::vector<float> wts(ids.size());
-        for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 3 + i / 2) % E), wts[i] = 0.3f + 0.1f * static_cast<float>(i % 3);
-        std::vector<float> a(static_cast<size_t>(n * H), 0.0f), b = a;
-        ep.forward(x.data(), n, ids.data(), wts.data(), K, a.data());
-        ef.forward(x.data(), n, ids.data(), wts.data(), K, b.data());
-        double diff = 0, scale = 0;
-        for (size_t i = 0; i < a.size(); ++i)
-          diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i]))), scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-        INFO("tokens " << n << " max diff " << diff << " of max " << scale);
-        CHECK(scale > 0);
-        CHECK(diff <= 1e-4 * scale);  // the same integer sums; fp32 sums in another order
-      }
+      check_repacked_engine(tu, td, E, pools, want, {1, 3});
     }
   }
 }
@@ -521,110 +533,36 @@ TEST_CASE("low-bit GGUF types: IQ1_M's AVX2 v3 (repacked) against the reference 
 }
 
 TEST_CASE("low-bit GGUF types: IQ2_XS / IQ2_S on an AVX-512 CPU repacked into the AVX2 layout (AMD's default) equal the file's blocks") {
-  const int64_t E = 3, H = 512, I = 768, K = 2;
+  const int64_t E = 3, H = 512, I = 768;
   if (cpu::best_isa() != cpu::Isa::avx512 || !cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq2_xs), H)) {
     MESSAGE("not an AVX-512 CPU with AVX2 + BMI2: the layout choice does not arise");
     return;
   }
   const int was = cpu::detail::lowbit_set_avx2_layout_for_testing(1);
-  std::vector<std::vector<uint8_t>> store;
-  std::vector<numa::ExpertWeights> ex;
-  for (int64_t e = 0; e < E; ++e) {
-    store.push_back(random_blocks(cpu::lowbit::iq2_xs, I * H / 256, static_cast<uint32_t>(10 * e + 1)));
-    store.push_back(random_blocks(cpu::lowbit::iq2_xs, I * H / 256, static_cast<uint32_t>(10 * e + 2)));
-    store.push_back(random_blocks(cpu::lowbit::iq2_s, H * I / 256, static_cast<uint32_t>(10 * e + 3)));
-  }
-  for (int64_t e = 0; e < E; ++e)
-    ex.push_back({cpu::ext_view(cpu::lowbit::iq2_xs, store[static_cast<size_t>(3 * e)].data(), I, H, "gate"),
-                  cpu::ext_view(cpu::lowbit::iq2_xs, store[static_cast<size_t>(3 * e + 1)].data(), I, H, "up"),
-                  cpu::ext_view(cpu::lowbit::iq2_s, store[static_cast<size_t>(3 * e + 2)].data(), H, I, "down")});
-  numa::PoolOptions po;
-  po.threads = 2;
-  po.quiet = true;
-  numa::NodePools pools(po);
-  numa::EngineOptions on, off;
-  on.print_memory = off.print_memory = false;
-  off.lowbit_repack = false;
-  numa::ExpertEngine ep(ex, pools, on), ef(ex, pools, off);
-  const uint64_t want = static_cast<uint64_t>(E) * 3 * 106 * I * H / 256;  // 106 bytes per 256 weights, both types
-  CHECK(ep.packed_bytes() >= want);
-  CHECK(ep.packed_bytes() <= want + static_cast<uint64_t>(E * 3 * pools.nodes()) * 128);
-  CHECK(ef.packed_bytes() == 0);
-  for (int64_t n : {1, 3, 8}) {
-    const auto x = randn(static_cast<size_t>(n * H), static_cast<uint32_t>(n + 50));
-    std::vector<int32_t> ids(static_cast<size_t>(n * K));
-    std::vector<float> wts(ids.size());
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 3 + i / 2) % E), wts[i] = 0.3f + 0.1f * static_cast<float>(i % 3);
-    std::vector<float> a(static_cast<size_t>(n * H), 0.0f), b = a;
-    ep.forward(x.data(), n, ids.data(), wts.data(), K, a.data());
-    ef.forward(x.data(), n, ids.data(), wts.data(), K, b.data());
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < a.size(); ++i)
-      diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i]))), scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-    INFO("tokens " << n << " max diff " << diff << " of max " << scale);
-    CHECK(scale > 0);
-    CHECK(diff <= 1e-4 * scale);  // the same integer sums; fp32 sums in another order
-  }
+  numa::NodePools pools = two_threads();
+  check_repacked_engine(cpu::lowbit::iq2_xs, cpu::lowbit::iq2_s, E, pools, static_cast<uint64_t>(E) * 3 * 106 * I * H / 256, {1, 3, 8});
   cpu::detail::lowbit_set_avx2_layout_for_testing(0);  // off: nothing of these types is repacked on AVX-512
-  numa::ExpertEngine e0(ex, pools, on);
-  CHECK(e0.packed_bytes() == 0);
+  check_repacked_engine(cpu::lowbit::iq2_xs, cpu::lowbit::iq2_s, E, pools, 0, {1});
   cpu::detail::lowbit_set_avx2_layout_for_testing(was);
 }
 
 TEST_CASE("low-bit GGUF types: ExpertEngine with the grid IQ types repacked for AVX2 (cpu_lowbit_repack) equals the file's blocks") {
-  const int64_t E = 3, H = 512, I = 768, K = 2;
+  const int64_t E = 3, H = 512, I = 768;
   if (cpu::best_isa() != cpu::Isa::avx2 || !cpu::detail::lowbit_avx2_pack_applies(static_cast<uint32_t>(cpu::lowbit::iq2_xxs), H)) {
     MESSAGE("not an AVX2 CPU: the AVX2 repack is not used");
     return;
   }
+  numa::NodePools pools = two_threads();
   // IQ2_XXS everywhere, IQ2_XS gate/up with IQ2_S down, IQ2_XXS gate/up with IQ3_XXS down, IQ3_S gate/up with Q2_K down (the file's
   // blocks), IQ1_S gate/up with IQ2_XXS down (UD-IQ1_S-like), IQ1_M everywhere, IQ1_M gate/up with IQ1_S down
   for (auto [tu, td] : {std::pair{cpu::lowbit::iq2_xxs, cpu::lowbit::iq2_xxs}, std::pair{cpu::lowbit::iq2_xs, cpu::lowbit::iq2_s},
                         std::pair{cpu::lowbit::iq2_xxs, cpu::lowbit::iq3_xxs}, std::pair{cpu::lowbit::iq3_s, cpu::lowbit::q2_k},
                         std::pair{cpu::lowbit::iq1_s, cpu::lowbit::iq2_xxs}, std::pair{cpu::lowbit::iq1_m, cpu::lowbit::iq1_m},
                         std::pair{cpu::lowbit::iq1_m, cpu::lowbit::iq1_s}}) {
-    INFO(info(tu).name << " / " << info(td).name);
-    std::vector<std::vector<uint8_t>> store;
-    std::vector<numa::ExpertWeights> ex;
-    for (int64_t e = 0; e < E; ++e) {
-      store.push_back(random_blocks(tu, I * H / 256, static_cast<uint32_t>(10 * e + 1)));
-      store.push_back(random_blocks(tu, I * H / 256, static_cast<uint32_t>(10 * e + 2)));
-      store.push_back(random_blocks(td, H * I / 256, static_cast<uint32_t>(10 * e + 3)));
-    }
-    for (int64_t e = 0; e < E; ++e)
-      ex.push_back({cpu::ext_view(tu, store[static_cast<size_t>(3 * e)].data(), I, H, "gate"),
-                    cpu::ext_view(tu, store[static_cast<size_t>(3 * e + 1)].data(), I, H, "up"),
-                    cpu::ext_view(td, store[static_cast<size_t>(3 * e + 2)].data(), H, I, "down")});
-    numa::PoolOptions po;
-    po.threads = 2;
-    po.quiet = true;
-    numa::NodePools pools(po);
-    numa::EngineOptions on, off;
-    on.print_memory = off.print_memory = false;
-    off.lowbit_repack = false;
-    numa::ExpertEngine ep(ex, pools, on), ef(ex, pools, off);
     auto gb = [](ExtType t) -> uint64_t {
       return t == cpu::lowbit::iq2_xxs ? 102 : t == cpu::lowbit::iq2_xs || t == cpu::lowbit::iq2_s ? 106 : t == cpu::lowbit::q2_k ? 0
              : t == cpu::lowbit::iq1_s ? 70 : t == cpu::lowbit::iq1_m ? 82 : 134;
     };
-    const uint64_t want = static_cast<uint64_t>(E) * (2 * gb(tu) * I * H / 256 + gb(td) * H * I / 256);
-    CHECK(ep.packed_bytes() >= want);
-    CHECK(ep.packed_bytes() <= want + static_cast<uint64_t>(E * 3 * pools.nodes()) * 128);
-    CHECK(ef.packed_bytes() == 0);
-    for (int64_t n : {1, 3}) {
-      const auto x = randn(static_cast<size_t>(n * H), static_cast<uint32_t>(n + 40));
-      std::vector<int32_t> ids(static_cast<size_t>(n * K));
-      std::vector<float> wts(ids.size());
-      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 3 + i / 2) % E), wts[i] = 0.3f + 0.1f * static_cast<float>(i % 3);
-      std::vector<float> a(static_cast<size_t>(n * H), 0.0f), b = a;
-      ep.forward(x.data(), n, ids.data(), wts.data(), K, a.data());
-      ef.forward(x.data(), n, ids.data(), wts.data(), K, b.data());
-      double diff = 0, scale = 0;
-      for (size_t i = 0; i < a.size(); ++i)
-        diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i]))), scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-      INFO("tokens " << n << " max diff " << diff << " of max " << scale);
-      CHECK(scale > 0);
-      CHECK(diff <= 1e-4 * scale);  // the same integer sums; fp32 sums in another order
-    }
+    check_repacked_engine(tu, td, E, pools, static_cast<uint64_t>(E) * (2 * gb(tu) * I * H / 256 + gb(td) * H * I / 256), {1, 3});
   }
 }
