@@ -124,9 +124,8 @@ int run_plan(const Settings& s, std::vector<std::string>& args) {
   fin.stream_slots = parse_prefill_min_batch(s) != 0;
   fin.window = parse_prefetch_window(s);
   std::optional<RoutingTrace> trace;
-  if (!have_trace && !s.fit_routing_trace.empty()) trace_s = s.fit_routing_trace;  // --trace names another
-  if (!trace_s.empty()) {
-    trace = read_routing_trace(trace_s);
+  if (have_trace || !s.fit_routing_trace.empty()) {  // --trace, else the run's own --fit-routing-trace
+    trace = read_routing_trace(have_trace ? trace_s : s.fit_routing_trace);
     fin.trace = &*trace;
   }
   const LayerSpec spec = parse_layer_spec(s.origin("gpu_resident_moe_layers"), s.gpu_resident_moe_layers, c.num_hidden_layers);
