@@ -478,9 +478,9 @@ void bench_lm_head(numa::ThreadPool& pool, double min_seconds, double bw) {
   std::printf("\n## one-token lm_head product from memory [%ld x %ld] (gemm_rows_q8, items of 32 rows), %d threads\n\n", rows, cols, pool.size());
   std::printf("| format | MB | ms | GB/s | / read bw |\n|---|---|---|---|---|\n");
   for (ExtType t : {ExtType::q4_k, ExtType::q6_k, ExtType::q8_0}) {
-    const int bw_blk = t == ExtType::q8_0 ? 32 : 256, bb = t == ExtType::q4_k ? 144 : t == ExtType::q6_k ? 210 : 34;
-    const size_t row_bytes = static_cast<size_t>(cols / bw_blk * bb);
-    std::vector<uint8_t> wb(row_bytes * static_cast<size_t>(rows));
+    const cpu::ExtTypeInfo* ti = cpu::ext_type_info(static_cast<uint32_t>(t));
+    const size_t bb = static_cast<size_t>(ti->block_bytes);
+    std::vector<uint8_t> wb(static_cast<size_t>(cols / ti->block_elems) * bb * static_cast<size_t>(rows));
     std::mt19937_64 rng(11);
     for (size_t i = 0; i + 8 <= wb.size(); i += 8) {
       const uint64_t v = rng();
@@ -506,7 +506,7 @@ void bench_lm_head(numa::ThreadPool& pool, double min_seconds, double bw) {
     };
     const double sec = best_seconds(run, min_seconds, 5);
     const double gbs = static_cast<double>(wb.size()) / sec / 1e9;
-    std::printf("| %s | %.1f | %.2f | %.1f | %.2f |\n", cpu::ext_type_info(static_cast<uint32_t>(t))->name, wb.size() / 1e6, sec * 1e3, gbs, gbs / (bw / 1e9));
+    std::printf("| %s | %.1f | %.2f | %.1f | %.2f |\n", ti->name, wb.size() / 1e6, sec * 1e3, gbs, gbs / (bw / 1e9));
   }
 }
 
